@@ -1,0 +1,451 @@
+//! Agent definitions: Markdown with YAML front matter. The front matter is typed and
+//! validated; the body is the system prompt. A definition is identified by the blake3
+//! digest of its whole text, which is what a session records at submission.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// The tools every agent may be given by name.
+pub const BUILTIN_TOOLS: &[&str] = &[
+    "call_agent",
+    "ask_user",
+    "propose_patch",
+    "update_plan",
+    "handoff_to",
+    "team_broadcast",
+    "ask_clarification",
+    "read_file",
+    "write_file",
+    "list_dir",
+    "search_files",
+    "http_fetch",
+    "shell",
+];
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentLimits {
+    pub max_steps: Option<u32>,
+    pub max_children_per_turn: Option<u32>,
+    /// Tokens this agent's session may spend (its subtree included).
+    pub max_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Router {
+    pub destinations: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Team {
+    pub members: Vec<String>,
+    pub supervisor: String,
+    #[serde(default)]
+    pub member_max_turns: Option<u32>,
+    #[serde(default)]
+    pub supervisor_max_turns: Option<u32>,
+}
+
+/// `cache: false`, or `cache: {ttl: "1h"}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CacheSetting {
+    Enabled(bool),
+    Ttl {
+        ttl: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Summarize {
+    pub max_chars: usize,
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+/// Front matter as written in the file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontMatter {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub model: String,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// The sub-agents this agent may call with `call_agent`.
+    #[serde(default, alias = "sub_agents", alias = "sub-agents")]
+    pub agents: Vec<String>,
+    /// Whether this agent may appear twice on one delegation path.
+    #[serde(default)]
+    pub recursive: bool,
+    #[serde(default)]
+    pub pool: Option<String>,
+    #[serde(default)]
+    pub limits: AgentLimits,
+    /// Tools that are safe to run again when a crash hid their outcome.
+    #[serde(default)]
+    pub idempotent_tools: Vec<String>,
+    #[serde(default)]
+    pub requires_approval: Vec<String>,
+    #[serde(default)]
+    pub handoff: Option<String>,
+    #[serde(default)]
+    pub router: Option<Router>,
+    #[serde(default)]
+    pub advisors: Vec<String>,
+    #[serde(default)]
+    pub team: Option<Team>,
+    #[serde(default)]
+    pub chat: bool,
+    #[serde(default)]
+    pub cache: Option<CacheSetting>,
+    #[serde(default)]
+    pub summarize: Option<Summarize>,
+    #[serde(default)]
+    pub strategy: Option<String>,
+}
+
+/// A parsed agent definition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentDef {
+    pub front: FrontMatter,
+    pub prompt: String,
+    /// Hex blake3 of the definition text.
+    pub digest: String,
+    /// The definition text, as stored by digest.
+    pub text: String,
+}
+
+/// Digest of a definition text.
+pub fn def_digest(text: &str) -> String {
+    blake3::hash(text.as_bytes()).to_hex().to_string()
+}
+
+fn split_front_matter(text: &str) -> Option<(&str, &str)> {
+    let rest = text.strip_prefix("---")?;
+    let rest = rest.strip_prefix('\n').or_else(|| rest.strip_prefix("\r\n"))?;
+    let mut offset = 0;
+    for line in rest.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            let body = &rest[offset + line.len()..];
+            return Some((&rest[..offset], body));
+        }
+        offset += line.len();
+    }
+    None
+}
+
+impl AgentDef {
+    /// Parses a definition. `origin` names the file in errors.
+    pub fn parse(origin: &str, text: &str) -> Result<Self> {
+        let (yaml, body) = split_front_matter(text).ok_or_else(|| Error::AgentDef {
+            origin: origin.into(),
+            reason: "no YAML front matter: the file must start with `---` and the front \
+                     matter must end with a line `---`"
+                .into(),
+        })?;
+        let front: FrontMatter = serde_norway::from_str(yaml).map_err(|e| Error::AgentDef {
+            origin: origin.into(),
+            reason: format!("front matter: {e}"),
+        })?;
+        crate::id::validate_token(&front.name).map_err(|e| Error::AgentDef {
+            origin: origin.into(),
+            reason: format!("name: {e}"),
+        })?;
+        if !front.model.contains(':') {
+            return Err(Error::AgentDef {
+                origin: origin.into(),
+                reason: format!(
+                    "model `{}` must be `provider:model`, e.g. `scripted:writer` or \
+                     `openai:gpt-4o-mini`",
+                    front.model
+                ),
+            });
+        }
+        Ok(Self {
+            front,
+            prompt: body.trim().to_string(),
+            digest: def_digest(text),
+            text: text.to_string(),
+        })
+    }
+
+    /// A definition for a custom agent made at run time by `caller`.
+    pub fn custom(caller: &AgentDef, system_prompt: &str, tools: &[String]) -> Result<Self> {
+        let front = FrontMatter {
+            name: "custom".into(),
+            description: format!("custom agent made by {}", caller.front.name),
+            model: caller.front.model.clone(),
+            temperature: caller.front.temperature,
+            max_tokens: caller.front.max_tokens,
+            tools: tools.to_vec(),
+            agents: vec![],
+            recursive: false,
+            pool: caller.front.pool.clone(),
+            limits: AgentLimits::default(),
+            idempotent_tools: caller.front.idempotent_tools.clone(),
+            requires_approval: caller.front.requires_approval.clone(),
+            handoff: None,
+            router: None,
+            advisors: vec![],
+            team: None,
+            chat: false,
+            cache: None,
+            summarize: None,
+            strategy: None,
+        };
+        let yaml = serde_norway::to_string(&front).map_err(|e| Error::Encode(e.to_string()))?;
+        let text = format!("---\n{yaml}---\n{system_prompt}\n");
+        Self::parse("custom agent_definition", &text)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.front.name
+    }
+
+    /// Every tool this agent may call: its `tools`, plus `call_agent` when it has
+    /// sub-agents, plus the exits its orchestration pattern needs.
+    pub fn allowed_tools(&self) -> BTreeSet<String> {
+        let mut t: BTreeSet<String> = self.front.tools.iter().cloned().collect();
+        if !self.front.agents.is_empty() {
+            t.insert("call_agent".into());
+        }
+        if self.front.router.is_some() {
+            t.insert("handoff_to".into());
+        }
+        t
+    }
+
+    pub fn cache_enabled(&self) -> bool {
+        !matches!(self.front.cache, Some(CacheSetting::Enabled(false)))
+    }
+}
+
+/// Every definition in force, by name, validated as a whole.
+#[derive(Debug, Clone, Default)]
+pub struct AgentSet {
+    pub agents: BTreeMap<String, AgentDef>,
+    /// File each agent came from, for messages.
+    pub origins: BTreeMap<String, String>,
+}
+
+impl AgentSet {
+    /// Builds and validates a set from `(origin, text)` pairs. `extra_tools` are tool
+    /// names known besides the built-ins.
+    pub fn load(files: &[(String, String)], extra_tools: &[String]) -> Result<Self> {
+        let mut set = AgentSet::default();
+        let mut problems = vec![];
+        for (origin, text) in files {
+            match AgentDef::parse(origin, text) {
+                Ok(def) => {
+                    let name = def.name().to_string();
+                    if let Some(first) = set.origins.get(&name) {
+                        problems.push(format!(
+                            "{origin}: agent `{name}` is already defined in {first}"
+                        ));
+                        continue;
+                    }
+                    set.origins.insert(name.clone(), origin.clone());
+                    set.agents.insert(name, def);
+                }
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        problems.extend(set.problems(extra_tools));
+        if problems.is_empty() {
+            Ok(set)
+        } else {
+            Err(Error::AgentSet(problems))
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&AgentDef> {
+        self.agents.get(name)
+    }
+
+    fn origin(&self, name: &str) -> &str {
+        self.origins.get(name).map(String::as_str).unwrap_or("?")
+    }
+
+    /// Every problem of the set: unknown agents and tools, routers without destinations,
+    /// and cycles (with their path) that the ancestry rule or a pattern would never stop.
+    pub fn problems(&self, extra_tools: &[String]) -> Vec<String> {
+        let mut out = vec![];
+        let known_tool =
+            |t: &str| BUILTIN_TOOLS.contains(&t) || extra_tools.iter().any(|x| x == t);
+        for (name, def) in &self.agents {
+            let origin = self.origin(name);
+            let f = &def.front;
+            for t in f.tools.iter().chain(&f.requires_approval).chain(&f.idempotent_tools) {
+                if !known_tool(t) {
+                    out.push(format!("{origin}: agent `{name}` names unknown tool `{t}`"));
+                }
+            }
+            let mut refs: Vec<(&str, &String)> = vec![];
+            refs.extend(f.agents.iter().map(|a| ("agents", a)));
+            refs.extend(f.handoff.iter().map(|a| ("handoff", a)));
+            refs.extend(f.advisors.iter().map(|a| ("advisors", a)));
+            if let Some(r) = &f.router {
+                if r.destinations.is_empty() {
+                    out.push(format!("{origin}: agent `{name}` is a router without destinations"));
+                }
+                refs.extend(r.destinations.iter().map(|a| ("router.destinations", a)));
+            }
+            if let Some(t) = &f.team {
+                refs.extend(t.members.iter().map(|a| ("team.members", a)));
+                refs.push(("team.supervisor", &t.supervisor));
+            }
+            for (field, a) in refs {
+                if !self.agents.contains_key(a.as_str()) {
+                    out.push(format!("{origin}: agent `{name}` {field} names unknown agent `{a}`"));
+                }
+            }
+        }
+        out.extend(self.cycles());
+        out
+    }
+
+    /// Edges of "who may start whom", labelled with whether the edge is a delegation
+    /// (`call_agent`, stopped by the ancestry rule unless the target is recursive) or a
+    /// pattern edge (handoff, router, advisors, team: never allowed to cycle).
+    fn edges(&self, name: &str) -> Vec<(&str, bool)> {
+        let Some(def) = self.agents.get(name) else { return vec![] };
+        let f = &def.front;
+        let mut e: Vec<(&str, bool)> = f.agents.iter().map(|a| (a.as_str(), true)).collect();
+        e.extend(f.handoff.iter().map(|a| (a.as_str(), false)));
+        e.extend(f.advisors.iter().map(|a| (a.as_str(), false)));
+        if let Some(r) = &f.router {
+            e.extend(r.destinations.iter().map(|a| (a.as_str(), false)));
+        }
+        if let Some(t) = &f.team {
+            e.extend(t.members.iter().map(|a| (a.as_str(), false)));
+            e.push((t.supervisor.as_str(), false));
+        }
+        e
+    }
+
+    fn cycles(&self) -> Vec<String> {
+        // A cycle is a problem unless it is made only of delegation edges into agents
+        // marked `recursive: true` (then the depth limit bounds it, by choice).
+        let mut reported = BTreeSet::new();
+        let mut out = vec![];
+        for start in self.agents.keys() {
+            let mut path = vec![start.as_str()];
+            let mut tolerated = vec![];
+            self.walk(start, &mut path, &mut tolerated, &mut reported, &mut out);
+        }
+        out
+    }
+
+    fn walk<'a>(
+        &'a self,
+        start: &'a str,
+        path: &mut Vec<&'a str>,
+        tolerated: &mut Vec<bool>,
+        reported: &mut BTreeSet<Vec<String>>,
+        out: &mut Vec<String>,
+    ) {
+        let Some(&here) = path.last() else { return };
+        for (next, delegation) in self.edges(here) {
+            let ok = delegation && self.agents.get(next).is_some_and(|d| d.front.recursive);
+            if next == start {
+                let mut cyc: Vec<String> = path.iter().map(|s| s.to_string()).collect();
+                let all_ok = ok && tolerated.iter().all(|t| *t);
+                // Report each cycle once, from its smallest member.
+                let min = cyc.iter().min().cloned().unwrap_or_default();
+                if !all_ok && start == min && reported.insert(cyc.clone()) {
+                    cyc.push(start.to_string());
+                    out.push(format!(
+                        "{}: cycle {}",
+                        self.origin(start),
+                        cyc.join(" → ")
+                    ));
+                }
+                continue;
+            }
+            if path.contains(&next) || !self.agents.contains_key(next) {
+                continue;
+            }
+            path.push(next);
+            tolerated.push(ok);
+            self.walk(start, path, tolerated, reported, out);
+            path.pop();
+            tolerated.pop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, extra: &str) -> (String, String) {
+        (
+            format!("agents/{name}.md"),
+            format!("---\nname: {name}\nmodel: scripted:{name}\n{extra}---\nYou are {name}.\n"),
+        )
+    }
+
+    #[test]
+    fn parses_front_matter_and_body() {
+        let (o, t) = file("writer", "tools: [read_file]\ntemperature: 0.2\n");
+        let d = AgentDef::parse(&o, &t).unwrap();
+        assert_eq!(d.name(), "writer");
+        assert_eq!(d.prompt, "You are writer.");
+        assert_eq!(d.front.tools, vec!["read_file"]);
+        assert_eq!(d.digest, def_digest(&t));
+    }
+
+    #[test]
+    fn unknown_field_and_missing_front_matter_are_named() {
+        let (o, t) = file("w", "tols: [x]\n");
+        let e = AgentDef::parse(&o, &t).unwrap_err().to_string();
+        assert!(e.contains("agents/w.md") && e.contains("tols"), "{e}");
+        let e = AgentDef::parse("x.md", "just text").unwrap_err().to_string();
+        assert!(e.contains("x.md") && e.contains("front matter"), "{e}");
+    }
+
+    #[test]
+    fn cycle_is_reported_with_path_unless_recursive() {
+        let files = vec![
+            file("a", "agents: [b]\n"),
+            file("b", "agents: [c]\n"),
+            file("c", "agents: [a]\n"),
+        ];
+        let e = AgentSet::load(&files, &[]).unwrap_err().to_string();
+        assert!(e.contains("cycle a → b → c → a"), "{e}");
+        assert!(e.contains("agents/a.md"), "{e}");
+
+        let files = vec![
+            file("a", "agents: [b]\nrecursive: true\n"),
+            file("b", "agents: [a]\nrecursive: true\n"),
+        ];
+        AgentSet::load(&files, &[]).unwrap();
+
+        let files = vec![file("a", "handoff: b\n"), file("b", "handoff: a\nrecursive: true\n")];
+        let e = AgentSet::load(&files, &[]).unwrap_err().to_string();
+        assert!(e.contains("cycle a → b → a"), "{e}");
+    }
+
+    #[test]
+    fn unknown_agents_and_tools_are_named() {
+        let files = vec![file("a", "agents: [ghost]\ntools: [teleport]\n")];
+        let e = AgentSet::load(&files, &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown agent `ghost`"), "{e}");
+        assert!(e.contains("unknown tool `teleport`"), "{e}");
+        let files = vec![file("r", "router: {destinations: []}\n")];
+        let e = AgentSet::load(&files, &[]).unwrap_err().to_string();
+        assert!(e.contains("router without destinations"), "{e}");
+    }
+}

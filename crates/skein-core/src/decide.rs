@@ -1,0 +1,514 @@
+//! `SessionState::next`: the decide step. Given the folded state, the agent definition the
+//! session was submitted with, the limits in force and the agent catalogue, it says what
+//! happens next. Pure: the same log always yields the same step, which is what replay
+//! verification checks with [`Step::admits`].
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::agent::AgentDef;
+use crate::event::{CustomAgent, Event};
+use crate::id::SessionId;
+use crate::limits::{Budget, Limits};
+use crate::message::{Message, ModelRequest, RequestMeta};
+use crate::state::{SessionState, SlotState, Status};
+
+/// Model calls that fail with a retryable error are tried this many times in a row.
+pub const MAX_MODEL_ATTEMPTS: u32 = 4;
+
+/// Looks up agent definitions by name (the catalogue in force when a delegation is made).
+pub trait Catalog {
+    fn agent(&self, name: &str) -> Option<&AgentDef>;
+}
+
+impl Catalog for crate::agent::AgentSet {
+    fn agent(&self, name: &str) -> Option<&AgentDef> {
+        self.get(name)
+    }
+}
+
+/// The arguments of `call_agent`, as the model sends them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallAgentArgs {
+    #[serde(default, alias = "specialist")]
+    pub agent: Option<String>,
+    #[serde(default)]
+    pub mission: Option<String>,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub inputs: Option<Value>,
+    #[serde(default)]
+    pub agent_definition: Option<CustomAgent>,
+    #[serde(default)]
+    pub budget: Option<Budget>,
+    #[serde(default)]
+    pub resume_token: Option<String>,
+    #[serde(default)]
+    pub answers: Option<Value>,
+    #[serde(default)]
+    pub owns_tasks: Vec<String>,
+}
+
+/// A tool call the runtime refuses; the model is shown `error`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Refusal {
+    pub call: String,
+    pub tool: String,
+    pub error: String,
+}
+
+/// A child session to start for a `call_agent` call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Delegation {
+    pub call: String,
+    pub child: SessionId,
+    /// Agent name (`custom` for a run-time definition).
+    pub agent: String,
+    pub mission: String,
+    pub context: Option<String>,
+    pub inputs: Value,
+    pub custom: Option<CustomAgent>,
+    pub depth: u32,
+    pub budget: Budget,
+    /// Agents from the root to the parent (this session), root first.
+    pub ancestry: Vec<String>,
+}
+
+/// An ordinary tool call to run. `resumed` means `ToolCalled` is already in the log: a
+/// crash hid the outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolRun {
+    pub call: String,
+    pub tool: String,
+    pub args: Value,
+    pub resumed: bool,
+}
+
+/// What the shell must do next for a session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum Step {
+    /// Call the model with this request (the shell adds the tool schemas for
+    /// `tool_names`) and record `ModelCalled` or `ModelFailed`.
+    CallModel { request: ModelRequest, tool_names: Vec<String> },
+    /// Record these refusals as tool errors.
+    Refuse(Vec<Refusal>),
+    /// Start these children (or answer them from the cache).
+    Delegate(Vec<Delegation>),
+    /// Run these tools: `ToolCalled` first, then the tool, then `ToolReturned`.
+    RunTools(Vec<ToolRun>),
+    /// Children of this turn are still running: nothing to do until one settles.
+    Wait,
+    /// Finish with this answer.
+    Complete { answer: String },
+    /// Finish with this error.
+    Fail { error: String },
+    /// The session is over (or not yet submitted): nothing to do.
+    Idle,
+}
+
+impl Step {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Step::CallModel { .. } => "call_model",
+            Step::Refuse(_) => "refuse",
+            Step::Delegate(_) => "delegate",
+            Step::RunTools(_) => "run_tools",
+            Step::Wait => "wait",
+            Step::Complete { .. } => "complete",
+            Step::Fail { .. } => "fail",
+            Step::Idle => "idle",
+        }
+    }
+
+    /// Whether `ev` is an event this step could have produced (or an input that may
+    /// arrive while in it). Replay verification calls this for every event after the
+    /// first: the prefix is folded, `next` decided, and the recorded event must fit.
+    pub fn admits(&self, ev: &Event) -> Result<(), String> {
+        if matches!(ev, Event::Cancelled(_) | Event::Unknown { .. }) {
+            return Ok(());
+        }
+        let ok = match (self, ev) {
+            (Step::CallModel { request, .. }, Event::ModelCalled(m)) => m.model == request.model,
+            (Step::CallModel { request, .. }, Event::ModelFailed(m)) => m.model == request.model,
+            (Step::Refuse(rs), Event::ToolReturned(t)) => {
+                t.error && rs.iter().any(|r| r.call == t.call && r.error == t.output)
+            }
+            (Step::Delegate(ds), Event::Delegated(d)) => ds
+                .iter()
+                .any(|x| x.call == d.call && x.child == d.child && x.agent == d.agent),
+            (Step::Delegate(ds), Event::CacheHit(h)) => ds.iter().any(|x| x.call == h.call),
+            (Step::RunTools(rs), Event::ToolCalled(t)) => {
+                rs.iter().any(|r| !r.resumed && r.call == t.call && r.tool == t.tool)
+            }
+            (Step::RunTools(rs), Event::ToolReturned(t)) => {
+                rs.iter().any(|r| r.resumed && r.call == t.call)
+            }
+            (Step::Wait, Event::ChildSettled(_)) => true,
+            (Step::Complete { answer }, Event::Completed(c)) => c.answer == *answer,
+            (Step::Fail { error }, Event::Failed(f)) => f.error == *error,
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("decided {}, log has {}", self.describe(), ev.kind()))
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Step::CallModel { request, .. } => format!("call_model({})", request.model),
+            Step::Refuse(rs) => format!(
+                "refuse({})",
+                rs.iter().map(|r| r.call.as_str()).collect::<Vec<_>>().join(",")
+            ),
+            Step::Delegate(ds) => format!(
+                "delegate({})",
+                ds.iter().map(|d| d.child.as_str()).collect::<Vec<_>>().join(",")
+            ),
+            Step::RunTools(rs) => format!(
+                "run_tools({})",
+                rs.iter().map(|r| r.call.as_str()).collect::<Vec<_>>().join(",")
+            ),
+            Step::Complete { .. } => "complete".into(),
+            Step::Fail { error } => format!("fail({error})"),
+            s => s.name().into(),
+        }
+    }
+}
+
+/// The mission as the model first reads it.
+pub fn mission_message(mission: &str, context: Option<&str>, inputs: &Value) -> String {
+    let mut m = mission.to_string();
+    if let Some(c) = context.filter(|c| !c.is_empty()) {
+        m.push_str("\n\nContext:\n");
+        m.push_str(c);
+    }
+    if !inputs.is_null() && inputs != &Value::Object(Default::default()) {
+        m.push_str("\n\nInputs:\n");
+        m.push_str(&crate::hash::canonical_json(inputs));
+    }
+    m
+}
+
+impl SessionState {
+    /// Decides the next step. `def` must be the definition recorded at submission.
+    pub fn next(&self, def: &AgentDef, limits: &Limits, catalog: &dyn Catalog) -> Step {
+        let Some(sub) = &self.submitted else { return Step::Idle };
+        if self.status.is_terminal() {
+            return Step::Idle;
+        }
+        if matches!(self.status, Status::AwaitingInput | Status::AwaitingApproval) {
+            return Step::Wait;
+        }
+        if let Some(answer) = &self.pending_answer {
+            return Step::Complete { answer: answer.clone() };
+        }
+        if !self.turn.is_empty() {
+            return self.next_in_turn(def, limits, catalog);
+        }
+        // A new model turn.
+        if self.model_failures >= MAX_MODEL_ATTEMPTS {
+            return Step::Fail {
+                error: format!(
+                    "model call failed {} times: {}",
+                    self.model_failures,
+                    self.last_model_error.as_deref().unwrap_or("unknown error")
+                ),
+            };
+        }
+        let max_steps = def.front.limits.max_steps.unwrap_or(limits.max_steps);
+        if self.steps >= max_steps {
+            return Step::Fail {
+                error: format!("step limit reached: {max_steps} model turns without an answer"),
+            };
+        }
+        if let Some(budget) = sub.budget.tokens {
+            let used = self.usage_total().total_tokens();
+            if used >= budget {
+                return Step::Fail {
+                    error: format!("token budget exhausted: used {used} of {budget} tokens"),
+                };
+            }
+        }
+        let mut messages = Vec::with_capacity(self.transcript.len() + 2);
+        messages.push(Message::System { content: def.prompt.clone() });
+        messages.push(Message::User {
+            content: mission_message(&sub.mission, sub.context.as_deref(), &sub.inputs),
+        });
+        messages.extend(self.transcript.iter().cloned());
+        let request = ModelRequest {
+            model: def.front.model.clone(),
+            messages,
+            tools: vec![],
+            temperature: def.front.temperature,
+            max_tokens: def.front.max_tokens,
+            meta: RequestMeta {
+                session: self.id.as_ref().map(|i| i.to_string()).unwrap_or_default(),
+                agent: sub.agent.clone(),
+                mission: sub.mission.clone(),
+                context: sub.context.clone(),
+                inputs: sub.inputs.clone(),
+            },
+        };
+        Step::CallModel { request, tool_names: def.allowed_tools().into_iter().collect() }
+    }
+
+    fn next_in_turn(&self, def: &AgentDef, limits: &Limits, catalog: &dyn Catalog) -> Step {
+        let allowed = def.allowed_tools();
+        let sub = self.submitted.as_ref();
+        let depth = sub.map(|s| s.depth).unwrap_or(0);
+        let path = self.path_agents();
+        let max_children =
+            def.front.limits.max_children_per_turn.unwrap_or(limits.max_children_per_turn);
+        let mut children_in_turn = self
+            .turn
+            .iter()
+            .filter(|s| {
+                s.call.name == "call_agent"
+                    && match &s.state {
+                        SlotState::Delegated { .. } => true,
+                        SlotState::Done { error, .. } => !error,
+                        _ => false,
+                    }
+            })
+            .count() as u32;
+
+        let mut refusals = vec![];
+        let mut delegations: Vec<Delegation> = vec![];
+        let mut runs = vec![];
+        let mut resumed = vec![];
+        let mut n = self.delegations;
+
+        for slot in &self.turn {
+            let call = &slot.call;
+            match &slot.state {
+                SlotState::Running => {
+                    resumed.push(ToolRun {
+                        call: call.id.clone(),
+                        tool: call.name.clone(),
+                        args: call.args.clone(),
+                        resumed: true,
+                    });
+                    continue;
+                }
+                SlotState::Pending => {}
+                _ => continue,
+            }
+            let refuse = |error: String| Refusal {
+                call: call.id.clone(),
+                tool: call.name.clone(),
+                error,
+            };
+            if !allowed.contains(&call.name) {
+                let known = crate::agent::BUILTIN_TOOLS.contains(&call.name.as_str());
+                refusals.push(refuse(format!(
+                    "{} tool `{}`: agent `{}` may use only: {}",
+                    if known { "not allowed:" } else { "unknown" },
+                    call.name,
+                    def.name(),
+                    join(&allowed)
+                )));
+                continue;
+            }
+            if call.name != "call_agent" {
+                runs.push(ToolRun {
+                    call: call.id.clone(),
+                    tool: call.name.clone(),
+                    args: call.args.clone(),
+                    resumed: false,
+                });
+                continue;
+            }
+            match self.check_delegation(
+                def,
+                limits,
+                catalog,
+                call,
+                depth,
+                &path,
+                &mut children_in_turn,
+                max_children,
+                &mut n,
+            ) {
+                Ok(d) => delegations.push(d),
+                Err(e) => refusals.push(refuse(e)),
+            }
+        }
+        if !refusals.is_empty() {
+            return Step::Refuse(refusals);
+        }
+        if !delegations.is_empty() {
+            self.share_budget(&mut delegations);
+            if let Some(free) = self.tokens_free() {
+                let asked: u64 = delegations.iter().filter_map(|d| d.budget.tokens).sum();
+                if asked > free {
+                    // Refuse the explicit requests that do not fit, with the figures.
+                    let refusals = delegations
+                        .iter()
+                        .map(|d| Refusal {
+                            call: d.call.clone(),
+                            tool: "call_agent".into(),
+                            error: format!(
+                                "budget: this turn's delegations ask for {asked} tokens, \
+                                 {free} remain of this session's budget"
+                            ),
+                        })
+                        .collect();
+                    return Step::Refuse(refusals);
+                }
+            }
+            return Step::Delegate(delegations);
+        }
+        if !runs.is_empty() {
+            return Step::RunTools(runs);
+        }
+        if !resumed.is_empty() {
+            return Step::RunTools(resumed);
+        }
+        Step::Wait
+    }
+
+    /// Children without an explicit budget get an equal share of what is free.
+    fn share_budget(&self, ds: &mut [Delegation]) {
+        let Some(free) = self.tokens_free() else { return };
+        let explicit: u64 = ds.iter().filter_map(|d| d.budget.tokens).sum();
+        let implicit = ds.iter().filter(|d| d.budget.tokens.is_none()).count() as u64;
+        if implicit == 0 {
+            return;
+        }
+        let share = free.saturating_sub(explicit) / implicit;
+        for d in ds.iter_mut().filter(|d| d.budget.tokens.is_none()) {
+            d.budget.tokens = Some(share);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_delegation(
+        &self,
+        def: &AgentDef,
+        limits: &Limits,
+        catalog: &dyn Catalog,
+        call: &crate::message::ToolCall,
+        depth: u32,
+        path: &[String],
+        children_in_turn: &mut u32,
+        max_children: u32,
+        n: &mut u32,
+    ) -> Result<Delegation, String> {
+        let args: CallAgentArgs = serde_json::from_value(call.args.clone())
+            .map_err(|e| format!("call_agent: invalid arguments: {e}"))?;
+        if args.resume_token.is_some() {
+            return Err("call_agent: resuming a paused sub-agent with `resume_token` is not \
+                        supported by this runtime yet"
+                .into());
+        }
+        let mission = args
+            .mission
+            .filter(|m| !m.trim().is_empty())
+            .ok_or("call_agent: `mission` is required and must not be empty")?;
+        let (agent, custom) = match (&args.agent, &args.agent_definition) {
+            (_, Some(custom)) => {
+                let allowed: BTreeSet<String> = def
+                    .allowed_tools()
+                    .into_iter()
+                    .filter(|t| t != "call_agent")
+                    .collect();
+                let extra: Vec<&String> =
+                    custom.tools.iter().filter(|t| !allowed.contains(*t)).collect();
+                if !extra.is_empty() {
+                    return Err(format!(
+                        "call_agent: agent_definition asks for tools {} that `{}` does not \
+                         have; a custom agent may use only: {}",
+                        extra.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", "),
+                        def.name(),
+                        join(&allowed)
+                    ));
+                }
+                ("custom".to_string(), Some(custom.clone()))
+            }
+            (Some(a), None) => {
+                if !def.front.agents.iter().any(|x| x == a) {
+                    let what = if catalog.agent(a).is_some() { "not allowed:" } else { "unknown" };
+                    return Err(format!(
+                        "call_agent: {what} agent `{a}`; `{}` may call: {}",
+                        def.name(),
+                        def.front.agents.join(", ")
+                    ));
+                }
+                let Some(target) = catalog.agent(a) else {
+                    return Err(format!("call_agent: unknown agent `{a}`"));
+                };
+                if path.iter().any(|p| p == a) && !target.front.recursive {
+                    return Err(format!(
+                        "call_agent: agent `{a}` is already on this delegation path ({}); \
+                         an agent may appear once unless its definition says \
+                         `recursive: true`",
+                        path.join(" → ")
+                    ));
+                }
+                (a.clone(), None)
+            }
+            (None, None) => {
+                return Err("call_agent: name an `agent` or give an `agent_definition`".into())
+            }
+        };
+        if depth + 1 > limits.max_depth {
+            return Err(format!(
+                "call_agent: depth limit: the child would run at depth {}, the limit is {}",
+                depth + 1,
+                limits.max_depth
+            ));
+        }
+        if *children_in_turn >= max_children {
+            return Err(format!(
+                "call_agent: at most {max_children} sub-agents per turn; this call would be \
+                 number {}",
+                *children_in_turn + 1
+            ));
+        }
+        if let (Some(free), Some(b)) = (self.tokens_free(), args.budget.and_then(|b| b.tokens)) {
+            if b > free {
+                return Err(format!(
+                    "call_agent: budget: asks for {b} tokens, {free} remain of this \
+                     session's budget"
+                ));
+            }
+        }
+        *children_in_turn += 1;
+        *n += 1;
+        let child_budget = args
+            .budget
+            .unwrap_or_default()
+            .tokens
+            .or_else(|| catalog.agent(&agent).and_then(|d| d.front.limits.max_tokens));
+        let Some(id) = &self.id else {
+            return Err("call_agent: the session has no id yet".into());
+        };
+        Ok(Delegation {
+            call: call.id.clone(),
+            child: id.child(&agent, *n),
+            agent,
+            mission,
+            context: args.context,
+            inputs: args.inputs.unwrap_or(Value::Null),
+            custom,
+            depth: depth + 1,
+            budget: Budget { tokens: child_budget },
+            ancestry: path.to_vec(),
+        })
+    }
+}
+
+fn join(set: &BTreeSet<String>) -> String {
+    if set.is_empty() {
+        "(no tools)".into()
+    } else {
+        set.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
+    }
+}

@@ -1,0 +1,474 @@
+//! The event catalogue and the versioned, hash-chained envelope.
+//!
+//! Every envelope carries `prev`, the blake3 hash of the previous record's encoded bytes
+//! (for seq 1: the hash of the session id), so a log is tamper-evident. Bodies are encoded
+//! with named fields; a body whose `type` this build does not know decodes as
+//! [`Event::Unknown`] and is kept, shown and re-encoded unchanged, never dropped.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::id::SessionId;
+use crate::limits::Budget;
+use crate::message::{ModelResponse, Usage};
+use crate::{Error, Result};
+
+/// Envelope format version written by this build.
+pub const ENVELOPE_VERSION: u16 = 1;
+
+/// The tool call (within the session's log) that a delegation answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParentRef {
+    pub session: SessionId,
+    pub call: String,
+}
+
+/// Where a forked session came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    pub session: SessionId,
+    pub at_seq: u64,
+}
+
+/// A custom agent made at run time by its caller (`call_agent.agent_definition`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CustomAgent {
+    pub system_prompt: String,
+    #[serde(default)]
+    pub tools: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Submitted {
+    pub agent: String,
+    /// Digest of the agent definition text this session runs with.
+    pub def_digest: String,
+    pub mission: String,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub inputs: Value,
+    pub mission_hash: String,
+    #[serde(default)]
+    pub parent: Option<ParentRef>,
+    #[serde(default)]
+    pub depth: u32,
+    #[serde(default)]
+    pub budget: Budget,
+    /// W3C traceparent of the tree.
+    #[serde(default)]
+    pub trace: Option<String>,
+    /// Agents on the path from the root to this session's parent, root first.
+    #[serde(default)]
+    pub ancestry: Vec<String>,
+    #[serde(default)]
+    pub no_cache: bool,
+    #[serde(default)]
+    pub forked_from: Option<Provenance>,
+    /// Pool whose workers run this session.
+    #[serde(default)]
+    pub pool: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCalled {
+    pub model: String,
+    pub request_digest: String,
+    pub response: ModelResponse,
+    #[serde(default)]
+    pub usage: Usage,
+    #[serde(default)]
+    pub latency_ms: u64,
+    /// The worker that made the call.
+    #[serde(default)]
+    pub worker: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelFailed {
+    pub model: String,
+    pub error: String,
+    pub retryable: bool,
+    pub attempt: u32,
+    #[serde(default)]
+    pub worker: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCalled {
+    pub call: String,
+    pub tool: String,
+    #[serde(default)]
+    pub args: Value,
+    #[serde(default)]
+    pub worker: String,
+}
+
+/// A large payload kept in the blob store; the event keeps its hash and size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlobRef {
+    pub hash: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolReturned {
+    pub call: String,
+    /// What the model is shown (possibly a truncated preview when `blob` is set).
+    pub output: String,
+    #[serde(default)]
+    pub error: bool,
+    #[serde(default)]
+    pub ms: u64,
+    #[serde(default)]
+    pub blob: Option<BlobRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delegated {
+    pub call: String,
+    pub child: SessionId,
+    pub agent: String,
+    pub mission_hash: String,
+    /// Tokens set aside for the child out of this session's budget.
+    #[serde(default)]
+    pub allotted_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheHit {
+    pub call: String,
+    pub mission_hash: String,
+    pub source: SessionId,
+    pub answer: String,
+    /// What the cached run cost (saved by this hit).
+    #[serde(default)]
+    pub saved: Usage,
+    #[serde(default)]
+    pub steps: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    Completed {
+        answer: String,
+        #[serde(default)]
+        patch: Option<Value>,
+        #[serde(default)]
+        usage: Usage,
+        #[serde(default)]
+        steps: u32,
+    },
+    Failed {
+        error: String,
+        #[serde(default)]
+        usage: Usage,
+        #[serde(default)]
+        steps: u32,
+    },
+    NeedsInput {
+        questions: Value,
+        #[serde(default)]
+        context: Option<String>,
+        #[serde(default)]
+        defaults: Value,
+        token: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildSettled {
+    pub call: String,
+    pub child: SessionId,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputRequested {
+    #[serde(default)]
+    pub call: Option<String>,
+    pub questions: Value,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub defaults: Value,
+    pub token_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputProvided {
+    pub answers: Value,
+    pub token_id: String,
+    #[serde(default)]
+    pub by: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequested {
+    pub call: String,
+    pub tool: String,
+    pub preview: String,
+    pub token_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalGiven {
+    pub call: String,
+    pub approved: bool,
+    #[serde(default)]
+    pub by: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    pub token_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PatchApplied {
+    pub from: String,
+    pub ops: Value,
+    pub version: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PatchRejected {
+    pub from: String,
+    pub reason: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Completed {
+    pub answer: String,
+    #[serde(default)]
+    pub usage_total: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Failed {
+    pub error: String,
+    #[serde(default)]
+    pub usage_total: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cancelled {
+    pub reason: String,
+}
+
+/// One fact in a session's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum Event {
+    Submitted(Submitted),
+    ModelCalled(ModelCalled),
+    ModelFailed(ModelFailed),
+    ToolCalled(ToolCalled),
+    ToolReturned(ToolReturned),
+    Delegated(Delegated),
+    CacheHit(CacheHit),
+    ChildSettled(ChildSettled),
+    InputRequested(InputRequested),
+    InputProvided(InputProvided),
+    ApprovalRequested(ApprovalRequested),
+    ApprovalGiven(ApprovalGiven),
+    PatchApplied(PatchApplied),
+    PatchRejected(PatchRejected),
+    Completed(Completed),
+    Failed(Failed),
+    Cancelled(Cancelled),
+    /// A body this build does not know: kept as it was read.
+    #[serde(skip)]
+    Unknown { kind: String, data: Value },
+}
+
+impl Event {
+    pub fn kind(&self) -> &str {
+        match self {
+            Event::Submitted(_) => "Submitted",
+            Event::ModelCalled(_) => "ModelCalled",
+            Event::ModelFailed(_) => "ModelFailed",
+            Event::ToolCalled(_) => "ToolCalled",
+            Event::ToolReturned(_) => "ToolReturned",
+            Event::Delegated(_) => "Delegated",
+            Event::CacheHit(_) => "CacheHit",
+            Event::ChildSettled(_) => "ChildSettled",
+            Event::InputRequested(_) => "InputRequested",
+            Event::InputProvided(_) => "InputProvided",
+            Event::ApprovalRequested(_) => "ApprovalRequested",
+            Event::ApprovalGiven(_) => "ApprovalGiven",
+            Event::PatchApplied(_) => "PatchApplied",
+            Event::PatchRejected(_) => "PatchRejected",
+            Event::Completed(_) => "Completed",
+            Event::Failed(_) => "Failed",
+            Event::Cancelled(_) => "Cancelled",
+            Event::Unknown { kind, .. } => kind,
+        }
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Event::Completed(_) | Event::Failed(_) | Event::Cancelled(_)
+        )
+    }
+
+    /// The body as JSON (for `events --json`, audit export).
+    pub fn to_json(&self) -> Value {
+        match self {
+            Event::Unknown { kind, data } => serde_json::json!({"type": kind, "data": data}),
+            e => serde_json::to_value(e).unwrap_or(Value::Null),
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum BodyOut<'a> {
+    Known(&'a Event),
+    Unknown {
+        #[serde(rename = "type")]
+        kind: &'a str,
+        data: &'a Value,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum BodyIn {
+    Known(Event),
+    Unknown {
+        #[serde(rename = "type")]
+        kind: String,
+        #[serde(default)]
+        data: Value,
+    },
+}
+
+#[derive(Serialize)]
+struct EnvelopeOut<'a> {
+    v: u16,
+    session: &'a SessionId,
+    seq: u64,
+    at: u64,
+    prev: &'a str,
+    body: BodyOut<'a>,
+}
+
+#[derive(Deserialize)]
+struct EnvelopeIn {
+    v: u16,
+    session: SessionId,
+    seq: u64,
+    at: u64,
+    prev: String,
+    body: BodyIn,
+}
+
+/// One record of a session's log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    pub v: u16,
+    pub session: SessionId,
+    /// 1-based position in the session's log.
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch, stamped by the writer.
+    pub at: u64,
+    /// Hex blake3 of the previous record's bytes (of the session id for seq 1).
+    pub prev: String,
+    pub body: Event,
+}
+
+/// The `prev` of a session's first record.
+pub fn genesis_hash(session: &SessionId) -> String {
+    blake3::hash(session.as_str().as_bytes()).to_hex().to_string()
+}
+
+/// Hex blake3 of one record's bytes: the next record's `prev`.
+pub fn record_hash(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+impl Envelope {
+    pub fn new(session: SessionId, seq: u64, at: u64, prev: String, body: Event) -> Self {
+        Self { v: ENVELOPE_VERSION, session, seq, at, prev, body }
+    }
+
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let body = match &self.body {
+            Event::Unknown { kind, data } => BodyOut::Unknown { kind, data },
+            e => BodyOut::Known(e),
+        };
+        let out = EnvelopeOut {
+            v: self.v,
+            session: &self.session,
+            seq: self.seq,
+            at: self.at,
+            prev: &self.prev,
+            body,
+        };
+        rmp_serde::to_vec_named(&out).map_err(|e| Error::Encode(e.to_string()))
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let e: EnvelopeIn =
+            rmp_serde::from_slice(bytes).map_err(|e| Error::Decode(e.to_string()))?;
+        let body = match e.body {
+            BodyIn::Known(ev) => ev,
+            BodyIn::Unknown { kind, data } => Event::Unknown { kind, data },
+        };
+        Ok(Self { v: e.v, session: e.session, seq: e.seq, at: e.at, prev: e.prev, body })
+    }
+}
+
+/// A record as stored: its bytes and their decoded form.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub env: Envelope,
+    pub bytes: Vec<u8>,
+}
+
+impl Record {
+    pub fn decode(bytes: Vec<u8>) -> Result<Self> {
+        Ok(Self { env: Envelope::decode(&bytes)?, bytes })
+    }
+
+    pub fn hash(&self) -> String {
+        record_hash(&self.bytes)
+    }
+}
+
+/// Where a chain check failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainBreak {
+    pub seq: u64,
+    pub reason: String,
+}
+
+/// Checks a whole log: seqs 1..n without gaps, one session, each `prev` the hash of the
+/// record before it.
+pub fn verify_chain(session: &SessionId, records: &[Record]) -> std::result::Result<(), ChainBreak> {
+    let mut prev = genesis_hash(session);
+    for (i, r) in records.iter().enumerate() {
+        let want = i as u64 + 1;
+        if r.env.seq != want {
+            return Err(ChainBreak {
+                seq: want,
+                reason: format!("expected seq {want}, found seq {}", r.env.seq),
+            });
+        }
+        if &r.env.session != session {
+            return Err(ChainBreak {
+                seq: want,
+                reason: format!("record belongs to session {}", r.env.session),
+            });
+        }
+        if r.env.prev != prev {
+            return Err(ChainBreak {
+                seq: want,
+                reason: "prev hash does not match the previous record".into(),
+            });
+        }
+        prev = r.hash();
+    }
+    Ok(())
+}

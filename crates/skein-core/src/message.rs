@@ -1,0 +1,123 @@
+//! What a model sees and answers: chat messages, tool calls, usage.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One tool call the model asked for. `id` is the provider's call id (or one the runtime
+/// assigned when the provider gave none); it names the call in every later event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    #[serde(default)]
+    pub args: Value,
+}
+
+/// One model answer: text, tool calls, or both.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ModelResponse {
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+}
+
+/// Token usage and cost. `estimated` is set when a provider reported no usage and the
+/// figures were estimated from text length.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// US dollars, from the price table in force when the call was made.
+    #[serde(default)]
+    pub cost: f64,
+    #[serde(default)]
+    pub estimated: bool,
+}
+
+impl Usage {
+    pub fn total_tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cost += other.cost;
+        self.estimated |= other.estimated;
+    }
+}
+
+/// A chat message in provider-neutral form.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Message {
+    System {
+        content: String,
+    },
+    User {
+        content: String,
+    },
+    Assistant {
+        #[serde(default)]
+        content: Option<String>,
+        #[serde(default)]
+        tool_calls: Vec<ToolCall>,
+    },
+    Tool {
+        call_id: String,
+        name: String,
+        content: String,
+        #[serde(default)]
+        is_error: bool,
+    },
+}
+
+/// A tool as the model is told about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+}
+
+/// Facts about the session a provider may use; only the scripted model reads them
+/// (real providers see nothing but `messages` and `tools`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RequestMeta {
+    pub session: String,
+    pub agent: String,
+    pub mission: String,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub inputs: Value,
+}
+
+/// Everything a provider needs for one model turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRequest {
+    /// `provider:model`, e.g. `scripted:orchestrator` or `openai:gpt-4o-mini`.
+    pub model: String,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub meta: RequestMeta,
+}
+
+impl ModelRequest {
+    /// blake3 of the request's canonical msgpack form, hex.
+    pub fn digest(&self) -> String {
+        let bytes = rmp_serde::to_vec_named(self).unwrap_or_default();
+        blake3::hash(&bytes).to_hex().to_string()
+    }
+}

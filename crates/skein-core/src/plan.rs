@@ -1,0 +1,1 @@
+//! The master plan: tasks, patches and their deterministic merge.

@@ -1,0 +1,424 @@
+//! `SessionState`: a session's state as a fold over its log.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::event::{Envelope, Event, Outcome, Submitted};
+use crate::id::SessionId;
+use crate::message::{Message, ToolCall, Usage};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// No `Submitted` yet.
+    New,
+    Running,
+    /// Waiting for children of the current turn.
+    Waiting,
+    AwaitingInput,
+    AwaitingApproval,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl Status {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Completed | Status::Failed | Status::Cancelled)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::New => "new",
+            Status::Running => "running",
+            Status::Waiting => "waiting",
+            Status::AwaitingInput => "awaiting_input",
+            Status::AwaitingApproval => "awaiting_approval",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Where one tool call of the current turn stands.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum SlotState {
+    /// Asked for by the model; nothing recorded yet.
+    Pending,
+    /// `ToolCalled` recorded, no `ToolReturned` yet.
+    Running,
+    /// A child session answers this call.
+    Delegated { child: SessionId, allotted: Option<u64> },
+    /// The outcome the model will be shown.
+    Done { output: String, error: bool },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Slot {
+    pub call: ToolCall,
+    pub state: SlotState,
+}
+
+/// A child this session started, and how it ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChildInfo {
+    pub call: String,
+    pub child: SessionId,
+    pub agent: String,
+    pub mission_hash: String,
+    /// None while it runs.
+    pub outcome: Option<&'static str>,
+    pub cached: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionState {
+    pub id: Option<SessionId>,
+    pub submitted: Option<Submitted>,
+    pub status: Status,
+    /// Messages after the system prompt and the mission: assistant turns and tool results.
+    pub transcript: Vec<Message>,
+    /// The tool calls of the current model turn, in the model's order.
+    pub turn: Vec<Slot>,
+    /// The text of the last model answer that had no tool calls (the answer to settle).
+    pub pending_answer: Option<String>,
+    /// Model turns recorded.
+    pub steps: u32,
+    /// Failed model calls since the last successful one.
+    pub model_failures: u32,
+    pub last_model_error: Option<String>,
+    pub usage_own: Usage,
+    /// Usage rolled up from settled children.
+    pub usage_children: Usage,
+    /// What cache hits saved.
+    pub saved: Usage,
+    pub cache_hits: u32,
+    /// Delegations decided so far (the `N` of the next child id is this + 1).
+    pub delegations: u32,
+    pub children: BTreeMap<String, ChildInfo>,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    pub last_seq: u64,
+    /// Time of the first and of the latest event (ms).
+    pub started_at: u64,
+    pub updated_at: u64,
+    /// Events of kinds this build does not know, kept for display.
+    pub unknown_events: u32,
+}
+
+impl Default for SessionState {
+    fn default() -> Self {
+        Self {
+            id: None,
+            submitted: None,
+            status: Status::New,
+            transcript: vec![],
+            turn: vec![],
+            pending_answer: None,
+            steps: 0,
+            model_failures: 0,
+            last_model_error: None,
+            usage_own: Usage::default(),
+            usage_children: Usage::default(),
+            saved: Usage::default(),
+            cache_hits: 0,
+            delegations: 0,
+            children: BTreeMap::new(),
+            answer: None,
+            error: None,
+            last_seq: 0,
+            started_at: 0,
+            updated_at: 0,
+            unknown_events: 0,
+        }
+    }
+}
+
+/// The JSON a parent's model is shown for a `call_agent` call.
+pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> (String, bool) {
+    let v = match outcome {
+        Outcome::Completed { answer, usage, steps, patch } => {
+            let mut v = json!({
+                "success": true,
+                "result": answer,
+                "session_id": child.display(),
+                "steps_taken": steps,
+                "usage": usage_json(usage),
+            });
+            if cached {
+                v["cached"] = Value::Bool(true);
+            }
+            if let Some(p) = patch {
+                v["patch"] = p.clone();
+            }
+            v
+        }
+        Outcome::Failed { error, usage, steps } => json!({
+            "success": false,
+            "result": Value::Null,
+            "session_id": child.display(),
+            "steps_taken": steps,
+            "usage": usage_json(usage),
+            "error": error,
+        }),
+        Outcome::NeedsInput { questions, context, defaults, token } => json!({
+            "success": false,
+            "session_id": child.display(),
+            "need_user_input": {
+                "questions": questions,
+                "context": context,
+                "proposed_defaults": defaults,
+            },
+            "resume_token": token,
+        }),
+    };
+    let error = !matches!(outcome, Outcome::Completed { .. });
+    (v.to_string(), error)
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "cost": u.cost,
+    })
+}
+
+impl SessionState {
+    pub fn fold<'a>(events: impl IntoIterator<Item = &'a Envelope>) -> Self {
+        let mut s = Self::default();
+        for e in events {
+            s.apply(e);
+        }
+        s
+    }
+
+    /// Usage of this session and everything it started.
+    pub fn usage_total(&self) -> Usage {
+        let mut u = self.usage_own;
+        u.add(&self.usage_children);
+        u
+    }
+
+    /// Tokens still free in this session's budget, after its own usage, its settled
+    /// children and what outstanding children hold. None when unlimited.
+    pub fn tokens_free(&self) -> Option<u64> {
+        let budget = self.submitted.as_ref()?.budget.tokens?;
+        let held: u64 = self
+            .turn
+            .iter()
+            .filter_map(|s| match &s.state {
+                SlotState::Delegated { allotted, .. } => *allotted,
+                _ => None,
+            })
+            .sum();
+        Some(budget.saturating_sub(self.usage_total().total_tokens()).saturating_sub(held))
+    }
+
+    /// Agents on the path from the root to this session, root first.
+    pub fn path_agents(&self) -> Vec<String> {
+        let Some(sub) = &self.submitted else { return vec![] };
+        let mut p = sub.ancestry.clone();
+        p.push(sub.agent.clone());
+        p
+    }
+
+    fn slot_mut(&mut self, call: &str) -> Option<&mut Slot> {
+        self.turn.iter_mut().find(|s| s.call.id == call)
+    }
+
+    fn finish_slot(&mut self, call: &str, output: String, error: bool) {
+        if let Some(slot) = self.slot_mut(call) {
+            slot.state = SlotState::Done { output, error };
+        }
+        self.close_turn_if_done();
+    }
+
+    /// When every call of the turn has its outcome, the results join the transcript in
+    /// the model's order and the next model call may be made.
+    fn close_turn_if_done(&mut self) {
+        if self.turn.is_empty()
+            || !self.turn.iter().all(|s| matches!(s.state, SlotState::Done { .. }))
+        {
+            return;
+        }
+        for slot in std::mem::take(&mut self.turn) {
+            if let SlotState::Done { output, error } = slot.state {
+                self.transcript.push(Message::Tool {
+                    call_id: slot.call.id,
+                    name: slot.call.name,
+                    content: output,
+                    is_error: error,
+                });
+            }
+        }
+    }
+
+    /// Folds one event. Total: a valid log never makes it fail, and an event that does
+    /// not fit (unknown kind, a call id not in the turn) changes nothing but the counters.
+    pub fn apply(&mut self, env: &Envelope) {
+        self.last_seq = env.seq;
+        if self.started_at == 0 {
+            self.started_at = env.at;
+        }
+        self.updated_at = env.at;
+        match &env.body {
+            Event::Submitted(s) => {
+                self.id = Some(env.session.clone());
+                self.submitted = Some(s.clone());
+                self.status = Status::Running;
+            }
+            Event::ModelCalled(m) => {
+                self.steps += 1;
+                self.model_failures = 0;
+                self.last_model_error = None;
+                self.usage_own.add(&m.usage);
+                self.transcript.push(Message::Assistant {
+                    content: m.response.content.clone(),
+                    tool_calls: m.response.tool_calls.clone(),
+                });
+                if m.response.tool_calls.is_empty() {
+                    self.pending_answer = Some(m.response.content.clone().unwrap_or_default());
+                } else {
+                    self.turn = m
+                        .response
+                        .tool_calls
+                        .iter()
+                        .map(|c| Slot { call: c.clone(), state: SlotState::Pending })
+                        .collect();
+                }
+            }
+            Event::ModelFailed(f) => {
+                self.model_failures += 1;
+                self.last_model_error = Some(f.error.clone());
+            }
+            Event::ToolCalled(t) => {
+                if let Some(slot) = self.slot_mut(&t.call) {
+                    slot.state = SlotState::Running;
+                }
+            }
+            Event::ToolReturned(t) => self.finish_slot(&t.call, t.output.clone(), t.error),
+            Event::Delegated(d) => {
+                self.delegations += 1;
+                if let Some(slot) = self.slot_mut(&d.call) {
+                    slot.state = SlotState::Delegated {
+                        child: d.child.clone(),
+                        allotted: d.allotted_tokens,
+                    };
+                }
+                self.children.insert(
+                    d.call.clone(),
+                    ChildInfo {
+                        call: d.call.clone(),
+                        child: d.child.clone(),
+                        agent: d.agent.clone(),
+                        mission_hash: d.mission_hash.clone(),
+                        outcome: None,
+                        cached: false,
+                    },
+                );
+            }
+            Event::CacheHit(h) => {
+                self.delegations += 1;
+                self.cache_hits += 1;
+                self.saved.add(&h.saved);
+                let outcome = Outcome::Completed {
+                    answer: h.answer.clone(),
+                    patch: None,
+                    usage: Usage::default(),
+                    steps: h.steps,
+                };
+                let (output, error) = call_agent_result(&h.source, &outcome, true);
+                let agent = self
+                    .slot_mut(&h.call)
+                    .and_then(|s| s.call.args.get("agent").and_then(Value::as_str))
+                    .unwrap_or("custom")
+                    .to_string();
+                self.children.insert(
+                    h.call.clone(),
+                    ChildInfo {
+                        call: h.call.clone(),
+                        child: h.source.clone(),
+                        agent,
+                        mission_hash: h.mission_hash.clone(),
+                        outcome: Some("completed"),
+                        cached: true,
+                    },
+                );
+                self.finish_slot(&h.call, output, error);
+            }
+            Event::ChildSettled(c) => {
+                let is_ours = self.turn.iter().any(|s| {
+                    s.call.id == c.call
+                        && matches!(&s.state, SlotState::Delegated { child, .. } if *child == c.child)
+                });
+                if !is_ours {
+                    return;
+                }
+                match &c.outcome {
+                    Outcome::Completed { usage, .. } | Outcome::Failed { usage, .. } => {
+                        self.usage_children.add(usage)
+                    }
+                    Outcome::NeedsInput { .. } => {}
+                }
+                if let Some(info) = self.children.get_mut(&c.call) {
+                    info.outcome = Some(match &c.outcome {
+                        Outcome::Completed { .. } => "completed",
+                        Outcome::Failed { .. } => "failed",
+                        Outcome::NeedsInput { .. } => "needs_input",
+                    });
+                }
+                let (output, error) = call_agent_result(&c.child, &c.outcome, false);
+                self.finish_slot(&c.call, output, error);
+            }
+            Event::InputRequested(_) => self.status = Status::AwaitingInput,
+            Event::InputProvided(_) => self.status = Status::Running,
+            Event::ApprovalRequested(_) => self.status = Status::AwaitingApproval,
+            Event::ApprovalGiven(_) => self.status = Status::Running,
+            Event::PatchApplied(_) | Event::PatchRejected(_) => {}
+            Event::Completed(c) => {
+                self.status = Status::Completed;
+                self.answer = Some(c.answer.clone());
+                self.pending_answer = None;
+            }
+            Event::Failed(f) => {
+                self.status = Status::Failed;
+                self.error = Some(f.error.clone());
+            }
+            Event::Cancelled(c) => {
+                self.status = Status::Cancelled;
+                self.error = Some(c.reason.clone());
+            }
+            Event::Unknown { .. } => self.unknown_events += 1,
+        }
+        self.refresh_waiting();
+    }
+
+    fn refresh_waiting(&mut self) {
+        if !matches!(self.status, Status::Running | Status::Waiting) {
+            return;
+        }
+        let waiting = !self.turn.is_empty()
+            && self.turn.iter().any(|s| matches!(s.state, SlotState::Delegated { .. }))
+            && self
+                .turn
+                .iter()
+                .all(|s| matches!(s.state, SlotState::Delegated { .. } | SlotState::Done { .. }));
+        self.status = if waiting { Status::Waiting } else { Status::Running };
+    }
+
+    /// The children of the current turn that have not settled.
+    pub fn outstanding_children(&self) -> Vec<(String, SessionId)> {
+        self.turn
+            .iter()
+            .filter_map(|s| match &s.state {
+                SlotState::Delegated { child, .. } => Some((s.call.id.clone(), child.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,217 @@
+//! One conformance suite for the ports, run against every backend (the sled backend's
+//! tests and the JetStream backend's tests both call [`run_all`]). Each check uses fresh
+//! session ids, so one backend instance can serve them all.
+
+use std::time::Duration;
+
+use skein_core::event::{genesis_hash, Cancelled};
+use skein_core::{Envelope, Event, Record, SessionId, Usage};
+
+use crate::ports::{Backend, CacheEntry};
+use crate::{new_root_id, Error, Result};
+
+fn ensure(cond: bool, what: impl Into<String>) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(Error::Backend(format!("conformance: {}", what.into())))
+    }
+}
+
+fn record(session: &SessionId, seq: u64, prev: String, reason: &str) -> Result<Record> {
+    let env = Envelope::new(
+        session.clone(),
+        seq,
+        1_700_000_000_000 + seq,
+        prev,
+        Event::Cancelled(Cancelled { reason: reason.into() }),
+    );
+    Ok(Record::decode(env.encode()?)?)
+}
+
+/// Appends `n` chained records to a fresh log and returns them.
+async fn fill(b: &Backend, s: &SessionId, n: u64) -> Result<Vec<Record>> {
+    let mut prev = genesis_hash(s);
+    let mut out = vec![];
+    for seq in 1..=n {
+        let r = record(s, seq, prev, &format!("r{seq}"))?;
+        b.log.append(s, seq - 1, &r).await?;
+        prev = r.hash();
+        out.push(r);
+    }
+    Ok(out)
+}
+
+pub async fn log_appends_and_reads(b: &Backend) -> Result<()> {
+    let s = new_root_id();
+    ensure(b.log.read(&s, 1).await?.is_empty(), "a new session has no records")?;
+    ensure(b.log.last(&s).await?.is_none(), "a new session has no last record")?;
+    let written = fill(b, &s, 5).await?;
+    let read = b.log.read(&s, 1).await?;
+    ensure(read.len() == 5, format!("read back {} of 5 records", read.len()))?;
+    for (w, r) in written.iter().zip(&read) {
+        ensure(w.bytes == r.bytes, format!("record {} differs after a round trip", w.env.seq))?;
+    }
+    let tail = b.log.read(&s, 4).await?;
+    ensure(
+        tail.iter().map(|r| r.env.seq).collect::<Vec<_>>() == vec![4, 5],
+        "read from seq 4 returns 4 and 5",
+    )?;
+    let last = b.log.last(&s).await?;
+    ensure(last.map(|r| r.env.seq) == Some(5), "last is seq 5")?;
+    skein_core::event::verify_chain(&s, &read)
+        .map_err(|e| Error::Backend(format!("chain: {e:?}")))?;
+    Ok(())
+}
+
+pub async fn log_refuses_a_stale_append(b: &Backend) -> Result<()> {
+    let s = new_root_id();
+    let written = fill(b, &s, 2).await?;
+    let r = record(&s, 2, written[0].hash(), "racer")?;
+    match b.log.append(&s, 1, &r).await {
+        Err(Error::Conflict { actual, .. }) => ensure(actual == 2, "conflict reports seq 2")?,
+        other => return Err(Error::Backend(format!("expected a conflict, got {other:?}"))),
+    }
+    let r = record(&s, 1, genesis_hash(&s), "dup")?;
+    ensure(
+        matches!(b.log.append(&s, 0, &r).await, Err(Error::Conflict { .. })),
+        "appending seq 1 again conflicts",
+    )?;
+    ensure(b.log.read(&s, 1).await?.len() == 2, "a refused append changes nothing")?;
+    Ok(())
+}
+
+pub async fn log_lists_trees_and_roots(b: &Backend) -> Result<()> {
+    let root = new_root_id();
+    let a = root.child("researcher", 1);
+    let a1 = a.child("critic", 1);
+    let other = new_root_id();
+    for s in [&root, &a, &a1, &other] {
+        fill(b, s, 1).await?;
+    }
+    let tree = b.log.tree(&root).await?;
+    ensure(tree == vec![root.clone(), a, a1], format!("tree of root: {tree:?}"))?;
+    let roots = b.log.roots().await?;
+    ensure(roots.contains(&root) && roots.contains(&other), "both roots listed")?;
+    ensure(roots.iter().all(|r| r.is_root()), "roots lists only roots")?;
+    Ok(())
+}
+
+pub async fn jobs_claim_ack_and_coalesce(b: &Backend) -> Result<()> {
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let s = new_root_id();
+    b.jobs.push(&pool, &s).await?;
+    b.jobs.push(&pool, &s).await?;
+    let lease = Duration::from_secs(30);
+    let wait = Duration::from_millis(500);
+    let j = b.jobs.claim(&pool, lease, wait).await?;
+    let j = j.ok_or_else(|| Error::Backend("conformance: no job claimed".into()))?;
+    ensure(j.session == s && j.attempt == 1, format!("claimed {j:?}"))?;
+    ensure(
+        b.jobs.claim(&pool, lease, Duration::from_millis(200)).await?.is_none(),
+        "two pushes of a waiting session make one job",
+    )?;
+    // A push while held: the session runs again after the ack.
+    b.jobs.push(&pool, &s).await?;
+    b.jobs.heartbeat(&j).await?;
+    b.jobs.ack(&j).await?;
+    let again = b.jobs.claim(&pool, lease, Duration::from_secs(3)).await?;
+    ensure(
+        again.as_ref().map(|j| &j.session) == Some(&s),
+        "a push while held is delivered after the ack",
+    )?;
+    if let Some(j) = again {
+        b.jobs.ack(&j).await?;
+    }
+    ensure(
+        b.jobs.claim(&pool, lease, Duration::from_millis(200)).await?.is_none(),
+        "nothing left after the acks",
+    )?;
+    Ok(())
+}
+
+pub async fn jobs_redeliver_after_lease_and_retry(b: &Backend) -> Result<()> {
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let s = new_root_id();
+    b.jobs.push(&pool, &s).await?;
+    let short = Duration::from_secs(1);
+    let j = b.jobs.claim(&pool, short, Duration::from_secs(1)).await?;
+    ensure(j.is_some(), "claimed")?;
+    // Not acked: after the lease the job is delivered again, as a later attempt.
+    let j2 = b.jobs.claim(&pool, short, Duration::from_secs(5)).await?;
+    let j2 = j2.ok_or_else(|| Error::Backend("conformance: no redelivery after lease".into()))?;
+    ensure(j2.session == s && j2.attempt == 2, format!("redelivered as {j2:?}"))?;
+    b.jobs.retry(&j2, Duration::from_millis(100)).await?;
+    let j3 = b.jobs.claim(&pool, short, Duration::from_secs(5)).await?;
+    let j3 = j3.ok_or_else(|| Error::Backend("conformance: no delivery after retry".into()))?;
+    ensure(j3.attempt == 3, format!("retry counts as attempt 3: {j3:?}"))?;
+    b.jobs.ack(&j3).await?;
+    Ok(())
+}
+
+pub async fn cache_gets_puts_and_expires(b: &Backend) -> Result<()> {
+    let h = blake3::hash(new_root_id().as_str().as_bytes()).to_hex().to_string();
+    ensure(b.cache.get(&h, 1000).await?.is_none(), "miss on a new hash")?;
+    let e = CacheEntry {
+        answer: "42".into(),
+        usage: Usage { input_tokens: 3, output_tokens: 4, cost: 0.5, estimated: false },
+        source: new_root_id(),
+        steps: 2,
+        created: 1000,
+        expires: Some(2000),
+    };
+    b.cache.put(&h, &e).await?;
+    ensure(b.cache.get(&h, 1500).await?.as_ref() == Some(&e), "hit before expiry")?;
+    ensure(b.cache.get(&h, 2500).await?.is_none(), "miss after expiry")?;
+    Ok(())
+}
+
+pub async fn blobs_are_content_addressed(b: &Backend) -> Result<()> {
+    let data = format!("blob {}", new_root_id()).into_bytes();
+    let h = b.blobs.put(&data).await?;
+    ensure(h == blake3::hash(&data).to_hex().to_string(), "hash is blake3 of the data")?;
+    ensure(b.blobs.put(&data).await? == h, "putting twice is harmless")?;
+    ensure(b.blobs.get(&h).await?.as_deref() == Some(&data[..]), "get returns the data")?;
+    let missing = blake3::hash(b"never stored").to_hex().to_string();
+    ensure(b.blobs.get(&missing).await?.is_none(), "unknown hash is none")?;
+    let big = vec![7u8; 3 * 1024 * 1024];
+    let hb = b.blobs.put(&big).await?;
+    ensure(b.blobs.get(&hb).await?.map(|v| v.len()) == Some(big.len()), "3 MiB blob")?;
+    Ok(())
+}
+
+pub async fn notices_read_after_a_cursor(b: &Backend) -> Result<()> {
+    let p = new_root_id();
+    let c1 = p.child("a", 1);
+    let c2 = p.child("b", 2);
+    ensure(b.notices.read(&p, 0).await?.is_empty(), "no notices yet")?;
+    b.notices.post(&p, &c1).await?;
+    b.notices.post(&p, &c2).await?;
+    let all = b.notices.read(&p, 0).await?;
+    ensure(
+        all.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>() == vec![c1, c2.clone()],
+        format!("both notices in order: {all:?}"),
+    )?;
+    let after = b.notices.read(&p, all[0].0).await?;
+    ensure(after.len() == 1 && after[0].1 == c2, "read after the first cursor")?;
+    ensure(b.notices.read(&new_root_id(), 0).await?.is_empty(), "notices are per parent")?;
+    Ok(())
+}
+
+/// Every check, in order; the first failure is returned with its name.
+pub async fn run_all(b: &Backend) -> Result<()> {
+    macro_rules! check {
+        ($f:ident) => {
+            $f(b).await.map_err(|e| Error::Backend(format!("{}: {e}", stringify!($f))))?
+        };
+    }
+    check!(log_appends_and_reads);
+    check!(log_refuses_a_stale_append);
+    check!(log_lists_trees_and_roots);
+    check!(jobs_claim_ack_and_coalesce);
+    check!(jobs_redeliver_after_lease_and_retry);
+    check!(cache_gets_puts_and_expires);
+    check!(blobs_are_content_addressed);
+    check!(notices_read_after_a_cursor);
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! skein-runtime: the imperative shell around `skein-core`.
+//!
+//! The ports a backend implements ([`ports`]), the worker loop that claims jobs, folds a
+//! session's log, asks the core for the next step and performs it ([`worker`]), and the
+//! embedded backend on sled ([`sled_backend`]). It must never depend on a particular
+//! broker: the JetStream backend lives in `skein-nats` and plugs into the same ports.
+
+pub mod conformance;
+pub mod ports;
+
+pub use ports::{Backend, CacheEntry, Job, RootResult};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The log of `session` did not end at `expected`: someone else appended.
+    #[error("append conflict on {session}: expected last seq {expected}, found {actual}")]
+    Conflict { session: String, expected: u64, actual: u64 },
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// Stored data that cannot be decoded.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    /// The backend is unreachable or failed (disk, network); trying again may help.
+    #[error("backend: {0}")]
+    Backend(String),
+    /// A request a user made that cannot be accepted.
+    #[error("{0}")]
+    Rejected(String),
+    #[error(transparent)]
+    Core(#[from] skein_core::Error),
+}
+
+impl Error {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Backend(_) | Error::Conflict { .. })
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A fresh root id: a lowercase ULID.
+pub fn new_root_id() -> skein_core::SessionId {
+    let u = ulid::Ulid::new().to_string().to_lowercase();
+    skein_core::SessionId::root(&u).unwrap_or_else(|_| unreachable!("a ULID is a valid token"))
+}

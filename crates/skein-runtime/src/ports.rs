@@ -1,0 +1,155 @@
+//! The ports: what the worker loop needs from a backend. The embedded backend
+//! ([`crate::sled_backend`]) and the JetStream backend (crate `skein-nats`) implement
+//! them; nothing above these traits knows which one it has.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use skein_core::{Record, SessionId, Usage};
+use skein_tools::Workspace;
+
+use crate::{Error, Result};
+
+/// The durable log of every session.
+#[async_trait]
+pub trait EventLog: Send + Sync {
+    /// Appends one encoded record whose seq is `expected_last + 1`, if and only if the
+    /// session's last seq is `expected_last` (0: the session has no records). Otherwise
+    /// fails with [`Error::Conflict`] and changes nothing. Returns once the record is
+    /// durable.
+    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()>;
+
+    /// Records with seq ≥ `from_seq`, in order.
+    async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>>;
+
+    /// The last record, if any.
+    async fn last(&self, session: &SessionId) -> Result<Option<Record>>;
+
+    /// Every session of the tree rooted at `root` (the root included), sorted.
+    async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>>;
+
+    /// Every root session, sorted.
+    async fn roots(&self) -> Result<Vec<SessionId>>;
+}
+
+/// A claimed job: "advance this session". Carries no state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub pool: String,
+    pub session: SessionId,
+    /// 1 on the first delivery.
+    pub attempt: u32,
+    /// Backend-specific handle (delivery id).
+    pub handle: String,
+}
+
+/// Work queues by pool. At most one pending job per session: pushing a session that
+/// already waits is a no-op, and pushing one whose job is held makes it run again after
+/// the holder acks (wake-ups coalesce, none is lost).
+#[async_trait]
+pub trait JobQueue: Send + Sync {
+    async fn push(&self, pool: &str, session: &SessionId) -> Result<()>;
+    /// Waits up to `wait` for a job; the job is held for `lease` unless heartbeated.
+    async fn claim(&self, pool: &str, lease: Duration, wait: Duration) -> Result<Option<Job>>;
+    /// Extends the lease of a held job (long model calls).
+    async fn heartbeat(&self, job: &Job) -> Result<()>;
+    async fn ack(&self, job: &Job) -> Result<()>;
+    /// Gives the job back, to be delivered again after `delay`.
+    async fn retry(&self, job: &Job, delay: Duration) -> Result<()>;
+    /// Jobs waiting or held in a pool.
+    async fn depth(&self, pool: &str) -> Result<u64>;
+}
+
+/// A cached sub-agent answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheEntry {
+    pub answer: String,
+    pub usage: Usage,
+    pub source: SessionId,
+    pub steps: u32,
+    /// ms since the epoch.
+    pub created: u64,
+    /// ms since the epoch; none for no expiry.
+    #[serde(default)]
+    pub expires: Option<u64>,
+}
+
+/// Mission hash → answer.
+#[async_trait]
+pub trait Cache: Send + Sync {
+    /// The entry, unless missing or expired at `now` (ms).
+    async fn get(&self, hash: &str, now: u64) -> Result<Option<CacheEntry>>;
+    async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()>;
+}
+
+/// Content-addressed payloads (agent definitions by digest, large tool outputs).
+#[async_trait]
+pub trait Blobs: Send + Sync {
+    /// Stores `data` under its hex blake3 hash, which is returned.
+    async fn put(&self, data: &[u8]) -> Result<String>;
+    async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>>;
+}
+
+/// "Child C of session P has ended": a durable inbox per parent, so a parent reads only
+/// the notices it has not seen instead of polling every child.
+#[async_trait]
+pub trait Notices: Send + Sync {
+    async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()>;
+    /// Notices with position > `after`, in order, as (position, child).
+    async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>>;
+}
+
+/// Where a finished root is announced (`skein.results.ROOT` on NATS).
+#[async_trait]
+pub trait Announcer: Send + Sync {
+    async fn root_finished(&self, notice: &RootResult) -> Result<()>;
+}
+
+/// The JSON published when a root ends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RootResult {
+    pub session: String,
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub usage: Usage,
+}
+
+/// Gives each tree its workspace.
+pub trait Workspaces: Send + Sync {
+    fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace>;
+}
+
+/// One backend: all the ports together.
+#[derive(Clone)]
+pub struct Backend {
+    pub name: &'static str,
+    pub log: Arc<dyn EventLog>,
+    pub jobs: Arc<dyn JobQueue>,
+    pub cache: Arc<dyn Cache>,
+    pub blobs: Arc<dyn Blobs>,
+    pub notices: Arc<dyn Notices>,
+    pub workspaces: Arc<dyn Workspaces>,
+    pub announcer: Option<Arc<dyn Announcer>>,
+}
+
+impl Backend {
+    /// Reads a whole log.
+    pub async fn read_all(&self, session: &SessionId) -> Result<Vec<Record>> {
+        self.log.read(session, 1).await
+    }
+
+    pub async fn def_text(&self, digest: &str) -> Result<String> {
+        let bytes = self.blobs.get(digest).await?.ok_or_else(|| {
+            Error::NotFound(format!("agent definition {digest} is not in the blob store"))
+        })?;
+        String::from_utf8(bytes).map_err(|e| Error::Corrupt(format!("definition {digest}: {e}")))
+    }
+}
+
+/// Max time a claim waits before returning `None`, so loops can check for shutdown.
+pub const CLAIM_WAIT: Duration = Duration::from_millis(500);
