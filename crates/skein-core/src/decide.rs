@@ -213,7 +213,7 @@ impl SessionState {
             return self.next_in_turn(def, limits, catalog);
         }
         // A new model turn.
-        if self.model_failures >= MAX_MODEL_ATTEMPTS {
+        if self.model_failure_fatal || self.model_failures >= MAX_MODEL_ATTEMPTS {
             return Step::Fail {
                 error: format!(
                     "model call failed {} times: {}",

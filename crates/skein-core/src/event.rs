@@ -21,6 +21,9 @@ pub const ENVELOPE_VERSION: u16 = 1;
 pub struct ParentRef {
     pub session: SessionId,
     pub call: String,
+    /// The pool whose workers run the parent (to wake it).
+    #[serde(default)]
+    pub pool: Option<String>,
 }
 
 /// Where a forked session came from.
@@ -241,6 +244,9 @@ pub struct Completed {
     pub answer: String,
     #[serde(default)]
     pub usage_total: Usage,
+    /// Model turns this session made.
+    #[serde(default)]
+    pub steps: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -248,6 +254,8 @@ pub struct Failed {
     pub error: String,
     #[serde(default)]
     pub usage_total: Usage,
+    #[serde(default)]
+    pub steps: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

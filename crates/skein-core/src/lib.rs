@@ -14,6 +14,7 @@ pub mod id;
 pub mod limits;
 pub mod message;
 pub mod plan;
+pub mod replay;
 pub mod state;
 
 pub use agent::{AgentDef, AgentSet};

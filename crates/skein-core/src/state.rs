@@ -91,6 +91,8 @@ pub struct SessionState {
     /// Failed model calls since the last successful one.
     pub model_failures: u32,
     pub last_model_error: Option<String>,
+    /// The last model failure cannot succeed on a retry.
+    pub model_failure_fatal: bool,
     pub usage_own: Usage,
     /// Usage rolled up from settled children.
     pub usage_children: Usage,
@@ -122,6 +124,7 @@ impl Default for SessionState {
             steps: 0,
             model_failures: 0,
             last_model_error: None,
+            model_failure_fatal: false,
             usage_own: Usage::default(),
             usage_children: Usage::default(),
             saved: Usage::default(),
@@ -276,6 +279,7 @@ impl SessionState {
                 self.steps += 1;
                 self.model_failures = 0;
                 self.last_model_error = None;
+                self.model_failure_fatal = false;
                 self.usage_own.add(&m.usage);
                 self.transcript.push(Message::Assistant {
                     content: m.response.content.clone(),
@@ -295,6 +299,7 @@ impl SessionState {
             Event::ModelFailed(f) => {
                 self.model_failures += 1;
                 self.last_model_error = Some(f.error.clone());
+                self.model_failure_fatal = !f.retryable;
             }
             Event::ToolCalled(t) => {
                 if let Some(slot) = self.slot_mut(&t.call) {

@@ -6,7 +6,11 @@
 //! broker: the JetStream backend lives in `skein-nats` and plugs into the same ports.
 
 pub mod conformance;
+pub mod inspect;
+pub mod sled_backend;
 pub mod ports;
+pub mod runtime_tools;
+pub mod worker;
 
 pub use ports::{Backend, CacheEntry, Job, RootResult};
 

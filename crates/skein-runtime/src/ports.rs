@@ -21,6 +21,21 @@ pub trait EventLog: Send + Sync {
     /// durable.
     async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()>;
 
+    /// Appends consecutive records of one session after `expected_last`, as `append`
+    /// would one by one. A backend may make the batch atomic and durable with one flush;
+    /// the default appends them in order (after a crash, a prefix may be in the log).
+    async fn append_batch(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        for (i, r) in records.iter().enumerate() {
+            self.append(session, expected_last + i as u64, r).await?;
+        }
+        Ok(())
+    }
+
     /// Records with seq ≥ `from_seq`, in order.
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>>;
 

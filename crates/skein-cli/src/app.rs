@@ -1,0 +1,119 @@
+//! What every command needs: the configuration, the agent catalogue, and a backend.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use skein_core::AgentSet;
+use skein_llm::Registry;
+use skein_runtime::sled_backend::SledStore;
+use skein_runtime::worker::{parse_duration, Runtime, RuntimeConfig};
+use skein_runtime::Backend;
+use skein_tools::ToolBox;
+
+use crate::config::{self, SkeinConfig};
+use crate::GlobalArgs;
+
+pub struct App {
+    pub global: GlobalArgs,
+    pub cfg: SkeinConfig,
+}
+
+/// Reads every `*.md` under `dir` as (file name, text), sorted.
+pub fn read_agent_files(dir: &Path) -> Result<Vec<(String, String)>> {
+    let mut files = vec![];
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the agents directory {}", dir.display()))?;
+    for e in entries {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "md") {
+            let text = std::fs::read_to_string(&p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            files.push((p.display().to_string(), text));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+impl App {
+    pub fn new(global: GlobalArgs) -> Result<Self> {
+        let file = global.config.clone().or_else(config::default_config_path);
+        let cfg = config::load(file.as_deref())?;
+        Ok(Self { global, cfg })
+    }
+
+    pub fn tools(&self) -> Result<ToolBox> {
+        let cfg: skein_tools::ToolsConfig = self
+            .cfg
+            .tools
+            .clone()
+            .try_into()
+            .context("[tools] configuration")?;
+        Ok(ToolBox::builtin(&cfg))
+    }
+
+    pub fn models(&self) -> Result<Registry> {
+        let cfg: skein_llm::config::ModelsConfig =
+            self.cfg.models.clone().try_into().context("[models] configuration")?;
+        skein_llm::config::registry_from_config(&cfg, &self.cfg.scripts_dir)
+            .context("[models] configuration")
+    }
+
+    pub fn agents(&self) -> Result<AgentSet> {
+        let files = read_agent_files(&self.cfg.agents_dir)?;
+        if files.is_empty() {
+            anyhow::bail!("no agent definitions (*.md) in {}", self.cfg.agents_dir.display());
+        }
+        Ok(AgentSet::load(&files, &[])?)
+    }
+
+    pub fn runtime_config(&self) -> Result<RuntimeConfig> {
+        let r = &self.cfg.runtime;
+        let lease = parse_duration(&r.lease)
+            .with_context(|| format!("runtime.lease: `{}` is not a duration", r.lease))?;
+        let ttl = parse_duration(&self.cfg.cache.ttl)
+            .with_context(|| format!("cache.ttl: `{}` is not a duration", self.cfg.cache.ttl))?;
+        let mut rc = RuntimeConfig {
+            limits: self.cfg.limits.clone(),
+            lease,
+            max_deliver: r.max_deliver,
+            blob_threshold: r.blob_threshold,
+            cache_ttl: (ttl > Duration::ZERO).then_some(ttl),
+            state_cache: r.state_cache,
+            ..RuntimeConfig::default()
+        };
+        if let Some(w) = &r.worker_id {
+            rc.worker_id = w.clone();
+        }
+        Ok(rc)
+    }
+
+    /// The embedded store under `--data`.
+    pub fn open_embedded(&self) -> Result<(Arc<SledStore>, Backend)> {
+        if self.global.nats.is_some() {
+            anyhow::bail!("this command runs on the embedded store; drop --nats to use it");
+        }
+        let ws = self
+            .cfg
+            .workspace_dir
+            .clone()
+            .unwrap_or_else(|| self.global.data.join("workspaces"));
+        let store = SledStore::open(&self.global.data, &ws)
+            .with_context(|| format!("cannot open the store in {}", self.global.data.display()))?;
+        let backend = store.backend();
+        Ok((store, backend))
+    }
+
+    /// A backend for read commands: embedded, or the cluster with `--nats`.
+    pub async fn backend(&self) -> Result<(Option<Arc<SledStore>>, Backend)> {
+        let (s, b) = self.open_embedded()?;
+        Ok((Some(s), b))
+    }
+
+    pub fn runtime(&self, backend: Backend) -> Result<Arc<Runtime>> {
+        let agents = Arc::new(self.agents()?);
+        Ok(Runtime::new(backend, agents, self.models()?, self.tools()?, self.runtime_config()?))
+    }
+}

@@ -1,0 +1,73 @@
+//! `skein agents check`: load and validate every agent definition.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Subcommand;
+use skein_core::AgentSet;
+
+use crate::app::{read_agent_files, App};
+
+#[derive(Subcommand, Debug)]
+pub enum AgentsCmd {
+    /// Load and validate every agent definition (and the scripts scripted agents use).
+    Check {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn run(app: &App, cmd: AgentsCmd) -> Result<ExitCode> {
+    let AgentsCmd::Check { json } = cmd;
+    let files = read_agent_files(&app.cfg.agents_dir)?;
+    let mut problems = vec![];
+    let set = match AgentSet::load(&files, &[]) {
+        Ok(s) => Some(s),
+        Err(skein_core::Error::AgentSet(p)) => {
+            problems.extend(p);
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(set) = &set {
+        let models = app.models()?;
+        let scripted = skein_llm::scripted::ScriptedProvider::new(&app.cfg.scripts_dir);
+        for (name, def) in &set.agents {
+            let origin = &set.origins[name];
+            match skein_llm::split_model(&def.front.model) {
+                Ok(("scripted", script)) => {
+                    if let Err(e) = scripted.load(script) {
+                        problems.push(format!("{origin}: {e}"));
+                    }
+                }
+                Ok((provider, _)) if !models.has(provider) => problems.push(format!(
+                    "{origin}: agent `{name}` uses provider `{provider}`, which is not \
+                     configured (known: {})",
+                    models.names().join(", ")
+                )),
+                Ok(_) => {}
+                Err(e) => problems.push(format!("{origin}: {e}")),
+            }
+        }
+    }
+    if json {
+        let v = serde_json::json!({
+            "ok": problems.is_empty(),
+            "agents": set.as_ref().map(|s| s.agents.keys().cloned().collect::<Vec<_>>()),
+            "problems": problems,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if problems.is_empty() {
+        if let Some(set) = &set {
+            for (name, def) in &set.agents {
+                println!("ok  {name:<16} {}  ({})", def.front.model, set.origins[name]);
+            }
+        }
+    } else {
+        eprintln!("agent definitions in {} rejected:", app.cfg.agents_dir.display());
+        for p in &problems {
+            eprintln!("  {p}");
+        }
+    }
+    Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

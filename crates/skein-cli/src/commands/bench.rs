@@ -1,0 +1,305 @@
+//! `skein bench`: measures the embedded runtime and prints a table.
+//!
+//! - steps per second with a zero-latency scripted model (a fan-out tree; a step is one
+//!   model turn, its tool calls counted apart),
+//! - the time to fold a 10,000-event log (decode + fold, from memory and from the store),
+//! - fan-out wall time against its ideal: the orchestrator delegates to N children in one
+//!   turn, each child makes 4 tool-calling turns and 1 answer, then the orchestrator
+//!   answers; with 50 ms model latency the critical path is 7 model turns = 350 ms.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use skein_core::event::{genesis_hash, ModelCalled, Submitted, ToolCalled, ToolReturned};
+use skein_core::{
+    AgentSet, Budget, Envelope, Event, Limits, ModelResponse, Record, SessionId, SessionState,
+    ToolCall, Usage,
+};
+use skein_llm::scripted::ScriptedProvider;
+use skein_llm::Registry;
+use skein_runtime::inspect::{summarize, tree_rows};
+use skein_runtime::sled_backend::SledStore;
+use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+
+use crate::app::{read_agent_files, App};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Fan-out widths to measure (children of one turn).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![8usize, 256])]
+    pub fanout: Vec<usize>,
+    /// Children in the zero-latency throughput run.
+    #[arg(long, default_value_t = 64)]
+    pub throughput_children: usize,
+    /// Events in the fold measurement.
+    #[arg(long, default_value_t = 10_000)]
+    pub fold_events: u64,
+    /// Model latency of the fan-out runs (ms).
+    #[arg(long, default_value_t = 50)]
+    pub latency_ms: u64,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Writes the bench agents and scripts with the given model latency.
+fn write_agents(dir: &Path, latency: u64) -> Result<()> {
+    std::fs::create_dir_all(dir.join("agents"))?;
+    std::fs::create_dir_all(dir.join("scripts"))?;
+    std::fs::write(
+        dir.join("agents/fanout.md"),
+        "---\nname: fanout\nmodel: scripted:fanout\nagents: [leaf]\ncache: false\n\
+         limits: {max_children_per_turn: 100000, max_steps: 4}\n---\nFan out.\n",
+    )?;
+    std::fs::write(
+        dir.join("agents/leaf.md"),
+        "---\nname: leaf\nmodel: scripted:leaf\ntools: [list_dir]\n\
+         idempotent_tools: [list_dir]\ncache: false\n---\nLook around, then answer.\n",
+    )?;
+    std::fs::write(
+        dir.join("scripts/fanout.yaml"),
+        format!(
+            "latency_ms: {latency}\nturns:\n  - tool_calls:\n      - tool: call_agent\n        \
+             repeat: \"{{{{ inputs.n }}}}\"\n        args: {{agent: leaf, mission: \"part {{{{ i }}}}\"}}\n  \
+             - answer: \"{{{{ results | length }}}} parts done\"\n"
+        ),
+    )?;
+    let mut leaf = format!("latency_ms: {latency}\nturns:\n");
+    for _ in 0..4 {
+        leaf.push_str("  - tool_calls:\n      - tool: list_dir\n        args: {path: \".\"}\n");
+    }
+    leaf.push_str("  - answer: \"done with {{ mission }}\"\n");
+    std::fs::write(dir.join("scripts/leaf.yaml"), leaf)?;
+    Ok(())
+}
+
+struct TreeRun {
+    wall_ms: f64,
+    sessions: usize,
+    model_turns: u32,
+    tool_calls: u32,
+    events: u64,
+}
+
+async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
+    let tmp = tempfile::tempdir()?;
+    write_agents(tmp.path(), latency)?;
+    let store = SledStore::open(&tmp.path().join("data"), &tmp.path().join("ws"))?;
+    let backend = store.backend();
+    let agents = Arc::new(AgentSet::load(&read_agent_files(&tmp.path().join("agents"))?, &[])?);
+    let mut models = Registry::new();
+    models.insert("scripted", Arc::new(ScriptedProvider::new(tmp.path().join("scripts"))));
+    let cfg = RuntimeConfig {
+        limits: Limits { max_children_per_turn: 100_000, ..Limits::default() },
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::new(backend.clone(), agents, models, app.tools()?, cfg);
+    let started = Instant::now();
+    let id = rt
+        .submit(Submission {
+            agent: "fanout".into(),
+            mission: format!("bench fan-out of {n}"),
+            inputs: json!({ "n": n }),
+            budget: Some(Budget { tokens: None }),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await?;
+    let root = rt.run_tree(&id, n + 8).await?;
+    let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if root.state.answer.as_deref() != Some(&format!("{n} parts done")) {
+        anyhow::bail!(
+            "fan-out of {n} did not complete: {:?} {:?}",
+            root.state.status,
+            root.state.error
+        );
+    }
+    let rows = tree_rows(&backend, &id).await?;
+    let s = summarize(&rows);
+    let mut events = 0;
+    for sid in backend.log.tree(&id).await? {
+        events += backend.log.last(&sid).await?.map(|r| r.env.seq).unwrap_or(0);
+    }
+    Ok(TreeRun { wall_ms, sessions: s.sessions, model_turns: s.steps, tool_calls: s.tool_calls, events })
+}
+
+/// A synthetic log of `n` events: a submission, then turns of one tool call each.
+fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
+    let id = SessionId::root("benchfold")?;
+    let mut prev = genesis_hash(&id);
+    let mut out = Vec::with_capacity(n as usize);
+    let mut push = |seq: u64, body: Event, out: &mut Vec<Record>| -> Result<()> {
+        let env = Envelope::new(id.clone(), seq, 1_700_000_000_000 + seq, prev.clone(), body);
+        let bytes = env.encode()?;
+        let r = Record { env, bytes };
+        prev = r.hash();
+        out.push(r);
+        Ok(())
+    };
+    push(
+        1,
+        Event::Submitted(Submitted {
+            agent: "leaf".into(),
+            def_digest: "d".into(),
+            mission: "fold".into(),
+            context: None,
+            inputs: serde_json::Value::Null,
+            mission_hash: "h".into(),
+            parent: None,
+            depth: 0,
+            budget: Budget::default(),
+            trace: None,
+            ancestry: vec![],
+            no_cache: true,
+            forked_from: None,
+            pool: None,
+        }),
+        &mut out,
+    )?;
+    let mut seq = 2;
+    let mut turn = 0;
+    while seq <= n {
+        turn += 1;
+        let call = format!("c{turn}");
+        let bodies = [
+            Event::ModelCalled(ModelCalled {
+                model: "scripted:leaf".into(),
+                request_digest: "r".into(),
+                response: ModelResponse {
+                    content: Some("looking".into()),
+                    tool_calls: vec![ToolCall {
+                        id: call.clone(),
+                        name: "list_dir".into(),
+                        args: json!({"path": "."}),
+                    }],
+                    finish_reason: None,
+                },
+                usage: Usage { input_tokens: 100, output_tokens: 10, cost: 0.0, estimated: false },
+                latency_ms: 0,
+                worker: "w".into(),
+            }),
+            Event::ToolCalled(ToolCalled {
+                call: call.clone(),
+                tool: "list_dir".into(),
+                args: json!({"path": "."}),
+                worker: "w".into(),
+            }),
+            Event::ToolReturned(ToolReturned {
+                call,
+                output: "a.txt\nb.txt".into(),
+                error: false,
+                ms: 1,
+                blob: None,
+            }),
+        ];
+        for b in bodies {
+            if seq > n {
+                break;
+            }
+            push(seq, b, &mut out)?;
+            seq += 1;
+        }
+    }
+    Ok((id, out))
+}
+
+async fn fold_bench(n: u64) -> Result<(f64, f64)> {
+    let (id, records) = synthetic_log(n)?;
+    let bytes: Vec<Vec<u8>> = records.iter().map(|r| r.bytes.clone()).collect();
+    // From memory: decode every record and fold.
+    let t = Instant::now();
+    let mut state = SessionState::default();
+    for b in &bytes {
+        let r = Record::decode(b.clone())?;
+        state.apply(&r.env);
+    }
+    let mem_ms = t.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(state.last_seq == n, "folded {} of {n} events", state.last_seq);
+    // From the store: read the whole log back and fold it (chain checked).
+    let tmp = tempfile::tempdir()?;
+    let store = SledStore::open(tmp.path(), tmp.path())?;
+    let b = store.backend();
+    for chunk in records.chunks(500) {
+        let first = chunk[0].env.seq - 1;
+        b.log.append_batch(&id, first, chunk).await?;
+    }
+    let t = Instant::now();
+    let read = b.log.read(&id, 1).await?;
+    let f = skein_runtime::inspect::fold_records(&id, &read)?;
+    let store_ms = t.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(f.state.last_seq == n, "store fold saw {} events", f.state.last_seq);
+    Ok((mem_ms, store_ms))
+}
+
+pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
+    let mut results = serde_json::Map::new();
+    let machine = format!(
+        "{} cores",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
+    if !a.json {
+        println!("skein bench — embedded (sled) backend, {machine}\n");
+    }
+
+    let tp = run_fanout(app, 0, a.throughput_children).await.context("throughput run")?;
+    let steps_per_s = tp.model_turns as f64 / (tp.wall_ms / 1000.0);
+    let events_per_s = tp.events as f64 / (tp.wall_ms / 1000.0);
+    results.insert(
+        "throughput".into(),
+        json!({"children": a.throughput_children, "sessions": tp.sessions,
+               "model_turns": tp.model_turns, "tool_calls": tp.tool_calls, "events": tp.events,
+               "wall_ms": tp.wall_ms, "steps_per_s": steps_per_s, "events_per_s": events_per_s}),
+    );
+    if !a.json {
+        println!("throughput, zero-latency model ({} children, 5 turns each):", a.throughput_children);
+        println!(
+            "  {:.0} steps/s (model turns), {:.0} events/s — {} turns, {} tool calls, {} events in {:.0} ms\n",
+            steps_per_s, events_per_s, tp.model_turns, tp.tool_calls, tp.events, tp.wall_ms
+        );
+    }
+
+    let (mem_ms, store_ms) = fold_bench(a.fold_events).await?;
+    results.insert(
+        "fold".into(),
+        json!({"events": a.fold_events, "decode_and_fold_ms": mem_ms,
+               "read_and_fold_from_store_ms": store_ms,
+               "events_per_s": a.fold_events as f64 / (mem_ms / 1000.0)}),
+    );
+    if !a.json {
+        println!("fold a {}-event log:", a.fold_events);
+        println!(
+            "  decode + fold {:.1} ms ({:.0} events/s); read from sled + fold {:.1} ms\n",
+            mem_ms,
+            a.fold_events as f64 / (mem_ms / 1000.0),
+            store_ms
+        );
+        println!("fan-out, {} ms model latency, ideal = 7 × {} ms = {} ms:", a.latency_ms, a.latency_ms, 7 * a.latency_ms);
+        println!("  {:>6} {:>10} {:>10} {:>8} {:>9}", "N", "wall ms", "ideal ms", "ratio", "sessions");
+    }
+    let ideal = 7.0 * a.latency_ms as f64;
+    let mut fan = vec![];
+    for &n in &a.fanout {
+        let r = run_fanout(app, a.latency_ms, n).await.with_context(|| format!("fan-out {n}"))?;
+        if !a.json {
+            println!(
+                "  {:>6} {:>10.0} {:>10.0} {:>8.2} {:>9}",
+                n,
+                r.wall_ms,
+                ideal,
+                r.wall_ms / ideal,
+                r.sessions
+            );
+        }
+        fan.push(json!({"n": n, "wall_ms": r.wall_ms, "ideal_ms": ideal, "ratio": r.wall_ms / ideal}));
+    }
+    results.insert("fanout".into(), json!(fan));
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,28 @@
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use crate::app::App;
+use crate::{Cli, Command};
+
+pub mod agents;
+pub mod bench;
+pub mod run;
+pub mod show;
+
+pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let app = App::new(cli.global)?;
+    if app.global.dump_config {
+        print!("{}", crate::config::dump(&app.cfg)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    match cli.cmd {
+        Command::Run(a) => run::run(&app, a).await,
+        Command::Resume(a) => run::resume(&app, a).await,
+        Command::Sessions(a) => show::sessions(&app, a).await,
+        Command::Tree(a) => show::tree(&app, a).await,
+        Command::Events(a) => show::events(&app, a).await,
+        Command::Agents(a) => agents::run(&app, a).await,
+        Command::Bench(a) => bench::run(&app, a).await,
+    }
+}

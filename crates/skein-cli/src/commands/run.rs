@@ -1,0 +1,207 @@
+//! `skein run` and `skein resume`: run a tree in this process on the embedded store.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use skein_core::{SessionId, Status};
+use skein_runtime::inspect::{summarize, tree_rows};
+use skein_runtime::worker::{Folded, Progress, Runtime, Submission};
+use tokio::sync::broadcast;
+
+use crate::app::App;
+use crate::render;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The root agent.
+    #[arg(long, default_value = "orchestrator")]
+    pub agent: String,
+    /// Root session id (a token: a-z, 0-9, `-`, `_`); running the same id again is a no-op.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Background for the root agent.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Structured inputs, as a JSON object.
+    #[arg(long)]
+    pub inputs: Option<String>,
+    /// Do not answer delegations from the cache, nor cache this tree's answers.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Jobs worked on at once (default from config).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// What the root agent must do.
+    pub mission: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ResumeArgs {
+    /// Root session id.
+    pub id: String,
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
+    let (store, backend) = app.open_embedded()?;
+    let rt = app.runtime(backend)?;
+    let inputs = match &a.inputs {
+        Some(s) => serde_json::from_str(s).context("--inputs must be a JSON object")?,
+        None => serde_json::Value::Null,
+    };
+    let id = rt
+        .submit(Submission {
+            agent: a.agent.clone(),
+            mission: a.mission.clone(),
+            id: a.id.clone(),
+            context: a.context.clone(),
+            inputs,
+            budget: None,
+            no_cache: a.no_cache,
+        })
+        .await?;
+    if !a.json {
+        eprintln!("root {id}");
+    }
+    let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
+    let code = drive(&rt, &id, conc, a.json).await;
+    store.flush().await?;
+    code
+}
+
+pub async fn resume(app: &App, a: ResumeArgs) -> Result<ExitCode> {
+    let (store, backend) = app.open_embedded()?;
+    let rt = app.runtime(backend)?;
+    let id = SessionId::parse(&a.id)?;
+    if rt.backend.log.last(&id).await?.is_none() {
+        anyhow::bail!("no session {id} in {}", app.global.data.display());
+    }
+    let n = rt.requeue_tree(&id).await?;
+    if !a.json {
+        eprintln!("resuming {id}: {n} session(s) to advance");
+    }
+    let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
+    let code = drive(&rt, &id, conc, a.json).await;
+    store.flush().await?;
+    code
+}
+
+async fn drive(rt: &Arc<Runtime>, id: &SessionId, concurrency: usize, json: bool) -> Result<ExitCode> {
+    let started = Instant::now();
+    let live = (!json).then(|| tokio::spawn(show_progress(rt.subscribe(), id.clone())));
+    let outcome = tokio::select! {
+        r = rt.run_tree(id, concurrency) => Some(r?),
+        _ = tokio::signal::ctrl_c() => None,
+    };
+    if let Some(h) = live {
+        h.abort();
+    }
+    let Some(root) = outcome else {
+        eprintln!("\ninterrupted; continue with: skein resume {id}");
+        return Ok(ExitCode::from(130));
+    };
+    report(rt, &root, started, json).await
+}
+
+async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Result<ExitCode> {
+    let rows = tree_rows(&rt.backend, &root.id).await?;
+    let summary = summarize(&rows);
+    let st = &root.state;
+    if json {
+        let v = serde_json::json!({
+            "session": root.id.to_string(),
+            "status": st.status.as_str(),
+            "answer": st.answer,
+            "error": st.error,
+            "summary": summary,
+            "tree": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        match st.status {
+            Status::Completed => println!("{}", st.answer.as_deref().unwrap_or("")),
+            Status::Failed | Status::Cancelled => {
+                println!("failed: {}", st.error.as_deref().unwrap_or("unknown error"))
+            }
+            other => println!(
+                "paused ({}): nothing can run until it gets input; see `skein tree {}`",
+                other.as_str(),
+                root.id
+            ),
+        }
+        eprintln!();
+        eprintln!("{}", render::summary_line(&summary));
+        eprintln!("elapsed {} · root {}", render::ms(started.elapsed().as_millis() as u64), root.id);
+    }
+    Ok(match st.status {
+        Status::Completed => ExitCode::SUCCESS,
+        Status::Failed | Status::Cancelled => ExitCode::FAILURE,
+        _ => ExitCode::from(3),
+    })
+}
+
+fn label(id: &SessionId) -> String {
+    if id.is_root() {
+        "root".into()
+    } else {
+        id.display().split_once('/').map(|(_, rest)| rest.to_string()).unwrap_or_default()
+    }
+}
+
+/// Live progress: a spinner per session on a terminal, plain lines otherwise.
+async fn show_progress(mut rx: broadcast::Receiver<Progress>, root: SessionId) {
+    let tty = std::io::stderr().is_terminal();
+    let multi = MultiProgress::new();
+    let style = ProgressStyle::with_template("{spinner} {prefix:<32} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_spinner());
+    let mut bars: HashMap<SessionId, ProgressBar> = HashMap::new();
+    let t0 = Instant::now();
+    loop {
+        let p = match rx.recv().await {
+            Ok(p) => p,
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => break,
+        };
+        if !root.contains(&p.session) {
+            continue;
+        }
+        let msg = format!("{:<15} step {:<3} {}", p.status.as_str(), p.steps, p.kind);
+        if tty {
+            let bar = bars.entry(p.session.clone()).or_insert_with(|| {
+                let b = multi.add(ProgressBar::new_spinner());
+                b.set_style(style.clone());
+                b.set_prefix(label(&p.session));
+                b.enable_steady_tick(std::time::Duration::from_millis(120));
+                b
+            });
+            if p.status.is_terminal() {
+                bar.finish_with_message(msg);
+            } else {
+                bar.set_message(msg);
+            }
+        } else if matches!(
+            p.kind.as_str(),
+            "Submitted" | "Delegated" | "Completed" | "Failed" | "Cancelled" | "CacheHit"
+        ) || p.kind == "ModelCalled"
+        {
+            eprintln!(
+                "[{:>7}] {:<32} {}",
+                render::ms(t0.elapsed().as_millis() as u64),
+                label(&p.session),
+                msg
+            );
+        }
+    }
+}

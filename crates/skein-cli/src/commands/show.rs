@@ -1,0 +1,130 @@
+//! Read commands: `sessions`, `tree`, `events`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use skein_core::SessionId;
+use skein_runtime::inspect::{fold_records, row, summarize, tree_rows};
+
+use crate::app::App;
+use crate::render;
+
+#[derive(Args, Debug)]
+pub struct SessionsArgs {
+    /// At most this many, newest first.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TreeArgs {
+    pub id: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    pub id: String,
+    /// Keep printing new events as they are appended.
+    #[arg(long)]
+    pub follow: bool,
+    /// One JSON object per line (envelope and body).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn sessions(app: &App, a: SessionsArgs) -> Result<ExitCode> {
+    let (_store, b) = app.backend().await?;
+    let mut rows = vec![];
+    for id in b.log.roots().await? {
+        let records = b.log.read(&id, 1).await?;
+        let f = fold_records(&id, &records)?;
+        rows.push(row(&id, &records, &f.state));
+    }
+    rows.sort_by(|x, y| y.started_at.cmp(&x.started_at));
+    rows.truncate(a.limit);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<28} {:<13} {:<15} {:>9}  MISSION", "SESSION", "AGENT", "STATUS", "WALL");
+    for r in rows {
+        let mission: String = r.mission.replace('\n', " ").chars().take(60).collect();
+        println!(
+            "{:<28} {:<13} {:<15} {:>9}  {}",
+            r.session,
+            r.agent,
+            r.status,
+            render::ms(r.wall_ms),
+            mission
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn tree(app: &App, a: TreeArgs) -> Result<ExitCode> {
+    let (_store, b) = app.backend().await?;
+    let id = SessionId::parse(&a.id)?;
+    let rows = tree_rows(&b, &id.root_id()).await?;
+    let rows: Vec<_> = rows
+        .into_iter()
+        .filter(|r| SessionId::parse(&r.session).is_ok_and(|s| id.contains(&s)))
+        .collect();
+    if rows.is_empty() {
+        anyhow::bail!("no session {id}");
+    }
+    let summary = summarize(&rows);
+    if a.json {
+        let v = serde_json::json!({"root": id.to_string(), "summary": summary, "sessions": rows});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", render::tree_table(&rows));
+        println!("{}", render::summary_line(&summary));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn events(app: &App, a: EventsArgs) -> Result<ExitCode> {
+    let (_store, b) = app.backend().await?;
+    let id = SessionId::parse(&a.id)?;
+    let mut next = 1;
+    let mut t0 = None;
+    loop {
+        let records = b.log.read(&id, next).await?;
+        if records.is_empty() && next == 1 && !a.follow {
+            anyhow::bail!("no session {id}");
+        }
+        for r in &records {
+            let start = *t0.get_or_insert(r.env.at);
+            if a.json {
+                let v = serde_json::json!({
+                    "session": r.env.session.to_string(),
+                    "seq": r.env.seq,
+                    "at": r.env.at,
+                    "v": r.env.v,
+                    "prev": r.env.prev,
+                    "hash": r.hash(),
+                    "kind": r.env.body.kind(),
+                    "body": r.env.body.to_json(),
+                });
+                println!("{v}");
+            } else {
+                println!("{}", render::event_line(r, start));
+            }
+            next = r.env.seq + 1;
+        }
+        if !a.follow {
+            break;
+        }
+        if records.last().is_some_and(|r| r.env.body.is_terminal()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Ok(ExitCode::SUCCESS)
+}

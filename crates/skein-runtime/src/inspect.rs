@@ -1,0 +1,140 @@
+//! Read-only views over logs: what `sessions`, `tree`, `events` and `run`'s summary show.
+//! Works on any backend.
+
+use serde::Serialize;
+use skein_core::{Event, Record, SessionId, SessionState, Usage};
+
+use crate::ports::Backend;
+use crate::worker::Folded;
+use crate::Result;
+
+/// One session of a tree, summarised.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionRow {
+    pub session: String,
+    pub depth: u32,
+    pub agent: String,
+    pub status: String,
+    pub steps: u32,
+    pub tool_calls: u32,
+    pub children: u32,
+    pub cache_hits: u32,
+    /// This session's own model usage.
+    pub usage: Usage,
+    /// Its own plus everything it started.
+    pub usage_total: Usage,
+    /// What cache hits saved.
+    pub saved: Usage,
+    pub started_at: u64,
+    /// Time of the terminal event, if any.
+    pub ended_at: Option<u64>,
+    pub wall_ms: u64,
+    /// Workers that made model or tool calls for this session.
+    pub workers: Vec<String>,
+    pub mission: String,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+}
+
+/// Folds a whole log (checking its chain).
+pub fn fold_records(id: &SessionId, records: &[Record]) -> Result<Folded> {
+    let mut f = Folded::new(id.clone());
+    f.absorb(records)?;
+    Ok(f)
+}
+
+pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionRow {
+    let mut workers: Vec<String> = vec![];
+    let mut tool_calls = 0;
+    let mut ended_at = None;
+    for r in records {
+        let w = match &r.env.body {
+            Event::ModelCalled(m) => Some(&m.worker),
+            Event::ToolCalled(t) => {
+                tool_calls += 1;
+                Some(&t.worker)
+            }
+            e if e.is_terminal() => {
+                ended_at = Some(r.env.at);
+                None
+            }
+            _ => None,
+        };
+        if let Some(w) = w.filter(|w| !w.is_empty()) {
+            if !workers.contains(w) {
+                workers.push(w.clone());
+            }
+        }
+    }
+    let sub = state.submitted.as_ref();
+    let end = ended_at.unwrap_or(state.updated_at);
+    SessionRow {
+        session: id.display(),
+        depth: id.depth(),
+        agent: sub.map(|s| s.agent.clone()).unwrap_or_default(),
+        status: state.status.as_str().into(),
+        steps: state.steps,
+        tool_calls,
+        children: state.children.values().filter(|c| !c.cached).count() as u32,
+        cache_hits: state.cache_hits,
+        usage: state.usage_own,
+        usage_total: state.usage_total(),
+        saved: state.saved,
+        started_at: state.started_at,
+        ended_at,
+        wall_ms: end.saturating_sub(state.started_at),
+        workers,
+        mission: sub.map(|s| s.mission.clone()).unwrap_or_default(),
+        answer: state.answer.clone(),
+        error: state.error.clone(),
+    }
+}
+
+/// Every session of a tree, parents before children, siblings in id order.
+pub async fn tree_rows(b: &Backend, root: &SessionId) -> Result<Vec<SessionRow>> {
+    let mut out = vec![];
+    for id in b.log.tree(root).await? {
+        let records = b.log.read(&id, 1).await?;
+        let f = fold_records(&id, &records)?;
+        out.push(row(&id, &records, &f.state));
+    }
+    // Sort by path so that children follow their parent, numbering naturally.
+    out.sort_by(|a, b| natural_key(&a.session).cmp(&natural_key(&b.session)));
+    Ok(out)
+}
+
+fn natural_key(s: &str) -> Vec<(String, u64)> {
+    s.split('/')
+        .map(|t| match t.rsplit_once('-') {
+            Some((a, n)) if n.parse::<u64>().is_ok() => (a.to_string(), n.parse().unwrap_or(0)),
+            _ => (t.to_string(), 0),
+        })
+        .collect()
+}
+
+/// Summary of a whole tree.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TreeSummary {
+    pub sessions: usize,
+    pub steps: u32,
+    pub tool_calls: u32,
+    pub cache_hits: u32,
+    pub usage: Usage,
+    pub saved: Usage,
+    pub wall_ms: u64,
+}
+
+pub fn summarize(rows: &[SessionRow]) -> TreeSummary {
+    let mut s = TreeSummary { sessions: rows.len(), ..Default::default() };
+    for r in rows {
+        s.steps += r.steps;
+        s.tool_calls += r.tool_calls;
+        s.cache_hits += r.cache_hits;
+        s.usage.add(&r.usage);
+        s.saved.add(&r.saved);
+    }
+    if let Some(root) = rows.first() {
+        s.wall_ms = root.wall_ms;
+    }
+    s
+}

@@ -1,0 +1,974 @@
+//! The worker: claims jobs, rebuilds a session from its log, asks the core for the next
+//! step, performs its IO and appends the outcome — until the session waits or ends.
+//!
+//! Write-ahead: every event is durable before the effect it enables. `ModelCalled` before
+//! any tool of its turn; `ToolCalled` before its tool runs; the children's `Submitted` and
+//! the parent's `Delegated` before any child job is published. Only the holder of a
+//! session's job writes its log; a finished child posts a notice to its parent and wakes
+//! it, and the parent's worker records `ChildSettled` itself.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use rand::Rng;
+use serde::Serialize;
+use serde_json::Value;
+use skein_core::decide::{Delegation, Refusal, ToolRun};
+use skein_core::event::{
+    genesis_hash, BlobRef, CacheHit, ChildSettled, Completed, Delegated, Failed, ModelCalled,
+    ModelFailed, Outcome, ParentRef, Submitted, ToolCalled, ToolReturned,
+};
+use skein_core::hash::{mission_hash, MissionKey};
+use skein_core::{
+    AgentDef, AgentSet, Budget, Envelope, Event, Limits, ModelRequest, Record, SessionId,
+    SessionState, Status, Step,
+};
+use skein_llm::Registry;
+use skein_tools::{ToolBox, ToolContext};
+use tokio::sync::{broadcast, watch};
+
+use crate::ports::{Backend, CacheEntry, Job, RootResult};
+use crate::{new_root_id, now_ms, runtime_tools, Error, Result};
+
+/// The pool of agents that name none.
+pub const DEFAULT_POOL: &str = "default";
+/// Longest mission text accepted.
+pub const MAX_MISSION_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Recorded in `ModelCalled` and `ToolCalled`.
+    pub worker_id: String,
+    pub limits: Limits,
+    /// How long a claimed job is held without a heartbeat.
+    pub lease: Duration,
+    /// Deliveries of one job before its session is failed as dead-lettered.
+    pub max_deliver: u32,
+    /// Tool outputs longer than this go to the blob store; the event keeps a preview.
+    pub blob_threshold: usize,
+    /// Cache entries live this long unless an agent says otherwise; none: forever.
+    pub cache_ttl: Option<Duration>,
+    /// Folded states kept in memory.
+    pub state_cache: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            worker_id: default_worker_id(),
+            limits: Limits::default(),
+            lease: Duration::from_secs(30),
+            max_deliver: 5,
+            blob_threshold: 64 * 1024,
+            cache_ttl: Some(Duration::from_secs(24 * 3600)),
+            state_cache: 10_000,
+        }
+    }
+}
+
+pub fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// A submission from a person or a program.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submission {
+    pub agent: String,
+    pub mission: String,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub inputs: Value,
+    #[serde(default)]
+    pub budget: Option<Budget>,
+    #[serde(default)]
+    pub no_cache: bool,
+}
+
+/// One line of live progress.
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    pub session: SessionId,
+    pub seq: u64,
+    pub kind: String,
+    pub status: Status,
+    pub steps: u32,
+}
+
+/// A session's folded state and what the worker needs to append to it.
+#[derive(Debug, Clone)]
+pub struct Folded {
+    pub id: SessionId,
+    pub state: SessionState,
+    pub last_hash: String,
+    /// Position in the notice inbox already read.
+    pub cursor: u64,
+}
+
+impl Folded {
+    pub fn new(id: SessionId) -> Self {
+        let last_hash = genesis_hash(&id);
+        Self { id, state: SessionState::default(), last_hash, cursor: 0 }
+    }
+
+    /// Folds records that follow the current state, checking the chain as it goes.
+    pub fn absorb(&mut self, records: &[Record]) -> Result<()> {
+        for r in records {
+            if r.env.seq != self.state.last_seq + 1 || r.env.prev != self.last_hash {
+                return Err(Error::Corrupt(format!(
+                    "log of {} breaks at seq {}: expected seq {} chained to the previous record",
+                    self.id,
+                    r.env.seq,
+                    self.state.last_seq + 1
+                )));
+            }
+            self.state.apply(&r.env);
+            self.last_hash = r.hash();
+        }
+        Ok(())
+    }
+}
+
+pub struct Runtime {
+    pub backend: Backend,
+    pub agents: Arc<AgentSet>,
+    pub models: Registry,
+    pub tools: ToolBox,
+    pub cfg: RuntimeConfig,
+    defs: Mutex<HashMap<String, Arc<AgentDef>>>,
+    states: Mutex<HashMap<SessionId, Folded>>,
+    progress: broadcast::Sender<Progress>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A W3C traceparent with fresh ids.
+fn new_traceparent() -> String {
+    let mut rng = rand::thread_rng();
+    let trace: u128 = rng.gen::<u128>().max(1);
+    let span: u64 = rng.gen::<u64>().max(1);
+    format!("00-{trace:032x}-{span:016x}-01")
+}
+
+fn outcome_of(terminal: &Event) -> Option<Outcome> {
+    match terminal {
+        Event::Completed(c) => Some(Outcome::Completed {
+            answer: c.answer.clone(),
+            patch: None,
+            usage: c.usage_total,
+            steps: c.steps,
+        }),
+        Event::Failed(f) => Some(Outcome::Failed {
+            error: f.error.clone(),
+            usage: f.usage_total,
+            steps: f.steps,
+        }),
+        Event::Cancelled(c) => Some(Outcome::Failed {
+            error: format!("cancelled: {}", c.reason),
+            usage: Default::default(),
+            steps: 0,
+        }),
+        _ => None,
+    }
+}
+
+/// Parses `90s`, `15m`, `1h`, `2d` (or plain seconds).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "" | "s" => n,
+        "ms" => return Some(Duration::from_millis(n)),
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86400,
+        _ => return None,
+    };
+    Some(Duration::from_secs(secs))
+}
+
+impl Runtime {
+    pub fn new(
+        backend: Backend,
+        agents: Arc<AgentSet>,
+        models: Registry,
+        tools: ToolBox,
+        cfg: RuntimeConfig,
+    ) -> Arc<Self> {
+        let (progress, _) = broadcast::channel(4096);
+        Arc::new(Self {
+            backend,
+            agents,
+            models,
+            tools,
+            cfg,
+            defs: Mutex::new(HashMap::new()),
+            states: Mutex::new(HashMap::new()),
+            progress,
+        })
+    }
+
+    /// Live progress of every session this runtime advances.
+    pub fn subscribe(&self) -> broadcast::Receiver<Progress> {
+        self.progress.subscribe()
+    }
+
+    /// Every pool the catalogue's agents use.
+    pub fn pools(&self) -> Vec<String> {
+        let mut p: BTreeSet<String> = [DEFAULT_POOL.to_string()].into();
+        p.extend(self.agents.agents.values().filter_map(|d| d.front.pool.clone()));
+        p.into_iter().collect()
+    }
+
+    // ---- submission -------------------------------------------------------------------
+
+    /// Validates a submission, creates the root session and enqueues it. Submitting the
+    /// same `id` again is a no-op that returns the id.
+    pub async fn submit(&self, sub: Submission) -> Result<SessionId> {
+        let def = self.agents.get(&sub.agent).ok_or_else(|| {
+            Error::Rejected(format!(
+                "unknown agent `{}`; known agents: {}",
+                sub.agent,
+                self.agents.agents.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        if sub.mission.trim().is_empty() {
+            return Err(Error::Rejected("mission is empty".into()));
+        }
+        if sub.mission.len() > MAX_MISSION_BYTES {
+            return Err(Error::Rejected(format!(
+                "mission is {} bytes; at most {MAX_MISSION_BYTES} are accepted",
+                sub.mission.len()
+            )));
+        }
+        if !(sub.inputs.is_null() || sub.inputs.is_object()) {
+            return Err(Error::Rejected("inputs must be a JSON object".into()));
+        }
+        let id = match &sub.id {
+            Some(t) => SessionId::root(t).map_err(|e| Error::Rejected(format!("id: {e}")))?,
+            None => new_root_id(),
+        };
+        let def_digest = self.backend.blobs.put(def.text.as_bytes()).await?;
+        let hash = mission_hash(&MissionKey {
+            def_digest: &def_digest,
+            model: &def.front.model,
+            mission: &sub.mission,
+            context: sub.context.as_deref(),
+            inputs: &sub.inputs,
+            strategy: def.front.strategy.as_deref(),
+        });
+        let budget =
+            sub.budget.unwrap_or(Budget { tokens: def.front.limits.max_tokens.or(self.cfg.limits.max_tokens) });
+        let submitted = Submitted {
+            agent: def.name().to_string(),
+            def_digest,
+            mission: sub.mission,
+            context: sub.context,
+            inputs: sub.inputs,
+            mission_hash: hash,
+            parent: None,
+            depth: 0,
+            budget,
+            trace: Some(new_traceparent()),
+            ancestry: vec![],
+            no_cache: sub.no_cache,
+            forked_from: None,
+            pool: def.front.pool.clone(),
+        };
+        let pool = submitted.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+        self.create(&id, submitted).await?;
+        self.backend.jobs.push(&pool, &id).await?;
+        Ok(id)
+    }
+
+    /// Appends `Submitted` as the first record of `id`; false if the session existed.
+    async fn create(&self, id: &SessionId, submitted: Submitted) -> Result<bool> {
+        let mut f = Folded::new(id.clone());
+        match self.append(&mut f, Event::Submitted(submitted)).await {
+            Ok(()) => Ok(true),
+            Err(Error::Conflict { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    // ---- log access -------------------------------------------------------------------
+
+    fn seal(&self, f: &Folded, seq: u64, prev: String, body: Event) -> Result<Record> {
+        let env = Envelope::new(f.id.clone(), seq, now_ms(), prev, body);
+        let bytes = env.encode()?;
+        Ok(Record { env, bytes })
+    }
+
+    /// Appends one event to a session this worker holds, and folds it.
+    pub async fn append(&self, f: &mut Folded, body: Event) -> Result<()> {
+        self.append_all(f, vec![body]).await
+    }
+
+    /// Appends events in order (one durable batch where the backend can), and folds them.
+    pub async fn append_all(&self, f: &mut Folded, bodies: Vec<Event>) -> Result<()> {
+        if bodies.is_empty() {
+            return Ok(());
+        }
+        let first = f.state.last_seq;
+        let mut prev = f.last_hash.clone();
+        let mut records = Vec::with_capacity(bodies.len());
+        for (i, body) in bodies.into_iter().enumerate() {
+            let r = self.seal(f, first + 1 + i as u64, prev, body)?;
+            prev = r.hash();
+            records.push(r);
+        }
+        match self.backend.log.append_batch(&f.id, first, &records).await {
+            Ok(()) => {}
+            Err(e) => {
+                if matches!(e, Error::Conflict { .. }) {
+                    // Someone else wrote: forget the cached fold so the next load rereads.
+                    lock(&self.states).remove(&f.id);
+                }
+                return Err(e);
+            }
+        }
+        for r in &records {
+            f.state.apply(&r.env);
+            let _ = self.progress.send(Progress {
+                session: f.id.clone(),
+                seq: r.env.seq,
+                kind: r.env.body.kind().to_string(),
+                status: f.state.status,
+                steps: f.state.steps,
+            });
+        }
+        f.last_hash = prev;
+        Ok(())
+    }
+
+    /// The folded state of a session: the cached fold plus whatever is new in the log.
+    /// Returns whether it was loaded cold (not cached).
+    pub async fn load(&self, id: &SessionId) -> Result<(Folded, bool)> {
+        let cached = lock(&self.states).remove(id);
+        let cold = cached.is_none();
+        let mut f = cached.unwrap_or_else(|| Folded::new(id.clone()));
+        let new = self.backend.log.read(id, f.state.last_seq + 1).await?;
+        f.absorb(&new)?;
+        Ok((f, cold))
+    }
+
+    fn keep(&self, f: Folded) {
+        let mut states = lock(&self.states);
+        if states.len() >= self.cfg.state_cache {
+            // Drop finished sessions first; then anything.
+            let victim = states
+                .iter()
+                .find(|(_, v)| v.state.status.is_terminal())
+                .or_else(|| states.iter().next())
+                .map(|(k, _)| k.clone());
+            if let Some(v) = victim {
+                states.remove(&v);
+            }
+        }
+        states.insert(f.id.clone(), f);
+    }
+
+    /// The definition a session was submitted with.
+    pub async fn def_for(&self, state: &SessionState) -> Result<Arc<AgentDef>> {
+        let Some(sub) = &state.submitted else {
+            return Err(Error::NotFound("session has no Submitted event".into()));
+        };
+        if let Some(d) = lock(&self.defs).get(&sub.def_digest) {
+            return Ok(d.clone());
+        }
+        let text = self.backend.def_text(&sub.def_digest).await?;
+        let def = Arc::new(AgentDef::parse(&format!("stored definition {}", sub.def_digest), &text)?);
+        lock(&self.defs).insert(sub.def_digest.clone(), def.clone());
+        Ok(def)
+    }
+
+    // ---- the loop ---------------------------------------------------------------------
+
+    /// Advances one session as far as it can go. The caller acks the job on `Ok`.
+    pub async fn process(&self, job: &Job) -> Result<()> {
+        let (mut f, cold) = self.load(&job.session).await?;
+        let res = self.drive(&mut f, cold, job).await;
+        self.keep(f);
+        res
+    }
+
+    async fn drive(&self, f: &mut Folded, mut cold: bool, job: &Job) -> Result<()> {
+        if f.state.submitted.is_none() {
+            tracing::warn!(session = %f.id, "job for a session without a log; dropped");
+            return Ok(());
+        }
+        if !f.state.status.is_terminal() && job.attempt > self.cfg.max_deliver {
+            let error = format!(
+                "dead-lettered: the job of this session was delivered {} times without \
+                 finishing (max_deliver {})",
+                job.attempt - 1,
+                self.cfg.max_deliver
+            );
+            let usage_total = f.state.usage_total();
+            let steps = f.state.steps;
+            self.append(f, Event::Failed(Failed { error, usage_total, steps })).await?;
+        }
+        loop {
+            if f.state.status.is_terminal() {
+                return self.on_terminal(f).await;
+            }
+            let def = self.def_for(&f.state).await?;
+            let step = f.state.next(&def, &self.cfg.limits, &*self.agents);
+            tracing::debug!(session = %f.id, step = step.name(), "step");
+            match step {
+                Step::Idle => return Ok(()),
+                Step::Wait => {
+                    let settled = self.collect_settlements(f, cold).await?;
+                    cold = false;
+                    if settled == 0 {
+                        return Ok(());
+                    }
+                }
+                Step::CallModel { request, tool_names } => {
+                    self.call_model(f, &def, request, &tool_names, job).await?
+                }
+                Step::Refuse(rs) => self.refuse(f, rs).await?,
+                Step::Delegate(ds) => self.delegate(f, &def, ds).await?,
+                Step::RunTools(runs) => self.run_tools(f, runs, job).await?,
+                Step::Complete { answer } => {
+                    let usage_total = f.state.usage_total();
+                    let steps = f.state.steps;
+                    self.append(f, Event::Completed(Completed { answer, usage_total, steps }))
+                        .await?
+                }
+                Step::Fail { error } => {
+                    let usage_total = f.state.usage_total();
+                    let steps = f.state.steps;
+                    self.append(f, Event::Failed(Failed { error, usage_total, steps })).await?
+                }
+            }
+        }
+    }
+
+    async fn refuse(&self, f: &mut Folded, rs: Vec<Refusal>) -> Result<()> {
+        let events = rs
+            .into_iter()
+            .map(|r| {
+                Event::ToolReturned(ToolReturned {
+                    call: r.call,
+                    output: r.error,
+                    error: true,
+                    ms: 0,
+                    blob: None,
+                })
+            })
+            .collect();
+        self.append_all(f, events).await
+    }
+
+    /// Keeps a job's lease alive while `fut` runs.
+    async fn with_heartbeat<T>(&self, job: &Job, fut: impl std::future::Future<Output = T>) -> T {
+        let every = (self.cfg.lease / 3).max(Duration::from_millis(200));
+        tokio::pin!(fut);
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                out = &mut fut => return out,
+                _ = tick.tick() => {
+                    if let Err(e) = self.backend.jobs.heartbeat(job).await {
+                        tracing::warn!(session = %job.session, error = %e, "heartbeat failed");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn call_model(
+        &self,
+        f: &mut Folded,
+        def: &AgentDef,
+        mut request: ModelRequest,
+        tool_names: &[String],
+        job: &Job,
+    ) -> Result<()> {
+        request.tools = tool_names
+            .iter()
+            .filter_map(|n| match n.as_str() {
+                "call_agent" => Some(runtime_tools::call_agent_spec(def)),
+                other => self.tools.spec(other),
+            })
+            .collect();
+        let started = Instant::now();
+        let result = self.with_heartbeat(job, self.models.complete(&request)).await;
+        let latency_ms = started.elapsed().as_millis() as u64;
+        match result {
+            Ok(mut c) => {
+                self.fix_call_ids(&f.state, &mut c.response);
+                let ev = ModelCalled {
+                    model: request.model.clone(),
+                    request_digest: request.digest(),
+                    response: c.response,
+                    usage: c.usage,
+                    latency_ms,
+                    worker: self.cfg.worker_id.clone(),
+                };
+                self.append(f, Event::ModelCalled(ev)).await
+            }
+            Err(e) => {
+                let retryable = e.is_retryable();
+                let attempt = f.state.model_failures + 1;
+                tracing::warn!(session = %f.id, attempt, retryable, error = %e, "model call failed");
+                let ev = ModelFailed {
+                    model: request.model.clone(),
+                    error: e.to_string(),
+                    retryable,
+                    attempt,
+                    worker: self.cfg.worker_id.clone(),
+                };
+                self.append(f, Event::ModelFailed(ev)).await?;
+                if retryable {
+                    let base = Duration::from_millis(250 * (1u64 << attempt.min(6)));
+                    let jitter = rand::thread_rng().gen_range(0..=base.as_millis() as u64 / 2);
+                    let wait = e
+                        .retry_after()
+                        .unwrap_or(base + Duration::from_millis(jitter))
+                        .min(Duration::from_secs(60));
+                    self.with_heartbeat(job, tokio::time::sleep(wait)).await;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Gives every tool call a non-empty id not used before in the session, so events can
+    /// name calls without ambiguity.
+    fn fix_call_ids(&self, state: &SessionState, resp: &mut skein_core::ModelResponse) {
+        let mut used: BTreeSet<String> = state
+            .transcript
+            .iter()
+            .filter_map(|m| match m {
+                skein_core::Message::Assistant { tool_calls, .. } => Some(tool_calls),
+                _ => None,
+            })
+            .flatten()
+            .map(|c| c.id.clone())
+            .collect();
+        for (k, c) in resp.tool_calls.iter_mut().enumerate() {
+            if c.id.is_empty() || used.contains(&c.id) {
+                c.id = format!("t{}_{}", state.steps + 1, k + 1);
+            }
+            used.insert(c.id.clone());
+        }
+    }
+
+    async fn delegate(&self, f: &mut Folded, def: &AgentDef, ds: Vec<Delegation>) -> Result<()> {
+        let Some(parent_sub) = f.state.submitted.clone() else {
+            return Err(Error::NotFound(format!("{} has no Submitted event", f.id)));
+        };
+        let mut parent_events = Vec::with_capacity(ds.len());
+        let mut creations = vec![];
+        let mut jobs = vec![];
+        for d in ds {
+            let child_def: Arc<AgentDef> = match &d.custom {
+                Some(c) => Arc::new(AgentDef::custom(def, &c.system_prompt, &c.tools)?),
+                None => match self.agents.get(&d.agent) {
+                    Some(x) => Arc::new(x.clone()),
+                    None => {
+                        parent_events.push(Event::ToolReturned(ToolReturned {
+                            call: d.call.clone(),
+                            output: format!("call_agent: unknown agent `{}`", d.agent),
+                            error: true,
+                            ms: 0,
+                            blob: None,
+                        }));
+                        continue;
+                    }
+                },
+            };
+            let def_digest = child_def.digest.clone();
+            let hash = mission_hash(&MissionKey {
+                def_digest: &def_digest,
+                model: &child_def.front.model,
+                mission: &d.mission,
+                context: d.context.as_deref(),
+                inputs: &d.inputs,
+                strategy: child_def.front.strategy.as_deref(),
+            });
+            if !parent_sub.no_cache && child_def.cache_enabled() {
+                if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
+                    parent_events.push(Event::CacheHit(CacheHit {
+                        call: d.call.clone(),
+                        mission_hash: hash,
+                        source: hit.source,
+                        answer: hit.answer,
+                        saved: hit.usage,
+                        steps: hit.steps,
+                    }));
+                    continue;
+                }
+            }
+            let pool = child_def.front.pool.clone();
+            let submitted = Submitted {
+                agent: d.agent.clone(),
+                def_digest,
+                mission: d.mission.clone(),
+                context: d.context.clone(),
+                inputs: d.inputs.clone(),
+                mission_hash: hash.clone(),
+                parent: Some(ParentRef {
+                    session: f.id.clone(),
+                    call: d.call.clone(),
+                    pool: parent_sub.pool.clone(),
+                }),
+                depth: d.depth,
+                budget: d.budget,
+                trace: parent_sub.trace.clone(),
+                ancestry: d.ancestry.clone(),
+                no_cache: parent_sub.no_cache,
+                forked_from: None,
+                pool: pool.clone(),
+            };
+            creations.push((d.child.clone(), child_def, submitted));
+            jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));
+            parent_events.push(Event::Delegated(Delegated {
+                call: d.call,
+                child: d.child,
+                agent: d.agent,
+                mission_hash: hash,
+                allotted_tokens: d.budget.tokens,
+            }));
+        }
+        // Children first (in parallel, so their flushes are shared), then the parent's
+        // record of them, then the jobs: a crash anywhere leaves nothing dangling.
+        let created = join_all(creations.into_iter().map(|(id, def, sub)| async move {
+            self.backend.blobs.put(def.text.as_bytes()).await?;
+            self.create(&id, sub).await
+        }))
+        .await;
+        for c in created {
+            c?;
+        }
+        self.append_all(f, parent_events).await?;
+        for (pool, child) in jobs {
+            self.backend.jobs.push(&pool, &child).await?;
+        }
+        Ok(())
+    }
+
+    async fn run_tools(&self, f: &mut Folded, runs: Vec<ToolRun>, job: &Job) -> Result<()> {
+        let ctx = ToolContext {
+            session: f.id.clone(),
+            workspace: self.backend.workspaces.for_tree(&f.id.root_id()),
+        };
+        let (resumed, fresh): (Vec<ToolRun>, Vec<ToolRun>) =
+            runs.into_iter().partition(|r| r.resumed);
+        let mut to_run = vec![];
+        let mut events = vec![];
+        for r in resumed {
+            if self.tools.idempotent(&r.tool) {
+                to_run.push(r);
+            } else {
+                events.push(Event::ToolReturned(ToolReturned {
+                    call: r.call,
+                    output: format!(
+                        "the outcome of this `{}` call is unknown: the worker running it \
+                         stopped before it returned. It was not run again because the tool \
+                         is not idempotent; check its effects before calling it again.",
+                        r.tool
+                    ),
+                    error: true,
+                    ms: 0,
+                    blob: None,
+                }));
+            }
+        }
+        self.append_all(f, events).await?;
+        let called: Vec<Event> = fresh
+            .iter()
+            .map(|r| {
+                Event::ToolCalled(ToolCalled {
+                    call: r.call.clone(),
+                    tool: r.tool.clone(),
+                    args: r.args.clone(),
+                    worker: self.cfg.worker_id.clone(),
+                })
+            })
+            .collect();
+        self.append_all(f, called).await?;
+        to_run.extend(fresh);
+        if to_run.is_empty() {
+            return Ok(());
+        }
+        let (parallel, serial): (Vec<ToolRun>, Vec<ToolRun>) =
+            to_run.into_iter().partition(|r| self.tools.parallel(&r.tool));
+        let work = async {
+            let mut outs = join_all(parallel.iter().map(|r| self.run_one(&ctx, r))).await;
+            for r in &serial {
+                outs.push(self.run_one(&ctx, r).await);
+            }
+            outs
+        };
+        let outs = self.with_heartbeat(job, work).await;
+        let mut returned = vec![];
+        for o in outs {
+            returned.push(Event::ToolReturned(o?));
+        }
+        self.append_all(f, returned).await
+    }
+
+    async fn run_one(&self, ctx: &ToolContext, r: &ToolRun) -> Result<ToolReturned> {
+        let out = if self.tools.get(&r.tool).is_some() {
+            self.tools.run(ctx, &r.tool, &r.args).await
+        } else {
+            skein_tools::ToolOutcome {
+                output: format!("tool `{}` is not available on this worker", r.tool),
+                error: true,
+                ms: 0,
+            }
+        };
+        let (output, blob) = if out.output.len() > self.cfg.blob_threshold {
+            let hash = self.backend.blobs.put(out.output.as_bytes()).await?;
+            let mut cut = self.cfg.blob_threshold.min(4096);
+            while !out.output.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let preview = format!(
+                "{}\n… [{} bytes in all; stored as blob {hash}]",
+                &out.output[..cut],
+                out.output.len()
+            );
+            (preview, Some(BlobRef { hash, size: out.output.len() as u64 }))
+        } else {
+            (out.output, None)
+        };
+        Ok(ToolReturned { call: r.call.clone(), output, error: out.error, ms: out.ms, blob })
+    }
+
+    /// Records `ChildSettled` for every child of the turn that has ended. A cold load
+    /// checks every outstanding child (healing a notice lost in a crash, and re-waking a
+    /// child whose job was lost); afterwards only the notices are read.
+    async fn collect_settlements(&self, f: &mut Folded, cold: bool) -> Result<usize> {
+        let outstanding: HashMap<SessionId, String> = f
+            .state
+            .outstanding_children()
+            .into_iter()
+            .map(|(call, child)| (child, call))
+            .collect();
+        if outstanding.is_empty() {
+            return Ok(0);
+        }
+        let notes = self.backend.notices.read(&f.id, f.cursor).await?;
+        if let Some((pos, _)) = notes.last() {
+            f.cursor = *pos;
+        }
+        let mut candidates: Vec<SessionId> = if cold {
+            outstanding.keys().cloned().collect()
+        } else {
+            notes.into_iter().map(|(_, c)| c).filter(|c| outstanding.contains_key(c)).collect()
+        };
+        candidates.sort();
+        candidates.dedup();
+        let lasts = join_all(candidates.iter().map(|c| self.backend.log.last(c))).await;
+        let mut events = vec![];
+        for (child, last) in candidates.iter().zip(lasts) {
+            let Some(call) = outstanding.get(child) else { continue };
+            match last? {
+                Some(rec) => match outcome_of(&rec.env.body) {
+                    Some(outcome) => events.push(Event::ChildSettled(ChildSettled {
+                        call: call.clone(),
+                        child: child.clone(),
+                        outcome,
+                    })),
+                    None if cold => {
+                        let first = self.backend.log.read(child, 1).await?;
+                        let pool = first
+                            .first()
+                            .and_then(|r| match &r.env.body {
+                                Event::Submitted(s) => s.pool.clone(),
+                                _ => None,
+                            })
+                            .unwrap_or_else(|| DEFAULT_POOL.into());
+                        self.backend.jobs.push(&pool, child).await?;
+                    }
+                    None => {}
+                },
+                None => tracing::warn!(session = %f.id, %child, "delegated child has no log"),
+            }
+        }
+        let n = events.len();
+        self.append_all(f, events).await?;
+        Ok(n)
+    }
+
+    /// What happens once a session has ended: cache its answer, wake its parent, announce
+    /// a root. Idempotent: a redelivered job does it again harmlessly.
+    async fn on_terminal(&self, f: &Folded) -> Result<()> {
+        let Some(sub) = &f.state.submitted else { return Ok(()) };
+        if f.state.status == Status::Completed && !sub.no_cache {
+            let def = self.def_for(&f.state).await?;
+            if def.cache_enabled() {
+                let ttl = match &def.front.cache {
+                    Some(skein_core::agent::CacheSetting::Ttl { ttl }) => parse_duration(ttl),
+                    _ => self.cfg.cache_ttl,
+                };
+                let now = now_ms();
+                let entry = CacheEntry {
+                    answer: f.state.answer.clone().unwrap_or_default(),
+                    usage: f.state.usage_total(),
+                    source: f.id.clone(),
+                    steps: f.state.steps,
+                    created: now,
+                    expires: ttl.map(|t| now + t.as_millis() as u64),
+                };
+                self.backend.cache.put(&sub.mission_hash, &entry).await?;
+            }
+        }
+        match &sub.parent {
+            Some(p) => {
+                self.backend.notices.post(&p.session, &f.id).await?;
+                let pool = p.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+                self.backend.jobs.push(&pool, &p.session).await?;
+            }
+            None => {
+                if let Some(a) = &self.backend.announcer {
+                    let r = RootResult {
+                        session: f.id.to_string(),
+                        status: f.state.status.as_str().to_string(),
+                        answer: f.state.answer.clone(),
+                        error: f.state.error.clone(),
+                        usage: f.state.usage_total(),
+                    };
+                    a.root_finished(&r).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- running ----------------------------------------------------------------------
+
+    /// Claims and processes jobs of `pools` until `stop` turns true.
+    pub async fn work_loop(self: Arc<Self>, pools: Vec<String>, mut stop: watch::Receiver<bool>) {
+        let wait = crate::ports::CLAIM_WAIT / pools.len().max(1) as u32;
+        while !*stop.borrow() {
+            let mut got = false;
+            for pool in &pools {
+                let claimed = tokio::select! {
+                    c = self.backend.jobs.claim(pool, self.cfg.lease, wait) => c,
+                    _ = stop.changed() => break,
+                };
+                match claimed {
+                    Ok(Some(job)) => {
+                        got = true;
+                        self.handle(job).await;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(pool, error = %e, "claim failed");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+            if !got {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    async fn handle(&self, job: Job) {
+        match self.process(&job).await {
+            Ok(()) => {
+                if let Err(e) = self.backend.jobs.ack(&job).await {
+                    tracing::warn!(session = %job.session, error = %e, "ack failed");
+                }
+            }
+            Err(e) => {
+                let delay = if e.is_retryable() {
+                    Duration::from_millis(100 * u64::from(job.attempt.min(20)))
+                } else {
+                    Duration::from_secs(2)
+                };
+                tracing::warn!(session = %job.session, attempt = job.attempt, error = %e,
+                    "step failed; job will be delivered again");
+                if let Err(e) = self.backend.jobs.retry(&job, delay).await {
+                    tracing::warn!(session = %job.session, error = %e, "retry failed");
+                }
+            }
+        }
+    }
+
+    /// Starts `concurrency` work loops over every pool; returns the stop switch and the
+    /// loops' handles.
+    pub fn spawn_workers(
+        self: &Arc<Self>,
+        pools: Vec<String>,
+        concurrency: usize,
+    ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
+        let (tx, rx) = watch::channel(false);
+        let handles = (0..concurrency.max(1))
+            .map(|_| tokio::spawn(self.clone().work_loop(pools.clone(), rx.clone())))
+            .collect();
+        (tx, handles)
+    }
+
+    /// Re-enqueues every session of the tree that has not ended (what makes `resume`
+    /// work after a crash). Returns how many were enqueued.
+    pub async fn requeue_tree(&self, root: &SessionId) -> Result<usize> {
+        let mut n = 0;
+        for id in self.backend.log.tree(root).await? {
+            let (f, _) = self.load(&id).await?;
+            let pool = f
+                .state
+                .submitted
+                .as_ref()
+                .and_then(|s| s.pool.clone())
+                .unwrap_or_else(|| DEFAULT_POOL.into());
+            let terminal = f.state.status.is_terminal();
+            // A finished child whose parent may not have heard of it is woken too.
+            if !terminal || f.state.submitted.as_ref().is_some_and(|s| s.parent.is_some()) {
+                self.backend.jobs.push(&pool, &id).await?;
+                n += 1;
+            }
+            self.keep(f);
+        }
+        Ok(n)
+    }
+
+    /// Runs workers in this process until the tree of `root` ends or has nothing left to
+    /// run (paused for a person, or stuck); returns the root's final fold.
+    pub async fn run_tree(self: &Arc<Self>, root: &SessionId, concurrency: usize) -> Result<Folded> {
+        let pools = self.pools();
+        let (stop, handles) = self.spawn_workers(pools.clone(), concurrency);
+        let mut rx = self.subscribe();
+        let result = loop {
+            let (f, _) = self.load(root).await?;
+            let done = f.state.status.is_terminal();
+            self.keep(f.clone());
+            if done {
+                break Ok(f);
+            }
+            let mut pending = 0;
+            for p in &pools {
+                pending += self.backend.jobs.depth(p).await?;
+            }
+            if pending == 0 {
+                break Ok(f);
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(250), rx.recv()).await;
+        };
+        let _ = stop.send(true);
+        for h in handles {
+            let _ = h.await;
+        }
+        result
+    }
+}
