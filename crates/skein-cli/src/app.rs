@@ -55,16 +55,23 @@ impl App {
     }
 
     pub fn models(&self) -> Result<Registry> {
-        let cfg: skein_llm::config::ModelsConfig =
-            self.cfg.models.clone().try_into().context("[models] configuration")?;
-        skein_llm::config::registry_from_config(&cfg, &self.cfg.scripts_dir)
-            .context("[models] configuration")
+        let mut r = Registry::new();
+        r.insert(
+            "scripted",
+            Arc::new(skein_llm::scripted::ScriptedProvider::new(
+                &self.cfg.scripts_dir,
+            )),
+        );
+        Ok(r)
     }
 
     pub fn agents(&self) -> Result<AgentSet> {
         let files = read_agent_files(&self.cfg.agents_dir)?;
         if files.is_empty() {
-            anyhow::bail!("no agent definitions (*.md) in {}", self.cfg.agents_dir.display());
+            anyhow::bail!(
+                "no agent definitions (*.md) in {}",
+                self.cfg.agents_dir.display()
+            );
         }
         Ok(AgentSet::load(&files, &[])?)
     }
@@ -114,6 +121,12 @@ impl App {
 
     pub fn runtime(&self, backend: Backend) -> Result<Arc<Runtime>> {
         let agents = Arc::new(self.agents()?);
-        Ok(Runtime::new(backend, agents, self.models()?, self.tools()?, self.runtime_config()?))
+        Ok(Runtime::new(
+            backend,
+            agents,
+            self.models()?,
+            self.tools()?,
+            self.runtime_config()?,
+        ))
     }
 }

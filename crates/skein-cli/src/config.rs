@@ -113,7 +113,12 @@ pub fn load(file: Option<&Path>) -> Result<SkeinConfig> {
     };
     fig = fig.merge(Env::prefixed("SKEIN__").split("__"));
     let mut cfg: SkeinConfig = fig.extract().context("configuration")?;
-    let file_set = |key: &str| file.is_some() && fig.find_metadata(key).is_some_and(|m| m.name.contains("TOML"));
+    let file_set = |key: &str| {
+        file.is_some()
+            && fig
+                .find_metadata(key)
+                .is_some_and(|m| m.name.contains("TOML"))
+    };
     if file_set("agents_dir") && cfg.agents_dir.is_relative() {
         cfg.agents_dir = base.join(&cfg.agents_dir);
     }
@@ -163,13 +168,20 @@ mod tests {
     fn dump_redacts_secrets_but_keeps_their_sources() {
         let mut cfg = SkeinConfig::default();
         cfg.nats.insert("password".into(), "hunter2".into());
-        cfg.nats.insert("credentials_file".into(), "/etc/creds".into());
+        cfg.nats
+            .insert("credentials_file".into(), "/etc/creds".into());
         let mut p = toml::Table::new();
         p.insert("api_key".into(), "sk-live-abc".into());
         p.insert("api_key_env".into(), "OPENAI_API_KEY".into());
         cfg.models.insert("openai".into(), toml::Value::Table(p));
         let out = dump(&cfg).unwrap();
-        assert!(!out.contains("hunter2") && !out.contains("sk-live-abc"), "{out}");
-        assert!(out.contains("OPENAI_API_KEY") && out.contains("/etc/creds"), "{out}");
+        assert!(
+            !out.contains("hunter2") && !out.contains("sk-live-abc"),
+            "{out}"
+        );
+        assert!(
+            out.contains("OPENAI_API_KEY") && out.contains("/etc/creds"),
+            "{out}"
+        );
     }
 }

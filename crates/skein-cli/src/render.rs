@@ -34,8 +34,16 @@ pub fn tree_table(rows: &[SessionRow]) -> String {
     let t0 = rows.first().map(|r| r.started_at).unwrap_or(0);
     let mut out = format!(
         "{:<44} {:<13} {:<15} {:>5} {:>5} {:>15} {:>9} {:>5} {:>9} {:>9}\n",
-        "SESSION", "AGENT", "STATUS", "STEPS", "TOOLS", "TOKENS in/out", "COST", "HITS",
-        "START", "WALL"
+        "SESSION",
+        "AGENT",
+        "STATUS",
+        "STEPS",
+        "TOOLS",
+        "TOKENS in/out",
+        "COST",
+        "HITS",
+        "START",
+        "WALL"
     );
     for r in rows {
         let name = if r.depth == 0 {
@@ -104,12 +112,25 @@ pub fn event_line(r: &Record, t0: u64) -> String {
                 m.model,
                 m.latency_ms,
                 tokens(&m.usage),
-                if calls.is_empty() { String::new() } else { format!("calls=[{}] ", calls.join(", ")) },
-                m.response.content.as_deref().map(|c| format!("text={:?}", cut(c, 50))).unwrap_or_default()
+                if calls.is_empty() {
+                    String::new()
+                } else {
+                    format!("calls=[{}] ", calls.join(", "))
+                },
+                m.response
+                    .content
+                    .as_deref()
+                    .map(|c| format!("text={:?}", cut(c, 50)))
+                    .unwrap_or_default()
             )
         }
         Event::ModelFailed(m) => format!("{} attempt {}: {}", m.model, m.attempt, m.error),
-        Event::ToolCalled(t) => format!("{}#{} args={}", t.tool, t.call, cut(&t.args.to_string(), 60)),
+        Event::ToolCalled(t) => format!(
+            "{}#{} args={}",
+            t.tool,
+            t.call,
+            cut(&t.args.to_string(), 60)
+        ),
         Event::ToolReturned(t) => format!(
             "#{} {}{}ms {:?}",
             t.call,

@@ -56,9 +56,7 @@ pub struct Team {
 #[serde(untagged)]
 pub enum CacheSetting {
     Enabled(bool),
-    Ttl {
-        ttl: String,
-    },
+    Ttl { ttl: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,7 +132,9 @@ pub fn def_digest(text: &str) -> String {
 
 fn split_front_matter(text: &str) -> Option<(&str, &str)> {
     let rest = text.strip_prefix("---")?;
-    let rest = rest.strip_prefix('\n').or_else(|| rest.strip_prefix("\r\n"))?;
+    let rest = rest
+        .strip_prefix('\n')
+        .or_else(|| rest.strip_prefix("\r\n"))?;
     let mut offset = 0;
     for line in rest.split_inclusive('\n') {
         if line.trim_end() == "---" {
@@ -282,12 +282,16 @@ impl AgentSet {
     /// and cycles (with their path) that the ancestry rule or a pattern would never stop.
     pub fn problems(&self, extra_tools: &[String]) -> Vec<String> {
         let mut out = vec![];
-        let known_tool =
-            |t: &str| BUILTIN_TOOLS.contains(&t) || extra_tools.iter().any(|x| x == t);
+        let known_tool = |t: &str| BUILTIN_TOOLS.contains(&t) || extra_tools.iter().any(|x| x == t);
         for (name, def) in &self.agents {
             let origin = self.origin(name);
             let f = &def.front;
-            for t in f.tools.iter().chain(&f.requires_approval).chain(&f.idempotent_tools) {
+            for t in f
+                .tools
+                .iter()
+                .chain(&f.requires_approval)
+                .chain(&f.idempotent_tools)
+            {
                 if !known_tool(t) {
                     out.push(format!("{origin}: agent `{name}` names unknown tool `{t}`"));
                 }
@@ -298,7 +302,9 @@ impl AgentSet {
             refs.extend(f.advisors.iter().map(|a| ("advisors", a)));
             if let Some(r) = &f.router {
                 if r.destinations.is_empty() {
-                    out.push(format!("{origin}: agent `{name}` is a router without destinations"));
+                    out.push(format!(
+                        "{origin}: agent `{name}` is a router without destinations"
+                    ));
                 }
                 refs.extend(r.destinations.iter().map(|a| ("router.destinations", a)));
             }
@@ -308,7 +314,9 @@ impl AgentSet {
             }
             for (field, a) in refs {
                 if !self.agents.contains_key(a.as_str()) {
-                    out.push(format!("{origin}: agent `{name}` {field} names unknown agent `{a}`"));
+                    out.push(format!(
+                        "{origin}: agent `{name}` {field} names unknown agent `{a}`"
+                    ));
                 }
             }
         }
@@ -320,7 +328,9 @@ impl AgentSet {
     /// (`call_agent`, stopped by the ancestry rule unless the target is recursive) or a
     /// pattern edge (handoff, router, advisors, team: never allowed to cycle).
     fn edges(&self, name: &str) -> Vec<(&str, bool)> {
-        let Some(def) = self.agents.get(name) else { return vec![] };
+        let Some(def) = self.agents.get(name) else {
+            return vec![];
+        };
         let f = &def.front;
         let mut e: Vec<(&str, bool)> = f.agents.iter().map(|a| (a.as_str(), true)).collect();
         e.extend(f.handoff.iter().map(|a| (a.as_str(), false)));
@@ -366,11 +376,7 @@ impl AgentSet {
                 let min = cyc.iter().min().cloned().unwrap_or_default();
                 if !all_ok && start == min && reported.insert(cyc.clone()) {
                     cyc.push(start.to_string());
-                    out.push(format!(
-                        "{}: cycle {}",
-                        self.origin(start),
-                        cyc.join(" → ")
-                    ));
+                    out.push(format!("{}: cycle {}", self.origin(start), cyc.join(" → ")));
                 }
                 continue;
             }
@@ -412,7 +418,9 @@ mod tests {
         let (o, t) = file("w", "tols: [x]\n");
         let e = AgentDef::parse(&o, &t).unwrap_err().to_string();
         assert!(e.contains("agents/w.md") && e.contains("tols"), "{e}");
-        let e = AgentDef::parse("x.md", "just text").unwrap_err().to_string();
+        let e = AgentDef::parse("x.md", "just text")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("x.md") && e.contains("front matter"), "{e}");
     }
 
@@ -433,7 +441,10 @@ mod tests {
         ];
         AgentSet::load(&files, &[]).unwrap();
 
-        let files = vec![file("a", "handoff: b\n"), file("b", "handoff: a\nrecursive: true\n")];
+        let files = vec![
+            file("a", "handoff: b\n"),
+            file("b", "handoff: a\nrecursive: true\n"),
+        ];
         let e = AgentSet::load(&files, &[]).unwrap_err().to_string();
         assert!(e.contains("cycle a → b → a"), "{e}");
     }

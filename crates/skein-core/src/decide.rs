@@ -94,7 +94,10 @@ pub struct ToolRun {
 pub enum Step {
     /// Call the model with this request (the shell adds the tool schemas for
     /// `tool_names`) and record `ModelCalled` or `ModelFailed`.
-    CallModel { request: ModelRequest, tool_names: Vec<String> },
+    CallModel {
+        request: ModelRequest,
+        tool_names: Vec<String>,
+    },
     /// Record these refusals as tool errors.
     Refuse(Vec<Refusal>),
     /// Start these children (or answer them from the cache).
@@ -142,9 +145,9 @@ impl Step {
                 .iter()
                 .any(|x| x.call == d.call && x.child == d.child && x.agent == d.agent),
             (Step::Delegate(ds), Event::CacheHit(h)) => ds.iter().any(|x| x.call == h.call),
-            (Step::RunTools(rs), Event::ToolCalled(t)) => {
-                rs.iter().any(|r| !r.resumed && r.call == t.call && r.tool == t.tool)
-            }
+            (Step::RunTools(rs), Event::ToolCalled(t)) => rs
+                .iter()
+                .any(|r| !r.resumed && r.call == t.call && r.tool == t.tool),
             (Step::RunTools(rs), Event::ToolReturned(t)) => {
                 rs.iter().any(|r| r.resumed && r.call == t.call)
             }
@@ -156,7 +159,11 @@ impl Step {
         if ok {
             Ok(())
         } else {
-            Err(format!("decided {}, log has {}", self.describe(), ev.kind()))
+            Err(format!(
+                "decided {}, log has {}",
+                self.describe(),
+                ev.kind()
+            ))
         }
     }
 
@@ -165,15 +172,24 @@ impl Step {
             Step::CallModel { request, .. } => format!("call_model({})", request.model),
             Step::Refuse(rs) => format!(
                 "refuse({})",
-                rs.iter().map(|r| r.call.as_str()).collect::<Vec<_>>().join(",")
+                rs.iter()
+                    .map(|r| r.call.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
             ),
             Step::Delegate(ds) => format!(
                 "delegate({})",
-                ds.iter().map(|d| d.child.as_str()).collect::<Vec<_>>().join(",")
+                ds.iter()
+                    .map(|d| d.child.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
             ),
             Step::RunTools(rs) => format!(
                 "run_tools({})",
-                rs.iter().map(|r| r.call.as_str()).collect::<Vec<_>>().join(",")
+                rs.iter()
+                    .map(|r| r.call.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
             ),
             Step::Complete { .. } => "complete".into(),
             Step::Fail { error } => format!("fail({error})"),
@@ -199,15 +215,22 @@ pub fn mission_message(mission: &str, context: Option<&str>, inputs: &Value) -> 
 impl SessionState {
     /// Decides the next step. `def` must be the definition recorded at submission.
     pub fn next(&self, def: &AgentDef, limits: &Limits, catalog: &dyn Catalog) -> Step {
-        let Some(sub) = &self.submitted else { return Step::Idle };
+        let Some(sub) = &self.submitted else {
+            return Step::Idle;
+        };
         if self.status.is_terminal() {
             return Step::Idle;
         }
-        if matches!(self.status, Status::AwaitingInput | Status::AwaitingApproval) {
+        if matches!(
+            self.status,
+            Status::AwaitingInput | Status::AwaitingApproval
+        ) {
             return Step::Wait;
         }
         if let Some(answer) = &self.pending_answer {
-            return Step::Complete { answer: answer.clone() };
+            return Step::Complete {
+                answer: answer.clone(),
+            };
         }
         if !self.turn.is_empty() {
             return self.next_in_turn(def, limits, catalog);
@@ -237,7 +260,9 @@ impl SessionState {
             }
         }
         let mut messages = Vec::with_capacity(self.transcript.len() + 2);
-        messages.push(Message::System { content: def.prompt.clone() });
+        messages.push(Message::System {
+            content: def.prompt.clone(),
+        });
         messages.push(Message::User {
             content: mission_message(&sub.mission, sub.context.as_deref(), &sub.inputs),
         });
@@ -256,7 +281,10 @@ impl SessionState {
                 inputs: sub.inputs.clone(),
             },
         };
-        Step::CallModel { request, tool_names: def.allowed_tools().into_iter().collect() }
+        Step::CallModel {
+            request,
+            tool_names: def.allowed_tools().into_iter().collect(),
+        }
     }
 
     fn next_in_turn(&self, def: &AgentDef, limits: &Limits, catalog: &dyn Catalog) -> Step {
@@ -264,8 +292,11 @@ impl SessionState {
         let sub = self.submitted.as_ref();
         let depth = sub.map(|s| s.depth).unwrap_or(0);
         let path = self.path_agents();
-        let max_children =
-            def.front.limits.max_children_per_turn.unwrap_or(limits.max_children_per_turn);
+        let max_children = def
+            .front
+            .limits
+            .max_children_per_turn
+            .unwrap_or(limits.max_children_per_turn);
         let mut children_in_turn = self
             .turn
             .iter()
@@ -376,7 +407,9 @@ impl SessionState {
 
     /// Children without an explicit budget get an equal share of what is free.
     fn share_budget(&self, ds: &mut [Delegation]) {
-        let Some(free) = self.tokens_free() else { return };
+        let Some(free) = self.tokens_free() else {
+            return;
+        };
         let explicit: u64 = ds.iter().filter_map(|d| d.budget.tokens).sum();
         let implicit = ds.iter().filter(|d| d.budget.tokens.is_none()).count() as u64;
         if implicit == 0 {
@@ -404,9 +437,11 @@ impl SessionState {
         let args: CallAgentArgs = serde_json::from_value(call.args.clone())
             .map_err(|e| format!("call_agent: invalid arguments: {e}"))?;
         if args.resume_token.is_some() {
-            return Err("call_agent: resuming a paused sub-agent with `resume_token` is not \
+            return Err(
+                "call_agent: resuming a paused sub-agent with `resume_token` is not \
                         supported by this runtime yet"
-                .into());
+                    .into(),
+            );
         }
         let mission = args
             .mission
@@ -419,13 +454,20 @@ impl SessionState {
                     .into_iter()
                     .filter(|t| t != "call_agent")
                     .collect();
-                let extra: Vec<&String> =
-                    custom.tools.iter().filter(|t| !allowed.contains(*t)).collect();
+                let extra: Vec<&String> = custom
+                    .tools
+                    .iter()
+                    .filter(|t| !allowed.contains(*t))
+                    .collect();
                 if !extra.is_empty() {
                     return Err(format!(
                         "call_agent: agent_definition asks for tools {} that `{}` does not \
                          have; a custom agent may use only: {}",
-                        extra.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", "),
+                        extra
+                            .iter()
+                            .map(|s| format!("`{s}`"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         def.name(),
                         join(&allowed)
                     ));
@@ -434,7 +476,11 @@ impl SessionState {
             }
             (Some(a), None) => {
                 if !def.front.agents.iter().any(|x| x == a) {
-                    let what = if catalog.agent(a).is_some() { "not allowed:" } else { "unknown" };
+                    let what = if catalog.agent(a).is_some() {
+                        "not allowed:"
+                    } else {
+                        "unknown"
+                    };
                     return Err(format!(
                         "call_agent: {what} agent `{a}`; `{}` may call: {}",
                         def.name(),
@@ -482,11 +528,11 @@ impl SessionState {
         }
         *children_in_turn += 1;
         *n += 1;
-        let child_budget = args
-            .budget
-            .unwrap_or_default()
-            .tokens
-            .or_else(|| catalog.agent(&agent).and_then(|d| d.front.limits.max_tokens));
+        let child_budget = args.budget.unwrap_or_default().tokens.or_else(|| {
+            catalog
+                .agent(&agent)
+                .and_then(|d| d.front.limits.max_tokens)
+        });
         let Some(id) = &self.id else {
             return Err("call_agent: the session has no id yet".into());
         };
@@ -499,7 +545,9 @@ impl SessionState {
             inputs: args.inputs.unwrap_or(Value::Null),
             custom,
             depth: depth + 1,
-            budget: Budget { tokens: child_budget },
+            budget: Budget {
+                tokens: child_budget,
+            },
             ancestry: path.to_vec(),
         })
     }
@@ -509,6 +557,9 @@ fn join(set: &BTreeSet<String>) -> String {
     if set.is_empty() {
         "(no tools)".into()
     } else {
-        set.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
+        set.iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }

@@ -286,7 +286,10 @@ pub enum Event {
     Cancelled(Cancelled),
     /// A body this build does not know: kept as it was read.
     #[serde(skip)]
-    Unknown { kind: String, data: Value },
+    Unknown {
+        kind: String,
+        data: Value,
+    },
 }
 
 impl Event {
@@ -388,7 +391,9 @@ pub struct Envelope {
 
 /// The `prev` of a session's first record.
 pub fn genesis_hash(session: &SessionId) -> String {
-    blake3::hash(session.as_str().as_bytes()).to_hex().to_string()
+    blake3::hash(session.as_str().as_bytes())
+        .to_hex()
+        .to_string()
 }
 
 /// Hex blake3 of one record's bytes: the next record's `prev`.
@@ -398,7 +403,14 @@ pub fn record_hash(bytes: &[u8]) -> String {
 
 impl Envelope {
     pub fn new(session: SessionId, seq: u64, at: u64, prev: String, body: Event) -> Self {
-        Self { v: ENVELOPE_VERSION, session, seq, at, prev, body }
+        Self {
+            v: ENVELOPE_VERSION,
+            session,
+            seq,
+            at,
+            prev,
+            body,
+        }
     }
 
     pub fn encode(&self) -> Result<Vec<u8>> {
@@ -424,7 +436,14 @@ impl Envelope {
             BodyIn::Known(ev) => ev,
             BodyIn::Unknown { kind, data } => Event::Unknown { kind, data },
         };
-        Ok(Self { v: e.v, session: e.session, seq: e.seq, at: e.at, prev: e.prev, body })
+        Ok(Self {
+            v: e.v,
+            session: e.session,
+            seq: e.seq,
+            at: e.at,
+            prev: e.prev,
+            body,
+        })
     }
 }
 
@@ -437,7 +456,10 @@ pub struct Record {
 
 impl Record {
     pub fn decode(bytes: Vec<u8>) -> Result<Self> {
-        Ok(Self { env: Envelope::decode(&bytes)?, bytes })
+        Ok(Self {
+            env: Envelope::decode(&bytes)?,
+            bytes,
+        })
     }
 
     pub fn hash(&self) -> String {
@@ -454,7 +476,10 @@ pub struct ChainBreak {
 
 /// Checks a whole log: seqs 1..n without gaps, one session, each `prev` the hash of the
 /// record before it.
-pub fn verify_chain(session: &SessionId, records: &[Record]) -> std::result::Result<(), ChainBreak> {
+pub fn verify_chain(
+    session: &SessionId,
+    records: &[Record],
+) -> std::result::Result<(), ChainBreak> {
     let mut prev = genesis_hash(session);
     for (i, r) in records.iter().enumerate() {
         let want = i as u64 + 1;

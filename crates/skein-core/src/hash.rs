@@ -113,16 +113,54 @@ mod tests {
             strategy: None,
         };
         let h = mission_hash(&base);
-        assert_ne!(h, mission_hash(&MissionKey { def_digest: "d2", ..base }));
-        assert_ne!(h, mission_hash(&MissionKey { model: "m2", ..base }));
-        assert_ne!(h, mission_hash(&MissionKey { mission: "y", ..base }));
-        assert_ne!(h, mission_hash(&MissionKey { context: Some("c"), ..base }));
-        assert_ne!(h, mission_hash(&MissionKey { strategy: Some("s"), ..base }));
+        assert_ne!(
+            h,
+            mission_hash(&MissionKey {
+                def_digest: "d2",
+                ..base
+            })
+        );
+        assert_ne!(
+            h,
+            mission_hash(&MissionKey {
+                model: "m2",
+                ..base
+            })
+        );
+        assert_ne!(
+            h,
+            mission_hash(&MissionKey {
+                mission: "y",
+                ..base
+            })
+        );
+        assert_ne!(
+            h,
+            mission_hash(&MissionKey {
+                context: Some("c"),
+                ..base
+            })
+        );
+        assert_ne!(
+            h,
+            mission_hash(&MissionKey {
+                strategy: Some("s"),
+                ..base
+            })
+        );
         let j = json!({"k": 1});
         assert_ne!(h, mission_hash(&MissionKey { inputs: &j, ..base }));
         // Field boundaries are unambiguous.
-        let a = MissionKey { mission: "ab", context: Some("c"), ..base };
-        let b = MissionKey { mission: "a", context: Some("bc"), ..base };
+        let a = MissionKey {
+            mission: "ab",
+            context: Some("c"),
+            ..base
+        };
+        let b = MissionKey {
+            mission: "a",
+            context: Some("bc"),
+            ..base
+        };
         assert_ne!(mission_hash(&a), mission_hash(&b));
     }
 }

@@ -51,7 +51,9 @@ impl SessionId {
     pub fn parse(s: &str) -> Result<Self> {
         let s = s.trim().replace('/', ".");
         if s.len() > MAX_ID_LEN {
-            return Err(Error::InvalidId(format!("id longer than {MAX_ID_LEN} bytes")));
+            return Err(Error::InvalidId(format!(
+                "id longer than {MAX_ID_LEN} bytes"
+            )));
         }
         for (i, tok) in s.split('.').enumerate() {
             validate_token(tok)?;

@@ -16,6 +16,7 @@ pub mod message;
 pub mod plan;
 pub mod replay;
 pub mod state;
+pub mod token;
 
 pub use agent::{AgentDef, AgentSet};
 pub use decide::{Delegation, Refusal, Step, ToolRun};

@@ -19,7 +19,12 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_depth: 3, max_steps: 24, max_children_per_turn: 16, max_tokens: None }
+        Self {
+            max_depth: 3,
+            max_steps: 24,
+            max_children_per_turn: 16,
+            max_tokens: None,
+        }
     }
 }
 

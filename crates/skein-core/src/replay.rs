@@ -19,7 +19,11 @@ pub struct Divergence {
 
 impl std::fmt::Display for Divergence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "seq {}: expected {}, found {}", self.seq, self.expected, self.found)
+        write!(
+            f,
+            "seq {}: expected {}, found {}",
+            self.seq, self.expected, self.found
+        )
     }
 }
 

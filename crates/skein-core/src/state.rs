@@ -52,7 +52,10 @@ pub enum SlotState {
     /// `ToolCalled` recorded, no `ToolReturned` yet.
     Running,
     /// A child session answers this call.
-    Delegated { child: SessionId, allotted: Option<u64> },
+    Delegated {
+        child: SessionId,
+        allotted: Option<u64>,
+    },
     /// The outcome the model will be shown.
     Done { output: String, error: bool },
 }
@@ -144,7 +147,12 @@ impl Default for SessionState {
 /// The JSON a parent's model is shown for a `call_agent` call.
 pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> (String, bool) {
     let v = match outcome {
-        Outcome::Completed { answer, usage, steps, patch } => {
+        Outcome::Completed {
+            answer,
+            usage,
+            steps,
+            patch,
+        } => {
             let mut v = json!({
                 "success": true,
                 "result": answer,
@@ -160,7 +168,11 @@ pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> 
             }
             v
         }
-        Outcome::Failed { error, usage, steps } => json!({
+        Outcome::Failed {
+            error,
+            usage,
+            steps,
+        } => json!({
             "success": false,
             "result": Value::Null,
             "session_id": child.display(),
@@ -168,7 +180,12 @@ pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> 
             "usage": usage_json(usage),
             "error": error,
         }),
-        Outcome::NeedsInput { questions, context, defaults, token } => json!({
+        Outcome::NeedsInput {
+            questions,
+            context,
+            defaults,
+            token,
+        } => json!({
             "success": false,
             "session_id": child.display(),
             "need_user_input": {
@@ -219,12 +236,18 @@ impl SessionState {
                 _ => None,
             })
             .sum();
-        Some(budget.saturating_sub(self.usage_total().total_tokens()).saturating_sub(held))
+        Some(
+            budget
+                .saturating_sub(self.usage_total().total_tokens())
+                .saturating_sub(held),
+        )
     }
 
     /// Agents on the path from the root to this session, root first.
     pub fn path_agents(&self) -> Vec<String> {
-        let Some(sub) = &self.submitted else { return vec![] };
+        let Some(sub) = &self.submitted else {
+            return vec![];
+        };
         let mut p = sub.ancestry.clone();
         p.push(sub.agent.clone());
         p
@@ -245,7 +268,10 @@ impl SessionState {
     /// the model's order and the next model call may be made.
     fn close_turn_if_done(&mut self) {
         if self.turn.is_empty()
-            || !self.turn.iter().all(|s| matches!(s.state, SlotState::Done { .. }))
+            || !self
+                .turn
+                .iter()
+                .all(|s| matches!(s.state, SlotState::Done { .. }))
         {
             return;
         }
@@ -292,7 +318,10 @@ impl SessionState {
                         .response
                         .tool_calls
                         .iter()
-                        .map(|c| Slot { call: c.clone(), state: SlotState::Pending })
+                        .map(|c| Slot {
+                            call: c.clone(),
+                            state: SlotState::Pending,
+                        })
                         .collect();
                 }
             }
@@ -408,12 +437,21 @@ impl SessionState {
             return;
         }
         let waiting = !self.turn.is_empty()
-            && self.turn.iter().any(|s| matches!(s.state, SlotState::Delegated { .. }))
             && self
                 .turn
                 .iter()
-                .all(|s| matches!(s.state, SlotState::Delegated { .. } | SlotState::Done { .. }));
-        self.status = if waiting { Status::Waiting } else { Status::Running };
+                .any(|s| matches!(s.state, SlotState::Delegated { .. }))
+            && self.turn.iter().all(|s| {
+                matches!(
+                    s.state,
+                    SlotState::Delegated { .. } | SlotState::Done { .. }
+                )
+            });
+        self.status = if waiting {
+            Status::Waiting
+        } else {
+            Status::Running
+        };
     }
 
     /// The children of the current turn that have not settled.

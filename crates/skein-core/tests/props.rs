@@ -32,7 +32,10 @@ impl Rng {
 
 fn agents() -> AgentSet {
     let f = |name: &str, extra: &str| {
-        (format!("{name}.md"), format!("---\nname: {name}\nmodel: scripted:{name}\n{extra}---\nYou are {name}.\n"))
+        (
+            format!("{name}.md"),
+            format!("---\nname: {name}\nmodel: scripted:{name}\n{extra}---\nYou are {name}.\n"),
+        )
     };
     AgentSet::load(
         &[
@@ -52,8 +55,12 @@ fn random_call(rng: &mut Rng, k: usize) -> ToolCall {
             let agent = ["a", "b", "ghost", "boss"][rng.below(4) as usize];
             let args = match rng.below(6) {
                 0 => json!({"agent": agent}),
-                1 => json!({"agent_definition": {"system_prompt": "p", "tools": ["list_dir"]}, "mission": "m"}),
-                2 => json!({"agent_definition": {"system_prompt": "p", "tools": ["shell"]}, "mission": "m"}),
+                1 => {
+                    json!({"agent_definition": {"system_prompt": "p", "tools": ["list_dir"]}, "mission": "m"})
+                }
+                2 => {
+                    json!({"agent_definition": {"system_prompt": "p", "tools": ["shell"]}, "mission": "m"})
+                }
                 3 => json!({"agent": agent, "mission": "m", "budget": {"tokens": rng.below(5000)}}),
                 _ => json!({"agent": agent, "mission": format!("m{}", rng.below(3))}),
             };
@@ -64,13 +71,22 @@ fn random_call(rng: &mut Rng, k: usize) -> ToolCall {
         6 => ("shell", json!({"cmd": "ls"})),
         _ => ("teleport", json!({})),
     };
-    ToolCall { id, name: name.into(), args }
+    ToolCall {
+        id,
+        name: name.into(),
+        args,
+    }
 }
 
 /// Drives a session with random outside facts; returns its log.
 fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
     let set = agents();
-    let limits = Limits { max_depth: 2, max_steps: 8, max_children_per_turn: 4, max_tokens: None };
+    let limits = Limits {
+        max_depth: 2,
+        max_steps: 8,
+        max_children_per_turn: 4,
+        max_tokens: None,
+    };
     let def = set.get("boss").expect("boss").clone();
     let mut rng = Rng(seed | 1);
     let id = SessionId::root("sim").expect("id");
@@ -86,7 +102,11 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
         state.apply(&env);
         log.push(env);
     };
-    let budget = if rng.below(3) == 0 { Some(rng.below(20_000)) } else { None };
+    let budget = if rng.below(3) == 0 {
+        Some(rng.below(20_000))
+    } else {
+        None
+    };
     push(
         Event::Submitted(Submitted {
             agent: "boss".into(),
@@ -100,7 +120,8 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
             budget: Budget { tokens: budget },
             trace: None,
             // A path through `a` makes delegating to `a` again an ancestry refusal.
-            ancestry: [vec![], vec!["a".to_string()], vec!["b".to_string()]][rng.below(3) as usize].clone(),
+            ancestry: [vec![], vec!["a".to_string()], vec!["b".to_string()]][rng.below(3) as usize]
+                .clone(),
             no_cache: false,
             forked_from: None,
             pool: None,
@@ -126,15 +147,28 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                 let calls: Vec<ToolCall> = if rng.below(4) == 0 {
                     vec![]
                 } else {
-                    (0..1 + rng.below(4) as usize).map(|k| random_call(&mut rng, k)).collect()
+                    (0..1 + rng.below(4) as usize)
+                        .map(|k| random_call(&mut rng, k))
+                        .collect()
                 };
-                let content = calls.is_empty().then(|| format!("answer {}", rng.below(100)));
+                let content = calls
+                    .is_empty()
+                    .then(|| format!("answer {}", rng.below(100)));
                 push(
                     Event::ModelCalled(ModelCalled {
                         model: request.model,
                         request_digest: "d".into(),
-                        response: ModelResponse { content, tool_calls: calls, finish_reason: None },
-                        usage: Usage { input_tokens: rng.below(800), output_tokens: rng.below(200), cost: 0.0, estimated: false },
+                        response: ModelResponse {
+                            content,
+                            tool_calls: calls,
+                            finish_reason: None,
+                        },
+                        usage: Usage {
+                            input_tokens: rng.below(800),
+                            output_tokens: rng.below(200),
+                            cost: 0.0,
+                            estimated: false,
+                        },
                         latency_ms: 1,
                         worker: "w".into(),
                     }),
@@ -145,7 +179,13 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
             Step::Refuse(rs) => {
                 for r in rs {
                     push(
-                        Event::ToolReturned(ToolReturned { call: r.call, output: r.error, error: true, ms: 0, blob: None }),
+                        Event::ToolReturned(ToolReturned {
+                            call: r.call,
+                            output: r.error,
+                            error: true,
+                            ms: 0,
+                            blob: None,
+                        }),
                         &mut log,
                         &mut state,
                     );
@@ -185,7 +225,12 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                 let fresh: Vec<_> = runs.iter().filter(|r| !r.resumed).cloned().collect();
                 for r in &fresh {
                     push(
-                        Event::ToolCalled(ToolCalled { call: r.call.clone(), tool: r.tool.clone(), args: r.args.clone(), worker: "w".into() }),
+                        Event::ToolCalled(ToolCalled {
+                            call: r.call.clone(),
+                            tool: r.tool.clone(),
+                            args: r.args.clone(),
+                            worker: "w".into(),
+                        }),
                         &mut log,
                         &mut state,
                     );
@@ -196,7 +241,13 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                 }
                 for r in &runs {
                     push(
-                        Event::ToolReturned(ToolReturned { call: r.call.clone(), output: "ok".into(), error: rng.below(5) == 0, ms: 1, blob: None }),
+                        Event::ToolReturned(ToolReturned {
+                            call: r.call.clone(),
+                            output: "ok".into(),
+                            error: rng.below(5) == 0,
+                            ms: 1,
+                            blob: None,
+                        }),
                         &mut log,
                         &mut state,
                     );
@@ -205,20 +256,58 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
             Step::Wait => {
                 let out = state.outstanding_children();
                 let (call, child) = out[rng.below(out.len() as u64) as usize].clone();
-                let usage = Usage { input_tokens: rng.below(500), output_tokens: rng.below(100), cost: 0.0, estimated: false };
-                let outcome = if rng.below(4) == 0 {
-                    Outcome::Failed { error: "boom".into(), usage, steps: 1 }
-                } else {
-                    Outcome::Completed { answer: "child answer".into(), patch: None, usage, steps: 3 }
+                let usage = Usage {
+                    input_tokens: rng.below(500),
+                    output_tokens: rng.below(100),
+                    cost: 0.0,
+                    estimated: false,
                 };
-                push(Event::ChildSettled(ChildSettled { call, child, outcome }), &mut log, &mut state);
+                let outcome = if rng.below(4) == 0 {
+                    Outcome::Failed {
+                        error: "boom".into(),
+                        usage,
+                        steps: 1,
+                    }
+                } else {
+                    Outcome::Completed {
+                        answer: "child answer".into(),
+                        patch: None,
+                        usage,
+                        steps: 3,
+                    }
+                };
+                push(
+                    Event::ChildSettled(ChildSettled {
+                        call,
+                        child,
+                        outcome,
+                    }),
+                    &mut log,
+                    &mut state,
+                );
             }
             Step::Complete { answer } => {
-                push(Event::Completed(Completed { answer, usage_total: state.usage_total(), steps: state.steps }), &mut log, &mut state);
+                push(
+                    Event::Completed(Completed {
+                        answer,
+                        usage_total: state.usage_total(),
+                        steps: state.steps,
+                    }),
+                    &mut log,
+                    &mut state,
+                );
                 break;
             }
             Step::Fail { error } => {
-                push(Event::Failed(Failed { error, usage_total: state.usage_total(), steps: state.steps }), &mut log, &mut state);
+                push(
+                    Event::Failed(Failed {
+                        error,
+                        usage_total: state.usage_total(),
+                        steps: state.steps,
+                    }),
+                    &mut log,
+                    &mut state,
+                );
                 break;
             }
             Step::Idle => break,
@@ -280,7 +369,10 @@ fn unknown_event_kinds_are_kept_and_shown() {
         2,
         5,
         "p".into(),
-        Event::Unknown { kind: "TeamBroadcast".into(), data: json!({"msg": "hi"}) },
+        Event::Unknown {
+            kind: "TeamBroadcast".into(),
+            data: json!({"msg": "hi"}),
+        },
     );
     let back = Envelope::decode(&env.encode().expect("encode")).expect("decode");
     assert_eq!(back, env);
@@ -306,10 +398,22 @@ fn the_simulator_exercises_every_step() {
         }
     }
     for k in [
-        "Submitted", "ModelCalled", "ModelFailed", "ToolCalled", "ToolReturned", "Delegated",
-        "CacheHit", "ChildSettled", "Completed", "Failed",
+        "Submitted",
+        "ModelCalled",
+        "ModelFailed",
+        "ToolCalled",
+        "ToolReturned",
+        "Delegated",
+        "CacheHit",
+        "ChildSettled",
+        "Completed",
+        "Failed",
     ] {
-        assert!(kinds.get(k).copied().unwrap_or(0) > 5, "{k} seen {:?} times", kinds.get(k));
+        assert!(
+            kinds.get(k).copied().unwrap_or(0) > 5,
+            "{k} seen {:?} times",
+            kinds.get(k)
+        );
     }
     assert!(refusals > 20, "refusals: {refusals}");
 }

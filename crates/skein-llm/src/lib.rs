@@ -25,7 +25,11 @@ pub struct Completion {
 pub enum Error {
     /// No provider of that name is configured.
     #[error("unknown model provider `{provider}` in `{model}`; configured: {known}")]
-    UnknownProvider { provider: String, model: String, known: String },
+    UnknownProvider {
+        provider: String,
+        model: String,
+        known: String,
+    },
     #[error("model `{model}` is not of the form `provider:model`")]
     BadModelName { model: String },
     /// The provider's configuration is unusable (missing key, bad script …).
@@ -33,7 +37,11 @@ pub enum Error {
     Config(String),
     /// HTTP status from the provider; `retry_after` from its header when given.
     #[error("provider answered HTTP {status}: {message}")]
-    Http { status: u16, message: String, retry_after: Option<Duration> },
+    Http {
+        status: u16,
+        message: String,
+        retry_after: Option<Duration>,
+    },
     #[error("request timed out after {0:?}")]
     Timeout(Duration),
     #[error("connection failed: {0}")]
@@ -50,9 +58,7 @@ impl Error {
             Error::Http { status, .. } => *status == 429 || *status == 408 || *status >= 500,
             Error::Timeout(_) | Error::Connect(_) => true,
             Error::Malformed(_) => true,
-            Error::UnknownProvider { .. } | Error::BadModelName { .. } | Error::Config(_) => {
-                false
-            }
+            Error::UnknownProvider { .. } | Error::BadModelName { .. } | Error::Config(_) => false,
         }
     }
 
@@ -79,7 +85,9 @@ pub fn split_model(model: &str) -> Result<(&str, &str)> {
     model
         .split_once(':')
         .filter(|(p, m)| !p.is_empty() && !m.is_empty())
-        .ok_or_else(|| Error::BadModelName { model: model.to_string() })
+        .ok_or_else(|| Error::BadModelName {
+            model: model.to_string(),
+        })
 }
 
 /// Providers by name.
@@ -107,11 +115,14 @@ impl Registry {
 
     pub async fn complete(&self, req: &ModelRequest) -> Result<Completion> {
         let (provider, model) = split_model(&req.model)?;
-        let p = self.providers.get(provider).ok_or_else(|| Error::UnknownProvider {
-            provider: provider.to_string(),
-            model: req.model.clone(),
-            known: self.names().join(", "),
-        })?;
+        let p = self
+            .providers
+            .get(provider)
+            .ok_or_else(|| Error::UnknownProvider {
+                provider: provider.to_string(),
+                model: req.model.clone(),
+                known: self.names().join(", "),
+            })?;
         p.complete(model, req).await
     }
 }

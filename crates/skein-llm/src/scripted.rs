@@ -76,7 +76,10 @@ pub struct ScriptedProvider {
 
 impl ScriptedProvider {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), cache: Mutex::new(BTreeMap::new()) }
+        Self {
+            dir: dir.into(),
+            cache: Mutex::new(BTreeMap::new()),
+        }
     }
 
     pub fn load(&self, name: &str) -> Result<Arc<Script>> {
@@ -84,11 +87,16 @@ impl ScriptedProvider {
             return Ok(s);
         }
         if name.contains('/') || name.contains('\\') || name.starts_with('.') {
-            return Err(Error::Config(format!("scripted model name `{name}` is not a file name")));
+            return Err(Error::Config(format!(
+                "scripted model name `{name}` is not a file name"
+            )));
         }
         let path = self.dir.join(format!("{name}.yaml"));
         let text = std::fs::read_to_string(&path).map_err(|e| {
-            Error::Config(format!("scripted model `{name}`: cannot read {}: {e}", path.display()))
+            Error::Config(format!(
+                "scripted model `{name}`: cannot read {}: {e}",
+                path.display()
+            ))
         })?;
         let script = Arc::new(parse_script(&path.display().to_string(), &text)?);
         if let Ok(mut c) = self.cache.lock() {
@@ -99,8 +107,8 @@ impl ScriptedProvider {
 }
 
 pub fn parse_script(origin: &str, text: &str) -> Result<Script> {
-    let s: Script = serde_norway::from_str(text)
-        .map_err(|e| Error::Config(format!("script {origin}: {e}")))?;
+    let s: Script =
+        serde_norway::from_str(text).map_err(|e| Error::Config(format!("script {origin}: {e}")))?;
     if s.turns.is_empty() {
         return Err(Error::Config(format!("script {origin}: no turns")));
     }
@@ -168,16 +176,20 @@ impl Renderer {
             .env
             .compile_expression(expr)
             .map_err(|e| Error::Config(format!("condition `{expr}`: {e}")))?;
-        let v = e.eval(ctx).map_err(|e| Error::Config(format!("condition `{expr}`: {e}")))?;
+        let v = e
+            .eval(ctx)
+            .map_err(|e| Error::Config(format!("condition `{expr}`: {e}")))?;
         Ok(v.is_true())
     }
 
     fn render_value(&self, v: &Value, ctx: &Value) -> Result<Value> {
         Ok(match v {
             Value::String(s) => Value::String(self.render(s, ctx)?),
-            Value::Array(a) => {
-                Value::Array(a.iter().map(|x| self.render_value(x, ctx)).collect::<Result<_>>()?)
-            }
+            Value::Array(a) => Value::Array(
+                a.iter()
+                    .map(|x| self.render_value(x, ctx))
+                    .collect::<Result<_>>()?,
+            ),
             Value::Object(o) => Value::Object(
                 o.iter()
                     .map(|(k, x)| Ok((k.clone(), self.render_value(x, ctx)?)))
@@ -190,7 +202,11 @@ impl Renderer {
 
 /// The answer a script gives to a request, and the latency it asks for.
 pub fn answer(script: &Script, req: &ModelRequest) -> Result<(ModelResponse, u64)> {
-    let turn_no = req.messages.iter().filter(|m| matches!(m, Message::Assistant { .. })).count();
+    let turn_no = req
+        .messages
+        .iter()
+        .filter(|m| matches!(m, Message::Assistant { .. }))
+        .count();
     let entry = script.turns.get(turn_no).ok_or_else(|| {
         Error::Config(format!(
             "script has {} turns; turn {} was asked for",
@@ -239,9 +255,11 @@ pub fn answer(script: &Script, req: &ModelRequest) -> Result<(ModelResponse, u64
         let n = match &c.repeat {
             None => 1,
             Some(Value::Number(n)) => n.as_u64().unwrap_or(1),
-            Some(Value::String(s)) => r.render(s, &ctx)?.trim().parse::<u64>().map_err(|_| {
-                Error::Config(format!("repeat `{s}` did not render to a number"))
-            })?,
+            Some(Value::String(s)) => {
+                r.render(s, &ctx)?.trim().parse::<u64>().map_err(|_| {
+                    Error::Config(format!("repeat `{s}` did not render to a number"))
+                })?
+            }
             Some(other) => return Err(Error::Config(format!("repeat: {other} is not a number"))),
         };
         for i in 0..n {
@@ -256,7 +274,11 @@ pub fn answer(script: &Script, req: &ModelRequest) -> Result<(ModelResponse, u64
     }
     let say = turn.say.as_ref().map(|s| r.render(s, &ctx)).transpose()?;
     Ok((
-        ModelResponse { content: say, tool_calls: calls, finish_reason: Some("tool_calls".into()) },
+        ModelResponse {
+            content: say,
+            tool_calls: calls,
+            finish_reason: Some("tool_calls".into()),
+        },
         latency,
     ))
 }
@@ -269,24 +291,39 @@ fn usage(req: &ModelRequest, resp: &ModelResponse) -> Usage {
         .iter()
         .map(|m| match m {
             Message::System { content } | Message::User { content } => estimate_tokens(content),
-            Message::Assistant { content, tool_calls } => {
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => {
                 estimate_tokens(content.as_deref().unwrap_or(""))
-                    + tool_calls.iter().map(|c| estimate_tokens(&c.args.to_string())).sum::<u64>()
+                    + tool_calls
+                        .iter()
+                        .map(|c| estimate_tokens(&c.args.to_string()))
+                        .sum::<u64>()
             }
             Message::Tool { content, .. } => estimate_tokens(content),
         })
         .sum();
     let output = estimate_tokens(resp.content.as_deref().unwrap_or(""))
-        + resp.tool_calls.iter().map(|c| estimate_tokens(&c.args.to_string())).sum::<u64>();
-    Usage { input_tokens: input, output_tokens: output, cost: 0.0, estimated: false }
+        + resp
+            .tool_calls
+            .iter()
+            .map(|c| estimate_tokens(&c.args.to_string()))
+            .sum::<u64>();
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        cost: 0.0,
+        estimated: false,
+    }
 }
 
 #[async_trait]
 impl Provider for ScriptedProvider {
     async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion> {
         let script = self.load(model)?;
-        let (response, latency) = answer(&script, req)
-            .map_err(|e| Error::Config(format!("scripted:{model}: {e}")))?;
+        let (response, latency) =
+            answer(&script, req).map_err(|e| Error::Config(format!("scripted:{model}: {e}")))?;
         if latency > 0 {
             tokio::time::sleep(Duration::from_millis(latency)).await;
         }
@@ -333,14 +370,22 @@ turns:
     #[test]
     fn repeats_and_templates_calls_then_answers_from_results() {
         let s = parse_script("t", SCRIPT).unwrap();
-        let r0 = req(vec![Message::System { content: "p".into() }]);
+        let r0 = req(vec![Message::System {
+            content: "p".into(),
+        }]);
         let (resp, _) = answer(&s, &r0).unwrap();
         assert_eq!(resp.tool_calls.len(), 3);
         assert_eq!(resp.tool_calls[2].id, "call_1_3");
-        assert_eq!(resp.tool_calls[2].args["mission"], "Research Brief on X part 3");
+        assert_eq!(
+            resp.tool_calls[2].args["mission"],
+            "Research Brief on X part 3"
+        );
 
         let mut msgs = r0.messages.clone();
-        msgs.push(Message::Assistant { content: None, tool_calls: resp.tool_calls.clone() });
+        msgs.push(Message::Assistant {
+            content: None,
+            tool_calls: resp.tool_calls.clone(),
+        });
         for c in &resp.tool_calls {
             msgs.push(Message::Tool {
                 call_id: c.id.clone(),
@@ -354,7 +399,10 @@ turns:
         assert_eq!(resp.content.as_deref(), Some("got 3: r-call_1_1"));
         assert!(resp.tool_calls.is_empty());
 
-        msgs.push(Message::Assistant { content: Some("x".into()), tool_calls: vec![] });
+        msgs.push(Message::Assistant {
+            content: Some("x".into()),
+            tool_calls: vec![],
+        });
         let e = answer(&s, &req(msgs)).unwrap_err().to_string();
         assert!(e.contains("2 turns; turn 3"), "{e}");
     }
@@ -363,6 +411,9 @@ turns:
     fn bad_script_is_named() {
         let e = parse_script("x.yaml", "turns: [{tool_calls: [{tol: 1}]}]").unwrap_err();
         assert!(e.to_string().contains("x.yaml"), "{e}");
-        assert!(parse_script("y.yaml", "turns: []").unwrap_err().to_string().contains("no turns"));
+        assert!(parse_script("y.yaml", "turns: []")
+            .unwrap_err()
+            .to_string()
+            .contains("no turns"));
     }
 }

@@ -24,7 +24,9 @@ fn record(session: &SessionId, seq: u64, prev: String, reason: &str) -> Result<R
         seq,
         1_700_000_000_000 + seq,
         prev,
-        Event::Cancelled(Cancelled { reason: reason.into() }),
+        Event::Cancelled(Cancelled {
+            reason: reason.into(),
+        }),
     );
     Ok(Record::decode(env.encode()?)?)
 }
@@ -44,13 +46,25 @@ async fn fill(b: &Backend, s: &SessionId, n: u64) -> Result<Vec<Record>> {
 
 pub async fn log_appends_and_reads(b: &Backend) -> Result<()> {
     let s = new_root_id();
-    ensure(b.log.read(&s, 1).await?.is_empty(), "a new session has no records")?;
-    ensure(b.log.last(&s).await?.is_none(), "a new session has no last record")?;
+    ensure(
+        b.log.read(&s, 1).await?.is_empty(),
+        "a new session has no records",
+    )?;
+    ensure(
+        b.log.last(&s).await?.is_none(),
+        "a new session has no last record",
+    )?;
     let written = fill(b, &s, 5).await?;
     let read = b.log.read(&s, 1).await?;
-    ensure(read.len() == 5, format!("read back {} of 5 records", read.len()))?;
+    ensure(
+        read.len() == 5,
+        format!("read back {} of 5 records", read.len()),
+    )?;
     for (w, r) in written.iter().zip(&read) {
-        ensure(w.bytes == r.bytes, format!("record {} differs after a round trip", w.env.seq))?;
+        ensure(
+            w.bytes == r.bytes,
+            format!("record {} differs after a round trip", w.env.seq),
+        )?;
     }
     let tail = b.log.read(&s, 4).await?;
     ensure(
@@ -70,14 +84,21 @@ pub async fn log_refuses_a_stale_append(b: &Backend) -> Result<()> {
     let r = record(&s, 2, written[0].hash(), "racer")?;
     match b.log.append(&s, 1, &r).await {
         Err(Error::Conflict { actual, .. }) => ensure(actual == 2, "conflict reports seq 2")?,
-        other => return Err(Error::Backend(format!("expected a conflict, got {other:?}"))),
+        other => {
+            return Err(Error::Backend(format!(
+                "expected a conflict, got {other:?}"
+            )))
+        }
     }
     let r = record(&s, 1, genesis_hash(&s), "dup")?;
     ensure(
         matches!(b.log.append(&s, 0, &r).await, Err(Error::Conflict { .. })),
         "appending seq 1 again conflicts",
     )?;
-    ensure(b.log.read(&s, 1).await?.len() == 2, "a refused append changes nothing")?;
+    ensure(
+        b.log.read(&s, 1).await?.len() == 2,
+        "a refused append changes nothing",
+    )?;
     Ok(())
 }
 
@@ -90,9 +111,15 @@ pub async fn log_lists_trees_and_roots(b: &Backend) -> Result<()> {
         fill(b, s, 1).await?;
     }
     let tree = b.log.tree(&root).await?;
-    ensure(tree == vec![root.clone(), a, a1], format!("tree of root: {tree:?}"))?;
+    ensure(
+        tree == vec![root.clone(), a, a1],
+        format!("tree of root: {tree:?}"),
+    )?;
     let roots = b.log.roots().await?;
-    ensure(roots.contains(&root) && roots.contains(&other), "both roots listed")?;
+    ensure(
+        roots.contains(&root) && roots.contains(&other),
+        "both roots listed",
+    )?;
     ensure(roots.iter().all(|r| r.is_root()), "roots lists only roots")?;
     Ok(())
 }
@@ -108,7 +135,10 @@ pub async fn jobs_claim_ack_and_coalesce(b: &Backend) -> Result<()> {
     let j = j.ok_or_else(|| Error::Backend("conformance: no job claimed".into()))?;
     ensure(j.session == s && j.attempt == 1, format!("claimed {j:?}"))?;
     ensure(
-        b.jobs.claim(&pool, lease, Duration::from_millis(200)).await?.is_none(),
+        b.jobs
+            .claim(&pool, lease, Duration::from_millis(200))
+            .await?
+            .is_none(),
         "two pushes of a waiting session make one job",
     )?;
     // A push while held: the session runs again after the ack.
@@ -124,7 +154,10 @@ pub async fn jobs_claim_ack_and_coalesce(b: &Backend) -> Result<()> {
         b.jobs.ack(&j).await?;
     }
     ensure(
-        b.jobs.claim(&pool, lease, Duration::from_millis(200)).await?.is_none(),
+        b.jobs
+            .claim(&pool, lease, Duration::from_millis(200))
+            .await?
+            .is_none(),
         "nothing left after the acks",
     )?;
     Ok(())
@@ -140,28 +173,44 @@ pub async fn jobs_redeliver_after_lease_and_retry(b: &Backend) -> Result<()> {
     // Not acked: after the lease the job is delivered again, as a later attempt.
     let j2 = b.jobs.claim(&pool, short, Duration::from_secs(5)).await?;
     let j2 = j2.ok_or_else(|| Error::Backend("conformance: no redelivery after lease".into()))?;
-    ensure(j2.session == s && j2.attempt == 2, format!("redelivered as {j2:?}"))?;
+    ensure(
+        j2.session == s && j2.attempt == 2,
+        format!("redelivered as {j2:?}"),
+    )?;
     b.jobs.retry(&j2, Duration::from_millis(100)).await?;
     let j3 = b.jobs.claim(&pool, short, Duration::from_secs(5)).await?;
     let j3 = j3.ok_or_else(|| Error::Backend("conformance: no delivery after retry".into()))?;
-    ensure(j3.attempt == 3, format!("retry counts as attempt 3: {j3:?}"))?;
+    ensure(
+        j3.attempt == 3,
+        format!("retry counts as attempt 3: {j3:?}"),
+    )?;
     b.jobs.ack(&j3).await?;
     Ok(())
 }
 
 pub async fn cache_gets_puts_and_expires(b: &Backend) -> Result<()> {
-    let h = blake3::hash(new_root_id().as_str().as_bytes()).to_hex().to_string();
+    let h = blake3::hash(new_root_id().as_str().as_bytes())
+        .to_hex()
+        .to_string();
     ensure(b.cache.get(&h, 1000).await?.is_none(), "miss on a new hash")?;
     let e = CacheEntry {
         answer: "42".into(),
-        usage: Usage { input_tokens: 3, output_tokens: 4, cost: 0.5, estimated: false },
+        usage: Usage {
+            input_tokens: 3,
+            output_tokens: 4,
+            cost: 0.5,
+            estimated: false,
+        },
         source: new_root_id(),
         steps: 2,
         created: 1000,
         expires: Some(2000),
     };
     b.cache.put(&h, &e).await?;
-    ensure(b.cache.get(&h, 1500).await?.as_ref() == Some(&e), "hit before expiry")?;
+    ensure(
+        b.cache.get(&h, 1500).await?.as_ref() == Some(&e),
+        "hit before expiry",
+    )?;
     ensure(b.cache.get(&h, 2500).await?.is_none(), "miss after expiry")?;
     Ok(())
 }
@@ -169,14 +218,26 @@ pub async fn cache_gets_puts_and_expires(b: &Backend) -> Result<()> {
 pub async fn blobs_are_content_addressed(b: &Backend) -> Result<()> {
     let data = format!("blob {}", new_root_id()).into_bytes();
     let h = b.blobs.put(&data).await?;
-    ensure(h == blake3::hash(&data).to_hex().to_string(), "hash is blake3 of the data")?;
+    ensure(
+        h == blake3::hash(&data).to_hex().to_string(),
+        "hash is blake3 of the data",
+    )?;
     ensure(b.blobs.put(&data).await? == h, "putting twice is harmless")?;
-    ensure(b.blobs.get(&h).await?.as_deref() == Some(&data[..]), "get returns the data")?;
+    ensure(
+        b.blobs.get(&h).await?.as_deref() == Some(&data[..]),
+        "get returns the data",
+    )?;
     let missing = blake3::hash(b"never stored").to_hex().to_string();
-    ensure(b.blobs.get(&missing).await?.is_none(), "unknown hash is none")?;
+    ensure(
+        b.blobs.get(&missing).await?.is_none(),
+        "unknown hash is none",
+    )?;
     let big = vec![7u8; 3 * 1024 * 1024];
     let hb = b.blobs.put(&big).await?;
-    ensure(b.blobs.get(&hb).await?.map(|v| v.len()) == Some(big.len()), "3 MiB blob")?;
+    ensure(
+        b.blobs.get(&hb).await?.map(|v| v.len()) == Some(big.len()),
+        "3 MiB blob",
+    )?;
     Ok(())
 }
 
@@ -193,8 +254,14 @@ pub async fn notices_read_after_a_cursor(b: &Backend) -> Result<()> {
         format!("both notices in order: {all:?}"),
     )?;
     let after = b.notices.read(&p, all[0].0).await?;
-    ensure(after.len() == 1 && after[0].1 == c2, "read after the first cursor")?;
-    ensure(b.notices.read(&new_root_id(), 0).await?.is_empty(), "notices are per parent")?;
+    ensure(
+        after.len() == 1 && after[0].1 == c2,
+        "read after the first cursor",
+    )?;
+    ensure(
+        b.notices.read(&new_root_id(), 0).await?.is_empty(),
+        "notices are per parent",
+    )?;
     Ok(())
 }
 
@@ -202,7 +269,9 @@ pub async fn notices_read_after_a_cursor(b: &Backend) -> Result<()> {
 pub async fn run_all(b: &Backend) -> Result<()> {
     macro_rules! check {
         ($f:ident) => {
-            $f(b).await.map_err(|e| Error::Backend(format!("{}: {e}", stringify!($f))))?
+            $f(b)
+                .await
+                .map_err(|e| Error::Backend(format!("{}: {e}", stringify!($f))))?
         };
     }
     check!(log_appends_and_reads);

@@ -125,7 +125,10 @@ pub struct TreeSummary {
 }
 
 pub fn summarize(rows: &[SessionRow]) -> TreeSummary {
-    let mut s = TreeSummary { sessions: rows.len(), ..Default::default() };
+    let mut s = TreeSummary {
+        sessions: rows.len(),
+        ..Default::default()
+    };
     for r in rows {
         s.steps += r.steps;
         s.tool_calls += r.tool_calls;

@@ -7,9 +7,9 @@
 
 pub mod conformance;
 pub mod inspect;
-pub mod sled_backend;
 pub mod ports;
 pub mod runtime_tools;
+pub mod sled_backend;
 pub mod worker;
 
 pub use ports::{Backend, CacheEntry, Job, RootResult};
@@ -18,7 +18,11 @@ pub use ports::{Backend, CacheEntry, Job, RootResult};
 pub enum Error {
     /// The log of `session` did not end at `expected`: someone else appended.
     #[error("append conflict on {session}: expected last seq {expected}, found {actual}")]
-    Conflict { session: String, expected: u64, actual: u64 },
+    Conflict {
+        session: String,
+        expected: u64,
+        actual: u64,
+    },
     #[error("not found: {0}")]
     NotFound(String),
     /// Stored data that cannot be decoded.

@@ -160,7 +160,9 @@ impl Backend {
 
     pub async fn def_text(&self, digest: &str) -> Result<String> {
         let bytes = self.blobs.get(digest).await?.ok_or_else(|| {
-            Error::NotFound(format!("agent definition {digest} is not in the blob store"))
+            Error::NotFound(format!(
+                "agent definition {digest} is not in the blob store"
+            ))
         })?;
         String::from_utf8(bytes).map_err(|e| Error::Corrupt(format!("definition {digest}: {e}")))
     }

@@ -214,7 +214,9 @@ impl SledStore {
         let now = now_ms();
         for item in self.jobs.scan_prefix(prefix(pool)) {
             let (k, v) = item.map_err(backend_err)?;
-            let Ok(rec) = rmp_serde::from_slice::<JobRec>(&v) else { continue };
+            let Ok(rec) = rmp_serde::from_slice::<JobRec>(&v) else {
+                continue;
+            };
             let free = match rec.held_until {
                 Some(until) => until <= now,
                 None => rec.not_before <= now,
@@ -250,14 +252,12 @@ impl SledStore {
     }
 
     /// Updates a job record with `f` if it is still held under `handle`.
-    fn update_held(
-        &self,
-        job: &Job,
-        f: impl Fn(JobRec) -> Option<JobRec>,
-    ) -> Result<()> {
+    fn update_held(&self, job: &Job, f: impl Fn(JobRec) -> Option<JobRec>) -> Result<()> {
         let key = Self::job_key(&job.pool, &job.session);
         loop {
-            let Some(v) = self.jobs.get(&key).map_err(backend_err)? else { return Ok(()) };
+            let Some(v) = self.jobs.get(&key).map_err(backend_err)? else {
+                return Ok(());
+            };
             let rec: JobRec = decode(&v)?;
             if rec.token.to_string() != job.handle {
                 return Ok(()); // no longer ours: the lease ran out and someone else holds it
@@ -287,7 +287,8 @@ fn decode<'a, T: Deserialize<'a>>(b: &'a [u8]) -> Result<T> {
 #[async_trait]
 impl EventLog for SledStore {
     async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        self.append_batch(session, expected_last, std::slice::from_ref(record)).await
+        self.append_batch(session, expected_last, std::slice::from_ref(record))
+            .await
     }
 
     async fn append_batch(
@@ -350,7 +351,9 @@ impl EventLog for SledStore {
             None => Ok(None),
             Some(item) => {
                 let (_, v) = item.map_err(backend_err)?;
-                Ok(Some(Record::decode(v.to_vec()).map_err(|e| Error::Corrupt(e.to_string()))?))
+                Ok(Some(
+                    Record::decode(v.to_vec()).map_err(|e| Error::Corrupt(e.to_string()))?,
+                ))
             }
         }
     }
@@ -388,7 +391,13 @@ impl JobQueue for SledStore {
         self.jobs
             .fetch_and_update(&key, |old| {
                 let rec = match old.and_then(|v| rmp_serde::from_slice::<JobRec>(v).ok()) {
-                    None => JobRec { held_until: None, not_before: 0, attempt: 0, token: 0, dirty: false },
+                    None => JobRec {
+                        held_until: None,
+                        not_before: 0,
+                        attempt: 0,
+                        token: 0,
+                        dirty: false,
+                    },
                     Some(mut r) => {
                         if r.held_until.is_some() {
                             r.dirty = true;
@@ -423,7 +432,11 @@ impl JobQueue for SledStore {
     async fn heartbeat(&self, job: &Job) -> Result<()> {
         // Extend by the same lease the claim used: leases are held by the caller's cadence.
         self.update_held(job, |mut r| {
-            let len = r.held_until.map(|u| u.saturating_sub(now_ms())).unwrap_or(0).max(30_000);
+            let len = r
+                .held_until
+                .map(|u| u.saturating_sub(now_ms()))
+                .unwrap_or(0)
+                .max(30_000);
             r.held_until = Some(now_ms() + len);
             Some(r)
         })
@@ -469,7 +482,9 @@ impl Cache for SledStore {
     }
 
     async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()> {
-        self.cache.insert(hash.as_bytes(), encode(entry)?).map_err(backend_err)?;
+        self.cache
+            .insert(hash.as_bytes(), encode(entry)?)
+            .map_err(backend_err)?;
         self.flusher.durable().await
     }
 }
@@ -478,15 +493,25 @@ impl Cache for SledStore {
 impl Blobs for SledStore {
     async fn put(&self, data: &[u8]) -> Result<String> {
         let hash = blake3::hash(data).to_hex().to_string();
-        if !self.blobs.contains_key(hash.as_bytes()).map_err(backend_err)? {
-            self.blobs.insert(hash.as_bytes(), data).map_err(backend_err)?;
+        if !self
+            .blobs
+            .contains_key(hash.as_bytes())
+            .map_err(backend_err)?
+        {
+            self.blobs
+                .insert(hash.as_bytes(), data)
+                .map_err(backend_err)?;
             self.flusher.durable().await?;
         }
         Ok(hash)
     }
 
     async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.blobs.get(hash.as_bytes()).map_err(backend_err)?.map(|v| v.to_vec()))
+        Ok(self
+            .blobs
+            .get(hash.as_bytes())
+            .map_err(backend_err)?
+            .map(|v| v.to_vec()))
     }
 }
 
@@ -496,7 +521,9 @@ impl Notices for SledStore {
         let pos = self.db.generate_id().map_err(backend_err)? + 1;
         let mut k = prefix(parent.as_str());
         k.extend_from_slice(&pos.to_be_bytes());
-        self.notices.insert(k, child.as_str().as_bytes()).map_err(backend_err)?;
+        self.notices
+            .insert(k, child.as_str().as_bytes())
+            .map_err(backend_err)?;
         Ok(())
     }
 

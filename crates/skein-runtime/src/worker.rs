@@ -118,7 +118,12 @@ pub struct Folded {
 impl Folded {
     pub fn new(id: SessionId) -> Self {
         let last_hash = genesis_hash(&id);
-        Self { id, state: SessionState::default(), last_hash, cursor: 0 }
+        Self {
+            id,
+            state: SessionState::default(),
+            last_hash,
+            cursor: 0,
+        }
     }
 
     /// Folds records that follow the current state, checking the chain as it goes.
@@ -229,7 +234,12 @@ impl Runtime {
     /// Every pool the catalogue's agents use.
     pub fn pools(&self) -> Vec<String> {
         let mut p: BTreeSet<String> = [DEFAULT_POOL.to_string()].into();
-        p.extend(self.agents.agents.values().filter_map(|d| d.front.pool.clone()));
+        p.extend(
+            self.agents
+                .agents
+                .values()
+                .filter_map(|d| d.front.pool.clone()),
+        );
         p.into_iter().collect()
     }
 
@@ -242,7 +252,12 @@ impl Runtime {
             Error::Rejected(format!(
                 "unknown agent `{}`; known agents: {}",
                 sub.agent,
-                self.agents.agents.keys().cloned().collect::<Vec<_>>().join(", ")
+                self.agents
+                    .agents
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))
         })?;
         if sub.mission.trim().is_empty() {
@@ -270,8 +285,9 @@ impl Runtime {
             inputs: &sub.inputs,
             strategy: def.front.strategy.as_deref(),
         });
-        let budget =
-            sub.budget.unwrap_or(Budget { tokens: def.front.limits.max_tokens.or(self.cfg.limits.max_tokens) });
+        let budget = sub.budget.unwrap_or(Budget {
+            tokens: def.front.limits.max_tokens.or(self.cfg.limits.max_tokens),
+        });
         let submitted = Submitted {
             agent: def.name().to_string(),
             def_digest,
@@ -288,7 +304,10 @@ impl Runtime {
             forked_from: None,
             pool: def.front.pool.clone(),
         };
-        let pool = submitted.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+        let pool = submitted
+            .pool
+            .clone()
+            .unwrap_or_else(|| DEFAULT_POOL.into());
         self.create(&id, submitted).await?;
         self.backend.jobs.push(&pool, &id).await?;
         Ok(id)
@@ -390,7 +409,10 @@ impl Runtime {
             return Ok(d.clone());
         }
         let text = self.backend.def_text(&sub.def_digest).await?;
-        let def = Arc::new(AgentDef::parse(&format!("stored definition {}", sub.def_digest), &text)?);
+        let def = Arc::new(AgentDef::parse(
+            &format!("stored definition {}", sub.def_digest),
+            &text,
+        )?);
         lock(&self.defs).insert(sub.def_digest.clone(), def.clone());
         Ok(def)
     }
@@ -419,7 +441,15 @@ impl Runtime {
             );
             let usage_total = f.state.usage_total();
             let steps = f.state.steps;
-            self.append(f, Event::Failed(Failed { error, usage_total, steps })).await?;
+            self.append(
+                f,
+                Event::Failed(Failed {
+                    error,
+                    usage_total,
+                    steps,
+                }),
+            )
+            .await?;
         }
         loop {
             if f.state.status.is_terminal() {
@@ -437,22 +467,38 @@ impl Runtime {
                         return Ok(());
                     }
                 }
-                Step::CallModel { request, tool_names } => {
-                    self.call_model(f, &def, request, &tool_names, job).await?
-                }
+                Step::CallModel {
+                    request,
+                    tool_names,
+                } => self.call_model(f, &def, request, &tool_names, job).await?,
                 Step::Refuse(rs) => self.refuse(f, rs).await?,
                 Step::Delegate(ds) => self.delegate(f, &def, ds).await?,
-                Step::RunTools(runs) => self.run_tools(f, runs, job).await?,
+                Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,
                 Step::Complete { answer } => {
                     let usage_total = f.state.usage_total();
                     let steps = f.state.steps;
-                    self.append(f, Event::Completed(Completed { answer, usage_total, steps }))
-                        .await?
+                    self.append(
+                        f,
+                        Event::Completed(Completed {
+                            answer,
+                            usage_total,
+                            steps,
+                        }),
+                    )
+                    .await?
                 }
                 Step::Fail { error } => {
                     let usage_total = f.state.usage_total();
                     let steps = f.state.steps;
-                    self.append(f, Event::Failed(Failed { error, usage_total, steps })).await?
+                    self.append(
+                        f,
+                        Event::Failed(Failed {
+                            error,
+                            usage_total,
+                            steps,
+                        }),
+                    )
+                    .await?
                 }
             }
         }
@@ -508,7 +554,9 @@ impl Runtime {
             })
             .collect();
         let started = Instant::now();
-        let result = self.with_heartbeat(job, self.models.complete(&request)).await;
+        let result = self
+            .with_heartbeat(job, self.models.complete(&request))
+            .await;
         let latency_ms = started.elapsed().as_millis() as u64;
         match result {
             Ok(mut c) => {
@@ -664,7 +712,13 @@ impl Runtime {
         Ok(())
     }
 
-    async fn run_tools(&self, f: &mut Folded, runs: Vec<ToolRun>, job: &Job) -> Result<()> {
+    async fn run_tools(
+        &self,
+        f: &mut Folded,
+        def: &AgentDef,
+        runs: Vec<ToolRun>,
+        job: &Job,
+    ) -> Result<()> {
         let ctx = ToolContext {
             session: f.id.clone(),
             workspace: self.backend.workspaces.for_tree(&f.id.root_id()),
@@ -674,7 +728,7 @@ impl Runtime {
         let mut to_run = vec![];
         let mut events = vec![];
         for r in resumed {
-            if self.tools.idempotent(&r.tool) {
+            if self.tools.idempotent(&r.tool) || def.front.idempotent_tools.contains(&r.tool) {
                 to_run.push(r);
             } else {
                 events.push(Event::ToolReturned(ToolReturned {
@@ -708,8 +762,9 @@ impl Runtime {
         if to_run.is_empty() {
             return Ok(());
         }
-        let (parallel, serial): (Vec<ToolRun>, Vec<ToolRun>) =
-            to_run.into_iter().partition(|r| self.tools.parallel(&r.tool));
+        let (parallel, serial): (Vec<ToolRun>, Vec<ToolRun>) = to_run
+            .into_iter()
+            .partition(|r| self.tools.parallel(&r.tool));
         let work = async {
             let mut outs = join_all(parallel.iter().map(|r| self.run_one(&ctx, r))).await;
             for r in &serial {
@@ -746,11 +801,23 @@ impl Runtime {
                 &out.output[..cut],
                 out.output.len()
             );
-            (preview, Some(BlobRef { hash, size: out.output.len() as u64 }))
+            (
+                preview,
+                Some(BlobRef {
+                    hash,
+                    size: out.output.len() as u64,
+                }),
+            )
         } else {
             (out.output, None)
         };
-        Ok(ToolReturned { call: r.call.clone(), output, error: out.error, ms: out.ms, blob })
+        Ok(ToolReturned {
+            call: r.call.clone(),
+            output,
+            error: out.error,
+            ms: out.ms,
+            blob,
+        })
     }
 
     /// Records `ChildSettled` for every child of the turn that has ended. A cold load
@@ -773,14 +840,20 @@ impl Runtime {
         let mut candidates: Vec<SessionId> = if cold {
             outstanding.keys().cloned().collect()
         } else {
-            notes.into_iter().map(|(_, c)| c).filter(|c| outstanding.contains_key(c)).collect()
+            notes
+                .into_iter()
+                .map(|(_, c)| c)
+                .filter(|c| outstanding.contains_key(c))
+                .collect()
         };
         candidates.sort();
         candidates.dedup();
         let lasts = join_all(candidates.iter().map(|c| self.backend.log.last(c))).await;
         let mut events = vec![];
         for (child, last) in candidates.iter().zip(lasts) {
-            let Some(call) = outstanding.get(child) else { continue };
+            let Some(call) = outstanding.get(child) else {
+                continue;
+            };
             match last? {
                 Some(rec) => match outcome_of(&rec.env.body) {
                     Some(outcome) => events.push(Event::ChildSettled(ChildSettled {
@@ -812,7 +885,9 @@ impl Runtime {
     /// What happens once a session has ended: cache its answer, wake its parent, announce
     /// a root. Idempotent: a redelivered job does it again harmlessly.
     async fn on_terminal(&self, f: &Folded) -> Result<()> {
-        let Some(sub) = &f.state.submitted else { return Ok(()) };
+        let Some(sub) = &f.state.submitted else {
+            return Ok(());
+        };
         if f.state.status == Status::Completed && !sub.no_cache {
             let def = self.def_for(&f.state).await?;
             if def.cache_enabled() {
@@ -934,7 +1009,12 @@ impl Runtime {
                 .unwrap_or_else(|| DEFAULT_POOL.into());
             let terminal = f.state.status.is_terminal();
             // A finished child whose parent may not have heard of it is woken too.
-            if !terminal || f.state.submitted.as_ref().is_some_and(|s| s.parent.is_some()) {
+            if !terminal
+                || f.state
+                    .submitted
+                    .as_ref()
+                    .is_some_and(|s| s.parent.is_some())
+            {
                 self.backend.jobs.push(&pool, &id).await?;
                 n += 1;
             }
@@ -945,7 +1025,11 @@ impl Runtime {
 
     /// Runs workers in this process until the tree of `root` ends or has nothing left to
     /// run (paused for a person, or stuck); returns the root's final fold.
-    pub async fn run_tree(self: &Arc<Self>, root: &SessionId, concurrency: usize) -> Result<Folded> {
+    pub async fn run_tree(
+        self: &Arc<Self>,
+        root: &SessionId,
+        concurrency: usize,
+    ) -> Result<Folded> {
         let pools = self.pools();
         let (stop, handles) = self.spawn_workers(pools.clone(), concurrency);
         let mut rx = self.subscribe();

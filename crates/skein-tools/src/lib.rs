@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use skein_core::{SessionId, ToolSpec};
 
+pub mod files;
 pub mod workspace;
 
 pub use workspace::{LocalWorkspace, Workspace};
@@ -73,9 +74,23 @@ pub struct ToolBox {
     tools: BTreeMap<String, Arc<dyn Tool>>,
 }
 
+/// Settings of the built-in tools (`[tools]` in config).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {}
+
 impl ToolBox {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Every built-in tool, configured.
+    pub fn builtin(_cfg: &ToolsConfig) -> Self {
+        let mut b = Self::new();
+        b.insert(Arc::new(files::ListDir));
+        b.insert(Arc::new(files::ReadFile));
+        b.insert(Arc::new(files::WriteFile));
+        b
     }
 
     pub fn insert(&mut self, tool: Arc<dyn Tool>) {
@@ -124,8 +139,16 @@ impl ToolBox {
         };
         let ms = started.elapsed().as_millis() as u64;
         match result {
-            Ok(output) => ToolOutcome { output, error: false, ms },
-            Err(e) => ToolOutcome { output: format!("{name}: {e}"), error: true, ms },
+            Ok(output) => ToolOutcome {
+                output,
+                error: false,
+                ms,
+            },
+            Err(e) => ToolOutcome {
+                output: format!("{name}: {e}"),
+                error: true,
+                ms,
+            },
         }
     }
 }

@@ -60,14 +60,24 @@ pub async fn run(app: &App, cmd: AgentsCmd) -> Result<ExitCode> {
     } else if problems.is_empty() {
         if let Some(set) = &set {
             for (name, def) in &set.agents {
-                println!("ok  {name:<16} {}  ({})", def.front.model, set.origins[name]);
+                println!(
+                    "ok  {name:<16} {}  ({})",
+                    def.front.model, set.origins[name]
+                );
             }
         }
     } else {
-        eprintln!("agent definitions in {} rejected:", app.cfg.agents_dir.display());
+        eprintln!(
+            "agent definitions in {} rejected:",
+            app.cfg.agents_dir.display()
+        );
         for p in &problems {
             eprintln!("  {p}");
         }
     }
-    Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

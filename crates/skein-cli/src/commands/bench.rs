@@ -91,11 +91,20 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     write_agents(tmp.path(), latency)?;
     let store = SledStore::open(&tmp.path().join("data"), &tmp.path().join("ws"))?;
     let backend = store.backend();
-    let agents = Arc::new(AgentSet::load(&read_agent_files(&tmp.path().join("agents"))?, &[])?);
+    let agents = Arc::new(AgentSet::load(
+        &read_agent_files(&tmp.path().join("agents"))?,
+        &[],
+    )?);
     let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(tmp.path().join("scripts"))));
+    models.insert(
+        "scripted",
+        Arc::new(ScriptedProvider::new(tmp.path().join("scripts"))),
+    );
     let cfg = RuntimeConfig {
-        limits: Limits { max_children_per_turn: 100_000, ..Limits::default() },
+        limits: Limits {
+            max_children_per_turn: 100_000,
+            ..Limits::default()
+        },
         ..RuntimeConfig::default()
     };
     let rt = Runtime::new(backend.clone(), agents, models, app.tools()?, cfg);
@@ -123,9 +132,20 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     let s = summarize(&rows);
     let mut events = 0;
     for sid in backend.log.tree(&id).await? {
-        events += backend.log.last(&sid).await?.map(|r| r.env.seq).unwrap_or(0);
+        events += backend
+            .log
+            .last(&sid)
+            .await?
+            .map(|r| r.env.seq)
+            .unwrap_or(0);
     }
-    Ok(TreeRun { wall_ms, sessions: s.sessions, model_turns: s.steps, tool_calls: s.tool_calls, events })
+    Ok(TreeRun {
+        wall_ms,
+        sessions: s.sessions,
+        model_turns: s.steps,
+        tool_calls: s.tool_calls,
+        events,
+    })
 }
 
 /// A synthetic log of `n` events: a submission, then turns of one tool call each.
@@ -179,7 +199,12 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
                     }],
                     finish_reason: None,
                 },
-                usage: Usage { input_tokens: 100, output_tokens: 10, cost: 0.0, estimated: false },
+                usage: Usage {
+                    input_tokens: 100,
+                    output_tokens: 10,
+                    cost: 0.0,
+                    estimated: false,
+                },
                 latency_ms: 0,
                 worker: "w".into(),
             }),
@@ -219,7 +244,11 @@ async fn fold_bench(n: u64) -> Result<(f64, f64)> {
         state.apply(&r.env);
     }
     let mem_ms = t.elapsed().as_secs_f64() * 1000.0;
-    anyhow::ensure!(state.last_seq == n, "folded {} of {n} events", state.last_seq);
+    anyhow::ensure!(
+        state.last_seq == n,
+        "folded {} of {n} events",
+        state.last_seq
+    );
     // From the store: read the whole log back and fold it (chain checked).
     let tmp = tempfile::tempdir()?;
     let store = SledStore::open(tmp.path(), tmp.path())?;
@@ -232,7 +261,11 @@ async fn fold_bench(n: u64) -> Result<(f64, f64)> {
     let read = b.log.read(&id, 1).await?;
     let f = skein_runtime::inspect::fold_records(&id, &read)?;
     let store_ms = t.elapsed().as_secs_f64() * 1000.0;
-    anyhow::ensure!(f.state.last_seq == n, "store fold saw {} events", f.state.last_seq);
+    anyhow::ensure!(
+        f.state.last_seq == n,
+        "store fold saw {} events",
+        f.state.last_seq
+    );
     Ok((mem_ms, store_ms))
 }
 
@@ -240,13 +273,17 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     let mut results = serde_json::Map::new();
     let machine = format!(
         "{} cores",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
     );
     if !a.json {
         println!("skein bench — embedded (sled) backend, {machine}\n");
     }
 
-    let tp = run_fanout(app, 0, a.throughput_children).await.context("throughput run")?;
+    let tp = run_fanout(app, 0, a.throughput_children)
+        .await
+        .context("throughput run")?;
     let steps_per_s = tp.model_turns as f64 / (tp.wall_ms / 1000.0);
     let events_per_s = tp.events as f64 / (tp.wall_ms / 1000.0);
     results.insert(
@@ -256,7 +293,10 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
                "wall_ms": tp.wall_ms, "steps_per_s": steps_per_s, "events_per_s": events_per_s}),
     );
     if !a.json {
-        println!("throughput, zero-latency model ({} children, 5 turns each):", a.throughput_children);
+        println!(
+            "throughput, zero-latency model ({} children, 5 turns each):",
+            a.throughput_children
+        );
         println!(
             "  {:.0} steps/s (model turns), {:.0} events/s — {} turns, {} tool calls, {} events in {:.0} ms\n",
             steps_per_s, events_per_s, tp.model_turns, tp.tool_calls, tp.events, tp.wall_ms
@@ -278,13 +318,23 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
             a.fold_events as f64 / (mem_ms / 1000.0),
             store_ms
         );
-        println!("fan-out, {} ms model latency, ideal = 7 × {} ms = {} ms:", a.latency_ms, a.latency_ms, 7 * a.latency_ms);
-        println!("  {:>6} {:>10} {:>10} {:>8} {:>9}", "N", "wall ms", "ideal ms", "ratio", "sessions");
+        println!(
+            "fan-out, {} ms model latency, ideal = 7 × {} ms = {} ms:",
+            a.latency_ms,
+            a.latency_ms,
+            7 * a.latency_ms
+        );
+        println!(
+            "  {:>6} {:>10} {:>10} {:>8} {:>9}",
+            "N", "wall ms", "ideal ms", "ratio", "sessions"
+        );
     }
     let ideal = 7.0 * a.latency_ms as f64;
     let mut fan = vec![];
     for &n in &a.fanout {
-        let r = run_fanout(app, a.latency_ms, n).await.with_context(|| format!("fan-out {n}"))?;
+        let r = run_fanout(app, a.latency_ms, n)
+            .await
+            .with_context(|| format!("fan-out {n}"))?;
         if !a.json {
             println!(
                 "  {:>6} {:>10.0} {:>10.0} {:>8.2} {:>9}",
@@ -295,7 +345,9 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
                 r.sessions
             );
         }
-        fan.push(json!({"n": n, "wall_ms": r.wall_ms, "ideal_ms": ideal, "ratio": r.wall_ms / ideal}));
+        fan.push(
+            json!({"n": n, "wall_ms": r.wall_ms, "ideal_ms": ideal, "ratio": r.wall_ms / ideal}),
+        );
     }
     results.insert("fanout".into(), json!(fan));
     if a.json {

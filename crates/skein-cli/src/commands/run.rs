@@ -98,7 +98,12 @@ pub async fn resume(app: &App, a: ResumeArgs) -> Result<ExitCode> {
     code
 }
 
-async fn drive(rt: &Arc<Runtime>, id: &SessionId, concurrency: usize, json: bool) -> Result<ExitCode> {
+async fn drive(
+    rt: &Arc<Runtime>,
+    id: &SessionId,
+    concurrency: usize,
+    json: bool,
+) -> Result<ExitCode> {
     let started = Instant::now();
     let live = (!json).then(|| tokio::spawn(show_progress(rt.subscribe(), id.clone())));
     let outcome = tokio::select! {
@@ -143,7 +148,11 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
         }
         eprintln!();
         eprintln!("{}", render::summary_line(&summary));
-        eprintln!("elapsed {} · root {}", render::ms(started.elapsed().as_millis() as u64), root.id);
+        eprintln!(
+            "elapsed {} · root {}",
+            render::ms(started.elapsed().as_millis() as u64),
+            root.id
+        );
     }
     Ok(match st.status {
         Status::Completed => ExitCode::SUCCESS,
@@ -156,7 +165,10 @@ fn label(id: &SessionId) -> String {
     if id.is_root() {
         "root".into()
     } else {
-        id.display().split_once('/').map(|(_, rest)| rest.to_string()).unwrap_or_default()
+        id.display()
+            .split_once('/')
+            .map(|(_, rest)| rest.to_string())
+            .unwrap_or_default()
     }
 }
 
@@ -191,11 +203,7 @@ async fn show_progress(mut rx: broadcast::Receiver<Progress>, root: SessionId) {
             } else {
                 bar.set_message(msg);
             }
-        } else if matches!(
-            p.kind.as_str(),
-            "Submitted" | "Delegated" | "Completed" | "Failed" | "Cancelled" | "CacheHit"
-        ) || p.kind == "ModelCalled"
-        {
+        } else {
             eprintln!(
                 "[{:>7}] {:<32} {}",
                 render::ms(t0.elapsed().as_millis() as u64),

@@ -52,7 +52,10 @@ pub async fn sessions(app: &App, a: SessionsArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<28} {:<13} {:<15} {:>9}  MISSION", "SESSION", "AGENT", "STATUS", "WALL");
+    println!(
+        "{:<28} {:<13} {:<15} {:>9}  MISSION",
+        "SESSION", "AGENT", "STATUS", "WALL"
+    );
     for r in rows {
         let mission: String = r.mission.replace('\n', " ").chars().take(60).collect();
         println!(

@@ -1,18 +1,23 @@
-//! `skein`: one binary, the same verbs on both backends. Without `--nats` a command works
-//! on the embedded store under `--data`; with it, on the cluster.
+//! skein-cli: the `skein` command line as a library (the binary in the root package
+//! calls [`main`]). One binary, the same verbs on both backends: without `--nats` a
+//! command works on the embedded store under `--data`; with it, on the cluster.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-mod app;
-mod commands;
-mod config;
-mod render;
+pub mod app;
+pub mod commands;
+pub mod config;
+pub mod render;
 
 #[derive(Parser, Debug)]
-#[command(name = "skein", version, about = "Distributed, event-sourced runtime for multi-agent LLM work")]
+#[command(
+    name = "skein",
+    version,
+    about = "Distributed, event-sourced runtime for multi-agent LLM work"
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
@@ -58,12 +63,19 @@ pub enum Command {
     Bench(commands::bench::BenchArgs),
 }
 
-fn main() -> ExitCode {
+/// Parses the command line and runs the command.
+pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.global.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -1,0 +1,125 @@
+//! Resume tokens: opaque, HMAC-signed references to a pause — never state themselves.
+//!
+//! A token names (session, the seq of the event that paused it, a nonce, the kind of
+//! pause) and carries an HMAC-SHA256 over those with a secret only the runtime knows.
+//! Events record only the nonce (`token_id`), so reading a log does not give the power to
+//! answer; the runtime re-derives a token from the event and the secret when it shows the
+//! inbox. Form: `skt1.<hex of the JSON claims>.<hex of the MAC>`.
+
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+use crate::id::SessionId;
+
+type HmacSha256 = Hmac<Sha256>;
+
+const PREFIX: &str = "skt1";
+
+/// What a token refers to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    /// Session that paused.
+    #[serde(rename = "s")]
+    pub session: SessionId,
+    /// Seq of the `InputRequested` / `ApprovalRequested` event.
+    #[serde(rename = "q")]
+    pub seq: u64,
+    /// The token id recorded in that event.
+    #[serde(rename = "n")]
+    pub nonce: String,
+    /// `input` or `approval`.
+    #[serde(rename = "k")]
+    pub kind: String,
+}
+
+/// Why a token was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("malformed token: {0}")]
+    Malformed(String),
+    #[error("forged token: its signature does not match")]
+    Forged,
+}
+
+fn mac(secret: &[u8], claims: &[u8]) -> Option<HmacSha256> {
+    let mut m = HmacSha256::new_from_slice(secret).ok()?;
+    m.update(PREFIX.as_bytes());
+    m.update(claims);
+    Some(m)
+}
+
+/// Signs claims into a token.
+pub fn sign(secret: &[u8], claims: &Claims) -> String {
+    let body = serde_json::to_vec(claims).unwrap_or_default();
+    let tag = mac(secret, &body)
+        .map(|m| m.finalize().into_bytes().to_vec())
+        .unwrap_or_default();
+    format!("{PREFIX}.{}.{}", hex::encode(&body), hex::encode(tag))
+}
+
+/// Checks a token's form and signature (in constant time) and returns its claims. Whether
+/// the pause it names is still open is for the caller to check against the log.
+pub fn open(secret: &[u8], token: &str) -> Result<Claims, TokenError> {
+    let mut parts = token.trim().split('.');
+    let (Some(p), Some(body), Some(tag), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(TokenError::Malformed(
+            "expected three dot-separated parts".into(),
+        ));
+    };
+    if p != PREFIX {
+        return Err(TokenError::Malformed(format!(
+            "unknown token version `{p}`"
+        )));
+    }
+    let body = hex::decode(body).map_err(|_| TokenError::Malformed("claims are not hex".into()))?;
+    let tag = hex::decode(tag).map_err(|_| TokenError::Malformed("signature is not hex".into()))?;
+    let m = mac(secret, &body).ok_or_else(|| TokenError::Malformed("no secret".into()))?;
+    m.verify_slice(&tag).map_err(|_| TokenError::Forged)?;
+    serde_json::from_slice(&body).map_err(|e| TokenError::Malformed(format!("claims: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims() -> Claims {
+        Claims {
+            session: SessionId::parse("01abc.researcher-1").unwrap(),
+            seq: 7,
+            nonce: "n1".into(),
+            kind: "input".into(),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let t = sign(b"secret", &claims());
+        assert!(t.starts_with("skt1."));
+        assert_eq!(open(b"secret", &t).unwrap(), claims());
+    }
+
+    #[test]
+    fn forged_and_malformed_are_refused() {
+        let t = sign(b"secret", &claims());
+        assert_eq!(open(b"other", &t), Err(TokenError::Forged));
+        // Claims changed (another session), signature kept.
+        let mut c = claims();
+        c.session = SessionId::parse("01abc.writer-2").unwrap();
+        let other = sign(b"secret", &c);
+        let spliced = format!(
+            "skt1.{}.{}",
+            other.split('.').nth(1).unwrap(),
+            t.split('.').nth(2).unwrap()
+        );
+        assert_eq!(open(b"secret", &spliced), Err(TokenError::Forged));
+        for bad in ["", "skt1", "skt1.zz.yy", "skt2.00.00", "a.b.c.d"] {
+            assert!(
+                matches!(open(b"secret", bad), Err(TokenError::Malformed(_))),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! The `skein` binary.
+
+fn main() -> std::process::ExitCode {
+    skein_cli::main()
+}

@@ -1,0 +1,147 @@
+//! Shared helpers of the end-to-end suites: run the real `skein` binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use skein_core::replay::verify;
+use skein_core::{AgentDef, AgentSet, Event, Limits, SessionId};
+use skein_runtime::sled_backend::SledStore;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_skein"))
+}
+
+/// `skein --config <config> --data <data> …`, quiet logs, no colours.
+pub fn skein(config: &Path, data: &Path) -> Command {
+    let mut c = Command::new(bin());
+    c.arg("--config").arg(config).arg("--data").arg(data);
+    c.env("SKEIN_LOG", "warn")
+        .env_remove("SKEIN_NATS_URL")
+        .stdin(Stdio::null());
+    c
+}
+
+pub fn demo_config() -> PathBuf {
+    repo().join("config/skein.toml")
+}
+
+pub fn run_ok(mut c: Command) -> Output {
+    let out = c.output().expect("skein runs");
+    assert!(
+        out.status.success(),
+        "skein failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn json_of(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// A config directory of its own: `skein.toml`, `agents/`, `scripts/`.
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("agents")).expect("agents dir");
+        std::fs::create_dir_all(dir.path().join("scripts")).expect("scripts dir");
+        std::fs::write(
+            dir.path().join("skein.toml"),
+            "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n",
+        )
+        .expect("config");
+        Self { dir }
+    }
+
+    pub fn agent(&self, name: &str, front: &str, script: &str) -> &Self {
+        std::fs::write(
+            self.dir.path().join(format!("agents/{name}.md")),
+            format!("---\nname: {name}\nmodel: scripted:{name}\n{front}---\nYou are {name}.\n"),
+        )
+        .expect("agent");
+        std::fs::write(self.dir.path().join(format!("scripts/{name}.yaml")), script)
+            .expect("script");
+        self
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("skein.toml")
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+}
+
+/// Opens a store left by finished processes and checks every log of the tree: the hash
+/// chain, every decision re-derived from its prefix, and no duplicated step. Returns the
+/// number of sessions checked.
+pub async fn audit_tree(data: &Path, root: &SessionId, agents_dir: &Path) -> usize {
+    let store = SledStore::open(data, &data.join("workspaces")).expect("open store");
+    let b = store.backend();
+    let files: Vec<(String, String)> = std::fs::read_dir(agents_dir)
+        .expect("agents")
+        .map(|e| {
+            let p = e.expect("entry").path();
+            (
+                p.display().to_string(),
+                std::fs::read_to_string(&p).expect("read"),
+            )
+        })
+        .collect();
+    let catalog = AgentSet::load(&files, &[]).expect("agents");
+    let ids = b.log.tree(root).await.expect("tree");
+    for id in &ids {
+        let records = b.log.read(id, 1).await.expect("read");
+        skein_core::event::verify_chain(id, &records)
+            .unwrap_or_else(|e| panic!("{id}: chain broken: {e:?}"));
+        let Event::Submitted(sub) = &records[0].env.body else {
+            panic!("{id}: first is not Submitted")
+        };
+        let text = b
+            .def_text(&sub.def_digest)
+            .await
+            .expect("stored definition");
+        let def = AgentDef::parse("stored", &text).expect("definition");
+        let envs: Vec<_> = records.iter().map(|r| r.env.clone()).collect();
+        verify(&envs, &def, &Limits::default(), &catalog)
+            .unwrap_or_else(|d| panic!("{id}: replay diverges: {d}"));
+        let mut called = std::collections::BTreeSet::new();
+        let mut returned = std::collections::BTreeSet::new();
+        let mut terminal = 0;
+        for r in &records {
+            match &r.env.body {
+                Event::ToolCalled(t) => assert!(
+                    called.insert(t.call.clone()),
+                    "{id}: {} called twice",
+                    t.call
+                ),
+                Event::ToolReturned(t) => assert!(
+                    returned.insert(t.call.clone()),
+                    "{id}: {} returned twice",
+                    t.call
+                ),
+                e if e.is_terminal() => terminal += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(terminal, 1, "{id}: {terminal} terminal events");
+    }
+    ids.len()
+}

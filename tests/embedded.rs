@@ -1,0 +1,270 @@
+//! End to end on the embedded backend, with the real binary.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use common::*;
+use skein_core::SessionId;
+
+#[test]
+fn demo_brief_runs_researchers_in_parallel_then_the_writer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut c = skein(&demo_config(), &data);
+    c.args(["run", "--json", "Brief on event sourcing"]);
+    let out = json_of(&run_ok(c));
+    assert_eq!(out["status"], "completed", "{out}");
+    let answer = out["answer"].as_str().unwrap();
+    assert!(
+        answer.starts_with("# Brief: Brief on event sourcing"),
+        "{answer}"
+    );
+    for angle in [
+        "Origins and history",
+        "Core mechanics",
+        "Practice and pitfalls",
+    ] {
+        assert!(
+            answer.contains(angle),
+            "the brief lacks the finding on {angle}: {answer}"
+        );
+    }
+
+    let id = out["session"].as_str().unwrap().to_string();
+    let mut c = skein(&demo_config(), &data);
+    c.args(["tree", &id, "--json"]);
+    let tree = json_of(&run_ok(c));
+    let sessions = tree["sessions"].as_array().unwrap();
+    assert_eq!(sessions[0]["agent"], "orchestrator");
+    let researchers: Vec<_> = sessions
+        .iter()
+        .filter(|s| s["agent"] == "researcher")
+        .collect();
+    assert!(researchers.len() >= 3, "{tree}");
+    assert!(sessions.iter().any(|s| s["agent"] == "writer"));
+    // The researchers ran concurrently: every pair's [start, end] intervals overlap.
+    for a in &researchers {
+        for b in &researchers {
+            let (s1, e1) = (
+                a["started_at"].as_u64().unwrap(),
+                a["ended_at"].as_u64().unwrap(),
+            );
+            let (s2, e2) = (
+                b["started_at"].as_u64().unwrap(),
+                b["ended_at"].as_u64().unwrap(),
+            );
+            assert!(s1 < e2 && s2 < e1, "researchers did not overlap: {a} {b}");
+        }
+    }
+    assert!(
+        sessions.iter().all(|s| s["status"] == "completed"),
+        "{tree}"
+    );
+
+    // Human-readable tree and events work too.
+    let mut c = skein(&demo_config(), &data);
+    c.args(["tree", &id]);
+    let text = String::from_utf8(run_ok(c).stdout).unwrap();
+    assert!(
+        text.contains("researcher-1") && text.contains("writer-4"),
+        "{text}"
+    );
+    let mut c = skein(&demo_config(), &data);
+    c.args(["events", &format!("{id}/researcher-2")]);
+    let text = String::from_utf8(run_ok(c).stdout).unwrap();
+    assert!(
+        text.contains("ToolCalled") && text.contains("list_dir"),
+        "{text}"
+    );
+}
+
+/// Runs the demo, kills the process with SIGKILL when `trigger` first shows in its
+/// progress output, resumes, and checks that the tree completes with clean logs.
+fn kill_and_resume(trigger: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut c = skein(&demo_config(), &data);
+    c.args(["run", "--no-cache", "Brief on crash safety"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut root = None;
+    let mut seen = vec![];
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if let Some(id) = line.strip_prefix("root ") {
+            root = Some(id.trim().to_string());
+        }
+        seen.push(line.clone());
+        if line.contains(trigger) {
+            break;
+        }
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the run finished before the kill; saw {seen:?}"
+    );
+    let root = root.expect("the run printed its root id");
+
+    let mut c = skein(&demo_config(), &data);
+    c.args(["resume", &root, "--json"]);
+    let out = json_of(&run_ok(c));
+    assert_eq!(out["status"], "completed", "{out}");
+    assert!(
+        out["answer"]
+            .as_str()
+            .unwrap()
+            .contains("Practice and pitfalls"),
+        "{out}"
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let n = rt.block_on(audit_tree(
+        &data,
+        &SessionId::parse(&root).unwrap(),
+        &repo().join("config/agents"),
+    ));
+    assert_eq!(n, 5, "orchestrator, three researchers and the writer");
+}
+
+#[test]
+fn kill9_after_the_delegation_then_resume() {
+    kill_and_resume("researcher-3");
+}
+
+#[test]
+fn kill9_while_researchers_call_tools_then_resume() {
+    kill_and_resume("ToolReturned");
+}
+
+#[test]
+fn kill9_while_the_writer_works_then_resume() {
+    kill_and_resume("writer-4");
+}
+
+#[test]
+fn refusals_are_tool_errors_the_model_reads() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "probe",
+        "tools: [list_dir]\nagents: [helper]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: shell
+        args: {cmd: "id"}
+      - tool: call_agent
+        args: {agent: ghost, mission: "boo"}
+      - tool: call_agent
+        args: {agent: helper, mission: "go deeper"}
+      - tool: call_agent
+        args: {agent: helper}
+  - answer: "{{ results | tojson }}"
+"#,
+    )
+    .agent(
+        "helper",
+        "agents: [deep]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: deep, mission: "one level too far"}
+  - answer: "helper saw: {{ results[0] }}"
+"#,
+    )
+    .agent("deep", "", "turns:\n  - answer: unreachable\n");
+    let mut c = skein(&sb.config(), &sb.data());
+    c.env("SKEIN__LIMITS__MAX_DEPTH", "1").args([
+        "run",
+        "--agent",
+        "probe",
+        "--json",
+        "probe the limits",
+    ]);
+    let out = json_of(&run_ok(c));
+    assert_eq!(out["status"], "completed", "{out}");
+    let answer = out["answer"].as_str().unwrap();
+    assert!(answer.contains("not allowed: tool `shell`"), "{answer}");
+    assert!(answer.contains("unknown agent `ghost`"), "{answer}");
+    assert!(answer.contains("`mission` is required"), "{answer}");
+    assert!(
+        answer.contains("depth limit: the child would run at depth 2, the limit is 1"),
+        "{answer}"
+    );
+}
+
+#[test]
+fn agents_check_names_the_file_and_the_cycle() {
+    let sb = Sandbox::new();
+    sb.agent("a", "agents: [b]\n", "turns: [{answer: x}]\n")
+        .agent("b", "agents: [a]\n", "turns: [{answer: x}]\n")
+        .agent("c", "agents: [nobody]\n", "turns: [{answer: x}]\n");
+    let out = skein(&sb.config(), &sb.data())
+        .args(["agents", "check"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a.md: cycle a → b → a"), "{err}");
+    assert!(
+        err.contains("c.md: agent `c` agents names unknown agent `nobody`"),
+        "{err}"
+    );
+
+    let out = skein(&demo_config(), &sb.data())
+        .args(["agents", "check"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_submissions_are_refused_with_the_reason_and_write_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    for (args, reason) in [
+        (
+            vec!["run", "--agent", "ghost", "x"],
+            "unknown agent `ghost`",
+        ),
+        (vec!["run", "   "], "mission is empty"),
+        (vec!["run", "--id", "Bad Id", "x"], "token `Bad Id`"),
+        (
+            vec!["run", "--inputs", "[1]", "x"],
+            "inputs must be a JSON object",
+        ),
+        (
+            vec!["run", "--inputs", "{nope", "x"],
+            "--inputs must be a JSON object",
+        ),
+    ] {
+        let out = skein(&demo_config(), &data).args(&args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(reason), "{args:?}: {err}");
+    }
+    let out = run_ok({
+        let mut c = skein(&demo_config(), &data);
+        c.args(["sessions", "--json"]);
+        c
+    });
+    assert_eq!(
+        json_of(&out),
+        serde_json::json!([]),
+        "a refused submission left a session"
+    );
+}
