@@ -95,7 +95,7 @@ pub enum Step {
     /// Call the model with this request (the shell adds the tool schemas for
     /// `tool_names`) and record `ModelCalled` or `ModelFailed`.
     CallModel {
-        request: ModelRequest,
+        request: Box<ModelRequest>,
         tool_names: Vec<String>,
     },
     /// Record these refusals as tool errors.
@@ -282,7 +282,7 @@ impl SessionState {
             },
         };
         Step::CallModel {
-            request,
+            request: Box::new(request),
             tool_names: def.allowed_tools().into_iter().collect(),
         }
     }

@@ -346,7 +346,7 @@ enum BodyOut<'a> {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum BodyIn {
-    Known(Event),
+    Known(Box<Event>),
     Unknown {
         #[serde(rename = "type")]
         kind: String,
@@ -433,7 +433,7 @@ impl Envelope {
         let e: EnvelopeIn =
             rmp_serde::from_slice(bytes).map_err(|e| Error::Decode(e.to_string()))?;
         let body = match e.body {
-            BodyIn::Known(ev) => ev,
+            BodyIn::Known(ev) => *ev,
             BodyIn::Unknown { kind, data } => Event::Unknown { kind, data },
         };
         Ok(Self {

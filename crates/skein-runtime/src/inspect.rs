@@ -99,7 +99,7 @@ pub async fn tree_rows(b: &Backend, root: &SessionId) -> Result<Vec<SessionRow>>
         out.push(row(&id, &records, &f.state));
     }
     // Sort by path so that children follow their parent, numbering naturally.
-    out.sort_by(|a, b| natural_key(&a.session).cmp(&natural_key(&b.session)));
+    out.sort_by_key(|r| natural_key(&r.session));
     Ok(out)
 }
 

@@ -470,7 +470,7 @@ impl Runtime {
                 Step::CallModel {
                     request,
                     tool_names,
-                } => self.call_model(f, &def, request, &tool_names, job).await?,
+                } => self.call_model(f, &def, *request, &tool_names, job).await?,
                 Step::Refuse(rs) => self.refuse(f, rs).await?,
                 Step::Delegate(ds) => self.delegate(f, &def, ds).await?,
                 Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,

@@ -46,7 +46,7 @@ pub async fn sessions(app: &App, a: SessionsArgs) -> Result<ExitCode> {
         let f = fold_records(&id, &records)?;
         rows.push(row(&id, &records, &f.state));
     }
-    rows.sort_by(|x, y| y.started_at.cmp(&x.started_at));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.started_at));
     rows.truncate(a.limit);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
