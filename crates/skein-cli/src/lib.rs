@@ -61,6 +61,13 @@ pub enum Command {
     Agents(commands::agents::AgentsCmd),
     /// Measure the runtime (prints a table).
     Bench(commands::bench::BenchArgs),
+    /// A session's timeline, its state at a seq, or a check that it replays exactly.
+    Replay(commands::replay::ReplayArgs),
+    /// A new root session from a prefix of another, continued live.
+    Fork(commands::replay::ForkArgs),
+    /// Export a tree for auditors, or verify an export.
+    #[command(subcommand)]
+    Audit(commands::audit::AuditCmd),
 }
 
 /// Parses the command line and runs the command.

@@ -205,9 +205,16 @@ impl AgentDef {
             summarize: None,
             strategy: None,
         };
-        let yaml = serde_norway::to_string(&front).map_err(|e| Error::Encode(e.to_string()))?;
-        let text = format!("---\n{yaml}---\n{system_prompt}\n");
-        Self::parse("custom agent_definition", &text)
+        Self::parse(
+            "custom agent_definition",
+            &Self::render(&front, system_prompt)?,
+        )
+    }
+
+    /// The definition text for front matter and a prompt.
+    pub fn render(front: &FrontMatter, prompt: &str) -> Result<String> {
+        let yaml = serde_norway::to_string(front).map_err(|e| Error::Encode(e.to_string()))?;
+        Ok(format!("---\n{yaml}---\n{prompt}\n"))
     }
 
     pub fn name(&self) -> &str {

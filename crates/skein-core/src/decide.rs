@@ -92,10 +92,10 @@ pub struct ToolRun {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "step", rename_all = "snake_case")]
 pub enum Step {
-    /// Call the model with this request (the shell adds the tool schemas for
-    /// `tool_names`) and record `ModelCalled` or `ModelFailed`.
+    /// Call the model (the request is [`SessionState::model_request`], plus the tool
+    /// schemas for `tool_names`) and record `ModelCalled` or `ModelFailed`.
     CallModel {
-        request: Box<ModelRequest>,
+        model: String,
         tool_names: Vec<String>,
     },
     /// Record these refusals as tool errors.
@@ -136,8 +136,8 @@ impl Step {
             return Ok(());
         }
         let ok = match (self, ev) {
-            (Step::CallModel { request, .. }, Event::ModelCalled(m)) => m.model == request.model,
-            (Step::CallModel { request, .. }, Event::ModelFailed(m)) => m.model == request.model,
+            (Step::CallModel { model, .. }, Event::ModelCalled(m)) => m.model == *model,
+            (Step::CallModel { model, .. }, Event::ModelFailed(m)) => m.model == *model,
             (Step::Refuse(rs), Event::ToolReturned(t)) => {
                 t.error && rs.iter().any(|r| r.call == t.call && r.error == t.output)
             }
@@ -169,7 +169,7 @@ impl Step {
 
     fn describe(&self) -> String {
         match self {
-            Step::CallModel { request, .. } => format!("call_model({})", request.model),
+            Step::CallModel { model, .. } => format!("call_model({model})"),
             Step::Refuse(rs) => format!(
                 "refuse({})",
                 rs.iter()
@@ -259,15 +259,27 @@ impl SessionState {
                 };
             }
         }
+        Step::CallModel {
+            model: def.front.model.clone(),
+            tool_names: def.allowed_tools().into_iter().collect(),
+        }
+    }
+
+    /// The request for the next model call: the system prompt, the mission, then the
+    /// transcript. Tool schemas are the shell's to add.
+    pub fn model_request(&self, def: &AgentDef) -> ModelRequest {
+        let sub = self.submitted.as_ref();
         let mut messages = Vec::with_capacity(self.transcript.len() + 2);
         messages.push(Message::System {
             content: def.prompt.clone(),
         });
         messages.push(Message::User {
-            content: mission_message(&sub.mission, sub.context.as_deref(), &sub.inputs),
+            content: sub
+                .map(|s| mission_message(&s.mission, s.context.as_deref(), &s.inputs))
+                .unwrap_or_default(),
         });
         messages.extend(self.transcript.iter().cloned());
-        let request = ModelRequest {
+        ModelRequest {
             model: def.front.model.clone(),
             messages,
             tools: vec![],
@@ -275,15 +287,11 @@ impl SessionState {
             max_tokens: def.front.max_tokens,
             meta: RequestMeta {
                 session: self.id.as_ref().map(|i| i.to_string()).unwrap_or_default(),
-                agent: sub.agent.clone(),
-                mission: sub.mission.clone(),
-                context: sub.context.clone(),
-                inputs: sub.inputs.clone(),
+                agent: sub.map(|s| s.agent.clone()).unwrap_or_default(),
+                mission: sub.map(|s| s.mission.clone()).unwrap_or_default(),
+                context: sub.and_then(|s| s.context.clone()),
+                inputs: sub.map(|s| s.inputs.clone()).unwrap_or_default(),
             },
-        };
-        Step::CallModel {
-            request: Box::new(request),
-            tool_names: def.allowed_tools().into_iter().collect(),
         }
     }
 

@@ -132,10 +132,10 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
     for _ in 0..200 {
         let step = state.next(&def, &limits, &set);
         match step {
-            Step::CallModel { request, .. } => {
+            Step::CallModel { model, .. } => {
                 if rng.below(10) == 0 {
                     let body = ModelFailed {
-                        model: request.model.clone(),
+                        model: model.clone(),
                         error: "HTTP 503".into(),
                         retryable: rng.below(4) != 0,
                         attempt: state.model_failures + 1,
@@ -156,7 +156,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                     .then(|| format!("answer {}", rng.below(100)));
                 push(
                     Event::ModelCalled(ModelCalled {
-                        model: request.model,
+                        model,
                         request_digest: "d".into(),
                         response: ModelResponse {
                             content,
@@ -416,4 +416,53 @@ fn the_simulator_exercises_every_step() {
         );
     }
     assert!(refusals > 20, "refusals: {refusals}");
+}
+
+/// A `next` that is not a function of the log (it depends on how often it was asked) is
+/// caught by the verifier, at the seq where its decision first differs.
+#[test]
+fn a_non_deterministic_next_is_caught_with_the_diverging_seq() {
+    let set = agents();
+    let limits = Limits {
+        max_depth: 2,
+        max_steps: 8,
+        max_children_per_turn: 4,
+        max_tokens: None,
+    };
+    let def = set.get("boss").expect("boss").clone();
+    let (log, _, _) = (1..500u64)
+        .map(simulate)
+        .find(|(l, _, _)| {
+            l.iter()
+                .filter(|e| matches!(e.body, Event::ModelCalled(_)))
+                .count()
+                >= 2
+        })
+        .expect("a session with two model turns");
+    let mut asked = 0;
+    let flaky = |s: &SessionState| {
+        let step = s.next(&def, &limits, &set);
+        match step {
+            Step::CallModel {
+                mut model,
+                tool_names,
+            } => {
+                asked += 1;
+                if asked == 2 {
+                    model = "scripted:someone-else".into();
+                }
+                Step::CallModel { model, tool_names }
+            }
+            other => other,
+        }
+    };
+    let err = skein_core::replay::verify_with(&log, flaky).expect_err("diverges");
+    let second_call = log
+        .iter()
+        .filter(|e| matches!(e.body, Event::ModelCalled(_) | Event::ModelFailed(_)))
+        .nth(1)
+        .expect("second model event")
+        .seq;
+    assert_eq!(err.seq, second_call);
+    assert_eq!(err.expected, "call_model");
 }

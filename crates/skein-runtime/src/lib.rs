@@ -5,9 +5,11 @@
 //! embedded backend on sled ([`sled_backend`]). It must never depend on a particular
 //! broker: the JetStream backend lives in `skein-nats` and plugs into the same ports.
 
+pub mod audit;
 pub mod conformance;
 pub mod inspect;
 pub mod ports;
+pub mod replay;
 pub mod runtime_tools;
 pub mod sled_backend;
 pub mod worker;

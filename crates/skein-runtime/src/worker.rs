@@ -467,10 +467,10 @@ impl Runtime {
                         return Ok(());
                     }
                 }
-                Step::CallModel {
-                    request,
-                    tool_names,
-                } => self.call_model(f, &def, *request, &tool_names, job).await?,
+                Step::CallModel { tool_names, .. } => {
+                    let request = f.state.model_request(&def);
+                    self.call_model(f, &def, request, &tool_names, job).await?
+                }
                 Step::Refuse(rs) => self.refuse(f, rs).await?,
                 Step::Delegate(ds) => self.delegate(f, &def, ds).await?,
                 Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,

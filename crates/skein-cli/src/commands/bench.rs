@@ -233,7 +233,7 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
     Ok((id, out))
 }
 
-async fn fold_bench(n: u64) -> Result<(f64, f64)> {
+async fn fold_bench(n: u64) -> Result<(f64, f64, f64)> {
     let (id, records) = synthetic_log(n)?;
     let bytes: Vec<Vec<u8>> = records.iter().map(|r| r.bytes.clone()).collect();
     // From memory: decode every record and fold.
@@ -266,7 +266,17 @@ async fn fold_bench(n: u64) -> Result<(f64, f64)> {
         "store fold saw {} events",
         f.state.last_seq
     );
-    Ok((mem_ms, store_ms))
+    // Replay verification: fold and re-derive the decision before every event.
+    let leaf = "---\nname: leaf\nmodel: scripted:leaf\ntools: [list_dir]\n\
+                limits: {max_steps: 1000000}\n---\nLook around.\n";
+    let set = AgentSet::load(&[("leaf.md".into(), leaf.into())], &[])?;
+    let def = set.get("leaf").context("leaf agent")?;
+    let envs: Vec<_> = records.iter().map(|r| r.env.clone()).collect();
+    let t = Instant::now();
+    skein_core::replay::verify(&envs, def, &Limits::default(), &set)
+        .map_err(|d| anyhow::anyhow!("synthetic log does not verify: {d}"))?;
+    let verify_ms = t.elapsed().as_secs_f64() * 1000.0;
+    Ok((mem_ms, store_ms, verify_ms))
 }
 
 pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
@@ -303,20 +313,27 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         );
     }
 
-    let (mem_ms, store_ms) = fold_bench(a.fold_events).await?;
+    let (mem_ms, store_ms, verify_ms) = fold_bench(a.fold_events).await?;
     results.insert(
         "fold".into(),
         json!({"events": a.fold_events, "decode_and_fold_ms": mem_ms,
                "read_and_fold_from_store_ms": store_ms,
+               "replay_verify_ms": verify_ms,
+               "replay_verify_events_per_s": a.fold_events as f64 / (verify_ms / 1000.0),
                "events_per_s": a.fold_events as f64 / (mem_ms / 1000.0)}),
     );
     if !a.json {
         println!("fold a {}-event log:", a.fold_events);
         println!(
-            "  decode + fold {:.1} ms ({:.0} events/s); read from sled + fold {:.1} ms\n",
+            "  decode + fold {:.1} ms ({:.0} events/s); read from sled + fold {:.1} ms",
             mem_ms,
             a.fold_events as f64 / (mem_ms / 1000.0),
             store_ms
+        );
+        println!(
+            "  replay --verify (fold + re-decide every event) {:.1} ms ({:.0} events/s)\n",
+            verify_ms,
+            a.fold_events as f64 / (verify_ms / 1000.0)
         );
         println!(
             "fan-out, {} ms model latency, ideal = 7 × {} ms = {} ms:",

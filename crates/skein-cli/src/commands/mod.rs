@@ -6,7 +6,9 @@ use crate::app::App;
 use crate::{Cli, Command};
 
 pub mod agents;
+pub mod audit;
 pub mod bench;
+pub mod replay;
 pub mod run;
 pub mod show;
 
@@ -24,5 +26,8 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Events(a) => show::events(&app, a).await,
         Command::Agents(a) => agents::run(&app, a).await,
         Command::Bench(a) => bench::run(&app, a).await,
+        Command::Replay(a) => replay::replay(&app, a).await,
+        Command::Fork(a) => replay::fork_cmd(&app, a).await,
+        Command::Audit(a) => audit::run(&app, a).await,
     }
 }

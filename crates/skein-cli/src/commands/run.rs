@@ -98,7 +98,7 @@ pub async fn resume(app: &App, a: ResumeArgs) -> Result<ExitCode> {
     code
 }
 
-async fn drive(
+pub async fn drive(
     rt: &Arc<Runtime>,
     id: &SessionId,
     concurrency: usize,
