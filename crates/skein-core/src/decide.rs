@@ -141,9 +141,9 @@ impl Step {
             (Step::Refuse(rs), Event::ToolReturned(t)) => {
                 t.error && rs.iter().any(|r| r.call == t.call && r.error == t.output)
             }
-            (Step::Delegate(ds), Event::Delegated(d)) => ds
-                .iter()
-                .any(|x| x.call == d.call && x.child == d.child && x.agent == d.agent),
+            (Step::Delegate(ds), Event::Delegated(d)) => ds.iter().any(|x| {
+                x.call == d.call && x.agent == d.agent && (d.shared || x.child == d.child)
+            }),
             (Step::Delegate(ds), Event::CacheHit(h)) => ds.iter().any(|x| x.call == h.call),
             (Step::RunTools(rs), Event::ToolCalled(t)) => rs
                 .iter()

@@ -136,6 +136,10 @@ pub struct Delegated {
     /// Tokens set aside for the child out of this session's budget.
     #[serde(default)]
     pub allotted_tokens: Option<u64>,
+    /// Single-flight: `child` is an identical mission already running (possibly in
+    /// another tree); this call shares its outcome instead of starting a run.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

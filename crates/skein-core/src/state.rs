@@ -51,10 +51,11 @@ pub enum SlotState {
     Pending,
     /// `ToolCalled` recorded, no `ToolReturned` yet.
     Running,
-    /// A child session answers this call.
+    /// A child session answers this call (`shared`: a run started by someone else).
     Delegated {
         child: SessionId,
         allotted: Option<u64>,
+        shared: bool,
     },
     /// The outcome the model will be shown.
     Done { output: String, error: bool },
@@ -76,6 +77,8 @@ pub struct ChildInfo {
     /// None while it runs.
     pub outcome: Option<&'static str>,
     pub cached: bool,
+    /// Answered by an identical run someone else started (single-flight).
+    pub shared: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -342,6 +345,7 @@ impl SessionState {
                     slot.state = SlotState::Delegated {
                         child: d.child.clone(),
                         allotted: d.allotted_tokens,
+                        shared: d.shared,
                     };
                 }
                 self.children.insert(
@@ -353,6 +357,7 @@ impl SessionState {
                         mission_hash: d.mission_hash.clone(),
                         outcome: None,
                         cached: false,
+                        shared: d.shared,
                     },
                 );
             }
@@ -381,19 +386,27 @@ impl SessionState {
                         mission_hash: h.mission_hash.clone(),
                         outcome: Some("completed"),
                         cached: true,
+                        shared: false,
                     },
                 );
                 self.finish_slot(&h.call, output, error);
             }
             Event::ChildSettled(c) => {
-                let is_ours = self.turn.iter().any(|s| {
-                    s.call.id == c.call
-                        && matches!(&s.state, SlotState::Delegated { child, .. } if *child == c.child)
+                let slot = self.turn.iter().find_map(|s| match &s.state {
+                    SlotState::Delegated { child, shared, .. }
+                        if s.call.id == c.call && *child == c.child =>
+                    {
+                        Some(*shared)
+                    }
+                    _ => None,
                 });
-                if !is_ours {
-                    return;
-                }
+                let Some(shared) = slot else { return };
                 match &c.outcome {
+                    // A shared run was paid for by whoever started it: what it cost is
+                    // what this call saved.
+                    Outcome::Completed { usage, .. } | Outcome::Failed { usage, .. } if shared => {
+                        self.saved.add(usage)
+                    }
                     Outcome::Completed { usage, .. } | Outcome::Failed { usage, .. } => {
                         self.usage_children.add(usage)
                     }

@@ -265,6 +265,51 @@ pub async fn notices_read_after_a_cursor(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+pub async fn inflight_is_single_flight(b: &Backend) -> Result<()> {
+    let h = blake3::hash(new_root_id().as_str().as_bytes())
+        .to_hex()
+        .to_string();
+    let (a, c) = (new_root_id(), new_root_id());
+    ensure(
+        b.cache.claim_inflight(&h, &a).await?.is_none(),
+        "first claim wins",
+    )?;
+    ensure(
+        b.cache.claim_inflight(&h, &a).await?.is_none(),
+        "the holder claims again",
+    )?;
+    ensure(
+        b.cache.claim_inflight(&h, &c).await? == Some(a.clone()),
+        "second sees the first",
+    )?;
+    b.cache.release_inflight(&h, &c).await?;
+    ensure(
+        b.cache.claim_inflight(&h, &c).await? == Some(a.clone()),
+        "only the holder releases",
+    )?;
+    b.cache.release_inflight(&h, &a).await?;
+    ensure(
+        b.cache.claim_inflight(&h, &c).await?.is_none(),
+        "free after release",
+    )?;
+    Ok(())
+}
+
+pub async fn watchers_are_listed(b: &Backend) -> Result<()> {
+    let t = new_root_id();
+    let (w1, w2) = (new_root_id(), new_root_id().child("x", 1));
+    ensure(b.notices.watchers(&t).await?.is_empty(), "no watchers yet")?;
+    b.notices.watch(&t, &w1, "default").await?;
+    b.notices.watch(&t, &w2, "gpu").await?;
+    b.notices.watch(&t, &w1, "default").await?;
+    let mut got = b.notices.watchers(&t).await?;
+    got.sort();
+    let mut want = vec![(w1, "default".to_string()), (w2, "gpu".to_string())];
+    want.sort();
+    ensure(got == want, format!("watchers: {got:?}"))?;
+    Ok(())
+}
+
 /// Every check, in order; the first failure is returned with its name.
 pub async fn run_all(b: &Backend) -> Result<()> {
     macro_rules! check {
@@ -282,5 +327,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(cache_gets_puts_and_expires);
     check!(blobs_are_content_addressed);
     check!(notices_read_after_a_cursor);
+    check!(inflight_is_single_flight);
+    check!(watchers_are_listed);
     Ok(())
 }

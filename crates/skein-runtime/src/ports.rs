@@ -97,6 +97,13 @@ pub trait Cache: Send + Sync {
     /// The entry, unless missing or expired at `now` (ms).
     async fn get(&self, hash: &str, now: u64) -> Result<Option<CacheEntry>>;
     async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()>;
+
+    /// Single-flight: records `session` as the run of `hash` unless another session
+    /// already is; returns that other session, or none when `session` now holds it.
+    async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>>;
+
+    /// Ends `session`'s hold on `hash` (a no-op if someone else holds it).
+    async fn release_inflight(&self, hash: &str, session: &SessionId) -> Result<()>;
 }
 
 /// Content-addressed payloads (agent definitions by digest, large tool outputs).
@@ -114,6 +121,13 @@ pub trait Notices: Send + Sync {
     async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()>;
     /// Notices with position > `after`, in order, as (position, child).
     async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>>;
+
+    /// Asks that `watcher` (run by `pool`) gets a notice and a wake-up when `target` ends,
+    /// as its parent does: how single-flight waiters hear of a shared run.
+    async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()>;
+
+    /// Everyone watching `target`, as (watcher, pool).
+    async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>>;
 }
 
 /// Where a finished root is announced (`skein.results.ROOT` on NATS).

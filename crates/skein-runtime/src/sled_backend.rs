@@ -130,8 +130,13 @@ pub struct SledStore {
     cache: sled::Tree,
     blobs: sled::Tree,
     notices: sled::Tree,
+    inflight: sled::Tree,
+    watchers: sled::Tree,
     flusher: Arc<Flusher>,
     job_ready: Notify,
+    /// Makes "take a position, insert the notice" atomic, so a reader that has seen
+    /// position p can never later miss a notice below p.
+    notice_order: std::sync::Mutex<()>,
     workspace_root: PathBuf,
 }
 
@@ -144,14 +149,15 @@ impl SledStore {
             .path(dir.join("db"))
             .flush_every_ms(None)
             .open()
-            .map_err(|e| match e {
-                sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+            .map_err(|e| {
+                if e.to_string().contains("could not acquire lock") {
                     Error::Backend(format!(
                         "the data directory {} is in use by another skein process",
                         dir.display()
                     ))
+                } else {
+                    backend_err(e)
                 }
-                e => backend_err(e),
             })?;
         let tree = |n: &str| db.open_tree(n).map_err(backend_err);
         let store = Self {
@@ -161,9 +167,12 @@ impl SledStore {
             cache: tree("cache")?,
             blobs: tree("blobs")?,
             notices: tree("notices")?,
+            inflight: tree("inflight")?,
+            watchers: tree("watchers")?,
             flusher: Flusher::start(db.clone()),
             db,
             job_ready: Notify::new(),
+            notice_order: std::sync::Mutex::new(()),
             workspace_root: workspace_root.to_path_buf(),
         };
         store.release_stale_leases()?;
@@ -487,6 +496,33 @@ impl Cache for SledStore {
             .map_err(backend_err)?;
         self.flusher.durable().await
     }
+
+    async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>> {
+        let me = session.as_str().as_bytes();
+        match self
+            .inflight
+            .compare_and_swap(hash.as_bytes(), None as Option<&[u8]>, Some(me))
+            .map_err(backend_err)?
+        {
+            Ok(()) => Ok(None),
+            Err(cur) => match cur.current {
+                Some(v) if v.as_ref() != me => {
+                    let id = std::str::from_utf8(&v).map_err(|e| Error::Corrupt(e.to_string()))?;
+                    Ok(Some(SessionId::parse(id)?))
+                }
+                _ => Ok(None),
+            },
+        }
+    }
+
+    async fn release_inflight(&self, hash: &str, session: &SessionId) -> Result<()> {
+        let me = session.as_str().as_bytes();
+        let _ = self
+            .inflight
+            .compare_and_swap(hash.as_bytes(), Some(me), None as Option<&[u8]>)
+            .map_err(backend_err)?;
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -518,6 +554,7 @@ impl Blobs for SledStore {
 #[async_trait]
 impl Notices for SledStore {
     async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()> {
+        let _order = self.notice_order.lock().unwrap_or_else(|p| p.into_inner());
         let pos = self.db.generate_id().map_err(backend_err)? + 1;
         let mut k = prefix(parent.as_str());
         k.extend_from_slice(&pos.to_be_bytes());
@@ -538,6 +575,28 @@ impl Notices for SledStore {
             let pos = u64_of(&k[k.len() - 8..]);
             let child = std::str::from_utf8(&v).map_err(|e| Error::Corrupt(e.to_string()))?;
             out.push((pos, SessionId::parse(child)?));
+        }
+        Ok(out)
+    }
+
+    async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()> {
+        let mut k = prefix(target.as_str());
+        k.extend_from_slice(watcher.as_str().as_bytes());
+        self.watchers
+            .insert(k, pool.as_bytes())
+            .map_err(backend_err)?;
+        self.flusher.durable().await
+    }
+
+    async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>> {
+        let p = prefix(target.as_str());
+        let mut out = vec![];
+        for item in self.watchers.scan_prefix(&p) {
+            let (k, v) = item.map_err(backend_err)?;
+            let w =
+                std::str::from_utf8(&k[p.len()..]).map_err(|e| Error::Corrupt(e.to_string()))?;
+            let pool = String::from_utf8(v.to_vec()).map_err(|e| Error::Corrupt(e.to_string()))?;
+            out.push((SessionId::parse(w)?, pool));
         }
         Ok(out)
     }
@@ -569,13 +628,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_second_process_is_refused_with_a_clear_error() {
+    async fn a_second_opener_is_refused_with_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         let _a = SledStore::open(dir.path(), dir.path()).unwrap();
-        // sled's lock is per process; a second open in the same process succeeds on
-        // some platforms, so only check that an error, if any, names the directory.
-        if let Err(e) = SledStore::open(dir.path(), dir.path()) {
-            assert!(e.to_string().contains("in use"), "{e}");
-        }
+        let e = SledStore::open(dir.path(), dir.path())
+            .err()
+            .expect("second open refused");
+        assert!(
+            e.to_string().contains("is in use by another skein process"),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains(&dir.path().display().to_string()),
+            "{e}"
+        );
     }
 }

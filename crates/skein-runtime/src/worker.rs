@@ -651,7 +651,8 @@ impl Runtime {
                 inputs: &d.inputs,
                 strategy: child_def.front.strategy.as_deref(),
             });
-            if !parent_sub.no_cache && child_def.cache_enabled() {
+            let caching = !parent_sub.no_cache && child_def.cache_enabled();
+            if caching {
                 if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
                     parent_events.push(Event::CacheHit(CacheHit {
                         call: d.call.clone(),
@@ -660,6 +661,29 @@ impl Runtime {
                         answer: hit.answer,
                         saved: hit.usage,
                         steps: hit.steps,
+                    }));
+                    continue;
+                }
+            }
+            if caching {
+                if let Some(running) = self.single_flight(&hash, &d.child).await? {
+                    // An identical mission is running: wait for it instead of a new run.
+                    // Watch before recording, so its end cannot slip past unheard.
+                    let my_pool = parent_sub
+                        .pool
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_POOL.into());
+                    self.backend
+                        .notices
+                        .watch(&running, &f.id, &my_pool)
+                        .await?;
+                    parent_events.push(Event::Delegated(Delegated {
+                        call: d.call,
+                        child: running,
+                        agent: d.agent,
+                        mission_hash: hash,
+                        allotted_tokens: None,
+                        shared: true,
                     }));
                     continue;
                 }
@@ -693,6 +717,7 @@ impl Runtime {
                 agent: d.agent,
                 mission_hash: hash,
                 allotted_tokens: d.budget.tokens,
+                shared: false,
             }));
         }
         // Children first (in parallel, so their flushes are shared), then the parent's
@@ -710,6 +735,29 @@ impl Runtime {
             self.backend.jobs.push(&pool, &child).await?;
         }
         Ok(())
+    }
+
+    /// Claims the run of `hash` for `child`; returns the session to share instead when an
+    /// identical run is under way. A holder that ended without an answer to share (failed,
+    /// cancelled) is replaced.
+    async fn single_flight(&self, hash: &str, child: &SessionId) -> Result<Option<SessionId>> {
+        for _ in 0..3 {
+            let Some(holder) = self.backend.cache.claim_inflight(hash, child).await? else {
+                return Ok(None);
+            };
+            match self.backend.log.last(&holder).await? {
+                Some(r)
+                    if r.env.body.is_terminal() && !matches!(r.env.body, Event::Completed(_)) =>
+                {
+                    self.backend.cache.release_inflight(hash, &holder).await?;
+                }
+                // Running, or completed (its notices may still be on their way).
+                Some(_) => return Ok(Some(holder)),
+                // Claimed but not yet created: the creator is between claim and append.
+                None => return Ok(Some(holder)),
+            }
+        }
+        Ok(None)
     }
 
     async fn run_tools(
@@ -824,12 +872,22 @@ impl Runtime {
     /// checks every outstanding child (healing a notice lost in a crash, and re-waking a
     /// child whose job was lost); afterwards only the notices are read.
     async fn collect_settlements(&self, f: &mut Folded, cold: bool) -> Result<usize> {
-        let outstanding: HashMap<SessionId, String> = f
-            .state
-            .outstanding_children()
-            .into_iter()
-            .map(|(call, child)| (child, call))
-            .collect();
+        let mut outstanding: HashMap<SessionId, Vec<String>> = HashMap::new();
+        let mut shared = vec![];
+        for slot in &f.state.turn {
+            if let skein_core::state::SlotState::Delegated {
+                child, shared: s, ..
+            } = &slot.state
+            {
+                outstanding
+                    .entry(child.clone())
+                    .or_default()
+                    .push(slot.call.id.clone());
+                if *s {
+                    shared.push(child.clone());
+                }
+            }
+        }
         if outstanding.is_empty() {
             return Ok(0);
         }
@@ -837,6 +895,8 @@ impl Runtime {
         if let Some((pos, _)) = notes.last() {
             f.cursor = *pos;
         }
+        // Shared runs are few and may have ended before we started watching them: always
+        // look at them directly.
         let mut candidates: Vec<SessionId> = if cold {
             outstanding.keys().cloned().collect()
         } else {
@@ -846,21 +906,26 @@ impl Runtime {
                 .filter(|c| outstanding.contains_key(c))
                 .collect()
         };
+        candidates.extend(shared);
         candidates.sort();
         candidates.dedup();
         let lasts = join_all(candidates.iter().map(|c| self.backend.log.last(c))).await;
         let mut events = vec![];
         for (child, last) in candidates.iter().zip(lasts) {
-            let Some(call) = outstanding.get(child) else {
+            let Some(calls) = outstanding.get(child) else {
                 continue;
             };
             match last? {
                 Some(rec) => match outcome_of(&rec.env.body) {
-                    Some(outcome) => events.push(Event::ChildSettled(ChildSettled {
-                        call: call.clone(),
-                        child: child.clone(),
-                        outcome,
-                    })),
+                    Some(outcome) => {
+                        for call in calls {
+                            events.push(Event::ChildSettled(ChildSettled {
+                                call: call.clone(),
+                                child: child.clone(),
+                                outcome: outcome.clone(),
+                            }));
+                        }
+                    }
                     None if cold => {
                         let first = self.backend.log.read(child, 1).await?;
                         let pool = first
@@ -906,6 +971,14 @@ impl Runtime {
                 };
                 self.backend.cache.put(&sub.mission_hash, &entry).await?;
             }
+        }
+        self.backend
+            .cache
+            .release_inflight(&sub.mission_hash, &f.id)
+            .await?;
+        for (w, pool) in self.backend.notices.watchers(&f.id).await? {
+            self.backend.notices.post(&w, &f.id).await?;
+            self.backend.jobs.push(&pool, &w).await?;
         }
         match &sub.parent {
             Some(p) => {
@@ -1033,19 +1106,18 @@ impl Runtime {
         let pools = self.pools();
         let (stop, handles) = self.spawn_workers(pools.clone(), concurrency);
         let mut rx = self.subscribe();
-        let result = loop {
-            let (f, _) = self.load(root).await?;
-            let done = f.state.status.is_terminal();
-            self.keep(f.clone());
-            if done {
-                break Ok(f);
+        // Watch the root's last record (not the fold cache the workers use).
+        let result: Result<()> = loop {
+            let last = self.backend.log.last(root).await?;
+            if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
+                break Ok(());
             }
             let mut pending = 0;
             for p in &pools {
                 pending += self.backend.jobs.depth(p).await?;
             }
             if pending == 0 {
-                break Ok(f);
+                break Ok(());
             }
             let _ = tokio::time::timeout(Duration::from_millis(250), rx.recv()).await;
         };
@@ -1053,6 +1125,10 @@ impl Runtime {
         for h in handles {
             let _ = h.await;
         }
-        result
+        result.map(|()| ())?;
+        let records = self.backend.log.read(root, 1).await?;
+        let mut f = Folded::new(root.clone());
+        f.absorb(&records)?;
+        Ok(f)
     }
 }

@@ -48,7 +48,7 @@ pub struct BenchArgs {
 }
 
 /// Writes the bench agents and scripts with the given model latency.
-fn write_agents(dir: &Path, latency: u64) -> Result<()> {
+fn write_agents(dir: &Path, latency: u64, cache_leaf: bool) -> Result<()> {
     std::fs::create_dir_all(dir.join("agents"))?;
     std::fs::create_dir_all(dir.join("scripts"))?;
     std::fs::write(
@@ -58,8 +58,10 @@ fn write_agents(dir: &Path, latency: u64) -> Result<()> {
     )?;
     std::fs::write(
         dir.join("agents/leaf.md"),
-        "---\nname: leaf\nmodel: scripted:leaf\ntools: [list_dir]\n\
-         idempotent_tools: [list_dir]\ncache: false\n---\nLook around, then answer.\n",
+        format!(
+            "---\nname: leaf\nmodel: scripted:leaf\ntools: [list_dir]\n\
+             idempotent_tools: [list_dir]\ncache: {cache_leaf}\n---\nLook around, then answer.\n"
+        ),
     )?;
     std::fs::write(
         dir.join("scripts/fanout.yaml"),
@@ -88,7 +90,7 @@ struct TreeRun {
 
 async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     let tmp = tempfile::tempdir()?;
-    write_agents(tmp.path(), latency)?;
+    write_agents(tmp.path(), latency, false)?;
     let store = SledStore::open(&tmp.path().join("data"), &tmp.path().join("ws"))?;
     let backend = store.backend();
     let agents = Arc::new(AgentSet::load(
@@ -146,6 +148,81 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
         tool_calls: s.tool_calls,
         events,
     })
+}
+
+/// Delegation → settled latency of cache hits: a tree of `n` delegations runs once to
+/// fill the cache, then again, where every delegation is a hit. Returns (mean ms per hit
+/// over the hit span, hits per second).
+async fn cache_hit_bench(app: &App, n: usize) -> Result<(f64, f64)> {
+    let tmp = tempfile::tempdir()?;
+    write_agents(tmp.path(), 0, true)?;
+    let store = SledStore::open(&tmp.path().join("data"), &tmp.path().join("ws"))?;
+    let backend = store.backend();
+    let agents = Arc::new(AgentSet::load(
+        &read_agent_files(&tmp.path().join("agents"))?,
+        &[],
+    )?);
+    let mut models = Registry::new();
+    models.insert(
+        "scripted",
+        Arc::new(ScriptedProvider::new(tmp.path().join("scripts"))),
+    );
+    let cfg = RuntimeConfig {
+        limits: Limits {
+            max_children_per_turn: 100_000,
+            ..Limits::default()
+        },
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::new(backend.clone(), agents, models, app.tools()?, cfg);
+    let mut span_ms = 0.0;
+    for round in 0..2 {
+        let id = rt
+            .submit(Submission {
+                agent: "fanout".into(),
+                mission: format!("cache bench round {round}"),
+                inputs: json!({ "n": n }),
+                ..Default::default()
+            })
+            .await?;
+        let root = rt.run_tree(&id, 64).await?;
+        anyhow::ensure!(
+            root.state.status.is_terminal(),
+            "cache bench round {round} did not end: {:?} after {} steps, {:?}",
+            root.state.status,
+            root.state.steps,
+            root.state.error
+        );
+        if round == 1 {
+            anyhow::ensure!(
+                root.state.cache_hits as usize == n,
+                "expected {n} hits, got {}",
+                root.state.cache_hits
+            );
+            let records = backend.log.read(&id, 1).await?;
+            let start = records
+                .iter()
+                .find(|r| matches!(r.env.body, Event::ModelCalled(_)))
+                .map(|r| r.env.at);
+            let end = records
+                .iter()
+                .filter(|r| matches!(r.env.body, Event::CacheHit(_)))
+                .map(|r| r.env.at)
+                .max();
+            if let (Some(s), Some(e)) = (start, end) {
+                span_ms = (e.saturating_sub(s)) as f64;
+            }
+        }
+    }
+    let per_hit = span_ms / n as f64;
+    Ok((
+        per_hit,
+        if span_ms > 0.0 {
+            n as f64 / (span_ms / 1000.0)
+        } else {
+            f64::INFINITY
+        },
+    ))
 }
 
 /// A synthetic log of `n` events: a submission, then turns of one tool call each.
@@ -367,6 +444,17 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         );
     }
     results.insert("fanout".into(), json!(fan));
+    let (per_hit_ms, hits_per_s) = cache_hit_bench(app, 1000).await.context("cache-hit run")?;
+    results.insert(
+        "cache_hit".into(),
+        json!({"hits": 1000, "ms_per_hit": per_hit_ms, "hits_per_s": hits_per_s}),
+    );
+    if !a.json {
+        println!(
+            "\ncache hit, delegation → settled (1000 hits in one turn): {:.3} ms per hit, {:.0} hits/s",
+            per_hit_ms, hits_per_s
+        );
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     }

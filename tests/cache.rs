@@ -1,0 +1,207 @@
+//! Caching by mission hash and single-flight, end to end on the embedded backend.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use common::*;
+use skein_core::SessionId;
+
+fn run_json(sb: &Sandbox, args: &[&str]) -> serde_json::Value {
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(args);
+    json_of(&run_ok(c))
+}
+
+fn count(tree: &serde_json::Value, key: &str) -> u64 {
+    tree["tree"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s[key].as_u64().unwrap_or(0))
+        .sum()
+}
+
+fn boss_and_worker(sb: &Sandbox, worker_front: &str) {
+    sb.agent(
+        "boss",
+        "agents: [worker]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: worker, mission: "summarise {{ mission }}"}
+  - answer: "{{ results[0].result }} (cached: {{ (results[0].cached or false) | tojson }})"
+"#,
+    )
+    .agent(
+        "worker",
+        worker_front,
+        "turns:\n  - answer: \"summary of {{ mission }}\"\n",
+    );
+}
+
+#[test]
+fn miss_then_hit_and_the_tree_shows_the_saving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let first = {
+        let mut c = skein(&demo_config(), &data);
+        c.args(["run", "--json", "Brief on caching"]);
+        json_of(&run_ok(c))
+    };
+    assert_eq!(count(&first, "cache_hits"), 0);
+    let second = {
+        let mut c = skein(&demo_config(), &data);
+        c.args(["run", "--json", "Brief on caching"]);
+        json_of(&run_ok(c))
+    };
+    assert_eq!(
+        second["answer"], first["answer"],
+        "a hit gives the same answer"
+    );
+    // Three researchers and the writer are answered from the cache: no child runs.
+    assert_eq!(count(&second, "cache_hits"), 4, "{second}");
+    assert_eq!(
+        second["tree"].as_array().unwrap().len(),
+        1,
+        "only the root ran"
+    );
+    assert!(second["summary"]["saved"]["input_tokens"].as_u64().unwrap() > 0);
+
+    let id = second["session"].as_str().unwrap();
+    let mut c = skein(&demo_config(), &data);
+    c.args(["tree", id]);
+    let text = String::from_utf8(run_ok(c).stdout).unwrap();
+    assert!(text.contains("cache hits 4 (saved"), "{text}");
+
+    // --no-cache misses.
+    let third = {
+        let mut c = skein(&demo_config(), &data);
+        c.args(["run", "--json", "--no-cache", "Brief on caching"]);
+        json_of(&run_ok(c))
+    };
+    assert_eq!(count(&third, "cache_hits"), 0);
+    assert_eq!(third["tree"].as_array().unwrap().len(), 5);
+}
+
+#[test]
+fn ttl_expiry_and_a_changed_prompt_miss() {
+    let sb = Sandbox::new();
+    boss_and_worker(&sb, "cache: {ttl: 1s}\n");
+    let a = run_json(&sb, &["run", "--agent", "boss", "--json", "x"]);
+    assert_eq!(a["answer"], "summary of summarise x (cached: false)");
+    let b = run_json(&sb, &["run", "--agent", "boss", "--json", "x"]);
+    assert_eq!(b["answer"], "summary of summarise x (cached: true)");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let c = run_json(&sb, &["run", "--agent", "boss", "--json", "x"]);
+    assert_eq!(
+        c["answer"], "summary of summarise x (cached: false)",
+        "the entry expired"
+    );
+
+    // A changed system prompt is a new definition digest, so a new mission hash.
+    let path = sb.dir.path().join("agents/worker.md");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("You are worker.", "You are a worker.");
+    std::fs::write(&path, text).unwrap();
+    let d = run_json(&sb, &["run", "--agent", "boss", "--json", "x"]);
+    assert_eq!(d["answer"], "summary of summarise x (cached: false)");
+}
+
+#[test]
+fn failed_children_are_not_cached() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [flaky]\n",
+        "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: flaky, mission: \"try\"}\n  - answer: \"{{ results[0].success | tojson }}\"\n",
+    )
+    // The script has no second turn: the child fails after its refused tool call.
+    .agent("flaky", "", "turns:\n  - tool_calls:\n      - tool: shell\n        args: {cmd: x}\n");
+    for _ in 0..2 {
+        let out = run_json(&sb, &["run", "--agent", "boss", "--json", "go"]);
+        assert_eq!(out["answer"], "false");
+        assert_eq!(count(&out, "cache_hits"), 0);
+        assert_eq!(
+            out["tree"].as_array().unwrap().len(),
+            2,
+            "the child ran again"
+        );
+    }
+}
+
+fn eight_identical(sb: &Sandbox, latency: u64) {
+    sb.agent(
+        "boss",
+        "agents: [worker]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        repeat: 8
+        args: {agent: worker, mission: "the same question"}
+  - answer: "{{ results | selectattr('success') | list | length }} answers: {{ results | map(attribute='result') | unique | join(',') }}"
+"#,
+    )
+    .agent("worker", "", &format!("latency_ms: {latency}\nturns:\n  - answer: \"answer to {{{{ mission }}}}\"\n"));
+}
+
+#[test]
+fn eight_identical_parallel_delegations_run_one_child() {
+    let sb = Sandbox::new();
+    eight_identical(&sb, 300);
+    let out = run_json(&sb, &["run", "--agent", "boss", "--json", "go"]);
+    assert_eq!(
+        out["answer"], "8 answers: answer to the same question",
+        "{out}"
+    );
+    let tree = out["tree"].as_array().unwrap();
+    assert_eq!(tree.len(), 2, "one child for eight calls: {out}");
+    assert_eq!(tree[1]["steps"], 1);
+}
+
+#[test]
+fn killing_the_shared_run_does_not_strand_its_waiters() {
+    let sb = Sandbox::new();
+    eight_identical(&sb, 1500);
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["run", "--agent", "boss", "go"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut root = None;
+    let mut delegated = 0;
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(id) = line.strip_prefix("root ") {
+            root = Some(id.trim().to_string());
+        }
+        delegated += usize::from(line.contains("Delegated"));
+        if delegated == 8 {
+            break; // the worker's model call (1.5 s) is under way
+        }
+    }
+    std::process::Command::new("kill")
+        .args(["-9", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+    let root = root.unwrap();
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["resume", &root, "--json"]);
+    let out = json_of(&run_ok(c));
+    assert_eq!(
+        out["answer"], "8 answers: answer to the same question",
+        "{out}"
+    );
+    assert_eq!(out["tree"].as_array().unwrap().len(), 2);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(audit_tree(
+        &sb.data(),
+        &SessionId::parse(&root).unwrap(),
+        &sb.dir.path().join("agents"),
+    ));
+}
