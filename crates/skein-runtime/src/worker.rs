@@ -1125,7 +1125,7 @@ impl Runtime {
         for h in handles {
             let _ = h.await;
         }
-        result.map(|()| ())?;
+        result?;
         let records = self.backend.log.read(root, 1).await?;
         let mut f = Folded::new(root.clone());
         f.absorb(&records)?;
