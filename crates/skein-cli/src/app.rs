@@ -94,6 +94,8 @@ impl App {
         if let Some(w) = &r.worker_id {
             rc.worker_id = w.clone();
         }
+        rc.token_secret =
+            skein_runtime::hitl::Secret::load_or_create("SKEIN_TOKEN_SECRET", &self.global.data)?;
         Ok(rc)
     }
 

@@ -65,6 +65,14 @@ pub enum Command {
     Replay(commands::replay::ReplayArgs),
     /// A new root session from a prefix of another, continued live.
     Fork(commands::replay::ForkArgs),
+    /// Every pending question and approval, with its token.
+    Inbox(commands::hitl::InboxArgs),
+    /// Answer a paused root's question, then run the tree on.
+    Answer(commands::hitl::AnswerArgs),
+    /// Approve a tool call waiting for approval, then run the tree on.
+    Approve(commands::hitl::ApproveArgs),
+    /// Deny a tool call waiting for approval (the model reads the denial).
+    Deny(commands::hitl::ApproveArgs),
     /// Export a tree for auditors, or verify an export.
     #[command(subcommand)]
     Audit(commands::audit::AuditCmd),

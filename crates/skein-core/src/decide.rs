@@ -13,7 +13,7 @@ use crate::event::{CustomAgent, Event};
 use crate::id::SessionId;
 use crate::limits::{Budget, Limits};
 use crate::message::{Message, ModelRequest, RequestMeta};
-use crate::state::{SessionState, SlotState, Status};
+use crate::state::{SessionState, SlotState};
 
 /// Model calls that fail with a retryable error are tried this many times in a row.
 pub const MAX_MODEL_ATTEMPTS: u32 = 4;
@@ -76,6 +76,69 @@ pub struct Delegation {
     pub budget: Budget,
     /// Agents from the root to the parent (this session), root first.
     pub ancestry: Vec<String>,
+    /// Set when this call continues a paused child instead of starting one.
+    pub resume: Option<Resume>,
+}
+
+/// A question to put (`ask_user`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ask {
+    pub call: String,
+    pub questions: Value,
+    pub context: Option<String>,
+    pub defaults: Value,
+}
+
+/// A tool call that must wait for approval.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ApprovalAsk {
+    pub call: String,
+    pub tool: String,
+    pub preview: String,
+}
+
+/// Continuing a paused sub-agent: its token (checked by the shell) and the answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Resume {
+    pub token: String,
+    pub answers: Value,
+}
+
+/// The keys a set of questions expects answers for, with each question's text: an object
+/// question `{key, question}` names its key; a plain string question is `q1`, `q2`, ….
+pub fn expected_keys(questions: &Value) -> Vec<(String, String)> {
+    let items = match questions {
+        Value::Array(a) => a.clone(),
+        Value::Null => vec![],
+        other => vec![other.clone()],
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, q)| match q {
+            Value::Object(o) => (
+                o.get("key")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .unwrap_or(format!("q{}", i + 1)),
+                o.get("question")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            ),
+            Value::String(s) => (format!("q{}", i + 1), s.clone()),
+            other => (format!("q{}", i + 1), other.to_string()),
+        })
+        .collect()
+}
+
+/// Checks answers against the questions: returns every expected key that has no answer,
+/// with its question. Nothing is guessed from proposed defaults.
+pub fn missing_answers(questions: &Value, answers: &Value) -> Vec<(String, String)> {
+    expected_keys(questions)
+        .into_iter()
+        .filter(|(k, _)| answers.get(k).is_none_or(Value::is_null))
+        .collect()
 }
 
 /// An ordinary tool call to run. `resumed` means `ToolCalled` is already in the log: a
@@ -104,6 +167,10 @@ pub enum Step {
     Delegate(Vec<Delegation>),
     /// Run these tools: `ToolCalled` first, then the tool, then `ToolReturned`.
     RunTools(Vec<ToolRun>),
+    /// Put these questions (`InputRequested`, each with a fresh token id) and pause.
+    AskUser(Vec<Ask>),
+    /// Ask approval for these tool calls (`ApprovalRequested`) and pause.
+    RequestApproval(Vec<ApprovalAsk>),
     /// Children of this turn are still running: nothing to do until one settles.
     Wait,
     /// Finish with this answer.
@@ -121,6 +188,8 @@ impl Step {
             Step::Refuse(_) => "refuse",
             Step::Delegate(_) => "delegate",
             Step::RunTools(_) => "run_tools",
+            Step::AskUser(_) => "ask_user",
+            Step::RequestApproval(_) => "request_approval",
             Step::Wait => "wait",
             Step::Complete { .. } => "complete",
             Step::Fail { .. } => "fail",
@@ -145,6 +214,17 @@ impl Step {
                 x.call == d.call && x.agent == d.agent && (d.shared || x.child == d.child)
             }),
             (Step::Delegate(ds), Event::CacheHit(h)) => ds.iter().any(|x| x.call == h.call),
+            // The shell refuses a resume whose token does not hold.
+            (Step::Delegate(ds), Event::ToolReturned(t)) => {
+                t.error && ds.iter().any(|x| x.call == t.call && x.resume.is_some())
+            }
+            (Step::AskUser(asks), Event::InputRequested(q)) => {
+                asks.iter().any(|a| Some(&a.call) == q.call.as_ref())
+            }
+            (Step::RequestApproval(v), Event::ApprovalRequested(r)) => {
+                v.iter().any(|a| a.call == r.call && a.tool == r.tool)
+            }
+            (Step::Wait, Event::InputProvided(_) | Event::ApprovalGiven(_)) => true,
             (Step::RunTools(rs), Event::ToolCalled(t)) => rs
                 .iter()
                 .any(|r| !r.resumed && r.call == t.call && r.tool == t.tool),
@@ -220,12 +300,6 @@ impl SessionState {
         };
         if self.status.is_terminal() {
             return Step::Idle;
-        }
-        if matches!(
-            self.status,
-            Status::AwaitingInput | Status::AwaitingApproval
-        ) {
-            return Step::Wait;
         }
         if let Some(answer) = &self.pending_answer {
             return Step::Complete {
@@ -322,6 +396,8 @@ impl SessionState {
         let mut delegations: Vec<Delegation> = vec![];
         let mut runs = vec![];
         let mut resumed = vec![];
+        let mut asks = vec![];
+        let mut approvals = vec![];
         let mut n = self.delegations;
 
         for slot in &self.turn {
@@ -333,6 +409,15 @@ impl SessionState {
                         tool: call.name.clone(),
                         args: call.args.clone(),
                         resumed: true,
+                    });
+                    continue;
+                }
+                SlotState::Approved => {
+                    runs.push(ToolRun {
+                        call: call.id.clone(),
+                        tool: call.name.clone(),
+                        args: call.args.clone(),
+                        resumed: false,
                     });
                     continue;
                 }
@@ -353,6 +438,32 @@ impl SessionState {
                     def.name(),
                     join(&allowed)
                 )));
+                continue;
+            }
+            if call.name == "ask_user" {
+                match ask_of(call) {
+                    Ok(a) => asks.push(a),
+                    Err(e) => refusals.push(refuse(e)),
+                }
+                continue;
+            }
+            if def.front.requires_approval.contains(&call.name)
+                || limits.approval_required.contains(&call.name)
+            {
+                let mut preview = call.args.to_string();
+                if preview.len() > 500 {
+                    let mut cut = 500;
+                    while !preview.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    preview.truncate(cut);
+                    preview.push('…');
+                }
+                approvals.push(ApprovalAsk {
+                    call: call.id.clone(),
+                    tool: call.name.clone(),
+                    preview,
+                });
                 continue;
             }
             if call.name != "call_agent" {
@@ -407,8 +518,16 @@ impl SessionState {
         if !runs.is_empty() {
             return Step::RunTools(runs);
         }
+        // Calls whose `ToolCalled` is recorded come before new pauses: while a tool runs
+        // its result is the next event (and after a crash its outcome is settled first).
         if !resumed.is_empty() {
             return Step::RunTools(resumed);
+        }
+        if !asks.is_empty() {
+            return Step::AskUser(asks);
+        }
+        if !approvals.is_empty() {
+            return Step::RequestApproval(approvals);
         }
         Step::Wait
     }
@@ -419,12 +538,18 @@ impl SessionState {
             return;
         };
         let explicit: u64 = ds.iter().filter_map(|d| d.budget.tokens).sum();
-        let implicit = ds.iter().filter(|d| d.budget.tokens.is_none()).count() as u64;
+        let implicit = ds
+            .iter()
+            .filter(|d| d.budget.tokens.is_none() && d.resume.is_none())
+            .count() as u64;
         if implicit == 0 {
             return;
         }
         let share = free.saturating_sub(explicit) / implicit;
-        for d in ds.iter_mut().filter(|d| d.budget.tokens.is_none()) {
+        for d in ds
+            .iter_mut()
+            .filter(|d| d.budget.tokens.is_none() && d.resume.is_none())
+        {
             d.budget.tokens = Some(share);
         }
     }
@@ -444,12 +569,41 @@ impl SessionState {
     ) -> Result<Delegation, String> {
         let args: CallAgentArgs = serde_json::from_value(call.args.clone())
             .map_err(|e| format!("call_agent: invalid arguments: {e}"))?;
-        if args.resume_token.is_some() {
-            return Err(
-                "call_agent: resuming a paused sub-agent with `resume_token` is not \
-                        supported by this runtime yet"
-                    .into(),
-            );
+        if let Some(token) = &args.resume_token {
+            // The claims are read here; the signature and the child's state are checked by
+            // the shell, which holds the secret.
+            let claims = crate::token::peek(token)
+                .map_err(|e| format!("call_agent: resume_token refused: {e}"))?;
+            let Some(child) = self.children.values().find(|c| c.child == claims.session) else {
+                return Err(format!(
+                    "call_agent: resume_token refused: it belongs to session {}, which is not \
+                     a sub-agent of this session",
+                    claims.session.display()
+                ));
+            };
+            let answers = args
+                .answers
+                .clone()
+                .unwrap_or(Value::Object(Default::default()));
+            if !answers.is_object() {
+                return Err("call_agent: `answers` must be an object".into());
+            }
+            return Ok(Delegation {
+                call: call.id.clone(),
+                child: claims.session.clone(),
+                agent: child.agent.clone(),
+                mission: String::new(),
+                context: None,
+                inputs: Value::Null,
+                custom: None,
+                depth: depth + 1,
+                budget: Budget::default(),
+                ancestry: path.to_vec(),
+                resume: Some(Resume {
+                    token: token.clone(),
+                    answers,
+                }),
+            });
         }
         let mission = args
             .mission
@@ -557,8 +711,42 @@ impl SessionState {
                 tokens: child_budget,
             },
             ancestry: path.to_vec(),
+            resume: None,
         })
     }
+}
+
+fn ask_of(call: &crate::message::ToolCall) -> Result<Ask, String> {
+    let q = call.args.get("questions").cloned().unwrap_or(Value::Null);
+    let ok = match &q {
+        Value::Array(a) => {
+            !a.is_empty()
+                && a.iter()
+                    .all(|x| x.is_string() || x.get("question").and_then(Value::as_str).is_some())
+        }
+        _ => false,
+    };
+    if !ok {
+        return Err(
+            "ask_user: `questions` must be a non-empty list of strings or of \
+                    {key, question} objects"
+                .into(),
+        );
+    }
+    Ok(Ask {
+        call: call.id.clone(),
+        questions: q,
+        context: call
+            .args
+            .get("context")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        defaults: call
+            .args
+            .get("proposed_defaults")
+            .cloned()
+            .unwrap_or(Value::Null),
+    })
 }
 
 fn join(set: &BTreeSet<String>) -> String {

@@ -140,6 +140,10 @@ pub struct Delegated {
     /// another tree); this call shares its outcome instead of starting a run.
     #[serde(default)]
     pub shared: bool,
+    /// This call continues `child`, which had paused for input (its answers were
+    /// recorded in its log as `InputProvided`).
+    #[serde(default)]
+    pub resumed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

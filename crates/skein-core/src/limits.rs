@@ -15,6 +15,9 @@ pub struct Limits {
     pub max_children_per_turn: u32,
     /// Tokens a whole tree may spend; none for no limit.
     pub max_tokens: Option<u64>,
+    /// Tools that always wait for a person's approval (an agent may add more with
+    /// `requires_approval`).
+    pub approval_required: Vec<String>,
 }
 
 impl Default for Limits {
@@ -24,6 +27,7 @@ impl Default for Limits {
             max_steps: 24,
             max_children_per_turn: 16,
             max_tokens: None,
+            approval_required: vec!["shell".into(), "write_file".into()],
         }
     }
 }

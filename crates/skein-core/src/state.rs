@@ -57,8 +57,36 @@ pub enum SlotState {
         allotted: Option<u64>,
         shared: bool,
     },
+    /// `ask_user`: waiting for a person's (or the parent's) answers.
+    Asked { token_id: String },
+    /// A tool that needs approval: waiting for it.
+    AwaitingApproval { token_id: String },
+    /// Approval given: the tool may run.
+    Approved,
     /// The outcome the model will be shown.
     Done { output: String, error: bool },
+}
+
+/// An open question of this session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingInput {
+    pub call: String,
+    /// Seq of the `InputRequested` event.
+    pub seq: u64,
+    pub token_id: String,
+    pub questions: Value,
+    pub context: Option<String>,
+    pub defaults: Value,
+}
+
+/// An open approval of this session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingApproval {
+    pub call: String,
+    pub seq: u64,
+    pub token_id: String,
+    pub tool: String,
+    pub preview: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -116,6 +144,10 @@ pub struct SessionState {
     pub updated_at: u64,
     /// Events of kinds this build does not know, kept for display.
     pub unknown_events: u32,
+    pub pending_inputs: Vec<PendingInput>,
+    pub pending_approvals: Vec<PendingApproval>,
+    /// Token ids already answered (a token is good once).
+    pub used_tokens: std::collections::BTreeSet<String>,
 }
 
 impl Default for SessionState {
@@ -143,6 +175,9 @@ impl Default for SessionState {
             started_at: 0,
             updated_at: 0,
             unknown_events: 0,
+            pending_inputs: vec![],
+            pending_approvals: vec![],
+            used_tokens: Default::default(),
         }
     }
 }
@@ -340,7 +375,9 @@ impl SessionState {
             }
             Event::ToolReturned(t) => self.finish_slot(&t.call, t.output.clone(), t.error),
             Event::Delegated(d) => {
-                self.delegations += 1;
+                if !d.resumed {
+                    self.delegations += 1;
+                }
                 if let Some(slot) = self.slot_mut(&d.call) {
                     slot.state = SlotState::Delegated {
                         child: d.child.clone(),
@@ -422,10 +459,73 @@ impl SessionState {
                 let (output, error) = call_agent_result(&c.child, &c.outcome, false);
                 self.finish_slot(&c.call, output, error);
             }
-            Event::InputRequested(_) => self.status = Status::AwaitingInput,
-            Event::InputProvided(_) => self.status = Status::Running,
-            Event::ApprovalRequested(_) => self.status = Status::AwaitingApproval,
-            Event::ApprovalGiven(_) => self.status = Status::Running,
+            Event::InputRequested(q) => {
+                let call = q.call.clone().unwrap_or_default();
+                if let Some(slot) = self.slot_mut(&call) {
+                    slot.state = SlotState::Asked {
+                        token_id: q.token_id.clone(),
+                    };
+                }
+                self.pending_inputs.push(PendingInput {
+                    call,
+                    seq: env.seq,
+                    token_id: q.token_id.clone(),
+                    questions: q.questions.clone(),
+                    context: q.context.clone(),
+                    defaults: q.defaults.clone(),
+                });
+            }
+            Event::InputProvided(a) => {
+                self.used_tokens.insert(a.token_id.clone());
+                if let Some(i) = self
+                    .pending_inputs
+                    .iter()
+                    .position(|p| p.token_id == a.token_id)
+                {
+                    let p = self.pending_inputs.remove(i);
+                    let output = serde_json::json!({"answers": a.answers}).to_string();
+                    self.finish_slot(&p.call, output, false);
+                }
+            }
+            Event::ApprovalRequested(r) => {
+                if let Some(slot) = self.slot_mut(&r.call) {
+                    slot.state = SlotState::AwaitingApproval {
+                        token_id: r.token_id.clone(),
+                    };
+                }
+                self.pending_approvals.push(PendingApproval {
+                    call: r.call.clone(),
+                    seq: env.seq,
+                    token_id: r.token_id.clone(),
+                    tool: r.tool.clone(),
+                    preview: r.preview.clone(),
+                });
+            }
+            Event::ApprovalGiven(g) => {
+                self.used_tokens.insert(g.token_id.clone());
+                if let Some(i) = self
+                    .pending_approvals
+                    .iter()
+                    .position(|p| p.token_id == g.token_id)
+                {
+                    let p = self.pending_approvals.remove(i);
+                    if g.approved {
+                        if let Some(slot) = self.slot_mut(&p.call) {
+                            slot.state = SlotState::Approved;
+                        }
+                    } else {
+                        let who = g.by.as_deref().unwrap_or("a person");
+                        let why = g
+                            .reason
+                            .as_deref()
+                            .map(|r| format!(": {r}"))
+                            .unwrap_or_default();
+                        let output =
+                            format!("`{}` was denied by {who}{why}; it did not run", p.tool);
+                        self.finish_slot(&p.call, output, true);
+                    }
+                }
+            }
             Event::PatchApplied(_) | Event::PatchRejected(_) => {}
             Event::Completed(c) => {
                 self.status = Status::Completed;
@@ -446,21 +546,22 @@ impl SessionState {
     }
 
     fn refresh_waiting(&mut self) {
-        if !matches!(self.status, Status::Running | Status::Waiting) {
+        if self.status.is_terminal() || self.status == Status::New {
             return;
         }
-        let waiting = !self.turn.is_empty()
-            && self
-                .turn
-                .iter()
-                .any(|s| matches!(s.state, SlotState::Delegated { .. }))
+        let any = |f: fn(&SlotState) -> bool| self.turn.iter().any(|s| f(&s.state));
+        self.status = if any(|s| matches!(s, SlotState::Asked { .. })) {
+            Status::AwaitingInput
+        } else if any(|s| matches!(s, SlotState::AwaitingApproval { .. })) {
+            Status::AwaitingApproval
+        } else if any(|s| matches!(s, SlotState::Delegated { .. }))
             && self.turn.iter().all(|s| {
                 matches!(
                     s.state,
                     SlotState::Delegated { .. } | SlotState::Done { .. }
                 )
-            });
-        self.status = if waiting {
+            })
+        {
             Status::Waiting
         } else {
             Status::Running

@@ -39,7 +39,7 @@ fn agents() -> AgentSet {
     };
     AgentSet::load(
         &[
-            f("boss", "agents: [a, b]\ntools: [list_dir, read_file]\nlimits: {max_children_per_turn: 3, max_steps: 8}\n"),
+            f("boss", "agents: [a, b]\ntools: [list_dir, read_file, write_file, ask_user]\nlimits: {max_children_per_turn: 3, max_steps: 8}\n"),
             f("a", "agents: [b]\ntools: [list_dir]\n"),
             f("b", "recursive: true\nagents: [b]\n"),
         ],
@@ -68,7 +68,15 @@ fn random_call(rng: &mut Rng, k: usize) -> ToolCall {
         }
         3 | 4 => ("list_dir", json!({"path": "."})),
         5 => ("read_file", json!({"path": "x"})),
-        6 => ("shell", json!({"cmd": "ls"})),
+        6 => match rng.below(4) {
+            0 => ("shell", json!({"cmd": "ls"})),
+            1 => ("write_file", json!({"path": "x", "content": "y"})),
+            2 => (
+                "ask_user",
+                json!({"questions": ["which?", {"key": "v", "question": "version?"}]}),
+            ),
+            _ => ("ask_user", json!({"questions": []})),
+        },
         _ => ("teleport", json!({})),
     };
     ToolCall {
@@ -85,7 +93,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
         max_depth: 2,
         max_steps: 8,
         max_children_per_turn: 4,
-        max_tokens: None,
+        ..Limits::default()
     };
     let def = set.get("boss").expect("boss").clone();
     let mut rng = Rng(seed | 1);
@@ -214,6 +222,8 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                                 agent: d.agent,
                                 mission_hash: "mh".into(),
                                 allotted_tokens: d.budget.tokens,
+                                shared: false,
+                                resumed: false,
                             }),
                             &mut log,
                             &mut state,
@@ -252,6 +262,58 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                         &mut state,
                     );
                 }
+            }
+            Step::AskUser(asks) => {
+                for a in asks {
+                    let body = skein_core::event::InputRequested {
+                        call: Some(a.call),
+                        questions: a.questions,
+                        context: a.context,
+                        defaults: a.defaults,
+                        token_id: format!("t{}", rng.next()),
+                    };
+                    push(Event::InputRequested(body), &mut log, &mut state);
+                }
+            }
+            Step::RequestApproval(v) => {
+                for a in v {
+                    let body = skein_core::event::ApprovalRequested {
+                        call: a.call,
+                        tool: a.tool,
+                        preview: a.preview,
+                        token_id: format!("a{}", rng.next()),
+                    };
+                    push(Event::ApprovalRequested(body), &mut log, &mut state);
+                }
+            }
+            Step::Wait if !state.pending_inputs.is_empty() && rng.below(2) == 0 => {
+                let p = state.pending_inputs[0].clone();
+                let body = skein_core::event::InputProvided {
+                    answers: json!({"q1": "yes", "v": "3.12"}),
+                    token_id: p.token_id,
+                    by: None,
+                };
+                push(Event::InputProvided(body), &mut log, &mut state);
+            }
+            Step::Wait if !state.pending_approvals.is_empty() => {
+                let p = state.pending_approvals[0].clone();
+                let body = skein_core::event::ApprovalGiven {
+                    call: p.call,
+                    approved: rng.below(2) == 0,
+                    by: Some("tester".into()),
+                    reason: None,
+                    token_id: p.token_id,
+                };
+                push(Event::ApprovalGiven(body), &mut log, &mut state);
+            }
+            Step::Wait if state.outstanding_children().is_empty() => {
+                let p = state.pending_inputs[0].clone();
+                let body = skein_core::event::InputProvided {
+                    answers: json!({}),
+                    token_id: p.token_id,
+                    by: None,
+                };
+                push(Event::InputProvided(body), &mut log, &mut state);
             }
             Step::Wait => {
                 let out = state.outstanding_children();
@@ -427,7 +489,7 @@ fn a_non_deterministic_next_is_caught_with_the_diverging_seq() {
         max_depth: 2,
         max_steps: 8,
         max_children_per_turn: 4,
-        max_tokens: None,
+        ..Limits::default()
     };
     let def = set.get("boss").expect("boss").clone();
     let (log, _, _) = (1..500u64)

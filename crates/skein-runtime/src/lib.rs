@@ -7,6 +7,7 @@
 
 pub mod audit;
 pub mod conformance;
+pub mod hitl;
 pub mod inspect;
 pub mod ports;
 pub mod replay;

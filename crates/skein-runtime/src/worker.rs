@@ -17,8 +17,9 @@ use serde::Serialize;
 use serde_json::Value;
 use skein_core::decide::{Delegation, Refusal, ToolRun};
 use skein_core::event::{
-    genesis_hash, BlobRef, CacheHit, ChildSettled, Completed, Delegated, Failed, ModelCalled,
-    ModelFailed, Outcome, ParentRef, Submitted, ToolCalled, ToolReturned,
+    genesis_hash, ApprovalRequested, BlobRef, CacheHit, ChildSettled, Completed, Delegated, Failed,
+    InputProvided, InputRequested, ModelCalled, ModelFailed, Outcome, ParentRef, Submitted,
+    ToolCalled, ToolReturned,
 };
 use skein_core::hash::{mission_hash, MissionKey};
 use skein_core::{
@@ -52,6 +53,8 @@ pub struct RuntimeConfig {
     pub cache_ttl: Option<Duration>,
     /// Folded states kept in memory.
     pub state_cache: usize,
+    /// Signs resume tokens.
+    pub token_secret: crate::hitl::Secret,
 }
 
 impl Default for RuntimeConfig {
@@ -64,6 +67,7 @@ impl Default for RuntimeConfig {
             blob_threshold: 64 * 1024,
             cache_ttl: Some(Duration::from_secs(24 * 3600)),
             state_cache: 10_000,
+            token_secret: crate::hitl::Secret(crate::hitl::new_token_id().into_bytes()),
         }
     }
 }
@@ -384,6 +388,11 @@ impl Runtime {
         Ok((f, cold))
     }
 
+    /// Gives a fold back to the cache (after `load`).
+    pub fn keep_state(&self, f: Folded) {
+        self.keep(f)
+    }
+
     fn keep(&self, f: Folded) {
         let mut states = lock(&self.states);
         if states.len() >= self.cfg.state_cache {
@@ -461,6 +470,14 @@ impl Runtime {
             match step {
                 Step::Idle => return Ok(()),
                 Step::Wait => {
+                    if f.state.status == Status::AwaitingInput {
+                        // A child's question goes to its parent: wake it to read it.
+                        if let Some(p) = f.state.submitted.as_ref().and_then(|s| s.parent.clone()) {
+                            self.backend.notices.post(&p.session, &f.id).await?;
+                            let pool = p.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+                            self.backend.jobs.push(&pool, &p.session).await?;
+                        }
+                    }
                     let settled = self.collect_settlements(f, cold).await?;
                     cold = false;
                     if settled == 0 {
@@ -472,6 +489,35 @@ impl Runtime {
                     self.call_model(f, &def, request, &tool_names, job).await?
                 }
                 Step::Refuse(rs) => self.refuse(f, rs).await?,
+                Step::AskUser(asks) => {
+                    let events = asks
+                        .into_iter()
+                        .map(|a| {
+                            Event::InputRequested(InputRequested {
+                                call: Some(a.call),
+                                questions: a.questions,
+                                context: a.context,
+                                defaults: a.defaults,
+                                token_id: crate::hitl::new_token_id(),
+                            })
+                        })
+                        .collect();
+                    self.append_all(f, events).await?
+                }
+                Step::RequestApproval(v) => {
+                    let events = v
+                        .into_iter()
+                        .map(|a| {
+                            Event::ApprovalRequested(ApprovalRequested {
+                                call: a.call,
+                                tool: a.tool,
+                                preview: a.preview,
+                                token_id: crate::hitl::new_token_id(),
+                            })
+                        })
+                        .collect();
+                    self.append_all(f, events).await?
+                }
                 Step::Delegate(ds) => self.delegate(f, &def, ds).await?,
                 Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,
                 Step::Complete { answer } => {
@@ -626,6 +672,16 @@ impl Runtime {
         let mut creations = vec![];
         let mut jobs = vec![];
         for d in ds {
+            if let Some(resume) = &d.resume {
+                parent_events.push(self.resume_child(f, &d, resume).await?);
+                if let Some(Event::Delegated(_)) = parent_events.last() {
+                    let (cf, _) = self.load(&d.child).await?;
+                    let pool = cf.state.submitted.as_ref().and_then(|s| s.pool.clone());
+                    self.keep(cf);
+                    jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));
+                }
+                continue;
+            }
             let child_def: Arc<AgentDef> = match &d.custom {
                 Some(c) => Arc::new(AgentDef::custom(def, &c.system_prompt, &c.tools)?),
                 None => match self.agents.get(&d.agent) {
@@ -684,6 +740,7 @@ impl Runtime {
                         mission_hash: hash,
                         allotted_tokens: None,
                         shared: true,
+                        resumed: false,
                     }));
                     continue;
                 }
@@ -718,6 +775,7 @@ impl Runtime {
                 mission_hash: hash,
                 allotted_tokens: d.budget.tokens,
                 shared: false,
+                resumed: false,
             }));
         }
         // Children first (in parallel, so their flushes are shared), then the parent's
@@ -735,6 +793,92 @@ impl Runtime {
             self.backend.jobs.push(&pool, &child).await?;
         }
         Ok(())
+    }
+
+    /// Continues a paused child with the parent model's answers: checks the token against
+    /// the child's log, records the answers there, and returns the parent's event — a
+    /// `Delegated {resumed}` or, when the token does not hold, a tool error.
+    async fn resume_child(
+        &self,
+        f: &Folded,
+        d: &Delegation,
+        resume: &skein_core::decide::Resume,
+    ) -> Result<Event> {
+        let refuse = |why: String| {
+            Event::ToolReturned(ToolReturned {
+                call: d.call.clone(),
+                output: format!("call_agent: resume_token refused: {why}"),
+                error: true,
+                ms: 0,
+                blob: None,
+            })
+        };
+        let by = format!("{}#{}", f.id, d.call);
+        // A crash after the answers were recorded but before `Delegated`: finish the job.
+        let (cf, _) = self.load(&d.child).await?;
+        let ours = !cf.state.used_tokens.is_empty()
+            && self
+                .backend
+                .log
+                .read(&d.child, 1)
+                .await?
+                .iter()
+                .any(|r| matches!(&r.env.body, Event::InputProvided(p) if p.by.as_deref() == Some(by.as_str())));
+        let mission_hash = cf
+            .state
+            .submitted
+            .as_ref()
+            .map(|s| s.mission_hash.clone())
+            .unwrap_or_default();
+        self.keep(cf);
+        if !ours {
+            let (claims, cf) = match crate::hitl::check_token(self, &resume.token, "input").await {
+                Ok(x) => x,
+                Err(Error::Rejected(why)) => return Ok(refuse(why)),
+                Err(e) => return Err(e),
+            };
+            if claims.session != d.child {
+                self.keep(cf);
+                return Ok(refuse(format!(
+                    "it belongs to session {}",
+                    claims.session.display()
+                )));
+            }
+            let questions = cf
+                .state
+                .pending_inputs
+                .iter()
+                .find(|p| p.token_id == claims.nonce)
+                .map(|p| p.questions.clone())
+                .unwrap_or_default();
+            if let Err(Error::Rejected(why)) =
+                crate::hitl::check_answers(&questions, &resume.answers)
+            {
+                self.keep(cf);
+                return Ok(refuse(why));
+            }
+            let nonce = claims.nonce.clone();
+            let body = Event::InputProvided(InputProvided {
+                answers: resume.answers.clone(),
+                token_id: nonce.clone(),
+                by: Some(by),
+            });
+            let valid = |g: &Folded| g.state.pending_inputs.iter().any(|p| p.token_id == nonce);
+            match crate::hitl::append_from_outside(self, cf, body, valid).await {
+                Ok(cf) => self.keep(cf),
+                Err(Error::Rejected(why)) => return Ok(refuse(why)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Event::Delegated(Delegated {
+            call: d.call.clone(),
+            child: d.child.clone(),
+            agent: d.agent.clone(),
+            mission_hash,
+            allotted_tokens: None,
+            shared: false,
+            resumed: true,
+        }))
     }
 
     /// Claims the run of `hash` for `child`; returns the session to share instead when an
@@ -916,7 +1060,10 @@ impl Runtime {
                 continue;
             };
             match last? {
-                Some(rec) => match outcome_of(&rec.env.body) {
+                Some(rec) => match match outcome_of(&rec.env.body) {
+                    Some(o) => Some(o),
+                    None => self.needs_input(child).await?,
+                } {
                     Some(outcome) => {
                         for call in calls {
                             events.push(Event::ChildSettled(ChildSettled {
@@ -945,6 +1092,23 @@ impl Runtime {
         let n = events.len();
         self.append_all(f, events).await?;
         Ok(n)
+    }
+
+    /// The outcome a parent is shown for a child paused on a question: the questions and a
+    /// token to resume it with.
+    async fn needs_input(&self, child: &SessionId) -> Result<Option<Outcome>> {
+        let (cf, _) = self.load(child).await?;
+        let out = (cf.state.status == Status::AwaitingInput)
+            .then(|| cf.state.pending_inputs.first().cloned())
+            .flatten()
+            .map(|p| Outcome::NeedsInput {
+                questions: p.questions.clone(),
+                context: p.context.clone(),
+                defaults: p.defaults.clone(),
+                token: crate::hitl::input_token(&self.cfg.token_secret, child, &p),
+            });
+        self.keep(cf);
+        Ok(out)
     }
 
     /// What happens once a session has ended: cache its answer, wake its parent, announce

@@ -8,6 +8,7 @@ use crate::{Cli, Command};
 pub mod agents;
 pub mod audit;
 pub mod bench;
+pub mod hitl;
 pub mod replay;
 pub mod run;
 pub mod show;
@@ -29,5 +30,9 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Replay(a) => replay::replay(&app, a).await,
         Command::Fork(a) => replay::fork_cmd(&app, a).await,
         Command::Audit(a) => audit::run(&app, a).await,
+        Command::Inbox(a) => hitl::inbox(&app, a).await,
+        Command::Answer(a) => hitl::answer(&app, a).await,
+        Command::Approve(a) => hitl::approve(&app, a, true).await,
+        Command::Deny(a) => hitl::approve(&app, a, false).await,
     }
 }

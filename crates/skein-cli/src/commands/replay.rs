@@ -224,6 +224,9 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) {
                 SlotState::Pending => "pending".to_string(),
                 SlotState::Running => "running (ToolCalled, no result yet)".to_string(),
                 SlotState::Delegated { child, .. } => format!("waiting for {}", child.display()),
+                SlotState::Asked { .. } => "waiting for an answer".to_string(),
+                SlotState::AwaitingApproval { .. } => "waiting for approval".to_string(),
+                SlotState::Approved => "approved, not yet run".to_string(),
                 SlotState::Done { error, .. } => {
                     if *error {
                         "done (error)".into()

@@ -125,6 +125,7 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
     let summary = summarize(&rows);
     let st = &root.state;
     if json {
+        let inbox = skein_runtime::hitl::inbox(rt, std::slice::from_ref(&root.id)).await?;
         let v = serde_json::json!({
             "session": root.id.to_string(),
             "status": st.status.as_str(),
@@ -132,6 +133,7 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
             "error": st.error,
             "summary": summary,
             "tree": rows,
+            "waiting": inbox,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -140,11 +142,35 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
             Status::Failed | Status::Cancelled => {
                 println!("failed: {}", st.error.as_deref().unwrap_or("unknown error"))
             }
-            other => println!(
-                "paused ({}): nothing can run until it gets input; see `skein tree {}`",
-                other.as_str(),
-                root.id
-            ),
+            other => {
+                println!("paused ({}): waiting for you:", other.as_str());
+                for it in skein_runtime::hitl::inbox(rt, std::slice::from_ref(&root.id)).await? {
+                    match it.kind.as_str() {
+                        "question" => {
+                            for q in &it.questions {
+                                println!(
+                                    "  {}: {}",
+                                    q["key"].as_str().unwrap_or(""),
+                                    q["question"].as_str().unwrap_or("")
+                                );
+                            }
+                            println!("  → skein answer {} --set KEY=VALUE …", it.token);
+                        }
+                        _ => {
+                            println!(
+                                "  approve `{}` in {}: {}",
+                                it.tool.as_deref().unwrap_or("?"),
+                                it.session,
+                                it.preview.as_deref().unwrap_or("")
+                            );
+                            println!(
+                                "  → skein approve {}   or   skein deny {} --reason …",
+                                it.token, it.token
+                            );
+                        }
+                    }
+                }
+            }
         }
         eprintln!();
         eprintln!("{}", render::summary_line(&summary));

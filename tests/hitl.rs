@@ -1,0 +1,329 @@
+//! Human in the loop, end to end on the embedded backend: questions that bubble up,
+//! answers from outside, approvals, and token safety.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use common::*;
+use skein_core::SessionId;
+use skein_runtime::sled_backend::SledStore;
+
+const HELPER: &str = r#"
+turns:
+  - tool_calls:
+      - tool: ask_user
+        args:
+          questions: [{key: version, question: "Which Python version?"}]
+          context: "setting up the project"
+          proposed_defaults: {version: "3.12"}
+  - answer: "helper used {{ results[0].answers.version }}"
+"#;
+
+/// The root delegates to a helper that asks; the question bubbles up; the root asks the
+/// person itself, then resumes the helper with the answer.
+fn bubbling(sb: &Sandbox) {
+    sb.agent(
+        "boss",
+        "agents: [helper]\ntools: [ask_user]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: helper, mission: "set up the project"}
+  - tool_calls:
+      - tool: ask_user
+        args:
+          questions: [{key: version, question: "{{ results[0].need_user_input.questions[0].question }}"}]
+          context: "my helper asks: {{ results[0].need_user_input.context }}"
+  - tool_calls:
+      - tool: call_agent
+        args:
+          resume_token: "{{ all_results[0].resume_token }}"
+          answers: {version: "{{ results[0].answers.version }}"}
+  - answer: "{{ results[0].result }}"
+"#,
+    )
+    .agent("helper", "tools: [ask_user]\n", HELPER);
+}
+
+fn run(sb: &Sandbox, args: &[&str]) -> std::process::Output {
+    skein(&sb.config(), &sb.data()).args(args).output().unwrap()
+}
+
+fn inbox(sb: &Sandbox) -> Vec<serde_json::Value> {
+    let out = run(sb, &["inbox", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).unwrap()
+}
+
+/// Every log of every tree, as text, to show that a refusal changed nothing.
+fn all_logs(sb: &Sandbox) -> String {
+    let out = run(sb, &["sessions", "--json"]);
+    let roots: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut all = String::new();
+    for r in roots {
+        let tree = run(sb, &["tree", r["session"].as_str().unwrap(), "--json"]);
+        let tree: serde_json::Value = serde_json::from_slice(&tree.stdout).unwrap();
+        for s in tree["sessions"].as_array().unwrap() {
+            let ev = run(sb, &["events", s["session"].as_str().unwrap(), "--json"]);
+            all.push_str(&String::from_utf8_lossy(&ev.stdout));
+        }
+    }
+    all
+}
+
+fn no_jobs(sb: &Sandbox) -> u64 {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = SledStore::open(&sb.data(), &sb.data().join("workspaces")).unwrap();
+        store.backend().jobs.depth("default").await.unwrap()
+    })
+}
+
+#[test]
+fn a_child_question_bubbles_up_pauses_the_root_and_an_answer_finishes_the_tree() {
+    let sb = Sandbox::new();
+    bubbling(&sb);
+    let out = run(&sb, &["run", "--agent", "boss", "--json", "set up"]);
+    assert_eq!(out.status.code(), Some(3), "paused: {}", String::from_utf8_lossy(&out.stderr));
+    let paused: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(paused["status"], "awaiting_input");
+    let root = paused["session"].as_str().unwrap().to_string();
+    // The helper paused too, and its question reached its parent, not the person.
+    let tree = paused["tree"].as_array().unwrap();
+    assert_eq!(tree[1]["status"], "awaiting_input");
+    assert_eq!(no_jobs(&sb), 0, "no job is held or waiting while the tree waits");
+
+    let items = inbox(&sb);
+    assert_eq!(items.len(), 1, "only the root's question is for the person: {items:?}");
+    assert_eq!(items[0]["session"], root.as_str());
+    assert_eq!(items[0]["questions"][0]["key"], "version");
+    assert_eq!(items[0]["questions"][0]["question"], "Which Python version?");
+    assert_eq!(items[0]["context"], "my helper asks: setting up the project");
+    let token = items[0]["token"].as_str().unwrap().to_string();
+
+    // Missing keys are reported, not guessed from the proposed defaults.
+    let out = run(&sb, &["answer", &token, "--set", "other=1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing answers: `version` (Which Python version?)"));
+
+    let out = run(&sb, &["answer", &token, "--set", "version=3.11"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().next(), Some("helper used 3.11"));
+    assert!(inbox(&sb).is_empty());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(audit_tree(&sb.data(), &SessionId::parse(&root).unwrap(), &sb.dir.path().join("agents")));
+}
+
+#[test]
+fn two_children_waiting_at_once_each_get_their_own_answer_in_either_order() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [asker]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: asker, mission: "left", inputs: {key: a}}
+      - tool: call_agent
+        args: {agent: asker, mission: "right", inputs: {key: b}}
+  - tool_calls:
+      - tool: call_agent
+        args: {resume_token: "{{ results[1].resume_token }}", answers: {b: "B-answer"}}
+      - tool: call_agent
+        args: {resume_token: "{{ results[0].resume_token }}", answers: {a: "A-answer"}}
+  - answer: "{{ results[0].result }} | {{ results[1].result }}"
+"#,
+    )
+    .agent(
+        "asker",
+        "tools: [ask_user]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: ask_user
+        args: {questions: [{key: "{{ inputs.key }}", question: "value for {{ mission }}?"}]}
+  - answer: "{{ mission }} got {{ results[0].answers[inputs.key] }}"
+"#,
+    );
+    let out = run(&sb, &["run", "--agent", "boss", "--json", "both"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["answer"], "right got B-answer | left got A-answer", "{v}");
+    // Each child was asked once and resumed once.
+    let id = v["session"].as_str().unwrap();
+    for child in ["asker-1", "asker-2"] {
+        let ev = run(&sb, &["events", &format!("{id}/{child}")]);
+        let text = String::from_utf8_lossy(&ev.stdout);
+        assert_eq!(text.matches("InputRequested").count(), 1, "{text}");
+        assert_eq!(text.matches("InputProvided").count(), 1, "{text}");
+    }
+}
+
+#[test]
+fn kill9_right_after_the_answer_is_recorded_still_resumes() {
+    let sb = Sandbox::new();
+    bubbling(&sb);
+    // The helper takes its time after the answer, so the kill lands mid-tree.
+    std::fs::write(sb.dir.path().join("scripts/helper.yaml"), HELPER.replace("turns:", "latency_ms: 400\nturns:")).unwrap();
+    let out = run(&sb, &["run", "--agent", "boss", "--json", "set up"]);
+    assert_eq!(out.status.code(), Some(3));
+    let root = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["session"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let token = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["answer", &token, "--set", "version=3.10"]).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        if line.unwrap().starts_with("recorded for") {
+            break;
+        }
+    }
+    std::process::Command::new("kill").args(["-9", &child.id().to_string()]).status().unwrap();
+    child.wait().unwrap();
+    let out = run(&sb, &["resume", &root, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["answer"], "helper used 3.10");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(audit_tree(&sb.data(), &SessionId::parse(&root).unwrap(), &sb.dir.path().join("agents")));
+}
+
+#[test]
+fn bad_tokens_are_refused_with_their_reason_and_change_no_log() {
+    let sb = Sandbox::new();
+    bubbling(&sb);
+    let out = run(&sb, &["run", "--agent", "boss", "--json", "set up"]);
+    assert_eq!(out.status.code(), Some(3));
+    let paused: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let root = paused["session"].as_str().unwrap().to_string();
+    let token = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
+    // The helper's own token (shown to the parent model in its tool result).
+    let ev = run(&sb, &["events", &root, "--json"]);
+    let child_token = String::from_utf8_lossy(&ev.stdout)
+        .lines()
+        .find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            let out = v["body"]["data"]["outcome"]["token"].as_str()?.to_string();
+            Some(out)
+        })
+        .expect("the helper's token in the root's ChildSettled");
+
+    let before = all_logs(&sb);
+    let mut forged = token.clone();
+    let last = forged.pop().unwrap();
+    forged.push(if last == '0' { '1' } else { '0' });
+    let cases = [
+        (forged, "forged token"),
+        ("skt1.nothex.00".to_string(), "malformed token"),
+        ("hello".to_string(), "malformed token"),
+        (child_token, "belongs to sub-agent"),
+    ];
+    for (t, reason) in &cases {
+        let out = run(&sb, &["answer", t, "--set", "version=1"]);
+        assert!(!out.status.success(), "{t} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(reason), "{t}: {err}");
+        let out = run(&sb, &["approve", t]);
+        assert!(!out.status.success());
+    }
+    assert_eq!(all_logs(&sb), before, "a refused token changed a log");
+
+    // A good answer, then the same token again: reused.
+    let out = run(&sb, &["answer", &token, "--set", "version=3.9"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let before = all_logs(&sb);
+    let out = run(&sb, &["answer", &token, "--set", "version=2.7"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reused token"));
+    assert_eq!(all_logs(&sb), before);
+}
+
+#[test]
+fn stale_tokens_of_a_session_that_moved_on_are_refused() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "twice",
+        "tools: [ask_user]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: ask_user
+        args: {questions: ["first?"]}
+  - tool_calls:
+      - tool: ask_user
+        args: {questions: ["second?"]}
+  - answer: "{{ all_results | map(attribute='answers') | map(attribute='q1') | join(',') }}"
+"#,
+    );
+    let out = run(&sb, &["run", "--agent", "twice", "--json", "ask twice"]);
+    assert_eq!(out.status.code(), Some(3));
+    let first = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
+    let out = run(&sb, &["answer", &first, "--set", "q1=one"]);
+    assert_eq!(out.status.code(), Some(3), "paused again on the second question");
+    let second = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
+    assert_ne!(first, second);
+    let before = all_logs(&sb);
+    let out = run(&sb, &["answer", &first, "--set", "q1=late"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("reused token") || err.contains("stale token"), "{err}");
+    assert_eq!(all_logs(&sb), before);
+    let out = run(&sb, &["answer", &second, "--json", "{\"q1\": \"two\"}"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().next(), Some("one,two"));
+}
+
+fn writer_agent(sb: &Sandbox) {
+    sb.agent(
+        "scribe",
+        "tools: [write_file, read_file]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: write_file
+        args: {path: "notes.txt", content: "approved content"}
+  - answer: "{{ results[0] }}"
+"#,
+    );
+}
+
+#[test]
+fn an_approved_tool_runs_and_a_denied_one_never_does() {
+    for approve in [true, false] {
+        let sb = Sandbox::new();
+        writer_agent(&sb);
+        let out = run(&sb, &["run", "--agent", "scribe", "--json", "write notes"]);
+        assert_eq!(out.status.code(), Some(3));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["status"], "awaiting_approval");
+        let root = v["session"].as_str().unwrap().to_string();
+        let items = inbox(&sb);
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0]["kind"], "approval");
+        assert_eq!(items[0]["tool"], "write_file");
+        assert!(items[0]["preview"].as_str().unwrap().contains("notes.txt"));
+        let token = items[0]["token"].as_str().unwrap().to_string();
+        let file = sb.data().join("workspaces").join(&root).join("notes.txt");
+        assert!(!file.exists(), "nothing ran before the decision");
+        let out = if approve {
+            run(&sb, &["approve", &token])
+        } else {
+            run(&sb, &["deny", &token, "--reason", "not today"])
+        };
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let answer = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
+        if approve {
+            assert_eq!(std::fs::read_to_string(&file).unwrap(), "approved content");
+            assert!(answer.contains("wrote"), "{answer}");
+        } else {
+            assert!(!file.exists(), "a denied tool ran");
+            assert!(answer.contains("`write_file` was denied") && answer.contains("not today"), "{answer}");
+        }
+    }
+}
