@@ -54,7 +54,11 @@ fn run(sb: &Sandbox, args: &[&str]) -> std::process::Output {
 
 fn inbox(sb: &Sandbox) -> Vec<serde_json::Value> {
     let out = run(sb, &["inbox", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).unwrap()
 }
 
@@ -87,34 +91,65 @@ fn a_child_question_bubbles_up_pauses_the_root_and_an_answer_finishes_the_tree()
     let sb = Sandbox::new();
     bubbling(&sb);
     let out = run(&sb, &["run", "--agent", "boss", "--json", "set up"]);
-    assert_eq!(out.status.code(), Some(3), "paused: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "paused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let paused: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(paused["status"], "awaiting_input");
     let root = paused["session"].as_str().unwrap().to_string();
     // The helper paused too, and its question reached its parent, not the person.
     let tree = paused["tree"].as_array().unwrap();
     assert_eq!(tree[1]["status"], "awaiting_input");
-    assert_eq!(no_jobs(&sb), 0, "no job is held or waiting while the tree waits");
+    assert_eq!(
+        no_jobs(&sb),
+        0,
+        "no job is held or waiting while the tree waits"
+    );
 
     let items = inbox(&sb);
-    assert_eq!(items.len(), 1, "only the root's question is for the person: {items:?}");
+    assert_eq!(
+        items.len(),
+        1,
+        "only the root's question is for the person: {items:?}"
+    );
     assert_eq!(items[0]["session"], root.as_str());
     assert_eq!(items[0]["questions"][0]["key"], "version");
-    assert_eq!(items[0]["questions"][0]["question"], "Which Python version?");
-    assert_eq!(items[0]["context"], "my helper asks: setting up the project");
+    assert_eq!(
+        items[0]["questions"][0]["question"],
+        "Which Python version?"
+    );
+    assert_eq!(
+        items[0]["context"],
+        "my helper asks: setting up the project"
+    );
     let token = items[0]["token"].as_str().unwrap().to_string();
 
     // Missing keys are reported, not guessed from the proposed defaults.
     let out = run(&sb, &["answer", &token, "--set", "other=1"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("missing answers: `version` (Which Python version?)"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("missing answers: `version` (Which Python version?)"));
 
     let out = run(&sb, &["answer", &token, "--set", "version=3.11"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().next(), Some("helper used 3.11"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().next(),
+        Some("helper used 3.11")
+    );
     assert!(inbox(&sb).is_empty());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(audit_tree(&sb.data(), &SessionId::parse(&root).unwrap(), &sb.dir.path().join("agents")));
+    rt.block_on(audit_tree(
+        &sb.data(),
+        &SessionId::parse(&root).unwrap(),
+        &sb.dir.path().join("agents"),
+    ));
 }
 
 #[test]
@@ -150,7 +185,11 @@ turns:
 "#,
     );
     let out = run(&sb, &["run", "--agent", "boss", "--json", "both"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["answer"], "right got B-answer | left got A-answer", "{v}");
     // Each child was asked once and resumed once.
@@ -168,7 +207,11 @@ fn kill9_right_after_the_answer_is_recorded_still_resumes() {
     let sb = Sandbox::new();
     bubbling(&sb);
     // The helper takes its time after the answer, so the kill lands mid-tree.
-    std::fs::write(sb.dir.path().join("scripts/helper.yaml"), HELPER.replace("turns:", "latency_ms: 400\nturns:")).unwrap();
+    std::fs::write(
+        sb.dir.path().join("scripts/helper.yaml"),
+        HELPER.replace("turns:", "latency_ms: 400\nturns:"),
+    )
+    .unwrap();
     let out = run(&sb, &["run", "--agent", "boss", "--json", "set up"]);
     assert_eq!(out.status.code(), Some(3));
     let root = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["session"]
@@ -177,21 +220,34 @@ fn kill9_right_after_the_answer_is_recorded_still_resumes() {
         .to_string();
     let token = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
     let mut c = skein(&sb.config(), &sb.data());
-    c.args(["answer", &token, "--set", "version=3.10"]).stdout(Stdio::null()).stderr(Stdio::piped());
+    c.args(["answer", &token, "--set", "version=3.10"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     for line in BufReader::new(child.stderr.take().unwrap()).lines() {
         if line.unwrap().starts_with("recorded for") {
             break;
         }
     }
-    std::process::Command::new("kill").args(["-9", &child.id().to_string()]).status().unwrap();
+    std::process::Command::new("kill")
+        .args(["-9", &child.id().to_string()])
+        .status()
+        .unwrap();
     child.wait().unwrap();
     let out = run(&sb, &["resume", &root, "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["answer"], "helper used 3.10");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(audit_tree(&sb.data(), &SessionId::parse(&root).unwrap(), &sb.dir.path().join("agents")));
+    rt.block_on(audit_tree(
+        &sb.data(),
+        &SessionId::parse(&root).unwrap(),
+        &sb.dir.path().join("agents"),
+    ));
 }
 
 #[test]
@@ -236,7 +292,11 @@ fn bad_tokens_are_refused_with_their_reason_and_change_no_log() {
 
     // A good answer, then the same token again: reused.
     let out = run(&sb, &["answer", &token, "--set", "version=3.9"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let before = all_logs(&sb);
     let out = run(&sb, &["answer", &token, "--set", "version=2.7"]);
     assert!(!out.status.success());
@@ -265,18 +325,28 @@ turns:
     assert_eq!(out.status.code(), Some(3));
     let first = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
     let out = run(&sb, &["answer", &first, "--set", "q1=one"]);
-    assert_eq!(out.status.code(), Some(3), "paused again on the second question");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "paused again on the second question"
+    );
     let second = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
     assert_ne!(first, second);
     let before = all_logs(&sb);
     let out = run(&sb, &["answer", &first, "--set", "q1=late"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("reused token") || err.contains("stale token"), "{err}");
+    assert!(
+        err.contains("reused token") || err.contains("stale token"),
+        "{err}"
+    );
     assert_eq!(all_logs(&sb), before);
     let out = run(&sb, &["answer", &second, "--json", "{\"q1\": \"two\"}"]);
     assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().next(), Some("one,two"));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().next(),
+        Some("one,two")
+    );
 }
 
 fn writer_agent(sb: &Sandbox) {
@@ -316,14 +386,25 @@ fn an_approved_tool_runs_and_a_denied_one_never_does() {
         } else {
             run(&sb, &["deny", &token, "--reason", "not today"])
         };
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let answer = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let answer = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .to_string();
         if approve {
             assert_eq!(std::fs::read_to_string(&file).unwrap(), "approved content");
             assert!(answer.contains("wrote"), "{answer}");
         } else {
             assert!(!file.exists(), "a denied tool ran");
-            assert!(answer.contains("`write_file` was denied") && answer.contains("not today"), "{answer}");
+            assert!(
+                answer.contains("`write_file` was denied") && answer.contains("not today"),
+                "{answer}"
+            );
         }
     }
 }

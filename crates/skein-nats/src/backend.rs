@@ -1,0 +1,969 @@
+//! The JetStream implementation of every port.
+//!
+//! | port | NATS |
+//! | --- | --- |
+//! | EventLog | stream `SKEIN_EVENTS`, subject `skein.events.<session>`; appends carry `Nats-Expected-Last-Subject-Sequence` (one writer per session) and `Nats-Msg-Id = <session>:<seq>` (a retried publish is dropped as a duplicate) |
+//! | JobQueue | stream `SKEIN_JOBS` (work queue), subject `skein.jobs.<pool>.<session>`, one durable pull consumer per pool |
+//! | Cache | KV `skein_cache`; single-flight claims in KV `skein_inflight` |
+//! | Blobs | object store `skein_blobs`, named by blake3 hash |
+//! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
+//! | Announcer | core subject `skein.results.<root>` |
+//! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
+//!
+//! Job coalescing: `SKEIN_JOBS` keeps at most one message per subject and refuses a new
+//! one while it exists (`discard_new_per_subject`), so a session has at most one job,
+//! pending or held. A push refused that way writes a wake marker (KV `skein_wake`) and
+//! tries once more (the job may have been acked in between); a holder, after its ack, reads
+//! the marker and, if set, clears it and pushes again. Either the second publish lands, or
+//! the marker was written before the ack and is seen after it: no wake-up is lost.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
+use async_nats::jetstream::{self, consumer, kv, object_store, stream, Context};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use skein_core::{Record, SessionId};
+use skein_runtime::ports::{
+    Announcer, Blobs, Cache, CacheEntry, EventLog, Job, JobQueue, Notices, RootResult, Workspaces,
+};
+use skein_runtime::{Backend, Error, Result};
+use skein_tools::workspace::DirEntry;
+use skein_tools::{ToolError, Workspace};
+use tokio::io::AsyncReadExt;
+
+use crate::config::{duration, NatsConfig};
+
+pub const EVENTS: &str = "SKEIN_EVENTS";
+pub const JOBS: &str = "SKEIN_JOBS";
+pub const NOTICES: &str = "SKEIN_NOTICES";
+pub const MISSIONS: &str = "SKEIN_MISSIONS";
+
+fn nats_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Backend(format!("nats: {what}: {e}"))
+}
+
+fn events_subject(s: &SessionId) -> String {
+    format!("skein.events.{}", s.as_str())
+}
+
+fn storage(cfg: &NatsConfig) -> stream::StorageType {
+    if cfg.storage == "memory" {
+        stream::StorageType::Memory
+    } else {
+        stream::StorageType::File
+    }
+}
+
+fn age(s: &str) -> Duration {
+    duration(s).unwrap_or_default()
+}
+
+/// Everything the backend holds on to.
+pub struct NatsStore {
+    pub client: async_nats::Client,
+    pub js: Context,
+    events: stream::Stream,
+    jobs_stream: stream::Stream,
+    notices: stream::Stream,
+    cache: kv::Store,
+    inflight: kv::Store,
+    wake: kv::Store,
+    blobs: object_store::ObjectStore,
+    workspace: object_store::ObjectStore,
+    cfg: NatsConfig,
+    /// Last known (our seq, stream seq) per session: appends need the stream seq.
+    heads: Mutex<HashMap<SessionId, (u64, u64)>>,
+    consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
+    held: Mutex<HashMap<String, Arc<jetstream::message::Acker>>>,
+    /// Lease given to pool consumers (their ack wait).
+    lease: Duration,
+}
+
+/// Creates or updates every stream and bucket. Idempotent.
+pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
+    let st = storage(cfg);
+    let r = cfg.replicas.max(1);
+    let put = |c: stream::Config| async move {
+        match js.get_stream(&c.name).await {
+            Ok(_) => js
+                .update_stream(&c)
+                .await
+                .map(|_| ())
+                .map_err(|e| nats_err(&c.name, e)),
+            Err(_) => js
+                .create_stream(c.clone())
+                .await
+                .map(|_| ())
+                .map_err(|e| nats_err(&c.name, e)),
+        }
+    };
+    put(stream::Config {
+        name: EVENTS.into(),
+        subjects: vec!["skein.events.>".into()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: st,
+        num_replicas: r,
+        allow_direct: true,
+        duplicate_window: age(&cfg.duplicate_window),
+        max_age: age(&cfg.events_max_age),
+        ..Default::default()
+    })
+    .await?;
+    put(stream::Config {
+        name: JOBS.into(),
+        subjects: vec!["skein.jobs.>".into()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: st,
+        num_replicas: r,
+        max_messages_per_subject: 1,
+        discard: stream::DiscardPolicy::New,
+        discard_new_per_subject: true,
+        ..Default::default()
+    })
+    .await?;
+    put(stream::Config {
+        name: NOTICES.into(),
+        subjects: vec!["skein.notices.>".into(), "skein.watch.>".into()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: st,
+        num_replicas: r,
+        allow_direct: true,
+        ..Default::default()
+    })
+    .await?;
+    put(stream::Config {
+        name: MISSIONS.into(),
+        subjects: vec!["skein.missions.submit".into()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: st,
+        num_replicas: r,
+        duplicate_window: age(&cfg.duplicate_window),
+        ..Default::default()
+    })
+    .await?;
+    for (bucket, max_age) in [
+        ("skein_cache", age(&cfg.cache_max_age)),
+        ("skein_inflight", age(&cfg.inflight_max_age)),
+        ("skein_wake", Duration::ZERO),
+    ] {
+        // The KV layout made by hand: the client's bucket creation asks for account
+        // details that servers before 2.10 answer in a form it cannot read.
+        let dup = if max_age > Duration::ZERO {
+            max_age.min(Duration::from_secs(120))
+        } else {
+            Duration::from_secs(120)
+        };
+        put(stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            max_age,
+            storage: st,
+            num_replicas: r,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: dup,
+            ..Default::default()
+        })
+        .await?;
+    }
+    for bucket in ["skein_blobs", "skein_workspace"] {
+        if js.get_object_store(bucket).await.is_err() {
+            js.create_object_store(object_store::Config {
+                bucket: bucket.into(),
+                storage: st,
+                num_replicas: r,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| nats_err(bucket, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Connects with the configured credentials (never logged).
+pub async fn connect_client(cfg: &NatsConfig) -> Result<async_nats::Client> {
+    let mut opts = async_nats::ConnectOptions::new()
+        .name("skein")
+        .retry_on_initial_connect()
+        .connection_timeout(Duration::from_secs(5))
+        .max_reconnects(None);
+    let env = |v: &Option<String>| v.as_ref().and_then(|n| std::env::var(n).ok());
+    let password = env(&cfg.password_env).or(cfg.password.clone());
+    if let (Some(u), Some(p)) = (&cfg.user, password) {
+        opts = opts.user_and_password(u.clone(), p);
+    }
+    if let Some(t) = env(&cfg.token_env).or(cfg.token.clone()) {
+        opts = opts.token(t);
+    }
+    if let Some(c) = &cfg.credentials_file {
+        opts = opts
+            .credentials_file(c)
+            .await
+            .map_err(|e| Error::Backend(format!("nats: credentials file {}: {e}", c.display())))?;
+    }
+    if let Some(ca) = &cfg.tls_ca {
+        opts = opts.add_root_certificates(ca.clone());
+    }
+    if let (Some(c), Some(k)) = (&cfg.tls_cert, &cfg.tls_key) {
+        opts = opts.add_client_certificate(c.clone(), k.clone());
+    }
+    if cfg.tls_required {
+        opts = opts.require_tls(true);
+    }
+    let urls: Vec<async_nats::ServerAddr> = cfg
+        .urls
+        .iter()
+        .map(|u| {
+            u.parse()
+                .map_err(|e| Error::Rejected(format!("nats url `{u}`: {e}")))
+        })
+        .collect::<Result<_>>()?;
+    opts.connect(urls).await.map_err(|e| nats_err("connect", e))
+}
+
+impl NatsStore {
+    /// Connects, sets up the topology and returns the store.
+    pub async fn connect(cfg: &NatsConfig, lease: Duration) -> Result<Arc<Self>> {
+        let client = connect_client(cfg).await?;
+        let js = jetstream::new(client.clone());
+        let mut last = None;
+        // A fresh cluster may still be electing its JetStream leader.
+        for _ in 0..40 {
+            match ensure_topology(&js, cfg).await {
+                Ok(()) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => {
+                    last = Some(e);
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+        if let Some(e) = last {
+            return Err(e);
+        }
+        let s = |n: &'static str| {
+            let js = js.clone();
+            async move { js.get_stream(n).await.map_err(|e| nats_err(n, e)) }
+        };
+        let k = |n: &'static str| {
+            let js = js.clone();
+            async move { js.get_key_value(n).await.map_err(|e| nats_err(n, e)) }
+        };
+        let o = |n: &'static str| {
+            let js = js.clone();
+            async move { js.get_object_store(n).await.map_err(|e| nats_err(n, e)) }
+        };
+        Ok(Arc::new(Self {
+            events: s(EVENTS).await?,
+            jobs_stream: s(JOBS).await?,
+            notices: s(NOTICES).await?,
+            cache: k("skein_cache").await?,
+            inflight: k("skein_inflight").await?,
+            wake: k("skein_wake").await?,
+            blobs: o("skein_blobs").await?,
+            workspace: o("skein_workspace").await?,
+            client,
+            js,
+            cfg: cfg.clone(),
+            heads: Mutex::new(HashMap::new()),
+            consumers: tokio::sync::Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            lease,
+        }))
+    }
+
+    pub fn backend(self: &Arc<Self>) -> Backend {
+        Backend {
+            name: "nats",
+            log: self.clone(),
+            jobs: self.clone(),
+            cache: self.clone(),
+            blobs: self.clone(),
+            notices: self.clone(),
+            workspaces: self.clone(),
+            announcer: Some(self.clone()),
+        }
+    }
+
+    pub fn config(&self) -> &NatsConfig {
+        &self.cfg
+    }
+
+    fn head(&self, s: &SessionId) -> Option<(u64, u64)> {
+        self.heads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(s)
+            .copied()
+    }
+
+    fn set_head(&self, s: &SessionId, seq: u64, sseq: u64) {
+        let mut h = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        if h.len() > 100_000 {
+            h.clear();
+        }
+        h.insert(s.clone(), (seq, sseq));
+    }
+
+    /// The last record and its stream sequence.
+    async fn last_with_seq(&self, s: &SessionId) -> Result<Option<(Record, u64)>> {
+        match self
+            .events
+            .direct_get_last_for_subject(events_subject(s))
+            .await
+        {
+            Ok(m) => {
+                let r = Record::decode(m.payload.to_vec())
+                    .map_err(|e| Error::Corrupt(e.to_string()))?;
+                Ok(Some((r, m.sequence)))
+            }
+            Err(e) if matches!(e.kind(), stream::DirectGetErrorKind::NotFound) => Ok(None),
+            Err(e) => Err(nats_err("read last", e)),
+        }
+    }
+
+    async fn consumer(&self, pool: &str) -> Result<consumer::PullConsumer> {
+        let mut c = self.consumers.lock().await;
+        if let Some(x) = c.get(pool) {
+            return Ok(x.clone());
+        }
+        let name = format!("pool-{pool}");
+        let config = consumer::pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: format!("skein.jobs.{pool}.>"),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: self.lease,
+            max_deliver: -1,
+            max_ack_pending: -1,
+            ..Default::default()
+        };
+        // After a node loss the cluster may be electing leaders: give it a few seconds.
+        let mut tries = 0;
+        let cons = loop {
+            match self
+                .jobs_stream
+                .get_or_create_consumer(&name, config.clone())
+                .await
+            {
+                Ok(c) => break c,
+                Err(e) if tries < 20 => {
+                    tries += 1;
+                    tracing::debug!(pool, error = %e, "pool consumer not ready; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(nats_err("pool consumer", e)),
+            }
+        };
+        c.insert(pool.to_string(), cons.clone());
+        Ok(cons)
+    }
+
+    async fn publish_job(&self, pool: &str, session: &SessionId) -> Result<bool> {
+        let subject = format!("skein.jobs.{pool}.{}", session.as_str());
+        let res = async { self.js.publish(subject, Bytes::new()).await?.await }.await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if e.to_string().contains("maximum messages per subject") => Ok(false),
+            Err(e) => Err(nats_err("push job", e)),
+        }
+    }
+
+    /// Reads every message of one subject of a stream after stream seq `after`.
+    async fn read_subject(
+        &self,
+        st: &stream::Stream,
+        subject: &str,
+        after: u64,
+    ) -> Result<Vec<(u64, Bytes)>> {
+        let mut out = vec![];
+        let mut next = after + 1;
+        loop {
+            match st.direct_get_next_for_subject(subject, Some(next)).await {
+                Ok(m) => {
+                    next = m.sequence + 1;
+                    out.push((m.sequence, m.payload));
+                }
+                Err(e) if matches!(e.kind(), stream::DirectGetErrorKind::NotFound) => {
+                    return Ok(out)
+                }
+                Err(e) => return Err(nats_err("read", e)),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl EventLog for NatsStore {
+    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
+        let seq = expected_last + 1;
+        if record.env.seq != seq || &record.env.session != session {
+            return Err(Error::Corrupt(format!(
+                "record {}#{} appended as {session}#{seq}",
+                record.env.session, record.env.seq
+            )));
+        }
+        let expected_sseq = if expected_last == 0 {
+            0
+        } else {
+            match self.head(session) {
+                Some((s, sseq)) if s == expected_last => sseq,
+                _ => match self.last_with_seq(session).await? {
+                    Some((r, sseq)) if r.env.seq == expected_last => sseq,
+                    other => {
+                        let actual = other.map(|(r, _)| r.env.seq).unwrap_or(0);
+                        return Err(Error::Conflict {
+                            session: session.to_string(),
+                            expected: expected_last,
+                            actual,
+                        });
+                    }
+                },
+            }
+        };
+        let mut h = HeaderMap::new();
+        h.insert(
+            NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            expected_sseq.to_string().as_str(),
+        );
+        h.insert(NATS_MESSAGE_ID, format!("{session}:{seq}").as_str());
+        let res = async {
+            self.js
+                .publish_with_headers(
+                    events_subject(session),
+                    h,
+                    Bytes::from(record.bytes.clone()),
+                )
+                .await?
+                .await
+        }
+        .await;
+        match res {
+            Ok(ack) => {
+                if ack.duplicate {
+                    // Someone already wrote this seq: ours only if the bytes are the same.
+                    let stored = self
+                        .events
+                        .direct_get(ack.sequence)
+                        .await
+                        .map_err(|e| nats_err("read dup", e))?;
+                    if stored.payload.as_ref() != record.bytes.as_slice() {
+                        self.heads
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(session);
+                        return Err(Error::Conflict {
+                            session: session.to_string(),
+                            expected: expected_last,
+                            actual: seq,
+                        });
+                    }
+                }
+                self.set_head(session, seq, ack.sequence);
+                Ok(())
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    jetstream::context::PublishErrorKind::WrongLastSequence
+                ) =>
+            {
+                self.heads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(session);
+                let actual = self
+                    .last_with_seq(session)
+                    .await?
+                    .map(|(r, _)| r.env.seq)
+                    .unwrap_or(0);
+                Err(Error::Conflict {
+                    session: session.to_string(),
+                    expected: expected_last,
+                    actual,
+                })
+            }
+            Err(e) => Err(nats_err("append", e)),
+        }
+    }
+
+    async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
+        // Start after the stream seq of the record before `from_seq` when we know it.
+        let after = match self.head(session) {
+            Some((s, sseq)) if s + 1 == from_seq => sseq,
+            _ => 0,
+        };
+        let mut out = vec![];
+        let mut last = None;
+        for (sseq, payload) in self
+            .read_subject(&self.events, &events_subject(session), after)
+            .await?
+        {
+            let r = Record::decode(payload.to_vec()).map_err(|e| Error::Corrupt(e.to_string()))?;
+            last = Some((r.env.seq, sseq));
+            if r.env.seq >= from_seq {
+                out.push(r);
+            }
+        }
+        if let Some((s, sseq)) = last {
+            self.set_head(session, s, sseq);
+        }
+        Ok(out)
+    }
+
+    async fn last(&self, session: &SessionId) -> Result<Option<Record>> {
+        Ok(self.last_with_seq(session).await?.map(|(r, _)| r))
+    }
+
+    async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
+        let mut out = vec![];
+        for filter in [events_subject(root), format!("{}.>", events_subject(root))] {
+            let mut info = self
+                .events
+                .info_with_subjects(filter)
+                .await
+                .map_err(|e| nats_err("tree", e))?;
+            while let Some(item) = info.next().await {
+                let (subject, _) = item.map_err(|e| nats_err("tree", e))?;
+                if let Some(id) = subject.strip_prefix("skein.events.") {
+                    out.push(SessionId::parse(id)?);
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    async fn roots(&self) -> Result<Vec<SessionId>> {
+        let mut out = vec![];
+        let mut info = self
+            .events
+            .info_with_subjects("skein.events.*")
+            .await
+            .map_err(|e| nats_err("roots", e))?;
+        while let Some(item) = info.next().await {
+            let (subject, _) = item.map_err(|e| nats_err("roots", e))?;
+            if let Some(id) = subject.strip_prefix("skein.events.") {
+                out.push(SessionId::parse(id)?);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl JobQueue for NatsStore {
+    async fn push(&self, pool: &str, session: &SessionId) -> Result<()> {
+        if self.publish_job(pool, session).await? {
+            return Ok(());
+        }
+        // A job exists, pending or held: leave a wake marker, then try once more.
+        self.wake
+            .put(session.as_str(), Bytes::from_static(b"1"))
+            .await
+            .map_err(|e| nats_err("wake marker", e))?;
+        self.publish_job(pool, session).await?;
+        Ok(())
+    }
+
+    async fn claim(&self, pool: &str, _lease: Duration, wait: Duration) -> Result<Option<Job>> {
+        let cons = self.consumer(pool).await?;
+        let mut batch = cons
+            .fetch()
+            .max_messages(1)
+            .expires(wait.max(Duration::from_millis(10)))
+            .messages()
+            .await
+            .map_err(|e| nats_err("claim", e))?;
+        let Some(msg) = batch.next().await else {
+            return Ok(None);
+        };
+        let msg = msg.map_err(|e| nats_err("claim", e))?;
+        let (attempt, sseq) = {
+            let info = msg.info().map_err(|e| nats_err("job info", e))?;
+            (info.delivered.max(1) as u32, info.stream_sequence)
+        };
+        let prefix = format!("skein.jobs.{pool}.");
+        let Some(id) = msg
+            .subject
+            .as_str()
+            .strip_prefix(&prefix)
+            .map(str::to_string)
+        else {
+            return Err(Error::Corrupt(format!("job on subject {}", msg.subject)));
+        };
+        let session = SessionId::parse(&id)?;
+        let (_, acker) = msg.split();
+        let handle = format!("{sseq}:{attempt}");
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle.clone(), Arc::new(acker));
+        Ok(Some(Job {
+            pool: pool.into(),
+            session,
+            attempt,
+            handle,
+        }))
+    }
+
+    async fn heartbeat(&self, job: &Job) -> Result<()> {
+        let acker = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&job.handle)
+            .cloned();
+        if let Some(a) = acker {
+            a.ack_with(jetstream::AckKind::Progress)
+                .await
+                .map_err(|e| nats_err("heartbeat", e))?;
+        }
+        Ok(())
+    }
+
+    async fn ack(&self, job: &Job) -> Result<()> {
+        let acker = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&job.handle);
+        if let Some(a) = acker {
+            a.double_ack().await.map_err(|e| nats_err("ack", e))?;
+        }
+        // A push that found this job held left a marker: run the session once more.
+        if let Ok(Some(_)) = self.wake.get(job.session.as_str()).await {
+            let _ = self.wake.delete(job.session.as_str()).await;
+            self.publish_job(&job.pool, &job.session).await?;
+        }
+        Ok(())
+    }
+
+    async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
+        let acker = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&job.handle);
+        if let Some(a) = acker {
+            a.ack_with(jetstream::AckKind::Nak(Some(delay)))
+                .await
+                .map_err(|e| nats_err("nak", e))?;
+        }
+        Ok(())
+    }
+
+    async fn depth(&self, pool: &str) -> Result<u64> {
+        let mut cons = self.consumer(pool).await?;
+        let info = cons
+            .info()
+            .await
+            .map_err(|e| nats_err("consumer info", e))?;
+        Ok(info.num_pending + info.num_ack_pending as u64)
+    }
+}
+
+#[async_trait]
+impl Cache for NatsStore {
+    async fn get(&self, hash: &str, now: u64) -> Result<Option<CacheEntry>> {
+        let Some(v) = self
+            .cache
+            .get(hash)
+            .await
+            .map_err(|e| nats_err("cache get", e))?
+        else {
+            return Ok(None);
+        };
+        let e: CacheEntry =
+            serde_json::from_slice(&v).map_err(|e| Error::Corrupt(e.to_string()))?;
+        Ok(if e.expires.is_some_and(|x| x <= now) {
+            None
+        } else {
+            Some(e)
+        })
+    }
+
+    async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()> {
+        let v = serde_json::to_vec(entry).map_err(|e| Error::Corrupt(e.to_string()))?;
+        self.cache
+            .put(hash, v.into())
+            .await
+            .map_err(|e| nats_err("cache put", e))?;
+        Ok(())
+    }
+
+    async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>> {
+        match self
+            .inflight
+            .create(hash, Bytes::from(session.to_string()))
+            .await
+        {
+            Ok(_) => Ok(None),
+            Err(e) if matches!(e.kind(), kv::CreateErrorKind::AlreadyExists) => {
+                match self
+                    .inflight
+                    .get(hash)
+                    .await
+                    .map_err(|e| nats_err("inflight", e))?
+                {
+                    Some(v) => {
+                        let holder = SessionId::parse(&String::from_utf8_lossy(&v))?;
+                        Ok((&holder != session).then_some(holder))
+                    }
+                    // Released in between: try again.
+                    None => Box::pin(self.claim_inflight(hash, session)).await,
+                }
+            }
+            Err(e) => Err(nats_err("inflight", e)),
+        }
+    }
+
+    async fn release_inflight(&self, hash: &str, session: &SessionId) -> Result<()> {
+        if let Some(e) = self
+            .inflight
+            .entry(hash)
+            .await
+            .map_err(|e| nats_err("inflight", e))?
+        {
+            if e.operation == kv::Operation::Put && e.value.as_ref() == session.as_str().as_bytes()
+            {
+                let _ = self
+                    .inflight
+                    .delete_expect_revision(hash, Some(e.revision))
+                    .await;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Blobs for NatsStore {
+    async fn put(&self, data: &[u8]) -> Result<String> {
+        let hash = blake3::hash(data).to_hex().to_string();
+        if self.blobs.info(&hash).await.is_ok() {
+            return Ok(hash);
+        }
+        // As for reads: a cluster that lost a node answers "no responders" for a moment.
+        let mut tries = 0;
+        loop {
+            let mut r = data;
+            match self.blobs.put(hash.as_str(), &mut r).await {
+                Ok(_) => return Ok(hash),
+                Err(e) if tries < 10 => {
+                    tries += 1;
+                    tracing::debug!(hash, error = %e, "blob put failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(e) => return Err(nats_err("blob put", e)),
+            }
+        }
+    }
+
+    async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>> {
+        // Reading an object runs a consumer over its chunks; while a cluster recovers
+        // from a lost node that can time out, so try a few times.
+        let mut tries = 0;
+        loop {
+            let attempt = async {
+                let mut obj = match self.blobs.get(hash).await {
+                    Ok(o) => o,
+                    Err(e) if matches!(e.kind(), object_store::GetErrorKind::NotFound) => {
+                        return Ok(None)
+                    }
+                    Err(e) => return Err(nats_err("blob get", e)),
+                };
+                let mut out = vec![];
+                obj.read_to_end(&mut out)
+                    .await
+                    .map_err(|e| nats_err("blob read", e))?;
+                Ok(Some(out))
+            };
+            match attempt.await {
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    tracing::debug!(hash, error = %e, "blob read failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Notices for NatsStore {
+    async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()> {
+        let subject = format!("skein.notices.{}", parent.as_str());
+        async {
+            self.js
+                .publish(subject, Bytes::from(child.to_string()))
+                .await?
+                .await
+        }
+        .await
+        .map_err(|e| nats_err("notice", e))?;
+        Ok(())
+    }
+
+    async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>> {
+        let subject = format!("skein.notices.{}", parent.as_str());
+        self.read_subject(&self.notices, &subject, after)
+            .await?
+            .into_iter()
+            .map(|(s, p)| Ok((s, SessionId::parse(&String::from_utf8_lossy(&p))?)))
+            .collect()
+    }
+
+    async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()> {
+        let subject = format!("skein.watch.{}", target.as_str());
+        let body = serde_json::json!({"watcher": watcher.to_string(), "pool": pool}).to_string();
+        async { self.js.publish(subject, Bytes::from(body)).await?.await }
+            .await
+            .map_err(|e| nats_err("watch", e))?;
+        Ok(())
+    }
+
+    async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>> {
+        let subject = format!("skein.watch.{}", target.as_str());
+        let mut out = vec![];
+        for (_, p) in self.read_subject(&self.notices, &subject, 0).await? {
+            let v: serde_json::Value =
+                serde_json::from_slice(&p).map_err(|e| Error::Corrupt(e.to_string()))?;
+            let w = SessionId::parse(v["watcher"].as_str().unwrap_or_default())?;
+            let pool = v["pool"].as_str().unwrap_or("default").to_string();
+            if !out.iter().any(|(x, _)| *x == w) {
+                out.push((w, pool));
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Announcer for NatsStore {
+    async fn root_finished(&self, notice: &RootResult) -> Result<()> {
+        let body = serde_json::to_vec(notice).map_err(|e| Error::Corrupt(e.to_string()))?;
+        self.client
+            .publish(format!("skein.results.{}", notice.session), body.into())
+            .await
+            .map_err(|e| nats_err("result", e))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| nats_err("flush", e))?;
+        Ok(())
+    }
+}
+
+impl Workspaces for NatsStore {
+    fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace> {
+        Arc::new(ObjectWorkspace {
+            store: self.workspace.clone(),
+            root: root.to_string(),
+        })
+    }
+}
+
+/// A tree's workspace in the object store: objects named `<root>/<path>`, so a file one
+/// worker writes is there for every other.
+pub struct ObjectWorkspace {
+    store: object_store::ObjectStore,
+    root: String,
+}
+
+/// Normalises a workspace path, refusing anything that could name another tree's files.
+pub fn clean_path(path: &str) -> std::result::Result<String, ToolError> {
+    if path.starts_with('/') || path.contains('\\') {
+        return Err(ToolError::Refused(format!(
+            "`{path}`: absolute paths are refused"
+        )));
+    }
+    let mut parts = vec![];
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => return Err(ToolError::Refused(format!("`{path}`: `..` is refused"))),
+            s => parts.push(s),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+#[async_trait]
+impl Workspace for ObjectWorkspace {
+    async fn read(&self, path: &str) -> std::result::Result<Vec<u8>, ToolError> {
+        let p = clean_path(path)?;
+        let mut obj = self
+            .store
+            .get(format!("{}/{p}", self.root))
+            .await
+            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+        let mut out = vec![];
+        obj.read_to_end(&mut out)
+            .await
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
+        Ok(out)
+    }
+
+    async fn write(&self, path: &str, data: &[u8]) -> std::result::Result<(), ToolError> {
+        let p = clean_path(path)?;
+        if p.is_empty() {
+            return Err(ToolError::Refused("a file needs a name".into()));
+        }
+        let mut r = data;
+        self.store
+            .put(format!("{}/{p}", self.root).as_str(), &mut r)
+            .await
+            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+        Ok(())
+    }
+
+    async fn list(&self, path: &str) -> std::result::Result<Vec<DirEntry>, ToolError> {
+        let p = clean_path(path)?;
+        let prefix = if p.is_empty() {
+            format!("{}/", self.root)
+        } else {
+            format!("{}/{p}/", self.root)
+        };
+        let mut list = self
+            .store
+            .list()
+            .await
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
+        let mut out: Vec<DirEntry> = vec![];
+        while let Some(info) = list.next().await {
+            let info = info.map_err(|e| ToolError::Failed(e.to_string()))?;
+            if info.deleted {
+                continue;
+            }
+            let Some(rest) = info.name.strip_prefix(&prefix) else {
+                continue;
+            };
+            let (name, is_dir) = match rest.split_once('/') {
+                Some((d, _)) => (d.to_string(), true),
+                None => (rest.to_string(), false),
+            };
+            if !out.iter().any(|e| e.name == name) {
+                out.push(DirEntry {
+                    name,
+                    is_dir,
+                    size: if is_dir { 0 } else { info.size as u64 },
+                });
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}

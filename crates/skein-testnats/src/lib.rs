@@ -1,0 +1,302 @@
+//! skein-testnats: starts real `nats-server` processes for tests.
+//!
+//! Each server gets free loopback ports, its own JetStream store directory and a config
+//! file; it is killed by pid on drop. [`NatsServer::restart`] keeps its ports and store
+//! (file storage survives), [`Cluster`] runs three routed JetStream nodes. Readiness is
+//! polled on the monitoring endpoint (`/healthz`), never assumed after a sleep. A missing
+//! `nats-server` fails loudly with how to install it: a test never passes without one.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `nats-server` binary: `$NATS_SERVER`, then `PATH`, then `/usr/sbin`.
+pub fn nats_server_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("NATS_SERVER") {
+        return PathBuf::from(p);
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/bin")])
+    {
+        let p = dir.join("nats-server");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "nats-server is not installed, and the NATS tests need a real server. Install it with \
+         `apt-get install nats-server` (Debian/Ubuntu), or put a nats-server 2.9+ binary on \
+         PATH or in $NATS_SERVER. `bash tests/run.sh` installs it when run as root."
+    );
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("cannot bind a port: {e}"));
+    l.local_addr()
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no local addr: {e}"))
+}
+
+fn healthy(http_port: u16, path: &str) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(
+        &format!("127.0.0.1:{http_port}")
+            .parse()
+            .expect("loopback address"),
+        Duration::from_millis(200),
+    ) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .is_err()
+    {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.starts_with("HTTP/1.1 200") || body.starts_with("HTTP/1.0 200")
+}
+
+/// One node's fixed identity: ports and directories survive restarts.
+struct Node {
+    name: String,
+    port: u16,
+    http_port: u16,
+    cluster_port: Option<u16>,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn new(name: &str, root: &Path, clustered: bool) -> Self {
+        let dir = root.join(name);
+        std::fs::create_dir_all(dir.join("store")).unwrap_or_else(|e| panic!("store dir: {e}"));
+        Self {
+            name: name.into(),
+            port: free_port(),
+            http_port: free_port(),
+            cluster_port: clustered.then(free_port),
+            dir,
+            child: None,
+        }
+    }
+
+    fn write_config(&self, routes: &[u16], sync: Option<&str>) {
+        let mut cfg = format!(
+            "server_name: {}\nlisten: 127.0.0.1:{}\nhttp: 127.0.0.1:{}\n\
+             jetstream {{\n  store_dir: \"{}\"\n{}}}\n",
+            self.name,
+            self.port,
+            self.http_port,
+            self.dir.join("store").display(),
+            sync.map(|s| format!("  sync_interval: {s}\n"))
+                .unwrap_or_default()
+        );
+        if let Some(cp) = self.cluster_port {
+            let routes: Vec<String> = routes
+                .iter()
+                .filter(|r| **r != cp)
+                .map(|r| format!("nats-route://127.0.0.1:{r}"))
+                .collect();
+            cfg.push_str(&format!(
+                "cluster {{\n  name: skein-test\n  listen: 127.0.0.1:{cp}\n  routes: [{}]\n}}\n",
+                routes.join(", ")
+            ));
+        }
+        std::fs::write(self.dir.join("nats.conf"), cfg).unwrap_or_else(|e| panic!("config: {e}"));
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.join("server.log"))
+            .unwrap_or_else(|e| panic!("log: {e}"));
+        let child = Command::new(nats_server_bin())
+            .arg("-c")
+            .arg(self.dir.join("nats.conf"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start nats-server: {e}"));
+        self.child = Some(child);
+    }
+
+    fn wait_ready(&self, path: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if healthy(self.http_port, path) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        panic!(
+            "nats-server {} not ready within {within:?}; its log:\n{log}",
+            self.name
+        );
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+/// One JetStream-enabled `nats-server`.
+pub struct NatsServer {
+    node: Node,
+    _root: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// Starts a server with the default fsync policy.
+    pub fn start() -> Self {
+        Self::start_with_sync(None)
+    }
+
+    /// Starts a server with a JetStream `sync_interval` (`always` for the strictest).
+    pub fn start_with_sync(sync: Option<&str>) -> Self {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let mut node = Node::new("n1", root.path(), false);
+        node.write_config(&[], sync);
+        node.spawn();
+        node.wait_ready("/healthz?js-enabled-only=true", Duration::from_secs(20));
+        Self { node, _root: root }
+    }
+
+    pub fn url(&self) -> String {
+        self.node.url()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.node.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL; the store stays.
+    pub fn kill9(&mut self) {
+        self.node.kill();
+    }
+
+    /// Starts again on the same port with the same store.
+    pub fn restart(&mut self) {
+        self.node.kill();
+        self.node.spawn();
+        self.node
+            .wait_ready("/healthz?js-enabled-only=true", Duration::from_secs(20));
+    }
+
+    pub fn store_dir(&self) -> PathBuf {
+        self.node.dir.join("store")
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.node.kill();
+    }
+}
+
+/// Three routed JetStream nodes.
+pub struct Cluster {
+    nodes: Vec<Node>,
+    _root: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub fn start() -> Self {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let mut nodes: Vec<Node> = (1..=3)
+            .map(|i| Node::new(&format!("n{i}"), root.path(), true))
+            .collect();
+        let routes: Vec<u16> = nodes.iter().filter_map(|n| n.cluster_port).collect();
+        for n in &mut nodes {
+            n.write_config(&routes, None);
+            n.spawn();
+        }
+        let c = Self { nodes, _root: root };
+        c.wait_ready();
+        c
+    }
+
+    /// Waits until every running node reports healthy JetStream (a meta leader exists).
+    pub fn wait_ready(&self) {
+        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+            n.wait_ready("/healthz", Duration::from_secs(30));
+        }
+    }
+
+    /// `nats://…` of every node, comma-separated (what `--nats` takes).
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(Node::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn url(&self, i: usize) -> String {
+        self.nodes[i].url()
+    }
+
+    pub fn kill9(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
+
+    pub fn restart(&mut self, i: usize) {
+        self.nodes[i].kill();
+        self.nodes[i].spawn();
+        self.nodes[i].wait_ready("/healthz", Duration::from_secs(30));
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_starts_restarts_and_dies_with_its_handle() {
+        let mut s = NatsServer::start();
+        let url = s.url();
+        let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+        assert!(TcpStream::connect(("127.0.0.1", port)).is_ok());
+        let pid = s.pid().unwrap();
+        s.restart();
+        assert_ne!(s.pid().unwrap(), pid);
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            "same port after restart"
+        );
+        drop(s);
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "killed on drop"
+        );
+    }
+
+    #[test]
+    fn a_three_node_cluster_forms() {
+        let mut c = Cluster::start();
+        assert_eq!(c.urls().split(',').count(), 3);
+        c.kill9(2);
+        c.restart(2);
+        c.wait_ready();
+    }
+}
