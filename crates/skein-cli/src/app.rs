@@ -77,6 +77,27 @@ impl App {
     }
 
     pub fn runtime_config(&self) -> Result<RuntimeConfig> {
+        let mut rc = self.runtime_config_base()?;
+        rc.token_secret = if self.global.nats.is_some() {
+            // Every worker of a cluster must sign and check tokens with the same secret.
+            let v = std::env::var("SKEIN_TOKEN_SECRET").map_err(|_| {
+                anyhow::anyhow!(
+                    "on NATS, set SKEIN_TOKEN_SECRET (the same value, 16+ characters, on \
+                     every worker and client) so resume tokens verify everywhere"
+                )
+            })?;
+            anyhow::ensure!(
+                v.len() >= 16,
+                "SKEIN_TOKEN_SECRET must be at least 16 characters"
+            );
+            skein_runtime::hitl::Secret(v.into_bytes())
+        } else {
+            skein_runtime::hitl::Secret::load_or_create("SKEIN_TOKEN_SECRET", &self.global.data)?
+        };
+        Ok(rc)
+    }
+
+    fn runtime_config_base(&self) -> Result<RuntimeConfig> {
         let r = &self.cfg.runtime;
         let lease = parse_duration(&r.lease)
             .with_context(|| format!("runtime.lease: `{}` is not a duration", r.lease))?;
@@ -115,8 +136,33 @@ impl App {
         Ok((store, backend))
     }
 
+    /// The `[nats]` settings, with `--nats` / `SKEIN_NATS_URL` as the server list.
+    pub fn nats_config(&self) -> Result<skein_nats::NatsConfig> {
+        let mut c: skein_nats::NatsConfig = self
+            .cfg
+            .nats
+            .clone()
+            .try_into()
+            .context("[nats] configuration")?;
+        if let Some(urls) = &self.global.nats {
+            c.urls = urls.split(',').map(|u| u.trim().to_string()).collect();
+        }
+        Ok(c)
+    }
+
+    /// Connects to the cluster named by `--nats`.
+    pub async fn nats(&self) -> Result<Arc<skein_nats::NatsStore>> {
+        let lease = self.runtime_config_base()?.lease;
+        skein_nats::NatsStore::connect(&self.nats_config()?, lease)
+            .await
+            .context("cannot reach NATS")
+    }
+
     /// A backend for read commands: embedded, or the cluster with `--nats`.
     pub async fn backend(&self) -> Result<(Option<Arc<SledStore>>, Backend)> {
+        if self.global.nats.is_some() {
+            return Ok((None, self.nats().await?.backend()));
+        }
         let (s, b) = self.open_embedded()?;
         Ok((Some(s), b))
     }

@@ -65,6 +65,12 @@ pub enum Command {
     Replay(commands::replay::ReplayArgs),
     /// A new root session from a prefix of another, continued live.
     Fork(commands::replay::ForkArgs),
+    /// A stateless worker: claims jobs, takes submissions, serves skein.api (needs --nats).
+    Worker(commands::cluster::WorkerArgs),
+    /// Submit a mission through NATS, like `nats pub skein.missions.submit`.
+    Submit(commands::cluster::SubmitArgs),
+    /// Follow a tree live (needs --nats).
+    Watch(commands::cluster::WatchArgs),
     /// Every pending question and approval, with its token.
     Inbox(commands::hitl::InboxArgs),
     /// Answer a paused root's question, then run the tree on.

@@ -8,3 +8,5 @@ pub mod config;
 
 pub use backend::{ensure_topology, NatsStore};
 pub use config::NatsConfig;
+pub mod intake;
+pub mod service;

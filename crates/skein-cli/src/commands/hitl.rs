@@ -47,7 +47,7 @@ fn who() -> Option<String> {
 }
 
 pub async fn inbox(app: &App, a: InboxArgs) -> Result<ExitCode> {
-    let (_store, backend) = app.open_embedded()?;
+    let (_store, backend) = app.backend().await?;
     let rt = app.runtime(backend)?;
     let roots = match &a.id {
         Some(id) => vec![SessionId::parse(id)?.root_id()],
@@ -132,19 +132,24 @@ async fn continue_tree(
 
 pub async fn answer(app: &App, a: AnswerArgs) -> Result<ExitCode> {
     let answers = parse_answers(&a)?;
-    let (store, backend) = app.open_embedded()?;
+    let (store, backend) = app.backend().await?;
     let rt = app.runtime(backend)?;
     let session = hitl::answer(&rt, &a.token, answers, who()).await?;
-    let code = continue_tree(app, &rt, &session, a.no_run).await;
-    store.flush().await?;
+    // On a cluster the workers take it from here.
+    let code = continue_tree(app, &rt, &session, a.no_run || store.is_none()).await;
+    if let Some(s) = store {
+        s.flush().await?;
+    }
     code
 }
 
 pub async fn approve(app: &App, a: ApproveArgs, approved: bool) -> Result<ExitCode> {
-    let (store, backend) = app.open_embedded()?;
+    let (store, backend) = app.backend().await?;
     let rt = app.runtime(backend)?;
     let session = hitl::decide_approval(&rt, &a.token, approved, a.reason.clone(), who()).await?;
-    let code = continue_tree(app, &rt, &session, a.no_run).await;
-    store.flush().await?;
+    let code = continue_tree(app, &rt, &session, a.no_run || store.is_none()).await;
+    if let Some(s) = store {
+        s.flush().await?;
+    }
     code
 }

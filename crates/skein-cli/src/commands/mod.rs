@@ -8,6 +8,7 @@ use crate::{Cli, Command};
 pub mod agents;
 pub mod audit;
 pub mod bench;
+pub mod cluster;
 pub mod hitl;
 pub mod replay;
 pub mod run;
@@ -31,6 +32,9 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Fork(a) => replay::fork_cmd(&app, a).await,
         Command::Audit(a) => audit::run(&app, a).await,
         Command::Inbox(a) => hitl::inbox(&app, a).await,
+        Command::Worker(a) => cluster::worker(&app, a).await,
+        Command::Submit(a) => cluster::submit(&app, a).await,
+        Command::Watch(a) => cluster::watch(&app, a).await,
         Command::Answer(a) => hitl::answer(&app, a).await,
         Command::Approve(a) => hitl::approve(&app, a, true).await,
         Command::Deny(a) => hitl::approve(&app, a, false).await,

@@ -1,0 +1,230 @@
+//! Commands that need a cluster: `skein worker`, `skein submit`, `skein watch`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use clap::Args;
+use futures::StreamExt;
+use skein_core::{Record, SessionId};
+
+use crate::app::App;
+use crate::render;
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// Pools to take jobs from (default: config `runtime.pools`, else every pool the
+    /// agents name).
+    #[arg(long, value_delimiter = ',')]
+    pub pools: Vec<String>,
+    /// Jobs worked on at once.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Do not take submissions from `skein.missions.submit`.
+    #[arg(long)]
+    pub no_intake: bool,
+    /// Do not serve `skein.api` and `skein.answers`.
+    #[arg(long)]
+    pub no_api: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    #[arg(long, default_value = "orchestrator")]
+    pub agent: String,
+    /// Root session id (and idempotency key).
+    #[arg(long)]
+    pub id: Option<String>,
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Structured inputs, as a JSON object.
+    #[arg(long)]
+    pub inputs: Option<String>,
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Wait for the tree to end and print its result.
+    #[arg(long)]
+    pub wait: bool,
+    #[arg(long)]
+    pub json: bool,
+    pub mission: String,
+}
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    pub id: String,
+}
+
+fn need_nats(app: &App) -> Result<()> {
+    anyhow::ensure!(
+        app.global.nats.is_some(),
+        "this command needs a cluster: pass --nats URL or set SKEIN_NATS_URL"
+    );
+    Ok(())
+}
+
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut t) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = t.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
+    need_nats(app)?;
+    let store = app.nats().await?;
+    let rt = app.runtime(store.backend())?;
+    let pools = if !a.pools.is_empty() {
+        a.pools.clone()
+    } else if !app.cfg.runtime.pools.is_empty() {
+        app.cfg.runtime.pools.clone()
+    } else {
+        rt.pools()
+    };
+    let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
+    let (stop, mut handles) = rt.spawn_workers(pools.clone(), conc);
+    if !a.no_intake {
+        handles.push(tokio::spawn(skein_nats::intake::run(
+            rt.clone(),
+            store.clone(),
+            stop.subscribe(),
+        )));
+    }
+    if !a.no_api {
+        let (rt2, st2, rx) = (rt.clone(), store.clone(), stop.subscribe());
+        handles.push(tokio::spawn(async move {
+            if let Err(e) = skein_nats::service::run(rt2, st2, rx).await {
+                tracing::error!(error = %e, "skein.api stopped");
+            }
+        }));
+    }
+    eprintln!(
+        "worker {} ready: pools {}, concurrency {conc}",
+        rt.cfg.worker_id,
+        pools.join(",")
+    );
+    terminated().await;
+    eprintln!("stopping: finishing the steps in flight");
+    let _ = stop.send(true);
+    for h in handles {
+        let _ = h.await;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
+    need_nats(app)?;
+    let store = app.nats().await?;
+    let id = match &a.id {
+        Some(i) => SessionId::root(i)?,
+        None => skein_runtime::new_root_id(),
+    };
+    let inputs: serde_json::Value = match &a.inputs {
+        Some(s) => serde_json::from_str(s).context("--inputs must be a JSON object")?,
+        None => serde_json::Value::Null,
+    };
+    let payload = serde_json::json!({
+        "agent": a.agent, "mission": a.mission, "id": id.to_string(),
+        "context": a.context, "inputs": inputs, "no_cache": a.no_cache,
+    });
+    let client = store.client.clone();
+    let mut results = client.subscribe(format!("skein.results.{id}")).await?;
+    let mut rejected = client.subscribe(skein_nats::intake::REJECTED).await?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", id.as_str());
+    store
+        .js
+        .publish_with_headers(
+            "skein.missions.submit",
+            headers,
+            Bytes::from(payload.to_string()),
+        )
+        .await?
+        .await
+        .context("the missions stream did not take the submission")?;
+    if !a.wait {
+        println!("{id}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("submitted {id}; waiting for its result");
+    loop {
+        tokio::select! {
+            Some(m) = results.next() => {
+                let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
+                if a.json {
+                    println!("{v}");
+                } else if v["status"] == "completed" {
+                    println!("{}", v["answer"].as_str().unwrap_or(""));
+                } else {
+                    println!("{}: {}", v["status"].as_str().unwrap_or(""), v["error"].as_str().unwrap_or(""));
+                }
+                return Ok(if v["status"] == "completed" { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+            }
+            Some(m) = rejected.next() => {
+                let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
+                if v["msg_id"].as_str() == Some(id.as_str()) {
+                    eprintln!("rejected: {}", v["reason"].as_str().unwrap_or(""));
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+        }
+    }
+}
+
+pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
+    need_nats(app)?;
+    let store = app.nats().await?;
+    let id = SessionId::parse(&a.id)?;
+    let root = id.root_id();
+    let client = store.client.clone();
+    let mut own = client.subscribe(format!("skein.events.{root}")).await?;
+    let mut desc = client.subscribe(format!("skein.events.{root}.>")).await?;
+    let b = store.backend();
+    // What happened so far, then live.
+    let mut t0 = None;
+    for s in b.log.tree(&root).await? {
+        for r in b.log.read(&s, 1).await? {
+            let start = *t0.get_or_insert(r.env.at);
+            println!(
+                "{:<40} {}",
+                r.env.session.display(),
+                render::event_line(&r, start)
+            );
+        }
+    }
+    if b.log
+        .last(&root)
+        .await?
+        .is_some_and(|r| r.env.body.is_terminal())
+    {
+        return Ok(ExitCode::SUCCESS);
+    }
+    loop {
+        let m = tokio::select! {
+            Some(m) = own.next() => m,
+            Some(m) = desc.next() => m,
+            _ = tokio::time::sleep(Duration::from_secs(3600)) => continue,
+        };
+        let Ok(r) = Record::decode(m.payload.to_vec()) else {
+            continue;
+        };
+        let start = *t0.get_or_insert(r.env.at);
+        println!(
+            "{:<40} {}",
+            r.env.session.display(),
+            render::event_line(&r, start)
+        );
+        if r.env.session == root && r.env.body.is_terminal() {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The `skein.api` micro service (request/reply; discoverable with `nats micro ls`):
+//! `skein.api.submit`, `.status`, `.cancel`, `.answer`, `.approve`. Also `skein.answers`:
+//! `nats pub skein.answers '{"token": …, "answers": {…}}'` answers a root's question.
+
+use std::sync::Arc;
+
+use async_nats::service::ServiceExt;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use skein_core::event::Cancelled;
+use skein_core::{Event, SessionId};
+use skein_runtime::worker::{Runtime, Submission};
+use skein_runtime::{hitl, Error};
+use tokio::sync::watch;
+
+use crate::backend::NatsStore;
+
+fn bad(e: impl std::fmt::Display) -> async_nats::service::error::Error {
+    async_nats::service::error::Error {
+        status: e.to_string(),
+        code: 400,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionReq {
+    session: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnswerReq {
+    token: String,
+    answers: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproveReq {
+    token: String,
+    approved: bool,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// The status of a session, as JSON.
+pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value, Error> {
+    let records = rt.backend.log.read(id, 1).await?;
+    if records.is_empty() {
+        return Err(Error::Rejected(format!("no session {id}")));
+    }
+    let f = skein_runtime::inspect::fold_records(id, &records)?;
+    Ok(json!({
+        "session": id.to_string(),
+        "status": f.state.status.as_str(),
+        "answer": f.state.answer,
+        "error": f.state.error,
+        "steps": f.state.steps,
+        "usage": f.state.usage_total(),
+    }))
+}
+
+/// Cancels every unfinished session of the tree under `id`.
+pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize, Error> {
+    let mut n = 0;
+    for s in rt
+        .backend
+        .log
+        .tree(&id.root_id())
+        .await?
+        .into_iter()
+        .filter(|s| id.contains(s))
+    {
+        let (f, _) = rt.load(&s).await?;
+        if f.state.status.is_terminal() {
+            rt.keep_state(f);
+            continue;
+        }
+        let body = Event::Cancelled(Cancelled {
+            reason: reason.to_string(),
+        });
+        let f = hitl::append_from_outside(rt, f, body, |g| !g.state.status.is_terminal()).await?;
+        let pool = f
+            .state
+            .submitted
+            .as_ref()
+            .and_then(|x| x.pool.clone())
+            .unwrap_or_else(|| "default".into());
+        rt.keep_state(f);
+        rt.backend.jobs.push(&pool, &s).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+async fn serve(rt: &Runtime, endpoint: &str, body: &[u8]) -> Result<Value, Error> {
+    let parse_err = |e: serde_json::Error| Error::Rejected(format!("invalid request: {e}"));
+    match endpoint {
+        "submit" => {
+            let sub: Submission = serde_json::from_slice(body).map_err(parse_err)?;
+            let id = rt.submit(sub).await?;
+            Ok(json!({"session": id.to_string()}))
+        }
+        "status" => {
+            let r: SessionReq = serde_json::from_slice(body).map_err(parse_err)?;
+            status(rt, &SessionId::parse(&r.session)?).await
+        }
+        "cancel" => {
+            let r: SessionReq = serde_json::from_slice(body).map_err(parse_err)?;
+            let reason = r
+                .reason
+                .unwrap_or_else(|| "cancelled through skein.api".into());
+            let n = cancel(rt, &SessionId::parse(&r.session)?, &reason).await?;
+            Ok(json!({"cancelled": n}))
+        }
+        "answer" => {
+            let r: AnswerReq = serde_json::from_slice(body).map_err(parse_err)?;
+            let s = hitl::answer(rt, &r.token, r.answers, Some("skein.api".into())).await?;
+            Ok(json!({"session": s.to_string()}))
+        }
+        "approve" => {
+            let r: ApproveReq = serde_json::from_slice(body).map_err(parse_err)?;
+            let s =
+                hitl::decide_approval(rt, &r.token, r.approved, r.reason, Some("skein.api".into()))
+                    .await?;
+            Ok(json!({"session": s.to_string()}))
+        }
+        other => Err(Error::Rejected(format!("unknown endpoint {other}"))),
+    }
+}
+
+/// Serves `skein.api.*` and `skein.answers` until `stop` turns true.
+pub async fn run(
+    rt: Arc<Runtime>,
+    store: Arc<NatsStore>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let service = store
+        .client
+        .service_builder()
+        .description("skein: submit missions, read their status, cancel, answer, approve")
+        .start("skein", env!("CARGO_PKG_VERSION"))
+        .await
+        .map_err(|e| Error::Backend(format!("nats service: {e}")))?;
+    let group = service.group("skein.api");
+    let mut tasks = vec![];
+    for name in ["submit", "status", "cancel", "answer", "approve"] {
+        let mut ep = group
+            .endpoint(name)
+            .await
+            .map_err(|e| Error::Backend(format!("endpoint {name}: {e}")))?;
+        let rt = rt.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(req) = ep.next().await {
+                let reply = match serve(&rt, name, &req.message.payload).await {
+                    Ok(v) => Ok(Bytes::from(v.to_string())),
+                    Err(e) => Err(bad(e)),
+                };
+                if let Err(e) = req.respond(reply).await {
+                    tracing::warn!(endpoint = name, error = %e, "reply failed");
+                }
+            }
+        }));
+    }
+    let mut answers = store
+        .client
+        .queue_subscribe("skein.answers", "skein-answers".into())
+        .await
+        .map_err(|e| Error::Backend(format!("subscribe skein.answers: {e}")))?;
+    let client = store.client.clone();
+    let rt2 = rt.clone();
+    tasks.push(tokio::spawn(async move {
+        while let Some(msg) = answers.next().await {
+            let res = match serde_json::from_slice::<AnswerReq>(&msg.payload) {
+                Ok(r) => hitl::answer(&rt2, &r.token, r.answers, Some("skein.answers".into()))
+                    .await
+                    .map(|s| json!({"session": s.to_string()})),
+                Err(e) => Err(Error::Rejected(format!("invalid answer: {e}"))),
+            };
+            let (subject, body) = match res {
+                Ok(v) => ("skein.answers.accepted", v),
+                Err(e) => ("skein.answers.rejected", json!({"reason": e.to_string()})),
+            };
+            let _ = client.publish(subject, Bytes::from(body.to_string())).await;
+            if let Some(reply) = msg.reply {
+                let _ = client.publish(reply, Bytes::from(body.to_string())).await;
+            }
+        }
+    }));
+    let _ = stop.changed().await;
+    for t in tasks {
+        t.abort();
+    }
+    let _ = service.stop().await;
+    Ok(())
+}
