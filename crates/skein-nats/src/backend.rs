@@ -83,17 +83,15 @@ pub struct NatsStore {
     lease: Duration,
 }
 
-/// Creates or updates every stream and bucket. Idempotent.
+/// Creates every missing stream and bucket; existing ones are left alone. Idempotent.
 pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
     let st = storage(cfg);
     let r = cfg.replicas.max(1);
     let put = |c: stream::Config| async move {
         match js.get_stream(&c.name).await {
-            Ok(_) => js
-                .update_stream(&c)
-                .await
-                .map(|_| ())
-                .map_err(|e| nats_err(&c.name, e)),
+            // Existing streams are left as they are: an operator may have tuned them, and
+            // a read-only command must never rescale a cluster's streams.
+            Ok(_) => Ok(()),
             Err(_) => js
                 .create_stream(c.clone())
                 .await
@@ -166,24 +164,27 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
             num_replicas: r,
             allow_rollup: true,
             deny_delete: true,
-            allow_direct: true,
+            allow_direct: false,
             discard: stream::DiscardPolicy::New,
             duplicate_window: dup,
             ..Default::default()
         })
         .await?;
     }
+    // Object stores as the client would make them, but without direct reads: reads go to
+    // the stream leader, so a lagging replica can never answer "absent".
     for bucket in ["skein_blobs", "skein_workspace"] {
-        if js.get_object_store(bucket).await.is_err() {
-            js.create_object_store(object_store::Config {
-                bucket: bucket.into(),
-                storage: st,
-                num_replicas: r,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| nats_err(bucket, e))?;
-        }
+        put(stream::Config {
+            name: format!("OBJ_{bucket}"),
+            subjects: vec![format!("$O.{bucket}.C.>"), format!("$O.{bucket}.M.>")],
+            storage: st,
+            num_replicas: r,
+            discard: stream::DiscardPolicy::New,
+            allow_rollup: true,
+            allow_direct: false,
+            ..Default::default()
+        })
+        .await?;
     }
     Ok(())
 }
@@ -319,7 +320,7 @@ impl NatsStore {
     async fn last_with_seq(&self, s: &SessionId) -> Result<Option<(Record, u64)>> {
         match self
             .events
-            .direct_get_last_for_subject(events_subject(s))
+            .get_last_raw_message_by_subject(&events_subject(s))
             .await
         {
             Ok(m) => {
@@ -327,7 +328,9 @@ impl NatsStore {
                     .map_err(|e| Error::Corrupt(e.to_string()))?;
                 Ok(Some((r, m.sequence)))
             }
-            Err(e) if matches!(e.kind(), stream::DirectGetErrorKind::NotFound) => Ok(None),
+            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
+                Ok(None)
+            }
             Err(e) => Err(nats_err("read last", e)),
         }
     }
@@ -388,12 +391,18 @@ impl NatsStore {
         let mut out = vec![];
         let mut next = after + 1;
         loop {
-            match st.direct_get_next_for_subject(subject, Some(next)).await {
+            match st
+                .raw_message_builder()
+                .sequence(next)
+                .next_by_subject(subject)
+                .send()
+                .await
+            {
                 Ok(m) => {
                     next = m.sequence + 1;
                     out.push((m.sequence, m.payload));
                 }
-                Err(e) if matches!(e.kind(), stream::DirectGetErrorKind::NotFound) => {
+                Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
                     return Ok(out)
                 }
                 Err(e) => return Err(nats_err("read", e)),
@@ -453,7 +462,7 @@ impl EventLog for NatsStore {
                     // Someone already wrote this seq: ours only if the bytes are the same.
                     let stored = self
                         .events
-                        .direct_get(ack.sequence)
+                        .get_raw_message(ack.sequence)
                         .await
                         .map_err(|e| nats_err("read dup", e))?;
                     if stored.payload.as_ref() != record.bytes.as_slice() {
@@ -790,7 +799,13 @@ impl Blobs for NatsStore {
                     .map_err(|e| nats_err("blob read", e))?;
                 Ok(Some(out))
             };
-            match attempt.await {
+            let res = match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Backend(
+                    "nats: blob read: no progress for 10 s".into(),
+                )),
+            };
+            match res {
                 Err(e) if tries < 5 => {
                     tries += 1;
                     tracing::debug!(hash, error = %e, "blob read failed; retrying");

@@ -42,12 +42,8 @@ pub fn free_port() -> u16 {
 }
 
 fn healthy(http_port: u16, path: &str) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(
-        &format!("127.0.0.1:{http_port}")
-            .parse()
-            .expect("loopback address"),
-        Duration::from_millis(200),
-    ) else {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], http_port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));

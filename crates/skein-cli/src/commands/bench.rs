@@ -45,21 +45,33 @@ pub struct BenchArgs {
     /// Print the figures as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Measure the NATS backend on a nats-server started for the run (with `--nats URL`,
+    /// on that server instead).
+    #[arg(long)]
+    pub nats_local: bool,
 }
 
 /// Writes the bench agents and scripts with the given model latency.
-fn write_agents(dir: &Path, latency: u64, cache_leaf: bool) -> Result<()> {
+pub(crate) fn write_agents(
+    dir: &Path,
+    latency: u64,
+    cache_leaf: bool,
+    pool: Option<&str>,
+) -> Result<()> {
+    let pool_line = pool.map(|p| format!("pool: {p}\n")).unwrap_or_default();
     std::fs::create_dir_all(dir.join("agents"))?;
     std::fs::create_dir_all(dir.join("scripts"))?;
     std::fs::write(
         dir.join("agents/fanout.md"),
-        "---\nname: fanout\nmodel: scripted:fanout\nagents: [leaf]\ncache: false\n\
-         limits: {max_children_per_turn: 100000, max_steps: 4}\n---\nFan out.\n",
+        format!(
+            "---\nname: fanout\nmodel: scripted:fanout\nagents: [leaf]\ncache: false\n{pool_line}\
+             limits: {{max_children_per_turn: 100000, max_steps: 4}}\n---\nFan out.\n"
+        ),
     )?;
     std::fs::write(
         dir.join("agents/leaf.md"),
         format!(
-            "---\nname: leaf\nmodel: scripted:leaf\ntools: [list_dir]\n\
+            "---\nname: leaf\nmodel: scripted:leaf\ntools: [list_dir]\n{pool_line}\
              idempotent_tools: [list_dir]\ncache: {cache_leaf}\n---\nLook around, then answer.\n"
         ),
     )?;
@@ -90,7 +102,7 @@ struct TreeRun {
 
 async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     let tmp = tempfile::tempdir()?;
-    write_agents(tmp.path(), latency, false)?;
+    write_agents(tmp.path(), latency, false, None)?;
     let store = SledStore::open(&tmp.path().join("data"), &tmp.path().join("ws"))?;
     let backend = store.backend();
     let agents = Arc::new(AgentSet::load(
@@ -155,7 +167,7 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
 /// over the hit span, hits per second).
 async fn cache_hit_bench(app: &App, n: usize) -> Result<(f64, f64)> {
     let tmp = tempfile::tempdir()?;
-    write_agents(tmp.path(), 0, true)?;
+    write_agents(tmp.path(), 0, true, None)?;
     let store = SledStore::open(&tmp.path().join("data"), &tmp.path().join("ws"))?;
     let backend = store.backend();
     let agents = Arc::new(AgentSet::load(
@@ -357,6 +369,9 @@ async fn fold_bench(n: u64) -> Result<(f64, f64, f64)> {
 }
 
 pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
+    if a.nats_local || app.global.nats.is_some() {
+        return super::bench_nats::run(app, &a).await;
+    }
     let mut results = serde_json::Map::new();
     let machine = format!(
         "{} cores",

@@ -8,6 +8,7 @@ use crate::{Cli, Command};
 pub mod agents;
 pub mod audit;
 pub mod bench;
+pub mod bench_nats;
 pub mod cluster;
 pub mod hitl;
 pub mod replay;

@@ -260,7 +260,7 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) {
 }
 
 pub async fn fork_cmd(app: &App, a: ForkArgs) -> Result<ExitCode> {
-    let (store, backend) = app.open_embedded()?;
+    let (store, backend) = app.backend().await?;
     let rt = app.runtime(backend)?;
     let agent_text = match &a.agent_file {
         Some(p) => Some(
@@ -280,10 +280,11 @@ pub async fn fork_cmd(app: &App, a: ForkArgs) -> Result<ExitCode> {
         },
     )
     .await?;
-    if a.no_run {
+    // On a cluster the workers run it.
+    let Some(store) = store.filter(|_| !a.no_run) else {
         println!("{id}");
         return Ok(ExitCode::SUCCESS);
-    }
+    };
     if !a.json {
         eprintln!("fork {id} of {} at seq {}", source.display(), a.at);
     }

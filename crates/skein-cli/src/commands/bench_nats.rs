@@ -1,0 +1,291 @@
+//! `skein bench --nats-local` (or `--nats URL`): the JetStream backend's figures.
+//!
+//! Workers run in this process, each with its own NATS connection, state cache and
+//! runtime — the same code a `skein worker` process runs. Printed: delegation latency
+//! (a parent's `Delegated` → the child's first model call starting) p50/p99, steps per
+//! second with a zero-latency model on 1 and 3 workers, fan-out wall time against its
+//! ideal for N = 8, 256, 1024, and resident memory of one worker idle and with 1,000
+//! sessions in flight.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use skein_core::{AgentSet, Budget, Event, Limits, SessionId};
+use skein_llm::scripted::ScriptedProvider;
+use skein_llm::Registry;
+use skein_nats::{NatsConfig, NatsStore};
+use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use tokio::sync::watch;
+
+use super::bench::{write_agents, BenchArgs};
+use crate::app::{read_agent_files, App};
+
+struct Fleet {
+    runtimes: Vec<Arc<Runtime>>,
+    stops: Vec<watch::Sender<bool>>,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+    _tmp: tempfile::TempDir,
+}
+
+impl Fleet {
+    async fn start(
+        app: &App,
+        cfg: &NatsConfig,
+        workers: usize,
+        conc: usize,
+        latency: u64,
+    ) -> Result<Self> {
+        let tmp = tempfile::tempdir()?;
+        let pool = format!("bench{}", &skein_runtime::new_root_id().as_str()[18..]);
+        write_agents(tmp.path(), latency, false, Some(&pool))?;
+        let agents = Arc::new(AgentSet::load(
+            &read_agent_files(&tmp.path().join("agents"))?,
+            &[],
+        )?);
+        let mut fleet = Fleet {
+            runtimes: vec![],
+            stops: vec![],
+            handles: vec![],
+            _tmp: tmp,
+        };
+        for i in 0..workers {
+            let store = NatsStore::connect(cfg, Duration::from_secs(30)).await?;
+            let mut models = Registry::new();
+            models.insert(
+                "scripted",
+                Arc::new(ScriptedProvider::new(fleet._tmp.path().join("scripts"))),
+            );
+            let rc = RuntimeConfig {
+                worker_id: format!("bench-w{}", i + 1),
+                limits: Limits {
+                    max_children_per_turn: 100_000,
+                    ..Limits::default()
+                },
+                ..RuntimeConfig::default()
+            };
+            let rt = Runtime::new(store.backend(), agents.clone(), models, app.tools()?, rc);
+            let (stop, handles) = rt.spawn_workers(vec![pool.clone()], conc);
+            fleet.runtimes.push(rt);
+            fleet.stops.push(stop);
+            fleet.handles.extend(handles);
+        }
+        Ok(fleet)
+    }
+
+    /// Runs one fan-out tree of `n` children; returns (root, wall ms).
+    async fn fanout(&self, n: usize) -> Result<(SessionId, f64)> {
+        let rt = &self.runtimes[0];
+        let started = Instant::now();
+        let id = rt
+            .submit(Submission {
+                agent: "fanout".into(),
+                mission: format!("nats fan-out of {n}"),
+                inputs: json!({ "n": n }),
+                budget: Some(Budget { tokens: None }),
+                no_cache: true,
+                ..Default::default()
+            })
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            if let Some(r) = rt.backend.log.last(&id).await? {
+                if r.env.body.is_terminal() {
+                    anyhow::ensure!(
+                        matches!(r.env.body, Event::Completed(_)),
+                        "fan-out {n} ended with {}",
+                        r.env.body.kind()
+                    );
+                    break;
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "fan-out {n} did not finish in 10 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok((id, started.elapsed().as_secs_f64() * 1000.0))
+    }
+
+    async fn stop(self) {
+        for s in &self.stops {
+            let _ = s.send(true);
+        }
+        for h in self.handles {
+            let _ = h.await;
+        }
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn delegation_latencies(rt: &Runtime, root: &SessionId) -> Result<Vec<f64>> {
+    let b = &rt.backend;
+    let mut delegated: HashMap<SessionId, u64> = HashMap::new();
+    for r in b.log.read(root, 1).await? {
+        if let Event::Delegated(d) = &r.env.body {
+            delegated.insert(d.child.clone(), r.env.at);
+        }
+    }
+    let mut out = vec![];
+    for (child, at) in delegated {
+        for r in b.log.read(&child, 1).await? {
+            if let Event::ModelCalled(m) = &r.env.body {
+                let call_started = r.env.at.saturating_sub(m.latency_ms);
+                out.push(call_started.saturating_sub(at) as f64);
+                break;
+            }
+        }
+    }
+    out.sort_by(f64::total_cmp);
+    Ok(out)
+}
+
+pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
+    let (server, url, sync) = match &app.global.nats {
+        Some(u) => (None, u.clone(), "as configured on that server".to_string()),
+        None => {
+            let s = skein_testnats::NatsServer::start();
+            let u = s.url();
+            (Some(s), u, "default (JetStream sync_interval 2m; the publish ack means in the server's memory and page cache)".to_string())
+        }
+    };
+    let mut cfg = app.nats_config()?;
+    cfg.urls = url.split(',').map(str::to_string).collect();
+    let client = async_nats::connect(url.split(',').next().unwrap_or_default())
+        .await
+        .context("connect")?;
+    let version = client.server_info().version.clone();
+    let mut results = serde_json::Map::new();
+    results.insert("server".into(), json!({"version": version, "sync": sync}));
+    if !a.json {
+        println!(
+            "skein bench — NATS JetStream backend, nats-server {version}, one server on loopback"
+        );
+        println!("fsync: {sync}\n");
+    }
+
+    // Memory of one worker: idle, then with 1,000 sessions in flight.
+    let idle_before = rss_kib();
+    let one = Fleet::start(app, &cfg, 1, 1100, 2000).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let idle = rss_kib();
+    let sampler = {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s2 = stop.clone();
+        let h = tokio::spawn(async move {
+            let mut peak = 0;
+            while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kib());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            peak
+        });
+        (stop, h)
+    };
+    one.fanout(1000).await.context("memory run")?;
+    sampler.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.1.await.unwrap_or(0);
+    one.stop().await;
+    results.insert(
+        "worker_rss_kib".into(),
+        json!({"process_before_worker": idle_before, "idle": idle, "peak_1000_in_flight": peak}),
+    );
+    if !a.json {
+        println!("worker resident memory: idle {} MiB; with 1,000 sessions in flight (2 s model calls) peak {} MiB", idle / 1024, peak / 1024);
+    }
+
+    // Throughput with a zero-latency model, 1 and 3 workers.
+    let mut tp = vec![];
+    for workers in [1usize, 3] {
+        let fleet = Fleet::start(app, &cfg, workers, 64, 0).await?;
+        let (root, wall) = fleet.fanout(a.throughput_children).await?;
+        let rows = skein_runtime::inspect::tree_rows(&fleet.runtimes[0].backend, &root).await?;
+        let turns = skein_runtime::inspect::summarize(&rows).steps;
+        let lat = if workers == 3 {
+            delegation_latencies(&fleet.runtimes[0], &root).await?
+        } else {
+            vec![]
+        };
+        fleet.stop().await;
+        let sps = turns as f64 / (wall / 1000.0);
+        tp.push(
+            json!({"workers": workers, "model_turns": turns, "wall_ms": wall, "steps_per_s": sps}),
+        );
+        if !a.json {
+            println!("throughput, zero-latency model, {workers} worker(s): {sps:.0} steps/s ({turns} model turns in {wall:.0} ms)");
+        }
+        if !lat.is_empty() {
+            let (p50, p99) = (pct(&lat, 0.5), pct(&lat, 0.99));
+            results.insert(
+                "delegation_latency_ms".into(),
+                json!({"samples": lat.len(), "p50": p50, "p99": p99}),
+            );
+            if !a.json {
+                println!("delegation latency (Delegated → child's first model call), {} children: p50 {p50:.0} ms, p99 {p99:.0} ms", lat.len());
+            }
+        }
+    }
+    results.insert("throughput".into(), json!(tp));
+
+    // Fan-out against its ideal.
+    let ideal = 7.0 * a.latency_ms as f64;
+    if !a.json {
+        println!(
+            "\nfan-out, 3 workers, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms:",
+            a.latency_ms, a.latency_ms
+        );
+        println!(
+            "  {:>6} {:>10} {:>10} {:>8}",
+            "N", "wall ms", "ideal ms", "ratio"
+        );
+    }
+    let mut fan = vec![];
+    let widths: Vec<usize> = if a.fanout == vec![8, 256] {
+        vec![8, 256, 1024]
+    } else {
+        a.fanout.clone()
+    };
+    for n in widths {
+        let fleet = Fleet::start(app, &cfg, 3, n / 3 + 16, a.latency_ms).await?;
+        let (_, wall) = fleet.fanout(n).await?;
+        fleet.stop().await;
+        if !a.json {
+            println!(
+                "  {:>6} {:>10.0} {:>10.0} {:>8.2}",
+                n,
+                wall,
+                ideal,
+                wall / ideal
+            );
+        }
+        fan.push(json!({"n": n, "wall_ms": wall, "ideal_ms": ideal, "ratio": wall / ideal}));
+    }
+    results.insert("fanout".into(), json!(fan));
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    }
+    drop(server);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,235 @@
+//! Human in the loop, single-flight and forks on NATS with real worker processes.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use skein_testnats::NatsServer;
+
+const SECRET: &str = "features-secret-not-for-production";
+
+struct Workers(Vec<Child>);
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn worker(sb: &Sandbox, url: &str, name: &str) -> Child {
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["--nats", url, "worker", "--concurrency", "16"])
+        .env("SKEIN_TOKEN_SECRET", SECRET)
+        .env("SKEIN__RUNTIME__WORKER_ID", name)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "worker {name} exited"
+        );
+        if line.contains("ready") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in err.lines() {});
+    child
+}
+
+fn cli(sb: &Sandbox, url: &str, args: &[&str]) -> std::process::Output {
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["--nats", url])
+        .args(args)
+        .env("SKEIN_TOKEN_SECRET", SECRET);
+    c.output().unwrap()
+}
+
+fn status(sb: &Sandbox, url: &str, id: &str) -> serde_json::Value {
+    let out = cli(sb, url, &["tree", id, "--json"]);
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+fn wait_status(sb: &Sandbox, url: &str, id: &str, want: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let t = status(sb, url, id);
+        if t["sessions"][0]["status"] == want {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{id} never became {want}: {t}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn raw_pub(url: &str, subject: &str, payload: &str) {
+    let mut s = TcpStream::connect(url.trim_start_matches("nats://")).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut info = String::new();
+    r.read_line(&mut info).unwrap();
+    s.write_all(b"CONNECT {\"verbose\":false}\r\n").unwrap();
+    s.write_all(format!("PUB {subject} {}\r\n{payload}\r\nPING\r\n", payload.len()).as_bytes())
+        .unwrap();
+    let mut line = String::new();
+    while !line.starts_with("PONG") {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+    }
+}
+
+#[test]
+fn a_question_bubbles_up_across_workers_and_a_raw_answer_resumes_the_tree() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [helper]\ntools: [ask_user]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: helper, mission: "set up the project"}
+  - tool_calls:
+      - tool: ask_user
+        args: {questions: [{key: version, question: "{{ results[0].need_user_input.questions[0].question }}"}]}
+  - tool_calls:
+      - tool: call_agent
+        args: {resume_token: "{{ all_results[0].resume_token }}", answers: {version: "{{ results[0].answers.version }}"}}
+  - answer: "{{ results[0].result }}"
+"#,
+    )
+    .agent(
+        "helper",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [{key: version, question: \"Which Python version?\"}]}\n  - answer: \"helper used {{ results[0].answers.version }}\"\n",
+    );
+    let server = NatsServer::start();
+    let url = server.url();
+    let _w = Workers(vec![worker(&sb, &url, "h1"), worker(&sb, &url, "h2")]);
+    let out = cli(
+        &sb,
+        &url,
+        &["submit", "--agent", "boss", "--id", "hitl-nats", "set up"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_status(&sb, &url, "hitl-nats", "awaiting_input");
+    // Paused: no job is waiting or held anywhere.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let depth = rt.block_on(async {
+        let cfg = skein_nats::NatsConfig {
+            urls: vec![url.clone()],
+            ..Default::default()
+        };
+        let st = skein_nats::NatsStore::connect(&cfg, Duration::from_secs(30))
+            .await
+            .unwrap();
+        st.backend().jobs.depth("default").await.unwrap()
+    });
+    assert_eq!(depth, 0, "a job is claimed or waiting during the pause");
+    let inbox: Vec<serde_json::Value> =
+        serde_json::from_slice(&cli(&sb, &url, &["inbox", "--json"]).stdout).unwrap();
+    assert_eq!(inbox.len(), 1);
+    let token = inbox[0]["token"].as_str().unwrap();
+    raw_pub(
+        &url,
+        "skein.answers",
+        &serde_json::json!({"token": token, "answers": {"version": "3.13"}}).to_string(),
+    );
+    let t = wait_status(&sb, &url, "hitl-nats", "completed");
+    assert_eq!(t["sessions"][0]["answer"], "helper used 3.13");
+    let out = cli(&sb, &url, &["replay", "hitl-nats", "--verify", "--tree"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn eight_identical_delegations_run_one_child_across_workers_and_forks_work_on_nats() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [worker]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        repeat: 8
+        args: {agent: worker, mission: "the same question"}
+  - answer: "{{ results | selectattr('success') | list | length }} answers"
+"#,
+    )
+    .agent(
+        "worker",
+        "",
+        "latency_ms: 300\nturns:\n  - answer: \"answer to {{ mission }}\"\n",
+    );
+    std::fs::write(
+        sb.dir.path().join("scripts/alt.yaml"),
+        "turns:\n  - answer: never\n  - answer: \"forked with {{ results | length }} results\"\n",
+    )
+    .unwrap();
+    let server = NatsServer::start();
+    let url = server.url();
+    let _w = Workers(vec![worker(&sb, &url, "s1"), worker(&sb, &url, "s2")]);
+    let out = cli(
+        &sb,
+        &url,
+        &[
+            "submit", "--agent", "boss", "--id", "sf-nats", "--wait", "go",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "8 answers");
+    let t = status(&sb, &url, "sf-nats");
+    assert_eq!(
+        t["sessions"].as_array().unwrap().len(),
+        2,
+        "one child for eight calls: {t}"
+    );
+
+    let out = cli(
+        &sb,
+        &url,
+        &[
+            "fork",
+            "sf-nats",
+            "--at",
+            "2",
+            "--model",
+            "scripted:alt",
+            "--new-id",
+            "sf-fork",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = wait_status(&sb, &url, "sf-fork", "completed");
+    assert_eq!(t["sessions"][0]["answer"], "forked with 8 results");
+    let out = cli(&sb, &url, &["replay", "sf-fork", "--verify", "--tree"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
