@@ -348,6 +348,8 @@ impl NatsStore {
             ack_wait: self.lease,
             max_deliver: -1,
             max_ack_pending: -1,
+            // Every work loop of every worker keeps one pull request open.
+            max_waiting: 16_384,
             ..Default::default()
         };
         // After a node loss the cluster may be electing leaders: give it a few seconds.
@@ -595,10 +597,16 @@ impl JobQueue for NatsStore {
             .messages()
             .await
             .map_err(|e| nats_err("claim", e))?;
-        let Some(msg) = batch.next().await else {
-            return Ok(None);
+        let msg = match batch.next().await {
+            None => return Ok(None),
+            Some(Ok(m)) => m,
+            // Too many pull requests open at once: back-pressure, not a fault.
+            Some(Err(e)) if e.to_string().contains("Exceeded MaxWaiting") => {
+                tokio::time::sleep(wait.min(Duration::from_millis(100))).await;
+                return Ok(None);
+            }
+            Some(Err(e)) => return Err(nats_err("claim", e)),
         };
-        let msg = msg.map_err(|e| nats_err("claim", e))?;
         let (attempt, sseq) = {
             let info = msg.info().map_err(|e| nats_err("job info", e))?;
             (info.delivered.max(1) as u32, info.stream_sequence)
