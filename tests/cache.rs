@@ -31,7 +31,7 @@ fn boss_and_worker(sb: &Sandbox, worker_front: &str) {
 turns:
   - tool_calls:
       - tool: call_agent
-        args: {agent: worker, mission: "summarise {{ mission }}"}
+        args: {agent: worker, mission: "summarise the topic"}
   - answer: "{{ results[0].result }} (cached: {{ (results[0].cached or false) | tojson }})"
 "#,
     )
@@ -54,7 +54,13 @@ fn miss_then_hit_and_the_tree_shows_the_saving() {
     assert_eq!(count(&first, "cache_hits"), 0);
     let second = {
         let mut c = skein(&demo_config(), &data);
-        c.args(["run", "--json", "Brief on caching"]);
+        c.args([
+            "run",
+            "--json",
+            "--context",
+            "second run",
+            "Brief on caching",
+        ]);
         json_of(&run_ok(c))
     };
     assert_eq!(
@@ -90,14 +96,17 @@ fn miss_then_hit_and_the_tree_shows_the_saving() {
 fn ttl_expiry_and_a_changed_prompt_miss() {
     let sb = Sandbox::new();
     boss_and_worker(&sb, "cache: {ttl: 1s}\n");
-    let a = run_json(&sb, &["run", "--agent", "boss", "--json", "x"]);
-    assert_eq!(a["answer"], "summary of summarise x (cached: false)");
-    let b = run_json(&sb, &["run", "--agent", "boss", "--json", "x"]);
-    assert_eq!(b["answer"], "summary of summarise x (cached: true)");
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let c = run_json(&sb, &["run", "--agent", "boss", "--json", "x"]);
+    let a = run_json(&sb, &["run", "--agent", "boss", "--json", "x1"]);
     assert_eq!(
-        c["answer"], "summary of summarise x (cached: false)",
+        a["answer"],
+        "summary of summarise the topic (cached: false)"
+    );
+    let b = run_json(&sb, &["run", "--agent", "boss", "--json", "x2"]);
+    assert_eq!(b["answer"], "summary of summarise the topic (cached: true)");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let c = run_json(&sb, &["run", "--agent", "boss", "--json", "x3"]);
+    assert_eq!(
+        c["answer"], "summary of summarise the topic (cached: false)",
         "the entry expired"
     );
 
@@ -107,8 +116,11 @@ fn ttl_expiry_and_a_changed_prompt_miss() {
         .unwrap()
         .replace("You are worker.", "You are a worker.");
     std::fs::write(&path, text).unwrap();
-    let d = run_json(&sb, &["run", "--agent", "boss", "--json", "x"]);
-    assert_eq!(d["answer"], "summary of summarise x (cached: false)");
+    let d = run_json(&sb, &["run", "--agent", "boss", "--json", "x4"]);
+    assert_eq!(
+        d["answer"],
+        "summary of summarise the topic (cached: false)"
+    );
 }
 
 #[test]
@@ -121,8 +133,11 @@ fn failed_children_are_not_cached() {
     )
     // The script has no second turn: the child fails after its refused tool call.
     .agent("flaky", "", "turns:\n  - tool_calls:\n      - tool: shell\n        args: {cmd: x}\n");
-    for _ in 0..2 {
-        let out = run_json(&sb, &["run", "--agent", "boss", "--json", "go"]);
+    for i in 0..2 {
+        let out = run_json(
+            &sb,
+            &["run", "--agent", "boss", "--json", &format!("go {i}")],
+        );
         assert_eq!(out["answer"], "false");
         assert_eq!(count(&out, "cache_hits"), 0);
         assert_eq!(
@@ -204,4 +219,83 @@ fn killing_the_shared_run_does_not_strand_its_waiters() {
         &SessionId::parse(&root).unwrap(),
         &sb.dir.path().join("agents"),
     ));
+}
+
+#[test]
+fn a_root_mission_is_answered_from_the_cache_when_its_agent_allows() {
+    let sb = Sandbox::new();
+    boss_and_worker(&sb, "");
+    let a = run_json(&sb, &["run", "--agent", "boss", "--json", "same root"]);
+    let b = run_json(&sb, &["run", "--agent", "boss", "--json", "same root"]);
+    assert_eq!(b["answer"], a["answer"]);
+    let tree = b["tree"].as_array().unwrap();
+    assert_eq!(tree.len(), 1, "nothing ran below the root: {b}");
+    assert_eq!(tree[0]["steps"], 0, "no model call for a cached root");
+    assert_eq!(tree[0]["cache_hits"], 1);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let id = SessionId::parse(b["session"].as_str().unwrap()).unwrap();
+    rt.block_on(audit_tree(&sb.data(), &id, &sb.dir.path().join("agents")));
+    // An agent with `cache: false` is never answered from the cache.
+    let sb = Sandbox::new();
+    boss_and_worker(&sb, "");
+    let path = sb.dir.path().join("agents/boss.md");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("agents: [worker]", "agents: [worker]\ncache: false");
+    std::fs::write(&path, text).unwrap();
+    run_json(&sb, &["run", "--agent", "boss", "--json", "same root"]);
+    let b = run_json(&sb, &["run", "--agent", "boss", "--json", "same root"]);
+    assert_eq!(b["tree"].as_array().unwrap()[0]["steps"], 2);
+}
+
+#[test]
+fn a_long_child_answer_reaches_the_parent_summarised_with_the_full_answer_stored() {
+    let sb = Sandbox::new();
+    let long = "x".repeat(50) + " the important finding is 42 " + &"y".repeat(150);
+    sb.agent(
+        "boss",
+        "agents: [verbose]\n",
+        "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: verbose, mission: \"dig\"}\n  - answer: \"{{ results[0].result }}\"\n",
+    )
+    .agent(
+        "verbose",
+        "summarize: {max_chars: 60, model: \"scripted:brief\"}\n",
+        &format!("turns:\n  - answer: \"{long}\"\n"),
+    );
+    std::fs::write(
+        sb.dir.path().join("scripts/brief.yaml"),
+        "turns:\n  - answer: \"brief of {{ context | length }} chars: finding is 42\"\n",
+    )
+    .unwrap();
+    let out = run_json(&sb, &["run", "--agent", "boss", "--json", "go"]);
+    let answer = out["answer"].as_str().unwrap();
+    let hash = skein_core::event::record_hash(long.as_bytes());
+    assert_eq!(
+        answer,
+        format!(
+            "brief of {} chars: finding is 42\n\n[full answer: {} characters, blob {hash}]",
+            long.len(),
+            long.len()
+        )
+    );
+    let tree = out["tree"].as_array().unwrap();
+    assert_eq!(
+        tree[1]["steps"], 2,
+        "the summary is a recorded model call in the child's log"
+    );
+
+    let stored = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store =
+            skein_runtime::sled_backend::SledStore::open(&sb.data(), &sb.data().join("workspaces"))
+                .unwrap();
+        store.backend().blobs.get(&hash).await.unwrap()
+    });
+    assert_eq!(
+        stored.as_deref(),
+        Some(long.as_bytes()),
+        "the full answer is in the blob store"
+    );
+    let id = SessionId::parse(out["session"].as_str().unwrap()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(audit_tree(&sb.data(), &id, &sb.dir.path().join("agents")));
 }

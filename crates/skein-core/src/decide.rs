@@ -173,6 +173,9 @@ pub enum Step {
     RequestApproval(Vec<ApprovalAsk>),
     /// Children of this turn are still running: nothing to do until one settles.
     Wait,
+    /// The final answer is longer than the agent's `summarize.max_chars`: ask `model` for
+    /// a summary (recorded as `ModelCalled`); the full answer goes to the blob store.
+    Summarize { model: String, max_chars: usize },
     /// Finish with this answer.
     Complete { answer: String },
     /// Finish with this error.
@@ -189,6 +192,7 @@ impl Step {
             Step::Delegate(_) => "delegate",
             Step::RunTools(_) => "run_tools",
             Step::AskUser(_) => "ask_user",
+            Step::Summarize { .. } => "summarize",
             Step::RequestApproval(_) => "request_approval",
             Step::Wait => "wait",
             Step::Complete { .. } => "complete",
@@ -225,6 +229,10 @@ impl Step {
                 v.iter().any(|a| a.call == r.call && a.tool == r.tool)
             }
             (Step::Wait, Event::InputProvided(_) | Event::ApprovalGiven(_)) => true,
+            (Step::Summarize { model, .. }, Event::ModelCalled(m)) => m.model == *model,
+            (Step::Summarize { model, .. }, Event::ModelFailed(m)) => m.model == *model,
+            // A root answered from the cache before its first model call.
+            (Step::CallModel { .. }, Event::CacheHit(h)) => h.call.is_empty(),
             (Step::RunTools(rs), Event::ToolCalled(t)) => rs
                 .iter()
                 .any(|r| !r.resumed && r.call == t.call && r.tool == t.tool),
@@ -302,6 +310,29 @@ impl SessionState {
             return Step::Idle;
         }
         if let Some(answer) = &self.pending_answer {
+            if let Some(summary) = &self.summary {
+                let full = self.full_answer.as_deref().unwrap_or(answer);
+                let answer = if full == summary {
+                    summary.clone()
+                } else {
+                    format!(
+                        "{summary}\n\n[full answer: {} characters, blob {}]",
+                        full.chars().count(),
+                        blake3::hash(full.as_bytes()).to_hex()
+                    )
+                };
+                return Step::Complete { answer };
+            }
+            if let Some(sz) = &def.front.summarize {
+                let failed_out = self.model_failures >= MAX_MODEL_ATTEMPTS;
+                if answer.chars().count() > sz.max_chars && !failed_out && !self.model_failure_fatal
+                {
+                    return Step::Summarize {
+                        model: sz.model.clone().unwrap_or_else(|| def.front.model.clone()),
+                        max_chars: sz.max_chars,
+                    };
+                }
+            }
             return Step::Complete {
                 answer: answer.clone(),
             };

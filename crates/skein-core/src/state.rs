@@ -144,6 +144,10 @@ pub struct SessionState {
     pub updated_at: u64,
     /// Events of kinds this build does not know, kept for display.
     pub unknown_events: u32,
+    /// The summary of a long final answer (the agent's `summarize` setting), and the
+    /// answer it summarises.
+    pub summary: Option<String>,
+    pub full_answer: Option<String>,
     pub pending_inputs: Vec<PendingInput>,
     pub pending_approvals: Vec<PendingApproval>,
     /// Token ids already answered (a token is good once).
@@ -175,6 +179,8 @@ impl Default for SessionState {
             started_at: 0,
             updated_at: 0,
             unknown_events: 0,
+            summary: None,
+            full_answer: None,
             pending_inputs: vec![],
             pending_approvals: vec![],
             used_tokens: Default::default(),
@@ -339,6 +345,14 @@ impl SessionState {
                 self.submitted = Some(s.clone());
                 self.status = Status::Running;
             }
+            // A model call after the final answer is its summary.
+            Event::ModelCalled(m) if self.pending_answer.is_some() && self.summary.is_none() => {
+                self.steps += 1;
+                self.model_failures = 0;
+                self.usage_own.add(&m.usage);
+                self.full_answer = self.pending_answer.clone();
+                self.summary = Some(m.response.content.clone().unwrap_or_default());
+            }
             Event::ModelCalled(m) => {
                 self.steps += 1;
                 self.model_failures = 0;
@@ -397,6 +411,13 @@ impl SessionState {
                         shared: d.shared,
                     },
                 );
+            }
+            // A root answered from the cache (no call: nothing delegated).
+            Event::CacheHit(h) if h.call.is_empty() => {
+                self.cache_hits += 1;
+                self.saved.add(&h.saved);
+                self.pending_answer = Some(h.answer.clone());
+                self.summary = Some(h.answer.clone());
             }
             Event::CacheHit(h) => {
                 self.delegations += 1;

@@ -312,17 +312,34 @@ impl Runtime {
             .pool
             .clone()
             .unwrap_or_else(|| DEFAULT_POOL.into());
-        self.create(&id, submitted).await?;
+        let hash = submitted.mission_hash.clone();
+        let cacheable = !submitted.no_cache && def.cache_enabled();
+        if let Some(mut f) = self.create(&id, submitted).await? {
+            // A root mission answered before: record the hit; the worker completes it.
+            if cacheable {
+                if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
+                    let ev = CacheHit {
+                        call: String::new(),
+                        mission_hash: hash,
+                        source: hit.source,
+                        answer: hit.answer,
+                        saved: hit.usage,
+                        steps: hit.steps,
+                    };
+                    self.append(&mut f, Event::CacheHit(ev)).await?;
+                }
+            }
+        }
         self.backend.jobs.push(&pool, &id).await?;
         Ok(id)
     }
 
-    /// Appends `Submitted` as the first record of `id`; false if the session existed.
-    async fn create(&self, id: &SessionId, submitted: Submitted) -> Result<bool> {
+    /// Appends `Submitted` as the first record of `id`; none if the session existed.
+    async fn create(&self, id: &SessionId, submitted: Submitted) -> Result<Option<Folded>> {
         let mut f = Folded::new(id.clone());
         match self.append(&mut f, Event::Submitted(submitted)).await {
-            Ok(()) => Ok(true),
-            Err(Error::Conflict { .. }) => Ok(false),
+            Ok(()) => Ok(Some(f)),
+            Err(Error::Conflict { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -489,6 +506,37 @@ impl Runtime {
                     self.call_model(f, &def, request, &tool_names, job).await?
                 }
                 Step::Refuse(rs) => self.refuse(f, rs).await?,
+                Step::Summarize { model, max_chars } => {
+                    let full = f.state.pending_answer.clone().unwrap_or_default();
+                    self.backend.blobs.put(full.as_bytes()).await?;
+                    let sub = f.state.submitted.clone();
+                    let request = ModelRequest {
+                        model,
+                        messages: vec![
+                            skein_core::Message::System {
+                                content: format!(
+                                    "Summarise the answer below in at most {max_chars} \
+                                     characters. Keep every fact, figure and name the \
+                                     requester needs; add nothing."
+                                ),
+                            },
+                            skein_core::Message::User {
+                                content: full.clone(),
+                            },
+                        ],
+                        tools: vec![],
+                        temperature: None,
+                        max_tokens: None,
+                        meta: skein_core::message::RequestMeta {
+                            session: f.id.to_string(),
+                            agent: sub.as_ref().map(|s| s.agent.clone()).unwrap_or_default(),
+                            mission: "summarize".into(),
+                            context: Some(full),
+                            inputs: serde_json::Value::Null,
+                        },
+                    };
+                    self.call_model(f, &def, request, &[], job).await?
+                }
                 Step::AskUser(asks) => {
                     let events = asks
                         .into_iter()

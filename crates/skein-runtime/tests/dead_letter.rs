@@ -1,0 +1,80 @@
+//! A job delivered more than `max_deliver` times fails its session with a dead-letter
+//! reason instead of being retried forever.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use skein_core::{AgentSet, Event};
+use skein_llm::scripted::ScriptedProvider;
+use skein_llm::Registry;
+use skein_runtime::sled_backend::SledStore;
+use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_tools::ToolBox;
+
+#[tokio::test]
+async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("solo.yaml"), "turns:\n  - answer: done\n").unwrap();
+    let agents = AgentSet::load(
+        &[(
+            "solo.md".into(),
+            "---\nname: solo\nmodel: scripted:solo\n---\nAnswer.\n".into(),
+        )],
+        &[],
+    )
+    .unwrap();
+    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
+    let mut models = Registry::new();
+    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
+    let cfg = RuntimeConfig {
+        max_deliver: 3,
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::new(
+        store.backend(),
+        Arc::new(agents),
+        models,
+        ToolBox::new(),
+        cfg,
+    );
+    let id = rt
+        .submit(Submission {
+            agent: "solo".into(),
+            mission: "m".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let jobs = &rt.backend.jobs;
+    // Three deliveries that never finish (as if each worker died mid-step).
+    for attempt in 1..=3 {
+        let j = jobs
+            .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(j.attempt, attempt);
+        jobs.retry(&j, Duration::ZERO).await.unwrap();
+    }
+    let j = jobs
+        .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(j.attempt, 4);
+    rt.process(&j).await.unwrap();
+    jobs.ack(&j).await.unwrap();
+    let last = rt.backend.log.last(&id).await.unwrap().unwrap();
+    match &last.env.body {
+        Event::Failed(f) => {
+            assert!(f.error.contains("dead-lettered"), "{}", f.error);
+            assert!(f.error.contains("delivered 3 times"), "{}", f.error);
+        }
+        other => panic!("expected Failed, got {}", other.kind()),
+    }
+    // The model was never called: the session failed before any step.
+    let records = rt.backend.log.read(&id, 1).await.unwrap();
+    assert!(!records
+        .iter()
+        .any(|r| matches!(r.env.body, Event::ModelCalled(_))));
+}
