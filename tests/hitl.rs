@@ -408,3 +408,70 @@ fn an_approved_tool_runs_and_a_denied_one_never_does() {
         }
     }
 }
+
+#[test]
+fn a_finished_chat_child_answers_a_follow_up_and_its_log_simply_continues() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [expert, plain]\ntools: [ask_clarification]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: expert, mission: "estimate the load"}
+      - tool: call_agent
+        args: {agent: plain, mission: "say hi"}
+  - tool_calls:
+      - tool: ask_clarification
+        args: {session_id: "{{ results[0].session_id }}", question: "and the error bars?"}
+      - tool: ask_clarification
+        args: {session_id: "{{ results[1].session_id }}", question: "anything else?"}
+  - answer: "first: {{ all_results[0].result }} | then: {{ results[0].result }} | plain: {{ results[1] }}"
+"#,
+    )
+    .agent(
+        "expert",
+        "chat: true\n",
+        "turns:\n  - answer: \"the load is 42\"\n  - answer: \"error bars are plus or minus 3\"\n",
+    )
+    .agent("plain", "", "turns:\n  - answer: hi\n");
+    let out = run(&sb, &["run", "--agent", "boss", "--json", "estimate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = v["answer"].as_str().unwrap();
+    assert!(
+        answer.starts_with("first: the load is 42 | then: error bars are plus or minus 3"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("does not take follow-up questions"),
+        "{answer}"
+    );
+    let root = v["session"].as_str().unwrap().to_string();
+    // The expert's log continued: question, a second model turn, a second answer.
+    let ev = run(&sb, &["events", &format!("{root}/expert-1")]);
+    let text = String::from_utf8_lossy(&ev.stdout);
+    assert_eq!(text.matches("ClarificationRequested").count(), 1, "{text}");
+    assert_eq!(text.matches("Completed").count(), 2, "{text}");
+    let st = run(
+        &sb,
+        &["replay", &format!("{root}/expert-1"), "--at", "4", "--full"],
+    );
+    let st = String::from_utf8_lossy(&st.stdout);
+    assert!(
+        st.contains(&format!("## CLARIFICATION REQUEST FROM {root}")),
+        "{st}"
+    );
+    assert!(st.contains("and the error bars?"), "{st}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(audit_tree(
+        &sb.data(),
+        &SessionId::parse(&root).unwrap(),
+        &sb.dir.path().join("agents"),
+    ));
+}

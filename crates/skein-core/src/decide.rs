@@ -141,6 +141,15 @@ pub fn missing_answers(questions: &Value, answers: &Value) -> Vec<(String, Strin
         .collect()
 }
 
+/// A follow-up question for a finished `chat: true` child.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Clarify {
+    pub call: String,
+    pub child: SessionId,
+    pub agent: String,
+    pub question: String,
+}
+
 /// An ordinary tool call to run. `resumed` means `ToolCalled` is already in the log: a
 /// crash hid the outcome.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -171,6 +180,9 @@ pub enum Step {
     AskUser(Vec<Ask>),
     /// Ask approval for these tool calls (`ApprovalRequested`) and pause.
     RequestApproval(Vec<ApprovalAsk>),
+    /// Put follow-up questions to finished children (`ClarificationRequested` in the
+    /// child's log, `Delegated {resumed}` here) and wait for their new answers.
+    Clarify(Vec<Clarify>),
     /// Children of this turn are still running: nothing to do until one settles.
     Wait,
     /// The final answer is longer than the agent's `summarize.max_chars`: ask `model` for
@@ -193,6 +205,7 @@ impl Step {
             Step::RunTools(_) => "run_tools",
             Step::AskUser(_) => "ask_user",
             Step::Summarize { .. } => "summarize",
+            Step::Clarify(_) => "clarify",
             Step::RequestApproval(_) => "request_approval",
             Step::Wait => "wait",
             Step::Complete { .. } => "complete",
@@ -231,6 +244,14 @@ impl Step {
             (Step::Wait, Event::InputProvided(_) | Event::ApprovalGiven(_)) => true,
             (Step::Summarize { model, .. }, Event::ModelCalled(m)) => m.model == *model,
             (Step::Summarize { model, .. }, Event::ModelFailed(m)) => m.model == *model,
+            (Step::Clarify(v), Event::Delegated(d)) => {
+                d.resumed && v.iter().any(|c| c.call == d.call && c.child == d.child)
+            }
+            (Step::Clarify(v), Event::ToolReturned(t)) => {
+                t.error && v.iter().any(|c| c.call == t.call)
+            }
+            // A finished session may be asked again (`chat: true`).
+            (Step::Idle, Event::ClarificationRequested(_)) => true,
             // A root answered from the cache before its first model call.
             (Step::CallModel { .. }, Event::CacheHit(h)) => h.call.is_empty(),
             (Step::RunTools(rs), Event::ToolCalled(t)) => rs
@@ -429,6 +450,7 @@ impl SessionState {
         let mut resumed = vec![];
         let mut asks = vec![];
         let mut approvals = vec![];
+        let mut clarifications = vec![];
         let mut n = self.delegations;
 
         for slot in &self.turn {
@@ -469,6 +491,13 @@ impl SessionState {
                     def.name(),
                     join(&allowed)
                 )));
+                continue;
+            }
+            if call.name == "ask_clarification" {
+                match self.clarify_of(call, catalog) {
+                    Ok(c) => clarifications.push(c),
+                    Err(e) => refusals.push(refuse(e)),
+                }
                 continue;
             }
             if call.name == "ask_user" {
@@ -554,6 +583,9 @@ impl SessionState {
         if !resumed.is_empty() {
             return Step::RunTools(resumed);
         }
+        if !clarifications.is_empty() {
+            return Step::Clarify(clarifications);
+        }
         if !asks.is_empty() {
             return Step::AskUser(asks);
         }
@@ -561,6 +593,59 @@ impl SessionState {
             return Step::RequestApproval(approvals);
         }
         Step::Wait
+    }
+
+    fn clarify_of(
+        &self,
+        call: &crate::message::ToolCall,
+        catalog: &dyn Catalog,
+    ) -> Result<Clarify, String> {
+        let sid = call
+            .args
+            .get("session_id")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let question = call
+            .args
+            .get("question")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .trim();
+        if question.is_empty() {
+            return Err("ask_clarification: `question` is required".into());
+        }
+        let child =
+            SessionId::parse(sid).map_err(|e| format!("ask_clarification: `session_id`: {e}"))?;
+        let Some(info) = self
+            .children
+            .values()
+            .find(|c| c.child == child && !c.cached && !c.shared)
+        else {
+            return Err(format!(
+                "ask_clarification: {} is not a sub-agent this session ran",
+                child.display()
+            ));
+        };
+        if info.outcome != Some("completed") {
+            return Err(format!(
+                "ask_clarification: {} has not completed; only a finished sub-agent can be \
+                 asked a follow-up",
+                child.display()
+            ));
+        }
+        if !catalog.agent(&info.agent).is_some_and(|d| d.front.chat) {
+            return Err(format!(
+                "ask_clarification: agent `{}` does not take follow-up questions (its \
+                 definition would say `chat: true`)",
+                info.agent
+            ));
+        }
+        Ok(Clarify {
+            call: call.id.clone(),
+            child,
+            agent: info.agent.clone(),
+            question: question.to_string(),
+        })
     }
 
     /// Children without an explicit budget get an equal share of what is free.

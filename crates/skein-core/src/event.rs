@@ -247,6 +247,16 @@ pub struct PatchRejected {
     pub reason: Value,
 }
 
+/// A follow-up question to a finished `chat: true` session; its log simply continues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClarificationRequested {
+    /// The asking session.
+    pub from: SessionId,
+    /// Its tool call.
+    pub call: String,
+    pub question: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Completed {
     pub answer: String,
@@ -289,6 +299,7 @@ pub enum Event {
     ApprovalGiven(ApprovalGiven),
     PatchApplied(PatchApplied),
     PatchRejected(PatchRejected),
+    ClarificationRequested(ClarificationRequested),
     Completed(Completed),
     Failed(Failed),
     Cancelled(Cancelled),
@@ -317,6 +328,7 @@ impl Event {
             Event::ApprovalGiven(_) => "ApprovalGiven",
             Event::PatchApplied(_) => "PatchApplied",
             Event::PatchRejected(_) => "PatchRejected",
+            Event::ClarificationRequested(_) => "ClarificationRequested",
             Event::Completed(_) => "Completed",
             Event::Failed(_) => "Failed",
             Event::Cancelled(_) => "Cancelled",

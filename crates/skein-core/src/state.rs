@@ -548,6 +548,23 @@ impl SessionState {
                 }
             }
             Event::PatchApplied(_) | Event::PatchRejected(_) => {}
+            Event::ClarificationRequested(c) => {
+                // A finished session is asked again: it reopens with the question.
+                if self.status == Status::Completed {
+                    self.status = Status::Running;
+                    self.answer = None;
+                    self.pending_answer = None;
+                    self.summary = None;
+                    self.full_answer = None;
+                }
+                self.transcript.push(Message::User {
+                    content: format!(
+                        "## CLARIFICATION REQUEST FROM {}\n\n{}",
+                        c.from.display(),
+                        c.question
+                    ),
+                });
+            }
             Event::Completed(c) => {
                 self.status = Status::Completed;
                 self.answer = Some(c.answer.clone());

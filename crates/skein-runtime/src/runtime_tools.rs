@@ -48,3 +48,48 @@ pub fn call_agent_spec(def: &AgentDef) -> ToolSpec {
         }),
     }
 }
+
+/// `ask_clarification`: a follow-up question to a finished `chat: true` sub-agent.
+pub fn ask_clarification_spec() -> ToolSpec {
+    ToolSpec {
+        name: "ask_clarification".into(),
+        description: "Ask a sub-agent that already answered (one whose definition says \
+                      `chat: true`) a follow-up question; it answers again with its whole \
+                      conversation in mind."
+            .into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "session_id": {"type": "string", "description": "The sub-agent's session id."},
+                "question": {"type": "string"}
+            },
+            "required": ["session_id", "question"],
+            "additionalProperties": false
+        }),
+    }
+}
+
+/// `ask_user`: pause and ask a person (or, for a sub-agent, its parent).
+pub fn ask_user_spec() -> ToolSpec {
+    ToolSpec {
+        name: "ask_user".into(),
+        description: "Ask for information you cannot find yourself. The session pauses \
+                      until the answers arrive."
+            .into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "questions": {
+                    "type": "array",
+                    "items": {"anyOf": [
+                        {"type": "string"},
+                        {"type": "object", "properties": {"key": {"type": "string"}, "question": {"type": "string"}}, "required": ["question"]}
+                    ]}
+                },
+                "context": {"type": "string"},
+                "proposed_defaults": {"type": "object"}
+            },
+            "required": ["questions"]
+        }),
+    }
+}

@@ -506,6 +506,7 @@ impl Runtime {
                     self.call_model(f, &def, request, &tool_names, job).await?
                 }
                 Step::Refuse(rs) => self.refuse(f, rs).await?,
+                Step::Clarify(v) => self.clarify(f, v).await?,
                 Step::Summarize { model, max_chars } => {
                     let full = f.state.pending_answer.clone().unwrap_or_default();
                     self.backend.blobs.put(full.as_bytes()).await?;
@@ -644,6 +645,8 @@ impl Runtime {
             .iter()
             .filter_map(|n| match n.as_str() {
                 "call_agent" => Some(runtime_tools::call_agent_spec(def)),
+                "ask_clarification" => Some(runtime_tools::ask_clarification_spec()),
+                "ask_user" => Some(runtime_tools::ask_user_spec()),
                 other => self.tools.spec(other),
             })
             .collect();
@@ -927,6 +930,72 @@ impl Runtime {
             shared: false,
             resumed: true,
         }))
+    }
+
+    /// Puts follow-up questions to finished `chat: true` children: each child's log
+    /// continues with the question, and this session waits for its new answer.
+    async fn clarify(&self, f: &mut Folded, v: Vec<skein_core::decide::Clarify>) -> Result<()> {
+        let mut events = vec![];
+        let mut jobs = vec![];
+        for c in v {
+            let (cf, _) = self.load(&c.child).await?;
+            let records = self.backend.log.read(&c.child, 1).await?;
+            // After a crash the question may already be in the child's log.
+            let asked = records.iter().any(|r| {
+                matches!(&r.env.body, Event::ClarificationRequested(q) if q.from == f.id && q.call == c.call)
+            });
+            let mission_hash = cf
+                .state
+                .submitted
+                .as_ref()
+                .map(|s| s.mission_hash.clone())
+                .unwrap_or_default();
+            let pool = cf.state.submitted.as_ref().and_then(|s| s.pool.clone());
+            if !asked {
+                if cf.state.status != Status::Completed {
+                    self.keep(cf);
+                    events.push(Event::ToolReturned(ToolReturned {
+                        call: c.call,
+                        output: format!(
+                            "ask_clarification: {} is busy; ask again once it has answered",
+                            c.child.display()
+                        ),
+                        error: true,
+                        ms: 0,
+                        blob: None,
+                    }));
+                    continue;
+                }
+                let body =
+                    Event::ClarificationRequested(skein_core::event::ClarificationRequested {
+                        from: f.id.clone(),
+                        call: c.call.clone(),
+                        question: c.question.clone(),
+                    });
+                let cf = crate::hitl::append_from_outside(self, cf, body, |g| {
+                    g.state.status == Status::Completed
+                })
+                .await?;
+                self.keep(cf);
+            } else {
+                self.keep(cf);
+            }
+            jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), c.child.clone()));
+            events.push(Event::Delegated(Delegated {
+                call: c.call,
+                child: c.child,
+                agent: c.agent,
+                mission_hash,
+                allotted_tokens: None,
+                shared: false,
+                resumed: true,
+            }));
+        }
+        self.append_all(f, events).await?;
+        for (pool, child) in jobs {
+            self.backend.jobs.push(&pool, &child).await?;
+        }
+        Ok(())
     }
 
     /// Claims the run of `hash` for `child`; returns the session to share instead when an
