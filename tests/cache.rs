@@ -90,6 +90,7 @@ fn miss_then_hit_and_the_tree_shows_the_saving() {
     };
     assert_eq!(count(&third, "cache_hits"), 0);
     assert_eq!(third["tree"].as_array().unwrap().len(), 5);
+    assert!(audit_all(&data, &repo().join("config/agents")) >= 11);
 }
 
 #[test]
@@ -146,6 +147,7 @@ fn failed_children_are_not_cached() {
             "the child ran again"
         );
     }
+    audit_all(&sb.data(), &sb.dir.path().join("agents"));
 }
 
 fn eight_identical(sb: &Sandbox, latency: u64) {
@@ -176,6 +178,7 @@ fn eight_identical_parallel_delegations_run_one_child() {
     let tree = out["tree"].as_array().unwrap();
     assert_eq!(tree.len(), 2, "one child for eight calls: {out}");
     assert_eq!(tree[1]["steps"], 1);
+    audit_all(&sb.data(), &sb.dir.path().join("agents"));
 }
 
 #[test]

@@ -78,6 +78,7 @@ fn demo_brief_runs_researchers_in_parallel_then_the_writer() {
         text.contains("ToolCalled") && text.contains("list_dir"),
         "{text}"
     );
+    assert_eq!(audit_all(&data, &repo().join("config/agents")), 5);
 }
 
 /// Runs the demo, kills the process with SIGKILL when `trigger` first shows in its

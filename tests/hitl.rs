@@ -200,6 +200,7 @@ turns:
         assert_eq!(text.matches("InputRequested").count(), 1, "{text}");
         assert_eq!(text.matches("InputProvided").count(), 1, "{text}");
     }
+    audit_all(&sb.data(), &sb.dir.path().join("agents"));
 }
 
 #[test]

@@ -148,3 +148,19 @@ pub async fn audit_tree(data: &Path, root: &SessionId, agents_dir: &Path) -> usi
     }
     ids.len()
 }
+
+/// Audits every tree in a data directory (see [`audit_tree`]).
+pub fn audit_all(data: &Path, agents_dir: &Path) -> usize {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let roots = rt.block_on(async {
+        let store = SledStore::open(data, &data.join("workspaces")).expect("open store");
+        store.backend().log.roots().await.expect("roots")
+    });
+    drop(rt);
+    let mut n = 0;
+    for root in roots {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        n += rt.block_on(audit_tree(data, &root, agents_dir));
+    }
+    n
+}
