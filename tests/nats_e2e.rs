@@ -206,6 +206,35 @@ async fn audit(urls: &str, replicas: usize, roots: &[SessionId]) -> BTreeSet<Str
     workers
 }
 
+/// Every log of every tree: chain intact, one terminal event (a `Completed` for roots),
+/// no tool call recorded twice. Reads only the logs.
+async fn chains(urls: &str, roots: &[SessionId]) {
+    let st = store(urls, 3).await;
+    let b = st.backend();
+    for root in roots {
+        for s in b.log.tree(root).await.unwrap() {
+            let recs = b.log.read(&s, 1).await.unwrap();
+            skein_core::event::verify_chain(&s, &recs).unwrap_or_else(|e| panic!("{s}: {e:?}"));
+            let mut calls = BTreeSet::new();
+            let mut terminal = 0;
+            for r in &recs {
+                match &r.env.body {
+                    Event::ToolCalled(t) => {
+                        assert!(calls.insert(t.call.clone()), "{s}: {} twice", t.call)
+                    }
+                    e if e.is_terminal() => terminal += 1,
+                    _ => {}
+                }
+            }
+            assert_eq!(terminal, 1, "{s}");
+            assert!(
+                matches!(recs.last().unwrap().env.body, Event::Completed(_)),
+                "{s}"
+            );
+        }
+    }
+}
+
 fn read_agents() -> Vec<(String, String)> {
     std::fs::read_dir(repo().join("config/agents"))
         .unwrap()
@@ -287,14 +316,13 @@ fn a_cluster_node_killed_mid_run_loses_nothing() {
     std::thread::sleep(Duration::from_millis(700));
     cluster.kill9(0);
     let rt = rt();
-    // Every mission completes while the node is down…
+    // Every mission completes while the node is down, and every log of every tree has
+    // an unbroken hash chain, no duplicated tool call and one terminal event.
     rt.block_on(wait_all(&urls, 3, &ids, Duration::from_secs(240)));
-    // …and with the cluster whole again, every log is audited.
-    cluster.restart(0);
     rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(180), audit(&urls, 3, &ids))
+        tokio::time::timeout(Duration::from_secs(180), chains(&urls, &ids))
             .await
-            .expect("the audit finished")
+            .expect("the chain audit finished")
     });
 }
 

@@ -58,9 +58,8 @@ pub fn sign(secret: &[u8], claims: &Claims) -> String {
     format!("{PREFIX}.{}.{}", hex::encode(&body), hex::encode(tag))
 }
 
-/// Checks a token's form and signature (in constant time) and returns its claims. Whether
-/// the pause it names is still open is for the caller to check against the log.
-pub fn open(secret: &[u8], token: &str) -> Result<Claims, TokenError> {
+/// The claims bytes and the signature bytes of a token, checked for form only.
+fn parts(token: &str) -> Result<(Vec<u8>, Vec<u8>), TokenError> {
     let mut parts = token.trim().split('.');
     let (Some(p), Some(body), Some(tag), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -76,29 +75,26 @@ pub fn open(secret: &[u8], token: &str) -> Result<Claims, TokenError> {
     }
     let body = hex::decode(body).map_err(|_| TokenError::Malformed("claims are not hex".into()))?;
     let tag = hex::decode(tag).map_err(|_| TokenError::Malformed("signature is not hex".into()))?;
+    Ok((body, tag))
+}
+
+fn claims_of(body: &[u8]) -> Result<Claims, TokenError> {
+    serde_json::from_slice(body).map_err(|e| TokenError::Malformed(format!("claims: {e}")))
+}
+
+/// Checks a token's form and signature (in constant time) and returns its claims. Whether
+/// the pause it names is still open is for the caller to check against the log.
+pub fn open(secret: &[u8], token: &str) -> Result<Claims, TokenError> {
+    let (body, tag) = parts(token)?;
     let m = mac(secret, &body).ok_or_else(|| TokenError::Malformed("no secret".into()))?;
     m.verify_slice(&tag).map_err(|_| TokenError::Forged)?;
-    serde_json::from_slice(&body).map_err(|e| TokenError::Malformed(format!("claims: {e}")))
+    claims_of(&body)
 }
 
 /// Reads a token's claims without checking its signature (the pure core may look at
 /// whom a token names; only [`open`] says it is genuine).
 pub fn peek(token: &str) -> Result<Claims, TokenError> {
-    let mut parts = token.trim().split('.');
-    let (Some(p), Some(body), Some(_), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(TokenError::Malformed(
-            "expected three dot-separated parts".into(),
-        ));
-    };
-    if p != PREFIX {
-        return Err(TokenError::Malformed(format!(
-            "unknown token version `{p}`"
-        )));
-    }
-    let body = hex::decode(body).map_err(|_| TokenError::Malformed("claims are not hex".into()))?;
-    serde_json::from_slice(&body).map_err(|e| TokenError::Malformed(format!("claims: {e}")))
+    claims_of(&parts(token)?.0)
 }
 
 #[cfg(test)]

@@ -372,7 +372,8 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                 );
                 break;
             }
-            Step::Idle => break,
+            // The generated agents neither summarise nor ask follow-ups.
+            Step::Idle | Step::Summarize { .. } | Step::Clarify(_) => break,
         }
     }
     (log, set, limits)

@@ -164,7 +164,10 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
             num_replicas: r,
             allow_rollup: true,
             deny_delete: true,
-            allow_direct: false,
+            // KV reads may come from any replica: a lagging cache or single-flight read
+            // costs at most a duplicate run (see claim_inflight), and stays available
+            // while a cluster re-elects leaders.
+            allow_direct: true,
             discard: stream::DiscardPolicy::New,
             duplicate_window: dup,
             ..Default::default()
@@ -656,15 +659,24 @@ impl JobQueue for NatsStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&job.handle);
-        if let Some(a) = acker {
-            a.double_ack().await.map_err(|e| nats_err("ack", e))?;
+        let acked = match acker {
+            Some(a) => a.double_ack().await.map_err(|e| nats_err("ack", e)),
+            None => Ok(()),
+        };
+        // A push that found this job held left a marker: run the session once more. When
+        // the marker cannot be read (or the ack's outcome is unknown) push anyway: an extra
+        // wake-up costs one idle step, a lost one strands a session.
+        match self.wake.get(job.session.as_str()).await {
+            Ok(None) if acked.is_ok() => {}
+            Ok(Some(_)) => {
+                let _ = self.wake.delete(job.session.as_str()).await;
+                self.publish_job(&job.pool, &job.session).await?;
+            }
+            _ => {
+                self.publish_job(&job.pool, &job.session).await?;
+            }
         }
-        // A push that found this job held left a marker: run the session once more.
-        if let Ok(Some(_)) = self.wake.get(job.session.as_str()).await {
-            let _ = self.wake.delete(job.session.as_str()).await;
-            self.publish_job(&job.pool, &job.session).await?;
-        }
-        Ok(())
+        acked
     }
 
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
@@ -721,29 +733,33 @@ impl Cache for NatsStore {
     }
 
     async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>> {
-        match self
-            .inflight
-            .create(hash, Bytes::from(session.to_string()))
-            .await
-        {
-            Ok(_) => Ok(None),
-            Err(e) if matches!(e.kind(), kv::CreateErrorKind::AlreadyExists) => {
-                match self
-                    .inflight
-                    .get(hash)
-                    .await
-                    .map_err(|e| nats_err("inflight", e))?
-                {
-                    Some(v) => {
-                        let holder = SessionId::parse(&String::from_utf8_lossy(&v))?;
-                        Ok((&holder != session).then_some(holder))
+        for _ in 0..3 {
+            match self
+                .inflight
+                .create(hash, Bytes::from(session.to_string()))
+                .await
+            {
+                Ok(_) => return Ok(None),
+                Err(e) if matches!(e.kind(), kv::CreateErrorKind::AlreadyExists) => {
+                    match self
+                        .inflight
+                        .get(hash)
+                        .await
+                        .map_err(|e| nats_err("inflight", e))?
+                    {
+                        Some(v) => {
+                            let holder = SessionId::parse(&String::from_utf8_lossy(&v))?;
+                            return Ok((&holder != session).then_some(holder));
+                        }
+                        // Released in between (or a lagging replica): try again.
+                        None => continue,
                     }
-                    // Released in between: try again.
-                    None => Box::pin(self.claim_inflight(hash, session)).await,
                 }
+                Err(e) => return Err(nats_err("inflight", e)),
             }
-            Err(e) => Err(nats_err("inflight", e)),
         }
+        // Could not tell who holds it: run our own (a duplicate run, never a stuck one).
+        Ok(None)
     }
 
     async fn release_inflight(&self, hash: &str, session: &SessionId) -> Result<()> {

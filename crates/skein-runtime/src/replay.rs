@@ -36,15 +36,22 @@ pub struct SessionVerdict {
     pub seq: Option<u64>,
 }
 
-async fn def_of(b: &Backend, records: &[Record]) -> Result<Option<AgentDef>> {
+/// The definition a log was submitted with, read once per digest.
+async fn def_cached(
+    b: &Backend,
+    records: &[Record],
+    seen: &mut BTreeMap<String, AgentDef>,
+) -> Result<Option<AgentDef>> {
     let Some(Event::Submitted(s)) = records.first().map(|r| &r.env.body) else {
         return Ok(None);
     };
+    if let Some(d) = seen.get(&s.def_digest) {
+        return Ok(Some(d.clone()));
+    }
     let text = b.def_text(&s.def_digest).await?;
-    Ok(Some(AgentDef::parse(
-        &format!("stored definition {}", s.def_digest),
-        &text,
-    )?))
+    let d = AgentDef::parse(&format!("stored definition {}", s.def_digest), &text)?;
+    seen.insert(s.def_digest.clone(), d.clone());
+    Ok(Some(d))
 }
 
 /// Re-folds every log under `id` (the session and its descendants), checks each hash
@@ -67,9 +74,10 @@ pub async fn verify_tree(
     }
     let mut logs = vec![];
     let mut recorded = BTreeMap::new();
+    let mut defs = BTreeMap::new();
     for s in &ids {
         let records = b.log.read(s, 1).await?;
-        if let Some(def) = def_of(b, &records).await? {
+        if let Some(def) = def_cached(b, &records, &mut defs).await? {
             recorded.entry(def.name().to_string()).or_insert(def);
         }
         logs.push((s.clone(), records));
@@ -88,14 +96,14 @@ pub async fn verify_tree(
             v.ok = false;
             v.problem = Some(format!("hash chain: {}", brk.reason));
             v.seq = Some(brk.seq);
-        } else if let Some(def) = def_of(b, &records).await? {
+        } else if let Some(def) = def_cached(b, &records, &mut defs).await? {
             let envs: Vec<_> = records.iter().map(|r| r.env.clone()).collect();
             // A fork's prefix was decided by its source's definition.
             let prefix = match records.first().map(|r| &r.env.body) {
                 Some(Event::Submitted(sub)) => match &sub.forked_from {
                     Some(p) => {
                         let src = b.log.read(&p.session, 1).await?;
-                        def_of(b, &src).await?.map(|d| (p.at_seq, d))
+                        def_cached(b, &src, &mut defs).await?.map(|d| (p.at_seq, d))
                     }
                     None => None,
                 },

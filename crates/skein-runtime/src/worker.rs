@@ -448,8 +448,14 @@ impl Runtime {
     /// Advances one session as far as it can go. The caller acks the job on `Ok`.
     pub async fn process(&self, job: &Job) -> Result<()> {
         let (mut f, cold) = self.load(&job.session).await?;
+        // A redelivered job means a step may have stopped half way (its job pushes lost,
+        // say): reconcile from the logs as on a cold load.
+        let cold = cold || job.attempt > 1;
         let res = self.drive(&mut f, cold, job).await;
-        self.keep(f);
+        if res.is_ok() {
+            self.keep(f);
+        }
+        // On an error the fold is dropped, so the retry reloads and reconciles.
         res
     }
 
