@@ -85,14 +85,39 @@ async fn a_three_node_cluster_keeps_working_with_a_node_down() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(ok, "appends go on with one node of three down");
-    b.jobs.push("default", &s).await.unwrap();
+    // Right after the kill the cluster may still be electing stream leaders ("no
+    // responders"): the runtime retries such errors, and so does this test.
+    let mut pushed = false;
+    for _ in 0..100 {
+        if b.jobs.push("default", &s).await.is_ok() {
+            pushed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(pushed, "jobs can be pushed with one node of three down");
     let j = b
         .jobs
         .claim("default", Duration::from_secs(5), Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(j.map(|j| j.session), Some(s.clone()));
-    skein_runtime::conformance::run_all(&b).await.unwrap();
+    // Every check must pass with the node down; a check that met an election in progress
+    // may be run again (each run uses fresh sessions).
+    let mut last = None;
+    for _ in 0..3 {
+        match skein_runtime::conformance::run_all(&b).await {
+            Ok(()) => {
+                last = None;
+                break;
+            }
+            Err(e) => {
+                last = Some(e);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    assert!(last.is_none(), "conformance with a node down: {last:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
