@@ -55,14 +55,16 @@ impl App {
     }
 
     pub fn models(&self) -> Result<Registry> {
-        let mut r = Registry::new();
-        r.insert(
-            "scripted",
-            Arc::new(skein_llm::scripted::ScriptedProvider::new(
-                &self.cfg.scripts_dir,
-            )),
-        );
-        Ok(r)
+        let models: skein_llm::ModelsConfig = self
+            .cfg
+            .models
+            .clone()
+            .try_into()
+            .context("[models] configuration")?;
+        Ok(skein_llm::registry_from_config(
+            &models,
+            &self.cfg.scripts_dir,
+        )?)
     }
 
     pub fn agents(&self) -> Result<AgentSet> {

@@ -56,6 +56,8 @@ pub enum Command {
     Tree(commands::show::TreeArgs),
     /// One session's log, readable.
     Events(commands::show::EventsArgs),
+    /// The plan a session owns, as Markdown (or JSON), now or at any seq.
+    Plan(commands::show::PlanArgs),
     /// Agent definitions.
     #[command(subcommand)]
     Agents(commands::agents::AgentsCmd),

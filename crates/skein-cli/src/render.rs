@@ -92,6 +92,12 @@ pub fn summary_line(s: &TreeSummary) -> String {
 }
 
 /// One line describing an event.
+fn patch_from(from: &str) -> String {
+    skein_core::SessionId::parse(from)
+        .map(|s| s.display())
+        .unwrap_or_else(|_| from.to_string())
+}
+
 pub fn event_line(r: &Record, t0: u64) -> String {
     let body = match &r.env.body {
         Event::Submitted(s) => format!(
@@ -153,6 +159,25 @@ pub fn event_line(r: &Record, t0: u64) -> String {
         Event::Completed(c) => format!("answer={:?}", cut(&c.answer, 70)),
         Event::Failed(f) => format!("error={:?}", f.error),
         Event::Cancelled(c) => format!("reason={:?}", c.reason),
+        Event::PatchApplied(p) => format!(
+            "v{} by {} ({}) ops=[{}]",
+            p.version,
+            p.agent,
+            patch_from(&p.from),
+            p.ops
+                .iter()
+                .map(|o| o.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Event::PatchRejected(p) => {
+            format!(
+                "by {} ({}): {}",
+                p.agent,
+                patch_from(&p.from),
+                cut(&p.reason.to_string(), 70)
+            )
+        }
         other => cut(&other.to_json().to_string(), 80),
     };
     format!(

@@ -78,6 +78,50 @@ pub struct Delegation {
     pub ancestry: Vec<String>,
     /// Set when this call continues a paused child instead of starting one.
     pub resume: Option<Resume>,
+    /// Tasks of this session's plan handed to the child, as they stand now.
+    pub grant: Option<crate::event::PlanGrant>,
+}
+
+/// The plan owner's own `update_plan` call, merged by the rules: the shell records
+/// `PatchApplied` (version `verdict`) or `PatchRejected` — the event is the tool's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanEdit {
+    pub call: String,
+    pub agent: String,
+    pub patch: crate::plan::Patch,
+    pub verdict: Result<u64, crate::plan::Rejection>,
+}
+
+impl PlanEdit {
+    /// The event that records this edit's verdict.
+    pub fn into_event(self) -> Event {
+        use crate::event::{PatchApplied, PatchRejected};
+        match self.verdict {
+            Ok(version) => Event::PatchApplied(PatchApplied {
+                from: crate::plan::SELF.into(),
+                agent: self.agent,
+                call: Some(self.call),
+                base_version: self.patch.base_version,
+                ops: self.patch.ops,
+                version,
+            }),
+            Err(reason) => Event::PatchRejected(PatchRejected {
+                from: crate::plan::SELF.into(),
+                agent: self.agent,
+                call: Some(self.call),
+                base_version: self.patch.base_version,
+                reason,
+            }),
+        }
+    }
+}
+
+/// A sub-agent's `propose_patch` call: the shell merges it into the parent's plan (in the
+/// parent's log) and records the verdict here as the tool's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Proposal {
+    pub call: String,
+    pub patch: crate::plan::Patch,
 }
 
 /// A question to put (`ask_user`).
@@ -176,6 +220,10 @@ pub enum Step {
     Delegate(Vec<Delegation>),
     /// Run these tools: `ToolCalled` first, then the tool, then `ToolReturned`.
     RunTools(Vec<ToolRun>),
+    /// Record the verdict on this `update_plan` call.
+    EditPlan(PlanEdit),
+    /// Take these patches to the parent's plan and record each verdict (`ToolReturned`).
+    ProposePatch(Vec<Proposal>),
     /// Put these questions (`InputRequested`, each with a fresh token id) and pause.
     AskUser(Vec<Ask>),
     /// Ask approval for these tool calls (`ApprovalRequested`) and pause.
@@ -203,6 +251,8 @@ impl Step {
             Step::Refuse(_) => "refuse",
             Step::Delegate(_) => "delegate",
             Step::RunTools(_) => "run_tools",
+            Step::EditPlan(_) => "edit_plan",
+            Step::ProposePatch(_) => "propose_patch",
             Step::AskUser(_) => "ask_user",
             Step::Summarize { .. } => "summarize",
             Step::Clarify(_) => "clarify",
@@ -220,6 +270,12 @@ impl Step {
     pub fn admits(&self, ev: &Event) -> Result<(), String> {
         if matches!(ev, Event::Cancelled(_) | Event::Unknown { .. }) {
             return Ok(());
+        }
+        // A sub-agent's patch arrives from outside, whatever this session is doing.
+        match ev {
+            Event::PatchApplied(p) if p.from != crate::plan::SELF => return Ok(()),
+            Event::PatchRejected(p) if p.from != crate::plan::SELF => return Ok(()),
+            _ => {}
         }
         let ok = match (self, ev) {
             (Step::CallModel { model, .. }, Event::ModelCalled(m)) => m.model == *model,
@@ -261,6 +317,14 @@ impl Step {
                 rs.iter().any(|r| r.resumed && r.call == t.call)
             }
             (Step::Wait, Event::ChildSettled(_)) => true,
+            (Step::EditPlan(e), Event::PatchApplied(p)) => {
+                p.call.as_deref() == Some(e.call.as_str()) && e.verdict == Ok(p.version)
+            }
+            (Step::EditPlan(e), Event::PatchRejected(p)) => {
+                p.call.as_deref() == Some(e.call.as_str())
+                    && e.verdict.as_ref().err() == Some(&p.reason)
+            }
+            (Step::ProposePatch(v), Event::ToolReturned(t)) => v.iter().any(|p| p.call == t.call),
             (Step::Complete { answer }, Event::Completed(c)) => c.answer == *answer,
             (Step::Fail { error }, Event::Failed(f)) => f.error == *error,
             _ => false,
@@ -387,23 +451,82 @@ impl SessionState {
         }
         Step::CallModel {
             model: def.front.model.clone(),
-            tool_names: def.allowed_tools().into_iter().collect(),
+            tool_names: self.allowed_tools(def).into_iter().collect(),
         }
+    }
+
+    /// The tools this session may use: its definition's, plus `propose_patch` when it was
+    /// handed tasks of its parent's plan.
+    pub fn allowed_tools(&self, def: &AgentDef) -> BTreeSet<String> {
+        let mut t = def.allowed_tools();
+        if self.submitted.as_ref().is_some_and(|s| s.plan.is_some()) {
+            t.insert("propose_patch".into());
+        }
+        t
+    }
+
+    /// What the model is told of plans: this session's own plan, and the tasks it was
+    /// handed of its parent's.
+    fn plan_notes(&self) -> (Option<String>, Option<String>, Value) {
+        let own = (!self.plan.is_empty()).then(|| {
+            format!(
+                "The plan you own (change it with `update_plan`; sub-agents you hand tasks \
+                 with `call_agent {{owns_tasks}}` may patch those):\n\n{}",
+                self.plan.render_markdown()
+            )
+        });
+        let grant = self.submitted.as_ref().and_then(|s| s.plan.as_ref());
+        let handed = grant.map(|g| {
+            let mut m = format!(
+                "You were handed these tasks of your parent's plan (version {}). Report \
+                 progress with `propose_patch {{base_version, ops}}`; on a conflict, rebase \
+                 on the version it names and propose again.\n",
+                g.version
+            );
+            for t in &g.tasks {
+                m.push_str(&format!(
+                    "- {} — {} ({})\n",
+                    t.id,
+                    t.title,
+                    t.status.as_str()
+                ));
+            }
+            m
+        });
+        let meta = match (grant, own.is_some()) {
+            (Some(g), _) => serde_json::json!({
+                "version": g.version,
+                "owns": g.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+            }),
+            (None, true) => serde_json::json!({
+                "version": self.plan.version,
+                "tasks": self.plan.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+            }),
+            (None, false) => Value::Null,
+        };
+        (own, handed, meta)
     }
 
     /// The request for the next model call: the system prompt, the mission, then the
     /// transcript. Tool schemas are the shell's to add.
     pub fn model_request(&self, def: &AgentDef) -> ModelRequest {
         let sub = self.submitted.as_ref();
+        let (own_plan, handed, plan_meta) = self.plan_notes();
         let mut messages = Vec::with_capacity(self.transcript.len() + 2);
-        messages.push(Message::System {
-            content: def.prompt.clone(),
-        });
-        messages.push(Message::User {
-            content: sub
-                .map(|s| mission_message(&s.mission, s.context.as_deref(), &s.inputs))
-                .unwrap_or_default(),
-        });
+        let mut system = def.prompt.clone();
+        if let Some(p) = own_plan {
+            system.push_str("\n\n");
+            system.push_str(&p);
+        }
+        messages.push(Message::System { content: system });
+        let mut mission = sub
+            .map(|s| mission_message(&s.mission, s.context.as_deref(), &s.inputs))
+            .unwrap_or_default();
+        if let Some(h) = handed {
+            mission.push_str("\n\n");
+            mission.push_str(&h);
+        }
+        messages.push(Message::User { content: mission });
         messages.extend(self.transcript.iter().cloned());
         ModelRequest {
             model: def.front.model.clone(),
@@ -417,12 +540,49 @@ impl SessionState {
                 mission: sub.map(|s| s.mission.clone()).unwrap_or_default(),
                 context: sub.and_then(|s| s.context.clone()),
                 inputs: sub.map(|s| s.inputs.clone()).unwrap_or_default(),
+                plan: plan_meta,
             },
         }
     }
 
     fn next_in_turn(&self, def: &AgentDef, limits: &Limits, catalog: &dyn Catalog) -> Step {
-        let allowed = def.allowed_tools();
+        let allowed = self.allowed_tools(def);
+        // The owner's own plan edits go first, one at a time and in the model's order, so
+        // a delegation of the same turn may hand out tasks they add.
+        if let Some(slot) = self.turn.iter().find(|s| {
+            s.call.name == "update_plan"
+                && matches!(s.state, SlotState::Pending)
+                && allowed.contains("update_plan")
+        }) {
+            let agent = self
+                .submitted
+                .as_ref()
+                .map(|s| s.agent.clone())
+                .unwrap_or_default();
+            return match crate::plan::Patch::from_args(&slot.call.args) {
+                Ok(patch) => {
+                    let verdict = self
+                        .plan
+                        .merge(
+                            crate::plan::Author::Owner { agent: &agent },
+                            &patch,
+                            limits.plan_unlink,
+                        )
+                        .map(|p| p.version);
+                    Step::EditPlan(PlanEdit {
+                        call: slot.call.id.clone(),
+                        agent,
+                        patch,
+                        verdict,
+                    })
+                }
+                Err(e) => Step::Refuse(vec![Refusal {
+                    call: slot.call.id.clone(),
+                    tool: "update_plan".into(),
+                    error: format!("update_plan: {e}"),
+                }]),
+            };
+        }
         let sub = self.submitted.as_ref();
         let depth = sub.map(|s| s.depth).unwrap_or(0);
         let path = self.path_agents();
@@ -451,6 +611,7 @@ impl SessionState {
         let mut asks = vec![];
         let mut approvals = vec![];
         let mut clarifications = vec![];
+        let mut proposals = vec![];
         let mut n = self.delegations;
 
         for slot in &self.turn {
@@ -482,6 +643,25 @@ impl SessionState {
                 tool: call.name.clone(),
                 error,
             };
+            // A provider could not read the call's arguments (`{_raw, _error}`), or could
+            // not read a tool call out of a text answer at all: the model is told why.
+            if let Some(err) = call.args.get("_error").and_then(Value::as_str) {
+                let raw = call.args.get("_raw").and_then(Value::as_str).unwrap_or("");
+                let mut raw = raw.to_string();
+                if raw.len() > 300 {
+                    let mut cut = 300;
+                    while !raw.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    raw.truncate(cut);
+                    raw.push('…');
+                }
+                refusals.push(refuse(format!(
+                    "{}: the arguments could not be read ({err}); you sent: {raw}",
+                    call.name
+                )));
+                continue;
+            }
             if !allowed.contains(&call.name) {
                 let known = crate::agent::BUILTIN_TOOLS.contains(&call.name.as_str());
                 refusals.push(refuse(format!(
@@ -497,6 +677,16 @@ impl SessionState {
                 match self.clarify_of(call, catalog) {
                     Ok(c) => clarifications.push(c),
                     Err(e) => refusals.push(refuse(e)),
+                }
+                continue;
+            }
+            if call.name == "propose_patch" {
+                match crate::plan::Patch::from_args(&call.args) {
+                    Ok(patch) => proposals.push(Proposal {
+                        call: call.id.clone(),
+                        patch,
+                    }),
+                    Err(e) => refusals.push(refuse(format!("propose_patch: {e}"))),
                 }
                 continue;
             }
@@ -577,6 +767,9 @@ impl SessionState {
         }
         if !runs.is_empty() {
             return Step::RunTools(runs);
+        }
+        if !proposals.is_empty() {
+            return Step::ProposePatch(proposals);
         }
         // Calls whose `ToolCalled` is recorded come before new pauses: while a tool runs
         // its result is the next event (and after a crash its outcome is settled first).
@@ -719,6 +912,7 @@ impl SessionState {
                     token: token.clone(),
                     answers,
                 }),
+                grant: None,
             });
         }
         let mission = args
@@ -814,6 +1008,30 @@ impl SessionState {
         let Some(id) = &self.id else {
             return Err("call_agent: the session has no id yet".into());
         };
+        let grant = if args.owns_tasks.is_empty() {
+            None
+        } else {
+            let mut tasks = vec![];
+            for t in &args.owns_tasks {
+                match self.plan.get(t) {
+                    Some(task) if !tasks.contains(task) => tasks.push(task.clone()),
+                    Some(_) => {}
+                    None => {
+                        *children_in_turn -= 1;
+                        *n -= 1;
+                        return Err(format!(
+                            "call_agent: owns_tasks: no task `{t}` in your plan (version {}); \
+                             add it with `update_plan` first",
+                            self.plan.version
+                        ));
+                    }
+                }
+            }
+            Some(crate::event::PlanGrant {
+                version: self.plan.version,
+                tasks,
+            })
+        };
         Ok(Delegation {
             call: call.id.clone(),
             child: id.child(&agent, *n),
@@ -828,6 +1046,7 @@ impl SessionState {
             },
             ancestry: path.to_vec(),
             resume: None,
+            grant,
         })
     }
 }

@@ -71,6 +71,17 @@ pub struct Submitted {
     /// Pool whose workers run this session.
     #[serde(default)]
     pub pool: Option<String>,
+    /// The tasks of the parent's plan this session was handed, as they stood then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanGrant>,
+}
+
+/// Tasks of a parent's plan handed to a child with its delegation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanGrant {
+    /// The plan's version when the child was started: its first `base_version`.
+    pub version: u64,
+    pub tasks: Vec<crate::plan::Task>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,6 +155,9 @@ pub struct Delegated {
     /// recorded in its log as `InputProvided`).
     #[serde(default)]
     pub resumed: bool,
+    /// Tasks of this session's plan handed to the child (it may write only those).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owns_tasks: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -234,17 +248,32 @@ pub struct ApprovalGiven {
     pub token_id: String,
 }
 
+/// A change to this session's plan, accepted. `from` is `"self"` for the owner's own
+/// `update_plan`, else the proposing sub-agent's session id; `call` is the tool call that
+/// proposed it (in `from`'s log), none for a patch carried by a child's final answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PatchApplied {
     pub from: String,
-    pub ops: Value,
+    pub agent: String,
+    #[serde(default)]
+    pub call: Option<String>,
+    #[serde(default)]
+    pub base_version: Option<u64>,
+    pub ops: Vec<crate::plan::PatchOp>,
+    /// The plan's version after this patch.
     pub version: u64,
 }
 
+/// A proposed change to this session's plan, refused (nothing changed).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PatchRejected {
     pub from: String,
-    pub reason: Value,
+    pub agent: String,
+    #[serde(default)]
+    pub call: Option<String>,
+    #[serde(default)]
+    pub base_version: Option<u64>,
+    pub reason: crate::plan::Rejection,
 }
 
 /// A follow-up question to a finished `chat: true` session; its log simply continues.

@@ -18,6 +18,9 @@ pub struct Limits {
     /// Tools that always wait for a person's approval (an agent may add more with
     /// `requires_approval`).
     pub approval_required: Vec<String>,
+    /// Whether a sub-agent may remove a dependency link of its parent's plan: `owner`
+    /// (only from a task it owns), `any`, or `never`.
+    pub plan_unlink: crate::plan::UnlinkPolicy,
 }
 
 impl Default for Limits {
@@ -28,6 +31,7 @@ impl Default for Limits {
             max_children_per_turn: 16,
             max_tokens: None,
             approval_required: vec!["shell".into(), "write_file".into()],
+            plan_unlink: crate::plan::UnlinkPolicy::Owner,
         }
     }
 }

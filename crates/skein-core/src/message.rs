@@ -97,6 +97,9 @@ pub struct RequestMeta {
     pub context: Option<String>,
     #[serde(default)]
     pub inputs: Value,
+    /// The plan this session owns (`{version, tasks}`) or was handed (`{version, owns}`).
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub plan: Value,
 }
 
 /// Everything a provider needs for one model turn.

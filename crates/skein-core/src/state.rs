@@ -152,6 +152,18 @@ pub struct SessionState {
     pub pending_approvals: Vec<PendingApproval>,
     /// Token ids already answered (a token is good once).
     pub used_tokens: std::collections::BTreeSet<String>,
+    /// The plan this session owns (empty unless it used `update_plan`).
+    pub plan: crate::plan::Plan,
+    /// Patches to this session's plan that were refused.
+    pub patches_rejected: u32,
+    /// Verdicts on sub-agents' proposals, by `from/call`: a proposal whose verdict is
+    /// recorded is never merged twice.
+    pub plan_verdicts: BTreeMap<String, Result<u64, crate::plan::Rejection>>,
+}
+
+/// The key of a sub-agent's proposal in [`SessionState::plan_verdicts`].
+pub fn verdict_key(from: &str, call: &str) -> String {
+    format!("{from}/{call}")
 }
 
 impl Default for SessionState {
@@ -184,6 +196,9 @@ impl Default for SessionState {
             pending_inputs: vec![],
             pending_approvals: vec![],
             used_tokens: Default::default(),
+            plan: Default::default(),
+            patches_rejected: 0,
+            plan_verdicts: Default::default(),
         }
     }
 }
@@ -392,6 +407,10 @@ impl SessionState {
                 if !d.resumed {
                     self.delegations += 1;
                 }
+                if !d.owns_tasks.is_empty() {
+                    self.plan
+                        .grant(&d.owns_tasks, &d.agent, &d.child.to_string());
+                }
                 if let Some(slot) = self.slot_mut(&d.call) {
                     slot.state = SlotState::Delegated {
                         child: d.child.clone(),
@@ -547,7 +566,39 @@ impl SessionState {
                     }
                 }
             }
-            Event::PatchApplied(_) | Event::PatchRejected(_) => {}
+            Event::PatchApplied(p) => {
+                self.plan.apply_accepted(
+                    crate::plan::Author::of(&p.from, &p.agent),
+                    &p.ops,
+                    p.version,
+                );
+                match (p.from.as_str(), &p.call) {
+                    (crate::plan::SELF, Some(call)) => {
+                        let (mut j, error) = crate::plan::verdict_json(&Ok(p.version));
+                        j["plan"] = Value::String(self.plan.render_markdown());
+                        self.finish_slot(call, j.to_string(), error);
+                    }
+                    (from, Some(call)) => {
+                        self.plan_verdicts
+                            .insert(verdict_key(from, call), Ok(p.version));
+                    }
+                    _ => {}
+                }
+            }
+            Event::PatchRejected(p) => {
+                self.patches_rejected += 1;
+                match (p.from.as_str(), &p.call) {
+                    (crate::plan::SELF, Some(call)) => {
+                        let (j, error) = crate::plan::verdict_json(&Err(p.reason.clone()));
+                        self.finish_slot(call, j.to_string(), error);
+                    }
+                    (from, Some(call)) => {
+                        self.plan_verdicts
+                            .insert(verdict_key(from, call), Err(p.reason.clone()));
+                    }
+                    _ => {}
+                }
+            }
             Event::ClarificationRequested(c) => {
                 // A finished session is asked again: it reopens with the question.
                 if self.status == Status::Completed {

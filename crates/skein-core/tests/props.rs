@@ -39,7 +39,7 @@ fn agents() -> AgentSet {
     };
     AgentSet::load(
         &[
-            f("boss", "agents: [a, b]\ntools: [list_dir, read_file, write_file, ask_user]\nlimits: {max_children_per_turn: 3, max_steps: 8}\n"),
+            f("boss", "agents: [a, b]\ntools: [list_dir, read_file, write_file, ask_user, update_plan]\nlimits: {max_children_per_turn: 3, max_steps: 8}\n"),
             f("a", "agents: [b]\ntools: [list_dir]\n"),
             f("b", "recursive: true\nagents: [b]\n"),
         ],
@@ -50,7 +50,23 @@ fn agents() -> AgentSet {
 
 fn random_call(rng: &mut Rng, k: usize) -> ToolCall {
     let id = format!("c{}_{k}", rng.next() % 100000);
-    let (name, args) = match rng.below(8) {
+    let (name, args) = match rng.below(9) {
+        8 => {
+            let t = format!("t{}", rng.below(4));
+            let u = format!("t{}", rng.below(4));
+            let ops = match rng.below(4) {
+                0 => json!([{"op": "add", "task": {"id": t, "title": "T"}}]),
+                1 => json!([{"op": "update", "task_id": t, "fields": {"status": "COMPLETED"}}]),
+                2 => json!([{"op": "link_dep", "task_id": t, "depends_on": u}]),
+                _ => json!([{"op": "unlink_dep", "task_id": t, "depends_on": u}]),
+            };
+            let args = if rng.below(3) == 0 {
+                json!({"base_version": rng.below(3), "ops": ops})
+            } else {
+                json!({"ops": ops})
+            };
+            ("update_plan", args)
+        }
         0..=2 => {
             let agent = ["a", "b", "ghost", "boss"][rng.below(4) as usize];
             let args = match rng.below(6) {
@@ -133,6 +149,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
             no_cache: false,
             forked_from: None,
             pool: None,
+            plan: None,
         }),
         &mut log,
         &mut state,
@@ -224,6 +241,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                                 allotted_tokens: d.budget.tokens,
                                 shared: false,
                                 resumed: false,
+                                owns_tasks: vec![],
                             }),
                             &mut log,
                             &mut state,
@@ -372,8 +390,10 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                 );
                 break;
             }
-            // The generated agents neither summarise nor ask follow-ups.
-            Step::Idle | Step::Summarize { .. } | Step::Clarify(_) => break,
+            Step::EditPlan(e) => push(e.into_event(), &mut log, &mut state),
+            // The generated agents neither summarise nor ask follow-ups, and no generated
+            // session was handed tasks.
+            Step::Idle | Step::Summarize { .. } | Step::Clarify(_) | Step::ProposePatch(_) => break,
         }
     }
     (log, set, limits)

@@ -143,6 +143,7 @@ fn template_context(req: &ModelRequest, turn: usize) -> Value {
         "mission": req.meta.mission,
         "context": req.meta.context,
         "inputs": req.meta.inputs,
+        "plan": req.meta.plan,
         "agent": req.meta.agent,
         "session": req.meta.session,
         "turn": turn,
@@ -333,6 +334,7 @@ impl Provider for ScriptedProvider {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use skein_core::message::RequestMeta;
@@ -350,6 +352,7 @@ mod tests {
                 mission: "Brief on X".into(),
                 context: None,
                 inputs: serde_json::json!({"n": 3}),
+                ..Default::default()
             },
         }
     }

@@ -93,3 +93,79 @@ pub fn ask_user_spec() -> ToolSpec {
         }),
     }
 }
+
+/// The operations of a plan patch, as the model sees them.
+fn patch_ops_schema() -> Value {
+    let task = json!({
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "title": {"type": "string"},
+            "status": {"type": "string", "enum": ["PENDING", "IN_PROGRESS", "COMPLETED", "FAILED", "BLOCKED"]},
+            "depends_on": {"type": "array", "items": {"type": "string"}},
+            "notes": {"type": "string"},
+            "owner_agent": {"type": "string"}
+        },
+        "required": ["id", "title"]
+    });
+    json!({
+        "type": "array",
+        "items": {"anyOf": [
+            {"type": "object", "properties": {"op": {"const": "add"}, "task": task}, "required": ["op", "task"]},
+            {"type": "object", "properties": {"op": {"const": "add_subtask"}, "parent_id": {"type": "string"}, "task": task}, "required": ["op", "parent_id", "task"]},
+            {"type": "object", "properties": {"op": {"const": "update"}, "task_id": {"type": "string"}, "fields": {
+                "type": "object",
+                "properties": {
+                    "title": {"type": "string"},
+                    "status": {"type": "string", "enum": ["PENDING", "IN_PROGRESS", "COMPLETED", "FAILED", "BLOCKED"]},
+                    "notes": {"type": "string"},
+                    "owner_agent": {"type": "string"}
+                }
+            }}, "required": ["op", "task_id", "fields"]},
+            {"type": "object", "properties": {"op": {"const": "link_dep"}, "task_id": {"type": "string"}, "depends_on": {"type": "string"}}, "required": ["op", "task_id", "depends_on"]},
+            {"type": "object", "properties": {"op": {"const": "unlink_dep"}, "task_id": {"type": "string"}, "depends_on": {"type": "string"}}, "required": ["op", "task_id", "depends_on"]}
+        ]}
+    })
+}
+
+/// `update_plan`: the plan owner's own edits.
+pub fn update_plan_spec() -> ToolSpec {
+    ToolSpec {
+        name: "update_plan".into(),
+        description: "Change your plan (the todo list you own). Returns {status: \"accepted\", \
+                      version, plan} with the plan as Markdown, or why the change was refused. \
+                      Hand tasks to a sub-agent with `call_agent {owns_tasks}`."
+            .into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "base_version": {"type": "integer", "minimum": 0, "description": "Optional: the version you edited."},
+                "ops": patch_ops_schema()
+            },
+            "required": ["ops"],
+            "additionalProperties": false
+        }),
+    }
+}
+
+/// `propose_patch`: a sub-agent's change to the tasks its parent handed it.
+pub fn propose_patch_spec() -> ToolSpec {
+    ToolSpec {
+        name: "propose_patch".into(),
+        description: "Propose a change to your parent's plan: only tasks you were handed (or \
+                      add yourself) may be written. Returns {status: \"accepted\", version}, \
+                      or {status: \"conflict\", code: 409, current_version} — rebase on \
+                      current_version and propose again — or {status: \"forbidden\", code: \
+                      403, reason}."
+            .into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "base_version": {"type": "integer", "minimum": 0, "description": "The plan version your change is based on."},
+                "ops": patch_ops_schema()
+            },
+            "required": ["base_version", "ops"],
+            "additionalProperties": false
+        }),
+    }
+}

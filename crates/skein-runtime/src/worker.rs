@@ -307,6 +307,7 @@ impl Runtime {
             no_cache: sub.no_cache,
             forked_from: None,
             pool: def.front.pool.clone(),
+            plan: None,
         };
         let pool = submitted
             .pool
@@ -540,6 +541,7 @@ impl Runtime {
                             mission: "summarize".into(),
                             context: Some(full),
                             inputs: serde_json::Value::Null,
+                            plan: serde_json::Value::Null,
                         },
                     };
                     self.call_model(f, &def, request, &[], job).await?
@@ -575,6 +577,8 @@ impl Runtime {
                 }
                 Step::Delegate(ds) => self.delegate(f, &def, ds).await?,
                 Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,
+                Step::EditPlan(e) => self.append(f, e.into_event()).await?,
+                Step::ProposePatch(ps) => self.propose(f, ps).await?,
                 Step::Complete { answer } => {
                     let usage_total = f.state.usage_total();
                     let steps = f.state.steps;
@@ -653,6 +657,8 @@ impl Runtime {
                 "call_agent" => Some(runtime_tools::call_agent_spec(def)),
                 "ask_clarification" => Some(runtime_tools::ask_clarification_spec()),
                 "ask_user" => Some(runtime_tools::ask_user_spec()),
+                "update_plan" => Some(runtime_tools::update_plan_spec()),
+                "propose_patch" => Some(runtime_tools::propose_patch_spec()),
                 other => self.tools.spec(other),
             })
             .collect();
@@ -764,7 +770,8 @@ impl Runtime {
                 inputs: &d.inputs,
                 strategy: child_def.front.strategy.as_deref(),
             });
-            let caching = !parent_sub.no_cache && child_def.cache_enabled();
+            // A child handed tasks of the plan writes to it: its run is never shared.
+            let caching = !parent_sub.no_cache && child_def.cache_enabled() && d.grant.is_none();
             if caching {
                 if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
                     parent_events.push(Event::CacheHit(CacheHit {
@@ -798,6 +805,7 @@ impl Runtime {
                         allotted_tokens: None,
                         shared: true,
                         resumed: false,
+                        owns_tasks: vec![],
                     }));
                     continue;
                 }
@@ -819,9 +827,10 @@ impl Runtime {
                 budget: d.budget,
                 trace: parent_sub.trace.clone(),
                 ancestry: d.ancestry.clone(),
-                no_cache: parent_sub.no_cache,
+                no_cache: parent_sub.no_cache || d.grant.is_some(),
                 forked_from: None,
                 pool: pool.clone(),
+                plan: d.grant.clone(),
             };
             creations.push((d.child.clone(), child_def, submitted));
             jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));
@@ -833,6 +842,11 @@ impl Runtime {
                 allotted_tokens: d.budget.tokens,
                 shared: false,
                 resumed: false,
+                owns_tasks: d
+                    .grant
+                    .as_ref()
+                    .map(|g| g.tasks.iter().map(|t| t.id.clone()).collect())
+                    .unwrap_or_default(),
             }));
         }
         // Children first (in parallel, so their flushes are shared), then the parent's
@@ -850,6 +864,101 @@ impl Runtime {
             self.backend.jobs.push(&pool, &child).await?;
         }
         Ok(())
+    }
+
+    /// Takes a sub-agent's proposals to its parent's plan and records each verdict as the
+    /// tool's result. The verdict is the parent's `PatchApplied`/`PatchRejected`, written
+    /// from here under the log's optimistic concurrency (like a person's answer); after a
+    /// crash the verdict already recorded there is reused, so nothing is merged twice.
+    async fn propose(&self, f: &mut Folded, ps: Vec<skein_core::decide::Proposal>) -> Result<()> {
+        let sub = f.state.submitted.clone();
+        let owner = sub.as_ref().and_then(|s| s.parent.clone());
+        let agent = sub.map(|s| s.agent).unwrap_or_default();
+        let me = f.id.to_string();
+        let mut events = vec![];
+        for p in ps {
+            let verdict = match &owner {
+                Some(o) => {
+                    self.merge_proposal(&o.session, &me, &agent, &p.call, &p.patch)
+                        .await?
+                }
+                None => Err(skein_core::plan::Rejection::Invalid {
+                    reason: "this session has no parent whose plan it could patch".into(),
+                }),
+            };
+            let (j, error) = skein_core::plan::verdict_json(&verdict);
+            events.push(Event::ToolReturned(ToolReturned {
+                call: p.call,
+                output: j.to_string(),
+                error,
+                ms: 0,
+                blob: None,
+            }));
+        }
+        self.append_all(f, events).await
+    }
+
+    async fn merge_proposal(
+        &self,
+        owner: &SessionId,
+        from: &str,
+        agent: &str,
+        call: &str,
+        patch: &skein_core::plan::Patch,
+    ) -> Result<std::result::Result<u64, skein_core::plan::Rejection>> {
+        use skein_core::event::{PatchApplied, PatchRejected};
+        let key = skein_core::state::verdict_key(from, call);
+        for _ in 0..8 {
+            let (mut pf, _) = self.load(owner).await?;
+            if let Some(v) = pf.state.plan_verdicts.get(&key).cloned() {
+                self.keep(pf);
+                return Ok(v);
+            }
+            if pf.state.status.is_terminal() {
+                self.keep(pf);
+                return Ok(Err(skein_core::plan::Rejection::Invalid {
+                    reason: "the plan's owner has finished; its plan no longer changes".into(),
+                }));
+            }
+            let author = skein_core::plan::Author::Delegate {
+                session: from,
+                agent,
+            };
+            let verdict = pf
+                .state
+                .plan
+                .merge(author, patch, self.cfg.limits.plan_unlink)
+                .map(|p| p.version);
+            let body = match &verdict {
+                Ok(version) => Event::PatchApplied(PatchApplied {
+                    from: from.to_string(),
+                    agent: agent.to_string(),
+                    call: Some(call.to_string()),
+                    base_version: patch.base_version,
+                    ops: patch.ops.clone(),
+                    version: *version,
+                }),
+                Err(reason) => Event::PatchRejected(PatchRejected {
+                    from: from.to_string(),
+                    agent: agent.to_string(),
+                    call: Some(call.to_string()),
+                    base_version: patch.base_version,
+                    reason: reason.clone(),
+                }),
+            };
+            match self.append(&mut pf, body).await {
+                Ok(()) => {
+                    self.keep(pf);
+                    return Ok(verdict);
+                }
+                // The owner's log moved on: decide again on the fresh plan.
+                Err(Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Backend(format!(
+            "{owner}: too many concurrent appends while merging a plan patch"
+        )))
     }
 
     /// Continues a paused child with the parent model's answers: checks the token against
@@ -935,6 +1044,7 @@ impl Runtime {
             allotted_tokens: None,
             shared: false,
             resumed: true,
+            owns_tasks: vec![],
         }))
     }
 
@@ -995,6 +1105,7 @@ impl Runtime {
                 allotted_tokens: None,
                 shared: false,
                 resumed: true,
+                owns_tasks: vec![],
             }));
         }
         self.append_all(f, events).await?;

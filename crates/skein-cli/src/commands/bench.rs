@@ -267,6 +267,7 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
             no_cache: true,
             forked_from: None,
             pool: None,
+            plan: None,
         }),
         &mut out,
     )?;

@@ -27,6 +27,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Sessions(a) => show::sessions(&app, a).await,
         Command::Tree(a) => show::tree(&app, a).await,
         Command::Events(a) => show::events(&app, a).await,
+        Command::Plan(a) => show::plan(&app, a).await,
         Command::Agents(a) => agents::run(&app, a).await,
         Command::Bench(a) => bench::run(&app, a).await,
         Command::Replay(a) => replay::replay(&app, a).await,

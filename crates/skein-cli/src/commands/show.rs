@@ -28,6 +28,18 @@ pub struct TreeArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// The session that owns the plan (usually the root).
+    pub id: String,
+    /// The plan as it stood after this event.
+    #[arg(long)]
+    pub at: Option<u64>,
+    /// The tasks and version as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
 pub struct EventsArgs {
     pub id: String,
     /// Keep printing new events as they are appended.
@@ -82,12 +94,54 @@ pub async fn tree(app: &App, a: TreeArgs) -> Result<ExitCode> {
         anyhow::bail!("no session {id}");
     }
     let summary = summarize(&rows);
+    let plan = plan_at(&b, &id, None).await?;
     if a.json {
-        let v = serde_json::json!({"root": id.to_string(), "summary": summary, "sessions": rows});
+        let v = serde_json::json!({"root": id.to_string(), "summary": summary, "sessions": rows, "plan": plan});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", render::tree_table(&rows));
         println!("{}", render::summary_line(&summary));
+        if !plan.is_empty() {
+            print!("\n{}", plan.render_markdown());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The plan `id` owns, folded from its log up to `at` (all of it by default).
+async fn plan_at(
+    b: &skein_runtime::Backend,
+    id: &SessionId,
+    at: Option<u64>,
+) -> Result<skein_core::plan::Plan> {
+    let records = b.log.read(id, 1).await?;
+    if records.is_empty() {
+        anyhow::bail!("no session {id}");
+    }
+    if let Some(at) = at {
+        let last = records.last().map(|r| r.env.seq).unwrap_or(0);
+        anyhow::ensure!(
+            at >= 1 && at <= last,
+            "--at {at}: the log of {id} has seqs 1..={last}"
+        );
+    }
+    let state = skein_core::SessionState::fold(
+        records
+            .iter()
+            .map(|r| &r.env)
+            .take_while(|e| at.is_none_or(|a| e.seq <= a)),
+    );
+    Ok(state.plan)
+}
+
+pub async fn plan(app: &App, a: PlanArgs) -> Result<ExitCode> {
+    let (_store, b) = app.backend().await?;
+    let id = SessionId::parse(&a.id)?;
+    let plan = plan_at(&b, &id, a.at).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print!("{}", plan.render_markdown());
     }
     Ok(ExitCode::SUCCESS)
 }
