@@ -2,17 +2,80 @@
 //!
 //! A model name is `provider:model` (`scripted:orchestrator`, `openai:gpt-4o-mini`,
 //! `anthropic:claude-…`, or a provider named in config such as `local:qwen`). The
-//! [`Registry`] routes a request to its provider. Providers never see session state: a
-//! request in, an answer and its usage out. This crate never depends on the runtime.
+//! [`Registry`] routes a request to its provider and prices the answer from the price
+//! table. Providers never see session state: a request in, an answer and its usage out.
+//! Of skein's crates it depends on `skein-core` alone, and never on the runtime.
+//!
+//! Providers: [`scripted`] (offline, deterministic), [`openai`] (OpenAI-compatible chat
+//! completions: OpenAI, vLLM, Ollama, llama.cpp, LM Studio, OpenRouter) and
+//! [`anthropic`] (Messages API), configured from `[models]` ([`config`],
+//! [`registry_from_config`]); see `docs/providers.md`.
+//!
+//! # Errors
+//!
+//! A provider returns a precise [`Error`] kind; the runtime records every failed call and
+//! retries what [`Error::is_retryable`] allows, waiting at least [`Error::retry_after`].
+//! The HTTP providers also retry 408/429/5xx and connection failures a few times in
+//! process ([`http`]). No error message carries an API key.
+//!
+//! # Tool calls that could not be read: the `_raw`/`_error` convention
+//!
+//! A model sometimes asks for a tool with arguments that are not JSON. The call is kept
+//! (so the turn still has its call and the model hears back) and its `args` are
+//!
+//! ```json
+//! {"_raw": "<the arguments exactly as the model wrote them>", "_error": "<why they could not be read>"}
+//! ```
+//!
+//! ([`malformed_args`], recognised by [`args_error`]). The runtime is to answer such a
+//! call with a failed tool result quoting `_error` instead of running the tool (a tool
+//! would only complain about missing fields), so the model can correct itself on its
+//! next turn. A call with no tool name at all, and in
+//! `tool_mode = "json"` an answer that holds a `{` but no readable call or answer, becomes
+//! a call of the tool [`INVALID_TOOL_CALL`] with the same arguments (see [`json_tool`]).
+//! When the transcript is sent back, `_raw` is what the provider sees as that call's
+//! arguments, so the model reads what it actually wrote.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use skein_core::{ModelRequest, ModelResponse, Usage};
+use std::path::Path;
 
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use skein_core::{Message, ModelRequest, ModelResponse, Usage};
+
+pub mod anthropic;
+pub mod config;
+pub mod http;
+pub mod json_tool;
+pub mod openai;
 pub mod scripted;
+
+pub use config::{
+    ApiKey, KeySource, ModelsConfig, Price, ProviderConfig, ProviderKind, ProviderSettings,
+    ToolMode,
+};
+
+/// Key of the arguments as the model wrote them, in arguments that could not be read.
+pub const RAW_KEY: &str = "_raw";
+/// Key of the reason they could not be read.
+pub const ERROR_KEY: &str = "_error";
+/// Tool name of a call that could not be read at all.
+pub const INVALID_TOOL_CALL: &str = "_invalid_tool_call";
+
+/// Arguments `{"_raw": raw, "_error": error}` for a call whose arguments could not be
+/// read (see the crate docs).
+pub fn malformed_args(raw: &str, error: &str) -> Value {
+    json!({ RAW_KEY: raw, ERROR_KEY: error })
+}
+
+/// `(raw, error)` when `args` follow the `_raw`/`_error` convention.
+pub fn args_error(args: &Value) -> Option<(&str, &str)> {
+    let o = args.as_object()?;
+    Some((o.get(RAW_KEY)?.as_str()?, o.get(ERROR_KEY)?.as_str()?))
+}
 
 /// One provider's answer to one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,10 +153,11 @@ pub fn split_model(model: &str) -> Result<(&str, &str)> {
         })
 }
 
-/// Providers by name.
+/// Providers by name, and the prices of their models.
 #[derive(Clone, Default)]
 pub struct Registry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
+    prices: BTreeMap<String, Price>,
 }
 
 impl Registry {
@@ -113,6 +177,22 @@ impl Registry {
         self.providers.contains_key(name)
     }
 
+    /// Prices `model` (`provider:model`, or `provider:*` for all of a provider's models).
+    pub fn set_price(&mut self, model: impl Into<String>, price: Price) {
+        self.prices.insert(model.into(), price);
+    }
+
+    /// The price of `model`: its own entry, else its provider's `provider:*` entry.
+    pub fn price(&self, model: &str) -> Option<Price> {
+        if let Some(p) = self.prices.get(model) {
+            return Some(*p);
+        }
+        let (provider, _) = split_model(model).ok()?;
+        self.prices.get(&format!("{provider}:*")).copied()
+    }
+
+    /// Routes `req` to its provider; when the model has a price, `usage.cost` is set from
+    /// it.
     pub async fn complete(&self, req: &ModelRequest) -> Result<Completion> {
         let (provider, model) = split_model(&req.model)?;
         let p = self
@@ -123,8 +203,133 @@ impl Registry {
                 model: req.model.clone(),
                 known: self.names().join(", "),
             })?;
-        p.complete(model, req).await
+        let mut c = p.complete(model, req).await?;
+        if let Some(price) = self.price(&req.model) {
+            c.usage.cost = price.cost(c.usage.input_tokens, c.usage.output_tokens);
+        }
+        Ok(c)
     }
+}
+
+/// A provider of the kind `settings` names.
+pub fn build_provider(settings: ProviderSettings) -> Result<Arc<dyn Provider>> {
+    Ok(match settings.kind {
+        ProviderKind::OpenAi => Arc::new(openai::OpenAiProvider::new(settings)?),
+        ProviderKind::Anthropic => Arc::new(anthropic::AnthropicProvider::new(settings)?),
+    })
+}
+
+/// The registry `[models]` describes: `scripted` (reading `scripts_dir`), every
+/// configured provider, `openai` and `anthropic` with their defaults when not configured,
+/// and the price table. Keys are not read here but at each call, so a provider whose key
+/// is missing fails only when used.
+pub fn registry_from_config(models: &ModelsConfig, scripts_dir: &Path) -> Result<Registry> {
+    let mut r = Registry::new();
+    r.insert(
+        "scripted",
+        Arc::new(scripted::ScriptedProvider::new(scripts_dir)),
+    );
+    let mut providers = models.providers.clone();
+    for default in ["openai", "anthropic"] {
+        providers.entry(default.to_string()).or_default();
+    }
+    for (name, cfg) in &providers {
+        if name == "scripted" {
+            return Err(Error::Config(
+                "[models.providers.scripted]: `scripted` is built in and takes no settings".into(),
+            ));
+        }
+        if name.is_empty() || name.contains(':') {
+            return Err(Error::Config(format!(
+                "[models.providers]: `{name}` is not a usable provider name (no `:`)"
+            )));
+        }
+        let settings = ProviderSettings::from_config(name, cfg)?;
+        r.insert(name.clone(), build_provider(settings)?);
+    }
+    for (model, price) in &models.prices {
+        split_model(model).map_err(|_| {
+            Error::Config(format!(
+                "[models.prices]: `{model}` is not `provider:model`"
+            ))
+        })?;
+        let ok = |x: f64| x.is_finite() && x >= 0.0;
+        if !ok(price.input_per_mtok) || !ok(price.output_per_mtok) {
+            return Err(Error::Config(format!(
+                "[models.prices.\"{model}\"]: prices must be non-negative numbers"
+            )));
+        }
+        r.set_price(model.clone(), *price);
+    }
+    Ok(r)
+}
+
+/// Usage estimated from text length (see [`estimate_tokens`]), `estimated: true`, for
+/// an answer that reported none.
+pub fn estimate_usage(req: &ModelRequest, resp: &ModelResponse) -> Usage {
+    let calls = |calls: &[skein_core::ToolCall]| -> u64 {
+        calls
+            .iter()
+            .map(|c| estimate_tokens(&c.name) + estimate_tokens(&c.args.to_string()))
+            .sum()
+    };
+    let messages: u64 = req
+        .messages
+        .iter()
+        .map(|m| match m {
+            Message::System { content } | Message::User { content } => estimate_tokens(content),
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => estimate_tokens(content.as_deref().unwrap_or("")) + calls(tool_calls),
+            Message::Tool { content, .. } => estimate_tokens(content),
+        })
+        .sum();
+    let tools: u64 = req
+        .tools
+        .iter()
+        .map(|t| {
+            estimate_tokens(&t.name)
+                + estimate_tokens(&t.description)
+                + estimate_tokens(&t.parameters.to_string())
+        })
+        .sum();
+    Usage {
+        input_tokens: messages + tools,
+        output_tokens: estimate_tokens(resp.content.as_deref().unwrap_or(""))
+            + calls(&resp.tool_calls),
+        cost: 0.0,
+        estimated: true,
+    }
+}
+
+/// An error object in a 2xx body that lacks `expected` (some gateways answer errors
+/// with 200): an [`Error::Http`] with the code it names, else 502.
+pub(crate) fn error_in_body(body: &Value, expected: &str) -> Option<Error> {
+    if body.get(expected).is_some() {
+        return None;
+    }
+    let err = body.get("error").filter(|e| !e.is_null())?;
+    let status = err
+        .get("code")
+        .and_then(|c| c.as_u64().or_else(|| c.as_str()?.parse().ok()))
+        .filter(|c| (400..600).contains(c))
+        .unwrap_or(502) as u16;
+    Some(Error::Http {
+        status,
+        message: http::error_message(&body.to_string()),
+        retry_after: None,
+    })
+}
+
+/// An `f32` setting as the JSON number it was written as (0.2, not 0.20000000298…).
+pub(crate) fn wire_number(x: f32) -> Value {
+    x.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map(Value::Number)
+        .unwrap_or(Value::Null)
 }
 
 /// Rough token count of a text (4 bytes a token), for providers that report none.

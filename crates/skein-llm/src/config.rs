@@ -1,0 +1,462 @@
+//! The `[models]` table of `skein.toml`: providers, their secrets, and the price table.
+//!
+//! Deserialized with `deny_unknown_fields`, so a misspelt key is an error at start-up
+//! rather than a setting silently ignored. Durations are strings such as `"120s"`,
+//! `"500ms"`, `"2m"` (a bare number counts as seconds).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::{Error, Result};
+
+/// Standard OpenAI endpoint, used by the `openai` provider unless configured otherwise.
+pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+/// Standard Anthropic endpoint, used by the `anthropic` provider unless configured otherwise.
+pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
+pub const OPENAI_KEY_ENV: &str = "OPENAI_API_KEY";
+pub const ANTHROPIC_KEY_ENV: &str = "ANTHROPIC_API_KEY";
+
+/// `[models]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelsConfig {
+    /// `[models.providers.NAME]`: the part of a model name before `:`.
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// `[models.prices."provider:model"]` (or `"provider:*"` for every model of one
+    /// provider).
+    pub prices: BTreeMap<String, Price>,
+}
+
+/// Which wire format a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// OpenAI-compatible chat completions (OpenAI, vLLM, Ollama, llama.cpp, LM Studio,
+    /// OpenRouter, …).
+    #[serde(alias = "openai-compatible")]
+    OpenAi,
+    /// Anthropic Messages API.
+    Anthropic,
+}
+
+/// How tools reach the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolMode {
+    /// The API's own tool-calling fields.
+    #[default]
+    Native,
+    /// Tools described in the system prompt; the model answers with a JSON object that
+    /// is parsed from its text (for servers or models without tool calling).
+    Json,
+}
+
+/// `[models.providers.NAME]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Required, except for the providers named `openai` and `anthropic`.
+    pub kind: Option<ProviderKind>,
+    pub base_url: Option<String>,
+    /// Name of the environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// A file whose content (trimmed) is the API key, e.g. a mounted secret.
+    pub api_key_file: Option<PathBuf>,
+    /// Extra HTTP headers sent with every request.
+    pub headers: BTreeMap<String, String>,
+    /// Whole-request timeout (default 120s).
+    pub timeout: Option<ConfigDuration>,
+    /// Connection timeout (default 10s).
+    pub connect_timeout: Option<ConfigDuration>,
+    /// In-process retries of 429, 5xx and connection failures (default 2).
+    pub max_retries: Option<u32>,
+    pub tool_mode: ToolMode,
+    /// `auto` (default), `none`, `required`, or the name of one tool to force.
+    pub tool_choice: Option<String>,
+    /// Whether the model may ask for several tools in one answer (not sent when unset).
+    pub parallel_tool_calls: Option<bool>,
+    /// Used when the request sets none.
+    pub temperature: Option<f32>,
+    /// Used when the request sets none (Anthropic requires one: default 4096).
+    pub max_tokens: Option<u32>,
+}
+
+/// US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+impl Price {
+    /// Dollars for the given token counts.
+    pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> f64 {
+        input_tokens as f64 * self.input_per_mtok / 1e6
+            + output_tokens as f64 * self.output_per_mtok / 1e6
+    }
+}
+
+/// A duration written as `"120s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"` or a number of
+/// seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for ConfigDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Secs(s) => Ok(Self(Duration::from_secs(s))),
+            Raw::Text(t) => parse_duration(&t)
+                .map(Self)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl Serialize for ConfigDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}ms", self.0.as_millis()))
+    }
+}
+
+/// Parses `"120s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"`; a bare number is seconds.
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let t = text.trim();
+    let bad = || format!("`{text}` is not a duration (write e.g. \"120s\", \"500ms\", \"2m\")");
+    if t.is_empty() {
+        return Err(bad());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let part = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            _ => return Err(bad()),
+        };
+        total = total.saturating_add(part);
+    }
+    Ok(total)
+}
+
+/// An API key. Its `Debug` and `Display` print `***`; only [`ApiKey::expose`] gives
+/// the value, for the one header that carries it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Where a provider's key comes from. Read at every call, so a rotated key file or a
+/// key set after start-up is picked up, and a missing key fails the call (not the
+/// start-up of a process that may never use that provider).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum KeySource {
+    /// No key is sent (a local server).
+    #[default]
+    None,
+    Env(String),
+    File(PathBuf),
+    /// A key given in code (tests, embedding); never read from config.
+    Value(ApiKey),
+}
+
+impl KeySource {
+    /// The key, or a `Config` error naming where it was looked for (never a value).
+    pub fn resolve(&self, provider: &str) -> Result<Option<ApiKey>> {
+        match self {
+            KeySource::None => Ok(None),
+            KeySource::Value(k) => Ok(Some(k.clone())),
+            KeySource::Env(var) => match std::env::var(var) {
+                Ok(v) if !v.trim().is_empty() => Ok(Some(ApiKey(v.trim().to_string()))),
+                _ => Err(Error::Config(format!(
+                    "provider `{provider}`: no API key: environment variable {var} is not set"
+                ))),
+            },
+            KeySource::File(path) => match std::fs::read_to_string(path) {
+                Ok(v) if !v.trim().is_empty() => Ok(Some(ApiKey(v.trim().to_string()))),
+                Ok(_) => Err(Error::Config(format!(
+                    "provider `{provider}`: API key file {} is empty",
+                    path.display()
+                ))),
+                Err(e) => Err(Error::Config(format!(
+                    "provider `{provider}`: cannot read API key file {}: {}",
+                    path.display(),
+                    e.kind()
+                ))),
+            },
+        }
+    }
+}
+
+/// Timeouts and the in-process retry policy of one provider.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpOptions {
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Retries after the first attempt, for 408/429/5xx answers and connection failures.
+    pub max_retries: u32,
+    /// First backoff delay; doubled each retry, jittered down by up to half.
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+    /// A `Retry-After` longer than this is not waited for in process: the error goes
+    /// back to the runtime, which schedules the retry durably.
+    pub max_retry_after: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(10),
+            max_retries: 2,
+            backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(8),
+            max_retry_after: Duration::from_secs(20),
+        }
+    }
+}
+
+/// One provider's configuration with every default filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderSettings {
+    pub name: String,
+    pub kind: ProviderKind,
+    /// Without a trailing `/`.
+    pub base_url: String,
+    pub key: KeySource,
+    pub headers: BTreeMap<String, String>,
+    pub http: HttpOptions,
+    pub tool_mode: ToolMode,
+    pub tool_choice: String,
+    pub parallel_tool_calls: Option<bool>,
+    pub temperature: Option<f32>,
+    pub max_tokens: Option<u32>,
+}
+
+impl ProviderSettings {
+    /// Settings with defaults and no key.
+    pub fn new(name: impl Into<String>, kind: ProviderKind, base_url: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            kind,
+            base_url: base_url.into().trim_end_matches('/').to_string(),
+            key: KeySource::None,
+            headers: BTreeMap::new(),
+            http: HttpOptions::default(),
+            tool_mode: ToolMode::Native,
+            tool_choice: "auto".into(),
+            parallel_tool_calls: None,
+            temperature: None,
+            max_tokens: None,
+        }
+    }
+
+    /// Fills in the defaults: the `openai` and `anthropic` providers know their kind,
+    /// URL and key variable; any `anthropic`-kind provider reads `ANTHROPIC_API_KEY`
+    /// unless told otherwise; another `openai`-kind provider sends no key unless given
+    /// one (a local server).
+    pub fn from_config(name: &str, cfg: &ProviderConfig) -> Result<Self> {
+        let kind = match (cfg.kind, name) {
+            (Some(k), _) => k,
+            (None, "openai") => ProviderKind::OpenAi,
+            (None, "anthropic") => ProviderKind::Anthropic,
+            (None, _) => {
+                return Err(Error::Config(format!(
+                    "[models.providers.{name}]: `kind` is required (\"openai\" or \"anthropic\")"
+                )))
+            }
+        };
+        let base_url = match (&cfg.base_url, kind) {
+            (Some(u), _) => u.clone(),
+            (None, ProviderKind::OpenAi) if name == "openai" => OPENAI_BASE_URL.into(),
+            (None, ProviderKind::Anthropic) => ANTHROPIC_BASE_URL.into(),
+            (None, ProviderKind::OpenAi) => {
+                return Err(Error::Config(format!(
+                    "[models.providers.{name}]: `base_url` is required"
+                )))
+            }
+        };
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(Error::Config(format!(
+                "[models.providers.{name}]: base_url `{base_url}` is not an http(s) URL"
+            )));
+        }
+        let key = match (&cfg.api_key_env, &cfg.api_key_file) {
+            (Some(_), Some(_)) => {
+                return Err(Error::Config(format!(
+                    "[models.providers.{name}]: set api_key_env or api_key_file, not both"
+                )))
+            }
+            (Some(v), None) => KeySource::Env(v.clone()),
+            (None, Some(f)) => KeySource::File(f.clone()),
+            (None, None) => match kind {
+                ProviderKind::Anthropic => KeySource::Env(ANTHROPIC_KEY_ENV.into()),
+                ProviderKind::OpenAi if name == "openai" => KeySource::Env(OPENAI_KEY_ENV.into()),
+                ProviderKind::OpenAi => KeySource::None,
+            },
+        };
+        let mut http = HttpOptions::default();
+        if let Some(t) = cfg.timeout {
+            http.timeout = t.0;
+        }
+        if let Some(t) = cfg.connect_timeout {
+            http.connect_timeout = t.0;
+        }
+        if let Some(n) = cfg.max_retries {
+            http.max_retries = n;
+        }
+        let mut s = Self::new(name, kind, base_url);
+        s.key = key;
+        s.headers = cfg.headers.clone();
+        s.http = http;
+        s.tool_mode = cfg.tool_mode;
+        if let Some(c) = &cfg.tool_choice {
+            if c.trim().is_empty() {
+                return Err(Error::Config(format!(
+                    "[models.providers.{name}]: tool_choice is empty"
+                )));
+            }
+            s.tool_choice = c.trim().to_string();
+        }
+        s.parallel_tool_calls = cfg.parallel_tool_calls;
+        s.temperature = cfg.temperature;
+        s.max_tokens = cfg.max_tokens;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("120s"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration(" 7 "), Ok(Duration::from_secs(7)));
+        for bad in ["", "s", "10x", "1.5s", "-1s", "ms10"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn api_key_never_prints() {
+        let k = ApiKey::new("test-key-not-secret");
+        assert_eq!(format!("{k:?}"), "***");
+        assert_eq!(format!("{k}"), "***");
+        let s = KeySource::Value(k);
+        assert!(!format!("{s:?}").contains("test-key-not-secret"));
+    }
+
+    #[test]
+    fn defaults_by_name_and_kind() {
+        let o = ProviderSettings::from_config("openai", &ProviderConfig::default()).unwrap();
+        assert_eq!(o.kind, ProviderKind::OpenAi);
+        assert_eq!(o.base_url, OPENAI_BASE_URL);
+        assert_eq!(o.key, KeySource::Env(OPENAI_KEY_ENV.into()));
+        assert_eq!(o.tool_choice, "auto");
+        assert_eq!(o.http.max_retries, 2);
+
+        let a = ProviderSettings::from_config("anthropic", &ProviderConfig::default()).unwrap();
+        assert_eq!(a.kind, ProviderKind::Anthropic);
+        assert_eq!(a.key, KeySource::Env(ANTHROPIC_KEY_ENV.into()));
+
+        let local = ProviderConfig {
+            kind: Some(ProviderKind::OpenAi),
+            base_url: Some("http://localhost:11434/v1/".into()),
+            ..Default::default()
+        };
+        let l = ProviderSettings::from_config("local", &local).unwrap();
+        assert_eq!(l.key, KeySource::None);
+        assert_eq!(l.base_url, "http://localhost:11434/v1");
+
+        let e = ProviderSettings::from_config("x", &ProviderConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("`kind` is required"), "{e}");
+        let no_url = ProviderConfig {
+            kind: Some(ProviderKind::OpenAi),
+            ..Default::default()
+        };
+        let e = ProviderSettings::from_config("x", &no_url).unwrap_err();
+        assert!(e.to_string().contains("base_url"), "{e}");
+    }
+
+    #[test]
+    fn missing_key_names_its_source_only() {
+        let e = KeySource::Env("SKEIN_LLM_TEST_SURELY_UNSET".into())
+            .resolve("p")
+            .unwrap_err();
+        assert!(matches!(e, Error::Config(_)));
+        assert!(e.to_string().contains("SKEIN_LLM_TEST_SURELY_UNSET"), "{e}");
+        assert!(!e.is_retryable());
+
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("key");
+        std::fs::write(&f, "  test-key-not-secret\n").unwrap();
+        let k = KeySource::File(f.clone()).resolve("p").unwrap().unwrap();
+        assert_eq!(k.expose(), "test-key-not-secret");
+        let e = KeySource::File(dir.path().join("absent"))
+            .resolve("p")
+            .unwrap_err();
+        assert!(e.to_string().contains("absent"), "{e}");
+    }
+
+    #[test]
+    fn price_cost() {
+        let p = Price {
+            input_per_mtok: 0.15,
+            output_per_mtok: 0.60,
+        };
+        let c = p.cost(1_000_000, 500_000);
+        assert!((c - 0.45).abs() < 1e-12, "{c}");
+    }
+}

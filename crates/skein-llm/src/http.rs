@@ -1,0 +1,425 @@
+//! The HTTP client the real providers share: timeouts, error kinds, and a small bounded
+//! in-process retry.
+//!
+//! Every failure becomes a precise [`Error`]: a reqwest timeout is [`Error::Timeout`], a
+//! failed connection [`Error::Connect`], a non-2xx answer [`Error::Http`] (with the
+//! provider's own message, truncated, and `Retry-After` when sent), a 2xx body that is
+//! not JSON [`Error::Malformed`]. No message ever carries the API key.
+//!
+//! The loop here retries 408/429/5xx answers and connection failures up to
+//! `max_retries` times, honouring `Retry-After` (or waiting a jittered exponential
+//! backoff). It is written out rather than built on a retry crate because the delay
+//! depends on the error itself (`Retry-After`), and a wait longer than
+//! `max_retry_after` is not slept through at all but handed back to the runtime, which
+//! records the failure and schedules the retry durably.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::Rng;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use serde_json::Value;
+
+use crate::config::{ApiKey, HttpOptions};
+use crate::{Error, Result};
+
+/// Longest provider error message kept in an [`Error::Http`].
+const MAX_MESSAGE: usize = 400;
+
+/// A reqwest client with one provider's timeouts and retry policy.
+#[derive(Debug, Clone)]
+pub struct HttpClient {
+    provider: String,
+    client: reqwest::Client,
+    opts: HttpOptions,
+}
+
+impl HttpClient {
+    pub fn new(provider: &str, opts: HttpOptions) -> Result<Self> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(opts.connect_timeout)
+            .timeout(opts.timeout)
+            .build()
+            .map_err(|e| Error::Config(format!("provider `{provider}`: HTTP client: {e}")))?;
+        Ok(Self {
+            provider: provider.to_string(),
+            client,
+            opts,
+        })
+    }
+
+    pub fn options(&self) -> &HttpOptions {
+        &self.opts
+    }
+
+    /// POSTs `body` as JSON and returns the JSON answer, retrying as the module says.
+    /// `secret` is only used to scrub it from error messages; the caller puts it in
+    /// `headers`.
+    pub async fn post_json(
+        &self,
+        url: &str,
+        headers: &HeaderMap,
+        body: &Value,
+        secret: Option<&ApiKey>,
+    ) -> Result<Value> {
+        let mut attempt = 0u32;
+        loop {
+            let err = match self.send_once(url, headers, body, secret).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            if attempt >= self.opts.max_retries || !retry_in_process(&err) {
+                return Err(err);
+            }
+            let delay = match err.retry_after() {
+                Some(d) if d > self.opts.max_retry_after => return Err(err),
+                Some(d) => d,
+                None => backoff_delay(attempt, self.opts.backoff, self.opts.max_backoff),
+            };
+            attempt += 1;
+            tracing::warn!(
+                provider = %self.provider,
+                attempt,
+                delay_ms = delay.as_millis() as u64,
+                error = %err,
+                "model call failed; retrying"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    async fn send_once(
+        &self,
+        url: &str,
+        headers: &HeaderMap,
+        body: &Value,
+        secret: Option<&ApiKey>,
+    ) -> Result<Value> {
+        let resp = self
+            .client
+            .post(url)
+            .headers(headers.clone())
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(&e, secret))?;
+        let status = resp.status();
+        let retry_after = parse_retry_after(resp.headers(), SystemTime::now());
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(&e, secret))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&bytes);
+            return Err(Error::Http {
+                status: status.as_u16(),
+                message: scrub(&error_message(&text), secret),
+                retry_after,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| {
+            let text = String::from_utf8_lossy(&bytes);
+            Error::Malformed(scrub(
+                &format!(
+                    "{}: the response body is not JSON ({e}); it starts with: {}",
+                    self.provider,
+                    truncate(text.trim(), 200)
+                ),
+                secret,
+            ))
+        })
+    }
+
+    fn transport_error(&self, e: &reqwest::Error, secret: Option<&ApiKey>) -> Error {
+        let chain = scrub(&error_chain(e), secret);
+        if e.is_connect() {
+            Error::Connect(format!("{}: {chain}", self.provider))
+        } else if e.is_timeout() {
+            Error::Timeout(self.opts.timeout)
+        } else {
+            // A connection dropped mid-answer and the like: a transport failure.
+            Error::Connect(format!("{}: {chain}", self.provider))
+        }
+    }
+}
+
+/// `headers` as a header map; a name or value HTTP cannot carry is a config error.
+pub fn header_map(
+    provider: &str,
+    headers: &std::collections::BTreeMap<String, String>,
+) -> Result<HeaderMap> {
+    let mut map = HeaderMap::new();
+    for (k, v) in headers {
+        let name = reqwest::header::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
+            Error::Config(format!(
+                "provider `{provider}`: `{k}` is not a valid header name"
+            ))
+        })?;
+        let value = reqwest::header::HeaderValue::from_str(v).map_err(|_| {
+            Error::Config(format!(
+                "provider `{provider}`: the value of header `{k}` is not valid"
+            ))
+        })?;
+        map.insert(name, value);
+    }
+    Ok(map)
+}
+
+/// A header value holding a secret, marked sensitive so it is never printed.
+pub fn secret_header(provider: &str, value: &str) -> Result<reqwest::header::HeaderValue> {
+    let mut v = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+        Error::Config(format!(
+            "provider `{provider}`: the API key holds characters a header cannot carry"
+        ))
+    })?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+/// Whether the loop in [`HttpClient::post_json`] tries again. Timeouts are not retried
+/// here (one already took the whole timeout), nor malformed answers; the runtime may.
+fn retry_in_process(e: &Error) -> bool {
+    match e {
+        Error::Http { status, .. } => *status == 408 || *status == 429 || *status >= 500,
+        Error::Connect(_) => true,
+        _ => false,
+    }
+}
+
+/// `base · 2^attempt`, capped at `max`, then jittered down by up to half.
+pub fn backoff_delay(attempt: u32, base: Duration, max: Duration) -> Duration {
+    let full = base.saturating_mul(1u32 << attempt.min(16)).min(max);
+    let factor: f64 = rand::thread_rng().gen_range(0.5..=1.0);
+    full.mul_f64(factor)
+}
+
+/// Every message in a reqwest error's source chain, joined.
+fn error_chain(e: &reqwest::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        let m = s.to_string();
+        if !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        src = s.source();
+    }
+    out
+}
+
+/// How long the answer asks us to wait: `retry-after-ms` (sent by some OpenAI-compatible
+/// servers), else `Retry-After` as seconds or as an HTTP date.
+pub fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+    {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    let v = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = v.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let at = parse_http_date(v)?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form HTTP requires.
+pub fn parse_http_date(s: &str) -> Option<SystemTime> {
+    let rest = s.trim().split_once(", ")?.1;
+    let parts: Vec<&str> = rest.split_whitespace().collect();
+    let [day, month, year, time, "GMT"] = parts.as_slice() else {
+        return None;
+    };
+    let day: u32 = day.parse().ok()?;
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| m == month)? as u32
+        + 1;
+    let year: i64 = year.parse().ok()?;
+    let hms: Vec<u64> = time
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let [h, m, sec] = hms.as_slice() else {
+        return None;
+    };
+    if !(1..=31).contains(&day) || *h > 23 || *m > 59 || *sec > 60 {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + (*h as i64) * 3600 + (*m as i64) * 60 + *sec as i64;
+    let secs = u64::try_from(secs).ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = m as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The provider's own words from an error body: `error.message` (OpenAI, Anthropic),
+/// `error` as a string (Ollama), `message` or `detail` (vLLM and others), else the text.
+pub fn error_message(body: &str) -> String {
+    let msg = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            let pick = |v: &Value| v.as_str().map(str::to_string);
+            v.pointer("/error/message")
+                .and_then(pick)
+                .or_else(|| v.get("error").and_then(pick))
+                .or_else(|| v.get("message").and_then(pick))
+                .or_else(|| match v.get("detail") {
+                    Some(Value::String(s)) => Some(s.clone()),
+                    Some(d) if !d.is_null() => Some(d.to_string()),
+                    _ => None,
+                })
+        })
+        .unwrap_or_else(|| body.trim().to_string());
+    let msg = if msg.is_empty() {
+        "(empty body)".to_string()
+    } else {
+        msg
+    };
+    truncate(&msg, MAX_MESSAGE)
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary, with `…` when cut.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// `text` with every occurrence of the key replaced by `***`.
+pub fn scrub(text: &str, secret: Option<&ApiKey>) -> String {
+    match secret {
+        Some(k) if !k.expose().is_empty() => text.replace(k.expose(), "***"),
+        _ => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn retry_after_seconds_ms_and_dates() {
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+        let mut h = HeaderMap::new();
+        assert_eq!(parse_retry_after(&h, now), None);
+        h.insert(RETRY_AFTER, HeaderValue::from_static("3"));
+        assert_eq!(parse_retry_after(&h, now), Some(Duration::from_secs(3)));
+        h.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Sun, 06 Nov 1994 08:49:47 GMT"),
+        );
+        assert_eq!(parse_retry_after(&h, now), Some(Duration::from_secs(10)));
+        h.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Sun, 06 Nov 1994 08:40:00 GMT"),
+        );
+        assert_eq!(parse_retry_after(&h, now), Some(Duration::ZERO));
+        h.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
+        assert_eq!(parse_retry_after(&h, now), None);
+        h.insert("retry-after-ms", HeaderValue::from_static("250"));
+        assert_eq!(parse_retry_after(&h, now), Some(Duration::from_millis(250)));
+    }
+
+    #[test]
+    fn http_dates() {
+        assert_eq!(
+            parse_http_date("Thu, 01 Jan 1970 00:00:00 GMT"),
+            Some(UNIX_EPOCH)
+        );
+        assert_eq!(
+            parse_http_date("Tue, 29 Feb 2000 12:00:00 GMT"),
+            Some(UNIX_EPOCH + Duration::from_secs(951_825_600))
+        );
+        assert_eq!(parse_http_date("29 Feb 2000"), None);
+        assert_eq!(parse_http_date("Tue, 29 Foo 2000 12:00:00 GMT"), None);
+    }
+
+    #[test]
+    fn error_messages_from_known_shapes() {
+        assert_eq!(
+            error_message(r#"{"error":{"message":"bad model","type":"invalid_request_error"}}"#),
+            "bad model"
+        );
+        assert_eq!(
+            error_message(
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
+            ),
+            "Overloaded"
+        );
+        assert_eq!(
+            error_message(r#"{"error":"model not found"}"#),
+            "model not found"
+        );
+        assert_eq!(error_message(r#"{"detail":"nope"}"#), "nope");
+        assert_eq!(
+            error_message("  <html>gateway</html> "),
+            "<html>gateway</html>"
+        );
+        assert_eq!(error_message(""), "(empty body)");
+        let long = "é".repeat(1000);
+        let m = error_message(&long);
+        assert!(m.len() <= MAX_MESSAGE + "…".len() && m.ends_with('…'));
+    }
+
+    #[test]
+    fn scrub_hides_the_key() {
+        let k = ApiKey::new("test-key-not-secret");
+        assert_eq!(
+            scrub("Incorrect API key provided: test-key-not-secret.", Some(&k)),
+            "Incorrect API key provided: ***."
+        );
+    }
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_millis(1000);
+        for _ in 0..50 {
+            let d0 = backoff_delay(0, base, max);
+            assert!(d0 >= Duration::from_millis(50) && d0 <= base, "{d0:?}");
+            let d2 = backoff_delay(2, base, max);
+            assert!(d2 >= Duration::from_millis(200) && d2 <= Duration::from_millis(400));
+            let d9 = backoff_delay(9, base, max);
+            assert!(d9 <= max && d9 >= max / 2);
+        }
+    }
+
+    #[test]
+    fn only_transient_failures_retry_in_process() {
+        let http = |status| Error::Http {
+            status,
+            message: String::new(),
+            retry_after: None,
+        };
+        assert!(retry_in_process(&http(429)));
+        assert!(retry_in_process(&http(503)));
+        assert!(!retry_in_process(&http(400)));
+        assert!(!retry_in_process(&http(401)));
+        assert!(retry_in_process(&Error::Connect("x".into())));
+        assert!(!retry_in_process(&Error::Timeout(Duration::from_secs(1))));
+        assert!(!retry_in_process(&Error::Malformed("x".into())));
+    }
+}

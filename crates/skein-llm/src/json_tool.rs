@@ -1,0 +1,799 @@
+//! Tool calling through plain text (`tool_mode = "json"`), and lenient decoding of tool
+//! arguments for every mode.
+//!
+//! In JSON mode no `tools` field is sent. The tools are described in the system prompt
+//! ([`tool_prompt`]), and the model is asked to answer with exactly one of
+//!
+//! ```json
+//! {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.md"}}]}
+//! {"answer": "the final answer"}
+//! ```
+//!
+//! [`parse_answer`] reads that back leniently: code fences, prose before or after, a
+//! trailing comma, a single call instead of a list, a bare list of calls, the OpenAI
+//! `{"function": {...}}` shape, arguments given as a JSON string.
+//!
+//! An answer that cannot be read is handled by one rule: text without any `{` is taken as
+//! the final answer (the model simply answered in prose); anything else becomes one tool
+//! call named [`crate::INVALID_TOOL_CALL`] whose arguments follow the `_raw`/`_error`
+//! convention (see the crate docs), so the runtime reports the problem to the model as a
+//! failed tool call and the model can correct itself on its next turn — a model
+//! that meant to call a tool is told, instead of its broken JSON being passed off as the
+//! answer. [`crate::Error::Malformed`] stays reserved for a response body the transport
+//! could not decode.
+//!
+//! [`rewrite_messages`] turns a transcript into what such a model can read: its earlier
+//! calls as the JSON it was asked to write, and tool results as user messages.
+
+use serde_json::{json, Map, Value};
+use skein_core::{Message, ModelResponse, ToolCall, ToolSpec};
+
+use crate::{args_error, malformed_args, INVALID_TOOL_CALL, RAW_KEY};
+
+/// What a JSON-mode answer turned out to be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// The final answer.
+    Answer(String),
+    /// Tool calls, with any prose said around them.
+    Calls {
+        say: Option<String>,
+        calls: Vec<(String, Value)>,
+    },
+    /// Not readable: the raw text and why.
+    Invalid { raw: String, error: String },
+}
+
+/// The system prompt section that describes `tools` and the answer format.
+pub fn tool_prompt(tools: &[ToolSpec]) -> String {
+    let mut s = String::from(
+        "# Tools\n\n\
+         You can call tools. To call one or more, reply with a single JSON object and \
+         nothing else:\n\n\
+         {\"tool_calls\": [{\"name\": \"TOOL_NAME\", \"arguments\": {\"ARG\": \"VALUE\"}}]}\n\n\
+         `arguments` must be a JSON object that fits the tool's schema below. List several \
+         calls to have them run together; their results come back in the next message. \
+         When you need no more tools, reply with a single JSON object holding your final \
+         answer as a string:\n\n\
+         {\"answer\": \"YOUR FINAL ANSWER\"}\n\n\
+         Available tools:\n",
+    );
+    for t in tools {
+        s.push_str(&format!(
+            "\n## {}\n{}\nArguments schema: {}\n",
+            t.name,
+            t.description.trim(),
+            t.parameters
+        ));
+    }
+    s
+}
+
+/// The transcript as a model without native tool calling sees it: the tool prompt added
+/// to the (first) system message, earlier calls as the JSON the model was asked for, and
+/// consecutive tool results as one user message. Adjacent user messages are joined, as
+/// some chat templates refuse two in a row.
+pub fn rewrite_messages(messages: &[Message], tools: &[ToolSpec]) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len() + 1);
+    let prompt = tool_prompt(tools);
+    let mut prompt_placed = false;
+    let mut results: Vec<String> = vec![];
+    for m in messages {
+        if let Message::Tool {
+            call_id,
+            name,
+            content,
+            is_error,
+        } = m
+        {
+            let head = if *is_error { "Error from" } else { "Result of" };
+            let id = if call_id.is_empty() {
+                String::new()
+            } else {
+                format!(" (call {call_id})")
+            };
+            results.push(format!("{head} `{name}`{id}:\n{content}"));
+            continue;
+        }
+        flush_results(&mut out, &mut results);
+        match m {
+            Message::System { content } if !prompt_placed => {
+                prompt_placed = true;
+                out.push(Message::System {
+                    content: format!("{}\n\n{prompt}", content.trim_end()),
+                });
+            }
+            Message::Assistant {
+                content,
+                tool_calls,
+            } if !tool_calls.is_empty() => out.push(Message::Assistant {
+                content: Some(render_calls(content.as_deref(), tool_calls)),
+                tool_calls: vec![],
+            }),
+            Message::User { content } => push_user(&mut out, content.clone()),
+            other => out.push(other.clone()),
+        }
+    }
+    flush_results(&mut out, &mut results);
+    if !prompt_placed {
+        out.insert(0, Message::System { content: prompt });
+    }
+    out
+}
+
+fn flush_results(out: &mut Vec<Message>, results: &mut Vec<String>) {
+    if results.is_empty() {
+        return;
+    }
+    let mut text = std::mem::take(results).join("\n\n");
+    text.push_str(
+        "\n\nReply with {\"tool_calls\": [...]} to call more tools, or {\"answer\": \"...\"}.",
+    );
+    push_user(out, text);
+}
+
+fn push_user(out: &mut Vec<Message>, content: String) {
+    if let Some(Message::User { content: prev }) = out.last_mut() {
+        prev.push_str("\n\n");
+        prev.push_str(&content);
+    } else {
+        out.push(Message::User { content });
+    }
+}
+
+/// An earlier turn's calls, written as the model was asked to write them. A turn that
+/// could not be read is shown as the model wrote it.
+fn render_calls(content: Option<&str>, calls: &[ToolCall]) -> String {
+    if let [only] = calls {
+        if only.name == INVALID_TOOL_CALL {
+            if let Some(raw) = only.args.get(RAW_KEY).and_then(Value::as_str) {
+                return raw.to_string();
+            }
+        }
+    }
+    let list: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            let args = match args_error(&c.args) {
+                Some((raw, _)) => Value::String(raw.to_string()),
+                None => c.args.clone(),
+            };
+            json!({"name": c.name, "arguments": args})
+        })
+        .collect();
+    let body = json!({ "tool_calls": list }).to_string();
+    match content.map(str::trim).filter(|c| !c.is_empty()) {
+        Some(c) => format!("{c}\n\n{body}"),
+        None => body,
+    }
+}
+
+/// A model's JSON-mode answer as a response. Calls get empty ids (the runtime assigns
+/// them).
+pub fn response_from_text(text: &str, finish_reason: Option<String>) -> ModelResponse {
+    match parse_answer(text) {
+        Parsed::Answer(a) => ModelResponse {
+            content: Some(a),
+            tool_calls: vec![],
+            finish_reason,
+        },
+        Parsed::Calls { say, calls } => ModelResponse {
+            content: say,
+            tool_calls: calls
+                .into_iter()
+                .map(|(name, args)| ToolCall {
+                    id: String::new(),
+                    name,
+                    args,
+                })
+                .collect(),
+            finish_reason: Some("tool_calls".into()),
+        },
+        Parsed::Invalid { raw, error } => ModelResponse {
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: String::new(),
+                name: INVALID_TOOL_CALL.into(),
+                args: malformed_args(&raw, &error),
+            }],
+            finish_reason: Some(match finish_reason.as_deref() {
+                Some("length") => "length".into(),
+                _ => "tool_calls".into(),
+            }),
+        },
+    }
+}
+
+/// Reads a JSON-mode answer (see the module docs for what is accepted).
+pub fn parse_answer(text: &str) -> Parsed {
+    let trimmed = text.trim();
+    if !trimmed.contains('{') {
+        return Parsed::Answer(trimmed.to_string());
+    }
+    let mut calls = vec![];
+    let mut answer = None;
+    let mut used: Vec<(usize, usize)> = vec![];
+    let mut first_error: Option<String> = None;
+    let mut cut_off = false;
+    let mut seen_object = false;
+    let bytes = trimmed.as_bytes();
+    let mut i = 0;
+    while let Some(off) = trimmed[i..].find(['{', '[']) {
+        let start = i + off;
+        let is_object = bytes[start] == b'{';
+        let first_object = is_object && !seen_object;
+        seen_object |= is_object;
+        let Some(end) = balanced_end(trimmed, start) else {
+            cut_off |= first_object;
+            i = start + 1;
+            continue;
+        };
+        match parse_lenient(&trimmed[start..end]).and_then(|v| interpret(&v)) {
+            Ok(Interpreted::Calls(c)) => {
+                calls.extend(c);
+                used.push((start, end));
+                i = end;
+            }
+            Ok(Interpreted::Answer(a)) => {
+                answer.get_or_insert(a);
+                used.push((start, end));
+                i = end;
+            }
+            Err(e) => {
+                if is_object && first_error.is_none() {
+                    first_error = Some(e);
+                }
+                i = start + 1;
+            }
+        }
+    }
+    if !calls.is_empty() {
+        let say = prose_outside(trimmed, &used).or(answer);
+        return Parsed::Calls { say, calls };
+    }
+    if let Some(a) = answer {
+        return Parsed::Answer(a);
+    }
+    let error = match first_error {
+        _ if cut_off => "the JSON object is not closed (was the answer cut off?)".into(),
+        Some(e) => e,
+        None => "no JSON object found".into(),
+    };
+    Parsed::Invalid {
+        raw: text.to_string(),
+        error: format!(
+            "could not read a tool call or an answer: {error}. Reply with \
+             {{\"tool_calls\": [{{\"name\": ..., \"arguments\": {{...}}}}]}} or \
+             {{\"answer\": \"...\"}}"
+        ),
+    }
+}
+
+enum Interpreted {
+    Answer(String),
+    Calls(Vec<(String, Value)>),
+}
+
+fn interpret(v: &Value) -> Result<Interpreted, String> {
+    match v {
+        Value::Object(o) => {
+            let listed = o.get("tool_calls").or_else(|| o.get("tool_call"));
+            if let Some(tc) = listed {
+                let calls = match tc {
+                    Value::Array(a) => a.iter().map(call_from).collect::<Result<Vec<_>, _>>()?,
+                    Value::Object(_) => vec![call_from(tc)?],
+                    Value::Null => vec![],
+                    _ => return Err("\"tool_calls\" must be a list of calls".into()),
+                };
+                if !calls.is_empty() {
+                    return Ok(Interpreted::Calls(calls));
+                }
+            }
+            if let Some(a) = o.get("answer").or_else(|| o.get("final_answer")) {
+                return Ok(Interpreted::Answer(match a {
+                    Value::String(s) => s.clone(),
+                    other => serde_json::to_string_pretty(other).unwrap_or_default(),
+                }));
+            }
+            if listed.is_some() {
+                return Err("\"tool_calls\" is empty and there is no \"answer\"".into());
+            }
+            if ["name", "tool", "function"]
+                .iter()
+                .any(|k| o.contains_key(*k))
+            {
+                return Ok(Interpreted::Calls(vec![call_from(v)?]));
+            }
+            Err("expected an object with \"tool_calls\" or \"answer\"".into())
+        }
+        Value::Array(a) if !a.is_empty() => Ok(Interpreted::Calls(
+            a.iter().map(call_from).collect::<Result<Vec<_>, _>>()?,
+        )),
+        _ => Err("expected a JSON object".into()),
+    }
+}
+
+const ARG_KEYS: [&str; 4] = ["arguments", "args", "parameters", "input"];
+
+fn call_from(v: &Value) -> Result<(String, Value), String> {
+    let o = v.as_object().ok_or("a tool call must be a JSON object")?;
+    let empty = Map::new();
+    let f = o
+        .get("function")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let name = ["name", "tool"]
+        .iter()
+        .find_map(|k| o.get(*k))
+        .or_else(|| f.get("name"))
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .ok_or("a tool call has no \"name\"")?;
+    let args = ARG_KEYS
+        .iter()
+        .find_map(|k| o.get(*k))
+        .or_else(|| ARG_KEYS.iter().find_map(|k| f.get(*k)));
+    Ok((
+        name.to_string(),
+        args.map(decode_arguments).unwrap_or_else(|| json!({})),
+    ))
+}
+
+/// Tool arguments as a value, whatever form they came in: an object is kept; a JSON
+/// string is decoded (leniently, and once more if it held JSON again); null or an empty
+/// string is `{}`; a string that cannot be decoded becomes `{"_raw", "_error"}`.
+pub fn decode_arguments(v: &Value) -> Value {
+    match v {
+        Value::Null => json!({}),
+        Value::String(s) => {
+            let t = s.trim();
+            if t.is_empty() {
+                return json!({});
+            }
+            match parse_lenient(t) {
+                Ok(Value::String(inner)) => match parse_lenient(inner.trim()) {
+                    Ok(o @ Value::Object(_)) => o,
+                    _ => Value::String(inner),
+                },
+                Ok(v) => v,
+                Err(e) => malformed_args(s, &format!("arguments are not valid JSON: {e}")),
+            }
+        }
+        other => other.clone(),
+    }
+}
+
+/// `serde_json`, then again without trailing commas.
+pub fn parse_lenient(text: &str) -> Result<Value, String> {
+    match serde_json::from_str(text) {
+        Ok(v) => Ok(v),
+        Err(first) => {
+            let fixed = strip_trailing_commas(text);
+            if fixed.len() != text.len() {
+                if let Ok(v) = serde_json::from_str(&fixed) {
+                    return Ok(v);
+                }
+            }
+            Err(first.to_string())
+        }
+    }
+}
+
+/// Drops each comma (outside strings) that only whitespace separates from `}` or `]`.
+fn strip_trailing_commas(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for (k, &c) in chars.iter().enumerate() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            continue;
+        }
+        if c == '"' {
+            in_string = true;
+        } else if c == ',' {
+            let next = chars[k + 1..].iter().find(|x| !x.is_whitespace());
+            if matches!(next, Some('}') | Some(']')) {
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The end (exclusive) of the bracketed value starting at `start`, respecting strings;
+/// `None` when it is never closed or closed by the wrong bracket.
+fn balanced_end(text: &str, start: usize) -> Option<usize> {
+    let mut stack: Vec<u8> = vec![];
+    let mut in_string = false;
+    let mut escaped = false;
+    for (k, &b) in text.as_bytes().iter().enumerate().skip(start) {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' => stack.push(b'}'),
+            b'[' => stack.push(b']'),
+            b'}' | b']' => {
+                if stack.pop() != Some(b) {
+                    return None;
+                }
+                if stack.is_empty() {
+                    return Some(k + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The text outside the used spans, without code-fence markers; `None` if nothing is left.
+fn prose_outside(text: &str, used: &[(usize, usize)]) -> Option<String> {
+    let mut rest = String::new();
+    let mut at = 0;
+    for &(s, e) in used {
+        rest.push_str(&text[at..s]);
+        rest.push('\n');
+        at = e;
+    }
+    rest.push_str(&text[at..]);
+    let mut kept: Vec<&str> = vec![];
+    for line in rest
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("```"))
+    {
+        if !(line.is_empty() && kept.last().is_some_and(|l| l.is_empty())) {
+            kept.push(line);
+        }
+    }
+    let joined = kept.join("\n");
+    let joined = joined.trim();
+    (!joined.is_empty()).then(|| joined.to_string())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::ERROR_KEY;
+
+    fn calls(p: &Parsed) -> Vec<(String, Value)> {
+        match p {
+            Parsed::Calls { calls, .. } => calls.clone(),
+            other => panic!("expected calls, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn plain_prose_is_the_answer() {
+        assert_eq!(
+            parse_answer("  The capital is Paris.\n"),
+            Parsed::Answer("The capital is Paris.".into())
+        );
+        assert_eq!(
+            parse_answer("see [1] and [2]"),
+            Parsed::Answer("see [1] and [2]".into())
+        );
+    }
+
+    #[test]
+    fn answer_object() {
+        assert_eq!(
+            parse_answer(r#"{"answer": "42"}"#),
+            Parsed::Answer("42".into())
+        );
+        assert_eq!(
+            parse_answer("Done.\n```json\n{\"answer\": \"ok\",}\n```"),
+            Parsed::Answer("ok".into())
+        );
+        assert_eq!(
+            parse_answer(r#"{"answer": {"n": 1}}"#),
+            Parsed::Answer("{\n  \"n\": 1\n}".into())
+        );
+        assert_eq!(
+            parse_answer(r#"{"tool_calls": [], "answer": "none needed"}"#),
+            Parsed::Answer("none needed".into())
+        );
+    }
+
+    #[test]
+    fn canonical_calls_list() {
+        let p = parse_answer(
+            r#"{"tool_calls": [{"name": "read_file", "arguments": {"path": "a.md"}},
+                               {"name": "list_dir", "arguments": {}}]}"#,
+        );
+        assert_eq!(
+            calls(&p),
+            vec![
+                ("read_file".into(), json!({"path": "a.md"})),
+                ("list_dir".into(), json!({}))
+            ]
+        );
+        assert!(matches!(p, Parsed::Calls { say: None, .. }));
+    }
+
+    #[test]
+    fn fenced_with_prose_and_trailing_commas() {
+        let text = "I'll look that up.\n\n```json\n{\n  \"tool_calls\": [\n    {\"name\": \"search\", \"arguments\": {\"q\": \"rust, async\",},},\n  ],\n}\n```\nThen I'll summarize.";
+        let p = parse_answer(text);
+        assert_eq!(
+            calls(&p),
+            vec![("search".into(), json!({"q": "rust, async"}))]
+        );
+        let Parsed::Calls { say, .. } = p else {
+            unreachable!()
+        };
+        assert_eq!(
+            say.as_deref(),
+            Some("I'll look that up.\n\nThen I'll summarize.")
+        );
+    }
+
+    #[test]
+    fn single_call_shapes() {
+        let shapes = [
+            r#"{"tool_calls": {"name": "f", "arguments": {"x": 1}}}"#,
+            r#"{"tool_call": {"name": "f", "arguments": {"x": 1}}}"#,
+            r#"{"name": "f", "arguments": {"x": 1}}"#,
+            r#"{"tool": "f", "args": {"x": 1}}"#,
+            r#"{"name": "f", "parameters": {"x": 1}}"#,
+            r#"[{"name": "f", "arguments": {"x": 1}}]"#,
+            r#"{"type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}"#,
+            r#"{"name": "f", "arguments": "{\"x\": 1}"}"#,
+            r#"{"name": "f", "arguments": "\"{\\\"x\\\": 1}\""}"#,
+        ];
+        for s in shapes {
+            assert_eq!(
+                calls(&parse_answer(s)),
+                vec![("f".into(), json!({"x": 1}))],
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn several_objects_one_after_another() {
+        let p = parse_answer(
+            "{\"name\": \"a\", \"arguments\": {}}\n{\"name\": \"b\", \"arguments\": {\"k\": [1,2]}}",
+        );
+        assert_eq!(
+            calls(&p),
+            vec![("a".into(), json!({})), ("b".into(), json!({"k": [1, 2]}))]
+        );
+    }
+
+    #[test]
+    fn missing_arguments_are_empty() {
+        assert_eq!(
+            calls(&parse_answer(r#"{"tool_calls": [{"name": "now"}]}"#)),
+            vec![("now".into(), json!({}))]
+        );
+    }
+
+    #[test]
+    fn braces_inside_strings_do_not_confuse() {
+        let p = parse_answer(r#"{"name": "write_file", "arguments": {"text": "fn main() { } ]"}}"#);
+        assert_eq!(
+            calls(&p),
+            vec![("write_file".into(), json!({"text": "fn main() { } ]"}))]
+        );
+    }
+
+    #[test]
+    fn unparsable_arguments_keep_the_call() {
+        let p = parse_answer(r#"{"name": "f", "arguments": "{x: 1"}"#);
+        let c = calls(&p);
+        assert_eq!(c[0].0, "f");
+        assert!(args_error(&c[0].1).is_some());
+        assert_eq!(c[0].1[RAW_KEY], "{x: 1");
+    }
+
+    #[test]
+    fn unreadable_json_is_an_invalid_call() {
+        for text in [
+            r#"{"tool_calls": [{"name": "f", "arguments": {"x": 1}"#,
+            r#"Here: {"tool_calls": [{"arguments": {}}]}"#,
+            r#"{"result": 3}"#,
+            r#"{'name': 'f'}"#,
+            r#"{"tool_calls": "f"}"#,
+        ] {
+            match parse_answer(text) {
+                Parsed::Invalid { raw, error } => {
+                    assert_eq!(raw, text);
+                    assert!(error.contains("could not read"), "{error}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let Parsed::Invalid { error, .. } =
+            parse_answer(r#"{"tool_calls": [{"name": "f", "arguments": {"x": 1}"#)
+        else {
+            unreachable!()
+        };
+        assert!(error.contains("cut off"), "{error}");
+        let Parsed::Invalid { error, .. } = parse_answer(r#"{"tool_calls": [{"args": {}}]}"#)
+        else {
+            unreachable!()
+        };
+        assert!(error.contains("no \"name\""), "{error}");
+    }
+
+    #[test]
+    fn response_from_invalid_text_is_a_synthetic_call() {
+        let r = response_from_text("{oops", Some("stop".into()));
+        assert_eq!(r.tool_calls.len(), 1);
+        assert_eq!(r.tool_calls[0].name, INVALID_TOOL_CALL);
+        assert_eq!(r.tool_calls[0].id, "");
+        assert_eq!(r.tool_calls[0].args[RAW_KEY], "{oops");
+        assert!(r.tool_calls[0].args[ERROR_KEY].is_string());
+        assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+
+        let r = response_from_text("Paris.", Some("stop".into()));
+        assert_eq!(r.content.as_deref(), Some("Paris."));
+        assert!(r.tool_calls.is_empty());
+        assert_eq!(r.finish_reason.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn decode_arguments_forms() {
+        assert_eq!(decode_arguments(&json!(null)), json!({}));
+        assert_eq!(decode_arguments(&json!("  ")), json!({}));
+        assert_eq!(decode_arguments(&json!({"a": 1})), json!({"a": 1}));
+        assert_eq!(
+            decode_arguments(&json!(" {\n \"a\" :\t1 , } \n")),
+            json!({"a": 1})
+        );
+        let bad = decode_arguments(&json!("{\"a\": "));
+        assert_eq!(bad[RAW_KEY], "{\"a\": ");
+        assert!(bad[ERROR_KEY].as_str().unwrap().contains("not valid JSON"));
+    }
+
+    #[test]
+    fn trailing_commas_only_outside_strings() {
+        assert_eq!(strip_trailing_commas(r#"{"a": ",}", }"#), r#"{"a": ",}" }"#);
+        assert_eq!(strip_trailing_commas("[1,2,\n]"), "[1,2\n]");
+        assert_eq!(
+            strip_trailing_commas(r#"{"a": "\",]"}"#),
+            r#"{"a": "\",]"}"#
+        );
+    }
+
+    fn spec(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: format!("Does {name}."),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        }
+    }
+
+    #[test]
+    fn prompt_names_tools_schemas_and_shapes() {
+        let p = tool_prompt(&[spec("read_file"), spec("list_dir")]);
+        for needle in [
+            "## read_file",
+            "Does list_dir.",
+            r#"Arguments schema: {"properties":{"path":{"type":"string"}},"type":"object"}"#,
+            r#"{"tool_calls": [{"name": "TOOL_NAME""#,
+            r#"{"answer": "YOUR FINAL ANSWER"}"#,
+        ] {
+            assert!(p.contains(needle), "{needle} not in {p}");
+        }
+    }
+
+    #[test]
+    fn rewrite_turns_calls_and_results_into_text() {
+        let msgs = vec![
+            Message::System {
+                content: "You are helpful.".into(),
+            },
+            Message::User {
+                content: "Read a.md".into(),
+            },
+            Message::Assistant {
+                content: None,
+                tool_calls: vec![
+                    ToolCall {
+                        id: "t1_1".into(),
+                        name: "read_file".into(),
+                        args: json!({"path": "a.md"}),
+                    },
+                    ToolCall {
+                        id: "t1_2".into(),
+                        name: "read_file".into(),
+                        args: json!({"path": "b.md"}),
+                    },
+                ],
+            },
+            Message::Tool {
+                call_id: "t1_1".into(),
+                name: "read_file".into(),
+                content: "hello".into(),
+                is_error: false,
+            },
+            Message::Tool {
+                call_id: "t1_2".into(),
+                name: "read_file".into(),
+                content: "no such file".into(),
+                is_error: true,
+            },
+            Message::Assistant {
+                content: None,
+                tool_calls: vec![ToolCall {
+                    id: "t2_1".into(),
+                    name: INVALID_TOOL_CALL.into(),
+                    args: malformed_args("{broken", "why"),
+                }],
+            },
+            Message::Tool {
+                call_id: "t2_1".into(),
+                name: INVALID_TOOL_CALL.into(),
+                content: "could not read".into(),
+                is_error: true,
+            },
+        ];
+        let out = rewrite_messages(&msgs, &[spec("read_file")]);
+        assert_eq!(out.len(), 6, "{out:#?}");
+        let Message::System { content } = &out[0] else {
+            panic!("{out:#?}")
+        };
+        assert!(content.starts_with("You are helpful.\n\n# Tools"));
+        let Message::Assistant {
+            content: Some(a),
+            tool_calls,
+        } = &out[2]
+        else {
+            panic!("{out:#?}")
+        };
+        assert!(tool_calls.is_empty());
+        let v: Value = serde_json::from_str(a).unwrap();
+        assert_eq!(v["tool_calls"][1]["arguments"]["path"], "b.md");
+        let Message::User { content } = &out[3] else {
+            panic!("{out:#?}")
+        };
+        assert!(content.contains("Result of `read_file` (call t1_1):\nhello"));
+        assert!(content.contains("Error from `read_file` (call t1_2):\nno such file"));
+        assert_eq!(
+            out[4],
+            Message::Assistant {
+                content: Some("{broken".into()),
+                tool_calls: vec![]
+            }
+        );
+        assert!(matches!(&out[5], Message::User { content } if content.contains("could not read")));
+        for m in &out {
+            assert!(!matches!(m, Message::Tool { .. }));
+        }
+    }
+
+    #[test]
+    fn rewrite_adds_a_system_message_when_none() {
+        let out = rewrite_messages(
+            &[Message::User {
+                content: "hi".into(),
+            }],
+            &[spec("x")],
+        );
+        assert!(matches!(&out[0], Message::System { content } if content.starts_with("# Tools")));
+        assert_eq!(out.len(), 2);
+    }
+}
