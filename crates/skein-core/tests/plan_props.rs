@@ -2,6 +2,7 @@
 //! sub-agents it handed tasks to, recording the accepted ones as `PatchApplied` (and the
 //! grants as `Delegated {owns_tasks}`) and folding that log — after an encode/decode round
 //! trip — gives exactly the plan the merges produced, and renders to the same bytes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
 use serde_json::json;

@@ -4,6 +4,7 @@
 //! - folding the decoded log gives the same state,
 //! - re-deciding from every prefix admits every recorded event,
 //! - changing one decided event is caught at its seq.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
 use serde_json::json;

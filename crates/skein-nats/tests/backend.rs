@@ -1,4 +1,5 @@
 //! The JetStream backend against real nats-server processes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
 //! A job delivered more than `max_deliver` times fails its session with a dead-letter
 //! reason instead of being retried forever.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Duration;

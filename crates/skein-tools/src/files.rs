@@ -1,18 +1,35 @@
-//! Workspace file tools.
+//! Workspace file tools: `read_file`, `write_file`, `list_dir`. They work on any
+//! [`Workspace`](crate::Workspace) backend; the backend keeps paths inside the tree's files.
 
 use async_trait::async_trait;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::config::FilesConfig;
+use crate::text::decode_prefix;
 use crate::{Tool, ToolContext, ToolError};
 
-fn path_arg(args: &Value) -> Result<String, ToolError> {
-    args.get("path")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| ToolError::InvalidArgs("`path` (string) is required".into()))
+/// Deserializes already validated arguments into `T`.
+pub(crate) fn args<T: for<'de> Deserialize<'de>>(args: Value) -> Result<T, ToolError> {
+    serde_json::from_value(args).map_err(|e| ToolError::InvalidArgs(e.to_string()))
 }
 
-pub struct ListDir;
+/// `list_dir`.
+pub struct ListDir {
+    cfg: FilesConfig,
+}
+
+impl ListDir {
+    pub fn new(cfg: FilesConfig) -> Self {
+        Self { cfg }
+    }
+}
+
+#[derive(Deserialize)]
+struct ListArgs {
+    #[serde(default)]
+    path: String,
+}
 
 #[async_trait]
 impl Tool for ListDir {
@@ -20,17 +37,32 @@ impl Tool for ListDir {
         "list_dir"
     }
     fn description(&self) -> &str {
-        "List a directory of the workspace."
+        "List a directory of the workspace: one entry a line, directories ending in `/`, \
+         files with their size."
     }
     fn parameters(&self) -> Value {
-        json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "description": "Directory relative to the workspace root; \".\" or empty for the root."
+                }
+            },
+            "additionalProperties": false
+        })
     }
     fn idempotent(&self) -> bool {
         true
     }
-    async fn call(&self, ctx: &ToolContext, args: Value) -> Result<String, ToolError> {
-        let entries = ctx.workspace.list(&path_arg(&args)?).await?;
-        Ok(entries
+    async fn call(&self, ctx: &ToolContext, a: Value) -> Result<String, ToolError> {
+        let a: ListArgs = args(a)?;
+        let entries = ctx.workspace.list(&a.path).await?;
+        if entries.is_empty() {
+            return Ok("(empty directory)".into());
+        }
+        let shown = entries.len().min(self.cfg.max_list_entries);
+        let mut out: Vec<String> = entries[..shown]
             .iter()
             .map(|e| {
                 if e.is_dir {
@@ -39,12 +71,35 @@ impl Tool for ListDir {
                     format!("{} ({} bytes)", e.name, e.size)
                 }
             })
-            .collect::<Vec<_>>()
-            .join("\n"))
+            .collect();
+        if shown < entries.len() {
+            out.push(format!(
+                "… [{} more entries not shown; {} in all]",
+                entries.len() - shown,
+                entries.len()
+            ));
+        }
+        Ok(out.join("\n"))
     }
 }
 
-pub struct ReadFile;
+/// `read_file`.
+pub struct ReadFile {
+    cfg: FilesConfig,
+}
+
+impl ReadFile {
+    pub fn new(cfg: FilesConfig) -> Self {
+        Self { cfg }
+    }
+}
+
+#[derive(Deserialize)]
+struct ReadArgs {
+    path: String,
+    #[serde(default)]
+    offset: u64,
+}
 
 #[async_trait]
 impl Tool for ReadFile {
@@ -52,21 +107,73 @@ impl Tool for ReadFile {
         "read_file"
     }
     fn description(&self) -> &str {
-        "Read a text file of the workspace."
+        "Read a text file of the workspace. A long file is cut; the note at the end tells \
+         the offset to read on from."
     }
     fn parameters(&self) -> Value {
-        json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "File relative to the workspace root."
+                },
+                "offset": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Byte to start at (default 0)."
+                }
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        })
     }
     fn idempotent(&self) -> bool {
         true
     }
-    async fn call(&self, ctx: &ToolContext, args: Value) -> Result<String, ToolError> {
-        let data = ctx.workspace.read(&path_arg(&args)?).await?;
-        Ok(String::from_utf8_lossy(&data).into_owned())
+    async fn call(&self, ctx: &ToolContext, a: Value) -> Result<String, ToolError> {
+        let a: ReadArgs = args(a)?;
+        let part = ctx
+            .workspace
+            .read_part(&a.path, a.offset, self.cfg.max_read_bytes)
+            .await?;
+        if a.offset > part.size {
+            return Err(ToolError::InvalidArgs(format!(
+                "`offset` {} is past the end of `{}` ({} bytes)",
+                a.offset, a.path, part.size
+            )));
+        }
+        let more = a.offset + (part.data.len() as u64) < part.size;
+        if !more {
+            return Ok(String::from_utf8_lossy(&part.data).into_owned());
+        }
+        let (mut text, used) = decode_prefix(&part.data);
+        let end = a.offset + used as u64;
+        text.push_str(&format!(
+            "\n… [truncated: bytes {}..{end} of {} shown; read on with offset {end}]",
+            a.offset, part.size
+        ));
+        Ok(text)
     }
 }
 
-pub struct WriteFile;
+/// `write_file`.
+pub struct WriteFile {
+    cfg: FilesConfig,
+}
+
+impl WriteFile {
+    pub fn new(cfg: FilesConfig) -> Self {
+        Self { cfg }
+    }
+}
+
+#[derive(Deserialize)]
+struct WriteArgs {
+    path: String,
+    content: String,
+}
 
 #[async_trait]
 impl Tool for WriteFile {
@@ -74,10 +181,23 @@ impl Tool for WriteFile {
         "write_file"
     }
     fn description(&self) -> &str {
-        "Write a text file in the workspace."
+        "Write a text file in the workspace, replacing it if it exists; missing \
+         directories are created."
     }
     fn parameters(&self) -> Value {
-        json!({"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]})
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "File relative to the workspace root."
+                },
+                "content": {"type": "string", "description": "The whole new content."}
+            },
+            "required": ["path", "content"],
+            "additionalProperties": false
+        })
     }
     fn idempotent(&self) -> bool {
         true
@@ -85,13 +205,16 @@ impl Tool for WriteFile {
     fn parallel(&self) -> bool {
         false
     }
-    async fn call(&self, ctx: &ToolContext, args: Value) -> Result<String, ToolError> {
-        let path = path_arg(&args)?;
-        let content = args
-            .get("content")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ToolError::InvalidArgs("`content` (string) is required".into()))?;
-        ctx.workspace.write(&path, content.as_bytes()).await?;
-        Ok(format!("wrote {} bytes to {path}", content.len()))
+    async fn call(&self, ctx: &ToolContext, a: Value) -> Result<String, ToolError> {
+        let a: WriteArgs = args(a)?;
+        if a.content.len() > self.cfg.max_write_bytes {
+            return Err(ToolError::Refused(format!(
+                "`content` is {} bytes; at most {} may be written at once",
+                a.content.len(),
+                self.cfg.max_write_bytes
+            )));
+        }
+        ctx.workspace.write(&a.path, a.content.as_bytes()).await?;
+        Ok(format!("wrote {} bytes to {}", a.content.len(), a.path))
     }
 }

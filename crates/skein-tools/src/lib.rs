@@ -2,6 +2,11 @@
 //! its box. The runtime asks a [`ToolBox`] for the schemas a model sees and to run a call;
 //! tools that steer the runtime itself (`call_agent`, `ask_user`, …) are handled by the
 //! runtime, not here. This crate never depends on the runtime or on a message broker.
+//!
+//! Every argument object is checked against the tool's JSON Schema ([`schema`]) before the
+//! tool runs; files stay inside the tree's [`Workspace`]; `http_fetch` refuses private and
+//! metadata addresses after DNS resolution ([`net`]); `shell` is off unless configured.
+//! See `docs/tools.md` for the rules and the `[tools]` settings.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,10 +16,18 @@ use async_trait::async_trait;
 use serde_json::Value;
 use skein_core::{SessionId, ToolSpec};
 
+pub mod config;
 pub mod files;
+pub mod http;
+pub mod net;
+pub mod schema;
+pub mod search;
+pub mod shell;
+mod text;
 pub mod workspace;
 
-pub use workspace::{LocalWorkspace, Workspace};
+pub use config::{Cidr, FilesConfig, HttpConfig, SearchConfig, ShellConfig, ToolsConfig};
+pub use workspace::{DirEntry, FilePart, LocalWorkspace, Walk, Workspace};
 
 /// What a tool gets to work with.
 #[derive(Clone)]
@@ -26,22 +39,29 @@ pub struct ToolContext {
 /// A tool failure the model is shown as a tool error.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
+    /// The arguments do not fit the tool's schema or make no sense together.
     #[error("invalid arguments: {0}")]
     InvalidArgs(String),
+    /// The sandbox said no: a path leaving the workspace, a private address, a size cap.
     #[error("{0}")]
     Refused(String),
+    /// The tool ran and something went wrong (file missing, connection reset, …).
     #[error("{0}")]
     Failed(String),
     #[error("timed out after {0:?}")]
     Timeout(Duration),
 }
 
+/// A `Result` whose error is a [`ToolError`].
+pub type Result<T, E = ToolError> = std::result::Result<T, E>;
+
 /// One built-in tool.
 #[async_trait]
 pub trait Tool: Send + Sync {
     fn name(&self) -> &str;
     fn description(&self) -> &str;
-    /// JSON Schema of the arguments object: what the model sees.
+    /// JSON Schema of the arguments object: what the model sees, and what
+    /// [`ToolBox::run`] checks the arguments against before [`Tool::call`].
     fn parameters(&self) -> Value;
     /// May run at the same time as other tools of the same turn.
     fn parallel(&self) -> bool {
@@ -51,13 +71,15 @@ pub trait Tool: Send + Sync {
     fn idempotent(&self) -> bool {
         false
     }
+    /// A person must approve each call before it runs.
     fn requires_approval(&self) -> bool {
         false
     }
+    /// How long [`ToolBox::run`] lets a call take.
     fn timeout(&self) -> Duration {
         Duration::from_secs(30)
     }
-    async fn call(&self, ctx: &ToolContext, args: Value) -> Result<String, ToolError>;
+    async fn call(&self, ctx: &ToolContext, args: Value) -> Result<String>;
 }
 
 /// The outcome of one run, as recorded in `ToolReturned`.
@@ -74,26 +96,34 @@ pub struct ToolBox {
     tools: BTreeMap<String, Arc<dyn Tool>>,
 }
 
-/// Settings of the built-in tools (`[tools]` in config).
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ToolsConfig {}
-
 impl ToolBox {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Every built-in tool, configured.
-    pub fn builtin(_cfg: &ToolsConfig) -> Self {
+    /// The built-in tools `cfg` enables: the workspace file tools always, `http_fetch`
+    /// unless `tools.http.enabled = false`, `shell` only with `tools.shell.enabled = true`.
+    pub fn builtin(cfg: &ToolsConfig) -> Self {
         let mut b = Self::new();
-        b.insert(Arc::new(files::ListDir));
-        b.insert(Arc::new(files::ReadFile));
-        b.insert(Arc::new(files::WriteFile));
+        b.insert(Arc::new(files::ListDir::new(cfg.files.clone())));
+        b.insert(Arc::new(files::ReadFile::new(cfg.files.clone())));
+        b.insert(Arc::new(files::WriteFile::new(cfg.files.clone())));
+        b.insert(Arc::new(search::SearchFiles::new(cfg.search.clone())));
+        if cfg.http.enabled {
+            b.insert(Arc::new(http::HttpFetch::new(cfg.http.clone())));
+        }
+        if cfg.shell.enabled {
+            b.insert(Arc::new(shell::Shell::new(cfg.shell.clone())));
+        }
         b
     }
 
+    /// Adds (or replaces) a tool. A schema using keywords the validator does not know is
+    /// logged: those keywords would not be enforced.
     pub fn insert(&mut self, tool: Arc<dyn Tool>) {
+        if let Err(e) = schema::check_schema(&tool.parameters()) {
+            tracing::warn!(tool = tool.name(), error = %e, "tool schema is only partly enforced");
+        }
         self.tools.insert(tool.name().to_string(), tool);
     }
 
@@ -113,6 +143,11 @@ impl ToolBox {
         })
     }
 
+    /// Every tool's spec, by name.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.keys().filter_map(|n| self.spec(n)).collect()
+    }
+
     pub fn idempotent(&self, name: &str) -> bool {
         self.tools.get(name).is_some_and(|t| t.idempotent())
     }
@@ -121,23 +156,47 @@ impl ToolBox {
         self.tools.get(name).is_some_and(|t| t.parallel())
     }
 
-    /// Runs a tool with its timeout. Never panics and never fails: every problem is a
-    /// tool error the model reads.
+    /// Whether the tool asks a person first (`shell` does).
+    pub fn requires_approval(&self, name: &str) -> bool {
+        self.tools.get(name).is_some_and(|t| t.requires_approval())
+    }
+
+    /// Checks the arguments against the tool's schema, then runs it with its timeout.
+    /// A panicking tool is a [`ToolError::Failed`], not a panic of the caller.
+    pub async fn try_run(&self, ctx: &ToolContext, name: &str, args: &Value) -> Result<String> {
+        let Some(tool) = self.tools.get(name) else {
+            return Err(ToolError::Refused(format!("unknown tool `{name}`")));
+        };
+        // A model that sends no arguments at all means "none".
+        let args = match args {
+            Value::Null => Value::Object(Default::default()),
+            a => a.clone(),
+        };
+        schema::validate(&tool.parameters(), &args)
+            .map_err(|errs| ToolError::InvalidArgs(errs.join("; ")))?;
+        let limit = tool.timeout();
+        let (tool, ctx) = (tool.clone(), ctx.clone());
+        let mut task = tokio::spawn(async move { tool.call(&ctx, args).await });
+        match tokio::time::timeout(limit, &mut task).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(join)) => Err(ToolError::Failed(if join.is_panic() {
+                "the tool crashed".into()
+            } else {
+                "the tool was cancelled".into()
+            })),
+            Err(_) => {
+                task.abort();
+                Err(ToolError::Timeout(limit))
+            }
+        }
+    }
+
+    /// Runs a tool like [`ToolBox::try_run`]. Never panics and never fails: every problem
+    /// is a tool error the model reads, prefixed with the tool's name.
     pub async fn run(&self, ctx: &ToolContext, name: &str, args: &Value) -> ToolOutcome {
         let started = Instant::now();
-        let Some(tool) = self.tools.get(name) else {
-            return ToolOutcome {
-                output: format!("unknown tool `{name}`"),
-                error: true,
-                ms: 0,
-            };
-        };
-        let limit = tool.timeout();
-        let result = match tokio::time::timeout(limit, tool.call(ctx, args.clone())).await {
-            Ok(r) => r,
-            Err(_) => Err(ToolError::Timeout(limit)),
-        };
-        let ms = started.elapsed().as_millis() as u64;
+        let result = self.try_run(ctx, name, args).await;
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         match result {
             Ok(output) => ToolOutcome {
                 output,

@@ -1,17 +1,44 @@
 //! Workspaces: the files a tree's agents read and write.
+//!
+//! A [`LocalWorkspace`] resolves every path inside a capability handle on its root
+//! directory (`cap-std`): each component is opened relative to the directory before it,
+//! `..` cannot climb above the root, and a symlink is followed only while it stays inside.
+//! The check and the open are one system call sequence on the already-open root, so a
+//! directory swapped for a symlink between a look and an open is still caught.
 
-use std::path::PathBuf;
+use std::collections::VecDeque;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 
 use crate::ToolError;
 
-/// One entry of a directory listing.
+/// One entry of a directory listing (or, from [`Workspace::walk`], a file named by its
+/// whole workspace path).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DirEntry {
     pub name: String,
     pub is_dir: bool,
     pub size: u64,
+}
+
+/// A piece of a file: the bytes asked for and the size of the whole file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilePart {
+    pub data: Vec<u8>,
+    pub size: u64,
+}
+
+/// The files under a directory, as far as a walk went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Walk {
+    /// Files by workspace path, sorted.
+    pub files: Vec<DirEntry>,
+    /// The walk stopped at its limit; more files exist.
+    pub truncated: bool,
 }
 
 /// A tree's files. Paths are relative, `/`-separated; implementations refuse any path
@@ -21,6 +48,98 @@ pub trait Workspace: Send + Sync {
     async fn read(&self, path: &str) -> Result<Vec<u8>, ToolError>;
     async fn write(&self, path: &str, data: &[u8]) -> Result<(), ToolError>;
     async fn list(&self, path: &str) -> Result<Vec<DirEntry>, ToolError>;
+
+    /// At most `max` bytes of a file from `offset` on, and the file's whole size. The
+    /// default reads the whole file; a backend that can read a range should.
+    async fn read_part(&self, path: &str, offset: u64, max: usize) -> Result<FilePart, ToolError> {
+        let data = self.read(path).await?;
+        let size = data.len() as u64;
+        let start = usize::try_from(offset.min(size)).unwrap_or(data.len());
+        let end = start.saturating_add(max).min(data.len());
+        Ok(FilePart {
+            data: data[start..end].to_vec(),
+            size,
+        })
+    }
+
+    /// The files under `path`, recursively, at most `max_files` of them (shallower ones
+    /// first), each named by its workspace path. Built on [`Workspace::list`]; a
+    /// subdirectory that cannot be listed is skipped.
+    async fn walk(&self, path: &str, max_files: usize) -> Result<Walk, ToolError> {
+        let start = normalize(path)?;
+        let mut out = Walk::default();
+        let mut dirs = VecDeque::from([start]);
+        let mut first = true;
+        // Directories count against the limit too, so a deep empty tree ends.
+        let mut budget = max_files.saturating_mul(2).max(1);
+        while let Some(dir) = dirs.pop_front() {
+            let entries = match self.list(&dir).await {
+                Ok(e) => e,
+                Err(e) if first => return Err(e),
+                Err(_) => continue,
+            };
+            first = false;
+            for e in entries {
+                if out.files.len() >= max_files || budget == 0 {
+                    out.truncated = true;
+                    break;
+                }
+                budget -= 1;
+                let full = join(&dir, &e.name);
+                if e.is_dir {
+                    dirs.push_back(full);
+                } else {
+                    out.files.push(DirEntry { name: full, ..e });
+                }
+            }
+            if out.truncated {
+                break;
+            }
+        }
+        out.files.sort();
+        Ok(out)
+    }
+
+    /// The directory on this machine the workspace is, when it is one (for `shell`).
+    fn local_root(&self) -> Option<&Path> {
+        None
+    }
+}
+
+/// A workspace path in canonical form: no leading `/` (refused), no `.` or empty
+/// segments, no `..` (refused); `""` is the root.
+pub fn normalize(path: &str) -> Result<String, ToolError> {
+    if path.starts_with('/') || Path::new(path).is_absolute() {
+        return Err(ToolError::Refused(format!(
+            "`{path}`: absolute paths are refused; paths are relative to the workspace"
+        )));
+    }
+    if path.contains('\0') {
+        return Err(ToolError::Refused(format!(
+            "`{path}`: a path cannot hold NUL"
+        )));
+    }
+    let mut parts = vec![];
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                return Err(ToolError::Refused(format!(
+                    "`{path}`: `..` is refused; paths stay inside the workspace"
+                )))
+            }
+            s => parts.push(s),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
 }
 
 /// A local directory.
@@ -33,91 +152,213 @@ impl LocalWorkspace {
         Self { root: root.into() }
     }
 
-    pub fn root(&self) -> &std::path::Path {
+    pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Runs `op` on a blocking thread with the root opened as a capability and `path`
+    /// normalized; maps I/O errors to tool errors that name `path`.
+    async fn with_root<T, F>(&self, path: &str, op: F) -> Result<T, ToolError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Dir, &str) -> io::Result<T> + Send + 'static,
+    {
+        let rel = normalize(path)?;
+        let root = self.root.clone();
+        let shown = path.to_string();
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&root).map_err(|e| {
+                ToolError::Failed(format!("the workspace directory is not available: {e}"))
+            })?;
+            let dir = Dir::open_ambient_dir(&root, ambient_authority()).map_err(|e| {
+                ToolError::Failed(format!("the workspace directory is not available: {e}"))
+            })?;
+            op(&dir, &rel).map_err(|e| io_error(&shown, e))
+        })
+        .await
+        .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?
     }
 }
 
-/// Resolves a relative workspace path under `root`, refusing absolute paths, `..`, and
-/// anything whose resolved location (symlinks followed) leaves the root.
-fn resolve(root: &std::path::Path, path: &str) -> Result<PathBuf, ToolError> {
-    let p = std::path::Path::new(path);
-    if p.is_absolute() {
-        return Err(ToolError::Refused(format!(
-            "`{path}`: absolute paths are refused"
-        )));
-    }
-    if p.components()
-        .any(|c| matches!(c, std::path::Component::ParentDir))
-    {
-        return Err(ToolError::Refused(format!("`{path}`: `..` is refused")));
-    }
-    let full = root.join(p);
-    let root_real = root
-        .canonicalize()
-        .map_err(|e| ToolError::Failed(e.to_string()))?;
-    // The deepest existing ancestor must resolve inside the root.
-    let mut probe = full.clone();
-    while !probe.exists() {
-        if !probe.pop() {
-            break;
+/// The tool error for an I/O error on `path`.
+fn io_error(path: &str, e: io::Error) -> ToolError {
+    match e.kind() {
+        // cap-std reports an attempt to resolve outside the root as PermissionDenied
+        // without an OS error code; a real EACCES carries one.
+        io::ErrorKind::PermissionDenied if e.raw_os_error().is_none() => ToolError::Refused(
+            format!("`{path}` leaves the workspace (through a symlink pointing outside it)"),
+        ),
+        io::ErrorKind::NotFound => {
+            ToolError::Failed(format!("`{path}`: no such file or directory"))
         }
+        _ => ToolError::Failed(format!("`{path}`: {e}")),
     }
-    let real = probe
-        .canonicalize()
-        .map_err(|e| ToolError::Failed(e.to_string()))?;
-    if !real.starts_with(&root_real) {
-        return Err(ToolError::Refused(format!("`{path}` leaves the workspace")));
+}
+
+fn not_a_file(is_dir: bool) -> io::Error {
+    io::Error::other(if is_dir {
+        "is a directory"
+    } else {
+        "is not a regular file"
+    })
+}
+
+/// Opens a regular file for reading inside `dir`. Non-blocking, so a FIFO cannot hang
+/// the call; anything but a regular file is refused after the open.
+fn open_for_read(dir: &Dir, rel: &str) -> io::Result<cap_std::fs::File> {
+    if rel.is_empty() {
+        return Err(not_a_file(true));
     }
-    Ok(full)
+    let mut opts = OpenOptions::new();
+    opts.read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+    let f = dir.open_with(rel, &opts)?;
+    let md = f.metadata()?;
+    if !md.is_file() {
+        return Err(not_a_file(md.is_dir()));
+    }
+    Ok(f)
+}
+
+fn read_range(dir: &Dir, rel: &str, offset: u64, max: u64) -> io::Result<FilePart> {
+    let mut f = open_for_read(dir, rel)?;
+    let size = f.metadata()?.len();
+    f.seek(SeekFrom::Start(offset))?;
+    let mut data = vec![];
+    f.take(max).read_to_end(&mut data)?;
+    Ok(FilePart { data, size })
+}
+
+/// Stat of `rel` following symlinks that stay inside; `None` when it cannot be had.
+fn followed(dir: &Dir, rel: &str) -> Option<cap_std::fs::Metadata> {
+    dir.metadata(rel).ok()
 }
 
 #[async_trait]
 impl Workspace for LocalWorkspace {
     async fn read(&self, path: &str) -> Result<Vec<u8>, ToolError> {
-        std::fs::create_dir_all(&self.root).map_err(|e| ToolError::Failed(e.to_string()))?;
-        let p = resolve(&self.root, path)?;
-        tokio::fs::read(&p)
+        self.with_root(path, |dir, rel| {
+            read_range(dir, rel, 0, u64::MAX).map(|p| p.data)
+        })
+        .await
+    }
+
+    async fn read_part(&self, path: &str, offset: u64, max: usize) -> Result<FilePart, ToolError> {
+        let max = u64::try_from(max).unwrap_or(u64::MAX);
+        self.with_root(path, move |dir, rel| read_range(dir, rel, offset, max))
             .await
-            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))
     }
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<(), ToolError> {
-        std::fs::create_dir_all(&self.root).map_err(|e| ToolError::Failed(e.to_string()))?;
-        let p = resolve(&self.root, path)?;
-        if let Some(parent) = p.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+        if normalize(path)?.is_empty() {
+            return Err(ToolError::Refused("a file needs a name".into()));
         }
-        tokio::fs::write(&p, data)
-            .await
-            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))
+        let data = data.to_vec();
+        self.with_root(path, move |dir, rel| {
+            if let Some((parent, _)) = rel.rsplit_once('/') {
+                // Opening first tells "leaves the workspace" apart from "missing".
+                match dir.open_dir(parent) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => dir.create_dir_all(parent)?,
+                    Err(e) => return Err(e),
+                }
+            }
+            let mut opts = OpenOptions::new();
+            opts.write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+            let mut f = dir.open_with(rel, &opts)?;
+            if !f.metadata()?.is_file() {
+                return Err(not_a_file(false));
+            }
+            f.write_all(&data)?;
+            f.flush()
+        })
+        .await
     }
 
     async fn list(&self, path: &str) -> Result<Vec<DirEntry>, ToolError> {
-        std::fs::create_dir_all(&self.root).map_err(|e| ToolError::Failed(e.to_string()))?;
-        let p = resolve(&self.root, path)?;
-        let mut rd = tokio::fs::read_dir(&p)
-            .await
-            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
-        let mut out = vec![];
-        while let Some(e) = rd
-            .next_entry()
-            .await
-            .map_err(|e| ToolError::Failed(e.to_string()))?
-        {
-            let md = e
-                .metadata()
-                .await
-                .map_err(|e| ToolError::Failed(e.to_string()))?;
-            out.push(DirEntry {
-                name: e.file_name().to_string_lossy().into_owned(),
-                is_dir: md.is_dir(),
-                size: md.len(),
-            });
-        }
-        out.sort();
-        Ok(out)
+        self.with_root(path, |dir, rel| {
+            let entries = if rel.is_empty() {
+                dir.entries()?
+            } else {
+                dir.read_dir(rel)?
+            };
+            let mut out = vec![];
+            for e in entries {
+                let e = e?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                let ft = e.file_type()?;
+                // A symlink is shown as what it points to when that is inside.
+                let md = if ft.is_symlink() {
+                    followed(dir, &join(rel, &name))
+                } else {
+                    e.metadata().ok()
+                };
+                out.push(DirEntry {
+                    name,
+                    is_dir: md.as_ref().is_some_and(|m| m.is_dir()),
+                    size: md.as_ref().filter(|m| m.is_file()).map_or(0, |m| m.len()),
+                });
+            }
+            out.sort();
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Like the default walk, but directories reached through symlinks are not entered
+    /// (no loops), and symlinked files count only when they resolve inside.
+    async fn walk(&self, path: &str, max_files: usize) -> Result<Walk, ToolError> {
+        self.with_root(path, move |dir, rel| {
+            let mut out = Walk::default();
+            let mut dirs = VecDeque::from([rel.to_string()]);
+            let mut first = true;
+            let mut budget = max_files.saturating_mul(2).max(1);
+            'dirs: while let Some(d) = dirs.pop_front() {
+                let entries = match if d.is_empty() {
+                    dir.entries()
+                } else {
+                    dir.read_dir(&d)
+                } {
+                    Ok(e) => e,
+                    Err(e) if first => return Err(e),
+                    Err(_) => continue,
+                };
+                first = false;
+                let mut names = vec![];
+                for e in entries.flatten() {
+                    if let Ok(ft) = e.file_type() {
+                        names.push((e.file_name().to_string_lossy().into_owned(), ft));
+                    }
+                }
+                names.sort_by(|a, b| a.0.cmp(&b.0));
+                for (name, ft) in names {
+                    if out.files.len() >= max_files || budget == 0 {
+                        out.truncated = true;
+                        break 'dirs;
+                    }
+                    budget -= 1;
+                    let full = join(&d, &name);
+                    if ft.is_dir() {
+                        dirs.push_back(full);
+                    } else if let Some(md) = followed(dir, &full).filter(|m| m.is_file()) {
+                        out.files.push(DirEntry {
+                            name: full,
+                            is_dir: false,
+                            size: md.len(),
+                        });
+                    }
+                }
+            }
+            out.files.sort();
+            Ok(out)
+        })
+        .await
+    }
+
+    fn local_root(&self) -> Option<&Path> {
+        Some(&self.root)
     }
 }

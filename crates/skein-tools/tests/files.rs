@@ -1,0 +1,391 @@
+//! The workspace file tools on a real directory: what works, and every way out refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::{builtin, ctx_for, err, ok, MemoryWorkspace, Sandbox};
+use serde_json::json;
+use skein_tools::{FilesConfig, LocalWorkspace, ToolBox, ToolError, ToolsConfig, Workspace};
+
+fn refused(e: &ToolError) -> &str {
+    match e {
+        ToolError::Refused(m) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn write_read_and_list_round_trip() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    let out = ok(
+        &tb,
+        &s.ctx,
+        "write_file",
+        json!({"path": "notes/a/b.txt", "content": "hello\n"}),
+    )
+    .await;
+    assert_eq!(out, "wrote 6 bytes to notes/a/b.txt");
+    assert_eq!(
+        std::fs::read_to_string(s.root().join("notes/a/b.txt")).unwrap(),
+        "hello\n"
+    );
+    assert_eq!(
+        ok(&tb, &s.ctx, "read_file", json!({"path": "notes/a/b.txt"})).await,
+        "hello\n"
+    );
+    assert_eq!(
+        ok(&tb, &s.ctx, "list_dir", json!({"path": "notes"})).await,
+        "a/"
+    );
+    assert_eq!(
+        ok(&tb, &s.ctx, "list_dir", json!({"path": "notes/a"})).await,
+        "b.txt (6 bytes)"
+    );
+    // The root, by "." or by leaving the path out.
+    assert_eq!(
+        ok(&tb, &s.ctx, "list_dir", json!({"path": "."})).await,
+        "notes/"
+    );
+    assert_eq!(ok(&tb, &s.ctx, "list_dir", json!({})).await, "notes/");
+}
+
+#[tokio::test]
+async fn parent_dir_is_refused_everywhere() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    for (tool, args) in [
+        ("read_file", json!({"path": "../outside/secret.txt"})),
+        ("read_file", json!({"path": "a/../../outside/secret.txt"})),
+        (
+            "write_file",
+            json!({"path": "../outside/new.txt", "content": "x"}),
+        ),
+        ("list_dir", json!({"path": ".."})),
+    ] {
+        let e = err(&tb, &s.ctx, tool, args.clone()).await;
+        assert!(
+            refused(&e).contains("`..` is refused"),
+            "{tool} {args}: {e}"
+        );
+    }
+    assert!(!s.outside().join("new.txt").exists());
+}
+
+#[tokio::test]
+async fn absolute_paths_are_refused() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    let secret = s.outside().join("secret.txt");
+    let e = err(
+        &tb,
+        &s.ctx,
+        "read_file",
+        json!({"path": secret.to_str().unwrap()}),
+    )
+    .await;
+    assert!(refused(&e).contains("absolute paths are refused"), "{e}");
+    let e = err(
+        &tb,
+        &s.ctx,
+        "write_file",
+        json!({"path": "/tmp/skein-abs.txt", "content": "x"}),
+    )
+    .await;
+    assert!(refused(&e).contains("absolute"), "{e}");
+    let e = err(&tb, &s.ctx, "list_dir", json!({"path": "/etc"})).await;
+    assert!(refused(&e).contains("absolute"), "{e}");
+}
+
+#[tokio::test]
+async fn a_symlinked_file_pointing_outside_is_refused() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    symlink(s.outside().join("secret.txt"), s.root().join("link.txt")).unwrap();
+    let e = err(&tb, &s.ctx, "read_file", json!({"path": "link.txt"})).await;
+    assert!(refused(&e).contains("leaves the workspace"), "{e}");
+    let e = err(
+        &tb,
+        &s.ctx,
+        "write_file",
+        json!({"path": "link.txt", "content": "overwritten"}),
+    )
+    .await;
+    assert!(refused(&e).contains("leaves the workspace"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(s.outside().join("secret.txt")).unwrap(),
+        "SECRET"
+    );
+    // A relative symlink climbing out is refused the same way.
+    symlink("../outside/secret.txt", s.root().join("rel.txt")).unwrap();
+    let e = err(&tb, &s.ctx, "read_file", json!({"path": "rel.txt"})).await;
+    assert!(refused(&e).contains("leaves the workspace"), "{e}");
+}
+
+#[tokio::test]
+async fn a_symlinked_directory_pointing_outside_is_refused() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    symlink(s.outside(), s.root().join("out")).unwrap();
+    let e = err(&tb, &s.ctx, "read_file", json!({"path": "out/secret.txt"})).await;
+    assert!(refused(&e).contains("leaves the workspace"), "{e}");
+    let e = err(&tb, &s.ctx, "list_dir", json!({"path": "out"})).await;
+    assert!(refused(&e).contains("leaves the workspace"), "{e}");
+    let e = err(
+        &tb,
+        &s.ctx,
+        "write_file",
+        json!({"path": "out/planted.txt", "content": "x"}),
+    )
+    .await;
+    assert!(refused(&e).contains("leaves the workspace"), "{e}");
+    let e = err(
+        &tb,
+        &s.ctx,
+        "write_file",
+        json!({"path": "out/deeper/planted.txt", "content": "x"}),
+    )
+    .await;
+    assert!(matches!(e, ToolError::Refused(_)), "{e:?}");
+    assert!(!s.outside().join("planted.txt").exists());
+    assert!(!s.outside().join("deeper").exists());
+}
+
+#[tokio::test]
+async fn symlinks_that_stay_inside_are_followed() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    std::fs::create_dir_all(s.root().join("real")).unwrap();
+    std::fs::write(s.root().join("real/data.txt"), "inside").unwrap();
+    symlink("real", s.root().join("alias")).unwrap();
+    assert_eq!(
+        ok(&tb, &s.ctx, "read_file", json!({"path": "alias/data.txt"})).await,
+        "inside"
+    );
+    let listing = ok(&tb, &s.ctx, "list_dir", json!({"path": ""})).await;
+    assert_eq!(listing, "alias/\nreal/");
+}
+
+/// The hardening against a check-then-open race: a directory that was fine a moment ago
+/// is replaced by a symlink to outside; the next open resolves afresh and refuses it.
+#[tokio::test]
+async fn a_directory_swapped_for_a_symlink_is_refused_at_open_time() {
+    let s = Sandbox::new();
+    let ws = LocalWorkspace::new(s.root());
+    ws.write("sub/secret.txt", b"inside").await.unwrap();
+    assert_eq!(ws.read("sub/secret.txt").await.unwrap(), b"inside");
+    // Swap: the directory goes, a symlink to outside (holding a file of the same name) comes.
+    std::fs::remove_dir_all(s.root().join("sub")).unwrap();
+    symlink(s.outside(), s.root().join("sub")).unwrap();
+    let e = ws.read("sub/secret.txt").await.unwrap_err();
+    assert!(refused(&e).contains("leaves the workspace"), "{e}");
+    let e = ws.write("sub/secret.txt", b"clobbered").await.unwrap_err();
+    assert!(matches!(e, ToolError::Refused(_)), "{e:?}");
+    let e = ws.read_part("sub/secret.txt", 0, 10).await.unwrap_err();
+    assert!(matches!(e, ToolError::Refused(_)), "{e:?}");
+    assert_eq!(
+        std::fs::read_to_string(s.outside().join("secret.txt")).unwrap(),
+        "SECRET"
+    );
+}
+
+/// The same swap done over and over while reads run: no read may ever return the
+/// outside file, whatever the interleaving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_racing_a_symlink_swap_never_see_outside() {
+    let s = Sandbox::new();
+    let root = s.root();
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::write(root.join("sub/secret.txt"), "inside").unwrap();
+    let stash = s.dir.path().join("stash");
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (root, outside, stop) = (root.clone(), s.outside(), stop.clone());
+        std::thread::spawn(move || {
+            let mut swaps = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                std::fs::rename(root.join("sub"), &stash).unwrap();
+                symlink(&outside, root.join("sub")).unwrap();
+                std::thread::yield_now();
+                std::fs::remove_file(root.join("sub")).unwrap();
+                std::fs::rename(&stash, root.join("sub")).unwrap();
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let ws = LocalWorkspace::new(root.clone());
+    let (mut inside, mut refused_or_missing) = (0u32, 0u32);
+    for _ in 0..1500 {
+        match ws.read("sub/secret.txt").await {
+            Ok(data) => {
+                assert_eq!(data, b"inside", "a read escaped the workspace");
+                inside += 1;
+            }
+            Err(_) => refused_or_missing += 1,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 0, "the swapper never ran");
+    assert_eq!(inside + refused_or_missing, 1500);
+    assert_eq!(
+        std::fs::read_to_string(s.outside().join("secret.txt")).unwrap(),
+        "SECRET"
+    );
+}
+
+#[tokio::test]
+async fn a_long_file_is_cut_with_a_note_and_read_on_by_offset() {
+    let s = Sandbox::new();
+    let cfg = ToolsConfig {
+        files: FilesConfig {
+            max_read_bytes: 10,
+            ..FilesConfig::default()
+        },
+        ..ToolsConfig::default()
+    };
+    let tb = ToolBox::builtin(&cfg);
+    std::fs::write(s.root().join("long.txt"), "0123456789abcdefghij-end").unwrap();
+    let first = ok(&tb, &s.ctx, "read_file", json!({"path": "long.txt"})).await;
+    assert!(first.starts_with("0123456789\n… [truncated"), "{first}");
+    assert!(first.contains("bytes 0..10 of 24"), "{first}");
+    assert!(first.contains("offset 10"), "{first}");
+    let second = ok(
+        &tb,
+        &s.ctx,
+        "read_file",
+        json!({"path": "long.txt", "offset": 10}),
+    )
+    .await;
+    assert!(second.starts_with("abcdefghij\n"), "{second}");
+    let last = ok(
+        &tb,
+        &s.ctx,
+        "read_file",
+        json!({"path": "long.txt", "offset": 20}),
+    )
+    .await;
+    assert_eq!(last, "-end");
+    let e = err(
+        &tb,
+        &s.ctx,
+        "read_file",
+        json!({"path": "long.txt", "offset": 99}),
+    )
+    .await;
+    assert!(e.to_string().contains("past the end"), "{e}");
+}
+
+#[tokio::test]
+async fn a_cut_never_splits_a_character() {
+    let s = Sandbox::new();
+    let cfg = ToolsConfig {
+        files: FilesConfig {
+            max_read_bytes: 4,
+            ..FilesConfig::default()
+        },
+        ..ToolsConfig::default()
+    };
+    let tb = ToolBox::builtin(&cfg);
+    std::fs::write(s.root().join("u.txt"), "abcé and more").unwrap(); // é is bytes 3..5
+    let out = ok(&tb, &s.ctx, "read_file", json!({"path": "u.txt"})).await;
+    assert!(out.starts_with("abc\n"), "{out:?}");
+    assert!(out.contains("offset 3"), "{out}");
+}
+
+#[tokio::test]
+async fn writes_over_the_cap_are_refused() {
+    let s = Sandbox::new();
+    let cfg = ToolsConfig {
+        files: FilesConfig {
+            max_write_bytes: 5,
+            ..FilesConfig::default()
+        },
+        ..ToolsConfig::default()
+    };
+    let tb = ToolBox::builtin(&cfg);
+    let e = err(
+        &tb,
+        &s.ctx,
+        "write_file",
+        json!({"path": "big.txt", "content": "123456"}),
+    )
+    .await;
+    assert!(refused(&e).contains("at most 5"), "{e}");
+    assert!(!s.root().join("big.txt").exists());
+    ok(
+        &tb,
+        &s.ctx,
+        "write_file",
+        json!({"path": "small.txt", "content": "12345"}),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn reading_a_directory_or_a_missing_file_is_a_clear_error() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    std::fs::create_dir_all(s.root().join("d")).unwrap();
+    let e = err(&tb, &s.ctx, "read_file", json!({"path": "d"})).await;
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    let e = err(&tb, &s.ctx, "read_file", json!({"path": "nope.txt"})).await;
+    assert!(e.to_string().contains("no such file"), "{e}");
+}
+
+#[tokio::test]
+async fn long_listings_are_capped() {
+    let s = Sandbox::new();
+    for i in 0..5 {
+        std::fs::write(s.root().join(format!("f{i}")), "x").unwrap();
+    }
+    let cfg = ToolsConfig {
+        files: FilesConfig {
+            max_list_entries: 3,
+            ..FilesConfig::default()
+        },
+        ..ToolsConfig::default()
+    };
+    let out = ok(
+        &ToolBox::builtin(&cfg),
+        &s.ctx,
+        "list_dir",
+        json!({"path": ""}),
+    )
+    .await;
+    assert_eq!(out.lines().count(), 4, "{out}");
+    assert!(
+        out.ends_with("… [2 more entries not shown; 5 in all]"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn the_file_tools_work_on_any_workspace_backend() {
+    let mem = Arc::new(MemoryWorkspace::default());
+    let ctx = ctx_for(mem.clone());
+    let tb = builtin();
+    ok(
+        &tb,
+        &ctx,
+        "write_file",
+        json!({"path": "a/b.txt", "content": "from memory"}),
+    )
+    .await;
+    assert_eq!(
+        ok(&tb, &ctx, "read_file", json!({"path": "a/b.txt"})).await,
+        "from memory"
+    );
+    assert_eq!(
+        ok(&tb, &ctx, "list_dir", json!({"path": "a"})).await,
+        "b.txt (11 bytes)"
+    );
+    let e = err(&tb, &ctx, "read_file", json!({"path": "../x"})).await;
+    assert!(matches!(e, ToolError::Refused(_)), "{e:?}");
+    assert!(mem.local_root().is_none());
+}
