@@ -23,9 +23,17 @@ impl Drop for Workers {
 }
 
 fn worker(sb: &Sandbox, url: &str, name: &str) -> Child {
+    worker_of(sb, url, name, &[])
+}
+
+/// A worker process taking jobs of `pools` (every pool when empty).
+fn worker_of(sb: &Sandbox, url: &str, name: &str, pools: &[&str]) -> Child {
     let mut c = skein(&sb.config(), &sb.data());
-    c.args(["--nats", url, "worker", "--concurrency", "16"])
-        .env("SKEIN_TOKEN_SECRET", SECRET)
+    c.args(["--nats", url, "worker", "--concurrency", "16"]);
+    if !pools.is_empty() {
+        c.args(["--pools", &pools.join(",")]);
+    }
+    c.env("SKEIN_TOKEN_SECRET", SECRET)
         .env("SKEIN__RUNTIME__WORKER_ID", name)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -227,6 +235,79 @@ turns:
     let t = wait_status(&sb, &url, "sf-fork", "completed");
     assert_eq!(t["sessions"][0]["answer"], "forked with 8 results");
     let out = cli(&sb, &url, &["replay", "sf-fork", "--verify", "--tree"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn a_file_a_child_writes_on_one_worker_is_read_by_its_parent_on_another() {
+    let sb = Sandbox::new();
+    // Writing needs no approval here; the pools pin each agent to one worker.
+    let mut cfg = std::fs::read_to_string(sb.config()).unwrap();
+    cfg.push_str("\n[limits]\napproval_required = [\"shell\"]\n");
+    std::fs::write(sb.config(), cfg).unwrap();
+    sb.agent(
+        "boss",
+        "pool: alpha\nagents: [scribe]\ntools: [read_file, list_dir]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: scribe, mission: "write the findings down"}
+  - tool_calls:
+      - tool: list_dir
+        args: {path: notes}
+      - tool: read_file
+        args: {path: notes/findings.md}
+  - answer: "{{ results[1] }} | {{ results[0] }}"
+"#,
+    )
+    .agent(
+        "scribe",
+        "pool: beta\ntools: [write_file]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: write_file
+        args: {path: notes/findings.md, content: "written by {{ session }}"}
+  - answer: "saved"
+"#,
+    );
+    let server = NatsServer::start();
+    let url = server.url();
+    let _w = Workers(vec![
+        worker_of(&sb, &url, "wa", &["alpha"]),
+        worker_of(&sb, &url, "wb", &["beta"]),
+    ]);
+    raw_pub(
+        &url,
+        "skein.missions.submit",
+        r#"{"id": "ws-nats", "agent": "boss", "mission": "share a file"}"#,
+    );
+    let t = wait_status(&sb, &url, "ws-nats", "completed");
+    let answer = t["sessions"][0]["answer"].as_str().unwrap();
+    assert!(
+        answer.starts_with("written by ws-nats.scribe-1 | "),
+        "the parent did not read the child's file: {answer}"
+    );
+    assert!(answer.contains("findings.md"), "{answer}");
+
+    // Who ran what: the write on `wb`, the read on `wa`.
+    let workers_of = |id: &str, tool: &str| -> Vec<String> {
+        let out = cli(&sb, &url, &["events", id, "--json"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|e| e["kind"] == "ToolCalled" && e["body"]["data"]["tool"] == tool)
+            .map(|e| e["body"]["data"]["worker"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(workers_of("ws-nats.scribe-1", "write_file"), vec!["wb"]);
+    assert_eq!(workers_of("ws-nats", "read_file"), vec!["wa"]);
+    let out = cli(&sb, &url, &["replay", "ws-nats", "--verify", "--tree"]);
     assert!(
         out.status.success(),
         "{}",
