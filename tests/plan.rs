@@ -199,7 +199,7 @@ turns:
   - tool_calls:
       - tool: call_agent
         args: {agent: helper, mission: "work", owns_tasks: [mine]}
-  - answer: "{{ results[0].result }} | {{ all_results[1] }}"
+  - answer: "{{ results[0].result }} | {{ all_results[1] }} | result patch {{ results[0].patch.status }} v{{ results[0].patch.version }}"
 "#,
     )
     .agent(
@@ -222,7 +222,11 @@ turns:
         args:
           base_version: "{{ plan.version }}"
           ops: [{op: update, task_id: mine, fields: {status: BLOCKED, notes: "waiting"}}]
-  - answer: "{{ all_results[0].status }}/{{ all_results[0].code }}, {{ all_results[1].detail.kind }}, {{ all_results[2].status }}"
+  - answer: |
+      {{ all_results[0].status }}/{{ all_results[0].code }}, {{ all_results[1].detail.kind }}, {{ all_results[2].status }}
+      ```patch
+      {"base_version": {{ all_results[2].version }}, "ops": [{"op": "update", "task_id": "mine", "fields": {"notes": "closed by the answer"}}]}
+      ```
 "#,
     );
     let mut c = skein(&sb.config(), &sb.data());
@@ -240,11 +244,14 @@ turns:
         answer.contains("owns_tasks: no task `nope` in your plan"),
         "{answer}"
     );
+    // The patch in the child's final answer was merged when it settled.
+    assert!(answer.ends_with("| result patch accepted v3"), "{answer}");
     let root = out["session"].as_str().unwrap();
     let mut c = skein(&sb.config(), &sb.data());
     c.args(["plan", root, "--json"]);
     let plan = json_of(&run_ok(c));
-    assert_eq!(plan["version"], 2, "{plan}");
+    assert_eq!(plan["version"], 3, "{plan}");
+    assert_eq!(plan["tasks"][0]["notes"], "closed by the answer", "{plan}");
     let theirs = &plan["tasks"][1];
     assert_eq!(theirs["id"], "theirs");
     assert_eq!(theirs["status"], "PENDING", "untouched: {plan}");

@@ -765,6 +765,26 @@ pub fn verdict_json(verdict: &Result<u64, Rejection>) -> (serde_json::Value, boo
     }
 }
 
+/// The patch a sub-agent's final answer carries: a fenced block with the info string
+/// `patch` holding `{base_version, ops}`. None when the answer has no such block; the
+/// error says why a block could not be read.
+pub fn patch_in_answer(answer: &str) -> Option<Result<Patch, String>> {
+    let start = answer.find("```patch")?;
+    let body = &answer[start + "```patch".len()..];
+    let body = body.strip_prefix('\r').unwrap_or(body);
+    let Some(body) = body.strip_prefix('\n') else {
+        return Some(Err("the ```patch fence must end its line".into()));
+    };
+    let Some(end) = body.find("```") else {
+        return Some(Err("the ```patch block is not closed".into()));
+    };
+    Some(
+        serde_json::from_str::<serde_json::Value>(&body[..end])
+            .map_err(|e| format!("the patch block is not JSON: {e}"))
+            .and_then(|v| Patch::from_args(&v)),
+    )
+}
+
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -1120,6 +1140,21 @@ mod tests {
             &json!({"ops": [{"op": "update", "task_id": "t1", "fields": {"status": "DONE"}}]})
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_final_answer_may_carry_a_patch_block() {
+        let a = "Done.\n```patch\n{\"base_version\": 3, \"ops\": [{\"op\": \"update\", \"task_id\": \"t1\", \"fields\": {\"status\": \"COMPLETED\"}}]}\n```\n";
+        let p = patch_in_answer(a).expect("a block").expect("a patch");
+        assert_eq!(p.base_version, Some(3));
+        assert_eq!(p.ops.len(), 1);
+        assert!(patch_in_answer("no block here").is_none());
+        assert!(patch_in_answer("```patch\n{not json}\n```")
+            .expect("block")
+            .is_err());
+        assert!(patch_in_answer("```patch\n{\"ops\": []}")
+            .expect("block")
+            .is_err());
     }
 
     #[test]

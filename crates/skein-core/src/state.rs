@@ -161,6 +161,9 @@ pub struct SessionState {
     pub plan_verdicts: BTreeMap<String, Result<u64, crate::plan::Rejection>>,
 }
 
+/// What stands for the call of a patch carried by a child's final answer.
+pub const RESULT_PATCH: &str = "result";
+
 /// The key of a sub-agent's proposal in [`SessionState::plan_verdicts`].
 pub fn verdict_key(from: &str, call: &str) -> String {
     format!("{from}/{call}")
@@ -578,11 +581,11 @@ impl SessionState {
                         j["plan"] = Value::String(self.plan.render_markdown());
                         self.finish_slot(call, j.to_string(), error);
                     }
-                    (from, Some(call)) => {
+                    (from, call) => {
+                        let call = call.as_deref().unwrap_or(RESULT_PATCH);
                         self.plan_verdicts
                             .insert(verdict_key(from, call), Ok(p.version));
                     }
-                    _ => {}
                 }
             }
             Event::PatchRejected(p) => {
@@ -592,11 +595,11 @@ impl SessionState {
                         let (j, error) = crate::plan::verdict_json(&Err(p.reason.clone()));
                         self.finish_slot(call, j.to_string(), error);
                     }
-                    (from, Some(call)) => {
+                    (from, call) => {
+                        let call = call.as_deref().unwrap_or(RESULT_PATCH);
                         self.plan_verdicts
                             .insert(verdict_key(from, call), Err(p.reason.clone()));
                     }
-                    _ => {}
                 }
             }
             Event::ClarificationRequested(c) => {

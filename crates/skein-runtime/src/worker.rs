@@ -1289,6 +1289,8 @@ impl Runtime {
         candidates.dedup();
         let lasts = join_all(candidates.iter().map(|c| self.backend.log.last(c))).await;
         let mut events = vec![];
+        // Result patches of this batch merge one after the other.
+        let mut plan = f.state.plan.clone();
         for (child, last) in candidates.iter().zip(lasts) {
             let Some(calls) = outstanding.get(child) else {
                 continue;
@@ -1298,7 +1300,8 @@ impl Runtime {
                     Some(o) => Some(o),
                     None => self.needs_input(child).await?,
                 } {
-                    Some(outcome) => {
+                    Some(mut outcome) => {
+                        self.result_patch(f, child, &mut outcome, &mut plan, &mut events);
                         for call in calls {
                             events.push(Event::ChildSettled(ChildSettled {
                                 call: call.clone(),
@@ -1326,6 +1329,74 @@ impl Runtime {
         let n = events.len();
         self.append_all(f, events).await?;
         Ok(n)
+    }
+
+    /// A child handed tasks of this session's plan may end its answer with a ```patch
+    /// block: it is merged here, before the child's `ChildSettled`, and the verdict joins
+    /// the outcome the model is shown (`patch`). Recorded once: a verdict already in the
+    /// log is reused.
+    fn result_patch(
+        &self,
+        f: &Folded,
+        child: &SessionId,
+        outcome: &mut Outcome,
+        plan: &mut skein_core::plan::Plan,
+        events: &mut Vec<Event>,
+    ) {
+        use skein_core::event::{PatchApplied, PatchRejected};
+        use skein_core::plan::{verdict_json, Author, Rejection};
+        let Outcome::Completed { answer, patch, .. } = outcome else {
+            return;
+        };
+        let from = child.to_string();
+        if plan.owned_by(&from).is_empty() {
+            return;
+        }
+        let Some(read) = skein_core::plan::patch_in_answer(answer) else {
+            return;
+        };
+        let key = skein_core::state::verdict_key(&from, skein_core::state::RESULT_PATCH);
+        let verdict = match (f.state.plan_verdicts.get(&key), read) {
+            (Some(v), _) => v.clone(),
+            (None, Err(reason)) => Err(Rejection::Invalid { reason }),
+            (None, Ok(p)) => {
+                let agent = f
+                    .state
+                    .children
+                    .values()
+                    .find(|c| &c.child == child)
+                    .map(|c| c.agent.clone())
+                    .unwrap_or_default();
+                let author = Author::Delegate {
+                    session: &from,
+                    agent: &agent,
+                };
+                let v = plan.merge(author, &p, self.cfg.limits.plan_unlink);
+                let verdict = v.as_ref().map(|n| n.version).map_err(Clone::clone);
+                events.push(match &v {
+                    Ok(next) => Event::PatchApplied(PatchApplied {
+                        from: from.clone(),
+                        agent,
+                        call: None,
+                        base_version: p.base_version,
+                        ops: p.ops,
+                        version: next.version,
+                    }),
+                    Err(reason) => Event::PatchRejected(PatchRejected {
+                        from: from.clone(),
+                        agent,
+                        call: None,
+                        base_version: p.base_version,
+                        reason: reason.clone(),
+                    }),
+                });
+                if let Ok(next) = v {
+                    *plan = next;
+                }
+                verdict
+            }
+        };
+        *patch = Some(verdict_json(&verdict).0);
     }
 
     /// The outcome a parent is shown for a child paused on a question: the questions and a
