@@ -194,6 +194,20 @@ fn outcome_of(terminal: &Event) -> Option<Outcome> {
 }
 
 /// Parses `90s`, `15m`, `1h`, `2d` (or plain seconds).
+/// How long a failed step's job waits before it is delivered again. A write conflict
+/// clears as soon as the fold is reread; an unreachable backend (a node down, a leader
+/// election) backs off exponentially, so the deliveries that count towards `max_deliver`
+/// span an outage of tens of seconds instead of burning out in one second.
+pub fn retry_delay(e: &Error, attempt: u32) -> Duration {
+    match e {
+        Error::Conflict { .. } => Duration::from_millis(50 * u64::from(attempt.min(20))),
+        Error::Backend(_) => {
+            Duration::from_millis(500u64.saturating_mul(1 << attempt.saturating_sub(1).min(6)))
+        }
+        _ => Duration::from_secs(2),
+    }
+}
+
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
@@ -1509,11 +1523,7 @@ impl Runtime {
                 }
             }
             Err(e) => {
-                let delay = if e.is_retryable() {
-                    Duration::from_millis(100 * u64::from(job.attempt.min(20)))
-                } else {
-                    Duration::from_secs(2)
-                };
+                let delay = retry_delay(&e, job.attempt);
                 tracing::warn!(session = %job.session, attempt = job.attempt, error = %e,
                     "step failed; job will be delivered again");
                 if let Err(e) = self.backend.jobs.retry(&job, delay).await {
@@ -1599,5 +1609,26 @@ impl Runtime {
         let mut f = Folded::new(root.clone());
         f.absorb(&records)?;
         Ok(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outages_back_off_long_enough_to_outlast_a_leader_election() {
+        let down = Error::Backend("request timed out".into());
+        let waits: Vec<Duration> = (1..=5).map(|a| retry_delay(&down, a)).collect();
+        assert!(waits.windows(2).all(|w| w[1] == w[0] * 2), "{waits:?}");
+        // The five deliveries before a dead letter span well over ten seconds.
+        assert!(waits.iter().sum::<Duration>() >= Duration::from_secs(15));
+        let conflict = Error::Conflict {
+            session: "s".into(),
+            expected: 1,
+            actual: 2,
+        };
+        assert!(retry_delay(&conflict, 1) <= Duration::from_millis(100));
+        assert!(retry_delay(&down, 60) <= Duration::from_secs(40));
     }
 }
