@@ -9,8 +9,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use skein_core::{SessionId, Status};
+use skein_core::{AgentDef, AgentSet, SessionId, Status};
+use skein_llm::Registry;
 use skein_runtime::inspect::{summarize, tree_rows};
+use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Folded, Progress, Runtime, Submission};
 use tokio::sync::broadcast;
 
@@ -37,6 +39,10 @@ pub struct RunArgs {
     /// Jobs worked on at once (default from config).
     #[arg(long)]
     pub concurrency: Option<usize>,
+    /// Run every agent of the catalogue (and its `summarize` step) on this model instead
+    /// of the one its definition names, e.g. `local:qwen2.5:7b`.
+    #[arg(long, value_name = "PROVIDER:MODEL")]
+    pub model: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -50,13 +56,16 @@ pub struct ResumeArgs {
     pub id: String,
     #[arg(long)]
     pub concurrency: Option<usize>,
+    /// The `--model` the tree was started with, so the children it has yet to start
+    /// run on it too (sessions already started keep their recorded definitions).
+    #[arg(long, value_name = "PROVIDER:MODEL")]
+    pub model: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
 
 pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
-    let (store, backend) = app.open_embedded()?;
-    let rt = app.runtime(backend)?;
+    let (store, rt) = open_runtime(app, a.model.as_deref())?;
     let inputs = match &a.inputs {
         Some(s) => serde_json::from_str(s).context("--inputs must be a JSON object")?,
         None => serde_json::Value::Null,
@@ -81,9 +90,67 @@ pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
     code
 }
 
-pub async fn resume(app: &App, a: ResumeArgs) -> Result<ExitCode> {
+/// The embedded store and a runtime on it; with `model`, every agent runs on that model
+/// (see [`catalogue_on_model`]).
+fn open_runtime(app: &App, model: Option<&str>) -> Result<(Arc<SledStore>, Arc<Runtime>)> {
+    // Checked before the store is opened, so a mistyped model leaves nothing behind.
+    let on_model = match model {
+        Some(m) => {
+            let models = app.models()?;
+            Some((catalogue_on_model(&app.agents()?, &models, m)?, models))
+        }
+        None => None,
+    };
     let (store, backend) = app.open_embedded()?;
-    let rt = app.runtime(backend)?;
+    let rt = match on_model {
+        Some((agents, models)) => Runtime::new(
+            backend,
+            Arc::new(agents),
+            models,
+            app.tools()?,
+            app.runtime_config()?,
+        ),
+        None => app.runtime(backend)?,
+    };
+    Ok((store, rt))
+}
+
+/// `agents` with every definition's model (and `summarize` model, where one is named) set
+/// to `model`. The texts are rewritten, so the digests sessions record are those of the
+/// definitions that actually ran and `replay --verify` checks against them.
+pub fn catalogue_on_model(agents: &AgentSet, models: &Registry, model: &str) -> Result<AgentSet> {
+    let (provider, _) = skein_llm::split_model(model).map_err(|_| {
+        anyhow::anyhow!(
+            "--model `{model}` is not of the form `provider:model` (e.g. `local:qwen2.5:7b`)"
+        )
+    })?;
+    anyhow::ensure!(
+        models.has(provider),
+        "--model `{model}`: no model provider `{provider}`; configured: {} (add \
+         [models.providers.{provider}] to skein.toml)",
+        models.names().join(", ")
+    );
+    let mut files = Vec::with_capacity(agents.agents.len());
+    for (name, def) in &agents.agents {
+        let mut front = def.front.clone();
+        front.model = model.to_string();
+        if let Some(s) = &mut front.summarize {
+            if s.model.is_some() {
+                s.model = Some(model.to_string());
+            }
+        }
+        let origin = agents
+            .origins
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| name.clone());
+        files.push((origin, AgentDef::render(&front, &def.prompt)?));
+    }
+    AgentSet::load(&files, &[]).context("agent definitions rewritten for --model")
+}
+
+pub async fn resume(app: &App, a: ResumeArgs) -> Result<ExitCode> {
+    let (store, rt) = open_runtime(app, a.model.as_deref())?;
     let id = SessionId::parse(&a.id)?;
     if rt.backend.log.last(&id).await?.is_none() {
         anyhow::bail!("no session {id} in {}", app.global.data.display());
