@@ -163,6 +163,31 @@ async fn wait_all(urls: &str, replicas: usize, roots: &[SessionId], limit: Durat
     }
 }
 
+/// The checks of one log that need nothing but the log: the hash chain, no tool call
+/// recorded twice, one terminal event and it is `Completed`. Adds the workers that made
+/// its model calls to `workers`.
+fn check_log(s: &SessionId, recs: &[skein_core::Record], workers: &mut BTreeSet<String>) {
+    skein_core::event::verify_chain(s, recs).unwrap_or_else(|e| panic!("{s}: {e:?}"));
+    let mut calls = BTreeSet::new();
+    let mut terminal = 0;
+    for r in recs {
+        match &r.env.body {
+            Event::ToolCalled(t) => assert!(calls.insert(t.call.clone()), "{s}: {} twice", t.call),
+            Event::ModelCalled(m) => {
+                workers.insert(m.worker.clone());
+            }
+            e if e.is_terminal() => terminal += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(terminal, 1, "{s}");
+    assert!(
+        matches!(recs.last().unwrap().env.body, Event::Completed(_)),
+        "{s}: ends with {}",
+        recs.last().unwrap().env.body.kind()
+    );
+}
+
 /// Every tree completed; every log verifies (chain, decisions, one terminal event, no
 /// duplicated step). Returns the workers that made model calls.
 async fn audit(urls: &str, replicas: usize, roots: &[SessionId]) -> BTreeSet<String> {
@@ -172,12 +197,6 @@ async fn audit(urls: &str, replicas: usize, roots: &[SessionId]) -> BTreeSet<Str
     let agents = AgentSet::load(&files, &[]).unwrap();
     let mut workers = BTreeSet::new();
     for root in roots {
-        let last = b.log.last(root).await.unwrap().unwrap();
-        assert!(
-            matches!(last.env.body, Event::Completed(_)),
-            "{root}: {:?}",
-            last.env.body.kind()
-        );
         let verdicts = skein_runtime::replay::verify_tree(&b, root, &agents, &Limits::default())
             .await
             .unwrap();
@@ -186,52 +205,21 @@ async fn audit(urls: &str, replicas: usize, roots: &[SessionId]) -> BTreeSet<Str
             assert!(v.ok, "{}: {:?} at {:?}", v.session, v.problem, v.seq);
         }
         for s in b.log.tree(root).await.unwrap() {
-            let recs = b.log.read(&s, 1).await.unwrap();
-            let mut calls = BTreeSet::new();
-            let mut terminal = 0;
-            for r in &recs {
-                match &r.env.body {
-                    Event::ToolCalled(t) => {
-                        assert!(calls.insert(t.call.clone()), "{s}: {} twice", t.call)
-                    }
-                    Event::ModelCalled(m) => {
-                        workers.insert(m.worker.clone());
-                    }
-                    e if e.is_terminal() => terminal += 1,
-                    _ => {}
-                }
-            }
-            assert_eq!(terminal, 1, "{s}");
+            check_log(&s, &b.log.read(&s, 1).await.unwrap(), &mut workers);
         }
     }
     workers
 }
 
-/// Every log of every tree: chain intact, one terminal event (a `Completed` for roots),
-/// no tool call recorded twice. Reads only the logs.
+/// The checks of [`check_log`] on every log of every tree (no decision replay, which
+/// would read every definition blob right after a node loss).
 async fn chains(urls: &str, roots: &[SessionId]) {
     let st = store(urls, 3).await;
     let b = st.backend();
+    let mut workers = BTreeSet::new();
     for root in roots {
         for s in b.log.tree(root).await.unwrap() {
-            let recs = b.log.read(&s, 1).await.unwrap();
-            skein_core::event::verify_chain(&s, &recs).unwrap_or_else(|e| panic!("{s}: {e:?}"));
-            let mut calls = BTreeSet::new();
-            let mut terminal = 0;
-            for r in &recs {
-                match &r.env.body {
-                    Event::ToolCalled(t) => {
-                        assert!(calls.insert(t.call.clone()), "{s}: {} twice", t.call)
-                    }
-                    e if e.is_terminal() => terminal += 1,
-                    _ => {}
-                }
-            }
-            assert_eq!(terminal, 1, "{s}");
-            assert!(
-                matches!(recs.last().unwrap().env.body, Event::Completed(_)),
-                "{s}"
-            );
+            check_log(&s, &b.log.read(&s, 1).await.unwrap(), &mut workers);
         }
     }
 }
