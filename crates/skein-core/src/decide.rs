@@ -435,6 +435,15 @@ impl SessionState {
                 ),
             };
         }
+        if self.unreadable_turns >= limits.max_unreadable_turns.max(1) {
+            return Step::Fail {
+                error: format!(
+                    "the model's tool calls could not be read in {} turns in a row; the last: {}",
+                    self.unreadable_turns,
+                    self.last_unreadable.as_deref().unwrap_or("unknown")
+                ),
+            };
+        }
         let max_steps = def.front.limits.max_steps.unwrap_or(limits.max_steps);
         if self.steps >= max_steps {
             return Step::Fail {

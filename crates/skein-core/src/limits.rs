@@ -13,6 +13,9 @@ pub struct Limits {
     pub max_steps: u32,
     /// `call_agent` calls one model turn may make.
     pub max_children_per_turn: u32,
+    /// Model turns in a row whose tool calls could not be read (each is shown to the
+    /// model as a tool error) before the session fails with the reason.
+    pub max_unreadable_turns: u32,
     /// Tokens a whole tree may spend; none for no limit.
     pub max_tokens: Option<u64>,
     /// Tools that always wait for a person's approval (an agent may add more with
@@ -29,6 +32,7 @@ impl Default for Limits {
             max_depth: 3,
             max_steps: 24,
             max_children_per_turn: 16,
+            max_unreadable_turns: 3,
             max_tokens: None,
             approval_required: vec!["shell".into(), "write_file".into()],
             plan_unlink: crate::plan::UnlinkPolicy::Owner,

@@ -127,6 +127,10 @@ pub struct SessionState {
     pub last_model_error: Option<String>,
     /// The last model failure cannot succeed on a retry.
     pub model_failure_fatal: bool,
+    /// Model turns in a row whose every tool call could not be read (arguments that are
+    /// not JSON, or no readable call at all), and the reason of the last one.
+    pub unreadable_turns: u32,
+    pub last_unreadable: Option<String>,
     pub usage_own: Usage,
     /// Usage rolled up from settled children.
     pub usage_children: Usage,
@@ -182,6 +186,8 @@ impl Default for SessionState {
             model_failures: 0,
             last_model_error: None,
             model_failure_fatal: false,
+            unreadable_turns: 0,
+            last_unreadable: None,
             usage_own: Usage::default(),
             usage_children: Usage::default(),
             saved: Usage::default(),
@@ -377,6 +383,21 @@ impl SessionState {
                 self.last_model_error = None;
                 self.model_failure_fatal = false;
                 self.usage_own.add(&m.usage);
+                let unreadable: Vec<&str> = m
+                    .response
+                    .tool_calls
+                    .iter()
+                    .filter_map(|c| c.args.get("_error").and_then(serde_json::Value::as_str))
+                    .collect();
+                if !m.response.tool_calls.is_empty()
+                    && unreadable.len() == m.response.tool_calls.len()
+                {
+                    self.unreadable_turns += 1;
+                    self.last_unreadable = unreadable.last().map(|e| e.to_string());
+                } else {
+                    self.unreadable_turns = 0;
+                    self.last_unreadable = None;
+                }
                 self.transcript.push(Message::Assistant {
                     content: m.response.content.clone(),
                     tool_calls: m.response.tool_calls.clone(),

@@ -51,7 +51,11 @@ fn agents() -> AgentSet {
 
 fn random_call(rng: &mut Rng, k: usize) -> ToolCall {
     let id = format!("c{}_{k}", rng.next() % 100000);
-    let (name, args) = match rng.below(9) {
+    let (name, args) = match rng.below(10) {
+        9 => (
+            "read_file",
+            unreadable_args("{\"path\": x", "arguments are not valid JSON"),
+        ),
         8 => {
             let t = format!("t{}", rng.below(4));
             let u = format!("t{}", rng.below(4));
@@ -101,6 +105,11 @@ fn random_call(rng: &mut Rng, k: usize) -> ToolCall {
         name: name.into(),
         args,
     }
+}
+
+/// The arguments a provider records for a call it could not read (`{_raw, _error}`).
+fn unreadable_args(raw: &str, error: &str) -> serde_json::Value {
+    json!({"_raw": raw, "_error": error})
 }
 
 /// Drives a session with random outside facts; returns its log.
@@ -549,4 +558,132 @@ fn a_non_deterministic_next_is_caught_with_the_diverging_seq() {
         .seq;
     assert_eq!(err.seq, second_call);
     assert_eq!(err.expected, "call_model");
+}
+
+/// Given a session whose model keeps sending tool calls that cannot be read, when each is
+/// refused with a tool error, then after `max_unreadable_turns` such turns in a row the
+/// session fails with the reason; a readable turn in between starts the count again.
+#[test]
+fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
+    let set = agents();
+    let def = set.get("boss").expect("boss").clone();
+    let limits = Limits::default();
+    assert_eq!(limits.max_unreadable_turns, 3);
+    let id = SessionId::root("unreadable").expect("id");
+    let mut log: Vec<Envelope> = vec![];
+    let mut state = SessionState::default();
+    let mut push = |body: Event, state: &mut SessionState| {
+        let seq = log.len() as u64 + 1;
+        let prev = log
+            .last()
+            .map(|e| skein_core::event::record_hash(&e.encode().expect("encode")))
+            .unwrap_or_else(|| genesis_hash(&id));
+        let env = Envelope::new(id.clone(), seq, seq, prev, body);
+        state.apply(&env);
+        log.push(env);
+    };
+    push(
+        Event::Submitted(Submitted {
+            agent: "boss".into(),
+            def_digest: def.digest.clone(),
+            mission: "m".into(),
+            context: None,
+            inputs: serde_json::Value::Null,
+            mission_hash: "h".into(),
+            parent: None,
+            depth: 0,
+            budget: Budget::default(),
+            trace: None,
+            ancestry: vec![],
+            no_cache: false,
+            forked_from: None,
+            pool: None,
+            plan: None,
+        }),
+        &mut state,
+    );
+    // One model turn with the given calls, then whatever `next` decides for them.
+    let mut turn = |n: usize, args: serde_json::Value, state: &mut SessionState| -> Step {
+        assert!(matches!(state.next(&def, &limits, &set), Step::CallModel { .. }));
+        let call = ToolCall {
+            id: format!("c{n}"),
+            name: "list_dir".into(),
+            args,
+        };
+        push(
+            Event::ModelCalled(ModelCalled {
+                model: "scripted:boss".into(),
+                request_digest: "d".into(),
+                response: ModelResponse {
+                    content: None,
+                    tool_calls: vec![call],
+                    finish_reason: None,
+                },
+                usage: Usage::default(),
+                latency_ms: 1,
+                worker: "w".into(),
+            }),
+            state,
+        );
+        let step = state.next(&def, &limits, &set);
+        let body = match &step {
+            Step::Refuse(rs) => ToolReturned {
+                call: rs[0].call.clone(),
+                output: rs[0].error.clone(),
+                error: true,
+                ms: 0,
+                blob: None,
+            },
+            Step::RunTools(rs) => {
+                let called = ToolCalled {
+                    call: rs[0].call.clone(),
+                    tool: rs[0].tool.clone(),
+                    args: rs[0].args.clone(),
+                    worker: "w".into(),
+                };
+                push(Event::ToolCalled(called), state);
+                ToolReturned {
+                    call: rs[0].call.clone(),
+                    output: "a.txt".into(),
+                    error: false,
+                    ms: 1,
+                    blob: None,
+                }
+            }
+            other => panic!("turn {n}: {other:?}"),
+        };
+        push(Event::ToolReturned(body), state);
+        step
+    };
+    let bad = || unreadable_args("{\"path\": .", "arguments are not valid JSON");
+    // Two unreadable turns: each refused with the reason, quoting what was sent.
+    for n in 0..2 {
+        match turn(n, bad(), &mut state) {
+            Step::Refuse(rs) => {
+                assert!(rs[0].error.contains("could not be read"), "{}", rs[0].error);
+                assert!(rs[0].error.contains("{\"path\": ."), "{}", rs[0].error);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // A readable turn resets the count.
+    assert!(matches!(
+        turn(2, json!({"path": "."}), &mut state),
+        Step::RunTools(_)
+    ));
+    assert_eq!(state.unreadable_turns, 0);
+    for n in 3..6 {
+        assert!(matches!(turn(n, bad(), &mut state), Step::Refuse(_)));
+    }
+    assert_eq!(state.unreadable_turns, 3);
+    match state.next(&def, &limits, &set) {
+        Step::Fail { error } => {
+            assert!(error.contains("3 turns in a row"), "{error}");
+            assert!(error.contains("arguments are not valid JSON"), "{error}");
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    drop(turn);
+    // The log re-derives every decision.
+    verify(&log, &def, &limits, &set).expect("the log replays");
 }
