@@ -25,6 +25,11 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "shell",
 ];
 
+/// Built-in tools whose every call waits for a person's approval, whatever `[limits]
+/// approval_required` or the agent says. Part of the decision rules, so a log replays the
+/// same way under any configuration.
+pub const ALWAYS_APPROVED: &[&str] = &["shell"];
+
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentLimits {

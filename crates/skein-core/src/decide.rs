@@ -340,7 +340,9 @@ impl Step {
         }
     }
 
-    fn describe(&self) -> String {
+    /// The step in a few words (`call_model(scripted:x)`, `run_tools(c1,c2)` …), for
+    /// divergence reports and dead-letter reasons.
+    pub fn describe(&self) -> String {
         match self {
             Step::CallModel { model, .. } => format!("call_model({model})"),
             Step::Refuse(rs) => format!(
@@ -706,7 +708,8 @@ impl SessionState {
                 }
                 continue;
             }
-            if def.front.requires_approval.contains(&call.name)
+            if crate::agent::ALWAYS_APPROVED.contains(&call.name.as_str())
+                || def.front.requires_approval.contains(&call.name)
                 || limits.approval_required.contains(&call.name)
             {
                 let mut preview = call.args.to_string();

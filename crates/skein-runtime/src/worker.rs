@@ -229,8 +229,14 @@ impl Runtime {
         agents: Arc<AgentSet>,
         models: Registry,
         tools: ToolBox,
-        cfg: RuntimeConfig,
+        mut cfg: RuntimeConfig,
     ) -> Arc<Self> {
+        // A tool that asks for a person's approval gets it whatever `[limits]` says.
+        for name in tools.names() {
+            if tools.requires_approval(&name) && !cfg.limits.approval_required.contains(&name) {
+                cfg.limits.approval_required.push(name);
+            }
+        }
         let (progress, _) = broadcast::channel(4096);
         Arc::new(Self {
             backend,
@@ -480,12 +486,24 @@ impl Runtime {
             return Ok(());
         }
         if !f.state.status.is_terminal() && job.attempt > self.cfg.max_deliver {
-            let error = format!(
+            // What the deliveries kept failing at, from the log: the step due next, and the
+            // last model error when model calls failed.
+            let due = match self.def_for(&f.state).await {
+                Ok(def) => f
+                    .state
+                    .next(&def, &self.cfg.limits, &*self.agents)
+                    .describe(),
+                Err(e) => format!("none: its definition cannot be read ({e})"),
+            };
+            let mut error = format!(
                 "dead-lettered: the job of this session was delivered {} times without \
-                 finishing (max_deliver {})",
+                 finishing (max_deliver {}); the step it could not get past: {due}",
                 job.attempt - 1,
                 self.cfg.max_deliver
             );
+            if let Some(m) = &f.state.last_model_error {
+                error.push_str(&format!("; the last model error: {m}"));
+            }
             let usage_total = f.state.usage_total();
             let steps = f.state.steps;
             self.append(
@@ -1232,13 +1250,24 @@ impl Runtime {
         };
         let (output, blob) = if out.output.len() > self.cfg.blob_threshold {
             let hash = self.backend.blobs.put(out.output.as_bytes()).await?;
-            let mut cut = self.cfg.blob_threshold.min(4096);
+            let mut cut = self.cfg.blob_threshold;
             while !out.output.is_char_boundary(cut) {
                 cut -= 1;
             }
+            // A file read as text maps shown bytes to file bytes one to one, unless invalid
+            // bytes were replaced: then only the way on is named, not the number.
+            let shown = &out.output[..cut];
+            let read_on = if r.tool != "read_file" || out.error {
+                String::new()
+            } else if shown.contains('\u{FFFD}') {
+                "; read_file reads on from a later `offset`".to_string()
+            } else {
+                let from = r.args.get("offset").and_then(Value::as_u64).unwrap_or(0);
+                format!("; read on with offset {}", from.saturating_add(cut as u64))
+            };
             let preview = format!(
-                "{}\n… [{} bytes in all; stored as blob {hash}]",
-                &out.output[..cut],
+                "{shown}\n… [{} bytes in all, only the first {cut} shown here; the rest is not \
+                 shown (stored as blob {hash}){read_on}]",
                 out.output.len()
             );
             (
@@ -1518,6 +1547,15 @@ impl Runtime {
     async fn handle(&self, job: Job) {
         match self.process(&job).await {
             Ok(()) => {
+                if let Err(e) = self.backend.jobs.ack(&job).await {
+                    tracing::warn!(session = %job.session, error = %e, "ack failed");
+                }
+            }
+            // A log that cannot be read or folded never gets better by retrying, and no
+            // failure can be appended to it: past max_deliver the job is dropped, loudly.
+            Err(e) if !e.is_retryable() && job.attempt > self.cfg.max_deliver => {
+                tracing::error!(session = %job.session, attempt = job.attempt, error = %e,
+                    "job dropped: its session cannot be processed; inspect its log with `skein replay --verify`");
                 if let Err(e) = self.backend.jobs.ack(&job).await {
                     tracing::warn!(session = %job.session, error = %e, "ack failed");
                 }

@@ -70,6 +70,12 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
         Event::Failed(f) => {
             assert!(f.error.contains("dead-lettered"), "{}", f.error);
             assert!(f.error.contains("delivered 3 times"), "{}", f.error);
+            assert!(
+                f.error
+                    .contains("the step it could not get past: call_model(scripted:solo)"),
+                "{}",
+                f.error
+            );
         }
         other => panic!("expected Failed, got {}", other.kind()),
     }

@@ -103,6 +103,8 @@ impl ToolBox {
 
     /// The built-in tools `cfg` enables: the workspace file tools always, `http_fetch`
     /// unless `tools.http.enabled = false`, `shell` only with `tools.shell.enabled = true`.
+    /// Enabling `shell` also makes the whole process non-dumpable (Linux), so a command
+    /// run as the same user cannot read its `/proc/PID/environ` or memory.
     pub fn builtin(cfg: &ToolsConfig) -> Self {
         let mut b = Self::new();
         b.insert(Arc::new(files::ListDir::new(cfg.files.clone())));
@@ -113,6 +115,15 @@ impl ToolBox {
             b.insert(Arc::new(http::HttpFetch::new(cfg.http.clone())));
         }
         if cfg.shell.enabled {
+            // A command runs as this process's user: keep it from reading this process's
+            // environment and memory through /proc.
+            if let Err(e) = shell::forbid_same_user_inspection() {
+                tracing::warn!(
+                    error = %e,
+                    "shell is enabled but this process could not be made non-dumpable; \
+                     a command may read its environment through /proc"
+                );
+            }
             b.insert(Arc::new(shell::Shell::new(cfg.shell.clone())));
         }
         b

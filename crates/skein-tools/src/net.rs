@@ -21,7 +21,8 @@ pub fn blocked_reason(ip: IpAddr) -> Option<&'static str> {
 fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
     let [a, b, c, d] = ip.octets();
     Some(match (a, b, c, d) {
-        (169, 254, 169, 254) => METADATA,
+        // AWS, GCP, Azure, OpenStack, …; Alibaba Cloud's sits inside the CGNAT range.
+        (169, 254, 169, 254) | (100, 100, 100, 200) => METADATA,
         (0, ..) => "an unspecified address (0.0.0.0/8)",
         (127, ..) => "a loopback address",
         (10, ..) => "a private address (10.0.0.0/8)",
@@ -117,16 +118,34 @@ impl Guard {
             .any(|c| c.contains(ip) || mapped.is_some_and(|m| c.contains(m)))
     }
 
+    /// Whether an `allow_cidrs` entry is exactly `ip` (a bare address, or `/32`, `/128`).
+    fn cidr_names(&self, ip: IpAddr) -> bool {
+        let mapped = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4),
+            IpAddr::V4(_) => None,
+        };
+        self.allow_cidrs.iter().any(|c| {
+            c.0.prefix_len() == c.0.max_prefix_len()
+                && (c.0.addr() == ip || mapped.is_some_and(|m| c.0.addr() == m))
+        })
+    }
+
     /// Whether `ip`, reached under the name `host`, may be connected to; the reason when not.
     pub fn check_ip(&self, host: &str, ip: IpAddr) -> Result<(), &'static str> {
         let Some(reason) = blocked_reason(ip) else {
             return Ok(());
         };
-        if self.cidr_allowed(ip) {
-            return Ok(());
+        // The metadata service is opened only by an `allow_cidrs` entry naming its address:
+        // not by a host name, and not by a wider range that happens to hold it (allowing
+        // 100.64.0.0/10 or 169.254.0.0/16 must not hand out cloud credentials).
+        if reason == METADATA {
+            return if self.cidr_names(ip) {
+                Ok(())
+            } else {
+                Err(reason)
+            };
         }
-        // An allowed host name does not open the metadata service: only a CIDR entry does.
-        if reason != METADATA && self.host_allowed(host) {
+        if self.cidr_allowed(ip) || self.host_allowed(host) {
             return Ok(());
         }
         Err(reason)

@@ -1,6 +1,7 @@
 //! `shell`: `sh -c COMMAND` in the tree's local workspace directory. Off unless configured,
-//! every call approved by a person, a clean environment (nothing of the worker's leaks in),
-//! a time limit that kills the command's whole process group, and capped output.
+//! every call approved by a person, a clean environment (no variable of the worker's is
+//! passed on), a time limit that kills the command's whole process group, and capped
+//! output. It is not a sandbox: the command runs as the worker's user (see docs/tools.md).
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -22,6 +23,36 @@ pub const SHELL_PATH: &str = "/usr/bin:/bin";
 
 /// How long the output pipes are drained after the process group is gone.
 const DRAIN: Duration = Duration::from_secs(2);
+
+/// Makes this process non-dumpable: another process of the same user (a `shell` command
+/// among them) can then no longer open its `/proc/PID/environ`, `mem` or `fd`, nor attach
+/// to it. No help against root or holders of `CAP_SYS_PTRACE`. Commands start dumpable
+/// again (`execve` resets the flag), which does not matter: they hold no secrets.
+#[cfg(target_os = "linux")]
+pub fn forbid_same_user_inspection() -> std::io::Result<()> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(std::io::Error::from)
+}
+
+/// Elsewhere there is no such switch; the process stays as it is.
+#[cfg(not(target_os = "linux"))]
+pub fn forbid_same_user_inspection() -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Whether this process is non-dumpable (always false where the switch does not exist).
+#[cfg(target_os = "linux")]
+pub fn is_non_dumpable() -> std::io::Result<bool> {
+    rustix::process::dumpable_behavior()
+        .map(|b| b == rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(std::io::Error::from)
+}
+
+/// Whether this process is non-dumpable (always false where the switch does not exist).
+#[cfg(not(target_os = "linux"))]
+pub fn is_non_dumpable() -> std::io::Result<bool> {
+    Ok(false)
+}
 
 /// `shell`.
 pub struct Shell {

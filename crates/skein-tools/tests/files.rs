@@ -214,25 +214,48 @@ async fn reads_racing_a_symlink_swap_never_see_outside() {
                 std::fs::remove_file(root.join("sub")).unwrap();
                 std::fs::rename(&stash, root.join("sub")).unwrap();
                 swaps += 1;
+                // Let the real directory be seen too.
+                std::thread::yield_now();
             }
             swaps
         })
     };
     let ws = LocalWorkspace::new(root.clone());
-    let (mut inside, mut refused_or_missing) = (0u32, 0u32);
-    for _ in 0..1500 {
+    // At least MIN_READS reads, and on until the race has been met both ways: some reads
+    // saw the real file, some the swapped state (the symlink leading out, refused, or no
+    // `sub` at all), among them some that met the symlink itself.
+    const MIN_READS: u32 = 1500;
+    const MAX_READS: u32 = 200_000;
+    const SEEN: u32 = 20;
+    let (mut inside, mut refused, mut missing, mut reads) = (0u32, 0u32, 0u32, 0u32);
+    let met = |inside: u32, refused: u32, missing: u32| {
+        inside >= SEEN && refused + missing >= SEEN && refused > 0
+    };
+    while reads < MIN_READS || (reads < MAX_READS && !met(inside, refused, missing)) {
+        reads += 1;
         match ws.read("sub/secret.txt").await {
             Ok(data) => {
                 assert_eq!(data, b"inside", "a read escaped the workspace");
                 inside += 1;
             }
-            Err(_) => refused_or_missing += 1,
+            Err(ToolError::Refused(m)) => {
+                assert!(m.contains("leaves the workspace"), "{m}");
+                refused += 1;
+            }
+            Err(ToolError::Failed(m)) if m.contains("no such file") => missing += 1,
+            Err(other) => panic!("a read failed another way: {other:?}"),
         }
     }
     stop.store(true, Ordering::Relaxed);
     let swaps = swapper.join().unwrap();
     assert!(swaps > 0, "the swapper never ran");
-    assert_eq!(inside + refused_or_missing, 1500);
+    assert!(
+        met(inside, refused, missing),
+        "the race was not exercised in {reads} reads: {inside} saw the real file, \
+         {refused} met the symlink and were refused, {missing} found nothing (wanted \
+         {SEEN} of the real file, {SEEN} of the swapped state, one refusal)"
+    );
+    assert_eq!(inside + refused + missing, reads);
     assert_eq!(
         std::fs::read_to_string(s.outside().join("secret.txt")).unwrap(),
         "SECRET"

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{err, ok, Sandbox};
 use serde_json::{json, Value};
-use skein_tools::net::blocked_reason;
+use skein_tools::net::{blocked_reason, Guard};
 use skein_tools::{HttpConfig, ToolBox, ToolError, ToolsConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -189,6 +189,10 @@ async fn private_link_local_and_metadata_addresses_are_refused() {
         (
             "http://169.254.169.254/latest/meta-data/",
             "169.254.169.254 is a cloud metadata address",
+        ),
+        (
+            "http://100.100.100.200/latest/meta-data/",
+            "100.100.100.200 is a cloud metadata address",
         ),
         ("http://169.254.1.1/", "link-local"),
         ("http://0.0.0.0:8080/", "unspecified"),
@@ -450,10 +454,70 @@ fn the_address_classes() {
         ("ff02::1", "multicast"),
         ("fd00:ec2::254", "metadata"),
         ("::ffff:169.254.169.254", "metadata"),
+        ("100.100.100.200", "metadata"),
+        ("::ffff:100.100.100.200", "metadata"),
+        ("64:ff9b::6464:64c8", "metadata"),
         ("64:ff9b::a00:1", "private"),
         ("2002:c0a8:101::1", "private"),
     ] {
         let r = blocked(ip).unwrap_or_else(|| panic!("{ip} passed"));
         assert!(r.contains(word), "{ip}: {r}");
     }
+    // Alibaba Cloud's metadata address sits in the CGNAT range; its neighbours do not
+    // count as metadata.
+    assert_eq!(
+        blocked("100.100.100.100").map(|r| r.contains("CGNAT")),
+        Some(true)
+    );
+}
+
+#[test]
+fn only_an_entry_naming_a_metadata_address_opens_it() {
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let metadata = ["169.254.169.254", "100.100.100.200", "fd00:ec2::254"];
+    // Wide ranges that hold the metadata addresses, and the addresses as host names.
+    let wide = Guard::new(&HttpConfig {
+        allow_cidrs: [
+            "169.254.0.0/16",
+            "100.64.0.0/10",
+            "fd00::/8",
+            "0.0.0.0/0",
+            "::/0",
+        ]
+        .iter()
+        .map(|c| c.parse().unwrap())
+        .collect(),
+        allow_hosts: metadata.iter().map(|h| h.to_string()).collect(),
+        ..HttpConfig::default()
+    });
+    for m in metadata {
+        let e = wide.check_ip(m, ip(m)).unwrap_err();
+        assert!(e.contains("metadata"), "{m}: {e}");
+    }
+    let mapped = wide
+        .check_ip("x", ip("::ffff:100.100.100.200"))
+        .unwrap_err();
+    assert!(mapped.contains("metadata"), "{mapped}");
+    // The ranges still open their other addresses.
+    for other in [
+        "169.254.1.1",
+        "100.100.100.100",
+        "fd00:ec2::253",
+        "10.0.0.1",
+    ] {
+        assert_eq!(wide.check_ip("x", ip(other)), Ok(()), "{other}");
+    }
+    // An entry naming the address itself opens it, and nothing else of the kind.
+    let named = Guard::new(&HttpConfig {
+        allow_cidrs: vec![
+            "100.100.100.200".parse().unwrap(),
+            "169.254.169.254/32".parse().unwrap(),
+        ],
+        ..HttpConfig::default()
+    });
+    assert_eq!(named.check_ip("x", ip("100.100.100.200")), Ok(()));
+    assert_eq!(named.check_ip("x", ip("::ffff:100.100.100.200")), Ok(()));
+    assert_eq!(named.check_ip("x", ip("169.254.169.254")), Ok(()));
+    let e = named.check_ip("x", ip("fd00:ec2::254")).unwrap_err();
+    assert!(e.contains("metadata"), "{e}");
 }

@@ -266,6 +266,38 @@ fn the_config_decides_what_is_registered() {
     assert!(!tb.parallel("write_file"));
 }
 
+/// The runtime decides approvals from skein-core's list alone (so a log replays the same
+/// under any config); a built-in tool asking for approval must be on it.
+#[test]
+fn every_builtin_tool_asking_for_approval_is_always_approved_by_the_core() {
+    let cfg: ToolsConfig =
+        toml::from_str("[http]\nenabled = true\n[shell]\nenabled = true\n").unwrap();
+    let tb = ToolBox::builtin(&cfg);
+    let asking: Vec<String> = tb
+        .names()
+        .into_iter()
+        .filter(|n| tb.requires_approval(n))
+        .collect();
+    assert!(
+        asking.contains(&"shell".to_string()),
+        "shell asks for approval: {asking:?}"
+    );
+    for name in &asking {
+        assert!(
+            skein_core::agent::ALWAYS_APPROVED.contains(&name.as_str()),
+            "`{name}` asks for approval but is not in skein_core::agent::ALWAYS_APPROVED"
+        );
+    }
+    // And the other way: the core does not hold back a built-in tool that never asks.
+    for name in skein_core::agent::ALWAYS_APPROVED {
+        assert!(
+            tb.requires_approval(name),
+            "`{name}` is always approved by the core but is not a built-in tool asking for it"
+        );
+        assert!(skein_core::agent::BUILTIN_TOOLS.contains(name), "{name}");
+    }
+}
+
 #[test]
 fn an_empty_table_is_the_default_and_the_documented_example_parses() {
     let empty: ToolsConfig = toml::from_str("").unwrap();
