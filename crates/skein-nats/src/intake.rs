@@ -1,7 +1,9 @@
 //! Intake: the `SKEIN_MISSIONS` stream captures `skein.missions.submit`; any worker takes
 //! from it. A valid payload becomes a root session (its `id`, or else the `Nats-Msg-Id`
-//! header, is the root id, so resubmitting is a no-op); an invalid one is answered on
-//! `skein.missions.rejected` with the reason and acked, so it never blocks the stream.
+//! header, is the root id, so resubmitting is a no-op; a message with neither gets an id
+//! derived from its place in the stream, so a redelivery after a crash is a no-op too); an
+//! invalid one is answered on `skein.missions.rejected` with the reason and acked, so it
+//! never blocks the stream.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,16 +43,43 @@ pub fn parse(
     Ok(sub)
 }
 
-async fn reject(store: &NatsStore, reason: &str, msg_id: Option<&str>, seq: u64, payload: &[u8]) {
+/// The root id of a submission that names none: a ULID whose time is when the server
+/// stored the message and whose other 80 bits hash that time and the stream sequence. Every
+/// delivery of one message — to any worker, after any crash — yields the same id, so a
+/// worker that dies between creating the root and acking cannot cause a second root; a
+/// stream created anew (sequences start again) gives new ids because the times differ.
+pub fn derived_id(published_nanos: i128, stream_seq: u64) -> String {
+    let ms = u64::try_from(published_nanos.max(0) / 1_000_000).unwrap_or(u64::MAX);
+    let mut h = blake3::Hasher::new();
+    h.update(b"skein intake root id");
+    h.update(&published_nanos.to_le_bytes());
+    h.update(&stream_seq.to_le_bytes());
+    let mut bits = [0u8; 16];
+    bits[6..].copy_from_slice(&h.finalize().as_bytes()[..10]);
+    ulid::Ulid::from_parts(ms, u128::from_be_bytes(bits))
+        .to_string()
+        .to_lowercase()
+}
+
+/// Publishes the rejection; false when it could not be sent (the message is then
+/// delivered again rather than acked without its answer).
+async fn reject(
+    store: &NatsStore,
+    reason: &str,
+    msg_id: Option<&str>,
+    seq: u64,
+    payload: &[u8],
+) -> bool {
     let excerpt: String = String::from_utf8_lossy(payload).chars().take(200).collect();
     let body = json!({"reason": reason, "msg_id": msg_id, "stream_seq": seq, "payload": excerpt});
-    if let Err(e) = store
+    let sent = store
         .client
         .publish(REJECTED, Bytes::from(body.to_string()))
-        .await
-    {
+        .await;
+    if let Err(e) = &sent {
         tracing::warn!(error = %e, "could not publish a rejection");
     }
+    sent.is_ok()
 }
 
 /// Takes submissions until `stop` turns true.
@@ -106,7 +135,14 @@ pub async fn run(rt: Arc<Runtime>, store: Arc<NatsStore>, mut stop: watch::Recei
 }
 
 async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
-    let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+    let (seq, published) = match msg.info() {
+        Ok(i) => (i.stream_sequence, i.published.unix_timestamp_nanos()),
+        Err(e) => {
+            // Not a JetStream delivery: nothing to derive an id from or to ack.
+            tracing::warn!(error = %e, "intake got a message without stream metadata");
+            return;
+        }
+    };
     let headers = msg.headers.clone();
     let get = |k: &str| {
         headers
@@ -118,27 +154,61 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
     let ctype = get("Content-Type");
     let outcome = match parse(&msg.payload, ctype.as_deref(), msg_id.as_deref()) {
         Err(reason) => Err(reason),
-        Ok(sub) => match rt.submit(sub).await {
-            Ok(id) => {
-                tracing::info!(session = %id, "mission accepted");
-                Ok(())
+        Ok(mut sub) => {
+            if sub.id.is_none() {
+                sub.id = Some(derived_id(published, seq));
             }
-            Err(Error::Rejected(reason)) => Err(reason),
-            Err(e) => {
-                // The infrastructure failed, not the submission: try it again later.
-                tracing::warn!(error = %e, "intake failed; the submission will be delivered again");
-                let _ = msg
-                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                    .await;
-                return;
+            match rt.submit(sub).await {
+                Ok(id) => {
+                    tracing::info!(session = %id, "mission accepted");
+                    Ok(())
+                }
+                Err(Error::Rejected(reason)) => Err(reason),
+                Err(e) => {
+                    // The infrastructure failed, not the submission: try it again later.
+                    tracing::warn!(error = %e, "intake failed; the submission will be delivered again");
+                    let _ = msg
+                        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                        .await;
+                    return;
+                }
             }
-        },
+        }
     };
     if let Err(reason) = outcome {
         tracing::info!(seq, reason = %reason, "mission rejected");
-        reject(store, &reason, msg_id.as_deref(), seq, &msg.payload).await;
+        if !reject(store, &reason, msg_id.as_deref(), seq, &msg.payload).await {
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+            return;
+        }
     }
     if let Err(e) = msg.double_ack().await {
         tracing::warn!(error = %e, "intake ack failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::derived_id;
+
+    #[test]
+    fn derived_ids_are_stable_per_message_and_differ_between_messages() {
+        let t = 1_790_000_000_123_456_789i128;
+        let a = derived_id(t, 7);
+        assert_eq!(a, derived_id(t, 7), "a redelivery names the same root");
+        assert_ne!(a, derived_id(t, 8));
+        assert_ne!(a, derived_id(t + 1, 7), "a stream made anew gives new ids");
+        // A ULID of the message's time, lowercase: a valid root id, sorted by time.
+        let id = skein_core::SessionId::root(&a).expect("a valid root id");
+        assert_eq!(id.as_str(), a);
+        assert_eq!(a.len(), 26);
+        let u = ulid::Ulid::from_string(&a.to_uppercase()).expect("a ULID");
+        assert_eq!(u.timestamp_ms(), 1_790_000_000_123);
+        assert!(
+            derived_id(t + 5_000_000, 1) > a,
+            "later messages sort later"
+        );
     }
 }

@@ -141,9 +141,20 @@ async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
         .map(|e| e.name)
         .collect();
     assert_eq!(top, vec!["b.txt", "notes"]);
+    // Refused for the path itself, not merely missing: `../other/x` names no object, so
+    // any error would do for a read; only a refusal shows the path was judged.
+    use skein_tools::ToolError;
     for bad in ["../other/x", "/etc/passwd", "a/../../b", "c:\\x"] {
-        assert!(ws.read(bad).await.is_err(), "{bad}");
-        assert!(ws.write(bad, b"y").await.is_err(), "{bad}");
+        let read = ws.read(bad).await;
+        assert!(
+            matches!(&read, Err(ToolError::Refused(m)) if m.contains("refused")),
+            "{bad}: read gave {read:?}"
+        );
+        let write = ws.write(bad, b"y").await;
+        assert!(
+            matches!(&write, Err(ToolError::Refused(m)) if m.contains("refused")),
+            "{bad}: write gave {write:?}"
+        );
     }
     // Another tree does not see these files.
     let other = store
@@ -151,4 +162,32 @@ async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
         .workspaces
         .for_tree(&skein_runtime::new_root_id());
     assert!(other.read("b.txt").await.is_err());
+}
+
+/// A pool consumer made by a worker with one lease takes the lease of a worker started
+/// later with another, so heartbeats paced by the new lease are never too late for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_consumer_takes_the_lease_of_the_worker_that_opens_it() {
+    let server = NatsServer::start();
+    let ack_wait = |store: std::sync::Arc<NatsStore>| async move {
+        let mut stream = store.js.get_stream("SKEIN_JOBS").await.unwrap();
+        let _ = stream.info().await.unwrap();
+        let mut c: async_nats::jetstream::consumer::PullConsumer =
+            stream.get_consumer("pool-leased").await.unwrap();
+        c.info().await.unwrap().config.ack_wait
+    };
+    for lease in [Duration::from_secs(2), Duration::from_secs(7)] {
+        let store = NatsStore::connect(&cfg(&server.url(), 1), lease)
+            .await
+            .unwrap();
+        let b = store.backend();
+        // A claim opens the pool's consumer.
+        let none = b
+            .jobs
+            .claim("leased", lease, Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(none.is_none());
+        assert_eq!(ack_wait(store.clone()).await, lease);
+    }
 }

@@ -4,8 +4,8 @@
 //! runtime — the same code a `skein worker` process runs. Printed: delegation latency
 //! (a parent's `Delegated` → the child's first model call starting) p50/p99, steps per
 //! second with a zero-latency model on 1 and 3 workers, fan-out wall time against its
-//! ideal for N = 8, 256, 1024, and resident memory of one worker idle and with 1,000
-//! sessions in flight.
+//! ideal for N = 8, 256, 1024, and the resident memory of one `skein worker` process (a
+//! child process of the bench) idle and with 1,000 sessions in flight.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -136,8 +136,9 @@ impl Fleet {
     }
 }
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Resident memory of process `pid` in KiB (0 when it cannot be read).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -145,6 +146,115 @@ fn rss_kib() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// Kills the worker process when the measurement ends, however it ends.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a real `skein worker` process (this binary) on a pool of its own, reads its
+/// resident memory once it is ready and idle, then while it runs a fan-out of 1,000
+/// children with 2 s model calls (all in flight at once), sampling every 50 ms. Returns
+/// (idle, peak) in KiB.
+async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result<(u64, u64)> {
+    use std::io::BufRead;
+    let tmp = tempfile::tempdir()?;
+    let pool = format!("benchmem{}", &skein_runtime::new_root_id().as_str()[18..]);
+    write_agents(tmp.path(), 2000, false, Some(&pool))?;
+    let config = tmp.path().join("skein.toml");
+    std::fs::write(
+        &config,
+        "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n\n[limits]\nmax_children_per_turn = 100000\n",
+    )?;
+    let secret = format!("bench-{}", skein_runtime::new_root_id());
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("--config")
+        .arg(&config)
+        .arg("--data")
+        .arg(tmp.path().join("data"))
+        .args(["--nats", url, "worker", "--no-intake", "--no-api"])
+        .args(["--pools", &pool, "--concurrency", "1100"])
+        .env("SKEIN_TOKEN_SECRET", &secret)
+        .env("SKEIN_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot start a `skein worker` process")?;
+    let stderr = child.stderr.take();
+    let worker = Reaped(child);
+    let pid = worker.0.id();
+    let ready = tokio::task::spawn_blocking(move || {
+        let mut lines = std::io::BufReader::new(stderr?).lines();
+        let ready = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|l| l.contains("ready"));
+        // Keep draining so the worker never blocks on a full pipe.
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+        Some(ready)
+    });
+    let ready = tokio::time::timeout(Duration::from_secs(60), ready)
+        .await
+        .context("the worker process did not get ready in 60 s")??;
+    anyhow::ensure!(
+        ready == Some(true),
+        "the worker process exited before it was ready"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let idle = rss_kib(pid);
+
+    // Submit from this process, which runs no worker: every step runs in the child.
+    let store = NatsStore::connect(cfg, Duration::from_secs(30)).await?;
+    let agents = Arc::new(AgentSet::load(
+        &read_agent_files(&tmp.path().join("agents"))?,
+        &[],
+    )?);
+    let submitter = Runtime::new(
+        store.backend(),
+        agents,
+        Registry::new(),
+        app.tools()?,
+        RuntimeConfig::default(),
+    );
+    let id = submitter
+        .submit(Submission {
+            agent: "fanout".into(),
+            mission: "memory of a worker with 1000 sessions in flight".into(),
+            inputs: json!({ "n": 1000 }),
+            budget: Some(Budget { tokens: None }),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await?;
+    let mut peak = idle;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        peak = peak.max(rss_kib(pid));
+        if let Some(r) = submitter.backend.log.last(&id).await? {
+            if r.env.body.is_terminal() {
+                anyhow::ensure!(
+                    matches!(r.env.body, Event::Completed(_)),
+                    "the memory run ended with {}",
+                    r.env.body.kind()
+                );
+                break;
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the memory run did not finish in 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(worker);
+    Ok((idle, peak))
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -201,34 +311,16 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         println!("fsync: {sync}\n");
     }
 
-    // Memory of one worker: idle, then with 1,000 sessions in flight.
-    let idle_before = rss_kib();
-    let one = Fleet::start(app, &cfg, 1, 1100, 2000).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let idle = rss_kib();
-    let sampler = {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let s2 = stop.clone();
-        let h = tokio::spawn(async move {
-            let mut peak = 0;
-            while !s2.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(rss_kib());
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            peak
-        });
-        (stop, h)
-    };
-    one.fanout(1000).await.context("memory run")?;
-    sampler.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    let peak = sampler.1.await.unwrap_or(0);
-    one.stop().await;
+    // Memory of one `skein worker` process: idle, then with 1,000 sessions in flight.
+    let (idle, peak) = worker_process_memory(app, &cfg, &url)
+        .await
+        .context("memory run")?;
     results.insert(
         "worker_rss_kib".into(),
-        json!({"process_before_worker": idle_before, "idle": idle, "peak_1000_in_flight": peak}),
+        json!({"process": "skein worker", "idle": idle, "peak_1000_in_flight": peak}),
     );
     if !a.json {
-        println!("worker resident memory: idle {} MiB; with 1,000 sessions in flight (2 s model calls) peak {} MiB", idle / 1024, peak / 1024);
+        println!("worker resident memory (a `skein worker` process): idle {:.1} MiB; with 1,000 sessions in flight (2 s model calls) peak {:.1} MiB", idle as f64 / 1024.0, peak as f64 / 1024.0);
     }
 
     // Throughput with a zero-latency model, 1 and 3 workers.
