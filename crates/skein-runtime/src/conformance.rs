@@ -265,6 +265,47 @@ pub async fn notices_read_after_a_cursor(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+/// Long logs and many notices read whole and in order, from the start or from the middle
+/// (a backend may read a long tail differently from a short one).
+pub async fn long_reads_are_whole_and_ordered(b: &Backend) -> Result<()> {
+    let s = new_root_id();
+    let written = fill(b, &s, 300).await?;
+    let read = b.log.read(&s, 1).await?;
+    ensure(
+        read.len() == 300,
+        format!("read back {} of 300 records", read.len()),
+    )?;
+    ensure(
+        read.iter().zip(&written).all(|(r, w)| r.bytes == w.bytes),
+        "every record as written, in order",
+    )?;
+    let tail = b.log.read(&s, 251).await?;
+    ensure(
+        tail.iter().map(|r| r.env.seq).collect::<Vec<_>>() == (251..=300).collect::<Vec<_>>(),
+        "read from seq 251 returns 251..=300",
+    )?;
+    ensure(
+        b.log.read(&s, 301).await?.is_empty(),
+        "nothing after the last",
+    )?;
+    let p = new_root_id();
+    let children: Vec<SessionId> = (1..=200).map(|i| p.child("c", i)).collect();
+    for c in &children {
+        b.notices.post(&p, c).await?;
+    }
+    let all = b.notices.read(&p, 0).await?;
+    ensure(
+        all.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>() == children,
+        format!("200 notices in order, read {}", all.len()),
+    )?;
+    let after = b.notices.read(&p, all[149].0).await?;
+    ensure(
+        after.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>() == children[150..],
+        format!("50 notices after the 150th cursor, read {}", after.len()),
+    )?;
+    Ok(())
+}
+
 pub async fn inflight_is_single_flight(b: &Backend) -> Result<()> {
     let h = blake3::hash(new_root_id().as_str().as_bytes())
         .to_hex()
@@ -327,6 +368,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(cache_gets_puts_and_expires);
     check!(blobs_are_content_addressed);
     check!(notices_read_after_a_cursor);
+    check!(long_reads_are_whole_and_ordered);
     check!(inflight_is_single_flight);
     check!(watchers_are_listed);
     Ok(())

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use futures::StreamExt;
 use rand::Rng;
 use serde::Serialize;
 use serde_json::Value;
@@ -516,6 +517,8 @@ impl Runtime {
             )
             .await?;
         }
+        // Children whose jobs this drive published itself.
+        let mut pushed = BTreeSet::new();
         loop {
             if f.state.status.is_terminal() {
                 return self.on_terminal(f).await;
@@ -534,7 +537,7 @@ impl Runtime {
                             self.backend.jobs.push(&pool, &p.session).await?;
                         }
                     }
-                    let settled = self.collect_settlements(f, cold).await?;
+                    let settled = self.collect_settlements(f, cold, &pushed).await?;
                     cold = false;
                     if settled == 0 {
                         return Ok(());
@@ -607,7 +610,12 @@ impl Runtime {
                         .collect();
                     self.append_all(f, events).await?
                 }
-                Step::Delegate(ds) => self.delegate(f, &def, ds).await?,
+                Step::Delegate(ds) => {
+                    // Their jobs are pushed by `delegate`: a cold reconciliation in this
+                    // drive need not push them again.
+                    pushed.extend(ds.iter().map(|d| d.child.clone()));
+                    self.delegate(f, &def, ds).await?
+                }
                 Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,
                 Step::EditPlan(e) => self.append(f, e.into_event()).await?,
                 Step::ProposePatch(ps) => self.propose(f, ps).await?,
@@ -1292,7 +1300,12 @@ impl Runtime {
     /// Records `ChildSettled` for every child of the turn that has ended. A cold load
     /// checks every outstanding child (healing a notice lost in a crash, and re-waking a
     /// child whose job was lost); afterwards only the notices are read.
-    async fn collect_settlements(&self, f: &mut Folded, cold: bool) -> Result<usize> {
+    async fn collect_settlements(
+        &self,
+        f: &mut Folded,
+        cold: bool,
+        pushed: &BTreeSet<SessionId>,
+    ) -> Result<usize> {
         let mut outstanding: HashMap<SessionId, Vec<String>> = HashMap::new();
         let mut shared = vec![];
         for slot in &f.state.turn {
@@ -1332,6 +1345,7 @@ impl Runtime {
         candidates.dedup();
         let lasts = join_all(candidates.iter().map(|c| self.backend.log.last(c))).await;
         let mut events = vec![];
+        let mut repush = vec![];
         // Result patches of this batch merge one after the other.
         let mut plan = f.state.plan.clone();
         for (child, last) in candidates.iter().zip(lasts) {
@@ -1353,21 +1367,31 @@ impl Runtime {
                             }));
                         }
                     }
-                    None if cold => {
-                        let first = self.backend.log.read(child, 1).await?;
-                        let pool = first
-                            .first()
-                            .and_then(|r| match &r.env.body {
-                                Event::Submitted(s) => s.pool.clone(),
-                                _ => None,
-                            })
-                            .unwrap_or_else(|| DEFAULT_POOL.into());
-                        self.backend.jobs.push(&pool, child).await?;
-                    }
+                    None if cold && !pushed.contains(child) => repush.push(child.clone()),
                     None => {}
                 },
                 None => tracing::warn!(session = %f.id, %child, "delegated child has no log"),
             }
+        }
+        // A cold load cannot know whether the jobs of children still running were ever
+        // published (a crash may have come between `Delegated` and the push): push them
+        // again, many at a time. A push of a job that exists only leaves a wake marker.
+        let pushes = futures::stream::iter(repush.into_iter().map(|child| async move {
+            let first = self.backend.log.read(&child, 1).await?;
+            let pool = first
+                .first()
+                .and_then(|r| match &r.env.body {
+                    Event::Submitted(s) => s.pool.clone(),
+                    _ => None,
+                })
+                .unwrap_or_else(|| DEFAULT_POOL.into());
+            self.backend.jobs.push(&pool, &child).await
+        }))
+        .buffer_unordered(32)
+        .collect::<Vec<Result<()>>>()
+        .await;
+        for p in pushes {
+            p?;
         }
         let n = events.len();
         self.append_all(f, events).await?;
@@ -1545,7 +1569,9 @@ impl Runtime {
     }
 
     async fn handle(&self, job: Job) {
-        match self.process(&job).await {
+        let res = self.process(&job).await;
+        tracing::trace!(session = %job.session, ok = res.is_ok(), "job processed");
+        match res {
             Ok(()) => {
                 if let Err(e) = self.backend.jobs.ack(&job).await {
                     tracing::warn!(session = %job.session, error = %e, "ack failed");
