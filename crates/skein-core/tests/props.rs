@@ -604,7 +604,10 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
     );
     // One model turn with the given calls, then whatever `next` decides for them.
     let mut turn = |n: usize, args: serde_json::Value, state: &mut SessionState| -> Step {
-        assert!(matches!(state.next(&def, &limits, &set), Step::CallModel { .. }));
+        assert!(matches!(
+            state.next(&def, &limits, &set),
+            Step::CallModel { .. }
+        ));
         let call = ToolCall {
             id: format!("c{n}"),
             name: "list_dir".into(),
