@@ -40,7 +40,8 @@ pub fn read_agent_files(dir: &Path) -> Result<Vec<(String, String)>> {
 impl App {
     pub fn new(global: GlobalArgs) -> Result<Self> {
         let file = global.config.clone().or_else(config::default_config_path);
-        let cfg = config::load(file.as_deref())?;
+        let mut cfg = config::load(file.as_deref())?;
+        config::apply_nats_flags(&mut cfg.nats, &global);
         Ok(Self { global, cfg })
     }
 
@@ -138,7 +139,10 @@ impl App {
         Ok((store, backend))
     }
 
-    /// The `[nats]` settings, with `--nats` / `SKEIN_NATS_URL` as the server list.
+    /// The `[nats]` settings, with the connection flags (`--nats`, `--nats-user`, …) over
+    /// them, and credentials written into the URLs moved to the login fields (the client
+    /// would ignore them there). Every secret they hold is kept out of diagnostics from here
+    /// on.
     pub fn nats_config(&self) -> Result<skein_nats::NatsConfig> {
         let mut c: skein_nats::NatsConfig = self
             .cfg
@@ -146,18 +150,19 @@ impl App {
             .clone()
             .try_into()
             .context("[nats] configuration")?;
-        if let Some(urls) = &self.global.nats {
-            c.urls = urls.split(',').map(|u| u.trim().to_string()).collect();
-        }
+        config::register_secrets(c.secrets());
+        c.take_url_credentials();
         Ok(c)
     }
 
     /// Connects to the cluster named by `--nats`.
     pub async fn nats(&self) -> Result<Arc<skein_nats::NatsStore>> {
         let lease = self.runtime_config_base()?.lease;
-        skein_nats::NatsStore::connect(&self.nats_config()?, lease)
+        let cfg = self.nats_config()?;
+        check_credentials(&cfg).await?;
+        skein_nats::NatsStore::connect(&cfg, lease)
             .await
-            .context("cannot reach NATS")
+            .with_context(|| format!("cannot reach NATS at {}", cfg.shown_urls()))
     }
 
     /// A backend for read commands: embedded, or the cluster with `--nats`.
@@ -178,5 +183,76 @@ impl App {
             self.tools()?,
             self.runtime_config()?,
         ))
+    }
+}
+
+/// One connection attempt with the configured credentials. The store's own connection
+/// retries forever (a worker may start before its server), so a server that refuses the
+/// credentials would leave a command waiting; this turns that into an error naming what
+/// to pass. Any other failure is left to the store's connection, which retries.
+async fn check_credentials(c: &skein_nats::NatsConfig) -> Result<()> {
+    use async_nats::ConnectErrorKind;
+    let env = |v: &Option<String>| v.as_ref().and_then(|n| std::env::var(n).ok());
+    let password = env(&c.password_env).or(c.password.clone());
+    let token = env(&c.token_env).or(c.token.clone());
+    let mut opts = async_nats::ConnectOptions::new()
+        .name("skein")
+        .connection_timeout(Duration::from_secs(5));
+    let mut given = false;
+    if let (Some(u), Some(p)) = (&c.user, password) {
+        opts = opts.user_and_password(u.clone(), p);
+        given = true;
+    }
+    if let Some(t) = token {
+        opts = opts.token(t);
+        given = true;
+    }
+    if let Some(f) = &c.credentials_file {
+        opts = opts
+            .credentials_file(f)
+            .await
+            .with_context(|| format!("NATS credentials file {}", f.display()))?;
+        given = true;
+    }
+    if let Some(ca) = &c.tls_ca {
+        opts = opts.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&c.tls_cert, &c.tls_key) {
+        opts = opts.add_client_certificate(cert.clone(), key.clone());
+    }
+    if c.tls_required {
+        opts = opts.require_tls(true);
+    }
+    let mut urls = vec![];
+    for u in &c.urls {
+        let addr: async_nats::ServerAddr = u
+            .parse()
+            .with_context(|| format!("nats url `{}`", skein_nats::config::redact_url(u)))?;
+        urls.push(addr);
+    }
+    match opts.connect(urls).await {
+        Ok(client) => {
+            let _ = client.drain().await;
+            Ok(())
+        }
+        Err(e)
+            if matches!(
+                e.kind(),
+                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication
+            ) =>
+        {
+            let what = if given {
+                "refused the credentials given"
+            } else {
+                "requires credentials and none were given"
+            };
+            anyhow::bail!(
+                "NATS at {} {what} ({e}): pass --nats-user with --nats-password, \
+                 --nats-token or --nats-creds (or SKEIN_NATS_USER/SKEIN_NATS_PASSWORD, \
+                 SKEIN_NATS_TOKEN, SKEIN_NATS_CREDS, or `[nats]` in the config)",
+                c.shown_urls()
+            )
+        }
+        Err(_) => Ok(()),
     }
 }

@@ -133,20 +133,102 @@ pub fn load(file: Option<&Path>) -> Result<SkeinConfig> {
     Ok(cfg)
 }
 
+/// Puts the connection flags (`--nats`, `--nats-user`, …) over the `[nats]` table: flags
+/// win over the file and `SKEIN__NATS__*`. A password or token given as a flag also wins
+/// over a `password_env` / `token_env` of the file.
+pub fn apply_nats_flags(t: &mut toml::Table, g: &crate::GlobalArgs) {
+    let path = |p: &Path| toml::Value::String(p.display().to_string());
+    if let Some(urls) = g.nats_urls() {
+        t.insert(
+            "urls".into(),
+            toml::Value::Array(urls.into_iter().map(toml::Value::String).collect()),
+        );
+    }
+    if let Some(u) = &g.nats_user {
+        t.insert("user".into(), u.clone().into());
+    }
+    if let Some(p) = &g.nats_password {
+        t.insert("password".into(), p.clone().into());
+        t.remove("password_env");
+    }
+    if let Some(tok) = &g.nats_token {
+        t.insert("token".into(), tok.clone().into());
+        t.remove("token_env");
+    }
+    for (key, v) in [
+        ("credentials_file", &g.nats_credentials_file),
+        ("tls_ca", &g.nats_tls_ca),
+        ("tls_cert", &g.nats_tls_cert),
+        ("tls_key", &g.nats_tls_key),
+    ] {
+        if let Some(p) = v {
+            t.insert(key.into(), path(p));
+        }
+    }
+    if g.nats_tls_required {
+        t.insert("tls_required".into(), true.into());
+    }
+}
+
+/// Secret values known to this process (passwords, tokens, URL user info): diagnostics
+/// and error messages are scrubbed of them before they are written.
+static SECRETS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+pub fn register_secrets(secrets: impl IntoIterator<Item = String>) {
+    let mut known = SECRETS.lock().unwrap_or_else(|p| p.into_inner());
+    for s in secrets {
+        if !s.is_empty() && !known.contains(&s) {
+            known.push(s);
+        }
+    }
+    // Longest first, so a secret that contains another is replaced whole.
+    known.sort_by_key(|s| std::cmp::Reverse(s.len()));
+}
+
+/// `text` with every registered secret replaced by `***`.
+pub fn scrub(text: &str) -> String {
+    let known = SECRETS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut out = text.to_string();
+    for s in known.iter() {
+        if out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), "***");
+        }
+    }
+    out
+}
+
 const SECRET_WORDS: &[&str] = &["password", "token", "secret", "key", "credentials", "nkey"];
+
+/// Keys that name where a secret lives (a variable, a file), not the secret.
+fn names_a_source(key: &str) -> bool {
+    key.ends_with("_env")
+        || key.ends_with("_file")
+        || key.ends_with("_path")
+        || matches!(key, "tls_key" | "tls_cert" | "tls_ca")
+}
+
+/// Strings that are URLs keep their host but lose the secret of their user info.
+fn redact_urls(v: &mut toml::Value) {
+    match v {
+        toml::Value::String(s) if s.contains('@') => {
+            *s = skein_nats::config::redact_url(s);
+        }
+        toml::Value::Array(items) => items.iter_mut().for_each(redact_urls),
+        _ => {}
+    }
+}
 
 fn redact(t: &mut toml::Table) {
     for (k, v) in t.iter_mut() {
         let lk = k.to_lowercase();
-        let names_a_source = lk.ends_with("_env") || lk.ends_with("_file") || lk.ends_with("_path");
         match v {
             toml::Value::Table(inner) => redact(inner),
             toml::Value::String(s)
-                if SECRET_WORDS.iter().any(|w| lk.contains(w)) && !names_a_source =>
+                if SECRET_WORDS.iter().any(|w| lk.contains(w)) && !names_a_source(&lk) =>
             {
                 *s = "<redacted>".into()
             }
-            _ => {}
+            _ => redact_urls(v),
         }
     }
 }
@@ -157,7 +239,7 @@ pub fn dump(cfg: &SkeinConfig) -> Result<String> {
     redact(&mut c.models);
     redact(&mut c.tools);
     redact(&mut c.nats);
-    Ok(toml::to_string_pretty(&c)?)
+    Ok(scrub(&toml::to_string_pretty(&c)?))
 }
 
 #[cfg(test)]
@@ -183,5 +265,68 @@ mod tests {
             out.contains("OPENAI_API_KEY") && out.contains("/etc/creds"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn dump_redacts_urls_with_user_info() {
+        let mut cfg = SkeinConfig::default();
+        cfg.nats.insert(
+            "urls".into(),
+            toml::Value::Array(vec![
+                "nats://alice:url-pass@h1:4222".into(),
+                "nats://h2:4222".into(),
+            ]),
+        );
+        cfg.nats
+            .insert("tls_key".into(), "/etc/nats/client.key".into());
+        let out = dump(&cfg).unwrap();
+        assert!(!out.contains("url-pass"), "{out}");
+        assert!(out.contains("nats://alice:***@h1:4222"), "{out}");
+        assert!(out.contains("nats://h2:4222"), "{out}");
+        assert!(out.contains("/etc/nats/client.key"), "{out}");
+    }
+
+    #[test]
+    fn flags_override_the_nats_table_and_its_env_names() {
+        use clap::Parser;
+        let cli = crate::Cli::parse_from([
+            "skein",
+            "sessions",
+            "--nats",
+            "nats://a:4222, nats://b:4222",
+            "--nats-user",
+            "bob",
+            "--nats-password",
+            "flag-pass",
+            "--nats-creds",
+            "/etc/bob.creds",
+            "--nats-ca",
+            "/etc/ca.pem",
+        ]);
+        let mut t = toml::Table::new();
+        t.insert("user".into(), "alice".into());
+        t.insert("password_env".into(), "SOME_VAR".into());
+        t.insert("replicas".into(), 3.into());
+        apply_nats_flags(&mut t, &cli.global);
+        let c: skein_nats::NatsConfig = t.try_into().unwrap();
+        assert_eq!(c.urls, ["nats://a:4222", "nats://b:4222"]);
+        assert_eq!(c.user.as_deref(), Some("bob"));
+        assert_eq!(c.password.as_deref(), Some("flag-pass"));
+        assert_eq!(c.password_env, None);
+        assert_eq!(c.replicas, 3);
+        assert_eq!(
+            c.credentials_file.as_deref(),
+            Some(Path::new("/etc/bob.creds"))
+        );
+        assert_eq!(c.tls_ca.as_deref(), Some(Path::new("/etc/ca.pem")));
+        let shown = format!("{:?}", cli.global);
+        assert!(!shown.contains("flag-pass"), "{shown}");
+    }
+
+    #[test]
+    fn scrub_replaces_registered_secrets() {
+        register_secrets(["scrub-me-123".to_string(), String::new()]);
+        assert_eq!(scrub("a scrub-me-123 b"), "a *** b");
+        assert_eq!(scrub("nothing here"), "nothing here");
     }
 }

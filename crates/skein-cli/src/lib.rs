@@ -25,7 +25,7 @@ pub struct Cli {
     pub cmd: Command,
 }
 
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Clone)]
 pub struct GlobalArgs {
     /// Embedded store directory.
     #[arg(long, global = true, env = "SKEIN_DATA", default_value = ".skein")]
@@ -34,14 +34,150 @@ pub struct GlobalArgs {
     #[arg(long, global = true, env = "SKEIN_CONFIG")]
     pub config: Option<PathBuf>,
     /// NATS server URL(s), comma-separated: work on the cluster instead of the embedded store.
-    #[arg(long, global = true, env = "SKEIN_NATS_URL")]
+    #[arg(long, global = true, env = "SKEIN_NATS_URL", hide_env_values = true)]
     pub nats: Option<String>,
+    /// NATS user name (`[nats] user`), with --nats-password.
+    #[arg(long, global = true, env = "SKEIN_NATS_USER", value_name = "USER")]
+    pub nats_user: Option<String>,
+    /// NATS password (`[nats] password`); prefer the environment variable, since a flag
+    /// shows in the process list.
+    #[arg(
+        long,
+        global = true,
+        env = "SKEIN_NATS_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    pub nats_password: Option<String>,
+    /// NATS auth token (`[nats] token`); prefer the environment variable.
+    #[arg(
+        long,
+        global = true,
+        env = "SKEIN_NATS_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub nats_token: Option<String>,
+    /// NATS credentials file, JWT and nkey seed (`[nats] credentials_file`).
+    #[arg(
+        long = "nats-creds",
+        global = true,
+        env = "SKEIN_NATS_CREDS",
+        value_name = "FILE"
+    )]
+    pub nats_credentials_file: Option<PathBuf>,
+    /// CA certificate to trust for TLS to NATS (`[nats] tls_ca`).
+    #[arg(
+        long,
+        global = true,
+        env = "SKEIN_NATS_TLS_CA",
+        value_name = "FILE",
+        alias = "nats-ca"
+    )]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate for mutual TLS to NATS (`[nats] tls_cert`), with --nats-tls-key.
+    #[arg(
+        long,
+        global = true,
+        env = "SKEIN_NATS_TLS_CERT",
+        value_name = "FILE",
+        alias = "nats-cert"
+    )]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// Client key for mutual TLS to NATS (`[nats] tls_key`).
+    #[arg(
+        long,
+        global = true,
+        env = "SKEIN_NATS_TLS_KEY",
+        value_name = "FILE",
+        alias = "nats-key"
+    )]
+    pub nats_tls_key: Option<PathBuf>,
+    /// Refuse a NATS connection without TLS (`[nats] tls_required`).
+    #[arg(long, global = true, env = "SKEIN_NATS_TLS_REQUIRED")]
+    pub nats_tls_required: bool,
     /// Print the configuration in force (secrets redacted) and exit.
     #[arg(long, global = true)]
     pub dump_config: bool,
     /// Log level filter for diagnostics on stderr (e.g. `info`, `skein_runtime=debug`).
     #[arg(long, global = true, env = "SKEIN_LOG", default_value = "warn")]
     pub log: String,
+}
+
+impl GlobalArgs {
+    /// The secret values given on the command line or in its environment variables.
+    pub fn secrets(&self) -> Vec<String> {
+        let mut out: Vec<String> = [self.nats_password.clone(), self.nats_token.clone()]
+            .into_iter()
+            .flatten()
+            .collect();
+        let cfg = skein_nats::NatsConfig {
+            urls: self.nats_urls().unwrap_or_default(),
+            ..skein_nats::NatsConfig::default()
+        };
+        out.extend(cfg.secrets());
+        out
+    }
+
+    /// `--nats` as a list of URLs.
+    pub fn nats_urls(&self) -> Option<Vec<String>> {
+        self.nats.as_ref().map(|urls| {
+            urls.split(',')
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty())
+                .collect()
+        })
+    }
+}
+
+impl std::fmt::Debug for GlobalArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |o: &Option<String>| o.as_ref().map(|_| "<redacted>");
+        let urls = self.nats_urls().map(|u| {
+            u.iter()
+                .map(|x| skein_nats::config::redact_url(x))
+                .collect::<Vec<_>>()
+        });
+        f.debug_struct("GlobalArgs")
+            .field("data", &self.data)
+            .field("config", &self.config)
+            .field("nats", &urls)
+            .field("nats_user", &self.nats_user)
+            .field("nats_password", &hidden(&self.nats_password))
+            .field("nats_token", &hidden(&self.nats_token))
+            .field("nats_credentials_file", &self.nats_credentials_file)
+            .field("nats_tls_ca", &self.nats_tls_ca)
+            .field("nats_tls_cert", &self.nats_tls_cert)
+            .field("nats_tls_key", &self.nats_tls_key)
+            .field("nats_tls_required", &self.nats_tls_required)
+            .field("dump_config", &self.dump_config)
+            .field("log", &self.log)
+            .finish()
+    }
+}
+
+/// Diagnostics go to stderr with every known secret value replaced by `***`, whichever
+/// crate wrote the line (the NATS client logs server addresses with their user info).
+struct ScrubbedStderr;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ScrubbedStderr {
+    type Writer = ScrubbedStderr;
+    fn make_writer(&'a self) -> Self::Writer {
+        ScrubbedStderr
+    }
+}
+
+impl std::io::Write for ScrubbedStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // A formatted event arrives in one piece, so a secret is never split across calls.
+        let text = String::from_utf8_lossy(buf);
+        std::io::stderr().write_all(config::scrub(&text).as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -89,11 +225,12 @@ pub enum Command {
 /// Parses the command line and runs the command.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    config::register_secrets(cli.global.secrets());
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.global.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(ScrubbedStderr)
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -108,7 +245,7 @@ pub fn main() -> ExitCode {
     match rt.block_on(commands::dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", config::scrub(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

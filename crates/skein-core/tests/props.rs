@@ -686,7 +686,6 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
         }
         other => panic!("expected a failure, got {other:?}"),
     }
-    drop(turn);
     // The log re-derives every decision.
     verify(&log, &def, &limits, &set).expect("the log replays");
 }

@@ -130,6 +130,8 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         storage: st,
         num_replicas: r,
         allow_direct: true,
+        // Wake-ups matter only while their logs exist: they age out with them.
+        max_age: age(&cfg.events_max_age),
         ..Default::default()
     })
     .await?;
@@ -226,8 +228,9 @@ pub async fn connect_client(cfg: &NatsConfig) -> Result<async_nats::Client> {
         .urls
         .iter()
         .map(|u| {
-            u.parse()
-                .map_err(|e| Error::Rejected(format!("nats url `{u}`: {e}")))
+            u.parse().map_err(|e| {
+                Error::Rejected(format!("nats url `{}`: {e}", crate::config::redact_url(u)))
+            })
         })
         .collect::<Result<_>>()?;
     opts.connect(urls).await.map_err(|e| nats_err("connect", e))
@@ -372,6 +375,18 @@ impl NatsStore {
                 Err(e) => return Err(nats_err("pool consumer", e)),
             }
         };
+        // The consumer outlives workers: one made with another lease keeps that ack wait,
+        // and heartbeats paced by ours would come too late for it. Bring it to ours.
+        let cons = if cons.cached_info().config.ack_wait != self.lease {
+            tracing::info!(pool, from = ?cons.cached_info().config.ack_wait, to = ?self.lease,
+                "pool consumer's ack wait set to this worker's lease");
+            self.jobs_stream
+                .create_consumer(config)
+                .await
+                .map_err(|e| nats_err("pool consumer update", e))?
+        } else {
+            cons
+        };
         c.insert(pool.to_string(), cons.clone());
         Ok(cons)
     }
@@ -379,6 +394,7 @@ impl NatsStore {
     async fn publish_job(&self, pool: &str, session: &SessionId) -> Result<bool> {
         let subject = format!("skein.jobs.{pool}.{}", session.as_str());
         let res = async { self.js.publish(subject, Bytes::new()).await?.await }.await;
+        tracing::trace!(%session, published = res.is_ok(), "job push");
         match res {
             Ok(_) => Ok(true),
             Err(e) if e.to_string().contains("maximum messages per subject") => Ok(false),
@@ -386,16 +402,49 @@ impl NatsStore {
         }
     }
 
-    /// Reads every message of one subject of a stream after stream seq `after`.
+    /// Reads every message of one subject of a stream after stream seq `after`. The first
+    /// few come by direct get, one round trip each, which is all most reads need (the tail
+    /// of a log a worker has folded); a longer subject — a cold load of a parent with
+    /// hundreds of children, say — is streamed through a short-lived consumer instead, so
+    /// the cost is a few round trips rather than one per message. Where no consumer can
+    /// be made (a cluster electing leaders), direct gets read the rest.
     async fn read_subject(
         &self,
         st: &stream::Stream,
         subject: &str,
         after: u64,
     ) -> Result<Vec<(u64, Bytes)>> {
+        const DIRECT_READS: usize = 8;
         let mut out = vec![];
-        let mut next = after + 1;
-        loop {
+        if self
+            .read_direct(st, subject, after + 1, Some(DIRECT_READS), &mut out)
+            .await?
+        {
+            return Ok(out);
+        }
+        let next = out.last().map_or(after, |(seq, _)| *seq) + 1;
+        if !self
+            .read_subject_streamed(st, subject, next, &mut out)
+            .await?
+        {
+            self.read_direct(st, subject, next, None, &mut out).await?;
+        }
+        Ok(out)
+    }
+
+    /// Direct gets of `subject` from stream seq `from` on, at most `limit` of them; true
+    /// when the subject was read to its end.
+    async fn read_direct(
+        &self,
+        st: &stream::Stream,
+        subject: &str,
+        from: u64,
+        limit: Option<usize>,
+        out: &mut Vec<(u64, Bytes)>,
+    ) -> Result<bool> {
+        let mut next = from;
+        let mut n = 0;
+        while limit.is_none_or(|l| n < l) {
             match st
                 .raw_message_builder()
                 .sequence(next)
@@ -406,13 +455,83 @@ impl NatsStore {
                 Ok(m) => {
                     next = m.sequence + 1;
                     out.push((m.sequence, m.payload));
+                    n += 1;
                 }
                 Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
-                    return Ok(out)
+                    return Ok(true)
                 }
                 Err(e) => return Err(nats_err("read", e)),
             }
         }
+        Ok(false)
+    }
+
+    /// Appends to `out` the messages of `subject` from stream seq `from` on, as they stand
+    /// when the read starts, through an ephemeral consumer that needs no acks. False (and
+    /// nothing read) when no consumer could be made in time.
+    async fn read_subject_streamed(
+        &self,
+        st: &stream::Stream,
+        subject: &str,
+        from: u64,
+        out: &mut Vec<(u64, Bytes)>,
+    ) -> Result<bool> {
+        let made = tokio::time::timeout(
+            Duration::from_secs(2),
+            st.create_consumer(consumer::pull::Config {
+                filter_subject: subject.to_string(),
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                ack_policy: consumer::AckPolicy::None,
+                inactive_threshold: Duration::from_secs(30),
+                memory_storage: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+        let cons: consumer::PullConsumer = match made {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                tracing::debug!(subject, error = %e, "no read consumer; reading by direct gets");
+                return Ok(false);
+            }
+            Err(_) => {
+                tracing::debug!(subject, "no read consumer in time; reading by direct gets");
+                return Ok(false);
+            }
+        };
+        let name = cons.cached_info().name.clone();
+        let mut left = cons.cached_info().num_pending;
+        let res = async {
+            while left > 0 {
+                let mut batch = cons
+                    .fetch()
+                    .max_messages(left.min(2048) as usize)
+                    .expires(Duration::from_secs(5))
+                    .messages()
+                    .await
+                    .map_err(|e| nats_err("read", e))?;
+                let mut got = 0;
+                while let Some(m) = batch.next().await {
+                    let m = m.map_err(|e| nats_err("read", e))?;
+                    let sseq = m.info().map_err(|e| nats_err("read", e))?.stream_sequence;
+                    out.push((sseq, m.payload.clone()));
+                    got += 1;
+                }
+                if got == 0 {
+                    return Err(Error::Backend(format!(
+                        "read of {subject}: {left} messages announced but none delivered"
+                    )));
+                }
+                left = left.saturating_sub(got);
+            }
+            Ok(true)
+        }
+        .await;
+        // Done with it either way; the server drops it by itself if this is lost.
+        let _ = st.delete_consumer(&name).await;
+        res
     }
 }
 
@@ -624,6 +743,7 @@ impl JobQueue for NatsStore {
             return Err(Error::Corrupt(format!("job on subject {}", msg.subject)));
         };
         let session = SessionId::parse(&id)?;
+        tracing::trace!(%session, attempt, "job claimed");
         let (_, acker) = msg.split();
         let handle = format!("{sseq}:{attempt}");
         self.held
@@ -663,6 +783,7 @@ impl JobQueue for NatsStore {
             Some(a) => a.double_ack().await.map_err(|e| nats_err("ack", e)),
             None => Ok(()),
         };
+        tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
         // A push that found this job held left a marker: run the session once more. When
         // the marker cannot be read (or the ack's outcome is unknown) push anyway: an extra
         // wake-up costs one idle step, a lost one strands a session.

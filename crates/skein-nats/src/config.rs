@@ -68,8 +68,9 @@ impl Default for NatsConfig {
 impl std::fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let hidden = |o: &Option<String>| o.as_ref().map(|_| "<redacted>");
+        let urls: Vec<String> = self.urls.iter().map(|u| redact_url(u)).collect();
         f.debug_struct("NatsConfig")
-            .field("urls", &self.urls)
+            .field("urls", &urls)
             .field("user", &self.user)
             .field("password", &hidden(&self.password))
             .field("password_env", &self.password_env)
@@ -86,7 +87,200 @@ impl std::fmt::Debug for NatsConfig {
     }
 }
 
+impl NatsConfig {
+    /// Every secret value this configuration uses: the password and token (read from their
+    /// environment variables where named) and what URLs carry before `@`. For scrubbing
+    /// output; never for display.
+    pub fn secrets(&self) -> Vec<String> {
+        let env = |v: &Option<String>| v.as_ref().and_then(|n| std::env::var(n).ok());
+        let mut out: Vec<String> = [
+            self.password.clone(),
+            env(&self.password_env),
+            self.token.clone(),
+            env(&self.token_env),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        out.extend(self.urls.iter().filter_map(|u| url_secret(u)));
+        out.retain(|s| !s.is_empty());
+        out
+    }
+
+    /// Moves credentials written into the URLs (`nats://user:pass@host`, `nats://token@host`)
+    /// to the fields the connection uses, and strips them from the URLs, so they are never
+    /// logged with an address. Fields already set win over URL credentials; the first URL
+    /// that carries any is used.
+    pub fn take_url_credentials(&mut self) {
+        let mut found = None;
+        for u in &mut self.urls {
+            let Some((a, b)) = userinfo(u) else { continue };
+            if found.is_none() {
+                found = Some(u[a..b].to_string());
+            }
+            *u = format!("{}{}", &u[..a], &u[b + 1..]);
+        }
+        let Some(info) = found else { return };
+        let has_login = self.user.is_some() || self.token.is_some() || self.token_env.is_some();
+        if has_login || self.credentials_file.is_some() {
+            return;
+        }
+        match info.split_once(':') {
+            Some((user, pass)) => {
+                self.user = Some(percent_decoded(user));
+                if self.password.is_none() && self.password_env.is_none() {
+                    self.password = Some(percent_decoded(pass));
+                }
+            }
+            None => self.token = Some(percent_decoded(&info)),
+        }
+    }
+
+    /// The server list for messages and logs, secrets redacted.
+    pub fn shown_urls(&self) -> String {
+        self.urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Where the user information of a URL lies: the byte range between `://` (or the start)
+/// and the `@` that ends it, if any.
+fn userinfo(url: &str) -> Option<(usize, usize)> {
+    let start = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let rest = &url[start..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let at = rest[..end].rfind('@')?;
+    Some((start, start + at))
+}
+
+/// The secret part of a URL's user information: the password of `user:pass@`, or the
+/// whole of `token@` (a NATS URL with a user and no password carries a token).
+fn url_secret(url: &str) -> Option<String> {
+    let (a, b) = userinfo(url)?;
+    let info = &url[a..b];
+    Some(match info.split_once(':') {
+        Some((_, pass)) => pass.to_string(),
+        None => info.to_string(),
+    })
+}
+
+/// `%XX` escapes of URL user information decoded (others left as they are).
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A URL fit to print: `nats://user:pass@host` becomes `nats://user:***@host`, and
+/// `nats://token@host` becomes `nats://***@host`. Anything else is returned unchanged.
+pub fn redact_url(url: &str) -> String {
+    let Some((a, b)) = userinfo(url) else {
+        return url.to_string();
+    };
+    let shown = match url[a..b].split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_string(),
+    };
+    format!("{}{shown}{}", &url[..a], &url[b..])
+}
+
 /// `90s`, `15m`, `2h`, `7d`, `0` (none).
 pub fn duration(s: &str) -> Option<Duration> {
     skein_runtime::worker::parse_duration(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_their_secrets() {
+        assert_eq!(
+            redact_url("nats://alice:hunter2@db.example:4222"),
+            "nats://alice:***@db.example:4222"
+        );
+        assert_eq!(
+            redact_url("tls://s3cret-token@10.0.0.1"),
+            "tls://***@10.0.0.1"
+        );
+        assert_eq!(redact_url("bob:pw@host:4222"), "bob:***@host:4222");
+        assert_eq!(
+            redact_url("nats://127.0.0.1:4222/a@b"),
+            "nats://127.0.0.1:4222/a@b"
+        );
+        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
+
+    #[test]
+    fn url_credentials_move_to_the_login_fields() {
+        let mut c = NatsConfig {
+            urls: vec![
+                "nats://alice:p%40ss@h1:4222".into(),
+                "nats://h2:4222".into(),
+                "nats://bob:other@h3".into(),
+            ],
+            ..NatsConfig::default()
+        };
+        c.take_url_credentials();
+        assert_eq!(c.urls, ["nats://h1:4222", "nats://h2:4222", "nats://h3"]);
+        assert_eq!(c.user.as_deref(), Some("alice"));
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+
+        let mut c = NatsConfig {
+            urls: vec!["tok%zz@h1".into()],
+            ..NatsConfig::default()
+        };
+        c.take_url_credentials();
+        assert_eq!(
+            (c.urls[0].as_str(), c.token.as_deref()),
+            ("h1", Some("tok%zz"))
+        );
+
+        let mut c = NatsConfig {
+            urls: vec!["nats://alice:url@h1".into()],
+            user: Some("carol".into()),
+            password_env: Some("CAROL_PW".into()),
+            ..NatsConfig::default()
+        };
+        c.take_url_credentials();
+        assert_eq!(c.urls, ["nats://h1"]);
+        assert_eq!(c.user.as_deref(), Some("carol"));
+        assert_eq!(c.password, None);
+    }
+
+    #[test]
+    fn debug_and_secrets_cover_urls_passwords_and_tokens() {
+        let cfg = NatsConfig {
+            urls: vec![
+                "nats://alice:hunter2@h1:4222".into(),
+                "nats://tok-in-url@h2:4222".into(),
+            ],
+            user: Some("alice".into()),
+            password: Some("pw-in-config".into()),
+            token: Some("token-in-config".into()),
+            ..NatsConfig::default()
+        };
+        let shown = format!("{cfg:?} {}", cfg.shown_urls());
+        for s in ["hunter2", "tok-in-url", "pw-in-config", "token-in-config"] {
+            assert!(!shown.contains(s), "{s} shown: {shown}");
+            assert!(cfg.secrets().iter().any(|x| x == s), "{s} not listed");
+        }
+        assert!(shown.contains("nats://alice:***@h1:4222"), "{shown}");
+    }
 }

@@ -17,11 +17,26 @@ use tokio::sync::watch;
 
 use crate::backend::NatsStore;
 
-fn bad(e: impl std::fmt::Display) -> async_nats::service::error::Error {
-    async_nats::service::error::Error {
-        status: e.to_string(),
-        code: 400,
-    }
+/// A service error whose code tells whose fault it was: 400 (the request cannot be
+/// accepted) and 404 (no such session) are the caller's; 500 (stored data or definitions
+/// are broken) and 503 (NATS failed; try again) the infrastructure's; 409 means another
+/// writer got there first (try again). The text goes in a header, so it is one line.
+fn service_error(e: &Error) -> async_nats::service::error::Error {
+    let code = match e {
+        Error::Rejected(_) | Error::Core(skein_core::Error::InvalidId(_)) => 400,
+        Error::NotFound(_) => 404,
+        Error::Conflict { .. } => 409,
+        Error::Backend(_) => 503,
+        Error::Corrupt(_) | Error::Core(_) => 500,
+    };
+    let status = e
+        .to_string()
+        .split(['\r', '\n'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    async_nats::service::error::Error { status, code }
 }
 
 #[derive(Deserialize)]
@@ -52,7 +67,7 @@ struct ApproveReq {
 pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value, Error> {
     let records = rt.backend.log.read(id, 1).await?;
     if records.is_empty() {
-        return Err(Error::Rejected(format!("no session {id}")));
+        return Err(Error::NotFound(format!("no session {id}")));
     }
     let f = skein_runtime::inspect::fold_records(id, &records)?;
     Ok(json!({
@@ -68,14 +83,18 @@ pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value, Error> {
 /// Cancels every unfinished session of the tree under `id`.
 pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize, Error> {
     let mut n = 0;
-    for s in rt
+    let sessions: Vec<SessionId> = rt
         .backend
         .log
         .tree(&id.root_id())
         .await?
         .into_iter()
         .filter(|s| id.contains(s))
-    {
+        .collect();
+    if sessions.is_empty() {
+        return Err(Error::NotFound(format!("no session {id}")));
+    }
+    for s in sessions {
         let (f, _) = rt.load(&s).await?;
         if f.state.status.is_terminal() {
             rt.keep_state(f);
@@ -130,7 +149,7 @@ async fn serve(rt: &Runtime, endpoint: &str, body: &[u8]) -> Result<Value, Error
                     .await?;
             Ok(json!({"session": s.to_string()}))
         }
-        other => Err(Error::Rejected(format!("unknown endpoint {other}"))),
+        other => Err(Error::NotFound(format!("unknown endpoint {other}"))),
     }
 }
 
@@ -138,8 +157,21 @@ async fn serve(rt: &Runtime, endpoint: &str, body: &[u8]) -> Result<Value, Error
 pub async fn run(
     rt: Arc<Runtime>,
     store: Arc<NatsStore>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), Error> {
+    let serving = start(rt, store, stop).await?;
+    let _ = serving.await;
+    Ok(())
+}
+
+/// Registers `skein.api.*` and `skein.answers` and returns once the server has them (a
+/// request made after this returns finds a responder), serving them in the background
+/// until `stop` turns true.
+pub async fn start(
+    rt: Arc<Runtime>,
+    store: Arc<NatsStore>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
     let service = store
         .client
         .service_builder()
@@ -159,7 +191,7 @@ pub async fn run(
             while let Some(req) = ep.next().await {
                 let reply = match serve(&rt, name, &req.message.payload).await {
                     Ok(v) => Ok(Bytes::from(v.to_string())),
-                    Err(e) => Err(bad(e)),
+                    Err(e) => Err(service_error(&e)),
                 };
                 if let Err(e) = req.respond(reply).await {
                     tracing::warn!(endpoint = name, error = %e, "reply failed");
@@ -192,10 +224,21 @@ pub async fn run(
             }
         }
     }));
-    let _ = stop.changed().await;
-    for t in tasks {
-        t.abort();
-    }
-    let _ = service.stop().await;
-    Ok(())
+    // The server handles one connection's messages in order: once it answers a request
+    // sent after every subscription, it has them all.
+    let ping = format!("$SRV.PING.skein.{}", service.info().await.id);
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        store.client.request(ping, Bytes::new()),
+    )
+    .await
+    .map_err(|_| Error::Backend("nats service: no answer to its own ping".into()))?
+    .map_err(|e| Error::Backend(format!("nats service: ping: {e}")))?;
+    Ok(tokio::spawn(async move {
+        let _ = stop.changed().await;
+        for t in tasks {
+            t.abort();
+        }
+        let _ = service.stop().await;
+    }))
 }

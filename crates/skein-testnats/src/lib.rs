@@ -5,6 +5,8 @@
 //! (file storage survives), [`Cluster`] runs three routed JetStream nodes. Readiness is
 //! polled on the monitoring endpoint (`/healthz`), never assumed after a sleep. A missing
 //! `nats-server` fails loudly with how to install it: a test never passes without one.
+//! [`NatsServer::start_with_auth`] starts one that refuses clients without credentials,
+//! [`NatsServer::start_with_config`] one with any extra configuration.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -81,7 +83,7 @@ impl Node {
         }
     }
 
-    fn write_config(&self, routes: &[u16], sync: Option<&str>) {
+    fn write_config(&self, routes: &[u16], sync: Option<&str>, extra: &str) {
         let mut cfg = format!(
             "server_name: {}\nlisten: 127.0.0.1:{}\nhttp: 127.0.0.1:{}\n\
              jetstream {{\n  store_dir: \"{}\"\n{}}}\n",
@@ -102,6 +104,10 @@ impl Node {
                 "cluster {{\n  name: skein-test\n  listen: 127.0.0.1:{cp}\n  routes: [{}]\n}}\n",
                 routes.join(", ")
             ));
+        }
+        cfg.push_str(extra);
+        if !extra.ends_with('\n') {
+            cfg.push('\n');
         }
         std::fs::write(self.dir.join("nats.conf"), cfg).unwrap_or_else(|e| panic!("config: {e}"));
     }
@@ -135,6 +141,31 @@ impl Node {
         );
     }
 
+    /// Like `wait_ready`, but notices a server that exited instead: `Err` with its log.
+    fn try_ready(&mut self, path: &str, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        let log = |dir: &Path| std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+        while Instant::now() < deadline {
+            if healthy(self.http_port, path) {
+                return Ok(());
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return Err(format!(
+                    "nats-server {} exited ({status}) before it was ready; its log:\n{}",
+                    self.name,
+                    log(&self.dir)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!(
+            "nats-server {} not ready within {within:?}; its log:\n{}",
+            self.name,
+            log(&self.dir)
+        ))
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -146,6 +177,41 @@ impl Node {
         format!("nats://127.0.0.1:{}", self.port)
     }
 }
+
+/// Credentials a server started by [`NatsServer::start_with_auth`] requires.
+#[derive(Clone)]
+pub enum Auth {
+    /// `authorization { token }`: clients must present this token.
+    Token(String),
+    /// `authorization { user, password }`: clients must log in as this user.
+    UserPassword { user: String, password: String },
+}
+
+impl Auth {
+    /// The server configuration block.
+    pub fn config(&self) -> String {
+        match self {
+            Auth::Token(t) => format!("authorization {{\n  token: {}\n}}\n", quoted(t)),
+            Auth::UserPassword { user, password } => format!(
+                "authorization {{\n  user: {}\n  password: {}\n}}\n",
+                quoted(user),
+                quoted(password)
+            ),
+        }
+    }
+}
+
+/// A double-quoted string of the server's configuration syntax.
+fn quoted(s: &str) -> String {
+    assert!(
+        !s.contains(['"', '\\', '\n', '\r']),
+        "test credentials must not contain quotes, backslashes or line breaks: {s:?}"
+    );
+    format!("\"{s}\"")
+}
+
+/// Health of a single server with JetStream up.
+const READY: &str = "/healthz?js-enabled-only=true";
 
 /// One JetStream-enabled `nats-server`.
 pub struct NatsServer {
@@ -161,11 +227,41 @@ impl NatsServer {
 
     /// Starts a server with a JetStream `sync_interval` (`always` for the strictest).
     pub fn start_with_sync(sync: Option<&str>) -> Self {
+        Self::start_with(sync, "")
+    }
+
+    /// Starts a server that accepts only clients with these credentials.
+    pub fn start_with_auth(auth: &Auth) -> Self {
+        Self::start_with_config(&auth.config())
+    }
+
+    /// Starts a server whose configuration file ends with `extra` (server configuration
+    /// syntax, e.g. `max_payload: 65536` or an `authorization { … }` block).
+    pub fn start_with_config(extra: &str) -> Self {
+        Self::start_with(None, extra)
+    }
+
+    fn start_with(sync: Option<&str>, extra: &str) -> Self {
         let root = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let mut node = Node::new("n1", root.path(), false);
-        node.write_config(&[], sync);
-        node.spawn();
-        node.wait_ready("/healthz?js-enabled-only=true", Duration::from_secs(20));
+        // A free port may be taken by another process before the server binds it: then
+        // the server exits, and it is started again on other ports.
+        for attempt in 1.. {
+            node.write_config(&[], sync, extra);
+            node.spawn();
+            match node.try_ready(READY, Duration::from_secs(60)) {
+                Ok(()) => break,
+                Err(e) if attempt < 3 && e.contains("address already in use") => {
+                    node.kill();
+                    node.port = free_port();
+                    node.http_port = free_port();
+                }
+                Err(e) => {
+                    node.kill();
+                    panic!("{e}");
+                }
+            }
+        }
         Self { node, _root: root }
     }
 
@@ -186,8 +282,10 @@ impl NatsServer {
     pub fn restart(&mut self) {
         self.node.kill();
         self.node.spawn();
-        self.node
-            .wait_ready("/healthz?js-enabled-only=true", Duration::from_secs(20));
+        if let Err(e) = self.node.try_ready(READY, Duration::from_secs(60)) {
+            self.node.kill();
+            panic!("{e}");
+        }
     }
 
     pub fn store_dir(&self) -> PathBuf {
@@ -215,7 +313,7 @@ impl Cluster {
             .collect();
         let routes: Vec<u16> = nodes.iter().filter_map(|n| n.cluster_port).collect();
         for n in &mut nodes {
-            n.write_config(&routes, None);
+            n.write_config(&routes, None, "");
             n.spawn();
         }
         let c = Self { nodes, _root: root };
@@ -280,11 +378,36 @@ mod tests {
             "same port after restart"
         );
         drop(s);
-        std::thread::sleep(Duration::from_millis(200));
+        // Dropping waits for the process to exit, and its listener dies with it.
         assert!(
             TcpStream::connect(("127.0.0.1", port)).is_err(),
             "killed on drop"
         );
+    }
+
+    fn info_line(url: &str) -> String {
+        let mut s = TcpStream::connect(url.trim_start_matches("nats://")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    #[test]
+    fn servers_with_auth_say_so_and_plain_ones_do_not() {
+        let plain = NatsServer::start();
+        assert!(!info_line(&plain.url()).contains("\"auth_required\":true"));
+        for auth in [
+            Auth::Token("tok-123".into()),
+            Auth::UserPassword {
+                user: "alice".into(),
+                password: "pw-456".into(),
+            },
+        ] {
+            let s = NatsServer::start_with_auth(&auth);
+            let info = info_line(&s.url());
+            assert!(info.contains("\"auth_required\":true"), "{info}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Commands that need a cluster: `skein worker`, `skein submit`, `skein watch`.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -100,12 +101,11 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         )));
     }
     if !a.no_api {
-        let (rt2, st2, rx) = (rt.clone(), store.clone(), stop.subscribe());
-        handles.push(tokio::spawn(async move {
-            if let Err(e) = skein_nats::service::run(rt2, st2, rx).await {
-                tracing::error!(error = %e, "skein.api stopped");
-            }
-        }));
+        // Started before "ready" is printed: a request sent after it finds the service.
+        let serving = skein_nats::service::start(rt.clone(), store.clone(), stop.subscribe())
+            .await
+            .context("cannot start the skein.api service (pass --no-api to run without it)")?;
+        handles.push(serving);
     }
     eprintln!(
         "worker {} ready: pools {}, concurrency {conc}",
@@ -189,23 +189,36 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
     let mut own = client.subscribe(format!("skein.events.{root}")).await?;
     let mut desc = client.subscribe(format!("skein.events.{root}.>")).await?;
     let b = store.backend();
-    // What happened so far, then live.
+    // Subscribed before reading the history, so nothing falls between the two; an event
+    // appended in between arrives both ways and is printed once: per session, only seqs
+    // past the last one printed are new (a session's events arrive in order).
+    let mut printed: HashMap<SessionId, u64> = HashMap::new();
     let mut t0 = None;
+    let mut show = |r: &Record| {
+        let last = printed.entry(r.env.session.clone()).or_insert(0);
+        if r.env.seq <= *last {
+            return;
+        }
+        *last = r.env.seq;
+        let start = *t0.get_or_insert(r.env.at);
+        println!(
+            "{:<40} {}",
+            r.env.session.display(),
+            render::event_line(r, start)
+        );
+    };
+    // Whether the root has ended is judged from what was printed: an end appended after
+    // the history was read still arrives live.
+    let mut ended = false;
     for s in b.log.tree(&root).await? {
         for r in b.log.read(&s, 1).await? {
-            let start = *t0.get_or_insert(r.env.at);
-            println!(
-                "{:<40} {}",
-                r.env.session.display(),
-                render::event_line(&r, start)
-            );
+            show(&r);
+            if r.env.session == root {
+                ended = r.env.body.is_terminal();
+            }
         }
     }
-    if b.log
-        .last(&root)
-        .await?
-        .is_some_and(|r| r.env.body.is_terminal())
-    {
+    if ended {
         return Ok(ExitCode::SUCCESS);
     }
     loop {
@@ -217,12 +230,7 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
         let Ok(r) = Record::decode(m.payload.to_vec()) else {
             continue;
         };
-        let start = *t0.get_or_insert(r.env.at);
-        println!(
-            "{:<40} {}",
-            r.env.session.display(),
-            render::event_line(&r, start)
-        );
+        show(&r);
         if r.env.session == root && r.env.body.is_terminal() {
             return Ok(ExitCode::SUCCESS);
         }
