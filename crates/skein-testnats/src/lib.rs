@@ -37,10 +37,24 @@ pub fn nats_server_bin() -> PathBuf {
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("cannot bind a port: {e}"));
-    l.local_addr()
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no local addr: {e}"))
+    // The kernel may hand the same free port to two binds made one after the other (the
+    // first listener is gone by then): never give out a port twice in this process, so a
+    // node's client, monitoring and route ports, and those of its peers, all differ.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    for _ in 0..1000 {
+        let l =
+            TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("cannot bind a port: {e}"));
+        let port = l
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("no local addr: {e}"));
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no port that was not given out before")
 }
 
 fn healthy(http_port: u16, path: &str) -> bool {
