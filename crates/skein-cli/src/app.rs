@@ -192,44 +192,7 @@ impl App {
 /// to pass. Any other failure is left to the store's connection, which retries.
 async fn check_credentials(c: &skein_nats::NatsConfig) -> Result<()> {
     use async_nats::ConnectErrorKind;
-    let env = |v: &Option<String>| v.as_ref().and_then(|n| std::env::var(n).ok());
-    let password = env(&c.password_env).or(c.password.clone());
-    let token = env(&c.token_env).or(c.token.clone());
-    let mut opts = async_nats::ConnectOptions::new()
-        .name("skein")
-        .connection_timeout(Duration::from_secs(5));
-    let mut given = false;
-    if let (Some(u), Some(p)) = (&c.user, password) {
-        opts = opts.user_and_password(u.clone(), p);
-        given = true;
-    }
-    if let Some(t) = token {
-        opts = opts.token(t);
-        given = true;
-    }
-    if let Some(f) = &c.credentials_file {
-        opts = opts
-            .credentials_file(f)
-            .await
-            .with_context(|| format!("NATS credentials file {}", f.display()))?;
-        given = true;
-    }
-    if let Some(ca) = &c.tls_ca {
-        opts = opts.add_root_certificates(ca.clone());
-    }
-    if let (Some(cert), Some(key)) = (&c.tls_cert, &c.tls_key) {
-        opts = opts.add_client_certificate(cert.clone(), key.clone());
-    }
-    if c.tls_required {
-        opts = opts.require_tls(true);
-    }
-    let mut urls = vec![];
-    for u in &c.urls {
-        let addr: async_nats::ServerAddr = u
-            .parse()
-            .with_context(|| format!("nats url `{}`", skein_nats::config::redact_url(u)))?;
-        urls.push(addr);
-    }
+    let (opts, urls, given) = skein_nats::backend::connect_options(c).await?;
     match opts.connect(urls).await {
         Ok(client) => {
             let _ = client.drain().await;

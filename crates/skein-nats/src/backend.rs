@@ -194,26 +194,35 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
     Ok(())
 }
 
-/// Connects with the configured credentials (never logged).
-pub async fn connect_client(cfg: &NatsConfig) -> Result<async_nats::Client> {
+/// Connection options with the configured credentials and TLS (never logged), the server
+/// addresses, and whether any credentials were given. Callers add their retry policy.
+pub async fn connect_options(
+    cfg: &NatsConfig,
+) -> Result<(
+    async_nats::ConnectOptions,
+    Vec<async_nats::ServerAddr>,
+    bool,
+)> {
     let mut opts = async_nats::ConnectOptions::new()
         .name("skein")
-        .retry_on_initial_connect()
-        .connection_timeout(Duration::from_secs(5))
-        .max_reconnects(None);
+        .connection_timeout(Duration::from_secs(5));
     let env = |v: &Option<String>| v.as_ref().and_then(|n| std::env::var(n).ok());
+    let mut given = false;
     let password = env(&cfg.password_env).or(cfg.password.clone());
     if let (Some(u), Some(p)) = (&cfg.user, password) {
         opts = opts.user_and_password(u.clone(), p);
+        given = true;
     }
     if let Some(t) = env(&cfg.token_env).or(cfg.token.clone()) {
         opts = opts.token(t);
+        given = true;
     }
     if let Some(c) = &cfg.credentials_file {
         opts = opts
             .credentials_file(c)
             .await
             .map_err(|e| Error::Backend(format!("nats: credentials file {}: {e}", c.display())))?;
+        given = true;
     }
     if let Some(ca) = &cfg.tls_ca {
         opts = opts.add_root_certificates(ca.clone());
@@ -233,7 +242,18 @@ pub async fn connect_client(cfg: &NatsConfig) -> Result<async_nats::Client> {
             })
         })
         .collect::<Result<_>>()?;
-    opts.connect(urls).await.map_err(|e| nats_err("connect", e))
+    Ok((opts, urls, given))
+}
+
+/// Connects with the configured credentials, retrying for as long as it takes (a worker
+/// may start before its server).
+pub async fn connect_client(cfg: &NatsConfig) -> Result<async_nats::Client> {
+    let (opts, urls, _) = connect_options(cfg).await?;
+    opts.retry_on_initial_connect()
+        .max_reconnects(None)
+        .connect(urls)
+        .await
+        .map_err(|e| nats_err("connect", e))
 }
 
 impl NatsStore {
