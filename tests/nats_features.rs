@@ -244,10 +244,33 @@ turns:
 
 #[test]
 fn a_file_a_child_writes_on_one_worker_is_read_by_its_parent_on_another() {
+    share_a_file(None);
+}
+
+/// The same with workspaces on a volume both workers mount (`nats.workspace_dir`): the
+/// file is a plain file there.
+#[test]
+fn a_shared_volume_workspace_works_across_workers_too() {
+    let volume = tempfile::tempdir().unwrap();
+    share_a_file(Some(volume.path()));
+    let on_disk = volume.path().join("ws-nats/notes/findings.md");
+    assert_eq!(
+        std::fs::read_to_string(&on_disk).unwrap(),
+        "written by ws-nats.scribe-1"
+    );
+}
+
+fn share_a_file(volume: Option<&std::path::Path>) {
     let sb = Sandbox::new();
     // Writing needs no approval here; the pools pin each agent to one worker.
     let mut cfg = std::fs::read_to_string(sb.config()).unwrap();
     cfg.push_str("\n[limits]\napproval_required = [\"shell\"]\n");
+    if let Some(v) = volume {
+        cfg.push_str(&format!(
+            "\n[nats]\nworkspace_dir = {:?}\n",
+            v.display().to_string()
+        ));
+    }
     std::fs::write(sb.config(), cfg).unwrap();
     sb.agent(
         "boss",

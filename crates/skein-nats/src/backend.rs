@@ -1049,6 +1049,11 @@ impl Announcer for NatsStore {
 
 impl Workspaces for NatsStore {
     fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace> {
+        if let Some(dir) = &self.cfg.workspace_dir {
+            return Arc::new(skein_tools::workspace::LocalWorkspace::new(
+                dir.join(root.as_str()),
+            ));
+        }
         Arc::new(ObjectWorkspace {
             store: self.workspace.clone(),
             root: root.to_string(),

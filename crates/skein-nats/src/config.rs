@@ -39,6 +39,9 @@ pub struct NatsConfig {
     pub inflight_max_age: String,
     /// Window in which a repeated `Nats-Msg-Id` is dropped as a duplicate.
     pub duplicate_window: String,
+    /// Tree workspaces as directories `<workspace_dir>/<root>` on a volume every worker
+    /// mounts (and `shell` can run in), instead of the object store `skein_workspace`.
+    pub workspace_dir: Option<PathBuf>,
 }
 
 impl Default for NatsConfig {
@@ -61,6 +64,7 @@ impl Default for NatsConfig {
             cache_max_age: "0".into(),
             inflight_max_age: "1h".into(),
             duplicate_window: "2m".into(),
+            workspace_dir: None,
         }
     }
 }
@@ -83,6 +87,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("tls_required", &self.tls_required)
             .field("replicas", &self.replicas)
             .field("storage", &self.storage)
+            .field("workspace_dir", &self.workspace_dir)
             .finish_non_exhaustive()
     }
 }
