@@ -380,10 +380,12 @@ async fn a_silent_server_times_out() {
         timeout: Duration::from_millis(300),
         ..HttpConfig::default()
     });
-    let started = std::time::Instant::now();
     let e = fetch_err(&tb, json!({"url": format!("http://{addr}/")})).await;
-    assert!(matches!(e, ToolError::Timeout(_)), "{e:?}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    // The configured limit is the one that ended the call.
+    assert!(
+        matches!(e, ToolError::Timeout(d) if d == Duration::from_millis(300)),
+        "{e:?}"
+    );
 }
 
 #[tokio::test]
