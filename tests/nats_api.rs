@@ -19,17 +19,6 @@ const TOKEN: &str = "tok-4f1c9a7e-never-print-me";
 const USER: &str = "skein-tester";
 const PASSWORD: &str = "pw-8d2b6c31-never-print-me";
 
-/// Kills the worker processes it holds when the test ends, however it ends.
-struct Workers(Vec<Child>);
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// `skein` with the sandbox's config and data, the cluster's token secret, and none of
 /// the connection variables of the calling environment.
 fn cmd(sb: &Sandbox) -> Command {

@@ -68,16 +68,6 @@ fn kill9(c: &mut Child) {
     let _ = c.wait();
 }
 
-struct Workers(Vec<Child>);
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// Publishes with the NATS text protocol over TCP: `PUB subject n\r\npayload\r\n`.
 fn raw_publish(url: &str, subject: &str, payloads: &[Vec<u8>]) {
     let addr = url.trim_start_matches("nats://");

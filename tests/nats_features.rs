@@ -12,16 +12,6 @@ use skein_testnats::NatsServer;
 
 const SECRET: &str = "features-secret-not-for-production";
 
-struct Workers(Vec<Child>);
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 fn worker(sb: &Sandbox, url: &str, name: &str) -> Child {
     worker_of(sb, url, name, &[])
 }

@@ -164,3 +164,15 @@ pub fn audit_all(data: &Path, agents_dir: &Path) -> usize {
     }
     n
 }
+
+/// Kills the worker processes it holds when the test ends, however it ends.
+pub struct Workers(pub Vec<std::process::Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
