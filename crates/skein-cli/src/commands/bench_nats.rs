@@ -105,24 +105,14 @@ impl Fleet {
                 ..Default::default()
             })
             .await?;
-        let deadline = Instant::now() + Duration::from_secs(600);
-        loop {
-            if let Some(r) = rt.backend.log.last(&id).await? {
-                if r.env.body.is_terminal() {
-                    anyhow::ensure!(
-                        matches!(r.env.body, Event::Completed(_)),
-                        "fan-out {n} ended with {}",
-                        r.env.body.kind()
-                    );
-                    break;
-                }
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "fan-out {n} did not finish in 10 minutes"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        completed(
+            rt,
+            &id,
+            &format!("fan-out {n}"),
+            Duration::from_millis(5),
+            || {},
+        )
+        .await?;
         Ok((id, started.elapsed().as_secs_f64() * 1000.0))
     }
 
@@ -234,27 +224,46 @@ async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result
         })
         .await?;
     let mut peak = idle;
+    completed(
+        &submitter,
+        &id,
+        "the memory run",
+        Duration::from_millis(50),
+        || peak = peak.max(rss_kib(pid)),
+    )
+    .await?;
+    drop(worker);
+    Ok((idle, peak))
+}
+
+/// Polls `id`'s log every `every` until it ends (calling `on_poll` each time); an error
+/// unless it completed within 10 minutes.
+async fn completed(
+    rt: &Runtime,
+    id: &SessionId,
+    what: &str,
+    every: Duration,
+    mut on_poll: impl FnMut(),
+) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        peak = peak.max(rss_kib(pid));
-        if let Some(r) = submitter.backend.log.last(&id).await? {
+        on_poll();
+        if let Some(r) = rt.backend.log.last(id).await? {
             if r.env.body.is_terminal() {
                 anyhow::ensure!(
                     matches!(r.env.body, Event::Completed(_)),
-                    "the memory run ended with {}",
+                    "{what} ended with {}",
                     r.env.body.kind()
                 );
-                break;
+                return Ok(());
             }
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "the memory run did not finish in 10 minutes"
+            "{what} did not finish in 10 minutes"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
-    drop(worker);
-    Ok((idle, peak))
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
