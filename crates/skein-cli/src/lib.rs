@@ -242,7 +242,11 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(commands::dispatch(cli)) {
+    let res = rt.block_on(commands::dispatch(cli));
+    // Work still in flight (a worker's abandoned step, a blocking tool) does not hold the
+    // process: the command has decided its exit.
+    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    match res {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", config::scrub(&format!("{e:#}")));

@@ -10,12 +10,15 @@
 //! | Announcer | core subject `skein.results.<root>` |
 //! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
 //!
-//! Job coalescing: `SKEIN_JOBS` keeps at most one message per subject and refuses a new
-//! one while it exists (`discard_new_per_subject`), so a session has at most one job,
-//! pending or held. A push refused that way writes a wake marker (KV `skein_wake`) and
-//! tries once more (the job may have been acked in between); a holder, after its ack, reads
-//! the marker and, if set, clears it and pushes again. Either the second publish lands, or
-//! the marker was written before the ack and is seen after it: no wake-up is lost.
+//! Job coalescing: a session has at most one job, pending or held. Each job is published
+//! with `Nats-Expected-Last-Subject-Sequence: 0`, which the stream accepts only while the
+//! subject holds no message (an acked job is deleted from the work queue). The stream itself
+//! has no per-subject limit: replicas of servers before 2.10 cannot catch up on a stream
+//! that refuses new messages per subject. A push refused because a job exists writes a wake
+//! marker (KV `skein_wake`) and tries once more (the job may have been acked in between); a
+//! holder, after its ack, reads the marker and, if set, clears it and pushes again. Either
+//! the second publish lands, or the marker was written before the ack and is seen after it:
+//! no wake-up is lost.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -41,6 +44,9 @@ pub const EVENTS: &str = "SKEIN_EVENTS";
 pub const JOBS: &str = "SKEIN_JOBS";
 pub const NOTICES: &str = "SKEIN_NOTICES";
 pub const MISSIONS: &str = "SKEIN_MISSIONS";
+
+/// How long past its expiry a pull may go unanswered before it is given up.
+const PULL_GRACE: Duration = Duration::from_secs(5);
 
 fn nats_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Backend(format!("nats: {what}: {e}"))
@@ -111,18 +117,16 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         ..Default::default()
     })
     .await?;
-    put(stream::Config {
+    let jobs = stream::Config {
         name: JOBS.into(),
         subjects: vec!["skein.jobs.>".into()],
         retention: stream::RetentionPolicy::WorkQueue,
         storage: st,
         num_replicas: r,
-        max_messages_per_subject: 1,
-        discard: stream::DiscardPolicy::New,
-        discard_new_per_subject: true,
         ..Default::default()
-    })
-    .await?;
+    };
+    put(jobs.clone()).await?;
+    upgrade_jobs_stream(js, jobs).await;
     put(stream::Config {
         name: NOTICES.into(),
         subjects: vec!["skein.notices.>".into(), "skein.watch.>".into()],
@@ -194,6 +198,43 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
     Ok(())
 }
 
+/// Earlier versions made `SKEIN_JOBS` refuse a second message per subject in the stream
+/// itself (`max_messages_per_subject: 1` with `discard_new_per_subject`). A replica that
+/// restarts on servers before 2.10 cannot catch up on such a stream ("maximum messages per
+/// subject exceeded", retried for ever), and the stream stops answering. The limit now
+/// travels on each job's publish instead (see [`NatsStore::publish_job`]); a stream made
+/// the old way is brought to the new settings here, once.
+async fn upgrade_jobs_stream(js: &Context, want: stream::Config) {
+    let Ok(mut s) = js.get_stream(JOBS).await else {
+        return;
+    };
+    let Ok(info) = s.info().await else {
+        return;
+    };
+    let have = &info.config;
+    if !have.discard_new_per_subject && have.max_messages_per_subject <= 0 {
+        return;
+    }
+    let cfg = stream::Config {
+        max_messages_per_subject: -1,
+        discard_new_per_subject: false,
+        discard: stream::DiscardPolicy::Old,
+        num_replicas: have.num_replicas,
+        storage: have.storage,
+        ..want
+    };
+    match js.update_stream(cfg).await {
+        Ok(_) => tracing::info!(
+            stream = JOBS,
+            "job stream updated: one job per session is now enforced on publish, not by a \
+             per-subject limit (which replicas of servers before 2.10 cannot catch up on)"
+        ),
+        Err(e) => tracing::warn!(stream = JOBS, error = %e,
+            "job stream keeps its per-subject limit; a replica of a server before 2.10 may \
+             fail to catch up on it after a restart"),
+    }
+}
+
 /// Connection options with the configured credentials and TLS (never logged), the server
 /// addresses, and whether any credentials were given. Callers add their retry policy.
 pub async fn connect_options(
@@ -261,23 +302,29 @@ impl NatsStore {
     pub async fn connect(cfg: &NatsConfig, lease: Duration) -> Result<Arc<Self>> {
         let client = connect_client(cfg).await?;
         let js = jetstream::new(client.clone());
-        let mut last = None;
-        // A fresh cluster may still be electing its JetStream leader.
-        for _ in 0..40 {
-            match ensure_topology(&js, cfg).await {
-                Ok(()) => {
-                    last = None;
-                    break;
-                }
-                Err(e) => {
-                    last = Some(e);
+        // A fresh cluster may still be electing its JetStream leader, and a cluster that
+        // lost a node its stream leaders: the whole setup is tried again for a while.
+        let mut tries = 0;
+        loop {
+            match Self::open(client.clone(), js.clone(), cfg, lease).await {
+                Ok(store) => return Ok(store),
+                Err(e) if tries < 40 => {
+                    tries += 1;
+                    tracing::debug!(error = %e, "JetStream setup not ready; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
+                Err(e) => return Err(e),
             }
         }
-        if let Some(e) = last {
-            return Err(e);
-        }
+    }
+
+    async fn open(
+        client: async_nats::Client,
+        js: Context,
+        cfg: &NatsConfig,
+        lease: Duration,
+    ) -> Result<Arc<Self>> {
+        ensure_topology(&js, cfg).await?;
         let s = |n: &'static str| {
             let js = js.clone();
             async move { js.get_stream(n).await.map_err(|e| nats_err(n, e)) }
@@ -309,16 +356,18 @@ impl NatsStore {
         }))
     }
 
+    /// The ports, each call bounded by [`crate::deadline::OPERATION_LIMIT`].
     pub fn backend(self: &Arc<Self>) -> Backend {
+        let d = crate::deadline::Deadline::new(self.clone(), crate::deadline::OPERATION_LIMIT);
         Backend {
             name: "nats",
-            log: self.clone(),
-            jobs: self.clone(),
-            cache: self.clone(),
-            blobs: self.clone(),
-            notices: self.clone(),
+            log: d.clone(),
+            jobs: d.clone(),
+            cache: d.clone(),
+            blobs: d.clone(),
+            notices: d.clone(),
             workspaces: self.clone(),
-            announcer: Some(self.clone()),
+            announcer: Some(d),
         }
     }
 
@@ -378,23 +427,13 @@ impl NatsStore {
             max_waiting: 16_384,
             ..Default::default()
         };
-        // After a node loss the cluster may be electing leaders: give it a few seconds.
-        let mut tries = 0;
-        let cons = loop {
-            match self
-                .jobs_stream
-                .get_or_create_consumer(&name, config.clone())
-                .await
-            {
-                Ok(c) => break c,
-                Err(e) if tries < 20 => {
-                    tries += 1;
-                    tracing::debug!(pool, error = %e, "pool consumer not ready; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(e) => return Err(nats_err("pool consumer", e)),
-            }
-        };
+        // One attempt: while a cluster elects leaders this fails, and the caller's loop
+        // tries again and says so (a silent retry here once hid a lost consumer).
+        let cons = self
+            .jobs_stream
+            .get_or_create_consumer(&name, config.clone())
+            .await
+            .map_err(|e| nats_err(&format!("open consumer {name} of stream {JOBS}"), e))?;
         // The consumer outlives workers: one made with another lease keeps that ack wait,
         // and heartbeats paced by ours would come too late for it. Bring it to ours.
         let cons = if cons.cached_info().config.ack_wait != self.lease {
@@ -411,14 +450,55 @@ impl NatsStore {
         Ok(cons)
     }
 
+    /// Publishes a job unless its session has one, pending or held: `Ok(false)` then.
+    /// The publish carries `Nats-Expected-Last-Subject-Sequence: 0`, which the stream
+    /// leader accepts only while the subject holds no message (an acked job is deleted
+    /// from the work queue). A publish whose ack was lost may have landed: it is sent
+    /// again, and the retry is refused as "a job exists" if the first one landed, so
+    /// retrying never makes two jobs.
+    /// Drops the cached handle of a pool's consumer: the next claim looks it up again and
+    /// makes it anew if the cluster lost it.
+    async fn forget_consumer(&self, pool: &str) {
+        self.consumers.lock().await.remove(pool);
+    }
+
     async fn publish_job(&self, pool: &str, session: &SessionId) -> Result<bool> {
         let subject = format!("skein.jobs.{pool}.{}", session.as_str());
-        let res = async { self.js.publish(subject, Bytes::new()).await?.await }.await;
-        tracing::trace!(%session, published = res.is_ok(), "job push");
-        match res {
-            Ok(_) => Ok(true),
-            Err(e) if e.to_string().contains("maximum messages per subject") => Ok(false),
-            Err(e) => Err(nats_err("push job", e)),
+        let mut delay = Duration::from_millis(100);
+        let mut tries = 0;
+        loop {
+            let mut h = HeaderMap::new();
+            h.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, "0");
+            let res = async {
+                self.js
+                    .publish_with_headers(subject.clone(), h, Bytes::new())
+                    .await?
+                    .await
+            }
+            .await;
+            tracing::trace!(%session, published = res.is_ok(), "job push");
+            match res {
+                Ok(_) => return Ok(true),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        jetstream::context::PublishErrorKind::WrongLastSequence
+                    ) =>
+                {
+                    return Ok(false)
+                }
+                // A stream made before the limit moved to the publish says it this way.
+                Err(e) if e.to_string().contains("maximum messages per subject") => {
+                    return Ok(false)
+                }
+                Err(e) if tries < 4 => {
+                    tries += 1;
+                    tracing::debug!(%session, error = %e, "job push not acknowledged; sending again");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(e) => return Err(nats_err("push job", e)),
+            }
         }
     }
 
@@ -732,14 +812,37 @@ impl JobQueue for NatsStore {
 
     async fn claim(&self, pool: &str, _lease: Duration, wait: Duration) -> Result<Option<Job>> {
         let cons = self.consumer(pool).await?;
-        let mut batch = cons
-            .fetch()
-            .max_messages(1)
-            .expires(wait.max(Duration::from_millis(10)))
-            .messages()
-            .await
-            .map_err(|e| nats_err("claim", e))?;
-        let msg = match batch.next().await {
+        let expires = wait.max(Duration::from_millis(10));
+        let what = || format!("claim from consumer pool-{pool} of stream {JOBS}");
+        // A pull whose consumer lost its leader may never be answered: it is given up
+        // after its expiry and a grace period, and the consumer is looked up (or made)
+        // again, so a worker never waits silently on a consumer that is gone.
+        let pulled = tokio::time::timeout(expires + PULL_GRACE, async {
+            let mut batch = cons
+                .fetch()
+                .max_messages(1)
+                .expires(expires)
+                .messages()
+                .await?;
+            Ok::<_, async_nats::Error>(batch.next().await)
+        })
+        .await;
+        let next = match pulled {
+            Err(_) => {
+                self.forget_consumer(pool).await;
+                return Err(Error::Backend(format!(
+                    "nats: {}: no answer within {:?}",
+                    what(),
+                    expires + PULL_GRACE
+                )));
+            }
+            Ok(Err(e)) => {
+                self.forget_consumer(pool).await;
+                return Err(nats_err(&what(), e));
+            }
+            Ok(Ok(next)) => next,
+        };
+        let msg = match next {
             None => return Ok(None),
             Some(Ok(m)) => m,
             // Too many pull requests open at once: back-pressure, not a fault.
@@ -747,7 +850,10 @@ impl JobQueue for NatsStore {
                 tokio::time::sleep(wait.min(Duration::from_millis(100))).await;
                 return Ok(None);
             }
-            Some(Err(e)) => return Err(nats_err("claim", e)),
+            Some(Err(e)) => {
+                self.forget_consumer(pool).await;
+                return Err(nats_err(&what(), e));
+            }
         };
         let (attempt, sseq) = {
             let info = msg.info().map_err(|e| nats_err("job info", e))?;

@@ -104,7 +104,8 @@ pub async fn run(rt: Arc<Runtime>, store: Arc<NatsStore>, mut stop: watch::Recei
         match c {
             Ok(c) => break c,
             Err(e) => {
-                tracing::warn!(error = %e, "intake consumer not ready");
+                tracing::warn!(stream = MISSIONS, consumer = "intake", error = %e,
+                    "intake consumer not ready");
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     _ = stop.changed() => return,
@@ -112,25 +113,70 @@ pub async fn run(rt: Arc<Runtime>, store: Arc<NatsStore>, mut stop: watch::Recei
             }
         }
     };
+    // Since when pulls fail, and when that was last reported.
+    let mut failing: Option<(std::time::Instant, std::time::Instant)> = None;
     while !*stop.borrow() {
-        let batch = cons
-            .fetch()
-            .max_messages(32)
-            .expires(Duration::from_millis(500))
-            .messages()
-            .await;
-        let mut batch = match batch {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(error = %e, "intake fetch failed");
+        // A pull that gets no answer (the consumer's leader lost) is given up after its
+        // expiry and a grace period; intake that keeps failing says so at error level.
+        let pulled = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut batch = cons
+                .fetch()
+                .max_messages(32)
+                .expires(Duration::from_millis(500))
+                .messages()
+                .await?;
+            let mut msgs = vec![];
+            while let Some(msg) = batch.next().await {
+                if let Ok(msg) = msg {
+                    msgs.push(msg);
+                }
+            }
+            Ok::<_, async_nats::Error>(msgs)
+        })
+        .await;
+        let msgs = match pulled {
+            Ok(Ok(m)) => {
+                if let Some((since, _)) = failing.take() {
+                    tracing::warn!(after = ?since.elapsed(), "intake takes submissions again");
+                }
+                m
+            }
+            Ok(Err(e)) => {
+                stalled(&mut failing, &e.to_string());
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
+            Err(_) => {
+                stalled(&mut failing, "no answer to a pull within 5s");
+                continue;
+            }
         };
-        while let Some(msg) = batch.next().await {
-            let Ok(msg) = msg else { continue };
+        for msg in msgs {
             handle(&rt, &store, msg).await;
         }
+    }
+}
+
+/// Logs a failed pull of the intake consumer: a warning at first, an error every ten
+/// seconds while it lasts.
+fn stalled(failing: &mut Option<(std::time::Instant, std::time::Instant)>, error: &str) {
+    let now = std::time::Instant::now();
+    match failing {
+        None => {
+            tracing::warn!(
+                stream = MISSIONS,
+                consumer = "intake",
+                error,
+                "intake pull failed"
+            );
+            *failing = Some((now, now));
+        }
+        Some((since, reported)) if now.duration_since(*reported) >= Duration::from_secs(10) => {
+            *reported = now;
+            tracing::error!(stream = MISSIONS, consumer = "intake", failing_for = ?since.elapsed(),
+                error, "cannot make progress: no submission can be taken");
+        }
+        Some(_) => {}
     }
 }
 

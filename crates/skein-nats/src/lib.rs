@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod deadline;
 
 pub use backend::{ensure_topology, NatsStore};
 pub use config::NatsConfig;

@@ -191,3 +191,56 @@ async fn a_pool_consumer_takes_the_lease_of_the_worker_that_opens_it() {
         assert_eq!(ack_wait(store.clone()).await, lease);
     }
 }
+
+/// A job stream made the way earlier versions made it (a per-subject limit that refuses
+/// new messages, which replicas of servers before 2.10 cannot catch up on) is brought to
+/// the new settings when a store connects, and a session still has one job at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_job_stream_is_upgraded_and_jobs_still_coalesce() {
+    use async_nats::jetstream::stream;
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.create_stream(stream::Config {
+        name: "SKEIN_JOBS".into(),
+        subjects: vec!["skein.jobs.>".into()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        max_messages_per_subject: 1,
+        discard: stream::DiscardPolicy::New,
+        discard_new_per_subject: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut s = js.get_stream("SKEIN_JOBS").await.unwrap();
+    let config = s.info().await.unwrap().config.clone();
+    assert!(!config.discard_new_per_subject, "{config:?}");
+    assert!(config.max_messages_per_subject <= 0, "{config:?}");
+    // Three pushes of one session while its job waits: one job.
+    let b = store.backend();
+    let id = skein_core::SessionId::root("coalesce").unwrap();
+    for _ in 0..3 {
+        b.jobs.push("default", &id).await.unwrap();
+    }
+    assert_eq!(s.info().await.unwrap().state.messages, 1);
+    let job = b
+        .jobs
+        .claim("default", Duration::from_secs(5), Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("the job");
+    // A push while it is held leaves no second job, but wakes it again after the ack.
+    b.jobs.push("default", &id).await.unwrap();
+    assert_eq!(s.info().await.unwrap().state.messages, 1);
+    b.jobs.ack(&job).await.unwrap();
+    let again = b
+        .jobs
+        .claim("default", Duration::from_secs(5), Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("woken again after the ack");
+    assert_eq!(again.session, id);
+}

@@ -13,6 +13,7 @@ pub mod ports;
 pub mod replay;
 pub mod runtime_tools;
 pub mod sled_backend;
+pub mod work_loop;
 pub mod worker;
 
 pub use ports::{Backend, CacheEntry, Job, RootResult};

@@ -29,7 +29,7 @@ use skein_core::{
 };
 use skein_llm::Registry;
 use skein_tools::{ToolBox, ToolContext};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 
 use crate::ports::{Backend, CacheEntry, Job, RootResult};
 use crate::{new_root_id, now_ms, runtime_tools, Error, Result};
@@ -1536,79 +1536,6 @@ impl Runtime {
             }
         }
         Ok(())
-    }
-
-    // ---- running ----------------------------------------------------------------------
-
-    /// Claims and processes jobs of `pools` until `stop` turns true.
-    pub async fn work_loop(self: Arc<Self>, pools: Vec<String>, mut stop: watch::Receiver<bool>) {
-        let wait = crate::ports::CLAIM_WAIT / pools.len().max(1) as u32;
-        while !*stop.borrow() {
-            let mut got = false;
-            for pool in &pools {
-                let claimed = tokio::select! {
-                    c = self.backend.jobs.claim(pool, self.cfg.lease, wait) => c,
-                    _ = stop.changed() => break,
-                };
-                match claimed {
-                    Ok(Some(job)) => {
-                        got = true;
-                        self.handle(job).await;
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(pool, error = %e, "claim failed");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            }
-            if !got {
-                tokio::task::yield_now().await;
-            }
-        }
-    }
-
-    async fn handle(&self, job: Job) {
-        let res = self.process(&job).await;
-        tracing::trace!(session = %job.session, ok = res.is_ok(), "job processed");
-        match res {
-            Ok(()) => {
-                if let Err(e) = self.backend.jobs.ack(&job).await {
-                    tracing::warn!(session = %job.session, error = %e, "ack failed");
-                }
-            }
-            // A log that cannot be read or folded never gets better by retrying, and no
-            // failure can be appended to it: past max_deliver the job is dropped, loudly.
-            Err(e) if !e.is_retryable() && job.attempt > self.cfg.max_deliver => {
-                tracing::error!(session = %job.session, attempt = job.attempt, error = %e,
-                    "job dropped: its session cannot be processed; inspect its log with `skein replay --verify`");
-                if let Err(e) = self.backend.jobs.ack(&job).await {
-                    tracing::warn!(session = %job.session, error = %e, "ack failed");
-                }
-            }
-            Err(e) => {
-                let delay = retry_delay(&e, job.attempt);
-                tracing::warn!(session = %job.session, attempt = job.attempt, error = %e,
-                    "step failed; job will be delivered again");
-                if let Err(e) = self.backend.jobs.retry(&job, delay).await {
-                    tracing::warn!(session = %job.session, error = %e, "retry failed");
-                }
-            }
-        }
-    }
-
-    /// Starts `concurrency` work loops over every pool; returns the stop switch and the
-    /// loops' handles.
-    pub fn spawn_workers(
-        self: &Arc<Self>,
-        pools: Vec<String>,
-        concurrency: usize,
-    ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
-        let (tx, rx) = watch::channel(false);
-        let handles = (0..concurrency.max(1))
-            .map(|_| tokio::spawn(self.clone().work_loop(pools.clone(), rx.clone())))
-            .collect();
-        (tx, handles)
     }
 
     /// Re-enqueues every session of the tree that has not ended (what makes `resume`

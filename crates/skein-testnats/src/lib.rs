@@ -35,6 +35,15 @@ pub fn nats_server_bin() -> PathBuf {
     );
 }
 
+/// What `nats-server --version` prints for the binary the tests use, e.g. `nats-server: v2.9.10`.
+pub fn nats_server_version() -> String {
+    let bin = nats_server_bin();
+    match Command::new(&bin).arg("--version").output() {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        Err(e) => panic!("cannot run {}: {e}", bin.display()),
+    }
+}
+
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
     // The kernel may hand the same free port to two binds made one after the other (the
@@ -127,7 +136,11 @@ impl Node {
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::File::create(self.dir.join("server.log"))
+        // Appended to, so a restarted node's log keeps what it said before.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
             .unwrap_or_else(|e| panic!("log: {e}"));
         let child = Command::new(nats_server_bin())
             .arg("-c")
@@ -363,6 +376,30 @@ impl Cluster {
         self.nodes[i].kill();
         self.nodes[i].spawn();
         self.nodes[i].wait_ready("/healthz", Duration::from_secs(30));
+    }
+
+    /// Starts node `i` again on its store and waits only until it serves clients with
+    /// JetStream enabled, not until its streams have caught up: what an operator's restart
+    /// does, and what a test of catch-up needs.
+    pub fn revive(&mut self, i: usize) {
+        self.nodes[i].kill();
+        self.nodes[i].spawn();
+        self.nodes[i].wait_ready(READY, Duration::from_secs(30));
+    }
+
+    /// The `server_name` of node `i` (what stream and consumer info call a leader).
+    pub fn name(&self, i: usize) -> &str {
+        &self.nodes[i].name
+    }
+
+    /// The index of the node called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// The server log of node `i` so far.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.nodes[i].dir.join("server.log")).unwrap_or_default()
     }
 }
 

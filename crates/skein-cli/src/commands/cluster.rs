@@ -28,6 +28,15 @@ pub struct WorkerArgs {
     /// Do not serve `skein.api` and `skein.answers`.
     #[arg(long)]
     pub no_api: bool,
+    /// On SIGTERM or Ctrl-C, how long the steps in flight may take to finish before the
+    /// worker exits anyway (their jobs are then delivered again after the lease).
+    #[arg(long, default_value = "20s", value_parser = parse_drain)]
+    pub drain_timeout: Duration,
+}
+
+fn parse_drain(s: &str) -> std::result::Result<Duration, String> {
+    skein_runtime::worker::parse_duration(s)
+        .ok_or_else(|| format!("`{s}` is not a duration (such as 20s or 1m)"))
 }
 
 #[derive(Args, Debug)]
@@ -92,31 +101,66 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         rt.pools()
     };
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
-    let (stop, mut handles) = rt.spawn_workers(pools.clone(), conc);
+    let (stop, loops) = rt.spawn_workers(pools.clone(), conc);
+    // Tasks that must run as long as the worker does: the work loops, intake, the API.
+    // One that ends before a stop was asked for (a panic, say) leaves the worker half
+    // alive, so the worker exits non-zero and its supervisor starts it again.
+    let mut tasks: Vec<(&str, tokio::task::JoinHandle<()>)> =
+        loops.into_iter().map(|h| ("work loop", h)).collect();
     if !a.no_intake {
-        handles.push(tokio::spawn(skein_nats::intake::run(
-            rt.clone(),
-            store.clone(),
-            stop.subscribe(),
-        )));
+        tasks.push((
+            "intake",
+            tokio::spawn(skein_nats::intake::run(
+                rt.clone(),
+                store.clone(),
+                stop.subscribe(),
+            )),
+        ));
     }
     if !a.no_api {
         // Started before "ready" is printed: a request sent after it finds the service.
         let serving = skein_nats::service::start(rt.clone(), store.clone(), stop.subscribe())
             .await
             .context("cannot start the skein.api service (pass --no-api to run without it)")?;
-        handles.push(serving);
+        tasks.push(("api", serving));
     }
     eprintln!(
         "worker {} ready: pools {}, concurrency {conc}",
         rt.cfg.worker_id,
         pools.join(",")
     );
-    terminated().await;
-    eprintln!("stopping: finishing the steps in flight");
+    let (names, handles): (Vec<&str>, Vec<_>) = tasks.into_iter().unzip();
+    let mut running = futures::future::select_all(handles);
+    let ended = tokio::select! {
+        _ = terminated() => None,
+        (res, i, rest) = &mut running => Some((names[i], res, rest)),
+    };
+    if let Some((name, res, _rest)) = ended {
+        let why = match res {
+            Err(e) if e.is_panic() => "panicked",
+            Err(_) => "was cancelled",
+            Ok(()) => "ended",
+        };
+        tracing::error!(
+            task = name,
+            "a worker task {why}; exiting so the worker is restarted"
+        );
+        eprintln!("error: the {name} task {why}; the worker exits");
+        let _ = stop.send(true);
+        return Ok(ExitCode::from(70));
+    }
+    eprintln!(
+        "stopping: finishing the steps in flight (at most {:?})",
+        a.drain_timeout
+    );
     let _ = stop.send(true);
-    for h in handles {
-        let _ = h.await;
+    let drained = tokio::select! {
+        r = tokio::time::timeout(a.drain_timeout, futures::future::join_all(running.into_inner())) => r.is_ok(),
+        // A second signal: stop now.
+        _ = terminated() => false,
+    };
+    if !drained {
+        eprintln!("stopping: steps still in flight are left to be delivered again");
     }
     Ok(ExitCode::SUCCESS)
 }

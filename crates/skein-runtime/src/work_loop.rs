@@ -1,0 +1,210 @@
+//! The work loops: claim a job, process it, ack it or hand it back.
+//!
+//! Two rules keep a worker honest while its backend is in trouble (a node lost, a leader
+//! being elected):
+//! - A step that fails for a transient reason (the backend unreachable, an append that met
+//!   another writer) is tried again in place, with backoff and heartbeats, for up to
+//!   [`TRANSIENT_PATIENCE`]. It is not handed back, so an outage does not use up the
+//!   deliveries that dead-letter a session.
+//! - A worker never goes quiet while it cannot claim: the first failure of a pool is a
+//!   warning, and while claims keep failing an error names the pool and the last cause
+//!   every [`STALL_REPORT`] (the backend's errors name the stream and consumer).
+//!
+//! A panic while processing one job is caught, logged at error level and the job handed
+//! back; the loop goes on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use tokio::sync::watch;
+
+use crate::ports::Job;
+use crate::worker::{retry_delay, Runtime};
+
+/// How long a step that keeps failing for transient reasons is retried in place before its
+/// job is handed back to the queue.
+pub const TRANSIENT_PATIENCE: Duration = Duration::from_secs(120);
+/// The longest wait between two in-place retries.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
+/// How often a worker that cannot claim says so, at error level.
+pub const STALL_REPORT: Duration = Duration::from_secs(10);
+
+/// Claim failures per pool, shared by every work loop of a runtime.
+#[derive(Default)]
+pub struct ClaimHealth {
+    pools: Mutex<HashMap<String, PoolHealth>>,
+}
+
+struct PoolHealth {
+    failing_since: Instant,
+    reported: Instant,
+}
+
+impl ClaimHealth {
+    /// A claim from `pool` answered (with a job or none).
+    pub fn ok(&self, pool: &str) {
+        let mut p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = p.remove(pool) {
+            tracing::warn!(pool, after = ?h.failing_since.elapsed(), "claims answer again");
+        }
+    }
+
+    /// A claim from `pool` failed with `error`.
+    pub fn failed(&self, pool: &str, error: &crate::Error) {
+        let mut p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match p.get_mut(pool) {
+            None => {
+                tracing::warn!(pool, error = %error, "claim failed");
+                p.insert(
+                    pool.to_string(),
+                    PoolHealth {
+                        failing_since: now,
+                        reported: now,
+                    },
+                );
+            }
+            Some(h) if now.duration_since(h.reported) >= STALL_REPORT => {
+                h.reported = now;
+                tracing::error!(pool, failing_for = ?h.failing_since.elapsed(), error = %error,
+                    "cannot make progress: no job can be claimed from this pool");
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// How long claims from `pool` have been failing, if they are.
+    pub fn failing_for(&self, pool: &str) -> Option<Duration> {
+        let p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        p.get(pool).map(|h| h.failing_since.elapsed())
+    }
+}
+
+impl Runtime {
+    /// Claims and processes jobs of `pools` until `stop` turns true.
+    pub async fn work_loop(
+        self: Arc<Self>,
+        pools: Vec<String>,
+        health: Arc<ClaimHealth>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let wait = crate::ports::CLAIM_WAIT / pools.len().max(1) as u32;
+        while !*stop.borrow() {
+            let mut got = false;
+            for pool in &pools {
+                let claimed = tokio::select! {
+                    c = self.backend.jobs.claim(pool, self.cfg.lease, wait) => c,
+                    _ = stop.changed() => break,
+                };
+                match claimed {
+                    Ok(Some(job)) => {
+                        health.ok(pool);
+                        got = true;
+                        self.handle(job).await;
+                    }
+                    Ok(None) => health.ok(pool),
+                    Err(e) => {
+                        health.failed(pool, &e);
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                            _ = stop.changed() => break,
+                        }
+                    }
+                }
+            }
+            if !got {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    /// Processes one job: transient failures are retried in place, the job is acked on
+    /// success, handed back otherwise.
+    pub async fn handle(&self, job: Job) {
+        let started = Instant::now();
+        let mut tries = 0u32;
+        let res = loop {
+            let res = match std::panic::AssertUnwindSafe(self.process(&job))
+                .catch_unwind()
+                .await
+            {
+                Ok(r) => r,
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    tracing::error!(session = %job.session, attempt = job.attempt, panic = %what,
+                        "processing the job panicked; it is handed back");
+                    Err(crate::Error::Backend(format!(
+                        "processing panicked: {what}"
+                    )))
+                }
+            };
+            match &res {
+                Err(e) if e.is_retryable() && started.elapsed() < TRANSIENT_PATIENCE => {
+                    tries += 1;
+                    let wait = retry_delay(e, tries)
+                        .min(MAX_RETRY_WAIT)
+                        .min(self.cfg.lease / 2);
+                    tracing::warn!(session = %job.session, attempt = job.attempt, tries, error = %e,
+                        "step failed; trying again in place");
+                    // Keep the lease while waiting; a heartbeat that cannot be sent is
+                    // part of the same outage.
+                    let _ = self.backend.jobs.heartbeat(&job).await;
+                    tokio::time::sleep(wait).await;
+                    let _ = self.backend.jobs.heartbeat(&job).await;
+                }
+                _ => break res,
+            }
+        };
+        tracing::trace!(session = %job.session, ok = res.is_ok(), "job processed");
+        match res {
+            Ok(()) => {
+                if let Err(e) = self.backend.jobs.ack(&job).await {
+                    tracing::warn!(session = %job.session, error = %e, "ack failed");
+                }
+            }
+            // A log that cannot be read or folded never gets better by retrying, and no
+            // failure can be appended to it: past max_deliver the job is dropped, loudly.
+            Err(e) if !e.is_retryable() && job.attempt > self.cfg.max_deliver => {
+                tracing::error!(session = %job.session, attempt = job.attempt, error = %e,
+                    "job dropped: its session cannot be processed; inspect its log with `skein replay --verify`");
+                if let Err(e) = self.backend.jobs.ack(&job).await {
+                    tracing::warn!(session = %job.session, error = %e, "ack failed");
+                }
+            }
+            Err(e) => {
+                let delay = retry_delay(&e, job.attempt);
+                tracing::warn!(session = %job.session, attempt = job.attempt, error = %e,
+                    "step failed; job will be delivered again");
+                if let Err(e) = self.backend.jobs.retry(&job, delay).await {
+                    tracing::warn!(session = %job.session, error = %e, "retry failed");
+                }
+            }
+        }
+    }
+
+    /// Starts `concurrency` work loops over every pool; returns the stop switch and the
+    /// loops' handles.
+    pub fn spawn_workers(
+        self: &Arc<Self>,
+        pools: Vec<String>,
+        concurrency: usize,
+    ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
+        let (tx, rx) = watch::channel(false);
+        let health = Arc::new(ClaimHealth::default());
+        let handles = (0..concurrency.max(1))
+            .map(|_| {
+                tokio::spawn(
+                    self.clone()
+                        .work_loop(pools.clone(), health.clone(), rx.clone()),
+                )
+            })
+            .collect();
+        (tx, handles)
+    }
+}

@@ -1,0 +1,254 @@
+//! Helpers of the NATS end-to-end suites: `skein worker` processes, raw-protocol
+//! submissions (the NATS text protocol over a plain TCP socket, not skein's client code),
+//! waiting for trees to end and auditing their logs.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use skein_core::{AgentSet, Event, Limits, SessionId};
+use skein_nats::{NatsConfig, NatsStore};
+
+use super::*;
+
+pub const SECRET: &str = "test-secret-not-for-production";
+
+pub fn worker(urls: &str, name: &str, replicas: usize) -> Child {
+    worker_logged(urls, name, replicas, None)
+}
+
+/// Lines a worker wrote to stderr after its "ready" line.
+pub type LogLines = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// [`worker`], keeping what it logs after "ready" in `log` when one is given.
+pub fn worker_logged(urls: &str, name: &str, replicas: usize, log: Option<LogLines>) -> Child {
+    let mut c = std::process::Command::new(bin());
+    c.args(["--config"])
+        .arg(demo_config())
+        .args(["--nats", urls, "worker", "--concurrency", "32"])
+        .env("SKEIN_TOKEN_SECRET", SECRET)
+        .env("SKEIN__RUNTIME__LEASE", "3s")
+        .env("SKEIN__RUNTIME__WORKER_ID", name)
+        .env("SKEIN__NATS__REPLICAS", replicas.to_string())
+        .env(
+            "SKEIN_LOG",
+            std::env::var("SKEIN_E2E_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("worker starts");
+    // Wait for its "ready" line.
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        line.clear();
+        if err.read_line(&mut line).unwrap_or(0) == 0 {
+            panic!("worker {name} exited before it was ready");
+        }
+        if line.contains("ready") {
+            break;
+        }
+    }
+    let tag = name.to_string();
+    std::thread::spawn(move || {
+        for l in err.lines().map_while(Result::ok) {
+            if std::env::var("SKEIN_E2E_VERBOSE").is_ok() {
+                eprintln!("[{tag}] {l}");
+            }
+            if let Some(log) = &log {
+                log.lock().unwrap_or_else(|p| p.into_inner()).push(l);
+            }
+        }
+    });
+    child
+}
+
+pub fn kill9(c: &mut Child) {
+    std::process::Command::new("kill")
+        .args(["-9", &c.id().to_string()])
+        .status()
+        .unwrap();
+    let _ = c.wait();
+}
+
+/// Publishes with the NATS text protocol over TCP: `PUB subject n\r\npayload\r\n`.
+pub fn raw_publish(url: &str, subject: &str, payloads: &[Vec<u8>]) {
+    let addr = url.trim_start_matches("nats://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut info = String::new();
+    r.read_line(&mut info).unwrap();
+    assert!(info.starts_with("INFO "), "{info}");
+    s.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false,\"name\":\"raw-e2e\"}\r\n")
+        .unwrap();
+    for p in payloads {
+        s.write_all(format!("PUB {subject} {}\r\n", p.len()).as_bytes())
+            .unwrap();
+        s.write_all(p).unwrap();
+        s.write_all(b"\r\n").unwrap();
+    }
+    s.write_all(b"PING\r\n").unwrap();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        if line.starts_with("PONG") {
+            break;
+        }
+        assert!(!line.starts_with("-ERR"), "{line}");
+    }
+    let _ = r.read(&mut [0u8; 0]);
+}
+
+pub fn missions(tag: &str, n: usize) -> (Vec<SessionId>, Vec<Vec<u8>>) {
+    let ids: Vec<SessionId> = (0..n)
+        .map(|i| SessionId::root(&format!("{tag}-{i}")).unwrap())
+        .collect();
+    let payloads = ids
+        .iter()
+        .map(|id| {
+            serde_json::json!({"agent": "orchestrator", "mission": format!("Brief on {id}"), "id": id.to_string(), "no_cache": true})
+                .to_string()
+                .into_bytes()
+        })
+        .collect();
+    (ids, payloads)
+}
+
+pub fn tag() -> String {
+    skein_runtime::new_root_id().as_str()[16..].to_string()
+}
+
+pub async fn store(urls: &str, replicas: usize) -> std::sync::Arc<NatsStore> {
+    let cfg = NatsConfig {
+        urls: urls.split(',').map(str::to_string).collect(),
+        replicas,
+        ..NatsConfig::default()
+    };
+    NatsStore::connect(&cfg, Duration::from_secs(3))
+        .await
+        .unwrap()
+}
+
+/// Waits until every root has ended (reading the logs), or fails after `limit`.
+pub async fn wait_all(urls: &str, replicas: usize, roots: &[SessionId], limit: Duration) {
+    let st = store(urls, replicas).await;
+    let b = st.backend();
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut open = 0;
+        for r in roots {
+            match b.log.last(r).await {
+                Ok(Some(rec)) if rec.env.body.is_terminal() => {}
+                _ => open += 1,
+            }
+        }
+        if open == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{open} of {} trees still open after {limit:?}",
+            roots.len()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The checks of one log that need nothing but the log: the hash chain, no tool call
+/// recorded twice, one terminal event and it is `Completed`. Adds the workers that made
+/// its model calls to `workers`.
+pub fn check_log(s: &SessionId, recs: &[skein_core::Record], workers: &mut BTreeSet<String>) {
+    skein_core::event::verify_chain(s, recs).unwrap_or_else(|e| panic!("{s}: {e:?}"));
+    let mut calls = BTreeSet::new();
+    let mut terminal = 0;
+    for r in recs {
+        match &r.env.body {
+            Event::ToolCalled(t) => assert!(calls.insert(t.call.clone()), "{s}: {} twice", t.call),
+            Event::ModelCalled(m) => {
+                workers.insert(m.worker.clone());
+            }
+            e if e.is_terminal() => terminal += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(terminal, 1, "{s}");
+    assert!(
+        matches!(recs.last().unwrap().env.body, Event::Completed(_)),
+        "{s}: ends with {}",
+        recs.last().unwrap().env.body.kind()
+    );
+}
+
+/// Every tree completed; every log verifies (chain, decisions, one terminal event, no
+/// duplicated step). Returns the workers that made model calls.
+pub async fn audit(urls: &str, replicas: usize, roots: &[SessionId]) -> BTreeSet<String> {
+    let st = store(urls, replicas).await;
+    let b = st.backend();
+    let files = read_agents();
+    let agents = AgentSet::load(&files, &[]).unwrap();
+    let mut workers = BTreeSet::new();
+    for root in roots {
+        let started = Instant::now();
+        let verdicts = skein_runtime::replay::verify_tree(&b, root, &agents, &Limits::default())
+            .await
+            .unwrap();
+        if started.elapsed() > Duration::from_secs(2) {
+            eprintln!("audit: verifying {root} took {:?}", started.elapsed());
+        }
+        assert_eq!(verdicts.len(), 5, "{root}");
+        for v in verdicts {
+            assert!(v.ok, "{}: {:?} at {:?}", v.session, v.problem, v.seq);
+        }
+        for s in b.log.tree(root).await.unwrap() {
+            check_log(&s, &b.log.read(&s, 1).await.unwrap(), &mut workers);
+        }
+    }
+    workers
+}
+
+/// The checks of [`check_log`] on every log of every tree (no decision replay, which
+/// would read every definition blob right after a node loss).
+pub async fn chains(urls: &str, roots: &[SessionId]) {
+    let st = store(urls, 3).await;
+    let b = st.backend();
+    let mut workers = BTreeSet::new();
+    for root in roots {
+        for s in b.log.tree(root).await.unwrap() {
+            check_log(&s, &b.log.read(&s, 1).await.unwrap(), &mut workers);
+        }
+    }
+}
+
+pub fn read_agents() -> Vec<(String, String)> {
+    std::fs::read_dir(repo().join("config/agents"))
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            (
+                p.display().to_string(),
+                std::fs::read_to_string(&p).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Serialises the tests of this file: each runs several processes.
+pub static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
