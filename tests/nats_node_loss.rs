@@ -192,15 +192,19 @@ fn one_loss(seed: u64, missions_n: usize) {
         audit_started.elapsed()
     );
     // What the servers went through, for the record.
-    let mut resets = 0;
+    let mut resets = std::collections::BTreeMap::<String, usize>::new();
     let mut catchup_errors = 0;
     for i in 0..3 {
         let log = cluster.log(i);
-        resets += log.matches("Resetting stream cluster state").count();
+        for l in log.lines() {
+            if let Some((_, stream)) = l.split_once("Resetting stream cluster state for ") {
+                *resets.entry(stream.trim().to_string()).or_default() += 1;
+            }
+        }
         catchup_errors += log.matches("errored, will retry").count();
     }
     eprintln!(
-        "node loss: servers logged {resets} stream resets and {catchup_errors} failed catch-ups"
+        "node loss: the servers reset streams {resets:?} and failed {catchup_errors} catch-ups"
     );
     // No session of any tree failed on the way (a failed child would show in its log).
     for r in &ids {
