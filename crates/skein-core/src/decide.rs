@@ -560,7 +560,12 @@ impl SessionState {
         let allowed = self.allowed_tools(def);
         // The owner's own plan edits go first, one at a time and in the model's order, so
         // a delegation of the same turn may hand out tasks they add.
-        if let Some(slot) = self.turn.iter().find(|s| {
+        let max_calls = def
+            .front
+            .limits
+            .max_tool_calls_per_turn
+            .unwrap_or(limits.max_tool_calls_per_turn) as usize;
+        if let Some(slot) = self.turn.iter().take(max_calls).find(|s| {
             s.call.name == "update_plan"
                 && matches!(s.state, SlotState::Pending)
                 && allowed.contains("update_plan")
@@ -625,7 +630,7 @@ impl SessionState {
         let mut proposals = vec![];
         let mut n = self.delegations;
 
-        for slot in &self.turn {
+        for (i, slot) in self.turn.iter().enumerate() {
             let call = &slot.call;
             match &slot.state {
                 SlotState::Running => {
@@ -654,6 +659,19 @@ impl SessionState {
                 tool: call.name.clone(),
                 error,
             };
+            // Calls past the per-turn limit are refused, in the model's order, whatever
+            // they are: none of them runs.
+            if i >= max_calls {
+                refusals.push(refuse(format!(
+                    "{}: not run: this turn made {} tool calls and at most {max_calls} run per \
+                     turn (`max_tool_calls_per_turn`); this was call number {}. Make fewer \
+                     calls per turn.",
+                    call.name,
+                    self.turn.len(),
+                    i + 1
+                )));
+                continue;
+            }
             // A provider could not read the call's arguments (`{_raw, _error}`), or could
             // not read a tool call out of a text answer at all: the model is told why.
             if let Some(err) = call.args.get("_error").and_then(Value::as_str) {
@@ -931,6 +949,12 @@ impl SessionState {
             .mission
             .filter(|m| !m.trim().is_empty())
             .ok_or("call_agent: `mission` is required and must not be empty")?;
+        crate::limits::check_mission(
+            &mission,
+            args.context.as_deref(),
+            args.inputs.as_ref().unwrap_or(&Value::Null),
+        )
+        .map_err(|e| format!("call_agent: {e}"))?;
         let (agent, custom) = match (&args.agent, &args.agent_definition) {
             (_, Some(custom)) => {
                 let allowed: BTreeSet<String> = def
