@@ -730,19 +730,12 @@ impl SessionState {
                 || def.front.requires_approval.contains(&call.name)
                 || limits.approval_required.contains(&call.name)
             {
-                let mut preview = call.args.to_string();
-                if preview.len() > 500 {
-                    let mut cut = 500;
-                    while !preview.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    preview.truncate(cut);
-                    preview.push('…');
-                }
+                // The approver is shown every byte that would run: the whole arguments,
+                // never a cut of them.
                 approvals.push(ApprovalAsk {
                     call: call.id.clone(),
                     tool: call.name.clone(),
-                    preview,
+                    preview: call.args.to_string(),
                 });
                 continue;
             }
