@@ -287,7 +287,13 @@ async fn show_progress(mut rx: broadcast::Receiver<Progress>, root: SessionId) {
         if !root.contains(&p.session) {
             continue;
         }
-        let msg = format!("{:<15} step {:<3} {}", p.status.as_str(), p.steps, p.kind);
+        // An event kind this build does not know is shown as the log names it.
+        let msg = format!(
+            "{:<15} step {:<3} {}",
+            p.status.as_str(),
+            p.steps,
+            render::safe_line(&p.kind)
+        );
         if tty {
             let bar = bars.entry(p.session.clone()).or_insert_with(|| {
                 let b = multi.add(ProgressBar::new_spinner());
