@@ -973,6 +973,10 @@ impl SessionState {
                         join(&allowed)
                     ));
                 }
+                // The definition the child would run with must be one that loads (it is
+                // within the size of an agent file): refused here, the model reads why.
+                AgentDef::custom(def, &custom.system_prompt, &custom.tools)
+                    .map_err(|e| format!("call_agent: agent_definition refused: {e}"))?;
                 ("custom".to_string(), Some(custom.clone()))
             }
             (Some(a), None) => {

@@ -288,11 +288,26 @@ fn a_delegation_with_an_oversized_context_or_inputs_is_refused_with_the_figures(
             "call_agent",
             json!({"agent": "helper", "mission": "fine"}),
         ),
+        call(
+            4,
+            "call_agent",
+            json!({"mission": "m", "agent_definition": {
+                "system_prompt": "p".repeat(skein_core::agent::MAX_DEFINITION_BYTES),
+                "tools": ["list_dir"],
+            }}),
+        ),
     ]);
     let Step::Refuse(r) = g.state.next(&def, &limits, &set) else {
         panic!("expected refusals")
     };
-    assert_eq!(r.len(), 3, "{r:?}");
+    assert_eq!(r.len(), 4, "{r:?}");
+    // A custom agent whose definition would be over the size of an agent file.
+    assert_eq!(r[3].call, "c4");
+    assert!(
+        r[3].error.contains("agent_definition refused") && r[3].error.contains("at most 262144"),
+        "{}",
+        r[3].error
+    );
     assert!(
         r[0].error.contains("context is 262145 bytes"),
         "{}",
