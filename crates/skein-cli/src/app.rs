@@ -20,7 +20,9 @@ pub struct App {
     pub cfg: SkeinConfig,
 }
 
-/// Reads every `*.md` under `dir` as (file name, text), sorted.
+/// Reads every `*.md` under `dir` as (file name, text), sorted. A file larger than an
+/// agent definition may be ([`skein_core::agent::MAX_DEFINITION_BYTES`]) is refused
+/// without being read whole.
 pub fn read_agent_files(dir: &Path) -> Result<Vec<(String, String)>> {
     let mut files = vec![];
     let entries = std::fs::read_dir(dir)
@@ -28,13 +30,32 @@ pub fn read_agent_files(dir: &Path) -> Result<Vec<(String, String)>> {
     for e in entries {
         let p = e?.path();
         if p.extension().is_some_and(|x| x == "md") {
-            let text = std::fs::read_to_string(&p)
-                .with_context(|| format!("cannot read {}", p.display()))?;
-            files.push((p.display().to_string(), text));
+            files.push((p.display().to_string(), read_agent_file(&p)?));
         }
     }
     files.sort();
     Ok(files)
+}
+
+/// One agent definition file, at most [`skein_core::agent::MAX_DEFINITION_BYTES`].
+pub fn read_agent_file(p: &Path) -> Result<String> {
+    use std::io::Read;
+    let max = skein_core::agent::MAX_DEFINITION_BYTES;
+    let f = std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?;
+    let mut bytes = Vec::new();
+    f.take(max as u64 + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {}", p.display()))?;
+    if bytes.len() > max {
+        let size = std::fs::metadata(p)
+            .map(|m| format!("{} bytes", m.len()))
+            .unwrap_or_else(|_| format!("more than {max} bytes"));
+        anyhow::bail!(
+            "{}: the file is {size}; an agent definition may be at most {max} bytes (256 KiB)",
+            p.display()
+        );
+    }
+    String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", p.display()))
 }
 
 impl App {

@@ -130,6 +130,10 @@ pub fn load(file: Option<&Path>) -> Result<SkeinConfig> {
             cfg.workspace_dir = Some(base.join(w));
         }
     }
+    for pool in &cfg.runtime.pools {
+        skein_core::agent::validate_pool(pool)
+            .map_err(|e| anyhow::anyhow!("runtime.pools: {e}"))?;
+    }
     Ok(cfg)
 }
 
@@ -321,6 +325,17 @@ mod tests {
         assert_eq!(c.tls_ca.as_deref(), Some(Path::new("/etc/ca.pem")));
         let shown = format!("{:?}", cli.global);
         assert!(!shown.contains("flag-pass"), "{shown}");
+    }
+
+    #[test]
+    fn runtime_pools_must_be_subject_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("skein.toml");
+        std::fs::write(&f, "[runtime]\npools = [\"gpu\", \"a.>\"]\n").unwrap();
+        let e = format!("{:#}", load(Some(&f)).unwrap_err());
+        assert!(e.contains("runtime.pools") && e.contains("`a.>`"), "{e}");
+        std::fs::write(&f, "[runtime]\npools = [\"gpu\", \"eu-1\"]\n").unwrap();
+        assert_eq!(load(Some(&f)).unwrap().runtime.pools, ["gpu", "eu-1"]);
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! skein-cli: the `skein` command line as a library (the binary in the root package
 //! calls [`main`]). One binary, the same verbs on both backends: without `--nats` a
 //! command works on the embedded store under `--data`; with it, on the cluster.
+//!
+//! Output goes through [`outln!`] / [`errln!`] (see [`out`]), never `println!`, so a
+//! closed pipe ends a command quietly instead of panicking; text from models and
+//! submitters goes through [`render::safe`] before it reaches a terminal.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 pub mod app;
 pub mod commands;
 pub mod config;
+pub mod out;
 pub mod render;
 
 #[derive(Parser, Debug)]
@@ -170,13 +176,16 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ScrubbedStderr {
 impl std::io::Write for ScrubbedStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         // A formatted event arrives in one piece, so a secret is never split across calls.
+        // A diagnostic that cannot be written (stderr closed) is dropped: reporting the
+        // failure would only write to stderr again.
         let text = String::from_utf8_lossy(buf);
-        std::io::stderr().write_all(config::scrub(&text).as_bytes())?;
+        let _ = std::io::stderr().write_all(config::scrub(&text).as_bytes());
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stderr().flush()
+        let _ = std::io::stderr().flush();
+        Ok(())
     }
 }
 
@@ -238,7 +247,7 @@ pub fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            errln!("error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -247,9 +256,13 @@ pub fn main() -> ExitCode {
     // process: the command has decided its exit.
     rt.shutdown_timeout(std::time::Duration::from_millis(500));
     match res {
+        // The reader of our output has gone (`skein events ID | head -1`): that is how a
+        // pipeline ends, not a failure.
         Ok(code) => code,
+        Err(_) if out::stdout_closed() => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", config::scrub(&format!("{e:#}")));
+            // An error may quote what a model or a submitter sent.
+            errln!("error: {}", render::safe(&config::scrub(&format!("{e:#}"))));
             ExitCode::FAILURE
         }
     }

@@ -1,4 +1,10 @@
 //! Human-readable rendering shared by the commands.
+//!
+//! Text a model or a submitter wrote (answers, questions, tool arguments, errors, plan
+//! titles, missions) reaches a person's terminal only through [`safe`] or [`safe_line`]:
+//! escape sequences in it could otherwise erase lines, hide text or retitle the window.
+
+use std::borrow::Cow;
 
 use skein_core::event::Outcome;
 use skein_core::{Event, Record, Usage};
@@ -20,6 +26,55 @@ pub fn cost(u: &Usage) -> String {
     format!("${:.4}", u.cost)
 }
 
+/// Characters a terminal acts on rather than shows: C0 and C1 controls and DEL, and the
+/// bidirectional formatting marks that reorder what is displayed.
+fn acts_on_terminal(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+fn escape_into(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        c if (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c => out.push_str(&format!("\\u{{{:04x}}}", c as u32)),
+    }
+}
+
+fn escape(text: &str, keep: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !text.chars().any(|c| acts_on_terminal(c) && !keep(c)) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if acts_on_terminal(c) && !keep(c) {
+            escape_into(&mut out, c);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `text` fit for a terminal, lines kept: every control character but `\n` and `\t`
+/// (ESC, BEL, CR, backspace, C1 controls, bidirectional marks) is shown escaped, as
+/// `\x1b` or `\u{202e}`, so every character stays visible and none acts.
+pub fn safe(text: &str) -> Cow<'_, str> {
+    escape(text, |c| c == '\n' || c == '\t')
+}
+
+/// [`safe`] for a one-line display: newlines and tabs are escaped too.
+pub fn safe_line(text: &str) -> Cow<'_, str> {
+    escape(text, |_| false)
+}
+
+/// One line of at most `n` characters (then `…`), newlines shown as spaces. Not yet
+/// escaped: the line it goes into is.
 fn cut(s: &str, n: usize) -> String {
     let one_line = s.replace('\n', " ");
     if one_line.chars().count() <= n {
@@ -52,8 +107,8 @@ pub fn tree_table(rows: &[SessionRow]) -> String {
             let last = r.session.rsplit('/').next().unwrap_or(&r.session);
             format!("{}└ {}", "  ".repeat(r.depth as usize - 1), last)
         };
-        out.push_str(&format!(
-            "{:<44} {:<13} {:<15} {:>5} {:>5} {:>15} {:>9} {:>5} {:>9} {:>9}\n",
+        let line = format!(
+            "{:<44} {:<13} {:<15} {:>5} {:>5} {:>15} {:>9} {:>5} {:>9} {:>9}",
             cut(&name, 44),
             cut(&r.agent, 13),
             r.status,
@@ -64,7 +119,9 @@ pub fn tree_table(rows: &[SessionRow]) -> String {
             r.cache_hits,
             format!("+{}", ms(r.started_at.saturating_sub(t0))),
             ms(r.wall_ms),
-        ));
+        );
+        out.push_str(&safe_line(&line));
+        out.push('\n');
     }
     out
 }
@@ -180,11 +237,64 @@ pub fn event_line(r: &Record, t0: u64) -> String {
         }
         other => cut(&other.to_json().to_string(), 80),
     };
-    format!(
+    let line = format!(
         "{:>4} +{:<8} {:<15} {}",
         r.env.seq,
         ms(r.env.at.saturating_sub(t0)),
         r.env.body.kind(),
         body
-    )
+    );
+    safe_line(&line).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_escapes_every_control_but_newline_and_tab() {
+        let hostile = "a\x1b]0;pwned\x07b\x1b[2Kc\r\x08d\u{9b}e\u{202e}f\x7f\n\tg";
+        let shown = safe(hostile);
+        assert_eq!(
+            shown,
+            "a\\x1b]0;pwned\\x07b\\x1b[2Kc\\r\\x08d\\x9be\\u{202e}f\\x7f\n\tg"
+        );
+        assert!(!shown
+            .chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t'));
+        let line = safe_line(hostile);
+        assert!(line.ends_with("\\x7f\\n\\tg"), "{line}");
+        assert!(!line.chars().any(char::is_control));
+        // Plain text, unicode included, is passed through untouched (and not copied).
+        let plain = "Grüße, 世界 — a\\b \"q\"";
+        assert!(matches!(safe(plain), Cow::Borrowed(_)));
+        assert_eq!(safe_line(plain), plain);
+    }
+
+    #[test]
+    fn event_lines_carry_no_raw_control_characters() {
+        use skein_core::event::{Completed, Envelope, Failed};
+        use skein_core::SessionId;
+        let id = SessionId::root("x").unwrap();
+        for body in [
+            Event::Completed(Completed {
+                answer: "ok\x1b]0;pwned\x07\u{202e}".into(),
+                usage_total: Usage::default(),
+                steps: 1,
+            }),
+            Event::Failed(Failed {
+                error: "bad\x1b[2K".into(),
+                usage_total: Usage::default(),
+                steps: 1,
+            }),
+        ] {
+            let env = Envelope::new(id.clone(), 2, 10, "p".into(), body);
+            let r = Record {
+                bytes: env.encode().unwrap(),
+                env,
+            };
+            let line = event_line(&r, 0);
+            assert!(!line.contains(['\x1b', '\x07', '\u{202e}']), "{line:?}");
+        }
+    }
 }

@@ -30,11 +30,188 @@ pub const BUILTIN_TOOLS: &[&str] = &[
 /// same way under any configuration.
 pub const ALWAYS_APPROVED: &[&str] = &["shell"];
 
+/// Largest agent definition accepted, in bytes (front matter and prompt together).
+pub const MAX_DEFINITION_BYTES: usize = 256 * 1024;
+
+/// What the front matter may amount to once YAML aliases are resolved: the bytes of every
+/// scalar plus [`NODE_COST`] per node. An alias repeats its anchor's whole content, so a
+/// small file could otherwise stand for gigabytes.
+pub const MAX_FRONT_MATTER_EXPANSION: usize = 1024 * 1024;
+
+/// What one YAML node (scalar, list, map, alias target) counts against
+/// [`MAX_FRONT_MATTER_EXPANSION`] besides its bytes, so that aliases of empty lists cannot
+/// multiply unchecked either.
+pub const NODE_COST: usize = 8;
+
+/// Longest pool name, in bytes.
+pub const MAX_POOL_LEN: usize = 64;
+
+/// Checks a pool name. A pool is one token of the NATS subject `skein.jobs.POOL.…` and the
+/// name of a durable consumer, so it is 1 to 64 ASCII letters, digits, `-` or `_`.
+pub fn validate_pool(pool: &str) -> std::result::Result<(), String> {
+    const RULE: &str = "a pool is one NATS subject token: 1 to 64 ASCII letters, digits, `-` \
+                        and `_`";
+    if pool.is_empty() {
+        return Err(format!("the pool name is empty; {RULE}"));
+    }
+    if pool.len() > MAX_POOL_LEN {
+        return Err(format!(
+            "pool `{}…` is {} bytes; {RULE}",
+            crate::id::prefix_chars(pool, 16).escape_debug(),
+            pool.len()
+        ));
+    }
+    if let Some(c) = pool
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+    {
+        return Err(format!(
+            "pool `{}` contains {c:?}; {RULE}",
+            pool.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// Walks a YAML document the way a deserializer sees it, aliases resolved, and fails as
+/// soon as it amounts to more than `budget` (see [`MAX_FRONT_MATTER_EXPANSION`]). Nothing
+/// is kept: strings are only measured.
+pub fn check_yaml_expansion(yaml: &str, budget: usize) -> std::result::Result<(), String> {
+    use serde::de::DeserializeSeed;
+    let mut left = budget;
+    Expansion {
+        left: &mut left,
+        budget,
+    }
+    .deserialize(serde_norway::Deserializer::from_str(yaml))
+    .map_err(|e| e.to_string())
+}
+
+/// The measuring walk of [`check_yaml_expansion`].
+struct Expansion<'a> {
+    left: &'a mut usize,
+    budget: usize,
+}
+
+impl Expansion<'_> {
+    fn spend<E: serde::de::Error>(&mut self, bytes: usize) -> std::result::Result<(), E> {
+        let cost = bytes.saturating_add(NODE_COST);
+        if cost > *self.left {
+            return Err(E::custom(format!(
+                "the YAML expands to more than {} bytes once its aliases are resolved \
+                 (each `*alias` repeats its anchor's whole content)",
+                self.budget
+            )));
+        }
+        *self.left -= cost;
+        Ok(())
+    }
+
+    fn child(&mut self) -> Expansion<'_> {
+        Expansion {
+            left: &mut *self.left,
+            budget: self.budget,
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Expansion<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Expansion<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any YAML value")
+    }
+
+    fn visit_bool<E: serde::de::Error>(mut self, _: bool) -> std::result::Result<(), E> {
+        self.spend(0)
+    }
+    fn visit_i64<E: serde::de::Error>(mut self, _: i64) -> std::result::Result<(), E> {
+        self.spend(0)
+    }
+    fn visit_u64<E: serde::de::Error>(mut self, _: u64) -> std::result::Result<(), E> {
+        self.spend(0)
+    }
+    fn visit_i128<E: serde::de::Error>(mut self, _: i128) -> std::result::Result<(), E> {
+        self.spend(0)
+    }
+    fn visit_u128<E: serde::de::Error>(mut self, _: u128) -> std::result::Result<(), E> {
+        self.spend(0)
+    }
+    fn visit_f64<E: serde::de::Error>(mut self, _: f64) -> std::result::Result<(), E> {
+        self.spend(0)
+    }
+    fn visit_str<E: serde::de::Error>(mut self, v: &str) -> std::result::Result<(), E> {
+        self.spend(v.len())
+    }
+    fn visit_bytes<E: serde::de::Error>(mut self, v: &[u8]) -> std::result::Result<(), E> {
+        self.spend(v.len())
+    }
+    fn visit_none<E: serde::de::Error>(mut self) -> std::result::Result<(), E> {
+        self.spend(0)
+    }
+    fn visit_unit<E: serde::de::Error>(mut self) -> std::result::Result<(), E> {
+        self.spend(0)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(
+        mut self,
+        d: D,
+    ) -> std::result::Result<(), D::Error> {
+        use serde::de::DeserializeSeed;
+        self.spend(0)?;
+        self.child().deserialize(d)
+    }
+    fn visit_newtype_struct<D: serde::Deserializer<'de>>(
+        mut self,
+        d: D,
+    ) -> std::result::Result<(), D::Error> {
+        use serde::de::DeserializeSeed;
+        self.spend(0)?;
+        self.child().deserialize(d)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        mut self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        self.spend(0)?;
+        while seq.next_element_seed(self.child())?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        mut self,
+        mut map: A,
+    ) -> std::result::Result<(), A::Error> {
+        self.spend(0)?;
+        while map.next_key_seed(self.child())?.is_some() {
+            map.next_value_seed(self.child())?;
+        }
+        Ok(())
+    }
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(
+        mut self,
+        data: A,
+    ) -> std::result::Result<(), A::Error> {
+        use serde::de::VariantAccess;
+        // A tagged node (`!tag value`): the tag, then its value.
+        self.spend(0)?;
+        let ((), variant) = data.variant_seed(self.child())?;
+        variant.newtype_variant_seed(self.child())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentLimits {
     pub max_steps: Option<u32>,
     pub max_children_per_turn: Option<u32>,
+    /// Tool calls one model turn may make (`[limits] max_tool_calls_per_turn` otherwise).
+    pub max_tool_calls_per_turn: Option<u32>,
     /// Tokens this agent's session may spend (its subtree included).
     pub max_tokens: Option<u64>,
 }
@@ -154,11 +331,25 @@ fn split_front_matter(text: &str) -> Option<(&str, &str)> {
 impl AgentDef {
     /// Parses a definition. `origin` names the file in errors.
     pub fn parse(origin: &str, text: &str) -> Result<Self> {
+        if text.len() > MAX_DEFINITION_BYTES {
+            return Err(Error::AgentDef {
+                origin: origin.into(),
+                reason: format!(
+                    "the definition is {} bytes; at most {MAX_DEFINITION_BYTES} (256 KiB) are \
+                     accepted",
+                    text.len()
+                ),
+            });
+        }
         let (yaml, body) = split_front_matter(text).ok_or_else(|| Error::AgentDef {
             origin: origin.into(),
             reason: "no YAML front matter: the file must start with `---` and the front \
                      matter must end with a line `---`"
                 .into(),
+        })?;
+        check_yaml_expansion(yaml, MAX_FRONT_MATTER_EXPANSION).map_err(|e| Error::AgentDef {
+            origin: origin.into(),
+            reason: format!("front matter: {e}"),
         })?;
         let front: FrontMatter = serde_norway::from_str(yaml).map_err(|e| Error::AgentDef {
             origin: origin.into(),
@@ -168,6 +359,12 @@ impl AgentDef {
             origin: origin.into(),
             reason: format!("name: {e}"),
         })?;
+        if let Some(pool) = &front.pool {
+            validate_pool(pool).map_err(|e| Error::AgentDef {
+                origin: origin.into(),
+                reason: format!("agent `{}`: {e}", front.name),
+            })?;
+        }
         if !front.model.contains(':') {
             return Err(Error::AgentDef {
                 origin: origin.into(),
@@ -470,5 +667,91 @@ mod tests {
         let files = vec![file("r", "router: {destinations: []}\n")];
         let e = AgentSet::load(&files, &[]).unwrap_err().to_string();
         assert!(e.contains("router without destinations"), "{e}");
+    }
+
+    #[test]
+    fn pools_must_be_one_subject_token() {
+        for bad in [
+            "a.>",
+            "../../x",
+            "a b",
+            "*",
+            ">",
+            "",
+            "gpu\u{7}",
+            "tab\there",
+            "é",
+        ] {
+            let (o, t) = file("w", &format!("pool: {}\n", serde_json::json!(bad)));
+            let e = AgentDef::parse(&o, &t).unwrap_err().to_string();
+            assert!(e.contains("agents/w.md"), "{e}");
+            assert!(e.contains("agent `w`"), "{e}");
+            assert!(e.contains("pool"), "{e}");
+            assert!(!e.contains('\u{7}'), "{e:?}");
+            if !bad.is_empty() && bad.is_ascii() && !bad.contains(['\t', '\u{7}']) {
+                assert!(e.contains(&format!("`{bad}`")), "the value is named: {e}");
+            }
+        }
+        let long = "p".repeat(MAX_POOL_LEN + 1);
+        let (o, t) = file("w", &format!("pool: {long}\n"));
+        let e = AgentDef::parse(&o, &t).unwrap_err().to_string();
+        assert!(e.contains("65 bytes"), "{e}");
+        for good in ["gpu", "eu-west_1", "P", "p".repeat(MAX_POOL_LEN).as_str()] {
+            let (o, t) = file("w", &format!("pool: {good}\n"));
+            let d = AgentDef::parse(&o, &t).unwrap();
+            assert_eq!(d.front.pool.as_deref(), Some(good));
+        }
+        // A whole set is refused for one bad pool, with the file named.
+        let files = vec![file("a", "pool: \"a.>\"\n"), file("b", "")];
+        let e = AgentSet::load(&files, &[]).unwrap_err().to_string();
+        assert!(e.contains("agents/a.md") && e.contains("`a.>`"), "{e}");
+    }
+
+    #[test]
+    fn an_alias_bomb_is_refused_before_it_expands() {
+        // 100 KiB behind an anchor, repeated 2,000 times: 200 MB once resolved, from a
+        // file of about 108 KiB.
+        let big = "x".repeat(100 * 1024);
+        let aliases = vec!["*s"; 2000].join(", ");
+        let (o, t) = file("w", &format!("description: &s {big}\ntools: [{aliases}]\n"));
+        assert!(t.len() < MAX_DEFINITION_BYTES);
+        let e = AgentDef::parse(&o, &t).unwrap_err().to_string();
+        assert!(e.contains("agents/w.md"), "{e}");
+        assert!(e.contains("aliases are resolved"), "{e}");
+        assert!(e.len() < 2000, "the error stays short: {} bytes", e.len());
+        // Nested aliases of small lists grow exponentially; they are stopped too.
+        let mut y = String::from("l0: &l0 [a, a, a, a, a, a, a, a]\n");
+        for i in 1..12 {
+            let p = i - 1;
+            y.push_str(&format!(
+                "l{i}: &l{i} [*l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}]\n"
+            ));
+        }
+        // (the YAML reader's own repetition limit may be what stops these first).
+        let e = check_yaml_expansion(&y, MAX_FRONT_MATTER_EXPANSION).unwrap_err();
+        assert!(
+            e.contains("aliases are resolved") || e.contains("repetition limit"),
+            "{e}"
+        );
+        let e = check_yaml_expansion("a: &a [x, x, x, x]\nb: [*a, *a, *a]\n", 60).unwrap_err();
+        assert!(e.contains("more than 60 bytes"), "{e}");
+        check_yaml_expansion("a: &a [x, x, x, x]\nb: [*a, *a, *a]\n", 1000).unwrap();
+        // Modest use of anchors is fine.
+        let (o, t) = file(
+            "w",
+            "tools: &t [read_file]\nidempotent_tools: *t\ndescription: &d hi\nstrategy: *d\n",
+        );
+        let d = AgentDef::parse(&o, &t).unwrap();
+        assert_eq!(d.front.idempotent_tools, vec!["read_file"]);
+    }
+
+    #[test]
+    fn an_oversized_definition_is_refused_with_its_size() {
+        let body = "y".repeat(MAX_DEFINITION_BYTES);
+        let t = format!("---\nname: w\nmodel: scripted:w\n---\n{body}\n");
+        let e = AgentDef::parse("agents/w.md", &t).unwrap_err().to_string();
+        assert!(e.contains("agents/w.md"), "{e}");
+        assert!(e.contains(&format!("{} bytes", t.len())), "{e}");
+        assert!(e.contains("256 KiB"), "{e}");
     }
 }

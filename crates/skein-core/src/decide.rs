@@ -560,7 +560,12 @@ impl SessionState {
         let allowed = self.allowed_tools(def);
         // The owner's own plan edits go first, one at a time and in the model's order, so
         // a delegation of the same turn may hand out tasks they add.
-        if let Some(slot) = self.turn.iter().find(|s| {
+        let max_calls = def
+            .front
+            .limits
+            .max_tool_calls_per_turn
+            .unwrap_or(limits.max_tool_calls_per_turn) as usize;
+        if let Some(slot) = self.turn.iter().take(max_calls).find(|s| {
             s.call.name == "update_plan"
                 && matches!(s.state, SlotState::Pending)
                 && allowed.contains("update_plan")
@@ -625,7 +630,7 @@ impl SessionState {
         let mut proposals = vec![];
         let mut n = self.delegations;
 
-        for slot in &self.turn {
+        for (i, slot) in self.turn.iter().enumerate() {
             let call = &slot.call;
             match &slot.state {
                 SlotState::Running => {
@@ -654,6 +659,19 @@ impl SessionState {
                 tool: call.name.clone(),
                 error,
             };
+            // Calls past the per-turn limit are refused, in the model's order, whatever
+            // they are: none of them runs.
+            if i >= max_calls {
+                refusals.push(refuse(format!(
+                    "{}: not run: this turn made {} tool calls and at most {max_calls} run per \
+                     turn (`max_tool_calls_per_turn`); this was call number {}. Make fewer \
+                     calls per turn.",
+                    call.name,
+                    self.turn.len(),
+                    i + 1
+                )));
+                continue;
+            }
             // A provider could not read the call's arguments (`{_raw, _error}`), or could
             // not read a tool call out of a text answer at all: the model is told why.
             if let Some(err) = call.args.get("_error").and_then(Value::as_str) {
@@ -712,19 +730,12 @@ impl SessionState {
                 || def.front.requires_approval.contains(&call.name)
                 || limits.approval_required.contains(&call.name)
             {
-                let mut preview = call.args.to_string();
-                if preview.len() > 500 {
-                    let mut cut = 500;
-                    while !preview.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    preview.truncate(cut);
-                    preview.push('…');
-                }
+                // The approver is shown every byte that would run: the whole arguments,
+                // never a cut of them.
                 approvals.push(ApprovalAsk {
                     call: call.id.clone(),
                     tool: call.name.clone(),
-                    preview,
+                    preview: call.args.to_string(),
                 });
                 continue;
             }
@@ -931,6 +942,12 @@ impl SessionState {
             .mission
             .filter(|m| !m.trim().is_empty())
             .ok_or("call_agent: `mission` is required and must not be empty")?;
+        crate::limits::check_mission(
+            &mission,
+            args.context.as_deref(),
+            args.inputs.as_ref().unwrap_or(&Value::Null),
+        )
+        .map_err(|e| format!("call_agent: {e}"))?;
         let (agent, custom) = match (&args.agent, &args.agent_definition) {
             (_, Some(custom)) => {
                 let allowed: BTreeSet<String> = def
@@ -956,6 +973,10 @@ impl SessionState {
                         join(&allowed)
                     ));
                 }
+                // The definition the child would run with must be one that loads (it is
+                // within the size of an agent file): refused here, the model reads why.
+                AgentDef::custom(def, &custom.system_prompt, &custom.tools)
+                    .map_err(|e| format!("call_agent: agent_definition refused: {e}"))?;
                 ("custom".to_string(), Some(custom.clone()))
             }
             (Some(a), None) => {

@@ -24,9 +24,11 @@ pub fn validate_token(token: &str) -> Result<()> {
         return Err(Error::InvalidId("empty token".into()));
     }
     if token.len() > MAX_TOKEN_LEN {
+        // Shown by characters, never sliced by bytes: the token may be any text.
         return Err(Error::InvalidId(format!(
-            "token `{}…` is longer than {MAX_TOKEN_LEN} bytes",
-            &token[..16]
+            "token `{}…` is {} bytes; at most {MAX_TOKEN_LEN} are allowed",
+            prefix_chars(token, 16).escape_debug(),
+            token.len()
         )));
     }
     if let Some(c) = token
@@ -34,10 +36,20 @@ pub fn validate_token(token: &str) -> Result<()> {
         .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '_'))
     {
         return Err(Error::InvalidId(format!(
-            "token `{token}` contains {c:?}; allowed are a-z, 0-9, `-` and `_`"
+            "token `{}` contains {c:?}; allowed are a-z, 0-9, `-` and `_`",
+            token.escape_debug()
         )));
     }
     Ok(())
+}
+
+/// The first `n` characters of `s` (all of it when shorter): a prefix that never splits a
+/// character, whatever the text.
+pub fn prefix_chars(s: &str, n: usize) -> &str {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
 }
 
 impl SessionId {
@@ -52,7 +64,9 @@ impl SessionId {
         let s = s.trim().replace('/', ".");
         if s.len() > MAX_ID_LEN {
             return Err(Error::InvalidId(format!(
-                "id longer than {MAX_ID_LEN} bytes"
+                "id `{}…` is {} bytes; at most {MAX_ID_LEN} are allowed",
+                prefix_chars(&s, 16).escape_debug(),
+                s.len()
             )));
         }
         for (i, tok) in s.split('.').enumerate() {
@@ -168,5 +182,51 @@ mod tests {
         assert!(SessionId::parse("abc..x-1").is_err());
         assert!(SessionId::root(&"a".repeat(65)).is_err());
         assert!(SessionId::root("a>b").is_err());
+    }
+
+    #[test]
+    fn an_over_long_token_with_multibyte_text_is_refused_not_panicked_on() {
+        // 15 ASCII bytes, then a 3-byte character across byte 16, then more: 70+ bytes.
+        let token = format!("{}€{}", "a".repeat(15), "b".repeat(60));
+        assert!(!token.is_char_boundary(16));
+        let e = SessionId::root(&token).unwrap_err().to_string();
+        assert!(e.contains("at most 64"), "{e}");
+        assert!(
+            e.contains("aaaaaaaaaaaaaaa€"),
+            "the prefix is shown by characters: {e}"
+        );
+        let e = SessionId::parse(&format!("{token}.writer-1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 64"), "{e}");
+        // Every cut of a long multi-byte id is refused with an error, never a panic.
+        let long = "é".repeat(300);
+        for n in 0..long.len() {
+            if long.is_char_boundary(n) {
+                assert!(SessionId::parse(&long[..n]).is_err());
+                assert!(validate_token(&long[..n]).is_err());
+            }
+        }
+        let e = SessionId::parse(&"€".repeat(200)).unwrap_err().to_string();
+        assert!(e.contains("at most 512"), "{e}");
+    }
+
+    #[test]
+    fn errors_do_not_carry_raw_control_characters() {
+        let e = SessionId::root("a\u{1b}]0;pwned\u{7}")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\u{1b}') && !e.contains('\u{7}'), "{e:?}");
+        assert!(e.contains("pwned"), "{e}");
+        let long = format!("\u{1b}[2K{}", "x".repeat(80));
+        let e = SessionId::root(&long).unwrap_err().to_string();
+        assert!(!e.contains('\u{1b}'), "{e:?}");
+    }
+
+    #[test]
+    fn prefix_chars_never_splits_a_character() {
+        assert_eq!(prefix_chars("€€€", 2), "€€");
+        assert_eq!(prefix_chars("ab", 5), "ab");
+        assert_eq!(prefix_chars("", 3), "");
     }
 }

@@ -311,6 +311,7 @@ pub struct InboxItem {
     pub proposed_defaults: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// For approvals: the call's whole arguments as JSON, every byte that would run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preview: Option<String>,
 }
@@ -348,6 +349,15 @@ pub async fn inbox(rt: &Runtime, roots: &[SessionId]) -> Result<Vec<InboxItem>> 
                 }
             }
             for p in &f.state.pending_approvals {
+                // The arguments that will run if approved, whole: the call's own, not the
+                // preview recorded with the request (older logs cut it at 500 bytes).
+                let args = f
+                    .state
+                    .turn
+                    .iter()
+                    .find(|s| s.call.id == p.call)
+                    .map(|s| s.call.args.to_string())
+                    .unwrap_or_else(|| p.preview.clone());
                 out.push(InboxItem {
                     session: id.display(),
                     agent: agent.clone(),
@@ -357,7 +367,7 @@ pub async fn inbox(rt: &Runtime, roots: &[SessionId]) -> Result<Vec<InboxItem>> 
                     context: None,
                     proposed_defaults: Value::Null,
                     tool: Some(p.tool.clone()),
-                    preview: Some(p.preview.clone()),
+                    preview: Some(args),
                 });
             }
         }

@@ -37,7 +37,7 @@ use crate::{new_root_id, now_ms, runtime_tools, Error, Result};
 /// The pool of agents that name none.
 pub const DEFAULT_POOL: &str = "default";
 /// Longest mission text accepted.
-pub const MAX_MISSION_BYTES: usize = 64 * 1024;
+pub use skein_core::limits::MAX_MISSION_BYTES;
 
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -285,15 +285,8 @@ impl Runtime {
                     .join(", ")
             ))
         })?;
-        if sub.mission.trim().is_empty() {
-            return Err(Error::Rejected("mission is empty".into()));
-        }
-        if sub.mission.len() > MAX_MISSION_BYTES {
-            return Err(Error::Rejected(format!(
-                "mission is {} bytes; at most {MAX_MISSION_BYTES} are accepted",
-                sub.mission.len()
-            )));
-        }
+        skein_core::limits::check_mission(&sub.mission, sub.context.as_deref(), &sub.inputs)
+            .map_err(Error::Rejected)?;
         if !(sub.inputs.is_null() || sub.inputs.is_object()) {
             return Err(Error::Rejected("inputs must be a JSON object".into()));
         }

@@ -7,6 +7,7 @@ use clap::Subcommand;
 use skein_core::AgentSet;
 
 use crate::app::{read_agent_files, App};
+use crate::render;
 
 #[derive(Subcommand, Debug)]
 pub enum AgentsCmd {
@@ -56,23 +57,24 @@ pub async fn run(app: &App, cmd: AgentsCmd) -> Result<ExitCode> {
             "agents": set.as_ref().map(|s| s.agents.keys().cloned().collect::<Vec<_>>()),
             "problems": problems,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else if problems.is_empty() {
         if let Some(set) = &set {
             for (name, def) in &set.agents {
-                println!(
+                let line = format!(
                     "ok  {name:<16} {}  ({})",
                     def.front.model, set.origins[name]
                 );
+                crate::outln!("{}", render::safe_line(&line))?;
             }
         }
     } else {
-        eprintln!(
+        crate::errln!(
             "agent definitions in {} rejected:",
             app.cfg.agents_dir.display()
         );
         for p in &problems {
-            eprintln!("  {p}");
+            crate::errln!("  {}", render::safe(p));
         }
     }
     Ok(if problems.is_empty() {

@@ -41,11 +41,11 @@ pub async fn run(app: &App, cmd: AuditCmd) -> Result<ExitCode> {
                     n
                 }
                 None => {
-                    let mut out = std::io::stdout().lock();
+                    let mut out = crate::out::stdout();
                     skein_runtime::audit::export(&b, &id, &mut out).await?
                 }
             };
-            eprintln!("exported {n} events of {}", id.display());
+            crate::errln!("exported {n} events of {}", id.display());
             Ok(ExitCode::SUCCESS)
         }
         AuditCmd::Verify { file, json } => {
@@ -53,15 +53,21 @@ pub async fn run(app: &App, cmd: AuditCmd) -> Result<ExitCode> {
                 .with_context(|| format!("cannot open {}", file.display()))?;
             let rep = skein_runtime::audit::verify(&mut BufReader::new(f))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&rep)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&rep)?)?;
             } else if rep.findings.is_empty() {
-                println!(
+                crate::outln!(
                     "ok: {} sessions, {} lines; every record matches, every chain is whole",
-                    rep.sessions, rep.lines
-                );
+                    rep.sessions,
+                    rep.lines
+                )?;
             } else {
                 for f in &rep.findings {
-                    println!("line {}: {} {}", f.line, f.session, f.problem);
+                    crate::outln!(
+                        "line {}: {} {}",
+                        f.line,
+                        crate::render::safe_line(&f.session),
+                        crate::render::safe(&f.problem)
+                    )?;
                 }
             }
             Ok(if rep.findings.is_empty() {

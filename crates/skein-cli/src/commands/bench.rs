@@ -381,7 +381,7 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
             .unwrap_or(1)
     );
     if !a.json {
-        println!("skein bench — embedded (sled) backend, {machine}\n");
+        crate::outln!("skein bench — embedded (sled) backend, {machine}\n")?;
     }
 
     let tp = run_fanout(app, 0, a.throughput_children)
@@ -396,14 +396,14 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
                "wall_ms": tp.wall_ms, "steps_per_s": steps_per_s, "events_per_s": events_per_s}),
     );
     if !a.json {
-        println!(
+        crate::outln!(
             "throughput, zero-latency model ({} children, 5 turns each):",
             a.throughput_children
-        );
-        println!(
+        )?;
+        crate::outln!(
             "  {:.0} steps/s (model turns), {:.0} events/s — {} turns, {} tool calls, {} events in {:.0} ms\n",
             steps_per_s, events_per_s, tp.model_turns, tp.tool_calls, tp.events, tp.wall_ms
-        );
+        )?;
     }
 
     let (mem_ms, store_ms, verify_ms) = fold_bench(a.fold_events).await?;
@@ -416,28 +416,32 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
                "events_per_s": a.fold_events as f64 / (mem_ms / 1000.0)}),
     );
     if !a.json {
-        println!("fold a {}-event log:", a.fold_events);
-        println!(
+        crate::outln!("fold a {}-event log:", a.fold_events)?;
+        crate::outln!(
             "  decode + fold {:.1} ms ({:.0} events/s); read from sled + fold {:.1} ms",
             mem_ms,
             a.fold_events as f64 / (mem_ms / 1000.0),
             store_ms
-        );
-        println!(
+        )?;
+        crate::outln!(
             "  replay --verify (fold + re-decide every event) {:.1} ms ({:.0} events/s)\n",
             verify_ms,
             a.fold_events as f64 / (verify_ms / 1000.0)
-        );
-        println!(
+        )?;
+        crate::outln!(
             "fan-out, {} ms model latency, ideal = 7 × {} ms = {} ms:",
             a.latency_ms,
             a.latency_ms,
             7 * a.latency_ms
-        );
-        println!(
+        )?;
+        crate::outln!(
             "  {:>6} {:>10} {:>10} {:>8} {:>9}",
-            "N", "wall ms", "ideal ms", "ratio", "sessions"
-        );
+            "N",
+            "wall ms",
+            "ideal ms",
+            "ratio",
+            "sessions"
+        )?;
     }
     let ideal = 7.0 * a.latency_ms as f64;
     let mut fan = vec![];
@@ -446,14 +450,14 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("fan-out {n}"))?;
         if !a.json {
-            println!(
+            crate::outln!(
                 "  {:>6} {:>10.0} {:>10.0} {:>8.2} {:>9}",
                 n,
                 r.wall_ms,
                 ideal,
                 r.wall_ms / ideal,
                 r.sessions
-            );
+            )?;
         }
         fan.push(
             json!({"n": n, "wall_ms": r.wall_ms, "ideal_ms": ideal, "ratio": r.wall_ms / ideal}),
@@ -466,13 +470,13 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         json!({"hits": 1000, "ms_per_hit": per_hit_ms, "hits_per_s": hits_per_s}),
     );
     if !a.json {
-        println!(
+        crate::outln!(
             "\ncache hit, delegation → settled (1000 hits in one turn): {:.3} ms per hit, {:.0} hits/s",
             per_hit_ms, hits_per_s
-        );
+        )?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&results)?)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -314,10 +314,10 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     let mut results = serde_json::Map::new();
     results.insert("server".into(), json!({"version": version, "sync": sync}));
     if !a.json {
-        println!(
+        crate::outln!(
             "skein bench — NATS JetStream backend, nats-server {version}, one server on loopback"
-        );
-        println!("fsync: {sync}\n");
+        )?;
+        crate::outln!("fsync: {sync}\n")?;
     }
 
     // Memory of one `skein worker` process: idle, then with 1,000 sessions in flight.
@@ -329,7 +329,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         json!({"process": "skein worker", "idle": idle, "peak_1000_in_flight": peak}),
     );
     if !a.json {
-        println!("worker resident memory (a `skein worker` process): idle {:.1} MiB; with 1,000 sessions in flight (2 s model calls) peak {:.1} MiB", idle as f64 / 1024.0, peak as f64 / 1024.0);
+        crate::outln!("worker resident memory (a `skein worker` process): idle {:.1} MiB; with 1,000 sessions in flight (2 s model calls) peak {:.1} MiB", idle as f64 / 1024.0, peak as f64 / 1024.0)?;
     }
 
     // Throughput with a zero-latency model, 1 and 3 workers.
@@ -350,7 +350,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
             json!({"workers": workers, "model_turns": turns, "wall_ms": wall, "steps_per_s": sps}),
         );
         if !a.json {
-            println!("throughput, zero-latency model, {workers} worker(s): {sps:.0} steps/s ({turns} model turns in {wall:.0} ms)");
+            crate::outln!("throughput, zero-latency model, {workers} worker(s): {sps:.0} steps/s ({turns} model turns in {wall:.0} ms)")?;
         }
         if !lat.is_empty() {
             let (p50, p99) = (pct(&lat, 0.5), pct(&lat, 0.99));
@@ -359,7 +359,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
                 json!({"samples": lat.len(), "p50": p50, "p99": p99}),
             );
             if !a.json {
-                println!("delegation latency (Delegated → child's first model call), {} children: p50 {p50:.0} ms, p99 {p99:.0} ms", lat.len());
+                crate::outln!("delegation latency (Delegated → child's first model call), {} children: p50 {p50:.0} ms, p99 {p99:.0} ms", lat.len())?;
             }
         }
     }
@@ -368,14 +368,18 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     // Fan-out against its ideal.
     let ideal = 7.0 * a.latency_ms as f64;
     if !a.json {
-        println!(
+        crate::outln!(
             "\nfan-out, 3 workers, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms:",
-            a.latency_ms, a.latency_ms
-        );
-        println!(
+            a.latency_ms,
+            a.latency_ms
+        )?;
+        crate::outln!(
             "  {:>6} {:>10} {:>10} {:>8}",
-            "N", "wall ms", "ideal ms", "ratio"
-        );
+            "N",
+            "wall ms",
+            "ideal ms",
+            "ratio"
+        )?;
     }
     let mut fan = vec![];
     let widths: Vec<usize> = if a.fanout == vec![8, 256] {
@@ -388,13 +392,13 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         let (_, wall) = fleet.fanout(n).await?;
         fleet.stop().await;
         if !a.json {
-            println!(
+            crate::outln!(
                 "  {:>6} {:>10.0} {:>10.0} {:>8.2}",
                 n,
                 wall,
                 ideal,
                 wall / ideal
-            );
+            )?;
         }
         fan.push(json!({"n": n, "wall_ms": wall, "ideal_ms": ideal, "ratio": wall / ideal}));
     }
@@ -428,13 +432,13 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         json!({"hits": 200, "span_ms": span, "ms_per_hit": span / 200.0}),
     );
     if !a.json {
-        println!(
+        crate::outln!(
             "\ncache hit, delegation → settled (200 hits in one turn): {:.2} ms per hit ({span:.0} ms for all, including the lookups in the KV bucket)",
             span / 200.0
-        );
+        )?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&results)?)?;
     }
     drop(server);
     Ok(ExitCode::SUCCESS)

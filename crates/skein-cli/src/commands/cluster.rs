@@ -124,7 +124,7 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
             .context("cannot start the skein.api service (pass --no-api to run without it)")?;
         tasks.push(("api", serving));
     }
-    eprintln!(
+    crate::errln!(
         "worker {} ready: pools {}, concurrency {conc}",
         rt.cfg.worker_id,
         pools.join(",")
@@ -145,11 +145,11 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
             task = name,
             "a worker task {why}; exiting so the worker is restarted"
         );
-        eprintln!("error: the {name} task {why}; the worker exits");
+        crate::errln!("error: the {name} task {why}; the worker exits");
         let _ = stop.send(true);
         return Ok(ExitCode::from(70));
     }
-    eprintln!(
+    crate::errln!(
         "stopping: finishing the steps in flight (at most {:?})",
         a.drain_timeout
     );
@@ -160,7 +160,7 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         _ = terminated() => false,
     };
     if !drained {
-        eprintln!("stopping: steps still in flight are left to be delivered again");
+        crate::errln!("stopping: steps still in flight are left to be delivered again");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -196,27 +196,27 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
         .await
         .context("the missions stream did not take the submission")?;
     if !a.wait {
-        println!("{id}");
+        crate::outln!("{id}")?;
         return Ok(ExitCode::SUCCESS);
     }
-    eprintln!("submitted {id}; waiting for its result");
+    crate::errln!("submitted {id}; waiting for its result");
     loop {
         tokio::select! {
             Some(m) = results.next() => {
                 let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
                 if a.json {
-                    println!("{v}");
+                    crate::outln!("{v}")?;
                 } else if v["status"] == "completed" {
-                    println!("{}", v["answer"].as_str().unwrap_or(""));
+                    crate::outln!("{}", render::safe(v["answer"].as_str().unwrap_or("")))?;
                 } else {
-                    println!("{}: {}", v["status"].as_str().unwrap_or(""), v["error"].as_str().unwrap_or(""));
+                    crate::outln!("{}: {}", render::safe_line(v["status"].as_str().unwrap_or("")), render::safe(v["error"].as_str().unwrap_or("")))?;
                 }
                 return Ok(if v["status"] == "completed" { ExitCode::SUCCESS } else { ExitCode::FAILURE });
             }
             Some(m) = rejected.next() => {
                 let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
                 if v["msg_id"].as_str() == Some(id.as_str()) {
-                    eprintln!("rejected: {}", v["reason"].as_str().unwrap_or(""));
+                    crate::errln!("rejected: {}", render::safe(v["reason"].as_str().unwrap_or("")));
                     return Ok(ExitCode::FAILURE);
                 }
             }
@@ -238,25 +238,25 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
     // past the last one printed are new (a session's events arrive in order).
     let mut printed: HashMap<SessionId, u64> = HashMap::new();
     let mut t0 = None;
-    let mut show = |r: &Record| {
+    let mut show = |r: &Record| -> std::io::Result<()> {
         let last = printed.entry(r.env.session.clone()).or_insert(0);
         if r.env.seq <= *last {
-            return;
+            return Ok(());
         }
         *last = r.env.seq;
         let start = *t0.get_or_insert(r.env.at);
-        println!(
+        crate::outln!(
             "{:<40} {}",
             r.env.session.display(),
             render::event_line(r, start)
-        );
+        )
     };
     // Whether the root has ended is judged from what was printed: an end appended after
     // the history was read still arrives live.
     let mut ended = false;
     for s in b.log.tree(&root).await? {
         for r in b.log.read(&s, 1).await? {
-            show(&r);
+            show(&r)?;
             if r.env.session == root {
                 ended = r.env.body.is_terminal();
             }
@@ -274,7 +274,7 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
         let Ok(r) = Record::decode(m.payload.to_vec()) else {
             continue;
         };
-        show(&r);
+        show(&r)?;
         if r.env.session == root && r.env.body.is_terminal() {
             return Ok(ExitCode::SUCCESS);
         }

@@ -9,6 +9,7 @@ use skein_core::SessionId;
 use skein_runtime::hitl;
 
 use crate::app::App;
+use crate::render;
 
 #[derive(Args, Debug)]
 pub struct InboxArgs {
@@ -55,45 +56,58 @@ pub async fn inbox(app: &App, a: InboxArgs) -> Result<ExitCode> {
     };
     let items = hitl::inbox(&rt, &roots).await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&items)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&items)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     if items.is_empty() {
-        println!("nothing is waiting for you");
+        crate::outln!("nothing is waiting for you")?;
     }
     for it in &items {
         match it.kind.as_str() {
             "question" => {
-                println!("question from {} ({}):", it.session, it.agent);
+                crate::outln!(
+                    "question from {} ({}):",
+                    it.session,
+                    render::safe_line(&it.agent)
+                )?;
                 if let Some(c) = &it.context {
-                    println!("  context: {c}");
+                    crate::outln!("  context: {}", render::safe(c))?;
                 }
                 for q in &it.questions {
                     let key = q["key"].as_str().unwrap_or("");
                     let d = it
                         .proposed_defaults
                         .get(key)
-                        .map(|d| format!(" [proposed: {d}]"))
+                        .map(|d| format!(" [proposed: {}]", render::safe_line(&d.to_string())))
                         .unwrap_or_default();
-                    println!("  {key}: {}{d}", q["question"].as_str().unwrap_or(""));
+                    crate::outln!(
+                        "  {}: {}{d}",
+                        render::safe_line(key),
+                        render::safe(q["question"].as_str().unwrap_or(""))
+                    )?;
                 }
-                println!("  answer: skein answer {} --set KEY=VALUE …", it.token);
+                crate::outln!("  answer: skein answer {} --set KEY=VALUE …", it.token)?;
             }
             _ => {
-                println!(
+                crate::outln!(
                     "approval for `{}` in {} ({}):",
-                    it.tool.as_deref().unwrap_or("?"),
+                    render::safe_line(it.tool.as_deref().unwrap_or("?")),
                     it.session,
-                    it.agent
-                );
-                println!("  args: {}", it.preview.as_deref().unwrap_or(""));
-                println!(
+                    render::safe_line(&it.agent)
+                )?;
+                // Every byte of the arguments that would run, however long.
+                crate::outln!(
+                    "  args: {}",
+                    render::safe_line(it.preview.as_deref().unwrap_or(""))
+                )?;
+                crate::outln!(
                     "  skein approve {}   |   skein deny {} --reason …",
-                    it.token, it.token
-                );
+                    it.token,
+                    it.token
+                )?;
             }
         }
-        println!();
+        crate::outln!()?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -121,12 +135,12 @@ async fn continue_tree(
     no_run: bool,
 ) -> Result<ExitCode> {
     if no_run {
-        println!("recorded for {}", session.display());
+        crate::outln!("recorded for {}", session.display())?;
         return Ok(ExitCode::SUCCESS);
     }
     let root = session.root_id();
     rt.requeue_tree(&root).await?;
-    eprintln!("recorded for {}; continuing {root}", session.display());
+    crate::errln!("recorded for {}; continuing {root}", session.display());
     super::run::drive(rt, &root, app.cfg.runtime.concurrency, false).await
 }
 

@@ -18,7 +18,7 @@ pub mod show;
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let app = App::new(cli.global)?;
     if app.global.dump_config {
-        print!("{}", crate::config::dump(&app.cfg)?);
+        crate::out!("{}", crate::config::dump(&app.cfg)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     match cli.cmd {

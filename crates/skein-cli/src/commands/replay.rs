@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use skein_core::state::SlotState;
 use skein_core::{Message, Record, SessionId};
@@ -53,9 +53,11 @@ pub struct ForkArgs {
     pub json: bool,
 }
 
+/// At most 160 characters unless `full`, escaped for the terminal (lines kept).
 fn clip(s: &str, full: bool) -> String {
+    let s = render::safe(s);
     if full || s.chars().count() <= 160 {
-        s.to_string()
+        s.into_owned()
     } else {
         format!(
             "{}… [{} chars, --full to expand]",
@@ -81,18 +83,24 @@ pub async fn replay(app: &App, a: ReplayArgs) -> Result<ExitCode> {
         };
         let ok = verdicts.iter().all(|v| v.ok);
         if a.json {
-            println!(
+            crate::outln!(
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({"ok": ok, "sessions": verdicts}))?
-            );
+            )?;
         } else {
             for v in &verdicts {
                 match &v.problem {
-                    None => println!(
+                    None => crate::outln!(
                         "ok    {} ({} events: chain intact, every decision reproduced)",
-                        v.session, v.events
-                    ),
-                    Some(p) => println!("FAIL  {} at seq {}: {p}", v.session, v.seq.unwrap_or(0)),
+                        v.session,
+                        v.events
+                    )?,
+                    Some(p) => crate::outln!(
+                        "FAIL  {} at seq {}: {}",
+                        v.session,
+                        v.seq.unwrap_or(0),
+                        render::safe(p)
+                    )?,
                 }
             }
         }
@@ -114,9 +122,9 @@ pub async fn replay(app: &App, a: ReplayArgs) -> Result<ExitCode> {
         );
         let f = fold_records(&id, &records[..at as usize])?;
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&f.state)?);
+            crate::outln!("{}", serde_json::to_string_pretty(&f.state)?)?;
         } else {
-            print_state(&f.state, at, a.full);
+            print_state(&f.state, at, a.full)?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -144,7 +152,7 @@ pub async fn replay(app: &App, a: ReplayArgs) -> Result<ExitCode> {
     let t0 = all.iter().map(|r| r.env.at).min().unwrap_or(0);
     for r in &all {
         if a.json {
-            println!("{}", skein_runtime::audit::line_of(r));
+            crate::outln!("{}", skein_runtime::audit::line_of(r))?;
             continue;
         }
         let indent = "  ".repeat(r.env.session.depth().saturating_sub(id.depth()) as usize);
@@ -153,22 +161,22 @@ pub async fn replay(app: &App, a: ReplayArgs) -> Result<ExitCode> {
         } else {
             String::new()
         };
-        println!("{indent}{who}{}", clip(&render::event_line(r, t0), a.full));
+        crate::outln!("{indent}{who}{}", clip(&render::event_line(r, t0), a.full))?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_state(s: &skein_core::SessionState, at: u64, full: bool) {
+fn print_state(s: &skein_core::SessionState, at: u64, full: bool) -> std::io::Result<()> {
     let agent = s
         .submitted
         .as_ref()
         .map(|x| x.agent.as_str())
         .unwrap_or("?");
-    println!(
+    crate::outln!(
         "state of {} ({agent}) at seq {at}",
         s.id.as_ref().map(|i| i.display()).unwrap_or_default()
-    );
-    println!(
+    )?;
+    crate::outln!(
         "  status {} · model turns {} · usage {} tokens (own {}, children {}) · cost {}",
         s.status.as_str(),
         s.steps,
@@ -176,11 +184,11 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) {
         s.usage_own.total_tokens(),
         s.usage_children.total_tokens(),
         render::cost(&s.usage_total())
-    );
+    )?;
     if let Some(sub) = &s.submitted {
-        println!("  mission: {}", clip(&sub.mission, full));
+        crate::outln!("  mission: {}", clip(&sub.mission, full))?;
     }
-    println!("transcript:");
+    crate::outln!("transcript:")?;
     for m in &s.transcript {
         let line = match m {
             Message::System { content } => format!("system: {content}"),
@@ -215,10 +223,10 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) {
                 )
             }
         };
-        println!("  {}", clip(&line, full));
+        crate::outln!("  {}", clip(&line, full))?;
     }
     if !s.turn.is_empty() {
-        println!("pending calls of the current turn:");
+        crate::outln!("pending calls of the current turn:")?;
         for slot in &s.turn {
             let st = match &slot.state {
                 SlotState::Pending => "pending".to_string(),
@@ -235,37 +243,40 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) {
                     }
                 }
             };
-            println!("  {}#{}: {st}", slot.call.name, slot.call.id);
+            crate::outln!(
+                "  {}#{}: {st}",
+                render::safe_line(&slot.call.name),
+                render::safe_line(&slot.call.id)
+            )?;
         }
     }
     if !s.children.is_empty() {
-        println!("children:");
+        crate::outln!("children:")?;
         for c in s.children.values() {
-            println!(
+            crate::outln!(
                 "  #{} {} ({}) {}{}",
-                c.call,
+                render::safe_line(&c.call),
                 c.child.display(),
-                c.agent,
+                render::safe_line(&c.agent),
                 c.outcome.unwrap_or("running"),
                 if c.cached { " [cache]" } else { "" }
-            );
+            )?;
         }
     }
     if let Some(a) = &s.answer {
-        println!("answer: {}", clip(a, full));
+        crate::outln!("answer: {}", clip(a, full))?;
     }
     if let Some(e) = &s.error {
-        println!("error: {e}");
+        crate::outln!("error: {}", render::safe(e))?;
     }
+    Ok(())
 }
 
 pub async fn fork_cmd(app: &App, a: ForkArgs) -> Result<ExitCode> {
     let (store, backend) = app.backend().await?;
     let rt = app.runtime(backend)?;
     let agent_text = match &a.agent_file {
-        Some(p) => Some(
-            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
-        ),
+        Some(p) => Some(crate::app::read_agent_file(p)?),
         None => None,
     };
     let source = SessionId::parse(&a.id)?;
@@ -282,11 +293,11 @@ pub async fn fork_cmd(app: &App, a: ForkArgs) -> Result<ExitCode> {
     .await?;
     // On a cluster the workers run it.
     let Some(store) = store.filter(|_| !a.no_run) else {
-        println!("{id}");
+        crate::outln!("{id}")?;
         return Ok(ExitCode::SUCCESS);
     };
     if !a.json {
-        eprintln!("fork {id} of {} at seq {}", source.display(), a.at);
+        crate::errln!("fork {id} of {} at seq {}", source.display(), a.at);
     }
     let conc = app.cfg.runtime.concurrency;
     let code = super::run::drive(&rt, &id, conc, a.json).await;

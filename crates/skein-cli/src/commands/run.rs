@@ -82,7 +82,7 @@ pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
         })
         .await?;
     if !a.json {
-        eprintln!("root {id}");
+        crate::errln!("root {id}");
     }
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
     let code = drive(&rt, &id, conc, a.json).await;
@@ -157,7 +157,7 @@ pub async fn resume(app: &App, a: ResumeArgs) -> Result<ExitCode> {
     }
     let n = rt.requeue_tree(&id).await?;
     if !a.json {
-        eprintln!("resuming {id}: {n} session(s) to advance");
+        crate::errln!("resuming {id}: {n} session(s) to advance");
     }
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
     let code = drive(&rt, &id, conc, a.json).await;
@@ -181,7 +181,7 @@ pub async fn drive(
         h.abort();
     }
     let Some(root) = outcome else {
-        eprintln!("\ninterrupted; continue with: skein resume {id}");
+        crate::errln!("\ninterrupted; continue with: skein resume {id}");
         return Ok(ExitCode::from(130));
     };
     report(rt, &root, started, json).await
@@ -202,46 +202,51 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
             "tree": rows,
             "waiting": inbox,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         match st.status {
-            Status::Completed => println!("{}", st.answer.as_deref().unwrap_or("")),
-            Status::Failed | Status::Cancelled => {
-                println!("failed: {}", st.error.as_deref().unwrap_or("unknown error"))
+            Status::Completed => {
+                crate::outln!("{}", render::safe(st.answer.as_deref().unwrap_or("")))?
             }
+            Status::Failed | Status::Cancelled => crate::outln!(
+                "failed: {}",
+                render::safe(st.error.as_deref().unwrap_or("unknown error"))
+            )?,
             other => {
-                println!("paused ({}): waiting for you:", other.as_str());
+                crate::outln!("paused ({}): waiting for you:", other.as_str())?;
                 for it in skein_runtime::hitl::inbox(rt, std::slice::from_ref(&root.id)).await? {
                     match it.kind.as_str() {
                         "question" => {
                             for q in &it.questions {
-                                println!(
+                                crate::outln!(
                                     "  {}: {}",
-                                    q["key"].as_str().unwrap_or(""),
-                                    q["question"].as_str().unwrap_or("")
-                                );
+                                    render::safe_line(q["key"].as_str().unwrap_or("")),
+                                    render::safe(q["question"].as_str().unwrap_or(""))
+                                )?;
                             }
-                            println!("  → skein answer {} --set KEY=VALUE …", it.token);
+                            crate::outln!("  → skein answer {} --set KEY=VALUE …", it.token)?;
                         }
                         _ => {
-                            println!(
+                            // Every byte of the arguments that would run.
+                            crate::outln!(
                                 "  approve `{}` in {}: {}",
-                                it.tool.as_deref().unwrap_or("?"),
+                                render::safe_line(it.tool.as_deref().unwrap_or("?")),
                                 it.session,
-                                it.preview.as_deref().unwrap_or("")
-                            );
-                            println!(
+                                render::safe_line(it.preview.as_deref().unwrap_or(""))
+                            )?;
+                            crate::outln!(
                                 "  → skein approve {}   or   skein deny {} --reason …",
-                                it.token, it.token
-                            );
+                                it.token,
+                                it.token
+                            )?;
                         }
                     }
                 }
             }
         }
-        eprintln!();
-        eprintln!("{}", render::summary_line(&summary));
-        eprintln!(
+        crate::errln!();
+        crate::errln!("{}", render::summary_line(&summary));
+        crate::errln!(
             "elapsed {} · root {}",
             render::ms(started.elapsed().as_millis() as u64),
             root.id
@@ -282,7 +287,13 @@ async fn show_progress(mut rx: broadcast::Receiver<Progress>, root: SessionId) {
         if !root.contains(&p.session) {
             continue;
         }
-        let msg = format!("{:<15} step {:<3} {}", p.status.as_str(), p.steps, p.kind);
+        // An event kind this build does not know is shown as the log names it.
+        let msg = format!(
+            "{:<15} step {:<3} {}",
+            p.status.as_str(),
+            p.steps,
+            render::safe_line(&p.kind)
+        );
         if tty {
             let bar = bars.entry(p.session.clone()).or_insert_with(|| {
                 let b = multi.add(ProgressBar::new_spinner());
@@ -297,7 +308,7 @@ async fn show_progress(mut rx: broadcast::Receiver<Progress>, root: SessionId) {
                 bar.set_message(msg);
             }
         } else {
-            eprintln!(
+            crate::errln!(
                 "[{:>7}] {:<32} {}",
                 render::ms(t0.elapsed().as_millis() as u64),
                 label(&p.session),

@@ -61,16 +61,19 @@ pub async fn sessions(app: &App, a: SessionsArgs) -> Result<ExitCode> {
     rows.sort_by_key(|r| std::cmp::Reverse(r.started_at));
     rows.truncate(a.limit);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&rows)?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    crate::outln!(
         "{:<28} {:<13} {:<15} {:>9}  MISSION",
-        "SESSION", "AGENT", "STATUS", "WALL"
-    );
+        "SESSION",
+        "AGENT",
+        "STATUS",
+        "WALL"
+    )?;
     for r in rows {
         let mission: String = r.mission.replace('\n', " ").chars().take(60).collect();
-        println!(
+        let line = format!(
             "{:<28} {:<13} {:<15} {:>9}  {}",
             r.session,
             r.agent,
@@ -78,6 +81,7 @@ pub async fn sessions(app: &App, a: SessionsArgs) -> Result<ExitCode> {
             render::ms(r.wall_ms),
             mission
         );
+        crate::outln!("{}", render::safe_line(&line))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -97,12 +101,12 @@ pub async fn tree(app: &App, a: TreeArgs) -> Result<ExitCode> {
     let plan = plan_at(&b, &id, None).await?;
     if a.json {
         let v = serde_json::json!({"root": id.to_string(), "summary": summary, "sessions": rows, "plan": plan});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        print!("{}", render::tree_table(&rows));
-        println!("{}", render::summary_line(&summary));
+        crate::out!("{}", render::tree_table(&rows))?;
+        crate::outln!("{}", render::summary_line(&summary))?;
         if !plan.is_empty() {
-            print!("\n{}", plan.render_markdown());
+            crate::out!("\n{}", render::safe(&plan.render_markdown()))?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -139,9 +143,9 @@ pub async fn plan(app: &App, a: PlanArgs) -> Result<ExitCode> {
     let id = SessionId::parse(&a.id)?;
     let plan = plan_at(&b, &id, a.at).await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&plan)?)?;
     } else {
-        print!("{}", plan.render_markdown());
+        crate::out!("{}", render::safe(&plan.render_markdown()))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -169,9 +173,9 @@ pub async fn events(app: &App, a: EventsArgs) -> Result<ExitCode> {
                     "kind": r.env.body.kind(),
                     "body": r.env.body.to_json(),
                 });
-                println!("{v}");
+                crate::outln!("{v}")?;
             } else {
-                println!("{}", render::event_line(r, start));
+                crate::outln!("{}", render::event_line(r, start))?;
             }
             next = r.env.seq + 1;
         }
