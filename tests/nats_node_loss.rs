@@ -299,6 +299,22 @@ fn a_worker_that_cannot_make_progress_says_so_naming_the_stream() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The streams that lost their replicas are reported too, naming them.
+    let deadline = Instant::now() + Duration::from_secs(50);
+    loop {
+        let later: Vec<String> = log.lock().unwrap_or_else(|p| p.into_inner())[first..].to_vec();
+        if later
+            .iter()
+            .any(|l| l.contains("ERROR") && l.contains("not catching up") && l.contains("SKEIN_"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no error naming a stream that lost its replicas: {later:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // SIGTERM with no server to finish anything on: the worker exits within its drain
     // timeout instead of waiting for the cluster.
     let pid = w.0[0].id();

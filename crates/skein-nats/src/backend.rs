@@ -505,6 +505,53 @@ impl NatsStore {
         Ok(Some(Some(data)))
     }
 
+    /// Replicas of skein's streams that are not current with their leader, as
+    /// `(stream, replica, why)`; a stream whose info cannot be had is reported with replica
+    /// `-`. Empty on a single server.
+    pub async fn lagging_replicas(&self) -> Vec<(String, String, String)> {
+        let mut out = vec![];
+        for name in [EVENTS, JOBS, NOTICES, MISSIONS] {
+            let info = tokio::time::timeout(Duration::from_secs(10), async {
+                let mut st = self.js.get_stream(name).await?;
+                Ok::<_, async_nats::Error>(st.info().await?.clone())
+            })
+            .await;
+            let info = match info {
+                Ok(Ok(i)) => i,
+                Ok(Err(e)) => {
+                    out.push((name.to_string(), "-".into(), format!("no stream info: {e}")));
+                    continue;
+                }
+                Err(_) => {
+                    out.push((
+                        name.to_string(),
+                        "-".into(),
+                        "no stream info within 10s".into(),
+                    ));
+                    continue;
+                }
+            };
+            let Some(cluster) = info.cluster else {
+                continue;
+            };
+            if cluster.leader.is_none() {
+                out.push((name.to_string(), "-".into(), "no leader".into()));
+            }
+            for r in cluster.replicas {
+                if r.offline {
+                    out.push((name.to_string(), r.name, "offline".into()));
+                } else if !r.current {
+                    out.push((
+                        name.to_string(),
+                        r.name,
+                        format!("not current (lag {:?}, seen {:?} ago)", r.lag, r.active),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     /// Drops the cached handle of a pool's consumer: the next claim looks it up again and
     /// makes it anew if the cluster lost it.
     async fn forget_consumer(&self, pool: &str) {

@@ -129,6 +129,9 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         rt.cfg.worker_id,
         pools.join(",")
     );
+    // A replica that stays behind (one that cannot catch up after a restart, say) is
+    // reported at error level while it lasts; a moment's lag during an election is not.
+    let replicas = tokio::spawn(watch_replicas(store.clone(), stop.subscribe()));
     let (names, handles): (Vec<&str>, Vec<_>) = tasks.into_iter().unzip();
     let mut running = futures::future::select_all(handles);
     let ended = tokio::select! {
@@ -149,6 +152,7 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         let _ = stop.send(true);
         return Ok(ExitCode::from(70));
     }
+    replicas.abort();
     crate::errln!(
         "stopping: finishing the steps in flight (at most {:?})",
         a.drain_timeout
@@ -163,6 +167,41 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         crate::errln!("stopping: steps still in flight are left to be delivered again");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Checks skein's streams every 15 s; a replica (or a whole stream) found behind in two
+/// checks in a row is logged at error level, naming the stream and the replica.
+async fn watch_replicas(
+    store: std::sync::Arc<skein_nats::NatsStore>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut seen: std::collections::BTreeSet<(String, String)> = Default::default();
+    let mut reported: std::collections::BTreeSet<(String, String)> = Default::default();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(15)) => {}
+            _ = stop.changed() => return,
+        }
+        let now = store.lagging_replicas().await;
+        let mut next = std::collections::BTreeSet::new();
+        for (stream, replica, why) in now {
+            let key = (stream.clone(), replica.clone());
+            if seen.contains(&key) {
+                reported.insert(key.clone());
+                tracing::error!(stream, replica, why,
+                    "a stream replica is not catching up; the stream runs on fewer copies until it does");
+            }
+            next.insert(key);
+        }
+        reported.retain(|(stream, replica)| {
+            let back = !next.contains(&(stream.clone(), replica.clone()));
+            if back {
+                tracing::warn!(stream, replica, "stream replica current again");
+            }
+            !back
+        });
+        seen = next;
+    }
 }
 
 pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
