@@ -30,11 +30,19 @@ pub const TRANSIENT_PATIENCE: Duration = Duration::from_secs(120);
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
 /// How often a worker that cannot claim says so, at error level.
 pub const STALL_REPORT: Duration = Duration::from_secs(10);
+/// After backend trouble, when the open trees are swept (see
+/// [`Runtime::sweep_open_trees`]): soon, and once more later, for a replica that is reset
+/// when it rejoins.
+const SWEEP_SOON: Duration = Duration::from_secs(5);
+const SWEEP_LATER: Duration = Duration::from_secs(45);
 
-/// Claim failures per pool, shared by every work loop of a runtime.
+/// Claim failures per pool, shared by every work loop of a runtime, and whether the
+/// backend was in trouble since the last sweep (see [`Runtime::sweep_open_trees`]).
 #[derive(Default)]
 pub struct ClaimHealth {
     pools: Mutex<HashMap<String, PoolHealth>>,
+    /// When sweeps are due: one soon after trouble, one later for what settles late.
+    sweeps: Mutex<Vec<Instant>>,
 }
 
 struct PoolHealth {
@@ -53,6 +61,7 @@ impl ClaimHealth {
 
     /// A claim from `pool` failed with `error`.
     pub fn failed(&self, pool: &str, error: &crate::Error) {
+        self.trouble();
         let mut p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         match p.get_mut(pool) {
@@ -72,6 +81,34 @@ impl ClaimHealth {
                     "cannot make progress: no job can be claimed from this pool");
             }
             Some(_) => {}
+        }
+    }
+
+    /// The backend failed in a way that may have lost wake-ups (a stream without a
+    /// leader, a replica reset): schedule sweeps of the open trees.
+    pub fn trouble(&self) {
+        let now = Instant::now();
+        let mut s = self.sweeps.lock().unwrap_or_else(|p| p.into_inner());
+        if s.len() < 2 {
+            s.clear();
+            s.push(now + SWEEP_SOON);
+            s.push(now + SWEEP_LATER);
+        } else {
+            // Still in trouble: push the later sweep out past it.
+            s[1] = now + SWEEP_LATER;
+        }
+    }
+
+    /// Whether a sweep is due now (and then it is taken).
+    fn sweep_due(&self) -> bool {
+        let now = Instant::now();
+        let mut s = self.sweeps.lock().unwrap_or_else(|p| p.into_inner());
+        match s.first() {
+            Some(t) if *t <= now => {
+                s.remove(0);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -147,6 +184,9 @@ impl Runtime {
             match &res {
                 Err(e) if e.is_retryable() && started.elapsed() < TRANSIENT_PATIENCE => {
                     tries += 1;
+                    if !matches!(e, crate::Error::Conflict { .. }) {
+                        self.health.trouble();
+                    }
                     let wait = retry_delay(e, tries)
                         .min(MAX_RETRY_WAIT)
                         .min(self.cfg.lease / 2);
@@ -196,15 +236,55 @@ impl Runtime {
         concurrency: usize,
     ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
         let (tx, rx) = watch::channel(false);
-        let health = Arc::new(ClaimHealth::default());
-        let handles = (0..concurrency.max(1))
+        let mut handles: Vec<_> = (0..concurrency.max(1))
             .map(|_| {
                 tokio::spawn(
                     self.clone()
-                        .work_loop(pools.clone(), health.clone(), rx.clone()),
+                        .work_loop(pools.clone(), self.health.clone(), rx.clone()),
                 )
             })
             .collect();
+        handles.push(tokio::spawn(self.clone().sweeper(rx)));
         (tx, handles)
+    }
+
+    /// Runs the sweeps that backend trouble schedules, until `stop`.
+    async fn sweeper(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        while !*stop.borrow() {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.changed() => return,
+            }
+            if self.health.sweep_due() {
+                if let Err(e) = self.sweep_open_trees().await {
+                    tracing::warn!(error = %e, "sweep of the open trees failed; it runs again");
+                    self.health.trouble();
+                }
+            }
+        }
+    }
+
+    /// Wakes every session of every tree that has not ended. Jobs are wake-ups: a cluster
+    /// that loses a stream's state (a replica reset while it was leader, on older servers)
+    /// can lose some, and nothing else would wake their sessions. A wake-up for a session
+    /// that has a job is coalesced with it, so a sweep costs reads, not duplicate work.
+    pub async fn sweep_open_trees(&self) -> crate::Result<usize> {
+        let started = Instant::now();
+        let mut trees = 0;
+        let mut woken = 0;
+        for root in self.backend.log.roots().await? {
+            let open = self
+                .backend
+                .log
+                .last(&root)
+                .await?
+                .is_some_and(|r| !r.env.body.is_terminal());
+            if open {
+                trees += 1;
+                woken += self.requeue_tree(&root).await?;
+            }
+        }
+        tracing::info!(trees, woken, took = ?started.elapsed(), "swept the open trees after backend trouble");
+        Ok(woken)
     }
 }

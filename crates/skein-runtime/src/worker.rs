@@ -158,6 +158,8 @@ pub struct Runtime {
     defs: Mutex<HashMap<String, Arc<AgentDef>>>,
     states: Mutex<HashMap<SessionId, Folded>>,
     progress: broadcast::Sender<Progress>,
+    /// What the work loops saw of the backend's health.
+    pub health: Arc<crate::work_loop::ClaimHealth>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -248,6 +250,7 @@ impl Runtime {
             defs: Mutex::new(HashMap::new()),
             states: Mutex::new(HashMap::new()),
             progress,
+            health: Arc::default(),
         })
     }
 

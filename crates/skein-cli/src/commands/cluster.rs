@@ -131,7 +131,7 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
     );
     // A replica that stays behind (one that cannot catch up after a restart, say) is
     // reported at error level while it lasts; a moment's lag during an election is not.
-    let replicas = tokio::spawn(watch_replicas(store.clone(), stop.subscribe()));
+    let replicas = tokio::spawn(watch_replicas(rt.clone(), store.clone(), stop.subscribe()));
     let (names, handles): (Vec<&str>, Vec<_>) = tasks.into_iter().unzip();
     let mut running = futures::future::select_all(handles);
     let ended = tokio::select! {
@@ -172,6 +172,7 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
 /// Checks skein's streams every 15 s; a replica (or a whole stream) found behind in two
 /// checks in a row is logged at error level, naming the stream and the replica.
 async fn watch_replicas(
+    rt: std::sync::Arc<skein_runtime::worker::Runtime>,
     store: std::sync::Arc<skein_nats::NatsStore>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -200,6 +201,11 @@ async fn watch_replicas(
             }
             !back
         });
+        if next != seen {
+            // A replica that resets may take pending jobs with it: the open trees are
+            // swept after every change in what lags.
+            rt.health.trouble();
+        }
         seen = next;
     }
 }
