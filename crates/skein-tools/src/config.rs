@@ -30,6 +30,9 @@ pub struct FilesConfig {
     pub max_write_bytes: usize,
     /// Entries `list_dir` shows at most.
     pub max_list_entries: usize,
+    /// Bytes all files of one tree's workspace may hold together; a `write_file` that
+    /// would take the tree past it is refused.
+    pub max_workspace_bytes: u64,
 }
 
 impl Default for FilesConfig {
@@ -38,6 +41,7 @@ impl Default for FilesConfig {
             max_read_bytes: 256 * 1024,
             max_write_bytes: 1024 * 1024,
             max_list_entries: 1000,
+            max_workspace_bytes: 256 * 1024 * 1024,
         }
     }
 }
