@@ -4,7 +4,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use iprfc::{Ipv6Net, RFC2765, RFC3056, RFC4038, RFC4291, RFC4380, RFC6052, RFC6666, RFC6890};
+use iprfc::{
+    Ipv6Net, RFC1122, RFC2765, RFC3056, RFC4038, RFC4291, RFC4380, RFC6052, RFC6666, RFC6890,
+};
 use reqwest::Url;
 
 use crate::config::{Cidr, HttpConfig};
@@ -65,8 +67,9 @@ fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
         ),
         (iprfc::is_multicast_ipv4_addr, "a multicast address"),
         (iprfc::is_broadcast_ipv4_addr, "the broadcast address"),
+        // RFC 1122's other block, loopback being caught above.
         (
-            |ip| ip.octets()[0] == 0,
+            |ip| RFC1122.contains(&ip),
             "an unspecified address (0.0.0.0/8)",
         ),
         (
