@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use skein_core::AgentSet;
 use skein_llm::Registry;
 use skein_runtime::sled_backend::SledStore;
-use skein_runtime::worker::{parse_duration, Runtime, RuntimeConfig};
+use skein_runtime::worker::{Runtime, RuntimeConfig};
 use skein_runtime::Backend;
 use skein_tools::ToolBox;
 
@@ -123,10 +123,10 @@ impl App {
 
     fn runtime_config_base(&self) -> Result<RuntimeConfig> {
         let r = &self.cfg.runtime;
-        let lease = parse_duration(&r.lease)
-            .with_context(|| format!("runtime.lease: `{}` is not a duration", r.lease))?;
-        let ttl = parse_duration(&self.cfg.cache.ttl)
-            .with_context(|| format!("cache.ttl: `{}` is not a duration", self.cfg.cache.ttl))?;
+        let lease = skein_core::duration::parse_key("runtime.lease", &r.lease)
+            .map_err(anyhow::Error::msg)?;
+        let ttl = skein_core::duration::parse_key("cache.ttl", &self.cfg.cache.ttl)
+            .map_err(anyhow::Error::msg)?;
         let mut rc = RuntimeConfig {
             limits: self.cfg.limits.clone(),
             lease,

@@ -134,7 +134,23 @@ pub fn load(file: Option<&Path>) -> Result<SkeinConfig> {
         skein_core::agent::validate_pool(pool)
             .map_err(|e| anyhow::anyhow!("runtime.pools: {e}"))?;
     }
+    check(&cfg)?;
     Ok(cfg)
+}
+
+/// What later reads the configuration would refuse, refused at load: every duration (the
+/// error names its key and value) and the `[tools]`, `[models]` and `[nats]` tables.
+fn check(cfg: &SkeinConfig) -> Result<()> {
+    for (key, text) in [
+        ("runtime.lease", &cfg.runtime.lease),
+        ("cache.ttl", &cfg.cache.ttl),
+    ] {
+        skein_core::duration::parse_key(key, text).map_err(anyhow::Error::msg)?;
+    }
+    let _: skein_tools::ToolsConfig = cfg.tools.clone().try_into().context("[tools]")?;
+    let _: skein_llm::ModelsConfig = cfg.models.clone().try_into().context("[models]")?;
+    let _: skein_nats::NatsConfig = cfg.nats.clone().try_into().context("[nats]")?;
+    Ok(())
 }
 
 /// Puts the connection flags (`--nats`, `--nats-user`, …) over the `[nats]` table: flags

@@ -375,6 +375,12 @@ impl AgentDef {
                 ),
             });
         }
+        if let Some(CacheSetting::Ttl { ttl }) = &front.cache {
+            crate::duration::parse(ttl).map_err(|e| Error::AgentDef {
+                origin: origin.into(),
+                reason: format!("cache.ttl: {e}"),
+            })?;
+        }
         Ok(Self {
             front,
             prompt: body.trim().to_string(),

@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod decide;
+pub mod duration;
 pub mod event;
 pub mod hash;
 pub mod id;

@@ -2,14 +2,15 @@
 //!
 //! Deserialized with `deny_unknown_fields`, so a misspelt key is an error at start-up
 //! rather than a setting silently ignored. Durations are strings such as `"120s"`,
-//! `"500ms"`, `"2m"` (a bare number counts as seconds).
+//! `"500ms"`, `"2m"`, `"1m30s"` (a bare number counts as seconds; see
+//! [`skein_core::duration`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
@@ -102,68 +103,9 @@ impl Price {
 }
 
 /// A duration written as `"120s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"` or a number of
-/// seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConfigDuration(pub Duration);
-
-impl<'de> Deserialize<'de> for ConfigDuration {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Secs(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Secs(s) => Ok(Self(Duration::from_secs(s))),
-            Raw::Text(t) => parse_duration(&t)
-                .map(Self)
-                .map_err(serde::de::Error::custom),
-        }
-    }
-}
-
-impl Serialize for ConfigDuration {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{}ms", self.0.as_millis()))
-    }
-}
-
-/// Parses `"120s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"`; a bare number is seconds.
-pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
-    let t = text.trim();
-    let bad = || format!("`{text}` is not a duration (write e.g. \"120s\", \"500ms\", \"2m\")");
-    if t.is_empty() {
-        return Err(bad());
-    }
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-        if digits == 0 {
-            return Err(bad());
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let part = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            "h" => Duration::from_secs(n.saturating_mul(3600)),
-            _ => return Err(bad()),
-        };
-        total = total.saturating_add(part);
-    }
-    Ok(total)
-}
+/// seconds: the grammar of [`skein_core::duration`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigDuration(#[serde(with = "skein_core::duration::serde")] pub Duration);
 
 /// An API key. Its `Debug` and `Display` print `***`; only [`ApiKey::expose`] gives
 /// the value, for the one header that carries it.
@@ -375,19 +317,6 @@ impl ProviderSettings {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("120s"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration(" 7 "), Ok(Duration::from_secs(7)));
-        for bad in ["", "s", "10x", "1.5s", "-1s", "ms10"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn api_key_never_prints() {

@@ -5,13 +5,15 @@
 //! in it — so a replayed or resumed session sees exactly the same answers. See
 //! `docs/scripts.md` for the format.
 
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use minijinja::{Environment, UndefinedBehavior};
+use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 use serde::Deserialize;
 use serde_json::Value;
 use skein_core::{Message, ModelRequest, ModelResponse, ToolCall, Usage};
@@ -68,10 +70,36 @@ pub struct ScriptCall {
     pub repeat: Option<Value>,
 }
 
+/// What the templates of one answer may take together, so a runaway template (an
+/// endless loop, a macro calling itself, a string blown up) fails the model call with a
+/// clear error instead of holding a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemplateLimits {
+    /// Template steps (minijinja's fuel: about one an instruction), all templates and
+    /// conditions of one answer together.
+    pub fuel: u64,
+    /// How deep templates may nest (macros calling macros, loops in loops).
+    pub recursion: usize,
+    /// Bytes of everything one answer renders to: its text, each call's name and
+    /// arguments.
+    pub max_bytes: usize,
+}
+
+impl Default for TemplateLimits {
+    fn default() -> Self {
+        Self {
+            fuel: 10_000_000,
+            recursion: 100,
+            max_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
 /// Scripts loaded from one directory, parsed once.
 pub struct ScriptedProvider {
     dir: PathBuf,
     cache: Mutex<BTreeMap<String, Arc<Script>>>,
+    limits: TemplateLimits,
 }
 
 impl ScriptedProvider {
@@ -79,7 +107,14 @@ impl ScriptedProvider {
         Self {
             dir: dir.into(),
             cache: Mutex::new(BTreeMap::new()),
+            limits: TemplateLimits::default(),
         }
+    }
+
+    /// The same provider with other template limits.
+    pub fn with_limits(mut self, limits: TemplateLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     pub fn load(&self, name: &str) -> Result<Arc<Script>> {
@@ -152,34 +187,132 @@ fn template_context(req: &ModelRequest, turn: usize) -> Value {
     })
 }
 
+/// A template as an error message shows it: at most 80 characters.
+fn shown(template: &str) -> String {
+    match template.char_indices().nth(80) {
+        Some((i, _)) => format!("{}…", &template[..i]),
+        None => template.to_string(),
+    }
+}
+
+/// A writer that takes at most `room` bytes and says so when more come.
+struct Capped {
+    buf: Vec<u8>,
+    room: usize,
+    over: bool,
+}
+
+impl io::Write for Capped {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.room {
+            self.over = true;
+            return Err(io::Error::other("template output over its cap"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Renders the templates of one answer within one [`TemplateLimits`] budget.
 struct Renderer {
-    env: Environment<'static>,
+    env: RefCell<Environment<'static>>,
+    limits: TemplateLimits,
+    fuel: Cell<u64>,
+    room: Cell<usize>,
 }
 
 impl Renderer {
-    fn new() -> Self {
+    fn new(limits: TemplateLimits) -> Self {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
-        Self { env }
+        env.set_recursion_limit(limits.recursion);
+        Self {
+            env: RefCell::new(env),
+            limits,
+            fuel: Cell::new(limits.fuel),
+            room: Cell::new(limits.max_bytes),
+        }
+    }
+
+    fn over_bytes(&self) -> Error {
+        Error::Config(format!(
+            "the answer renders to more than {} bytes, the most one answer may hold",
+            self.limits.max_bytes
+        ))
+    }
+
+    /// Takes `n` bytes of the answer's room.
+    fn spend(&self, n: usize) -> Result<()> {
+        let left = self
+            .room
+            .get()
+            .checked_sub(n)
+            .ok_or_else(|| self.over_bytes())?;
+        self.room.set(left);
+        Ok(())
+    }
+
+    /// Arms the engine with the fuel the answer has left.
+    fn arm(&self) {
+        self.env.borrow_mut().set_fuel(Some(self.fuel.get()));
+    }
+
+    /// A template error, with the budget that stopped it named.
+    fn failed(&self, what: &str, e: minijinja::Error) -> Error {
+        let why = match e.kind() {
+            ErrorKind::OutOfFuel => format!(
+                "took more than {} steps, the most the templates of one answer may take",
+                self.limits.fuel
+            ),
+            _ if e.to_string().contains("recursion limit") => format!(
+                "nested deeper than {} levels, the most a template may",
+                self.limits.recursion
+            ),
+            _ => e.to_string(),
+        };
+        Error::Config(format!("{what}: {why}"))
     }
 
     fn render(&self, template: &str, ctx: &Value) -> Result<String> {
         if !template.contains("{{") && !template.contains("{%") {
+            self.spend(template.len())?;
             return Ok(template.to_string());
         }
-        self.env
-            .render_str(template, ctx)
-            .map_err(|e| Error::Config(format!("template `{template}`: {e}")))
+        let what = format!("template `{}`", shown(template));
+        self.arm();
+        let env = self.env.borrow();
+        let tmpl = env
+            .template_from_str(template)
+            .map_err(|e| self.failed(&what, e))?;
+        let mut out = Capped {
+            buf: vec![],
+            room: self.room.get(),
+            over: false,
+        };
+        let done = tmpl.render_captured_to(ctx, &mut out);
+        if out.over {
+            return Err(self.over_bytes());
+        }
+        let done = done.map_err(|e| self.failed(&what, e))?;
+        if let Some((used, _)) = done.state().fuel_levels() {
+            self.fuel.set(self.fuel.get().saturating_sub(used));
+        }
+        self.spend(out.buf.len())?;
+        String::from_utf8(out.buf).map_err(|e| Error::Config(format!("{what}: {e}")))
     }
 
     fn eval_bool(&self, expr: &str, ctx: &Value) -> Result<bool> {
-        let e = self
-            .env
+        let what = format!("condition `{}`", shown(expr));
+        self.arm();
+        let env = self.env.borrow();
+        let e = env
             .compile_expression(expr)
-            .map_err(|e| Error::Config(format!("condition `{expr}`: {e}")))?;
-        let v = e
-            .eval(ctx)
-            .map_err(|e| Error::Config(format!("condition `{expr}`: {e}")))?;
+            .map_err(|e| self.failed(&what, e))?;
+        let v = e.eval(ctx).map_err(|e| self.failed(&what, e))?;
         Ok(v.is_true())
     }
 
@@ -193,16 +326,31 @@ impl Renderer {
             ),
             Value::Object(o) => Value::Object(
                 o.iter()
-                    .map(|(k, x)| Ok((k.clone(), self.render_value(x, ctx)?)))
+                    .map(|(k, x)| {
+                        self.spend(k.len())?;
+                        Ok((k.clone(), self.render_value(x, ctx)?))
+                    })
                     .collect::<Result<_>>()?,
             ),
-            other => other.clone(),
+            other => {
+                self.spend(other.to_string().len())?;
+                other.clone()
+            }
         })
     }
 }
 
 /// The answer a script gives to a request, and the latency it asks for.
 pub fn answer(script: &Script, req: &ModelRequest) -> Result<(ModelResponse, u64)> {
+    answer_within(script, req, TemplateLimits::default())
+}
+
+/// [`answer`] with the templates held to `limits`.
+pub fn answer_within(
+    script: &Script,
+    req: &ModelRequest,
+    limits: TemplateLimits,
+) -> Result<(ModelResponse, u64)> {
     let turn_no = req
         .messages
         .iter()
@@ -215,7 +363,7 @@ pub fn answer(script: &Script, req: &ModelRequest) -> Result<(ModelResponse, u64
             turn_no + 1
         ))
     })?;
-    let r = Renderer::new();
+    let r = Renderer::new(limits);
     let ctx = template_context(req, turn_no);
     let turn = match entry {
         Entry::Turn(t) => t,
@@ -263,11 +411,19 @@ pub fn answer(script: &Script, req: &ModelRequest) -> Result<(ModelResponse, u64
             }
             Some(other) => return Err(Error::Config(format!("repeat: {other} is not a number"))),
         };
+        // Every call takes at least its name and id of the answer's room: refuse a count
+        // that cannot fit before making any of it.
+        let least = (c.tool.len() + 8) as u128;
+        if u128::from(n) * least > r.room.get() as u128 {
+            return Err(r.over_bytes());
+        }
         for i in 0..n {
             let mut ctx = ctx.clone();
             ctx["i"] = Value::from(i);
+            let id = format!("call_{}_{}", turn_no + 1, calls.len() + 1);
+            r.spend(id.len() + c.tool.len())?;
             calls.push(ToolCall {
-                id: format!("call_{}_{}", turn_no + 1, calls.len() + 1),
+                id,
                 name: c.tool.clone(),
                 args: r.render_value(&c.args, &ctx)?,
             });
@@ -323,8 +479,8 @@ fn usage(req: &ModelRequest, resp: &ModelResponse) -> Usage {
 impl Provider for ScriptedProvider {
     async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion> {
         let script = self.load(model)?;
-        let (response, latency) =
-            answer(&script, req).map_err(|e| Error::Config(format!("scripted:{model}: {e}")))?;
+        let (response, latency) = answer_within(&script, req, self.limits)
+            .map_err(|e| Error::Config(format!("scripted:{model}: {e}")))?;
         if latency > 0 {
             tokio::time::sleep(Duration::from_millis(latency)).await;
         }
@@ -408,6 +564,123 @@ turns:
         });
         let e = answer(&s, &req(msgs)).unwrap_err().to_string();
         assert!(e.contains("2 turns; turn 3"), "{e}");
+    }
+
+    fn answer_of(turn: &str, limits: TemplateLimits) -> Result<(ModelResponse, u64)> {
+        let s = parse_script("t", &format!("turns:\n  - {turn}\n")).unwrap();
+        let r0 = req(vec![Message::System {
+            content: "p".into(),
+        }]);
+        answer_within(&s, &r0, limits)
+    }
+
+    fn refusal(turn: &str, limits: TemplateLimits) -> String {
+        let started = std::time::Instant::now();
+        let e = answer_of(turn, limits).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e:?}");
+        assert!(!e.is_retryable(), "{e:?}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        e.to_string()
+    }
+
+    #[test]
+    fn an_endless_template_runs_out_of_steps() {
+        // 10^8 loop rounds: far past the default budget of an answer.
+        let e = refusal(
+            r#"answer: "{% for i in range(100000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}done""#,
+            TemplateLimits::default(),
+        );
+        assert!(
+            e.contains("took more than 10000000 steps") && e.contains("template `{% for i"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_steps_are_counted_for_the_whole_answer() {
+        // Each call's template alone is cheap; a hundred of them are not.
+        let turn = r#"tool_calls:
+      - tool: t
+        repeat: 100
+        args: {x: "{% for k in range(50) %}{{ k }}{% endfor %}"}"#;
+        let cheap = TemplateLimits {
+            fuel: 2_000,
+            ..TemplateLimits::default()
+        };
+        let e = answer_of(turn, cheap).unwrap_err().to_string();
+        assert!(e.contains("more than 2000 steps"), "{e}");
+        let (resp, _) = answer_of(turn, TemplateLimits::default()).unwrap();
+        assert_eq!(resp.tool_calls.len(), 100);
+    }
+
+    #[test]
+    fn a_template_calling_itself_is_stopped_at_the_depth_limit() {
+        let e = refusal(
+            r#"answer: "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}""#,
+            TemplateLimits::default(),
+        );
+        assert!(e.contains("nested deeper than 100 levels"), "{e}");
+    }
+
+    #[test]
+    fn an_answer_is_capped_in_size() {
+        // 100 MB of text asked for; the answer stops at 4 MiB.
+        let e = refusal(
+            r#"answer: "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}""#,
+            TemplateLimits::default(),
+        );
+        assert!(e.contains("renders to more than 4194304 bytes"), "{e}");
+        let small = TemplateLimits {
+            max_bytes: 1000,
+            ..TemplateLimits::default()
+        };
+        // Every part of the answer counts: plain text, names, ids and arguments.
+        assert!(answer_of(&format!("answer: \"{}\"", "z".repeat(999)), small).is_ok());
+        let e = answer_of(&format!("answer: \"{}\"", "z".repeat(1001)), small)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than 1000 bytes"), "{e}");
+        let e = answer_of(
+            "tool_calls:\n      - tool: t\n        repeat: 30\n        args: {x: \"{{ 'q' * 30 }}\"}",
+            small,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("more than 1000 bytes"), "{e}");
+        // A repeat count no answer could hold is refused before any call is made.
+        let e = refusal(
+            "tool_calls:\n      - tool: t\n        repeat: \"{{ 10 ** 12 }}\"\n        args: {}",
+            TemplateLimits::default(),
+        );
+        assert!(e.contains("renders to more than"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_runaway_template_fails_the_model_call() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("loop.yaml"),
+            "turns:\n  - answer: \"{% for i in range(100000) %}{% for j in range(100) %}{% endfor %}{% endfor %}\"\n",
+        )
+        .unwrap();
+        let p = ScriptedProvider::new(dir.path()).with_limits(TemplateLimits {
+            fuel: 50_000,
+            ..TemplateLimits::default()
+        });
+        let e = p
+            .complete("loop", &req(vec![]))
+            .await
+            .expect_err("the call fails");
+        let shown = e.to_string();
+        assert!(
+            shown.contains("scripted:loop") && shown.contains("more than 50000 steps"),
+            "{shown}"
+        );
+        assert!(!e.is_retryable());
     }
 
     #[test]

@@ -35,7 +35,7 @@ use skein_runtime::ports::{
 };
 use skein_runtime::{Backend, Error, Result};
 use skein_tools::workspace::DirEntry;
-use skein_tools::{ToolError, Workspace};
+use skein_tools::{ToolError, Usage, Workspace};
 use tokio::io::AsyncReadExt;
 
 use crate::config::{duration, NatsConfig};
@@ -1359,5 +1359,28 @@ impl Workspace for ObjectWorkspace {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// One pass over the object list (the default lists directory by directory).
+    async fn usage(&self, path: &str) -> std::result::Result<Usage, ToolError> {
+        let target = format!("{}/{}", self.root, clean_path(path)?);
+        let prefix = format!("{}/", self.root);
+        let mut list = self
+            .store
+            .list()
+            .await
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
+        let mut u = Usage::default();
+        while let Some(info) = list.next().await {
+            let info = info.map_err(|e| ToolError::Failed(e.to_string()))?;
+            if info.deleted || !info.name.starts_with(&prefix) {
+                continue;
+            }
+            u.total = u.total.saturating_add(info.size as u64);
+            if info.name == target {
+                u.of_path = info.size as u64;
+            }
+        }
+        Ok(u)
     }
 }

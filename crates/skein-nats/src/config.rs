@@ -31,13 +31,17 @@ pub struct NatsConfig {
     /// `file` or `memory`.
     pub storage: String,
     /// How long events are kept ("0": forever).
+    #[serde(deserialize_with = "skein_core::duration::serde::text")]
     pub events_max_age: String,
     /// Lifetime of cache entries in the KV bucket ("0": forever; entries also carry their
     /// own expiry).
+    #[serde(deserialize_with = "skein_core::duration::serde::text")]
     pub cache_max_age: String,
     /// How long a single-flight claim lives if its holder vanishes.
+    #[serde(deserialize_with = "skein_core::duration::serde::text")]
     pub inflight_max_age: String,
     /// Window in which a repeated `Nats-Msg-Id` is dropped as a duplicate.
+    #[serde(deserialize_with = "skein_core::duration::serde::text")]
     pub duplicate_window: String,
     /// Tree workspaces as directories `<workspace_dir>/<root>` on a volume every worker
     /// mounts (and `shell` can run in), instead of the object store `skein_workspace`.
@@ -205,9 +209,9 @@ pub fn redact_url(url: &str) -> String {
     format!("{}{shown}{}", &url[..a], &url[b..])
 }
 
-/// `90s`, `15m`, `2h`, `7d`, `0` (none).
+/// `90s`, `15m`, `2h`, `1h30m`, `7d`, `0` (none): see [`skein_core::duration`].
 pub fn duration(s: &str) -> Option<Duration> {
-    skein_runtime::worker::parse_duration(s)
+    skein_core::duration::parse(s).ok()
 }
 
 #[cfg(test)]

@@ -164,6 +164,51 @@ async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
     assert!(other.read("b.txt").await.is_err());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_object_store_workspace_is_capped_as_a_whole() {
+    use skein_tools::{FilesConfig, ToolBox, ToolContext, ToolError, ToolsConfig};
+    let server = NatsServer::start();
+    let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let root = skein_runtime::new_root_id();
+    let ctx = ToolContext {
+        session: root.clone(),
+        workspace: store.backend().workspaces.for_tree(&root),
+    };
+    // Another tree's files do not count against this one.
+    let other = store
+        .backend()
+        .workspaces
+        .for_tree(&skein_runtime::new_root_id());
+    other.write("big.txt", &[b'o'; 500]).await.unwrap();
+    let tb = ToolBox::builtin(&ToolsConfig {
+        files: FilesConfig {
+            max_workspace_bytes: 100,
+            ..FilesConfig::default()
+        },
+        ..ToolsConfig::default()
+    });
+    let write = |path: &str, n: usize| serde_json::json!({"path": path, "content": "x".repeat(n)});
+    tb.try_run(&ctx, "write_file", &write("a/one.txt", 60))
+        .await
+        .unwrap();
+    let e = tb
+        .try_run(&ctx, "write_file", &write("two.txt", 41))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, ToolError::Refused(m) if m.contains("101 bytes") && m.contains("at most 100")),
+        "{e:?}"
+    );
+    assert!(ctx.workspace.read("two.txt").await.is_err());
+    tb.try_run(&ctx, "write_file", &write("a/one.txt", 99))
+        .await
+        .unwrap();
+    let u = ctx.workspace.usage("a/one.txt").await.unwrap();
+    assert_eq!((u.total, u.of_path), (99, 99));
+}
+
 /// A pool consumer made by a worker with one lease takes the lease of a worker started
 /// later with another, so heartbeats paced by the new lease are never too late for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -196,7 +196,6 @@ fn outcome_of(terminal: &Event) -> Option<Outcome> {
     }
 }
 
-/// Parses `90s`, `15m`, `1h`, `2d` (or plain seconds).
 /// How long a failed step's job waits before it is delivered again. A write conflict
 /// clears as soon as the fold is reread; an unreachable backend (a node down, a leader
 /// election) backs off exponentially, so the deliveries that count towards `max_deliver`
@@ -209,21 +208,6 @@ pub fn retry_delay(e: &Error, attempt: u32) -> Duration {
         }
         _ => Duration::from_secs(2),
     }
-}
-
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().ok()?;
-    let secs = match unit.trim() {
-        "" | "s" => n,
-        "ms" => return Some(Duration::from_millis(n)),
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
-        _ => return None,
-    };
-    Some(Duration::from_secs(secs))
 }
 
 impl Runtime {
@@ -1489,7 +1473,10 @@ impl Runtime {
             let def = self.def_for(&f.state).await?;
             if def.cache_enabled() {
                 let ttl = match &def.front.cache {
-                    Some(skein_core::agent::CacheSetting::Ttl { ttl }) => parse_duration(ttl),
+                    Some(skein_core::agent::CacheSetting::Ttl { ttl }) => {
+                        // Checked when the definition was parsed.
+                        skein_core::duration::parse(ttl).ok().or(self.cfg.cache_ttl)
+                    }
                     _ => self.cfg.cache_ttl,
                 };
                 let now = now_ms();

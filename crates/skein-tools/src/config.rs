@@ -30,6 +30,9 @@ pub struct FilesConfig {
     pub max_write_bytes: usize,
     /// Entries `list_dir` shows at most.
     pub max_list_entries: usize,
+    /// Bytes all files of one tree's workspace may hold together; a `write_file` that
+    /// would take the tree past it is refused.
+    pub max_workspace_bytes: u64,
 }
 
 impl Default for FilesConfig {
@@ -38,6 +41,7 @@ impl Default for FilesConfig {
             max_read_bytes: 256 * 1024,
             max_write_bytes: 1024 * 1024,
             max_list_entries: 1000,
+            max_workspace_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -70,8 +74,9 @@ impl Default for SearchConfig {
 pub struct HttpConfig {
     /// Offer `http_fetch` at all.
     pub enabled: bool,
-    /// Time for the whole fetch, redirects included (`"30s"`, `"500ms"`, or seconds).
-    #[serde(with = "duration")]
+    /// Time for the whole fetch, redirects included (`"30s"`, `"500ms"`, `"1m30s"`, or
+    /// seconds).
+    #[serde(with = "skein_core::duration::serde")]
     pub timeout: Duration,
     /// Body bytes kept at most; the rest is cut with a note.
     pub max_response_bytes: usize,
@@ -105,7 +110,7 @@ pub struct ShellConfig {
     /// Offer `shell` at all. Off by default; every call still needs approval.
     pub enabled: bool,
     /// Time a command may run before its whole process group is killed.
-    #[serde(with = "duration")]
+    #[serde(with = "skein_core::duration::serde")]
     pub timeout: Duration,
     /// Bytes kept of stdout and of stderr, each.
     pub max_output_bytes: usize,
@@ -161,53 +166,5 @@ impl<'de> Deserialize<'de> for Cidr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// Parses `"90s"`, `"500ms"`, `"2m"`, `"1h"` or a plain number of seconds.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    match unit.trim() {
-        "" | "s" => Some(Duration::from_secs(n)),
-        "ms" => Some(Duration::from_millis(n)),
-        "m" => n.checked_mul(60).map(Duration::from_secs),
-        "h" => n.checked_mul(3600).map(Duration::from_secs),
-        _ => None,
-    }
-}
-
-/// Durations as `"30s"` / `"250ms"` strings, or integer seconds.
-mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        if d.subsec_millis() == 0 {
-            s.collect_str(&format_args!("{}s", d.as_secs()))
-        } else {
-            s.collect_str(&format_args!("{}ms", d.as_millis()))
-        }
-    }
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Secs(u64),
-        Text(String),
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        match Raw::deserialize(d)? {
-            Raw::Secs(n) => Ok(Duration::from_secs(n)),
-            Raw::Text(t) => super::parse_duration(&t).ok_or_else(|| {
-                serde::de::Error::custom(format!(
-                    "`{t}` is not a duration (like \"30s\", \"500ms\", \"2m\")"
-                ))
-            }),
-        }
     }
 }

@@ -214,6 +214,20 @@ impl Tool for WriteFile {
                 self.cfg.max_write_bytes
             )));
         }
+        let room = ctx.workspace.usage(&a.path).await?;
+        let after = room
+            .total
+            .saturating_sub(room.of_path)
+            .saturating_add(a.content.len() as u64);
+        if after > self.cfg.max_workspace_bytes {
+            return Err(ToolError::Refused(format!(
+                "writing {} bytes to `{}` would bring the workspace to {after} bytes; its \
+                 files may hold at most {} bytes together (tools.files.max_workspace_bytes)",
+                a.content.len(),
+                a.path,
+                self.cfg.max_workspace_bytes
+            )));
+        }
         ctx.workspace.write(&a.path, a.content.as_bytes()).await?;
         Ok(format!("wrote {} bytes to {}", a.content.len(), a.path))
     }

@@ -27,7 +27,7 @@ mod text;
 pub mod workspace;
 
 pub use config::{Cidr, FilesConfig, HttpConfig, SearchConfig, ShellConfig, ToolsConfig};
-pub use workspace::{DirEntry, FilePart, LocalWorkspace, Walk, Workspace};
+pub use workspace::{DirEntry, FilePart, LocalWorkspace, Usage, Walk, Workspace};
 
 /// What a tool gets to work with.
 #[derive(Clone)]

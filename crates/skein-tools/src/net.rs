@@ -4,13 +4,37 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use iprfc::{
+    Ipv6Net, RFC1122, RFC2765, RFC3056, RFC4038, RFC4291, RFC4380, RFC6052, RFC6666, RFC6890,
+};
 use reqwest::Url;
 
 use crate::config::{Cidr, HttpConfig};
 
 const METADATA: &str = "a cloud metadata address";
 
+/// Cloud metadata services: AWS, GCP, Azure, OpenStack, … (`169.254.169.254`), Alibaba
+/// Cloud (`100.100.100.200`, inside the CGNAT range) and AWS over IPv6 (`fd00:ec2::254`).
+/// Not a registry matter: each address also sits in a range refused anyway, but only an
+/// `allow_cidrs` entry naming it opens it (see [`Guard::check_ip`]).
+const METADATA_V4: [Ipv4Addr; 2] = [
+    Ipv4Addr::new(169, 254, 169, 254),
+    Ipv4Addr::new(100, 100, 100, 200),
+];
+const METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
+
+/// The local-use NAT64 prefix of RFC 8215, a row of the IANA IPv6 special-purpose
+/// registry (checked against it in the tests); a site places the IPv4 address at any of
+/// the RFC 6052 prefix lengths inside it.
+const LOCAL_NAT64: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0), 48);
+
 /// Why `ip` is not a public address, or `None` when it is one.
+///
+/// The ranges are those of the IANA IPv4 and IPv6 special-purpose address registries
+/// (`iprfc`'s snapshot of them), plus multicast and the deprecated site-local block.
+/// An IPv6 address that carries an IPv4 address (mapped, translated, compatible, NAT64,
+/// 6to4, Teredo) is judged by the IPv4 address it carries, since that is where the
+/// packets end up.
 pub fn blocked_reason(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => v4_reason(v4),
@@ -18,37 +42,126 @@ pub fn blocked_reason(ip: IpAddr) -> Option<&'static str> {
     }
 }
 
+/// A test for a class of addresses, and the reason given for refusing it.
+type Class<A> = (fn(A) -> bool, &'static str);
+
 fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
-    let [a, b, c, d] = ip.octets();
-    Some(match (a, b, c, d) {
-        // AWS, GCP, Azure, OpenStack, …; Alibaba Cloud's sits inside the CGNAT range.
-        (169, 254, 169, 254) | (100, 100, 100, 200) => METADATA,
-        (0, ..) => "an unspecified address (0.0.0.0/8)",
-        (127, ..) => "a loopback address",
-        (10, ..) => "a private address (10.0.0.0/8)",
-        (172, 16..=31, ..) => "a private address (172.16.0.0/12)",
-        (192, 168, ..) => "a private address (192.168.0.0/16)",
-        (100, 64..=127, ..) => "a shared CGNAT address (100.64.0.0/10)",
-        (169, 254, ..) => "a link-local address (169.254.0.0/16)",
-        (192, 0, 0, _) => "an IETF protocol address (192.0.0.0/24)",
-        (192, 0, 2, _) | (198, 51, 100, _) | (203, 0, 113, _) => "a documentation address",
-        (198, 18..=19, ..) => "a benchmarking address (198.18.0.0/15)",
-        (255, 255, 255, 255) => "the broadcast address",
-        (224..=239, ..) => "a multicast address",
-        (240..=255, ..) => "a reserved address (240.0.0.0/4)",
-        _ => return None,
-    })
+    if METADATA_V4.contains(&ip) {
+        return Some(METADATA);
+    }
+    let classes: [Class<Ipv4Addr>; 10] = [
+        (iprfc::is_loopback_ipv4_addr, "a loopback address"),
+        (iprfc::is_private_ipv4_addr, "a private address (RFC 1918)"),
+        (
+            iprfc::is_shared_ipv4_addr,
+            "a shared CGNAT address (100.64.0.0/10)",
+        ),
+        (
+            iprfc::is_link_local_ipv4_addr,
+            "a link-local address (169.254.0.0/16)",
+        ),
+        (iprfc::is_documentation_ipv4_addr, "a documentation address"),
+        (
+            iprfc::is_benchmark_ipv4_addr,
+            "a benchmarking address (198.18.0.0/15)",
+        ),
+        (iprfc::is_multicast_ipv4_addr, "a multicast address"),
+        (iprfc::is_broadcast_ipv4_addr, "the broadcast address"),
+        // RFC 1122's other block, loopback being caught above.
+        (
+            |ip| RFC1122.contains(&ip),
+            "an unspecified address (0.0.0.0/8)",
+        ),
+        (
+            |ip| RFC6890.contains(&ip),
+            "a special-purpose address (IANA IPv4 registry)",
+        ),
+    ];
+    classes
+        .iter()
+        .find(|(is, _)| is(ip))
+        .map(|(_, reason)| *reason)
 }
 
-fn embedded_v4(s: &[u16; 8], hi: usize) -> Ipv4Addr {
-    let [a, b] = s[hi].to_be_bytes();
-    let [c, d] = s[hi + 1].to_be_bytes();
-    Ipv4Addr::new(a, b, c, d)
+fn v4_at(b: &[u8; 16], at: [usize; 4]) -> Ipv4Addr {
+    Ipv4Addr::new(b[at[0]], b[at[1]], b[at[2]], b[at[3]])
+}
+
+/// The IPv4 addresses an IPv6 address carries, with the name of the form, and whether
+/// the form is refused whatever it carries (Teredo and local-use NAT64 are not globally
+/// reachable). Empty for an address that carries none.
+pub fn embedded_ipv4(ip: Ipv6Addr) -> (Vec<(&'static str, Ipv4Addr)>, bool) {
+    let b = ip.octets();
+    let low = v4_at(&b, [12, 13, 14, 15]);
+    if RFC4038.contains(&ip) {
+        return (vec![("IPv4-mapped", low)], false);
+    }
+    if RFC2765.contains(&ip) {
+        return (vec![("IPv4-translated", low)], false);
+    }
+    if RFC4291
+        .ipv6_nets()
+        .iter()
+        .any(|n| n.prefix_len() == 96 && n.contains(&ip))
+    {
+        return (vec![("IPv4-compatible", low)], false);
+    }
+    if RFC6052.contains(&ip) {
+        return (vec![("NAT64", low)], false);
+    }
+    if LOCAL_NAT64.contains(&ip) {
+        // RFC 6052 §2.2: the IPv4 bits follow a /48, /56, /64 or /96 prefix, skipping
+        // bits 64..72.
+        // A reading that starts with 0 is the zero padding of another placement.
+        let at = [
+            [6, 7, 9, 10],
+            [7, 9, 10, 11],
+            [9, 10, 11, 12],
+            [12, 13, 14, 15],
+        ];
+        let all = at
+            .iter()
+            .map(|a| ("local-use NAT64", v4_at(&b, *a)))
+            .filter(|(_, v4)| v4.octets()[0] != 0);
+        return (all.collect(), true);
+    }
+    if RFC3056.contains(&ip) {
+        return (vec![("6to4", v4_at(&b, [2, 3, 4, 5]))], false);
+    }
+    if RFC4380.contains(&ip) {
+        // RFC 4380 §4: the server's address, then the client's with every bit flipped.
+        let client = Ipv4Addr::from(!u32::from(low));
+        return (
+            vec![
+                ("Teredo server", v4_at(&b, [4, 5, 6, 7])),
+                ("Teredo client", client),
+            ],
+            true,
+        );
+    }
+    (vec![], false)
+}
+
+/// The carried IPv4 address that is refused, with its form and why: a metadata address
+/// first (only an entry naming it may open it), else the first refused one.
+fn carried_reason(
+    carried: &[(&'static str, Ipv4Addr)],
+) -> Option<(&'static str, Ipv4Addr, &'static str)> {
+    let refused = carried
+        .iter()
+        .filter_map(|&(form, v4)| v4_reason(v4).map(|r| (form, v4, r)));
+    let mut first = None;
+    for hit in refused {
+        if hit.2 == METADATA {
+            return Some(hit);
+        }
+        first = first.or(Some(hit));
+    }
+    first
 }
 
 fn v6_reason(ip: Ipv6Addr) -> Option<&'static str> {
-    let s = ip.segments();
-    if s == [0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254] {
+    if ip == METADATA_V6 {
         return Some(METADATA);
     }
     if ip.is_unspecified() {
@@ -57,27 +170,70 @@ fn v6_reason(ip: Ipv6Addr) -> Option<&'static str> {
     if ip.is_loopback() {
         return Some("a loopback address");
     }
-    // IPv4 inside IPv6: mapped (::ffff:a.b.c.d), compatible (::a.b.c.d), NAT64, 6to4.
-    if s[..5] == [0; 5] && (s[5] == 0xffff || s[5] == 0) {
-        return v4_reason(embedded_v4(&s, 6));
+    let (carried, refused_anyway) = embedded_ipv4(ip);
+    if let Some((_, _, reason)) = carried_reason(&carried) {
+        return Some(reason);
     }
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        return v4_reason(embedded_v4(&s, 6));
+    if !carried.is_empty() && !refused_anyway {
+        return None;
     }
-    if s[0] == 0x2002 {
-        return v4_reason(embedded_v4(&s, 1));
+    let classes: [Class<Ipv6Addr>; 8] = [
+        (
+            iprfc::is_unique_local_ipv6_addr,
+            "a private unique-local address (fc00::/7)",
+        ),
+        (
+            iprfc::is_link_local_ipv6_addr,
+            "a link-local address (fe80::/10)",
+        ),
+        (iprfc::is_multicast_ipv6_addr, "a multicast address"),
+        (iprfc::is_documentation_ipv6_addr, "a documentation address"),
+        (
+            |ip| RFC6666.contains(&ip),
+            "a discard-only address (100::/64)",
+        ),
+        (
+            |ip| RFC4380.contains(&ip),
+            "a Teredo tunnel address (2001::/32)",
+        ),
+        (
+            |ip| LOCAL_NAT64.contains(&ip),
+            "a local-use NAT64 address (64:ff9b:1::/48)",
+        ),
+        (
+            |ip| RFC4291.contains(&ip),
+            "a reserved address (RFC 4291: site-local fec0::/10)",
+        ),
+    ];
+    if let Some((_, reason)) = classes.iter().find(|(is, _)| is(ip)) {
+        return Some(reason);
     }
-    Some(match s[0] {
-        0x64 if s[1] == 0xff9b && s[2] == 1 => "a local NAT64 address (64:ff9b:1::/48)",
-        0x2001 if s[1] == 0 => "a Teredo tunnel address (2001::/32)",
-        0x2001 if s[1] == 0xdb8 => "a documentation address (2001:db8::/32)",
-        0x100 if s[1..4] == [0, 0, 0] => "a discard-only address (100::/64)",
-        x if x & 0xfe00 == 0xfc00 => "a private unique-local address (fc00::/7)",
-        x if x & 0xffc0 == 0xfe80 => "a link-local address (fe80::/10)",
-        x if x & 0xffc0 == 0xfec0 => "a site-local address (fec0::/10)",
-        x if x & 0xff00 == 0xff00 => "a multicast address",
-        _ => return None,
-    })
+    RFC6890
+        .contains(&ip)
+        .then_some("a special-purpose address (IANA IPv6 registry)")
+}
+
+/// The IPv4 addresses an IPv6 address stands for, where it is judged by them alone (not
+/// Teredo or local-use NAT64): an allowlist entry for the IPv4 address covers it too.
+fn carried_ipv4(ip: IpAddr) -> Vec<IpAddr> {
+    match ip {
+        IpAddr::V6(v6) => match embedded_ipv4(v6) {
+            (carried, false) => carried.into_iter().map(|(_, v4)| IpAddr::V4(v4)).collect(),
+            (_, true) => vec![],
+        },
+        IpAddr::V4(_) => vec![],
+    }
+}
+
+/// `ip` as an error message shows it: an IPv6 address with the IPv4 address it carries.
+fn shown(ip: IpAddr) -> String {
+    let IpAddr::V6(v6) = ip else {
+        return ip.to_string();
+    };
+    match carried_reason(&embedded_ipv4(v6).0) {
+        Some((form, v4, _)) => format!("{ip} (the {form} form of {v4})"),
+        None => ip.to_string(),
+    }
 }
 
 /// The rules of `tools.http`: the public internet, plus what the allowlists open.
@@ -109,24 +265,18 @@ impl Guard {
     }
 
     fn cidr_allowed(&self, ip: IpAddr) -> bool {
-        let mapped = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4),
-            IpAddr::V4(_) => None,
-        };
+        let carried = carried_ipv4(ip);
         self.allow_cidrs
             .iter()
-            .any(|c| c.contains(ip) || mapped.is_some_and(|m| c.contains(m)))
+            .any(|c| c.contains(ip) || carried.iter().any(|m| c.contains(*m)))
     }
 
     /// Whether an `allow_cidrs` entry is exactly `ip` (a bare address, or `/32`, `/128`).
     fn cidr_names(&self, ip: IpAddr) -> bool {
-        let mapped = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4),
-            IpAddr::V4(_) => None,
-        };
+        let carried = carried_ipv4(ip);
         self.allow_cidrs.iter().any(|c| {
             c.0.prefix_len() == c.0.max_prefix_len()
-                && (c.0.addr() == ip || mapped.is_some_and(|m| c.0.addr() == m))
+                && (c.0.addr() == ip || carried.contains(&c.0.addr()))
         })
     }
 
@@ -174,9 +324,9 @@ impl Guard {
         for a in &addrs {
             if let Err(reason) = self.check_ip(host, a.ip()) {
                 let what = if literal.is_some() {
-                    format!("{} is {reason}", a.ip())
+                    format!("{} is {reason}", shown(a.ip()))
                 } else {
-                    format!("`{host}` resolves to {}, {reason}", a.ip())
+                    format!("`{host}` resolves to {}, {reason}", shown(a.ip()))
                 };
                 return Err(GuardError::Refused(format!(
                     "{what}; private, loopback, link-local and metadata addresses are refused \
@@ -197,4 +347,14 @@ pub enum GuardError {
     Unresolved(String),
     #[error("{0}")]
     Invalid(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_local_nat64_prefix_is_the_registry_row() {
+        assert!(RFC6890.ipv6_nets().contains(&LOCAL_NAT64));
+    }
 }

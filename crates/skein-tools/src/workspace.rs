@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
 
 use crate::ToolError;
 
@@ -39,6 +39,16 @@ pub struct Walk {
     pub files: Vec<DirEntry>,
     /// The walk stopped at its limit; more files exist.
     pub truncated: bool,
+}
+
+/// What the files of a workspace hold, for its size cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes of every file together.
+    pub total: u64,
+    /// Bytes of the file at the path asked about (0 when there is none): what writing it
+    /// anew would give back.
+    pub of_path: u64,
 }
 
 /// A tree's files. Paths are relative, `/`-separated; implementations refuse any path
@@ -98,6 +108,21 @@ pub trait Workspace: Send + Sync {
         }
         out.files.sort();
         Ok(out)
+    }
+
+    /// The bytes all files hold, and the file at `path` alone (see [`Usage`]). The default
+    /// walks the whole workspace; a backend that can sum faster should.
+    async fn usage(&self, path: &str) -> Result<Usage, ToolError> {
+        let target = normalize(path)?;
+        let all = self.walk("", usize::MAX).await?;
+        Ok(Usage {
+            total: all.files.iter().map(|f| f.size).sum(),
+            of_path: all
+                .files
+                .iter()
+                .find(|f| f.name == target)
+                .map_or(0, |f| f.size),
+        })
     }
 
     /// The directory on this machine the workspace is, when it is one (for `shell`).
@@ -180,8 +205,36 @@ impl LocalWorkspace {
     }
 }
 
+/// A regular file with more than one name: another name may lie outside the workspace
+/// (a hard link made there, or brought in by a checkout or an archive), so reading or
+/// writing it would reach a file the tree must not touch.
+#[derive(Debug)]
+struct HardLinked(u64);
+
+impl std::fmt::Display for HardLinked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "has {} hard links", self.0)
+    }
+}
+
+impl std::error::Error for HardLinked {}
+
+/// Refuses a regular file with more than one hard link (see [`HardLinked`]).
+fn single_link(md: &cap_std::fs::Metadata) -> io::Result<()> {
+    match md.nlink() {
+        n if n > 1 && md.is_file() => Err(io::Error::other(HardLinked(n))),
+        _ => Ok(()),
+    }
+}
+
 /// The tool error for an I/O error on `path`.
 fn io_error(path: &str, e: io::Error) -> ToolError {
+    if let Some(HardLinked(n)) = e.get_ref().and_then(|x| x.downcast_ref::<HardLinked>()) {
+        return ToolError::Refused(format!(
+            "`{path}` has {n} hard links; a file with more than one name may also be a \
+             file outside the workspace, so it is neither read nor written"
+        ));
+    }
     match e.kind() {
         // cap-std reports an attempt to resolve outside the root as PermissionDenied
         // without an OS error code; a real EACCES carries one.
@@ -217,6 +270,7 @@ fn open_for_read(dir: &Dir, rel: &str) -> io::Result<cap_std::fs::File> {
     if !md.is_file() {
         return Err(not_a_file(md.is_dir()));
     }
+    single_link(&md)?;
     Ok(f)
 }
 
@@ -263,15 +317,19 @@ impl Workspace for LocalWorkspace {
                     Err(e) => return Err(e),
                 }
             }
+            // Not truncated on open: a file is looked at before anything of it changes.
             let mut opts = OpenOptions::new();
             opts.write(true)
                 .create(true)
-                .truncate(true)
+                .truncate(false)
                 .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
             let mut f = dir.open_with(rel, &opts)?;
-            if !f.metadata()?.is_file() {
+            let md = f.metadata()?;
+            if !md.is_file() {
                 return Err(not_a_file(false));
             }
+            single_link(&md)?;
+            f.set_len(0)?;
             f.write_all(&data)?;
             f.flush()
         })
@@ -354,6 +412,39 @@ impl Workspace for LocalWorkspace {
             }
             out.files.sort();
             Ok(out)
+        })
+        .await
+    }
+
+    /// Sums the regular files under the root without following symlinks (a link to a
+    /// file inside is not counted twice).
+    async fn usage(&self, path: &str) -> Result<Usage, ToolError> {
+        self.with_root(path, |dir, rel| {
+            let mut total = 0u64;
+            let mut dirs = vec![String::new()];
+            while let Some(d) = dirs.pop() {
+                let entries = match if d.is_empty() {
+                    dir.entries()
+                } else {
+                    dir.read_dir(&d)
+                } {
+                    Ok(e) => e,
+                    Err(e) if d.is_empty() => return Err(e),
+                    Err(_) => continue,
+                };
+                for e in entries.flatten() {
+                    let Ok(ft) = e.file_type() else { continue };
+                    if ft.is_dir() {
+                        dirs.push(join(&d, &e.file_name().to_string_lossy()));
+                    } else if ft.is_file() {
+                        total = total.saturating_add(e.metadata().map_or(0, |m| m.len()));
+                    }
+                }
+            }
+            let of_path = followed(dir, rel)
+                .filter(|m| m.is_file())
+                .map_or(0, |m| m.len());
+            Ok(Usage { total, of_path })
         })
         .await
     }

@@ -412,3 +412,104 @@ async fn the_file_tools_work_on_any_workspace_backend() {
     assert!(matches!(e, ToolError::Refused(_)), "{e:?}");
     assert!(mem.local_root().is_none());
 }
+
+/// A hard link already in the workspace is a second name of a file outside it: reading
+/// it would leak that file, writing it would change it.
+#[tokio::test]
+async fn a_hard_link_to_a_file_outside_is_neither_read_nor_written() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    let secret = s.outside().join("secret.txt");
+    std::fs::create_dir_all(s.root().join("docs")).unwrap();
+    std::fs::hard_link(&secret, s.root().join("notes.txt")).unwrap();
+    std::fs::hard_link(&secret, s.root().join("docs/copy.txt")).unwrap();
+
+    for path in ["notes.txt", "docs/copy.txt"] {
+        let e = err(&tb, &s.ctx, "read_file", json!({ "path": path })).await;
+        let m = refused(&e);
+        assert!(
+            m.contains(&format!("`{path}` has 3 hard links")) && !m.contains("SECRET"),
+            "{m}"
+        );
+        let e = err(
+            &tb,
+            &s.ctx,
+            "write_file",
+            json!({"path": path, "content": "clobbered"}),
+        )
+        .await;
+        assert!(refused(&e).contains("hard links"), "{e}");
+    }
+    let ws = LocalWorkspace::new(s.root());
+    assert!(matches!(
+        ws.read_part("notes.txt", 0, 3).await,
+        Err(ToolError::Refused(_))
+    ));
+    assert!(matches!(
+        ws.write("notes.txt", b"x").await,
+        Err(ToolError::Refused(_))
+    ));
+    let found = ok(&tb, &s.ctx, "search_files", json!({"pattern": "SECRET"})).await;
+    assert!(!found.contains("SECRET"), "{found}");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "SECRET");
+
+    // Once the other names are gone, the file is the workspace's own again.
+    std::fs::remove_file(&secret).unwrap();
+    std::fs::remove_file(s.root().join("docs/copy.txt")).unwrap();
+    ok(
+        &tb,
+        &s.ctx,
+        "write_file",
+        json!({"path": "notes.txt", "content": "mine"}),
+    )
+    .await;
+    assert_eq!(
+        ok(&tb, &s.ctx, "read_file", json!({"path": "notes.txt"})).await,
+        "mine"
+    );
+}
+
+#[tokio::test]
+async fn the_files_of_a_workspace_are_capped_together() {
+    assert_eq!(
+        FilesConfig::default().max_workspace_bytes,
+        256 * 1024 * 1024
+    );
+    let tb = ToolBox::builtin(&ToolsConfig {
+        files: FilesConfig {
+            max_workspace_bytes: 100,
+            ..FilesConfig::default()
+        },
+        ..ToolsConfig::default()
+    });
+    let s = Sandbox::new();
+    let memory = ctx_for(Arc::new(MemoryWorkspace::default()));
+    for ctx in [&s.ctx, &memory] {
+        let write = |path: &str, n: usize| json!({"path": path, "content": "x".repeat(n)});
+        ok(&tb, ctx, "write_file", write("a.txt", 60)).await;
+        let e = err(&tb, ctx, "write_file", write("sub/b.txt", 50)).await;
+        assert!(
+            refused(&e).contains("would bring the workspace to 110 bytes")
+                && refused(&e).contains("at most 100 bytes")
+                && refused(&e).contains("tools.files.max_workspace_bytes"),
+            "{e}"
+        );
+        assert!(ctx.workspace.read("sub/b.txt").await.is_err());
+        // Replacing a file counts its new size, not both.
+        ok(&tb, ctx, "write_file", write("a.txt", 90)).await;
+        ok(&tb, ctx, "write_file", write("sub/b.txt", 10)).await;
+        let e = err(&tb, ctx, "write_file", write("c.txt", 1)).await;
+        assert!(refused(&e).contains("101 bytes"), "{e}");
+        assert_eq!(ctx.workspace.usage("a.txt").await.unwrap().total, 100);
+    }
+    // Files that came in another way (here: by hand, like a `shell` command) count too.
+    std::fs::write(s.root().join("sub/b.txt"), "x".repeat(40)).unwrap();
+    let e = err(
+        &tb,
+        &s.ctx,
+        "write_file",
+        json!({"path": "d.txt", "content": "y"}),
+    )
+    .await;
+    assert!(refused(&e).contains("131 bytes"), "{e}");
+}

@@ -183,8 +183,8 @@ async fn private_link_local_and_metadata_addresses_are_refused() {
     let tb = tools(HttpConfig::default());
     for (url, why) in [
         ("http://10.0.0.1/", "10.0.0.1 is a private address"),
-        ("http://172.16.5.4/", "a private address (172.16.0.0/12)"),
-        ("http://192.168.1.1/", "a private address (192.168.0.0/16)"),
+        ("http://172.16.5.4/", "a private address (RFC 1918)"),
+        ("http://192.168.1.1/", "a private address (RFC 1918)"),
         ("http://100.64.0.1/", "CGNAT"),
         (
             "http://169.254.169.254/latest/meta-data/",
@@ -210,6 +210,116 @@ async fn private_link_local_and_metadata_addresses_are_refused() {
     ] {
         let m = refused(fetch_err(&tb, json!({"url": url})).await);
         assert!(m.contains(why), "{url}: {m}");
+    }
+}
+
+#[tokio::test]
+async fn an_ipv6_spelling_of_loopback_is_refused_before_any_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tb = tools(HttpConfig::default());
+    for host in [
+        "::ffff:0:7f00:1",
+        "::ffff:127.0.0.1",
+        "::127.0.0.1",
+        "64:ff9b::7f00:1",
+        "64:ff9b:1::7f00:1",
+        "2002:7f00:1::",
+        "2001:0:7f00:1::",
+    ] {
+        let url = format!("http://[{host}]:{port}/");
+        let m = refused(fetch_err(&tb, json!({ "url": url })).await);
+        assert!(
+            m.contains("127.0.0.1") && m.contains("a loopback address"),
+            "{host}: {m}"
+        );
+    }
+    let knocked = tokio::time::timeout(Duration::from_millis(300), listener.accept()).await;
+    assert!(knocked.is_err(), "a refused fetch connected anyway");
+}
+
+#[test]
+fn ipv6_forms_carrying_ipv4_are_judged_by_the_ipv4_address() {
+    let blocked = |s: &str| blocked_reason(s.parse::<IpAddr>().unwrap());
+    for (ip, word) in [
+        // ::ffff:0:0:0/96, IPv4-translated (SIIT).
+        ("::ffff:0:7f00:1", "loopback"),
+        ("::ffff:0:c0a8:101", "private"),
+        ("::ffff:0:a9fe:a9fe", "metadata"),
+        // ::ffff:0:0/96, IPv4-mapped.
+        ("::ffff:127.0.0.1", "loopback"),
+        ("::ffff:172.16.0.1", "private"),
+        ("::ffff:169.254.169.254", "metadata"),
+        // ::/96, IPv4-compatible.
+        ("::127.0.0.1", "loopback"),
+        ("::10.0.0.1", "private"),
+        ("::169.254.169.254", "metadata"),
+        // 64:ff9b::/96, NAT64.
+        ("64:ff9b::127.0.0.1", "loopback"),
+        ("64:ff9b::192.168.0.1", "private"),
+        ("64:ff9b::169.254.169.254", "metadata"),
+        // 64:ff9b:1::/48, local-use NAT64: the address after a /96 …
+        ("64:ff9b:1::7f00:1", "loopback"),
+        ("64:ff9b:1::a00:1", "private"),
+        ("64:ff9b:1::a9fe:a9fe", "metadata"),
+        // … and after a /48, /56 and /64 (RFC 6052 skips bits 64..72).
+        ("64:ff9b:1:7f00:0:100::", "loopback"),
+        ("64:ff9b:1:a9:fe:a9fe::", "metadata"),
+        ("64:ff9b:1:0:c0:a801:100:0", "private"),
+        // 2002::/16, 6to4.
+        ("2002:7f00:1::1", "loopback"),
+        ("2002:a00:1::", "private"),
+        ("2002:a9fe:a9fe::1", "metadata"),
+        // 2001::/32, Teredo: the server's address, and the client's with its bits flipped.
+        ("2001:0:7f00:1::1", "loopback"),
+        ("2001:0:808:808::f5ff:fffe", "private"),
+        ("2001:0:808:808::5601:5601", "metadata"),
+        ("2001:0:a9fe:a9fe::", "metadata"),
+    ] {
+        let r = blocked(ip).unwrap_or_else(|| panic!("{ip} passed"));
+        assert!(r.contains(word), "{ip}: {r}");
+    }
+    // Public addresses in the translating forms stay public …
+    for public in [
+        "::ffff:8.8.8.8",
+        "::ffff:0:808:808",
+        "64:ff9b::1.1.1.1",
+        "2002:808:808::1",
+    ] {
+        assert_eq!(blocked(public), None, "{public}");
+    }
+    // … but Teredo and local-use NAT64 are not globally reachable whatever they carry.
+    assert!(blocked("2001:0:808:808::f7f7:f7f7").is_some_and(|r| r.contains("Teredo")));
+    assert!(blocked("64:ff9b:1::808:808").is_some_and(|r| r.contains("NAT64")));
+}
+
+#[test]
+fn an_allowlisted_ipv4_address_covers_its_ipv6_spellings() {
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let g = Guard::new(&HttpConfig {
+        allow_cidrs: vec![
+            "127.0.0.1/32".parse().unwrap(),
+            "169.254.169.254".parse().unwrap(),
+        ],
+        ..HttpConfig::default()
+    });
+    for spelling in ["::ffff:0:7f00:1", "64:ff9b::7f00:1", "2002:a9fe:a9fe::"] {
+        assert_eq!(g.check_ip("x", ip(spelling)), Ok(()), "{spelling}");
+    }
+    // Not through a tunnel that is refused in itself.
+    assert!(g.check_ip("x", ip("2001:0:7f00:1::")).is_err());
+    // A wide range never opens a metadata address, in any spelling.
+    let wide = Guard::new(&HttpConfig {
+        allow_cidrs: vec!["169.254.0.0/16".parse().unwrap(), "::/0".parse().unwrap()],
+        ..HttpConfig::default()
+    });
+    for spelling in [
+        "::ffff:0:a9fe:a9fe",
+        "64:ff9b::a9fe:a9fe",
+        "2002:a9fe:a9fe::1",
+    ] {
+        let e = wide.check_ip("x", ip(spelling)).unwrap_err();
+        assert!(e.contains("metadata"), "{spelling}: {e}");
     }
 }
 

@@ -35,8 +35,7 @@ pub struct WorkerArgs {
 }
 
 fn parse_drain(s: &str) -> std::result::Result<Duration, String> {
-    skein_runtime::worker::parse_duration(s)
-        .ok_or_else(|| format!("`{s}` is not a duration (such as 20s or 1m)"))
+    skein_core::duration::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Args, Debug)]

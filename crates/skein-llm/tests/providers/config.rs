@@ -83,6 +83,24 @@ fn example_config_parses_with_its_settings() {
 }
 
 #[test]
+fn compound_durations_are_read() {
+    let m = models(
+        "[models.providers.local]\nkind = \"openai\"\nbase_url = \"http://h\"\n\
+         timeout = \"1h30m\"\nconnect_timeout = \"1m 30s\"\n",
+    )
+    .unwrap();
+    let s = ProviderSettings::from_config("local", &m.providers["local"]).unwrap();
+    assert_eq!(s.http.timeout, Duration::from_secs(5400));
+    assert_eq!(s.http.connect_timeout, Duration::from_secs(90));
+    let e = models("[models.providers.openai]\nconnect_timeout = \"1h30\"\n").unwrap_err();
+    let shown = e.to_string();
+    assert!(
+        shown.contains("`1h30` is not a duration") && shown.contains("connect_timeout"),
+        "{shown}"
+    );
+}
+
+#[test]
 fn empty_config_still_has_the_standard_providers() {
     let r = registry_from_config(&ModelsConfig::default(), Path::new("s")).unwrap();
     assert_eq!(r.names(), ["anthropic", "openai", "scripted"]);
