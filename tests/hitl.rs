@@ -86,6 +86,15 @@ fn no_jobs(sb: &Sandbox) -> u64 {
     })
 }
 
+fn stdout_of(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn a_child_question_bubbles_up_pauses_the_root_and_an_answer_finishes_the_tree() {
     let sb = Sandbox::new();
@@ -475,4 +484,101 @@ turns:
         &SessionId::parse(&root).unwrap(),
         &sb.dir.path().join("agents"),
     ));
+}
+
+/// A boss whose delegations wait for a person's approval.
+fn gated_boss(sb: &Sandbox) {
+    sb.agent(
+        "boss",
+        "agents: [helper]\nrequires_approval: [call_agent]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: helper, mission: "count the files"}
+  - answer: "{{ results[0] | tojson }}"
+"#,
+    )
+    .agent(
+        "helper",
+        "",
+        "turns:\n  - answer: \"helper did {{ mission }}\"\n",
+    );
+}
+
+#[test]
+fn an_approved_delegation_runs_its_child_and_a_denied_one_is_reported_to_the_model() {
+    for approve in [true, false] {
+        let sb = Sandbox::new();
+        gated_boss(&sb);
+        let out = run(&sb, &["run", "--agent", "boss", "--json", "delegate"]);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            stdout_of(&run(&sb, &["sessions"]))
+        );
+        let v = json_of(&out);
+        assert_eq!(v["status"], "awaiting_approval", "{v}");
+        assert_eq!(
+            v["tree"].as_array().unwrap().len(),
+            1,
+            "nothing started yet: {v}"
+        );
+        let root = v["session"].as_str().unwrap().to_string();
+        let items = inbox(&sb);
+        assert_eq!(items.len(), 1, "{items:?}");
+        assert_eq!(items[0]["tool"], "call_agent");
+        assert!(items[0]["preview"]
+            .as_str()
+            .unwrap()
+            .contains("count the files"));
+        let token = items[0]["token"].as_str().unwrap().to_string();
+        let out = if approve {
+            run(&sb, &["approve", &token])
+        } else {
+            run(&sb, &["deny", &token, "--reason", "not now"])
+        };
+        stdout_of(&out);
+        let tree = json_of(&run_ok({
+            let mut c = skein(&sb.config(), &sb.data());
+            c.args(["tree", &root, "--json"]);
+            c
+        }));
+        let sessions = tree["sessions"].as_array().unwrap();
+        assert_eq!(sessions[0]["status"], "completed", "{tree}");
+        let answer = sessions[0]["answer"].as_str().unwrap();
+        let ev = stdout_of(&run(&sb, &["events", &root]));
+        if approve {
+            // A delegation like any other: Delegated in the parent, a child that ran.
+            assert!(answer.contains("helper did count the files"), "{answer}");
+            assert!(answer.contains("\"success\":true"), "{answer}");
+            assert_eq!(sessions.len(), 2, "{tree}");
+            assert_eq!(sessions[1]["agent"], "helper");
+            assert_eq!(sessions[1]["status"], "completed");
+            assert!(
+                ev.contains("Delegated") && ev.contains("ChildSettled"),
+                "{ev}"
+            );
+        } else {
+            assert!(
+                answer.contains("`call_agent` was denied") && answer.contains("not now"),
+                "{answer}"
+            );
+            assert_eq!(
+                sessions.len(),
+                1,
+                "a denied delegation started a child: {tree}"
+            );
+            assert!(!ev.contains("Delegated"), "{ev}");
+        }
+        let verified = run(&sb, &["replay", &root, "--verify", "--tree"]);
+        assert!(verified.status.success(), "{}", stdout_of(&verified));
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(audit_tree(
+            &sb.data(),
+            &SessionId::parse(&root).unwrap(),
+            &sb.dir.path().join("agents"),
+        ));
+    }
 }
