@@ -302,3 +302,51 @@ fn a_long_child_answer_reaches_the_parent_summarised_with_the_full_answer_stored
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(audit_tree(&sb.data(), &id, &sb.dir.path().join("agents")));
 }
+
+#[test]
+fn a_follow_up_answer_never_replaces_the_cached_answer_to_the_mission() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "asker",
+        "agents: [expert]\ntools: [ask_clarification]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: expert, mission: "estimate the load"}
+  - tool_calls:
+      - tool: ask_clarification
+        args: {session_id: "{{ results[0].session_id }}", question: "and the error bars?"}
+  - answer: "first: {{ all_results[0].result }} | then: {{ results[0].result }}"
+"#,
+    )
+    .agent(
+        "expert",
+        "chat: true\n",
+        "turns:\n  - answer: \"the load is 42\"\n  - answer: \"error bars are plus or minus 3\"\n",
+    );
+    boss_and_worker(&sb, "");
+    // The boss delegates the expert's mission as the asker did.
+    sb.agent(
+        "boss",
+        "agents: [expert]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: expert, mission: "estimate the load"}
+  - answer: "{{ results[0].result }} (cached: {{ (results[0].cached or false) | tojson }})"
+"#,
+    );
+    let first = run_json(&sb, &["run", "--agent", "asker", "--json", "tree one"]);
+    assert_eq!(
+        first["answer"], "first: the load is 42 | then: error bars are plus or minus 3",
+        "{first}"
+    );
+    let second = run_json(&sb, &["run", "--agent", "boss", "--json", "tree two"]);
+    assert_eq!(
+        second["answer"], "the load is 42 (cached: true)",
+        "the cache holds the answer to the mission, not to the follow-up: {second}"
+    );
+    audit_all(&sb.data(), &sb.dir.path().join("agents"));
+}

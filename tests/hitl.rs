@@ -582,3 +582,57 @@ fn an_approved_delegation_runs_its_child_and_a_denied_one_is_reported_to_the_mod
         ));
     }
 }
+
+#[test]
+fn after_a_follow_up_question_every_token_is_counted_once() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [expert]\ntools: [ask_clarification]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: expert, mission: "estimate the load"}
+  - tool_calls:
+      - tool: ask_clarification
+        args: {session_id: "{{ results[0].session_id }}", question: "and the error bars?"}
+  - answer: "{{ results[0].result }}"
+"#,
+    )
+    .agent(
+        "expert",
+        "chat: true\n",
+        "turns:\n  - answer: \"the load is 42 after a long and careful estimate\"\n  - answer: \"error bars are plus or minus 3\"\n",
+    );
+    let out = run(&sb, &["run", "--agent", "boss", "--json", "estimate"]);
+    let v = json_of(&out);
+    assert_eq!(v["answer"], "error bars are plus or minus 3", "{v}");
+    let tree = v["tree"].as_array().unwrap();
+    let (boss, expert) = (&tree[0], &tree[1]);
+    for k in ["input_tokens", "output_tokens"] {
+        let own = |s: &serde_json::Value| s["usage"][k].as_u64().unwrap();
+        let total = |s: &serde_json::Value| s["usage_total"][k].as_u64().unwrap();
+        assert!(own(expert) > 0, "{expert}");
+        assert_eq!(total(expert), own(expert), "{expert}");
+        // The root's total is its own usage plus the expert's whole usage, once.
+        assert_eq!(total(boss), own(boss) + own(expert), "{k}: {v}");
+        assert_eq!(v["summary"]["usage"][k], total(boss), "{k}: {v}");
+    }
+    // What the root's budget sees is that total: a budget of exactly that many tokens
+    // is enough for the whole tree.
+    let used = tree[0]["usage_total"]["input_tokens"].as_u64().unwrap()
+        + tree[0]["usage_total"]["output_tokens"].as_u64().unwrap();
+    let root = v["session"].as_str().unwrap();
+    let ev = stdout_of(&run(&sb, &["events", root, "--json"]));
+    let completed = ev
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["kind"] == "Completed")
+        .unwrap();
+    let u = &completed["body"]["data"]["usage_total"];
+    assert_eq!(
+        u["input_tokens"].as_u64().unwrap() + u["output_tokens"].as_u64().unwrap(),
+        used
+    );
+}

@@ -163,6 +163,13 @@ pub struct SessionState {
     /// Verdicts on sub-agents' proposals, by `from/call`: a proposal whose verdict is
     /// recorded is never merged twice.
     pub plan_verdicts: BTreeMap<String, Result<u64, crate::plan::Rejection>>,
+    /// Follow-up questions put to this session after it had answered (`chat: true`): its
+    /// latest answer is to the last of them, not to the mission it was started with.
+    pub follow_ups: u32,
+    /// Per child, the usage already rolled up into `usage_children`: a child that settles
+    /// again (after a follow-up question) reports its whole usage, of which only what is
+    /// new is added.
+    pub child_usage: BTreeMap<SessionId, Usage>,
 }
 
 /// What stands for the call of a patch carried by a child's final answer.
@@ -208,7 +215,19 @@ impl Default for SessionState {
             plan: Default::default(),
             patches_rejected: 0,
             plan_verdicts: Default::default(),
+            follow_ups: 0,
+            child_usage: BTreeMap::new(),
         }
+    }
+}
+
+/// What `now` adds to `before` (a child's cumulative usage at two settlements).
+fn usage_since(now: &Usage, before: &Usage) -> Usage {
+    Usage {
+        input_tokens: now.input_tokens.saturating_sub(before.input_tokens),
+        output_tokens: now.output_tokens.saturating_sub(before.output_tokens),
+        cost: (now.cost - before.cost).max(0.0),
+        estimated: now.estimated,
     }
 }
 
@@ -509,7 +528,10 @@ impl SessionState {
                         self.saved.add(usage)
                     }
                     Outcome::Completed { usage, .. } | Outcome::Failed { usage, .. } => {
-                        self.usage_children.add(usage)
+                        let counted = self.child_usage.entry(c.child.clone()).or_default();
+                        let new = usage_since(usage, counted);
+                        *counted = *usage;
+                        self.usage_children.add(&new)
                     }
                     Outcome::NeedsInput { .. } => {}
                 }
@@ -624,6 +646,7 @@ impl SessionState {
                 }
             }
             Event::ClarificationRequested(c) => {
+                self.follow_ups += 1;
                 // A finished session is asked again: it reopens with the question.
                 if self.status == Status::Completed {
                     self.status = Status::Running;

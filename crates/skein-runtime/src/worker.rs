@@ -1489,7 +1489,9 @@ impl Runtime {
         let Some(sub) = &f.state.submitted else {
             return Ok(());
         };
-        if f.state.status == Status::Completed && !sub.no_cache {
+        // Only the answer to the mission that was hashed is cached, never one to a
+        // follow-up question (`chat: true`).
+        if f.state.status == Status::Completed && !sub.no_cache && f.state.follow_ups == 0 {
             let def = self.def_for(&f.state).await?;
             if def.cache_enabled() {
                 let ttl = match &def.front.cache {
