@@ -335,7 +335,7 @@ impl Runtime {
             .clone()
             .unwrap_or_else(|| DEFAULT_POOL.into());
         let hash = submitted.mission_hash.clone();
-        let cacheable = !submitted.no_cache && def.cache_enabled();
+        let cacheable = !submitted.no_cache && self.agents.caching(def).cached;
         if let Some(mut f) = self.create(&id, submitted).await? {
             // A root mission answered before: record the hit; the worker completes it.
             if cacheable {
@@ -811,7 +811,10 @@ impl Runtime {
                 strategy: child_def.front.strategy.as_deref(),
             });
             // A child handed tasks of the plan writes to it: its run is never shared.
-            let caching = !parent_sub.no_cache && child_def.cache_enabled() && d.grant.is_none();
+            // An agent that may have side effects is neither answered from the cache nor
+            // shared: its effects must happen in this tree.
+            let caching =
+                !parent_sub.no_cache && self.agents.caching(&child_def).cached && d.grant.is_none();
             if caching {
                 if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
                     parent_events.push(Event::CacheHit(CacheHit {
@@ -1493,7 +1496,7 @@ impl Runtime {
         // follow-up question (`chat: true`).
         if f.state.status == Status::Completed && !sub.no_cache && f.state.follow_ups == 0 {
             let def = self.def_for(&f.state).await?;
-            if def.cache_enabled() {
+            if self.agents.caching(&def).cached {
                 let ttl = match &def.front.cache {
                     Some(skein_core::agent::CacheSetting::Ttl { ttl }) => parse_duration(ttl),
                     _ => self.cfg.cache_ttl,
@@ -1681,6 +1684,28 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_built_in_tool_called_free_of_side_effects_is_declared_idempotent() {
+        let cfg = skein_tools::ToolsConfig::default();
+        let tools = ToolBox::builtin(&cfg);
+        let mut checked = 0;
+        for name in skein_core::agent::SIDE_EFFECT_FREE_TOOLS {
+            if tools.get(name).is_some() {
+                assert!(tools.idempotent(name), "{name}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 3, "read_file, list_dir and search_files");
+        for name in tools.names() {
+            if !tools.idempotent(&name) {
+                assert!(
+                    !skein_core::agent::SIDE_EFFECT_FREE_TOOLS.contains(&name.as_str()),
+                    "{name}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn outages_back_off_long_enough_to_outlast_a_leader_election() {
