@@ -100,6 +100,37 @@ pub struct Submission {
     pub no_cache: bool,
 }
 
+/// What differs between the submission that holds a root id and another one made under
+/// the same id: none when they ask for the same thing (agent, mission, context, inputs and,
+/// when the new one names it, the budget).
+pub fn resubmission_differs(
+    existing: &Submitted,
+    asked: &Submitted,
+    budget_named: bool,
+) -> Option<String> {
+    let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|o| o.is_empty());
+    let mut diffs = vec![];
+    if existing.agent != asked.agent {
+        diffs.push(format!("agent `{}`, not `{}`", existing.agent, asked.agent));
+    }
+    if existing.mission != asked.mission {
+        diffs.push("another mission".to_string());
+    }
+    if existing.context != asked.context {
+        diffs.push("another context".to_string());
+    }
+    if existing.inputs != asked.inputs && !(empty(&existing.inputs) && empty(&asked.inputs)) {
+        diffs.push("other inputs".to_string());
+    }
+    if budget_named && existing.budget != asked.budget {
+        diffs.push(format!(
+            "budget {:?} tokens, not {:?}",
+            existing.budget.tokens, asked.budget.tokens
+        ));
+    }
+    (!diffs.is_empty()).then(|| format!("it has {}", diffs.join(", ")))
+}
+
 /// One line of live progress.
 #[derive(Debug, Clone, Serialize)]
 pub struct Progress {
@@ -310,6 +341,7 @@ impl Runtime {
             inputs: &sub.inputs,
             strategy: def.front.strategy.as_deref(),
         });
+        let asked_budget = sub.budget;
         let budget = sub.budget.unwrap_or(Budget {
             tokens: def.front.limits.max_tokens.or(self.cfg.limits.max_tokens),
         });
@@ -336,20 +368,39 @@ impl Runtime {
             .unwrap_or_else(|| DEFAULT_POOL.into());
         let hash = submitted.mission_hash.clone();
         let cacheable = !submitted.no_cache && self.agents.caching(def).cached;
-        if let Some(mut f) = self.create(&id, submitted).await? {
-            // A root mission answered before: record the hit; the worker completes it.
-            if cacheable {
-                if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
-                    let ev = CacheHit {
-                        call: String::new(),
-                        mission_hash: hash,
-                        source: hit.source,
-                        answer: hit.answer,
-                        saved: hit.usage,
-                        steps: hit.steps,
-                    };
-                    self.append(&mut f, Event::CacheHit(ev)).await?;
+        let asked = submitted.clone();
+        let Some(mut f) = self.create(&id, submitted).await? else {
+            // The id is taken: the same submission again is a no-op; another is refused.
+            let first = self.backend.log.read(&id, 1).await?;
+            let existing = match first.first().map(|r| &r.env.body) {
+                Some(Event::Submitted(s)) => s,
+                _ => {
+                    return Err(Error::Corrupt(format!(
+                        "{id}: log does not start with Submitted"
+                    )))
                 }
+            };
+            if let Some(differs) = resubmission_differs(existing, &asked, asked_budget.is_some()) {
+                return Err(Error::IdTaken {
+                    id: id.to_string(),
+                    differs,
+                });
+            }
+            self.backend.jobs.push(&pool, &id).await?;
+            return Ok(id);
+        };
+        // A root mission answered before: record the hit; the worker completes it.
+        if cacheable {
+            if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
+                let ev = CacheHit {
+                    call: String::new(),
+                    mission_hash: hash,
+                    source: hit.source,
+                    answer: hit.answer,
+                    saved: hit.usage,
+                    steps: hit.steps,
+                };
+                self.append(&mut f, Event::CacheHit(ev)).await?;
             }
         }
         self.backend.jobs.push(&pool, &id).await?;
