@@ -584,6 +584,127 @@ fn an_approved_delegation_runs_its_child_and_a_denied_one_is_reported_to_the_mod
 }
 
 #[test]
+fn answers_and_reasons_over_the_limit_are_refused_with_their_size_and_nothing_is_written() {
+    let sb = Sandbox::new();
+    writer_agent(&sb);
+    sb.agent(
+        "asker",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [\"which?\"]}\n  - answer: \"got {{ results[0].answers.q1 | length }} bytes\"\n",
+    );
+    assert_eq!(
+        run(
+            &sb,
+            &["run", "--agent", "asker", "--id", "q", "--json", "ask"]
+        )
+        .status
+        .code(),
+        Some(3)
+    );
+    assert_eq!(
+        run(
+            &sb,
+            &["run", "--agent", "scribe", "--id", "w", "--json", "write"]
+        )
+        .status
+        .code(),
+        Some(3)
+    );
+    let items = inbox(&sb);
+    let token = |s: &str| {
+        items
+            .iter()
+            .find(|i| i["session"] == s)
+            .and_then(|i| i["token"].as_str())
+            .unwrap()
+            .to_string()
+    };
+    let (question, approval) = (token("q"), token("w"));
+    let before = all_logs(&sb);
+    let big = "x".repeat(70_000);
+    let set = format!("q1={big}");
+    let json = serde_json::json!({ "q1": big }).to_string();
+    let cases: [Vec<&str>; 4] = [
+        vec!["answer", &question, "--set", &set],
+        vec!["answer", &question, "--json", &json],
+        vec!["deny", &approval, "--reason", &big],
+        vec!["approve", &approval, "--reason", &big],
+    ];
+    for args in &cases {
+        let out = run(&sb, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{} accepted", args[0]);
+        assert!(
+            err.contains("bytes; at most 65536 bytes are accepted")
+                && (err.contains("answer is 70") || err.contains("reason is 70000 bytes")),
+            "{}: {err}",
+            args[0]
+        );
+        assert_eq!(all_logs(&sb), before, "{} wrote", args[0]);
+    }
+    // At the limit is fine.
+    let fits = format!("q1={}", "y".repeat(60_000));
+    let out = run(&sb, &["answer", &question, "--set", &fits]);
+    assert_eq!(stdout_of(&out).lines().next(), Some("got 60000 bytes"));
+}
+
+#[test]
+fn an_empty_or_short_token_secret_file_is_refused_and_a_token_forged_with_an_empty_key_answers_nothing(
+) {
+    let sb = Sandbox::new();
+    sb.agent(
+        "asker",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [\"which?\"]}\n  - answer: \"got {{ results[0].answers.q1 }}\"\n",
+    );
+    let out = run(
+        &sb,
+        &["run", "--agent", "asker", "--id", "sec", "--json", "ask"],
+    );
+    assert_eq!(out.status.code(), Some(3));
+    let genuine = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
+    let claims = skein_core::token::peek(&genuine).unwrap();
+    let forged = skein_core::token::sign(b"", &claims);
+    assert_ne!(forged, genuine);
+    let secret_file = sb.data().join("token.secret");
+    let kept = std::fs::read(&secret_file).unwrap();
+    let before = all_logs(&sb);
+    for bad in [&b""[..], b"  \n", b"fifteen-bytes!!"] {
+        std::fs::write(&secret_file, bad).unwrap();
+        for args in [
+            vec!["answer", forged.as_str(), "--set", "q1=forged"],
+            vec!["inbox"],
+        ] {
+            let out = run(&sb, &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?} ran with secret {bad:?}");
+            assert!(
+                err.contains("token.secret")
+                    && err.contains(&format!("holds {} bytes", bad.trim_ascii().len()))
+                    && err.contains("at least 16"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            std::fs::read(&secret_file).unwrap(),
+            bad,
+            "the file was replaced"
+        );
+    }
+    assert_eq!(
+        all_logs(&sb),
+        before,
+        "a refused secret let something through"
+    );
+    std::fs::write(&secret_file, &kept).unwrap();
+    let out = run(&sb, &["answer", &forged, "--set", "q1=forged"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("forged token"));
+    assert_eq!(all_logs(&sb), before);
+    let out = run(&sb, &["answer", &genuine, "--set", "q1=real"]);
+    assert_eq!(stdout_of(&out).lines().next(), Some("got real"));
+}
+
+#[test]
 fn after_a_follow_up_question_every_token_is_counted_once() {
     let sb = Sandbox::new();
     sb.agent(

@@ -1,6 +1,7 @@
 //! What the cluster's front doors refuse, with real worker processes: a different mission
-//! under a taken id (on `skein.missions.submit`, `skein.api.submit` and `skein submit`). A
-//! refusal names what was wrong and writes nothing.
+//! under a taken id (on `skein.missions.submit`, `skein.api.submit` and `skein submit`), and
+//! answers or reasons over the size limit (on `skein.answers`, `skein.api.answer` and
+//! `skein.api.approve`). A refusal names what was wrong and writes nothing.
 
 mod common;
 
@@ -237,4 +238,121 @@ fn a_different_mission_under_a_taken_id_is_refused_everywhere_and_the_same_one_i
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done: first");
+}
+
+#[test]
+fn answers_and_reasons_over_the_limit_are_refused_on_every_nats_entry() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "asker",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [\"which?\"]}\n  - answer: \"got {{ results[0].answers.q1 }}\"\n",
+    )
+    .agent(
+        "scribe",
+        "tools: [write_file]\n",
+        "turns:\n  - tool_calls:\n      - tool: write_file\n        args: {path: a.txt, content: x}\n  - answer: \"{{ results[0] }}\"\n",
+    );
+    let server = NatsServer::start();
+    let url = server.url();
+    let _workers = Workers(vec![worker(&sb, &url)]);
+    let rt = rt();
+    rt.block_on(async {
+        let client = async_nats::connect(url.as_str()).await.expect("connects");
+        for (agent, id) in [("asker", "q-1"), ("scribe", "w-1")] {
+            api(
+                &client,
+                "submit",
+                json!({"agent": agent, "mission": "go", "id": id}),
+            )
+            .await
+            .expect("submitted");
+        }
+        wait_status(&client, "q-1", "awaiting_input").await;
+        wait_status(&client, "w-1", "awaiting_approval").await;
+    });
+    let inbox: Vec<Value> =
+        serde_json::from_slice(&cli(&sb, &url, &["inbox", "--json"]).stdout).expect("inbox");
+    let token = |s: &str| {
+        inbox
+            .iter()
+            .find(|i| i["session"] == s)
+            .and_then(|i| i["token"].as_str())
+            .unwrap_or_else(|| panic!("no token for {s}: {inbox:?}"))
+            .to_string()
+    };
+    let (question, approval) = (token("q-1"), token("w-1"));
+    rt.block_on(async {
+        let client = async_nats::connect(url.as_str()).await.expect("connects");
+        let store = connect_store(&url).await;
+        let before = (heads(&store, "q-1").await, heads(&store, "w-1").await);
+        let big = "x".repeat(70_000);
+        let limit = "at most 65536 bytes are accepted";
+
+        let mut refused = client
+            .subscribe("skein.answers.rejected")
+            .await
+            .expect("subscribe");
+        client
+            .publish(
+                "skein.answers",
+                json!({"token": question, "answers": {"q1": big}})
+                    .to_string()
+                    .into(),
+            )
+            .await
+            .expect("publish");
+        let r = next_json(&mut refused, "skein.answers.rejected").await;
+        let why = r["reason"].as_str().expect("a reason");
+        assert!(
+            why.contains("the answer is 700") && why.contains(limit),
+            "{why}"
+        );
+
+        let (code, why) = api(
+            &client,
+            "answer",
+            json!({"token": question, "answers": {"q1": big}}),
+        )
+        .await
+        .expect_err("an oversized answer");
+        assert_eq!(code, 400, "{why}");
+        assert!(why.contains(limit), "{why}");
+        let (code, why) = api(
+            &client,
+            "approve",
+            json!({"token": approval, "approved": false, "reason": big}),
+        )
+        .await
+        .expect_err("an oversized reason");
+        assert_eq!(code, 400, "{why}");
+        assert!(
+            why.contains("the reason is 70000 bytes") && why.contains(limit),
+            "{why}"
+        );
+        assert_eq!(
+            (heads(&store, "q-1").await, heads(&store, "w-1").await),
+            before,
+            "a refused answer wrote"
+        );
+
+        // Within the limit, both go through.
+        api(
+            &client,
+            "answer",
+            json!({"token": question, "answers": {"q1": "blue"}}),
+        )
+        .await
+        .expect("a small answer");
+        let done = wait_status(&client, "q-1", "completed").await;
+        assert_eq!(done["answer"], "got blue");
+        api(
+            &client,
+            "approve",
+            json!({"token": approval, "approved": false, "reason": "no"}),
+        )
+        .await
+        .expect("a small reason");
+        wait_status(&client, "w-1", "completed").await;
+    });
 }

@@ -1073,6 +1073,11 @@ impl Runtime {
                 blob: None,
             })
         };
+        if let Err(Error::Rejected(why)) =
+            crate::hitl::check_answer_size("the answers", resume.answers.to_string().len())
+        {
+            return Ok(refuse(why));
+        }
         let by = format!("{}#{}", f.id, d.call);
         // A crash after the answers were recorded but before `Delegated`: finish the job.
         let (cf, _) = self.load(&d.child).await?;
