@@ -583,6 +583,74 @@ fn an_approved_delegation_runs_its_child_and_a_denied_one_is_reported_to_the_mod
     }
 }
 
+/// The kinds of a session's events, in order.
+fn kinds(sb: &Sandbox, session: &str) -> Vec<String> {
+    stdout_of(&run(sb, &["events", session, "--json"]))
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn answer_no_run_keeps_its_tree_paused_while_another_tree_is_run() {
+    let sb = Sandbox::new();
+    writer_agent(&sb);
+    sb.agent(
+        "asker",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [\"which?\"]}\n  - answer: \"got {{ results[0].answers.q1 }}\"\n",
+    );
+    let a = run(
+        &sb,
+        &["run", "--agent", "asker", "--id", "tree-a", "--json", "ask"],
+    );
+    assert_eq!(a.status.code(), Some(3));
+    let b = run(
+        &sb,
+        &[
+            "run", "--agent", "scribe", "--id", "tree-b", "--json", "write",
+        ],
+    );
+    assert_eq!(b.status.code(), Some(3));
+    let items = inbox(&sb);
+    let token_of = |session: &str| {
+        items
+            .iter()
+            .find(|i| i["session"] == session)
+            .and_then(|i| i["token"].as_str())
+            .unwrap()
+            .to_string()
+    };
+    let (ta, tb) = (token_of("tree-a"), token_of("tree-b"));
+
+    let out = run(&sb, &["answer", &ta, "--set", "q1=blue", "--no-run"]);
+    assert_eq!(stdout_of(&out).trim(), "recorded for tree-a");
+    let recorded = kinds(&sb, "tree-a");
+    assert_eq!(recorded.last().map(String::as_str), Some("InputProvided"));
+
+    // Running tree B runs tree B only.
+    let out = run(&sb, &["deny", &tb, "--reason", "no"]);
+    assert!(stdout_of(&out).contains("`write_file` was denied"));
+    assert_eq!(kinds(&sb, "tree-a"), recorded, "tree A ran with tree B");
+    let out = run(
+        &sb,
+        &[
+            "run", "--agent", "asker", "--id", "tree-c", "--json", "again",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(kinds(&sb, "tree-a"), recorded, "tree A ran with tree C");
+
+    // Until it is resumed itself.
+    let out = run(&sb, &["resume", "tree-a"]);
+    assert_eq!(stdout_of(&out).lines().next(), Some("got blue"));
+}
+
 #[test]
 fn answers_and_reasons_over_the_limit_are_refused_with_their_size_and_nothing_is_written() {
     let sb = Sandbox::new();

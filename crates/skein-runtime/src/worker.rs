@@ -191,6 +191,31 @@ pub struct Runtime {
     progress: broadcast::Sender<Progress>,
 }
 
+/// The trees a [`Runtime::run_tree`] works on, by root.
+struct Scope {
+    roots: Mutex<BTreeSet<SessionId>>,
+}
+
+impl Scope {
+    fn new(root: &SessionId) -> Self {
+        Self {
+            roots: Mutex::new([root.root_id()].into()),
+        }
+    }
+
+    fn wants(&self, session: &SessionId) -> bool {
+        lock(&self.roots).contains(&session.root_id())
+    }
+
+    fn roots(&self) -> Vec<SessionId> {
+        lock(&self.roots).iter().cloned().collect()
+    }
+
+    fn extend(&self, roots: Vec<SessionId>) {
+        lock(&self.roots).extend(roots);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -1602,13 +1627,36 @@ impl Runtime {
     // ---- running ----------------------------------------------------------------------
 
     /// Claims and processes jobs of `pools` until `stop` turns true.
-    pub async fn work_loop(self: Arc<Self>, pools: Vec<String>, mut stop: watch::Receiver<bool>) {
+    pub async fn work_loop(self: Arc<Self>, pools: Vec<String>, stop: watch::Receiver<bool>) {
+        self.work_loop_in(pools, stop, None).await
+    }
+
+    /// As [`Runtime::work_loop`]; with a scope, only jobs of the trees in it are taken.
+    async fn work_loop_in(
+        self: Arc<Self>,
+        pools: Vec<String>,
+        mut stop: watch::Receiver<bool>,
+        scope: Option<Arc<Scope>>,
+    ) {
         let wait = crate::ports::CLAIM_WAIT / pools.len().max(1) as u32;
         while !*stop.borrow() {
             let mut got = false;
             for pool in &pools {
+                let claim = async {
+                    match &scope {
+                        Some(s) => {
+                            let s = s.clone();
+                            let want = move |id: &SessionId| s.wants(id);
+                            self.backend
+                                .jobs
+                                .claim_matching(pool, self.cfg.lease, wait, &want)
+                                .await
+                        }
+                        None => self.backend.jobs.claim(pool, self.cfg.lease, wait).await,
+                    }
+                };
                 let claimed = tokio::select! {
-                    c = self.backend.jobs.claim(pool, self.cfg.lease, wait) => c,
+                    c = claim => c,
                     _ = stop.changed() => break,
                 };
                 match claimed {
@@ -1665,11 +1713,51 @@ impl Runtime {
         pools: Vec<String>,
         concurrency: usize,
     ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
+        self.spawn_in(pools, concurrency, None)
+    }
+
+    fn spawn_in(
+        self: &Arc<Self>,
+        pools: Vec<String>,
+        concurrency: usize,
+        scope: Option<Arc<Scope>>,
+    ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
         let (tx, rx) = watch::channel(false);
         let handles = (0..concurrency.max(1))
-            .map(|_| tokio::spawn(self.clone().work_loop(pools.clone(), rx.clone())))
+            .map(|_| {
+                tokio::spawn(
+                    self.clone()
+                        .work_loop_in(pools.clone(), rx.clone(), scope.clone()),
+                )
+            })
             .collect();
         (tx, handles)
+    }
+
+    /// Roots of the trees that sessions of `scope` wait on through a shared run
+    /// (single-flight) and that are not in it yet.
+    async fn shared_trees(&self, scope: &Scope) -> Result<Vec<SessionId>> {
+        let mut out = BTreeSet::new();
+        for root in scope.roots() {
+            for id in self.backend.log.tree(&root).await? {
+                let records = self.backend.log.read(&id, 1).await?;
+                let mut f = Folded::new(id.clone());
+                f.absorb(&records)?;
+                for slot in &f.state.turn {
+                    if let skein_core::state::SlotState::Delegated {
+                        child,
+                        shared: true,
+                        ..
+                    } = &slot.state
+                    {
+                        if !scope.wants(child) {
+                            out.insert(child.root_id());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
     }
 
     /// Re-enqueues every session of the tree that has not ended (what makes `resume`
@@ -1701,30 +1789,45 @@ impl Runtime {
     }
 
     /// Runs workers in this process until the tree of `root` ends or has nothing left to
-    /// run (paused for a person, or stuck); returns the root's final fold.
+    /// run (paused for a person, or stuck); returns the root's final fold. Only this
+    /// tree's jobs are taken (and those of a tree holding a run it shares): other trees
+    /// waiting in the same queue stay as they are until they are run themselves.
     pub async fn run_tree(
         self: &Arc<Self>,
         root: &SessionId,
         concurrency: usize,
     ) -> Result<Folded> {
         let pools = self.pools();
-        let (stop, handles) = self.spawn_workers(pools.clone(), concurrency);
+        let scope = Arc::new(Scope::new(root));
+        let (stop, handles) = self.spawn_in(pools.clone(), concurrency, Some(scope.clone()));
         let mut rx = self.subscribe();
         // Watch the root's last record (not the fold cache the workers use).
-        let result: Result<()> = loop {
-            let last = self.backend.log.last(root).await?;
-            if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
-                break Ok(());
+        let result: Result<()> = async {
+            loop {
+                let last = self.backend.log.last(root).await?;
+                if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
+                    return Ok(());
+                }
+                let mut pending = 0;
+                let s = scope.clone();
+                let want = move |id: &SessionId| s.wants(id);
+                for p in &pools {
+                    pending += self.backend.jobs.depth_matching(p, &want).await?;
+                }
+                if pending == 0 {
+                    // Nothing left here: unless a session waits on a run in another
+                    // tree, which then joins the scope, the tree is paused or stuck.
+                    let more = self.shared_trees(&scope).await?;
+                    if more.is_empty() {
+                        return Ok(());
+                    }
+                    scope.extend(more);
+                    continue;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(250), rx.recv()).await;
             }
-            let mut pending = 0;
-            for p in &pools {
-                pending += self.backend.jobs.depth(p).await?;
-            }
-            if pending == 0 {
-                break Ok(());
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(250), rx.recv()).await;
-        };
+        }
+        .await;
         let _ = stop.send(true);
         for h in handles {
             let _ = h.await;
