@@ -86,6 +86,44 @@ fn no_jobs(sb: &Sandbox) -> u64 {
     })
 }
 
+/// The token of `session`'s first open question, derived as the runtime derives it: from
+/// its log and the data directory's secret.
+fn token_of(sb: &Sandbox, session: &str) -> String {
+    let secret = std::fs::read(sb.data().join("token.secret")).unwrap();
+    let secret = skein_runtime::hitl::Secret(secret.trim_ascii().to_vec());
+    let id = SessionId::parse(session).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = SledStore::open(&sb.data(), &sb.data().join("workspaces")).unwrap();
+        let records = store.backend().log.read(&id, 1).await.unwrap();
+        let f = skein_runtime::inspect::fold_records(&id, &records).unwrap();
+        let p = f
+            .state
+            .pending_inputs
+            .first()
+            .unwrap_or_else(|| panic!("{session} asks nothing"));
+        skein_runtime::hitl::input_token(&secret, &id, p)
+    })
+}
+
+/// The stored bytes of every record of every session of every tree.
+fn raw_records(sb: &Sandbox) -> Vec<Vec<u8>> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = SledStore::open(&sb.data(), &sb.data().join("workspaces")).unwrap();
+        let b = store.backend();
+        let mut out = vec![];
+        for root in b.log.roots().await.unwrap() {
+            for id in b.log.tree(&root).await.unwrap() {
+                for r in b.log.read(&id, 1).await.unwrap() {
+                    out.push(r.bytes);
+                }
+            }
+        }
+        out
+    })
+}
+
 fn stdout_of(out: &std::process::Output) -> String {
     assert!(
         out.status.success(),
@@ -270,15 +308,7 @@ fn bad_tokens_are_refused_with_their_reason_and_change_no_log() {
     let root = paused["session"].as_str().unwrap().to_string();
     let token = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
     // The helper's own token (shown to the parent model in its tool result).
-    let ev = run(&sb, &["events", &root, "--json"]);
-    let child_token = String::from_utf8_lossy(&ev.stdout)
-        .lines()
-        .find_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            let out = v["body"]["data"]["outcome"]["token"].as_str()?.to_string();
-            Some(out)
-        })
-        .expect("the helper's token in the root's ChildSettled");
+    let child_token = token_of(&sb, &format!("{root}.helper-1"));
 
     let before = all_logs(&sb);
     let mut forged = token.clone();
@@ -484,6 +514,116 @@ turns:
         &SessionId::parse(&root).unwrap(),
         &sb.dir.path().join("agents"),
     ));
+}
+
+#[test]
+fn a_bubbled_question_leaves_no_usable_token_in_any_log_or_audit_export() {
+    let sb = Sandbox::new();
+    bubbling(&sb);
+    let out = run(&sb, &["run", "--agent", "boss", "--json", "set up"]);
+    assert_eq!(out.status.code(), Some(3));
+    let root = json_of(&out)["session"].as_str().unwrap().to_string();
+    let child = format!("{root}.helper-1");
+    let child_token = token_of(&sb, &child);
+    let root_token = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
+    let no_token_anywhere = |when: &str| {
+        let logs = all_logs(&sb);
+        for t in [&child_token, &root_token] {
+            assert!(
+                !logs.contains(t.as_str()),
+                "{when}: a log holds a token:\n{logs}"
+            );
+            let export = stdout_of(&run(&sb, &["audit", "export", &root]));
+            assert!(
+                !export.contains(t.as_str()),
+                "{when}: the audit export holds a token"
+            );
+            for r in raw_records(&sb) {
+                assert!(
+                    !r.windows(t.len()).any(|w| w == t.as_bytes()),
+                    "{when}: a stored record holds a token"
+                );
+            }
+        }
+    };
+    no_token_anywhere("paused");
+    // The root's log keeps the token's id; the parent's model was shown the token itself
+    // (the replayed transcript shows the reference it stands for).
+    let ev = stdout_of(&run(&sb, &["events", &root, "--json"]));
+    let settled = ev
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["kind"] == "ChildSettled")
+        .expect("ChildSettled");
+    let outcome = &settled["body"]["data"]["outcome"];
+    assert_eq!(outcome["status"], "needs_input", "{settled}");
+    assert!(outcome.get("token").is_none(), "{settled}");
+    assert_eq!(outcome["token_id"].as_str().unwrap().len(), 24, "{settled}");
+
+    // The person answers the root; the root's model resumes its helper with the token it
+    // was shown, and the log records the reference in its place.
+    let out = run(&sb, &["answer", &root_token, "--set", "version=3.11"]);
+    assert_eq!(
+        stdout_of(&out).lines().next(),
+        Some("helper used 3.11"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    no_token_anywhere("finished");
+    let ev = stdout_of(&run(&sb, &["events", &root, "--json"]));
+    assert!(ev.contains("\"resume_token\":\"skr1."), "{ev}");
+    let verified = run(&sb, &["replay", &root, "--verify", "--tree"]);
+    assert!(verified.status.success(), "{}", stdout_of(&verified));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(audit_tree(
+        &sb.data(),
+        &SessionId::parse(&root).unwrap(),
+        &sb.dir.path().join("agents"),
+    ));
+}
+
+#[test]
+fn a_reference_the_model_was_not_given_resumes_nothing() {
+    // The boss makes up a reference to its helper's question (the right session, another
+    // token id): refused as a tool error, and the helper's log is untouched.
+    let sb = Sandbox::new();
+    let made_up = skein_core::token::reference(&skein_core::token::Claims {
+        session: SessionId::parse("made-up.helper-1").unwrap(),
+        seq: 3,
+        nonce: "0".repeat(24),
+        kind: "input".into(),
+    });
+    sb.agent(
+        "boss",
+        "agents: [helper]\n",
+        &format!(
+            r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {{agent: helper, mission: "set up the project"}}
+  - tool_calls:
+      - tool: call_agent
+        args: {{resume_token: "{made_up}", answers: {{version: "1"}}}}
+  - answer: "{{{{ results[0] }}}}"
+"#
+        ),
+    )
+    .agent("helper", "tools: [ask_user]\n", HELPER);
+    let out = run(
+        &sb,
+        &["run", "--agent", "boss", "--id", "made-up", "--json", "go"],
+    );
+    let v = json_of(&out);
+    assert_eq!(
+        v["answer"],
+        "call_agent: resume_token refused: it is not a token this session was given",
+        "{v}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ev = stdout_of(&run(&sb, &["events", "made-up/helper-1"]));
+    assert!(!ev.contains("InputProvided"), "{ev}");
+    assert!(ev.contains("InputRequested"), "{ev}");
 }
 
 /// A boss whose delegations wait for a person's approval.

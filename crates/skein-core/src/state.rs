@@ -170,6 +170,9 @@ pub struct SessionState {
     /// again (after a follow-up question) reports its whole usage, of which only what is
     /// new is added.
     pub child_usage: BTreeMap<SessionId, Usage>,
+    /// References to resume tokens of paused children, as this session's model was shown
+    /// them: the runtime shows the model the tokens they stand for, and only these.
+    pub resume_refs: std::collections::BTreeSet<String>,
 }
 
 /// What stands for the call of a patch carried by a child's final answer.
@@ -217,6 +220,7 @@ impl Default for SessionState {
             plan_verdicts: Default::default(),
             follow_ups: 0,
             child_usage: BTreeMap::new(),
+            resume_refs: Default::default(),
         }
     }
 }
@@ -271,7 +275,7 @@ pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> 
             questions,
             context,
             defaults,
-            token,
+            ..
         } => json!({
             "success": false,
             "session_id": child.display(),
@@ -280,11 +284,28 @@ pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> 
                 "context": context,
                 "proposed_defaults": defaults,
             },
-            "resume_token": token,
+            "resume_token": resume_reference(child, outcome),
         }),
     };
     let error = !matches!(outcome, Outcome::Completed { .. });
     (v.to_string(), error)
+}
+
+/// What a log shows of a paused child's resume token: a reference to it
+/// ([`crate::token::reference`]), or the token itself in logs written before references.
+pub fn resume_reference(child: &SessionId, outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::NeedsInput { token_id, seq, .. } if !token_id.is_empty() => {
+            crate::token::reference(&crate::token::Claims {
+                session: child.clone(),
+                seq: *seq,
+                nonce: token_id.clone(),
+                kind: "input".into(),
+            })
+        }
+        Outcome::NeedsInput { token, .. } => token.clone(),
+        _ => String::new(),
+    }
 }
 
 fn usage_json(u: &Usage) -> Value {
@@ -533,7 +554,12 @@ impl SessionState {
                         *counted = *usage;
                         self.usage_children.add(&new)
                     }
-                    Outcome::NeedsInput { .. } => {}
+                    Outcome::NeedsInput { token_id, .. } => {
+                        if !token_id.is_empty() {
+                            self.resume_refs
+                                .insert(resume_reference(&c.child, &c.outcome));
+                        }
+                    }
                 }
                 if let Some(info) = self.children.get_mut(&c.call) {
                     info.outcome = Some(match &c.outcome {

@@ -250,6 +250,35 @@ fn outcome_of(terminal: &Event) -> Option<Outcome> {
     }
 }
 
+/// Every string in `v` (keys aside) through `f`.
+fn map_strings(v: &mut Value, f: &dyn Fn(&str) -> String) {
+    match v {
+        Value::String(s) => *s = f(s),
+        Value::Array(a) => a.iter_mut().for_each(|x| map_strings(x, f)),
+        Value::Object(o) => o.values_mut().for_each(|x| map_strings(x, f)),
+        _ => {}
+    }
+}
+
+/// Replaces, in a model's reply, every resume token it was shown by its reference, so
+/// the log records the reference.
+fn hide_tokens(shown: &[(String, String)], resp: &mut skein_core::ModelResponse) {
+    if shown.is_empty() {
+        return;
+    }
+    let hide = |text: &str| {
+        shown.iter().fold(text.to_string(), |t, (token, r)| {
+            t.replace(token.as_str(), r)
+        })
+    };
+    if let Some(c) = &mut resp.content {
+        *c = hide(c);
+    }
+    for call in &mut resp.tool_calls {
+        map_strings(&mut call.args, &hide);
+    }
+}
+
 /// Parses `90s`, `15m`, `1h`, `2d` (or plain seconds).
 /// How long a failed step's job waits before it is delivered again. A write conflict
 /// clears as soon as the fold is reread; an unreachable backend (a node down, a leader
@@ -778,6 +807,9 @@ impl Runtime {
                 other => self.tools.spec(other),
             })
             .collect();
+        // The model is shown the resume tokens its log holds references to; a token it
+        // sends back is recorded as its reference again.
+        let shown = self.reveal_tokens(&f.state, &mut request);
         let started = Instant::now();
         let result = self
             .with_heartbeat(job, self.models.complete(&request))
@@ -785,6 +817,7 @@ impl Runtime {
         let latency_ms = started.elapsed().as_millis() as u64;
         match result {
             Ok(mut c) => {
+                hide_tokens(&shown, &mut c.response);
                 self.fix_call_ids(&f.state, &mut c.response);
                 let ev = ModelCalled {
                     model: request.model.clone(),
@@ -820,6 +853,48 @@ impl Runtime {
                 Ok(())
             }
         }
+    }
+
+    /// Replaces, in every message of `request`, the references to resume tokens this
+    /// session was given by the tokens themselves. Returns (token, reference) pairs.
+    fn reveal_tokens(
+        &self,
+        state: &SessionState,
+        request: &mut ModelRequest,
+    ) -> Vec<(String, String)> {
+        if state.resume_refs.is_empty() {
+            return vec![];
+        }
+        let secret = &self.cfg.token_secret.0;
+        let shown: Vec<(String, String)> = state
+            .resume_refs
+            .iter()
+            .filter_map(|r| Some((skein_core::token::from_reference(secret, r)?, r.clone())))
+            .collect();
+        let reveal = |text: &str| {
+            skein_core::token::replace_references(text, &state.resume_refs, |r| {
+                skein_core::token::from_reference(secret, r)
+            })
+        };
+        for m in &mut request.messages {
+            match m {
+                skein_core::Message::System { content }
+                | skein_core::Message::User { content }
+                | skein_core::Message::Tool { content, .. } => *content = reveal(content),
+                skein_core::Message::Assistant {
+                    content,
+                    tool_calls,
+                } => {
+                    if let Some(c) = content {
+                        *c = reveal(c);
+                    }
+                    for call in tool_calls {
+                        map_strings(&mut call.args, &reveal);
+                    }
+                }
+            }
+        }
+        shown
     }
 
     /// Gives every tool call a non-empty id not used before in the session, so events can
@@ -1122,7 +1197,28 @@ impl Runtime {
             .unwrap_or_default();
         self.keep(cf);
         if !ours {
-            let (claims, cf) = match crate::hitl::check_token(self, &resume.token, "input").await {
+            // The model's token was recorded as its reference: only one this session was
+            // given stands for a token.
+            let token = if resume
+                .token
+                .trim()
+                .starts_with(skein_core::token::REF_PREFIX)
+            {
+                let r = resume.token.trim();
+                match f
+                    .state
+                    .resume_refs
+                    .contains(r)
+                    .then(|| skein_core::token::from_reference(&self.cfg.token_secret.0, r))
+                    .flatten()
+                {
+                    Some(t) => t,
+                    None => return Ok(refuse("it is not a token this session was given".into())),
+                }
+            } else {
+                resume.token.clone()
+            };
+            let (claims, cf) = match crate::hitl::check_token(self, &token, "input").await {
                 Ok(x) => x,
                 Err(Error::Rejected(why)) => return Ok(refuse(why)),
                 Err(e) => return Err(e),
@@ -1561,7 +1657,10 @@ impl Runtime {
                 questions: p.questions.clone(),
                 context: p.context.clone(),
                 defaults: p.defaults.clone(),
-                token: crate::hitl::input_token(&self.cfg.token_secret, child, &p),
+                // The log keeps the token's id; the parent's model is shown the token.
+                token: String::new(),
+                token_id: p.token_id.clone(),
+                seq: p.seq,
             });
         self.keep(cf);
         Ok(out)
