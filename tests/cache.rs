@@ -302,3 +302,185 @@ fn a_long_child_answer_reaches_the_parent_summarised_with_the_full_answer_stored
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(audit_tree(&sb.data(), &id, &sb.dir.path().join("agents")));
 }
+
+#[test]
+fn a_follow_up_answer_never_replaces_the_cached_answer_to_the_mission() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "asker",
+        "agents: [expert]\ntools: [ask_clarification]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: expert, mission: "estimate the load"}
+  - tool_calls:
+      - tool: ask_clarification
+        args: {session_id: "{{ results[0].session_id }}", question: "and the error bars?"}
+  - answer: "first: {{ all_results[0].result }} | then: {{ results[0].result }}"
+"#,
+    )
+    .agent(
+        "expert",
+        "chat: true\n",
+        "turns:\n  - answer: \"the load is 42\"\n  - answer: \"error bars are plus or minus 3\"\n",
+    );
+    boss_and_worker(&sb, "");
+    // The boss delegates the expert's mission as the asker did.
+    sb.agent(
+        "boss",
+        "agents: [expert]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: expert, mission: "estimate the load"}
+  - answer: "{{ results[0].result }} (cached: {{ (results[0].cached or false) | tojson }})"
+"#,
+    );
+    let first = run_json(&sb, &["run", "--agent", "asker", "--json", "tree one"]);
+    assert_eq!(
+        first["answer"], "first: the load is 42 | then: error bars are plus or minus 3",
+        "{first}"
+    );
+    let second = run_json(&sb, &["run", "--agent", "boss", "--json", "tree two"]);
+    assert_eq!(
+        second["answer"], "the load is 42 (cached: true)",
+        "the cache holds the answer to the mission, not to the follow-up: {second}"
+    );
+    audit_all(&sb.data(), &sb.dir.path().join("agents"));
+}
+
+/// A boss whose helper writes a report into the tree's workspace.
+fn boss_and_scribe(sb: &Sandbox, scribe_front: &str) {
+    std::fs::write(
+        sb.config(),
+        "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n[limits]\napproval_required = []\n",
+    )
+    .unwrap();
+    sb.agent(
+        "boss",
+        "agents: [scribe]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: scribe, mission: "write the report"}
+  - answer: "{{ results[0].result }} (cached: {{ (results[0].cached or false) | tojson }})"
+"#,
+    )
+    .agent(
+        "scribe",
+        &format!("tools: [write_file]\n{scribe_front}"),
+        r#"
+turns:
+  - tool_calls:
+      - tool: write_file
+        args: {path: report.md, content: "the report"}
+  - answer: "report written"
+"#,
+    );
+}
+
+fn report_in(sb: &Sandbox, out: &serde_json::Value) -> bool {
+    let root = out["session"].as_str().unwrap();
+    sb.data()
+        .join("workspaces")
+        .join(root)
+        .join("report.md")
+        .exists()
+}
+
+#[test]
+fn a_child_with_side_effects_runs_in_every_tree_unless_its_file_caches_it() {
+    let sb = Sandbox::new();
+    boss_and_scribe(&sb, "");
+    for mission in ["tree one", "tree two"] {
+        let out = run_json(&sb, &["run", "--agent", "boss", "--json", mission]);
+        assert_eq!(out["answer"], "report written (cached: false)", "{out}");
+        assert!(
+            report_in(&sb, &out),
+            "no report in the workspace of {mission}: {out}"
+        );
+        assert_eq!(count(&out, "cache_hits"), 0, "{out}");
+    }
+    // The boss starts the scribe, so it is not cached either (a root hit would skip the
+    // report as well).
+    let again = run_json(&sb, &["run", "--agent", "boss", "--json", "tree two"]);
+    assert_eq!(again["tree"].as_array().unwrap().len(), 2, "{again}");
+    assert!(report_in(&sb, &again));
+
+    // `skein agents check` says which agents are cached, and why.
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["agents", "check"]);
+    let text = String::from_utf8(run_ok(c).stdout).unwrap();
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no line for {name}: {text}"))
+            .to_string()
+    };
+    assert!(
+        line("scribe").contains("not cached: it may call `write_file`"),
+        "{text}"
+    );
+    assert!(
+        line("boss").contains("not cached: it may start `scribe`, which may call `write_file`"),
+        "{text}"
+    );
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["agents", "check", "--json"]);
+    let v = json_of(&run_ok(c));
+    assert_eq!(v["caching"]["scribe"]["cached"], false, "{v}");
+    assert_eq!(v["caching"]["boss"]["cached"], false, "{v}");
+
+    // An explicit `cache:` in its file caches it all the same (and the hit skips the
+    // write: the operator's choice).
+    let sb = Sandbox::new();
+    boss_and_scribe(&sb, "cache: true\n");
+    let one = run_json(&sb, &["run", "--agent", "boss", "--json", "tree one"]);
+    assert_eq!(one["answer"], "report written (cached: false)");
+    let two = run_json(&sb, &["run", "--agent", "boss", "--json", "tree two"]);
+    assert_eq!(two["answer"], "report written (cached: true)", "{two}");
+    assert!(!report_in(&sb, &two));
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["agents", "check"]);
+    let text = String::from_utf8(run_ok(c).stdout).unwrap();
+    assert!(text.contains("cached: `cache: true` in its file"), "{text}");
+    // (Replayed under this sandbox's limits: `write_file` needs no approval here.)
+    for out in [&one, &two] {
+        let mut c = skein(&sb.config(), &sb.data());
+        c.args([
+            "replay",
+            out["session"].as_str().unwrap(),
+            "--verify",
+            "--tree",
+        ]);
+        run_ok(c);
+    }
+}
+
+#[test]
+fn read_only_agents_stay_cached_by_default() {
+    let sb = Sandbox::new();
+    boss_and_worker(&sb, "tools: [read_file, list_dir]\n");
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["agents", "check"]);
+    let text = String::from_utf8(run_ok(c).stdout).unwrap();
+    for name in ["boss", "worker"] {
+        let l = text
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap();
+        assert!(
+            l.contains("cached: nothing it may do has side effects"),
+            "{l}"
+        );
+    }
+    run_json(&sb, &["run", "--agent", "boss", "--json", "one"]);
+    let two = run_json(&sb, &["run", "--agent", "boss", "--json", "two"]);
+    assert_eq!(
+        two["answer"],
+        "summary of summarise the topic (cached: true)"
+    );
+}

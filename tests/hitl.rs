@@ -86,6 +86,53 @@ fn no_jobs(sb: &Sandbox) -> u64 {
     })
 }
 
+/// The token of `session`'s first open question, derived as the runtime derives it: from
+/// its log and the data directory's secret.
+fn token_of(sb: &Sandbox, session: &str) -> String {
+    let secret = std::fs::read(sb.data().join("token.secret")).unwrap();
+    let secret = skein_runtime::hitl::Secret(secret.trim_ascii().to_vec());
+    let id = SessionId::parse(session).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = SledStore::open(&sb.data(), &sb.data().join("workspaces")).unwrap();
+        let records = store.backend().log.read(&id, 1).await.unwrap();
+        let f = skein_runtime::inspect::fold_records(&id, &records).unwrap();
+        let p = f
+            .state
+            .pending_inputs
+            .first()
+            .unwrap_or_else(|| panic!("{session} asks nothing"));
+        skein_runtime::hitl::input_token(&secret, &id, p)
+    })
+}
+
+/// The stored bytes of every record of every session of every tree.
+fn raw_records(sb: &Sandbox) -> Vec<Vec<u8>> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = SledStore::open(&sb.data(), &sb.data().join("workspaces")).unwrap();
+        let b = store.backend();
+        let mut out = vec![];
+        for root in b.log.roots().await.unwrap() {
+            for id in b.log.tree(&root).await.unwrap() {
+                for r in b.log.read(&id, 1).await.unwrap() {
+                    out.push(r.bytes);
+                }
+            }
+        }
+        out
+    })
+}
+
+fn stdout_of(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn a_child_question_bubbles_up_pauses_the_root_and_an_answer_finishes_the_tree() {
     let sb = Sandbox::new();
@@ -261,15 +308,7 @@ fn bad_tokens_are_refused_with_their_reason_and_change_no_log() {
     let root = paused["session"].as_str().unwrap().to_string();
     let token = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
     // The helper's own token (shown to the parent model in its tool result).
-    let ev = run(&sb, &["events", &root, "--json"]);
-    let child_token = String::from_utf8_lossy(&ev.stdout)
-        .lines()
-        .find_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            let out = v["body"]["data"]["outcome"]["token"].as_str()?.to_string();
-            Some(out)
-        })
-        .expect("the helper's token in the root's ChildSettled");
+    let child_token = token_of(&sb, &format!("{root}.helper-1"));
 
     let before = all_logs(&sb);
     let mut forged = token.clone();
@@ -475,4 +514,454 @@ turns:
         &SessionId::parse(&root).unwrap(),
         &sb.dir.path().join("agents"),
     ));
+}
+
+#[test]
+fn a_bubbled_question_leaves_no_usable_token_in_any_log_or_audit_export() {
+    let sb = Sandbox::new();
+    bubbling(&sb);
+    let out = run(&sb, &["run", "--agent", "boss", "--json", "set up"]);
+    assert_eq!(out.status.code(), Some(3));
+    let root = json_of(&out)["session"].as_str().unwrap().to_string();
+    let child = format!("{root}.helper-1");
+    let child_token = token_of(&sb, &child);
+    let root_token = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
+    let no_token_anywhere = |when: &str| {
+        let logs = all_logs(&sb);
+        for t in [&child_token, &root_token] {
+            assert!(
+                !logs.contains(t.as_str()),
+                "{when}: a log holds a token:\n{logs}"
+            );
+            let export = stdout_of(&run(&sb, &["audit", "export", &root]));
+            assert!(
+                !export.contains(t.as_str()),
+                "{when}: the audit export holds a token"
+            );
+            for r in raw_records(&sb) {
+                assert!(
+                    !r.windows(t.len()).any(|w| w == t.as_bytes()),
+                    "{when}: a stored record holds a token"
+                );
+            }
+        }
+    };
+    no_token_anywhere("paused");
+    // The root's log keeps the token's id; the parent's model was shown the token itself
+    // (the replayed transcript shows the reference it stands for).
+    let ev = stdout_of(&run(&sb, &["events", &root, "--json"]));
+    let settled = ev
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["kind"] == "ChildSettled")
+        .expect("ChildSettled");
+    let outcome = &settled["body"]["data"]["outcome"];
+    assert_eq!(outcome["status"], "needs_input", "{settled}");
+    assert!(outcome.get("token").is_none(), "{settled}");
+    assert_eq!(outcome["token_id"].as_str().unwrap().len(), 24, "{settled}");
+
+    // The person answers the root; the root's model resumes its helper with the token it
+    // was shown, and the log records the reference in its place.
+    let out = run(&sb, &["answer", &root_token, "--set", "version=3.11"]);
+    assert_eq!(
+        stdout_of(&out).lines().next(),
+        Some("helper used 3.11"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    no_token_anywhere("finished");
+    let ev = stdout_of(&run(&sb, &["events", &root, "--json"]));
+    assert!(ev.contains("\"resume_token\":\"skr1."), "{ev}");
+    let verified = run(&sb, &["replay", &root, "--verify", "--tree"]);
+    assert!(verified.status.success(), "{}", stdout_of(&verified));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(audit_tree(
+        &sb.data(),
+        &SessionId::parse(&root).unwrap(),
+        &sb.dir.path().join("agents"),
+    ));
+}
+
+#[test]
+fn a_reference_the_model_was_not_given_resumes_nothing() {
+    // The boss makes up a reference to its helper's question (the right session, another
+    // token id): refused as a tool error, and the helper's log is untouched.
+    let sb = Sandbox::new();
+    let made_up = skein_core::token::reference(&skein_core::token::Claims {
+        session: SessionId::parse("made-up.helper-1").unwrap(),
+        seq: 3,
+        nonce: "0".repeat(24),
+        kind: "input".into(),
+    });
+    sb.agent(
+        "boss",
+        "agents: [helper]\n",
+        &format!(
+            r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {{agent: helper, mission: "set up the project"}}
+  - tool_calls:
+      - tool: call_agent
+        args: {{resume_token: "{made_up}", answers: {{version: "1"}}}}
+  - answer: "{{{{ results[0] }}}}"
+"#
+        ),
+    )
+    .agent("helper", "tools: [ask_user]\n", HELPER);
+    let out = run(
+        &sb,
+        &["run", "--agent", "boss", "--id", "made-up", "--json", "go"],
+    );
+    let v = json_of(&out);
+    assert_eq!(
+        v["answer"],
+        "call_agent: resume_token refused: it is not a token this session was given",
+        "{v}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ev = stdout_of(&run(&sb, &["events", "made-up/helper-1"]));
+    assert!(!ev.contains("InputProvided"), "{ev}");
+    assert!(ev.contains("InputRequested"), "{ev}");
+}
+
+/// A boss whose delegations wait for a person's approval.
+fn gated_boss(sb: &Sandbox) {
+    sb.agent(
+        "boss",
+        "agents: [helper]\nrequires_approval: [call_agent]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: helper, mission: "count the files"}
+  - answer: "{{ results[0] | tojson }}"
+"#,
+    )
+    .agent(
+        "helper",
+        "",
+        "turns:\n  - answer: \"helper did {{ mission }}\"\n",
+    );
+}
+
+#[test]
+fn an_approved_delegation_runs_its_child_and_a_denied_one_is_reported_to_the_model() {
+    for approve in [true, false] {
+        let sb = Sandbox::new();
+        gated_boss(&sb);
+        let out = run(&sb, &["run", "--agent", "boss", "--json", "delegate"]);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            stdout_of(&run(&sb, &["sessions"]))
+        );
+        let v = json_of(&out);
+        assert_eq!(v["status"], "awaiting_approval", "{v}");
+        assert_eq!(
+            v["tree"].as_array().unwrap().len(),
+            1,
+            "nothing started yet: {v}"
+        );
+        let root = v["session"].as_str().unwrap().to_string();
+        let items = inbox(&sb);
+        assert_eq!(items.len(), 1, "{items:?}");
+        assert_eq!(items[0]["tool"], "call_agent");
+        assert!(items[0]["preview"]
+            .as_str()
+            .unwrap()
+            .contains("count the files"));
+        let token = items[0]["token"].as_str().unwrap().to_string();
+        let out = if approve {
+            run(&sb, &["approve", &token])
+        } else {
+            run(&sb, &["deny", &token, "--reason", "not now"])
+        };
+        stdout_of(&out);
+        let tree = json_of(&run_ok({
+            let mut c = skein(&sb.config(), &sb.data());
+            c.args(["tree", &root, "--json"]);
+            c
+        }));
+        let sessions = tree["sessions"].as_array().unwrap();
+        assert_eq!(sessions[0]["status"], "completed", "{tree}");
+        let answer = sessions[0]["answer"].as_str().unwrap();
+        let ev = stdout_of(&run(&sb, &["events", &root]));
+        if approve {
+            // A delegation like any other: Delegated in the parent, a child that ran.
+            assert!(answer.contains("helper did count the files"), "{answer}");
+            assert!(answer.contains("\"success\":true"), "{answer}");
+            assert_eq!(sessions.len(), 2, "{tree}");
+            assert_eq!(sessions[1]["agent"], "helper");
+            assert_eq!(sessions[1]["status"], "completed");
+            assert!(
+                ev.contains("Delegated") && ev.contains("ChildSettled"),
+                "{ev}"
+            );
+        } else {
+            assert!(
+                answer.contains("`call_agent` was denied") && answer.contains("not now"),
+                "{answer}"
+            );
+            assert_eq!(
+                sessions.len(),
+                1,
+                "a denied delegation started a child: {tree}"
+            );
+            assert!(!ev.contains("Delegated"), "{ev}");
+        }
+        let verified = run(&sb, &["replay", &root, "--verify", "--tree"]);
+        assert!(verified.status.success(), "{}", stdout_of(&verified));
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(audit_tree(
+            &sb.data(),
+            &SessionId::parse(&root).unwrap(),
+            &sb.dir.path().join("agents"),
+        ));
+    }
+}
+
+/// The kinds of a session's events, in order.
+fn kinds(sb: &Sandbox, session: &str) -> Vec<String> {
+    stdout_of(&run(sb, &["events", session, "--json"]))
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn answer_no_run_keeps_its_tree_paused_while_another_tree_is_run() {
+    let sb = Sandbox::new();
+    writer_agent(&sb);
+    sb.agent(
+        "asker",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [\"which?\"]}\n  - answer: \"got {{ results[0].answers.q1 }}\"\n",
+    );
+    let a = run(
+        &sb,
+        &["run", "--agent", "asker", "--id", "tree-a", "--json", "ask"],
+    );
+    assert_eq!(a.status.code(), Some(3));
+    let b = run(
+        &sb,
+        &[
+            "run", "--agent", "scribe", "--id", "tree-b", "--json", "write",
+        ],
+    );
+    assert_eq!(b.status.code(), Some(3));
+    let items = inbox(&sb);
+    let token_of = |session: &str| {
+        items
+            .iter()
+            .find(|i| i["session"] == session)
+            .and_then(|i| i["token"].as_str())
+            .unwrap()
+            .to_string()
+    };
+    let (ta, tb) = (token_of("tree-a"), token_of("tree-b"));
+
+    let out = run(&sb, &["answer", &ta, "--set", "q1=blue", "--no-run"]);
+    assert_eq!(stdout_of(&out).trim(), "recorded for tree-a");
+    let recorded = kinds(&sb, "tree-a");
+    assert_eq!(recorded.last().map(String::as_str), Some("InputProvided"));
+
+    // Running tree B runs tree B only.
+    let out = run(&sb, &["deny", &tb, "--reason", "no"]);
+    assert!(stdout_of(&out).contains("`write_file` was denied"));
+    assert_eq!(kinds(&sb, "tree-a"), recorded, "tree A ran with tree B");
+    let out = run(
+        &sb,
+        &[
+            "run", "--agent", "asker", "--id", "tree-c", "--json", "again",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(kinds(&sb, "tree-a"), recorded, "tree A ran with tree C");
+
+    // Until it is resumed itself.
+    let out = run(&sb, &["resume", "tree-a"]);
+    assert_eq!(stdout_of(&out).lines().next(), Some("got blue"));
+}
+
+#[test]
+fn answers_and_reasons_over_the_limit_are_refused_with_their_size_and_nothing_is_written() {
+    let sb = Sandbox::new();
+    writer_agent(&sb);
+    sb.agent(
+        "asker",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [\"which?\"]}\n  - answer: \"got {{ results[0].answers.q1 | length }} bytes\"\n",
+    );
+    assert_eq!(
+        run(
+            &sb,
+            &["run", "--agent", "asker", "--id", "q", "--json", "ask"]
+        )
+        .status
+        .code(),
+        Some(3)
+    );
+    assert_eq!(
+        run(
+            &sb,
+            &["run", "--agent", "scribe", "--id", "w", "--json", "write"]
+        )
+        .status
+        .code(),
+        Some(3)
+    );
+    let items = inbox(&sb);
+    let token = |s: &str| {
+        items
+            .iter()
+            .find(|i| i["session"] == s)
+            .and_then(|i| i["token"].as_str())
+            .unwrap()
+            .to_string()
+    };
+    let (question, approval) = (token("q"), token("w"));
+    let before = all_logs(&sb);
+    let big = "x".repeat(70_000);
+    let set = format!("q1={big}");
+    let json = serde_json::json!({ "q1": big }).to_string();
+    let cases: [Vec<&str>; 4] = [
+        vec!["answer", &question, "--set", &set],
+        vec!["answer", &question, "--json", &json],
+        vec!["deny", &approval, "--reason", &big],
+        vec!["approve", &approval, "--reason", &big],
+    ];
+    for args in &cases {
+        let out = run(&sb, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{} accepted", args[0]);
+        assert!(
+            err.contains("bytes; at most 65536 bytes are accepted")
+                && (err.contains("answer is 70") || err.contains("reason is 70000 bytes")),
+            "{}: {err}",
+            args[0]
+        );
+        assert_eq!(all_logs(&sb), before, "{} wrote", args[0]);
+    }
+    // At the limit is fine.
+    let fits = format!("q1={}", "y".repeat(60_000));
+    let out = run(&sb, &["answer", &question, "--set", &fits]);
+    assert_eq!(stdout_of(&out).lines().next(), Some("got 60000 bytes"));
+}
+
+#[test]
+fn an_empty_or_short_token_secret_file_is_refused_and_a_token_forged_with_an_empty_key_answers_nothing(
+) {
+    let sb = Sandbox::new();
+    sb.agent(
+        "asker",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [\"which?\"]}\n  - answer: \"got {{ results[0].answers.q1 }}\"\n",
+    );
+    let out = run(
+        &sb,
+        &["run", "--agent", "asker", "--id", "sec", "--json", "ask"],
+    );
+    assert_eq!(out.status.code(), Some(3));
+    let genuine = inbox(&sb)[0]["token"].as_str().unwrap().to_string();
+    let claims = skein_core::token::peek(&genuine).unwrap();
+    let forged = skein_core::token::sign(b"", &claims);
+    assert_ne!(forged, genuine);
+    let secret_file = sb.data().join("token.secret");
+    let kept = std::fs::read(&secret_file).unwrap();
+    let before = all_logs(&sb);
+    for bad in [&b""[..], b"  \n", b"fifteen-bytes!!"] {
+        std::fs::write(&secret_file, bad).unwrap();
+        for args in [
+            vec!["answer", forged.as_str(), "--set", "q1=forged"],
+            vec!["inbox"],
+        ] {
+            let out = run(&sb, &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?} ran with secret {bad:?}");
+            assert!(
+                err.contains("token.secret")
+                    && err.contains(&format!("holds {} bytes", bad.trim_ascii().len()))
+                    && err.contains("at least 16"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            std::fs::read(&secret_file).unwrap(),
+            bad,
+            "the file was replaced"
+        );
+    }
+    assert_eq!(
+        all_logs(&sb),
+        before,
+        "a refused secret let something through"
+    );
+    std::fs::write(&secret_file, &kept).unwrap();
+    let out = run(&sb, &["answer", &forged, "--set", "q1=forged"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("forged token"));
+    assert_eq!(all_logs(&sb), before);
+    let out = run(&sb, &["answer", &genuine, "--set", "q1=real"]);
+    assert_eq!(stdout_of(&out).lines().next(), Some("got real"));
+}
+
+#[test]
+fn after_a_follow_up_question_every_token_is_counted_once() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [expert]\ntools: [ask_clarification]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: expert, mission: "estimate the load"}
+  - tool_calls:
+      - tool: ask_clarification
+        args: {session_id: "{{ results[0].session_id }}", question: "and the error bars?"}
+  - answer: "{{ results[0].result }}"
+"#,
+    )
+    .agent(
+        "expert",
+        "chat: true\n",
+        "turns:\n  - answer: \"the load is 42 after a long and careful estimate\"\n  - answer: \"error bars are plus or minus 3\"\n",
+    );
+    let out = run(&sb, &["run", "--agent", "boss", "--json", "estimate"]);
+    let v = json_of(&out);
+    assert_eq!(v["answer"], "error bars are plus or minus 3", "{v}");
+    let tree = v["tree"].as_array().unwrap();
+    let (boss, expert) = (&tree[0], &tree[1]);
+    for k in ["input_tokens", "output_tokens"] {
+        let own = |s: &serde_json::Value| s["usage"][k].as_u64().unwrap();
+        let total = |s: &serde_json::Value| s["usage_total"][k].as_u64().unwrap();
+        assert!(own(expert) > 0, "{expert}");
+        assert_eq!(total(expert), own(expert), "{expert}");
+        // The root's total is its own usage plus the expert's whole usage, once.
+        assert_eq!(total(boss), own(boss) + own(expert), "{k}: {v}");
+        assert_eq!(v["summary"]["usage"][k], total(boss), "{k}: {v}");
+    }
+    // What the root's budget sees is that total: a budget of exactly that many tokens
+    // is enough for the whole tree.
+    let used = tree[0]["usage_total"]["input_tokens"].as_u64().unwrap()
+        + tree[0]["usage_total"]["output_tokens"].as_u64().unwrap();
+    let root = v["session"].as_str().unwrap();
+    let ev = stdout_of(&run(&sb, &["events", root, "--json"]));
+    let completed = ev
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["kind"] == "Completed")
+        .unwrap();
+    let u = &completed["body"]["data"]["usage_total"];
+    assert_eq!(
+        u["input_tokens"].as_u64().unwrap() + u["output_tokens"].as_u64().unwrap(),
+        used
+    );
 }

@@ -205,6 +205,30 @@ impl<'de> serde::de::Visitor<'de> for Expansion<'_> {
     }
 }
 
+/// Tools whose calls change nothing a later run would miss: the workspace readers and the
+/// runtime's own tools that only talk within the tree. Any other tool (`write_file`,
+/// `shell`, `http_fetch`, a tool a deployment adds) may have side effects, so an agent
+/// that may call one is not answered from the cache unless its file says `cache:`.
+/// `call_agent` counts as the tools of the agents it may start.
+pub const SIDE_EFFECT_FREE_TOOLS: &[&str] = &[
+    "read_file",
+    "list_dir",
+    "search_files",
+    "ask_user",
+    "ask_clarification",
+    "update_plan",
+    "propose_patch",
+    "handoff_to",
+    "team_broadcast",
+];
+
+/// Whether an agent's answers are cached, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Caching {
+    pub cached: bool,
+    pub reason: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentLimits {
@@ -442,8 +466,27 @@ impl AgentDef {
         t
     }
 
+    /// Whether the file disables caching (`cache: false`). Whether a session of this agent
+    /// is cached also depends on what it may do: see [`AgentSet::caching`].
     pub fn cache_enabled(&self) -> bool {
         !matches!(self.front.cache, Some(CacheSetting::Enabled(false)))
+    }
+
+    /// The agents a session of this one may start: sub-agents, handoff, advisors, router
+    /// destinations, team members and supervisor.
+    fn starts(&self) -> Vec<&str> {
+        let f = &self.front;
+        let mut out: Vec<&str> = f.agents.iter().map(String::as_str).collect();
+        out.extend(f.handoff.iter().map(String::as_str));
+        out.extend(f.advisors.iter().map(String::as_str));
+        if let Some(r) = &f.router {
+            out.extend(r.destinations.iter().map(String::as_str));
+        }
+        if let Some(t) = &f.team {
+            out.extend(t.members.iter().map(String::as_str));
+            out.push(t.supervisor.as_str());
+        }
+        out
     }
 }
 
@@ -487,6 +530,62 @@ impl AgentSet {
 
     pub fn get(&self, name: &str) -> Option<&AgentDef> {
         self.agents.get(name)
+    }
+
+    /// Whether completed sessions of `def` are cached (and a delegation to it may be
+    /// answered from the cache or share an identical run). A `cache:` setting in the file
+    /// decides; without one, an agent is cached only when nothing it may do, itself or
+    /// through the agents it may start, has a side effect a cache hit would skip (see
+    /// [`SIDE_EFFECT_FREE_TOOLS`]).
+    pub fn caching(&self, def: &AgentDef) -> Caching {
+        match &def.front.cache {
+            Some(CacheSetting::Enabled(on)) => Caching {
+                cached: *on,
+                reason: format!("`cache: {on}` in its file"),
+            },
+            Some(CacheSetting::Ttl { ttl }) => Caching {
+                cached: true,
+                reason: format!("`cache: {{ttl: {ttl}}}` in its file"),
+            },
+            None => {
+                let mut seen = BTreeSet::from([def.name().to_string()]);
+                match self.side_effect(def, &mut seen) {
+                    Some(why) => Caching {
+                        cached: false,
+                        reason: format!("it {why} (a cache hit would skip that); set `cache:` to cache it anyway"),
+                    },
+                    None => Caching {
+                        cached: true,
+                        reason: "nothing it may do has side effects".into(),
+                    },
+                }
+            }
+        }
+    }
+
+    /// Why `def` may have a side effect, if it may: a tool, or an agent it may start.
+    fn side_effect(&self, def: &AgentDef, seen: &mut BTreeSet<String>) -> Option<String> {
+        if let Some(t) = def
+            .allowed_tools()
+            .into_iter()
+            .find(|t| t != "call_agent" && !SIDE_EFFECT_FREE_TOOLS.contains(&t.as_str()))
+        {
+            return Some(format!("may call `{t}`"));
+        }
+        for next in def.starts() {
+            if !seen.insert(next.to_string()) {
+                continue;
+            }
+            match self.agents.get(next) {
+                None => return Some(format!("may start `{next}`, which is not defined")),
+                Some(d) => {
+                    if let Some(why) = self.side_effect(d, seen) {
+                        return Some(format!("may start `{next}`, which {why}"));
+                    }
+                }
+            }
+        }
+        None
     }
 
     fn origin(&self, name: &str) -> &str {
@@ -662,6 +761,43 @@ mod tests {
         ];
         let e = AgentSet::load(&files, &[]).unwrap_err().to_string();
         assert!(e.contains("cycle a → b → a"), "{e}");
+    }
+
+    #[test]
+    fn agents_that_may_have_side_effects_are_not_cached_unless_their_file_says_so() {
+        let files = vec![
+            file("reader", "tools: [read_file, list_dir]\n"),
+            file("scribe", "tools: [read_file, write_file]\n"),
+            file("boss", "agents: [reader, middle]\n"),
+            file("middle", "handoff: scribe\n"),
+            file("calm", "agents: [reader]\n"),
+            file("forced", "tools: [write_file]\ncache: true\n"),
+            file("timed", "tools: [shell]\ncache: {ttl: 1h}\n"),
+            file("off", "cache: false\n"),
+        ];
+        let set = AgentSet::load(&files, &[]).unwrap();
+        let c = |n: &str| set.caching(set.get(n).unwrap());
+        assert!(c("reader").cached, "{:?}", c("reader"));
+        assert!(c("calm").cached, "{:?}", c("calm"));
+        let s = c("scribe");
+        assert!(
+            !s.cached && s.reason.contains("may call `write_file`"),
+            "{s:?}"
+        );
+        let b = c("boss");
+        assert!(!b.cached, "{b:?}");
+        assert!(
+            b.reason.contains(
+                "may start `middle`, which may start `scribe`, which may call `write_file`"
+            ),
+            "{b:?}"
+        );
+        assert!(c("forced").cached && c("timed").cached);
+        assert!(!c("off").cached);
+        // A custom agent is judged by its own tools.
+        let custom =
+            AgentDef::custom(set.get("scribe").unwrap(), "p", &["read_file".into()]).unwrap();
+        assert!(set.caching(&custom).cached);
     }
 
     #[test]

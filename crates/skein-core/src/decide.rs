@@ -642,7 +642,8 @@ impl SessionState {
                     });
                     continue;
                 }
-                SlotState::Approved => {
+                // An approved delegation is started like any other (below).
+                SlotState::Approved if call.name != "call_agent" => {
                     runs.push(ToolRun {
                         call: call.id.clone(),
                         tool: call.name.clone(),
@@ -651,9 +652,10 @@ impl SessionState {
                     });
                     continue;
                 }
-                SlotState::Pending => {}
+                SlotState::Pending | SlotState::Approved => {}
                 _ => continue,
             }
+            let approved = matches!(slot.state, SlotState::Approved);
             let refuse = |error: String| Refusal {
                 call: call.id.clone(),
                 tool: call.name.clone(),
@@ -726,9 +728,10 @@ impl SessionState {
                 }
                 continue;
             }
-            if crate::agent::ALWAYS_APPROVED.contains(&call.name.as_str())
-                || def.front.requires_approval.contains(&call.name)
-                || limits.approval_required.contains(&call.name)
+            if !approved
+                && (crate::agent::ALWAYS_APPROVED.contains(&call.name.as_str())
+                    || def.front.requires_approval.contains(&call.name)
+                    || limits.approval_required.contains(&call.name))
             {
                 // The approver is shown every byte that would run: the whole arguments,
                 // never a cut of them.

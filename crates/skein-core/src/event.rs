@@ -192,13 +192,21 @@ pub enum Outcome {
         #[serde(default)]
         steps: u32,
     },
+    /// The child paused on a question. The log keeps the token's id and the seq of the
+    /// child's `InputRequested`: the runtime derives the token from them (with its secret)
+    /// when the parent's model is shown it. Logs written before that kept `token` itself.
     NeedsInput {
         questions: Value,
         #[serde(default)]
         context: Option<String>,
         #[serde(default)]
         defaults: Value,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
         token: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        token_id: String,
+        #[serde(default)]
+        seq: u64,
     },
 }
 

@@ -163,6 +163,16 @@ pub struct SessionState {
     /// Verdicts on sub-agents' proposals, by `from/call`: a proposal whose verdict is
     /// recorded is never merged twice.
     pub plan_verdicts: BTreeMap<String, Result<u64, crate::plan::Rejection>>,
+    /// Follow-up questions put to this session after it had answered (`chat: true`): its
+    /// latest answer is to the last of them, not to the mission it was started with.
+    pub follow_ups: u32,
+    /// Per child, the usage already rolled up into `usage_children`: a child that settles
+    /// again (after a follow-up question) reports its whole usage, of which only what is
+    /// new is added.
+    pub child_usage: BTreeMap<SessionId, Usage>,
+    /// References to resume tokens of paused children, as this session's model was shown
+    /// them: the runtime shows the model the tokens they stand for, and only these.
+    pub resume_refs: std::collections::BTreeSet<String>,
 }
 
 /// What stands for the call of a patch carried by a child's final answer.
@@ -208,7 +218,20 @@ impl Default for SessionState {
             plan: Default::default(),
             patches_rejected: 0,
             plan_verdicts: Default::default(),
+            follow_ups: 0,
+            child_usage: BTreeMap::new(),
+            resume_refs: Default::default(),
         }
+    }
+}
+
+/// What `now` adds to `before` (a child's cumulative usage at two settlements).
+fn usage_since(now: &Usage, before: &Usage) -> Usage {
+    Usage {
+        input_tokens: now.input_tokens.saturating_sub(before.input_tokens),
+        output_tokens: now.output_tokens.saturating_sub(before.output_tokens),
+        cost: (now.cost - before.cost).max(0.0),
+        estimated: now.estimated,
     }
 }
 
@@ -252,7 +275,7 @@ pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> 
             questions,
             context,
             defaults,
-            token,
+            ..
         } => json!({
             "success": false,
             "session_id": child.display(),
@@ -261,11 +284,28 @@ pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> 
                 "context": context,
                 "proposed_defaults": defaults,
             },
-            "resume_token": token,
+            "resume_token": resume_reference(child, outcome),
         }),
     };
     let error = !matches!(outcome, Outcome::Completed { .. });
     (v.to_string(), error)
+}
+
+/// What a log shows of a paused child's resume token: a reference to it
+/// ([`crate::token::reference`]), or the token itself in logs written before references.
+pub fn resume_reference(child: &SessionId, outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::NeedsInput { token_id, seq, .. } if !token_id.is_empty() => {
+            crate::token::reference(&crate::token::Claims {
+                session: child.clone(),
+                seq: *seq,
+                nonce: token_id.clone(),
+                kind: "input".into(),
+            })
+        }
+        Outcome::NeedsInput { token, .. } => token.clone(),
+        _ => String::new(),
+    }
 }
 
 fn usage_json(u: &Usage) -> Value {
@@ -509,9 +549,17 @@ impl SessionState {
                         self.saved.add(usage)
                     }
                     Outcome::Completed { usage, .. } | Outcome::Failed { usage, .. } => {
-                        self.usage_children.add(usage)
+                        let counted = self.child_usage.entry(c.child.clone()).or_default();
+                        let new = usage_since(usage, counted);
+                        *counted = *usage;
+                        self.usage_children.add(&new)
                     }
-                    Outcome::NeedsInput { .. } => {}
+                    Outcome::NeedsInput { token_id, .. } => {
+                        if !token_id.is_empty() {
+                            self.resume_refs
+                                .insert(resume_reference(&c.child, &c.outcome));
+                        }
+                    }
                 }
                 if let Some(info) = self.children.get_mut(&c.call) {
                     info.outcome = Some(match &c.outcome {
@@ -624,6 +672,7 @@ impl SessionState {
                 }
             }
             Event::ClarificationRequested(c) => {
+                self.follow_ups += 1;
                 // A finished session is asked again: it reopens with the question.
                 if self.status == Status::Completed {
                     self.status = Status::Running;

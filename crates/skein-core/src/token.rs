@@ -5,6 +5,13 @@
 //! Events record only the nonce (`token_id`), so reading a log does not give the power to
 //! answer; the runtime re-derives a token from the event and the secret when it shows the
 //! inbox. Form: `skt1.<hex of the JSON claims>.<hex of the MAC>`.
+//!
+//! Where a log must name a token it does not hold (a child's question bubbled up to its
+//! parent's model, the parent's `call_agent {resume_token}`), it records a *reference*:
+//! `skr1.<hex of the JSON claims>`, the claims without the signature. A reference answers
+//! nothing by itself; the runtime turns it into the token (signing the claims again) when a
+//! model is shown it, and a token the model sends back into its reference before the reply
+//! is recorded.
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -15,6 +22,8 @@ use crate::id::SessionId;
 type HmacSha256 = Hmac<Sha256>;
 
 const PREFIX: &str = "skt1";
+/// Prefix of a reference to a token (see the module's documentation).
+pub const REF_PREFIX: &str = "skr1.";
 
 /// What a token refers to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,10 +100,58 @@ pub fn open(secret: &[u8], token: &str) -> Result<Claims, TokenError> {
     claims_of(&body)
 }
 
-/// Reads a token's claims without checking its signature (the pure core may look at
-/// whom a token names; only [`open`] says it is genuine).
+/// Reads the claims of a token, or of a reference to one, without checking anything else
+/// (the pure core may look at whom a token names; only [`open`] says it is genuine).
 pub fn peek(token: &str) -> Result<Claims, TokenError> {
-    claims_of(&parts(token)?.0)
+    match token.trim().strip_prefix(REF_PREFIX) {
+        Some(hexed) => claims_of(
+            &hex::decode(hexed).map_err(|_| TokenError::Malformed("claims are not hex".into()))?,
+        ),
+        None => claims_of(&parts(token)?.0),
+    }
+}
+
+/// The reference a log records in place of the token for `claims`.
+pub fn reference(claims: &Claims) -> String {
+    format!(
+        "{REF_PREFIX}{}",
+        hex::encode(serde_json::to_vec(claims).unwrap_or_default())
+    )
+}
+
+/// The token a reference stands for, signed with `secret`; none for anything else.
+pub fn from_reference(secret: &[u8], reference: &str) -> Option<String> {
+    reference
+        .starts_with(REF_PREFIX)
+        .then(|| peek(reference).ok())
+        .flatten()
+        .map(|c| sign(secret, &c))
+}
+
+/// Replaces every reference in `text` that `known` holds by what `reveal` makes of it.
+/// A reference runs from its prefix to the end of the hex digits that follow it.
+pub fn replace_references(
+    text: &str,
+    known: &std::collections::BTreeSet<String>,
+    reveal: impl Fn(&str) -> Option<String>,
+) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(REF_PREFIX) {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at + REF_PREFIX.len()..];
+        let hex_len = tail
+            .find(|c: char| !c.is_ascii_hexdigit())
+            .unwrap_or(tail.len());
+        let whole = &rest[at..at + REF_PREFIX.len() + hex_len];
+        match known.contains(whole).then(|| reveal(whole)).flatten() {
+            Some(t) => out.push_str(&t),
+            None => out.push_str(whole),
+        }
+        rest = &rest[at + whole.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -115,6 +172,29 @@ mod tests {
         let t = sign(b"secret", &claims());
         assert!(t.starts_with("skt1."));
         assert_eq!(open(b"secret", &t).unwrap(), claims());
+    }
+
+    #[test]
+    fn a_reference_names_the_claims_but_answers_nothing() {
+        let r = reference(&claims());
+        assert!(r.starts_with(REF_PREFIX));
+        assert_eq!(peek(&r).unwrap(), claims());
+        assert!(matches!(open(b"secret", &r), Err(TokenError::Malformed(_))));
+        let t = from_reference(b"secret", &r).unwrap();
+        assert_eq!(t, sign(b"secret", &claims()));
+        assert_eq!(from_reference(b"secret", "skt1.00.00"), None);
+
+        // Only known references are replaced, wherever they stand in a text.
+        let mut other = claims();
+        other.nonce = "n2".into();
+        let unknown = reference(&other);
+        let known = std::collections::BTreeSet::from([r.clone()]);
+        let text = format!("{{\"resume_token\":\"{r}\"}} and {unknown}.");
+        let shown = replace_references(&text, &known, |x| from_reference(b"secret", x));
+        assert_eq!(
+            shown,
+            format!("{{\"resume_token\":\"{t}\"}} and {unknown}.")
+        );
     }
 
     #[test]

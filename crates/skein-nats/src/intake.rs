@@ -2,8 +2,8 @@
 //! from it. A valid payload becomes a root session (its `id`, or else the `Nats-Msg-Id`
 //! header, is the root id, so resubmitting is a no-op; a message with neither gets an id
 //! derived from its place in the stream, so a redelivery after a crash is a no-op too); an
-//! invalid one is answered on `skein.missions.rejected` with the reason and acked, so it
-//! never blocks the stream.
+//! invalid one, or one whose id an earlier, different submission holds, is answered on
+//! `skein.missions.rejected` with the reason and acked, so it never blocks the stream.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,16 +62,20 @@ pub fn derived_id(published_nanos: i128, stream_seq: u64) -> String {
 }
 
 /// Publishes the rejection; false when it could not be sent (the message is then
-/// delivered again rather than acked without its answer).
+/// delivered again rather than acked without its answer). `id` is the root id the
+/// submission asked for, when it named one.
 async fn reject(
     store: &NatsStore,
     reason: &str,
     msg_id: Option<&str>,
+    id: Option<&str>,
     seq: u64,
     payload: &[u8],
 ) -> bool {
     let excerpt: String = String::from_utf8_lossy(payload).chars().take(200).collect();
-    let body = json!({"reason": reason, "msg_id": msg_id, "stream_seq": seq, "payload": excerpt});
+    let body = json!({
+        "reason": reason, "msg_id": msg_id, "id": id, "stream_seq": seq, "payload": excerpt,
+    });
     let sent = store
         .client
         .publish(REJECTED, Bytes::from(body.to_string()))
@@ -198,9 +202,11 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
     };
     let msg_id = get("Nats-Msg-Id");
     let ctype = get("Content-Type");
+    let mut named = None;
     let outcome = match parse(&msg.payload, ctype.as_deref(), msg_id.as_deref()) {
         Err(reason) => Err(reason),
         Ok(mut sub) => {
+            named = sub.id.clone();
             if sub.id.is_none() {
                 sub.id = Some(derived_id(published, seq));
             }
@@ -210,6 +216,7 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
                     Ok(())
                 }
                 Err(Error::Rejected(reason)) => Err(reason),
+                Err(e @ Error::IdTaken { .. }) => Err(e.to_string()),
                 Err(e) => {
                     // The infrastructure failed, not the submission: try it again later.
                     tracing::warn!(error = %e, "intake failed; the submission will be delivered again");
@@ -223,7 +230,16 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
     };
     if let Err(reason) = outcome {
         tracing::info!(seq, reason = %reason, "mission rejected");
-        if !reject(store, &reason, msg_id.as_deref(), seq, &msg.payload).await {
+        if !reject(
+            store,
+            &reason,
+            msg_id.as_deref(),
+            named.as_deref(),
+            seq,
+            &msg.payload,
+        )
+        .await
+        {
             let _ = msg
                 .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                 .await;

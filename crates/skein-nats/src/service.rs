@@ -18,14 +18,15 @@ use tokio::sync::watch;
 use crate::backend::NatsStore;
 
 /// A service error whose code tells whose fault it was: 400 (the request cannot be
-/// accepted) and 404 (no such session) are the caller's; 500 (stored data or definitions
-/// are broken) and 503 (NATS failed; try again) the infrastructure's; 409 means another
-/// writer got there first (try again). The text goes in a header, so it is one line.
+/// accepted), 404 (no such session) and 409 with a session id taken by a different
+/// submission are the caller's; 500 (stored data or definitions are broken) and 503 (NATS
+/// failed; try again) the infrastructure's; 409 on an append means another writer got
+/// there first (try again). The text goes in a header, so it is one line.
 fn service_error(e: &Error) -> async_nats::service::error::Error {
     let code = match e {
         Error::Rejected(_) | Error::Core(skein_core::Error::InvalidId(_)) => 400,
         Error::NotFound(_) => 404,
-        Error::Conflict { .. } => 409,
+        Error::Conflict { .. } | Error::IdTaken { .. } => 409,
         Error::Backend(_) => 503,
         Error::Corrupt(_) | Error::Core(_) => 500,
     };

@@ -20,6 +20,23 @@ use skein_core::{Event, SessionId};
 use crate::worker::{Folded, Runtime, DEFAULT_POOL};
 use crate::{Error, Result};
 
+/// Longest answer (the answers object as JSON) or denial reason a person may give, in
+/// bytes. Anything longer is refused before a word of it is written.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// Shortest token-signing secret accepted, in bytes (from the environment or a file).
+pub const MIN_SECRET_BYTES: usize = 16;
+
+/// Refuses an answer or a reason over [`MAX_ANSWER_BYTES`], naming its size and the limit.
+pub fn check_answer_size(what: &str, bytes: usize) -> Result<()> {
+    if bytes > MAX_ANSWER_BYTES {
+        return Err(Error::Rejected(format!(
+            "{what} is {bytes} bytes; at most {MAX_ANSWER_BYTES} bytes are accepted"
+        )));
+    }
+    Ok(())
+}
+
 /// The token-signing secret. Never printed.
 #[derive(Clone)]
 pub struct Secret(pub Vec<u8>);
@@ -35,16 +52,35 @@ impl Secret {
     /// (`token.secret`, made on first use, readable by the owner only).
     pub fn load_or_create(env_var: &str, data_dir: &Path) -> Result<Self> {
         if let Ok(v) = std::env::var(env_var) {
-            if v.len() < 16 {
+            if v.len() < MIN_SECRET_BYTES {
                 return Err(Error::Rejected(format!(
-                    "{env_var} must be at least 16 characters"
+                    "{env_var} must be at least {MIN_SECRET_BYTES} characters"
                 )));
             }
             return Ok(Self(v.into_bytes()));
         }
         let path = data_dir.join("token.secret");
-        if let Ok(v) = std::fs::read_to_string(&path) {
-            return Ok(Self(v.trim().as_bytes().to_vec()));
+        match std::fs::read(&path) {
+            Ok(v) => {
+                let v = v.trim_ascii();
+                if v.len() < MIN_SECRET_BYTES {
+                    return Err(Error::Rejected(format!(
+                        "the token secret in {} holds {} bytes; at least {MIN_SECRET_BYTES} \
+                         are needed (remove the file to have a new one made, which makes \
+                         the tokens handed out so far invalid, or set {env_var})",
+                        path.display(),
+                        v.len()
+                    )));
+                }
+                return Ok(Self(v.to_vec()));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::Backend(format!(
+                    "cannot read the token secret {}: {e}",
+                    path.display()
+                )))
+            }
         }
         std::fs::create_dir_all(data_dir).map_err(|e| Error::Backend(e.to_string()))?;
         let mut b = [0u8; 32];
@@ -215,6 +251,7 @@ pub async fn answer(
     answers: Value,
     by: Option<String>,
 ) -> Result<SessionId> {
+    check_answer_size("the answer", answers.to_string().len())?;
     let (claims, f) = check_token(rt, token, "input").await?;
     if !claims.session.is_root() {
         rt.keep_state(f);
@@ -262,6 +299,9 @@ pub async fn decide_approval(
     reason: Option<String>,
     by: Option<String>,
 ) -> Result<SessionId> {
+    if let Some(r) = &reason {
+        check_answer_size("the reason", r.len())?;
+    }
     let (claims, f) = check_token(rt, token, "approval").await?;
     let Some(p) = f
         .state

@@ -38,6 +38,13 @@ pub enum Error {
     /// A request a user made that cannot be accepted.
     #[error("{0}")]
     Rejected(String),
+    /// A submission under an id that an earlier, different submission already holds.
+    /// (The same submission again is a no-op, not this error.)
+    #[error(
+        "session id `{id}` is already taken by a different submission ({differs}); \
+         resubmit exactly the same mission under this id, or choose another id"
+    )]
+    IdTaken { id: String, differs: String },
     #[error(transparent)]
     Core(#[from] skein_core::Error),
 }

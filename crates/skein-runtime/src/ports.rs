@@ -75,7 +75,35 @@ pub trait JobQueue: Send + Sync {
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()>;
     /// Jobs waiting or held in a pool.
     async fn depth(&self, pool: &str) -> Result<u64>;
+
+    /// As [`JobQueue::claim`], but only a job whose session `want` accepts; every other
+    /// job stays as it was (not claimed, its delivery count untouched). What lets one
+    /// process run one tree while others wait in the same queue. A backend that cannot
+    /// choose says so.
+    async fn claim_matching(
+        &self,
+        pool: &str,
+        lease: Duration,
+        wait: Duration,
+        want: &SessionFilter,
+    ) -> Result<Option<Job>> {
+        let _ = (pool, lease, wait, want);
+        Err(Error::Backend(
+            "this job queue cannot claim the jobs of chosen sessions".into(),
+        ))
+    }
+
+    /// Jobs waiting or held in a pool whose session `want` accepts.
+    async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64> {
+        let _ = (pool, want);
+        Err(Error::Backend(
+            "this job queue cannot count the jobs of chosen sessions".into(),
+        ))
+    }
 }
+
+/// Chooses sessions (see [`JobQueue::claim_matching`]).
+pub type SessionFilter = dyn Fn(&SessionId) -> bool + Send + Sync;
 
 /// A cached sub-agent answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -27,7 +27,7 @@ use sled::Transactional;
 use tokio::sync::{watch, Notify};
 
 use crate::ports::{
-    Backend, Blobs, Cache, CacheEntry, EventLog, Job, JobQueue, Notices, Workspaces,
+    Backend, Blobs, Cache, CacheEntry, EventLog, Job, JobQueue, Notices, SessionFilter, Workspaces,
 };
 use crate::{now_ms, Error, Result};
 
@@ -219,10 +219,18 @@ impl SledStore {
         k
     }
 
-    fn try_claim(&self, pool: &str, lease: Duration) -> Result<Option<Job>> {
+    fn try_claim(
+        &self,
+        pool: &str,
+        lease: Duration,
+        want: Option<&SessionFilter>,
+    ) -> Result<Option<Job>> {
         let now = now_ms();
         for item in self.jobs.scan_prefix(prefix(pool)) {
             let (k, v) = item.map_err(backend_err)?;
+            if want.is_some_and(|w| !job_wanted(&k, pool, w)) {
+                continue;
+            }
             let Ok(rec) = rmp_serde::from_slice::<JobRec>(&v) else {
                 continue;
             };
@@ -260,6 +268,29 @@ impl SledStore {
         Ok(None)
     }
 
+    async fn claim_where(
+        &self,
+        pool: &str,
+        lease: Duration,
+        wait: Duration,
+        want: Option<&SessionFilter>,
+    ) -> Result<Option<Job>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.job_ready.notified();
+            if let Some(j) = self.try_claim(pool, lease, want)? {
+                return Ok(Some(j));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            // Wake on a push or an ack, or poll for leases and delays that run out.
+            let nap = (deadline - now).min(Duration::from_millis(100));
+            let _ = tokio::time::timeout(nap, notified).await;
+        }
+    }
+
     /// Updates a job record with `f` if it is still held under `handle`.
     fn update_held(&self, job: &Job, f: impl Fn(JobRec) -> Option<JobRec>) -> Result<()> {
         let key = Self::job_key(&job.pool, &job.session);
@@ -283,6 +314,14 @@ impl SledStore {
             }
         }
     }
+}
+
+/// Whether the job under key `k` (`pool \0 session`) is of a session `want` accepts.
+fn job_wanted(k: &[u8], pool: &str, want: &SessionFilter) -> bool {
+    k.get(pool.len() + 1..)
+        .and_then(|s| std::str::from_utf8(s).ok())
+        .and_then(|s| SessionId::parse(s).ok())
+        .is_some_and(|s| want(&s))
 }
 
 fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
@@ -422,20 +461,26 @@ impl JobQueue for SledStore {
     }
 
     async fn claim(&self, pool: &str, lease: Duration, wait: Duration) -> Result<Option<Job>> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let notified = self.job_ready.notified();
-            if let Some(j) = self.try_claim(pool, lease)? {
-                return Ok(Some(j));
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            // Wake on a push or an ack, or poll for leases and delays that run out.
-            let nap = (deadline - now).min(Duration::from_millis(100));
-            let _ = tokio::time::timeout(nap, notified).await;
+        self.claim_where(pool, lease, wait, None).await
+    }
+
+    async fn claim_matching(
+        &self,
+        pool: &str,
+        lease: Duration,
+        wait: Duration,
+        want: &SessionFilter,
+    ) -> Result<Option<Job>> {
+        self.claim_where(pool, lease, wait, Some(want)).await
+    }
+
+    async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64> {
+        let mut n = 0;
+        for item in self.jobs.scan_prefix(prefix(pool)) {
+            let (k, _) = item.map_err(backend_err)?;
+            n += u64::from(job_wanted(&k, pool, want));
         }
+        Ok(n)
     }
 
     async fn heartbeat(&self, job: &Job) -> Result<()> {

@@ -21,7 +21,7 @@ use futures::FutureExt;
 use tokio::sync::watch;
 
 use crate::ports::Job;
-use crate::worker::{retry_delay, Runtime};
+use crate::worker::{retry_delay, Runtime, Scope};
 
 /// How long a step that keeps failing for transient reasons is retried in place before its
 /// job is handed back to the queue.
@@ -120,19 +120,34 @@ impl ClaimHealth {
 }
 
 impl Runtime {
-    /// Claims and processes jobs of `pools` until `stop` turns true.
-    pub async fn work_loop(
+    /// Claims and processes jobs of `pools` until `stop` turns true; with a scope, only
+    /// jobs of the trees in it are taken.
+    pub(crate) async fn work_loop(
         self: Arc<Self>,
         pools: Vec<String>,
         health: Arc<ClaimHealth>,
         mut stop: watch::Receiver<bool>,
+        scope: Option<Arc<Scope>>,
     ) {
         let wait = crate::ports::CLAIM_WAIT / pools.len().max(1) as u32;
         while !*stop.borrow() {
             let mut got = false;
             for pool in &pools {
+                let claim = async {
+                    match &scope {
+                        Some(s) => {
+                            let s = s.clone();
+                            let want = move |id: &skein_core::SessionId| s.wants(id);
+                            self.backend
+                                .jobs
+                                .claim_matching(pool, self.cfg.lease, wait, &want)
+                                .await
+                        }
+                        None => self.backend.jobs.claim(pool, self.cfg.lease, wait).await,
+                    }
+                };
                 let claimed = tokio::select! {
-                    c = self.backend.jobs.claim(pool, self.cfg.lease, wait) => c,
+                    c = claim => c,
                     _ = stop.changed() => break,
                 };
                 match claimed {
@@ -235,13 +250,25 @@ impl Runtime {
         pools: Vec<String>,
         concurrency: usize,
     ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
+        self.spawn_in(pools, concurrency, None)
+    }
+
+    /// As [`Runtime::spawn_workers`]; with a scope, the loops take only jobs of its trees.
+    pub(crate) fn spawn_in(
+        self: &Arc<Self>,
+        pools: Vec<String>,
+        concurrency: usize,
+        scope: Option<Arc<Scope>>,
+    ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
         let (tx, rx) = watch::channel(false);
         let mut handles: Vec<_> = (0..concurrency.max(1))
             .map(|_| {
-                tokio::spawn(
-                    self.clone()
-                        .work_loop(pools.clone(), self.health.clone(), rx.clone()),
-                )
+                tokio::spawn(self.clone().work_loop(
+                    pools.clone(),
+                    self.health.clone(),
+                    rx.clone(),
+                    scope.clone(),
+                ))
             })
             .collect();
         handles.push(tokio::spawn(self.clone().sweeper(rx)));

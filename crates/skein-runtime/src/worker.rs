@@ -100,6 +100,37 @@ pub struct Submission {
     pub no_cache: bool,
 }
 
+/// What differs between the submission that holds a root id and another one made under
+/// the same id: none when they ask for the same thing (agent, mission, context, inputs and,
+/// when the new one names it, the budget).
+pub fn resubmission_differs(
+    existing: &Submitted,
+    asked: &Submitted,
+    budget_named: bool,
+) -> Option<String> {
+    let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|o| o.is_empty());
+    let mut diffs = vec![];
+    if existing.agent != asked.agent {
+        diffs.push(format!("agent `{}`, not `{}`", existing.agent, asked.agent));
+    }
+    if existing.mission != asked.mission {
+        diffs.push("another mission".to_string());
+    }
+    if existing.context != asked.context {
+        diffs.push("another context".to_string());
+    }
+    if existing.inputs != asked.inputs && !(empty(&existing.inputs) && empty(&asked.inputs)) {
+        diffs.push("other inputs".to_string());
+    }
+    if budget_named && existing.budget != asked.budget {
+        diffs.push(format!(
+            "budget {:?} tokens, not {:?}",
+            existing.budget.tokens, asked.budget.tokens
+        ));
+    }
+    (!diffs.is_empty()).then(|| format!("it has {}", diffs.join(", ")))
+}
+
 /// One line of live progress.
 #[derive(Debug, Clone, Serialize)]
 pub struct Progress {
@@ -162,6 +193,31 @@ pub struct Runtime {
     pub health: Arc<crate::work_loop::ClaimHealth>,
 }
 
+/// The trees a [`Runtime::run_tree`] works on, by root.
+pub(crate) struct Scope {
+    roots: Mutex<BTreeSet<SessionId>>,
+}
+
+impl Scope {
+    fn new(root: &SessionId) -> Self {
+        Self {
+            roots: Mutex::new([root.root_id()].into()),
+        }
+    }
+
+    pub(crate) fn wants(&self, session: &SessionId) -> bool {
+        lock(&self.roots).contains(&session.root_id())
+    }
+
+    fn roots(&self) -> Vec<SessionId> {
+        lock(&self.roots).iter().cloned().collect()
+    }
+
+    fn extend(&self, roots: Vec<SessionId>) {
+        lock(&self.roots).extend(roots);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -193,6 +249,35 @@ fn outcome_of(terminal: &Event) -> Option<Outcome> {
             steps: 0,
         }),
         _ => None,
+    }
+}
+
+/// Every string in `v` (keys aside) through `f`.
+fn map_strings(v: &mut Value, f: &dyn Fn(&str) -> String) {
+    match v {
+        Value::String(s) => *s = f(s),
+        Value::Array(a) => a.iter_mut().for_each(|x| map_strings(x, f)),
+        Value::Object(o) => o.values_mut().for_each(|x| map_strings(x, f)),
+        _ => {}
+    }
+}
+
+/// Replaces, in a model's reply, every resume token it was shown by its reference, so
+/// the log records the reference.
+fn hide_tokens(shown: &[(String, String)], resp: &mut skein_core::ModelResponse) {
+    if shown.is_empty() {
+        return;
+    }
+    let hide = |text: &str| {
+        shown.iter().fold(text.to_string(), |t, (token, r)| {
+            t.replace(token.as_str(), r)
+        })
+    };
+    if let Some(c) = &mut resp.content {
+        *c = hide(c);
+    }
+    for call in &mut resp.tool_calls {
+        map_strings(&mut call.args, &hide);
     }
 }
 
@@ -290,6 +375,7 @@ impl Runtime {
             inputs: &sub.inputs,
             strategy: def.front.strategy.as_deref(),
         });
+        let asked_budget = sub.budget;
         let budget = sub.budget.unwrap_or(Budget {
             tokens: def.front.limits.max_tokens.or(self.cfg.limits.max_tokens),
         });
@@ -315,21 +401,40 @@ impl Runtime {
             .clone()
             .unwrap_or_else(|| DEFAULT_POOL.into());
         let hash = submitted.mission_hash.clone();
-        let cacheable = !submitted.no_cache && def.cache_enabled();
-        if let Some(mut f) = self.create(&id, submitted).await? {
-            // A root mission answered before: record the hit; the worker completes it.
-            if cacheable {
-                if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
-                    let ev = CacheHit {
-                        call: String::new(),
-                        mission_hash: hash,
-                        source: hit.source,
-                        answer: hit.answer,
-                        saved: hit.usage,
-                        steps: hit.steps,
-                    };
-                    self.append(&mut f, Event::CacheHit(ev)).await?;
+        let cacheable = !submitted.no_cache && self.agents.caching(def).cached;
+        let asked = submitted.clone();
+        let Some(mut f) = self.create(&id, submitted).await? else {
+            // The id is taken: the same submission again is a no-op; another is refused.
+            let first = self.backend.log.read(&id, 1).await?;
+            let existing = match first.first().map(|r| &r.env.body) {
+                Some(Event::Submitted(s)) => s,
+                _ => {
+                    return Err(Error::Corrupt(format!(
+                        "{id}: log does not start with Submitted"
+                    )))
                 }
+            };
+            if let Some(differs) = resubmission_differs(existing, &asked, asked_budget.is_some()) {
+                return Err(Error::IdTaken {
+                    id: id.to_string(),
+                    differs,
+                });
+            }
+            self.backend.jobs.push(&pool, &id).await?;
+            return Ok(id);
+        };
+        // A root mission answered before: record the hit; the worker completes it.
+        if cacheable {
+            if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
+                let ev = CacheHit {
+                    call: String::new(),
+                    mission_hash: hash,
+                    source: hit.source,
+                    answer: hit.answer,
+                    saved: hit.usage,
+                    steps: hit.steps,
+                };
+                self.append(&mut f, Event::CacheHit(ev)).await?;
             }
         }
         self.backend.jobs.push(&pool, &id).await?;
@@ -682,6 +787,9 @@ impl Runtime {
                 other => self.tools.spec(other),
             })
             .collect();
+        // The model is shown the resume tokens its log holds references to; a token it
+        // sends back is recorded as its reference again.
+        let shown = self.reveal_tokens(&f.state, &mut request);
         let started = Instant::now();
         let result = self
             .with_heartbeat(job, self.models.complete(&request))
@@ -689,6 +797,7 @@ impl Runtime {
         let latency_ms = started.elapsed().as_millis() as u64;
         match result {
             Ok(mut c) => {
+                hide_tokens(&shown, &mut c.response);
                 self.fix_call_ids(&f.state, &mut c.response);
                 let ev = ModelCalled {
                     model: request.model.clone(),
@@ -724,6 +833,48 @@ impl Runtime {
                 Ok(())
             }
         }
+    }
+
+    /// Replaces, in every message of `request`, the references to resume tokens this
+    /// session was given by the tokens themselves. Returns (token, reference) pairs.
+    fn reveal_tokens(
+        &self,
+        state: &SessionState,
+        request: &mut ModelRequest,
+    ) -> Vec<(String, String)> {
+        if state.resume_refs.is_empty() {
+            return vec![];
+        }
+        let secret = &self.cfg.token_secret.0;
+        let shown: Vec<(String, String)> = state
+            .resume_refs
+            .iter()
+            .filter_map(|r| Some((skein_core::token::from_reference(secret, r)?, r.clone())))
+            .collect();
+        let reveal = |text: &str| {
+            skein_core::token::replace_references(text, &state.resume_refs, |r| {
+                skein_core::token::from_reference(secret, r)
+            })
+        };
+        for m in &mut request.messages {
+            match m {
+                skein_core::Message::System { content }
+                | skein_core::Message::User { content }
+                | skein_core::Message::Tool { content, .. } => *content = reveal(content),
+                skein_core::Message::Assistant {
+                    content,
+                    tool_calls,
+                } => {
+                    if let Some(c) = content {
+                        *c = reveal(c);
+                    }
+                    for call in tool_calls {
+                        map_strings(&mut call.args, &reveal);
+                    }
+                }
+            }
+        }
+        shown
     }
 
     /// Gives every tool call a non-empty id not used before in the session, so events can
@@ -791,7 +942,10 @@ impl Runtime {
                 strategy: child_def.front.strategy.as_deref(),
             });
             // A child handed tasks of the plan writes to it: its run is never shared.
-            let caching = !parent_sub.no_cache && child_def.cache_enabled() && d.grant.is_none();
+            // An agent that may have side effects is neither answered from the cache nor
+            // shared: its effects must happen in this tree.
+            let caching =
+                !parent_sub.no_cache && self.agents.caching(&child_def).cached && d.grant.is_none();
             if caching {
                 if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
                     parent_events.push(Event::CacheHit(CacheHit {
@@ -999,6 +1153,11 @@ impl Runtime {
                 blob: None,
             })
         };
+        if let Err(Error::Rejected(why)) =
+            crate::hitl::check_answer_size("the answers", resume.answers.to_string().len())
+        {
+            return Ok(refuse(why));
+        }
         let by = format!("{}#{}", f.id, d.call);
         // A crash after the answers were recorded but before `Delegated`: finish the job.
         let (cf, _) = self.load(&d.child).await?;
@@ -1018,7 +1177,28 @@ impl Runtime {
             .unwrap_or_default();
         self.keep(cf);
         if !ours {
-            let (claims, cf) = match crate::hitl::check_token(self, &resume.token, "input").await {
+            // The model's token was recorded as its reference: only one this session was
+            // given stands for a token.
+            let token = if resume
+                .token
+                .trim()
+                .starts_with(skein_core::token::REF_PREFIX)
+            {
+                let r = resume.token.trim();
+                match f
+                    .state
+                    .resume_refs
+                    .contains(r)
+                    .then(|| skein_core::token::from_reference(&self.cfg.token_secret.0, r))
+                    .flatten()
+                {
+                    Some(t) => t,
+                    None => return Ok(refuse("it is not a token this session was given".into())),
+                }
+            } else {
+                resume.token.clone()
+            };
+            let (claims, cf) = match crate::hitl::check_token(self, &token, "input").await {
                 Ok(x) => x,
                 Err(Error::Rejected(why)) => return Ok(refuse(why)),
                 Err(e) => return Err(e),
@@ -1457,7 +1637,10 @@ impl Runtime {
                 questions: p.questions.clone(),
                 context: p.context.clone(),
                 defaults: p.defaults.clone(),
-                token: crate::hitl::input_token(&self.cfg.token_secret, child, &p),
+                // The log keeps the token's id; the parent's model is shown the token.
+                token: String::new(),
+                token_id: p.token_id.clone(),
+                seq: p.seq,
             });
         self.keep(cf);
         Ok(out)
@@ -1469,9 +1652,11 @@ impl Runtime {
         let Some(sub) = &f.state.submitted else {
             return Ok(());
         };
-        if f.state.status == Status::Completed && !sub.no_cache {
+        // Only the answer to the mission that was hashed is cached, never one to a
+        // follow-up question (`chat: true`).
+        if f.state.status == Status::Completed && !sub.no_cache && f.state.follow_ups == 0 {
             let def = self.def_for(&f.state).await?;
-            if def.cache_enabled() {
+            if self.agents.caching(&def).cached {
                 let ttl = match &def.front.cache {
                     Some(skein_core::agent::CacheSetting::Ttl { ttl }) => {
                         // Checked when the definition was parsed.
@@ -1521,6 +1706,32 @@ impl Runtime {
         Ok(())
     }
 
+    /// Roots of the trees that sessions of `scope` wait on through a shared run
+    /// (single-flight) and that are not in it yet.
+    async fn shared_trees(&self, scope: &Scope) -> Result<Vec<SessionId>> {
+        let mut out = BTreeSet::new();
+        for root in scope.roots() {
+            for id in self.backend.log.tree(&root).await? {
+                let records = self.backend.log.read(&id, 1).await?;
+                let mut f = Folded::new(id.clone());
+                f.absorb(&records)?;
+                for slot in &f.state.turn {
+                    if let skein_core::state::SlotState::Delegated {
+                        child,
+                        shared: true,
+                        ..
+                    } = &slot.state
+                    {
+                        if !scope.wants(child) {
+                            out.insert(child.root_id());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
     /// Re-enqueues every session of the tree that has not ended (what makes `resume`
     /// work after a crash). Returns how many were enqueued.
     pub async fn requeue_tree(&self, root: &SessionId) -> Result<usize> {
@@ -1550,30 +1761,45 @@ impl Runtime {
     }
 
     /// Runs workers in this process until the tree of `root` ends or has nothing left to
-    /// run (paused for a person, or stuck); returns the root's final fold.
+    /// run (paused for a person, or stuck); returns the root's final fold. Only this
+    /// tree's jobs are taken (and those of a tree holding a run it shares): other trees
+    /// waiting in the same queue stay as they are until they are run themselves.
     pub async fn run_tree(
         self: &Arc<Self>,
         root: &SessionId,
         concurrency: usize,
     ) -> Result<Folded> {
         let pools = self.pools();
-        let (stop, handles) = self.spawn_workers(pools.clone(), concurrency);
+        let scope = Arc::new(Scope::new(root));
+        let (stop, handles) = self.spawn_in(pools.clone(), concurrency, Some(scope.clone()));
         let mut rx = self.subscribe();
         // Watch the root's last record (not the fold cache the workers use).
-        let result: Result<()> = loop {
-            let last = self.backend.log.last(root).await?;
-            if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
-                break Ok(());
+        let result: Result<()> = async {
+            loop {
+                let last = self.backend.log.last(root).await?;
+                if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
+                    return Ok(());
+                }
+                let mut pending = 0;
+                let s = scope.clone();
+                let want = move |id: &SessionId| s.wants(id);
+                for p in &pools {
+                    pending += self.backend.jobs.depth_matching(p, &want).await?;
+                }
+                if pending == 0 {
+                    // Nothing left here: unless a session waits on a run in another
+                    // tree, which then joins the scope, the tree is paused or stuck.
+                    let more = self.shared_trees(&scope).await?;
+                    if more.is_empty() {
+                        return Ok(());
+                    }
+                    scope.extend(more);
+                    continue;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(250), rx.recv()).await;
             }
-            let mut pending = 0;
-            for p in &pools {
-                pending += self.backend.jobs.depth(p).await?;
-            }
-            if pending == 0 {
-                break Ok(());
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(250), rx.recv()).await;
-        };
+        }
+        .await;
         let _ = stop.send(true);
         for h in handles {
             let _ = h.await;
@@ -1589,6 +1815,28 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_built_in_tool_called_free_of_side_effects_is_declared_idempotent() {
+        let cfg = skein_tools::ToolsConfig::default();
+        let tools = ToolBox::builtin(&cfg);
+        let mut checked = 0;
+        for name in skein_core::agent::SIDE_EFFECT_FREE_TOOLS {
+            if tools.get(name).is_some() {
+                assert!(tools.idempotent(name), "{name}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 3, "read_file, list_dir and search_files");
+        for name in tools.names() {
+            if !tools.idempotent(&name) {
+                assert!(
+                    !skein_core::agent::SIDE_EFFECT_FREE_TOOLS.contains(&name.as_str()),
+                    "{name}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn outages_back_off_long_enough_to_outlast_a_leader_election() {

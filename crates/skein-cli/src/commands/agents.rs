@@ -55,15 +55,25 @@ pub async fn run(app: &App, cmd: AgentsCmd) -> Result<ExitCode> {
         let v = serde_json::json!({
             "ok": problems.is_empty(),
             "agents": set.as_ref().map(|s| s.agents.keys().cloned().collect::<Vec<_>>()),
+            "caching": set.as_ref().map(|s| {
+                s.agents
+                    .iter()
+                    .map(|(n, d)| (n.clone(), serde_json::json!(s.caching(d))))
+                    .collect::<serde_json::Map<_, _>>()
+            }),
             "problems": problems,
         });
         crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else if problems.is_empty() {
         if let Some(set) = &set {
             for (name, def) in &set.agents {
+                let c = set.caching(def);
                 let line = format!(
-                    "ok  {name:<16} {}  ({})",
-                    def.front.model, set.origins[name]
+                    "ok  {name:<16} {}  ({})  {}: {}",
+                    def.front.model,
+                    set.origins[name],
+                    if c.cached { "cached" } else { "not cached" },
+                    c.reason
                 );
                 crate::outln!("{}", render::safe_line(&line))?;
             }

@@ -227,15 +227,12 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
     let client = store.client.clone();
     let mut results = client.subscribe(format!("skein.results.{id}")).await?;
     let mut rejected = client.subscribe(skein_nats::intake::REJECTED).await?;
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Msg-Id", id.as_str());
+    // No `Nats-Msg-Id`: the stream would drop a second message under the same id in its
+    // duplicate window without a word, and a different mission under a taken id must be
+    // refused by name. The intake makes the same submission again a no-op itself.
     store
         .js
-        .publish_with_headers(
-            "skein.missions.submit",
-            headers,
-            Bytes::from(payload.to_string()),
-        )
+        .publish("skein.missions.submit", Bytes::from(payload.to_string()))
         .await?
         .await
         .context("the missions stream did not take the submission")?;
@@ -259,7 +256,7 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
             }
             Some(m) = rejected.next() => {
                 let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
-                if v["msg_id"].as_str() == Some(id.as_str()) {
+                if v["id"].as_str() == Some(id.as_str()) || v["msg_id"].as_str() == Some(id.as_str()) {
                     crate::errln!("rejected: {}", render::safe(v["reason"].as_str().unwrap_or("")));
                     return Ok(ExitCode::FAILURE);
                 }
