@@ -619,11 +619,20 @@ impl NatsStore {
             return Ok(out);
         }
         let next = out.last().map_or(after, |(seq, _)| *seq) + 1;
-        if !self
+        let streamed = self
             .read_subject_streamed(st, subject, next, &mut out)
-            .await?
-        {
-            self.read_direct(st, subject, next, None, &mut out).await?;
+            .await;
+        match streamed {
+            Ok(true) => {}
+            // No consumer could be made, or it failed on the way (a leader lost while it
+            // delivered, say): direct gets read what it did not.
+            Ok(false) | Err(_) => {
+                if let Err(e) = &streamed {
+                    tracing::debug!(subject, error = %e, "streamed read failed; reading the rest by direct gets");
+                }
+                let next = out.last().map_or(after, |(seq, _)| *seq) + 1;
+                self.read_direct(st, subject, next, None, &mut out).await?;
+            }
         }
         Ok(out)
     }
@@ -709,7 +718,15 @@ impl NatsStore {
                     .await
                     .map_err(|e| nats_err("read", e))?;
                 let mut got = 0;
-                while let Some(m) = batch.next().await {
+                loop {
+                    // A delivery that stops mid-way (its consumer's leader lost) is given
+                    // up; the caller reads the rest by direct gets.
+                    let next = tokio::time::timeout(Duration::from_secs(10), batch.next())
+                        .await
+                        .map_err(|_| {
+                            Error::Backend(format!("read of {subject}: delivery stalled"))
+                        })?;
+                    let Some(m) = next else { break };
                     let m = m.map_err(|e| nats_err("read", e))?;
                     let sseq = m.info().map_err(|e| nats_err("read", e))?.stream_sequence;
                     out.push((sseq, m.payload.clone()));
