@@ -96,7 +96,15 @@ impl Sandbox {
 /// number of sessions checked.
 pub async fn audit_tree(data: &Path, root: &SessionId, agents_dir: &Path) -> usize {
     let store = SledStore::open(data, &data.join("workspaces")).expect("open store");
-    let b = store.backend();
+    audit_tree_in(&store.backend(), root, agents_dir).await
+}
+
+/// [`audit_tree`] on an open store.
+pub async fn audit_tree_in(
+    b: &skein_runtime::Backend,
+    root: &SessionId,
+    agents_dir: &Path,
+) -> usize {
     let files: Vec<(String, String)> = std::fs::read_dir(agents_dir)
         .expect("agents")
         .map(|e| {
@@ -151,20 +159,19 @@ pub async fn audit_tree(data: &Path, root: &SessionId, agents_dir: &Path) -> usi
     ids.len()
 }
 
-/// Audits every tree in a data directory (see [`audit_tree`]).
+/// Audits every tree in a data directory (see [`audit_tree`]), with one opening of the
+/// store: opening it again right after closing it can find sled's lock still held.
 pub fn audit_all(data: &Path, agents_dir: &Path) -> usize {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let roots = rt.block_on(async {
+    rt.block_on(async {
         let store = SledStore::open(data, &data.join("workspaces")).expect("open store");
-        store.backend().log.roots().await.expect("roots")
-    });
-    drop(rt);
-    let mut n = 0;
-    for root in roots {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        n += rt.block_on(audit_tree(data, &root, agents_dir));
-    }
-    n
+        let b = store.backend();
+        let mut n = 0;
+        for root in b.log.roots().await.expect("roots") {
+            n += audit_tree_in(&b, &root, agents_dir).await;
+        }
+        n
+    })
 }
 
 /// Kills the worker processes it holds when the test ends, however it ends.
