@@ -119,12 +119,18 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         ..Default::default()
     })
     .await?;
+    // Limits retention, not a work queue: on a work queue each replica deletes an acked
+    // job through the consumer, in its own order, so replicas judge the conditional
+    // publish of the next job differently (servers before 2.11 then reset the stream for
+    // minutes). The holder deletes its job through the stream instead.
     let jobs = stream::Config {
         name: JOBS.into(),
         subjects: vec!["skein.jobs.>".into()],
-        retention: stream::RetentionPolicy::WorkQueue,
+        retention: stream::RetentionPolicy::Limits,
         storage: st,
         num_replicas: r,
+        // A job left behind (its session's logs aged out) goes with them.
+        max_age: age(&cfg.events_max_age),
         ..Default::default()
     };
     put(jobs.clone()).await?;
@@ -221,6 +227,10 @@ async fn upgrade_jobs_stream(js: &Context, want: stream::Config) {
         max_messages_per_subject: -1,
         discard_new_per_subject: false,
         discard: stream::DiscardPolicy::Old,
+        // A work queue stays one (retention cannot change); its jobs are deleted through
+        // the stream before they are acked all the same, so its replicas stay consistent.
+        retention: have.retention,
+        max_age: have.max_age,
         num_replicas: have.num_replicas,
         storage: have.storage,
         ..want
@@ -229,10 +239,10 @@ async fn upgrade_jobs_stream(js: &Context, want: stream::Config) {
         Ok(_) => tracing::info!(
             stream = JOBS,
             "job stream updated: one job per session is now enforced on publish, not by a \
-             per-subject limit (which replicas of servers before 2.10 cannot catch up on)"
+             per-subject limit (which replicas of servers before 2.11 cannot catch up on)"
         ),
         Err(e) => tracing::warn!(stream = JOBS, error = %e,
-            "job stream keeps its per-subject limit; a replica of a server before 2.10 may \
+            "job stream keeps its per-subject limit; a replica of a server before 2.11 may \
              fail to catch up on it after a restart"),
     }
 }
@@ -1018,9 +1028,33 @@ impl JobQueue for NatsStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&job.handle);
-        let acked = match acker {
-            Some(a) => a.double_ack().await.map_err(|e| nats_err("ack", e)),
-            None => Ok(()),
+        // The job's message is deleted through the stream (every replica applies the
+        // delete in the same order as the publishes it gates), then acked. A holder that
+        // dies in between leaves an acked delivery of a deleted message: nothing to redo.
+        let deleted = match job
+            .handle
+            .split_once(':')
+            .map(|(seq, _)| seq.parse::<u64>())
+        {
+            Some(Ok(sseq)) => match self.jobs_stream.delete_message(sseq).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.to_string().contains("no message found") => Ok(()),
+                Err(e) => Err(nats_err(&format!("delete job from stream {JOBS}"), e)),
+            },
+            _ => Err(Error::Corrupt(format!("job handle {}", job.handle))),
+        };
+        let acked = match (deleted, acker) {
+            (Err(e), Some(a)) => {
+                // Held again: the delivery runs out and comes back.
+                self.held
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(job.handle.clone(), a);
+                return Err(e);
+            }
+            (Err(e), None) => return Err(e),
+            (Ok(()), Some(a)) => a.ack().await.map_err(|e| nats_err("ack", e)),
+            (Ok(()), None) => Ok(()),
         };
         tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
         // A push that found this job held left a marker: run the session once more. When
