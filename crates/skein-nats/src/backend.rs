@@ -294,6 +294,7 @@ pub async fn connect_client(cfg: &NatsConfig) -> Result<async_nats::Client> {
     let (opts, urls, _) = connect_options(cfg).await?;
     opts.retry_on_initial_connect()
         .max_reconnects(None)
+        .event_callback(crate::health::event_logger())
         .connect(urls)
         .await
         .map_err(|e| nats_err("connect", e))
@@ -982,7 +983,9 @@ impl JobQueue for NatsStore {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&job.handle);
         if let Some(a) = acker {
-            a.ack_with(jetstream::AckKind::Nak(Some(delay)))
+            // No delay: delivered again at once (a draining worker hands its job on).
+            let delay = (!delay.is_zero()).then_some(delay);
+            a.ack_with(jetstream::AckKind::Nak(delay))
                 .await
                 .map_err(|e| nats_err("nak", e))?;
         }

@@ -199,17 +199,23 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
     let msg_id = get("Nats-Msg-Id");
     let ctype = get("Content-Type");
     let outcome = match parse(&msg.payload, ctype.as_deref(), msg_id.as_deref()) {
-        Err(reason) => Err(reason),
+        Err(reason) => Err(("malformed", reason)),
         Ok(mut sub) => {
             if sub.id.is_none() {
                 sub.id = Some(derived_id(published, seq));
             }
+            let kind = if rt.agents.get(&sub.agent).is_none() {
+                "unknown_agent"
+            } else {
+                "invalid"
+            };
             match rt.submit(sub).await {
                 Ok(id) => {
                     tracing::info!(session = %id, "mission accepted");
+                    skein_runtime::metrics::intake_accepted();
                     Ok(())
                 }
-                Err(Error::Rejected(reason)) => Err(reason),
+                Err(Error::Rejected(reason)) => Err((kind, reason)),
                 Err(e) => {
                     // The infrastructure failed, not the submission: try it again later.
                     tracing::warn!(error = %e, "intake failed; the submission will be delivered again");
@@ -221,7 +227,7 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
             }
         }
     };
-    if let Err(reason) = outcome {
+    if let Err((kind, reason)) = outcome {
         tracing::info!(seq, reason = %reason, "mission rejected");
         if !reject(store, &reason, msg_id.as_deref(), seq, &msg.payload).await {
             let _ = msg
@@ -229,6 +235,7 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
                 .await;
             return;
         }
+        skein_runtime::metrics::intake_rejected(kind);
     }
     if let Err(e) = msg.double_ack().await {
         tracing::warn!(error = %e, "intake ack failed");

@@ -155,6 +155,8 @@ pub struct Runtime {
     pub models: Registry,
     pub tools: ToolBox,
     pub cfg: RuntimeConfig,
+    /// Shared by the work loops: claim health, the drain switch, held jobs.
+    pub loops: crate::work_loop::Loops,
     defs: Mutex<HashMap<String, Arc<AgentDef>>>,
     states: Mutex<HashMap<SessionId, Folded>>,
     progress: broadcast::Sender<Progress>,
@@ -245,6 +247,7 @@ impl Runtime {
             models,
             tools,
             cfg,
+            loops: Default::default(),
             defs: Mutex::new(HashMap::new()),
             states: Mutex::new(HashMap::new()),
             progress,
@@ -509,6 +512,7 @@ impl Runtime {
                 }),
             )
             .await?;
+            crate::metrics::job_dead_lettered(&job.pool);
         }
         // Children whose jobs this drive published itself.
         let mut pushed = BTreeSet::new();
@@ -519,6 +523,7 @@ impl Runtime {
             let def = self.def_for(&f.state).await?;
             let step = f.state.next(&def, &self.cfg.limits, &*self.agents);
             tracing::debug!(session = %f.id, step = step.name(), "step");
+            let _timer = crate::metrics::StepTimer::start(step.name());
             match step {
                 Step::Idle => return Ok(()),
                 Step::Wait => {
@@ -696,10 +701,20 @@ impl Runtime {
             })
             .collect();
         let started = Instant::now();
-        let result = self
-            .with_heartbeat(job, self.models.complete(&request))
-            .await;
+        // A worker that drains abandons the call: nothing of it is recorded yet, and the
+        // job goes back for another worker to make it.
+        let result = tokio::select! {
+            biased;
+            _ = self.draining() => return Err(Error::Interrupted(format!(
+                "the call to {} was abandoned", request.model))),
+            r = self.with_heartbeat(job, self.models.complete(&request)) => r,
+        };
         let latency_ms = started.elapsed().as_millis() as u64;
+        crate::metrics::model_call(
+            &request.model,
+            started.elapsed(),
+            result.as_ref().ok().map(|c| &c.usage),
+        );
         match result {
             Ok(mut c) => {
                 self.fix_call_ids(&f.state, &mut c.response);
@@ -732,7 +747,10 @@ impl Runtime {
                         .retry_after()
                         .unwrap_or(base + Duration::from_millis(jitter))
                         .min(Duration::from_secs(60));
-                    self.with_heartbeat(job, tokio::time::sleep(wait)).await;
+                    tokio::select! {
+                        _ = self.draining() => {}
+                        _ = self.with_heartbeat(job, tokio::time::sleep(wait)) => {}
+                    }
                 }
                 Ok(())
             }
