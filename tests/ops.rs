@@ -1,0 +1,716 @@
+//! Operating a cluster: the worker's health and metrics endpoints (`--http`), draining on
+//! SIGTERM, read commands against an unreachable server, log formats, and `skein cancel`
+//! on the embedded store. Real nats-server processes, real `skein` processes.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::cluster::{store, SECRET};
+use common::*;
+use skein_core::{Event, SessionId};
+use skein_testnats::{free_port, NatsServer};
+
+/// `GET path` on 127.0.0.1:`port`: (status, body), or none when nothing answers.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    // Bodies come whole or chunked; chunk sizes are lines of hex digits alone.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, tail) = rest.split_once("\r\n")?;
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            rest = &tail[n + 2..];
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    Some((status, body))
+}
+
+/// Polls `path` until its status is `want`; panics after `limit`. Returns the body.
+fn wait_status(port: u16, path: &str, want: u16, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    let mut last = None;
+    while Instant::now() < deadline {
+        last = http_get(port, path);
+        if let Some((s, b)) = &last {
+            if *s == want {
+                return b.clone();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{path} did not answer {want} within {limit:?}; last: {last:?}")
+}
+
+/// One sample of the Prometheus text format: name, labels, value.
+type Sample = (String, BTreeMap<String, String>, f64);
+
+/// Parses the Prometheus text exposition format (version 0.0.4) strictly: every line is
+/// empty, a `# HELP name text` or `# TYPE name kind` comment, or a sample `name{l="v",…}
+/// value [timestamp]` whose name was given a type first (or is a histogram's or summary's
+/// `_bucket`, `_sum` or `_count` of one), with label values escaped as the format says.
+fn parse_prometheus(text: &str) -> Result<Vec<Sample>, String> {
+    let name_re = regex::Regex::new(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$").unwrap();
+    let sample_re = regex::Regex::new(
+        r#"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})? ([^ ]+)(?: (-?[0-9]+))?$"#,
+    )
+    .unwrap();
+    let label_re =
+        regex::Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)""#).unwrap();
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut samples = vec![];
+    for (i, line) in text.lines().enumerate() {
+        let at = |why: &str| format!("line {}: {why}: {line:?}", i + 1);
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(c) = line.strip_prefix("# ") {
+            let mut parts = c.splitn(3, ' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some("HELP"), Some(n), _) if name_re.is_match(n) => {}
+                (Some("TYPE"), Some(n), Some(t)) if name_re.is_match(n) => {
+                    if !["counter", "gauge", "histogram", "summary", "untyped"].contains(&t) {
+                        return Err(at("unknown type"));
+                    }
+                    if types.insert(n.to_string(), t.to_string()).is_some() {
+                        return Err(at("a second TYPE for one metric"));
+                    }
+                }
+                (Some("HELP" | "TYPE"), _, _) => return Err(at("malformed comment")),
+                _ => {}
+            }
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let caps = sample_re.captures(line).ok_or_else(|| at("not a sample"))?;
+        let name = caps[1].to_string();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .filter(|f| {
+                types
+                    .get(*f)
+                    .is_some_and(|t| t == "histogram" || t == "summary")
+            })
+            .unwrap_or(&name);
+        if !types.contains_key(family) {
+            return Err(at("a sample before its TYPE"));
+        }
+        let labels: BTreeMap<String, String> = caps
+            .get(2)
+            .map(|l| {
+                label_re
+                    .captures_iter(l.as_str())
+                    .map(|c| (c[1].to_string(), c[2].to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let value = match &caps[3] {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            "NaN" => f64::NAN,
+            v => v
+                .parse::<f64>()
+                .map_err(|_| at("the value is not a number"))?,
+        };
+        samples.push((name, labels, value));
+    }
+    Ok(samples)
+}
+
+#[test]
+fn the_prometheus_check_refuses_what_is_not_the_text_format() {
+    let good = "# HELP a_total A.\n# TYPE a_total counter\na_total{pool=\"default\"} 3\n\
+                # TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\nh_sum 0.5\nh_count 1\n";
+    assert_eq!(parse_prometheus(good).unwrap().len(), 4);
+    for bad in [
+        "a_total 3\n",                                       // no TYPE
+        "# TYPE a_total counter\na_total{pool=default} 3\n", // unquoted label
+        "# TYPE a_total counter\na_total three\n",           // not a number
+        "# TYPE a_total counter\n# TYPE a_total gauge\n",    // two types
+        "# TYPE a_total countr\n",                           // unknown type
+        "<html>metrics</html>\n",
+    ] {
+        assert!(parse_prometheus(bad).is_err(), "accepted {bad:?}");
+    }
+}
+
+/// Sum of the samples named `name` whose labels include every pair of `with`.
+fn sum(samples: &[Sample], name: &str, with: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|(n, l, _)| {
+            n == name
+                && with
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+fn has(samples: &[Sample], name: &str) -> bool {
+    samples.iter().any(|(n, _, _)| n == name)
+}
+
+fn metrics(port: u16) -> Vec<Sample> {
+    let (status, body) = http_get(port, "/metrics").expect("/metrics answers");
+    assert_eq!(status, 200, "{body}");
+    parse_prometheus(&body).unwrap_or_else(|e| panic!("/metrics is not Prometheus text: {e}"))
+}
+
+struct Worker {
+    child: Child,
+    port: u16,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Worker {
+    /// `skein worker --http 127.0.0.1:PORT` on `url`, started and ready.
+    fn start(url: &str, name: &str, config: &Path, env: &[(&str, &str)], args: &[&str]) -> Self {
+        let port = free_port();
+        let mut c = Command::new(bin());
+        c.arg("--config")
+            .arg(config)
+            .args(["--nats", url, "worker", "--concurrency", "8"])
+            .args(["--http", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .env("SKEIN_TOKEN_SECRET", SECRET)
+            .env("SKEIN__RUNTIME__WORKER_ID", name)
+            .env("SKEIN_LOG", "warn")
+            .env_remove("SKEIN_LOG_FORMAT")
+            .env_remove("SKEIN_HTTP_ADDR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().expect("worker starts");
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let log = Arc::new(Mutex::new(vec![]));
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if err.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("worker {name} exited before it was ready");
+            }
+            log.lock().unwrap().push(line.trim_end().to_string());
+            if line.contains(" ready: ") {
+                break;
+            }
+        }
+        let l = log.clone();
+        std::thread::spawn(move || {
+            for line in err.lines().map_while(Result::ok) {
+                l.lock().unwrap().push(line);
+            }
+        });
+        Self { child, port, log }
+    }
+
+    fn logged(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn submit(url: &str, config: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .arg("--config")
+        .arg(config)
+        .args(["--nats", url, "submit"])
+        .args(args)
+        .env("SKEIN_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("skein submit runs")
+}
+
+/// One worker with `--http` runs the demo tree: /metrics parses as Prometheus text and its
+/// counts agree with the tree's logs; a rejected submission is counted by reason; /readyz
+/// turns false when nats-server stops and true once it is back, and the reconnect is logged
+/// and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_a_trees_steps_and_readiness_follows_nats() {
+    let mut server = NatsServer::start();
+    let url = server.url();
+    let w = Worker::start(&url, "ops-1", &demo_config(), &[], &[]);
+    assert_eq!(http_get(w.port, "/healthz").map(|r| r.0), Some(200));
+    wait_status(w.port, "/readyz", 200, Duration::from_secs(20));
+
+    let id = format!("ops-{}", common::cluster::tag());
+    let out = submit(
+        &url,
+        &demo_config(),
+        &[
+            "--id",
+            &id,
+            "--no-cache",
+            "--wait",
+            "--json",
+            "Brief on event sourcing",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rejected = submit(
+        &url,
+        &demo_config(),
+        &["--agent", "nosuch", "--wait", "a mission"],
+    );
+    assert!(!rejected.status.success());
+
+    // What the logs say happened.
+    let st = store(&url, 1).await;
+    let b = st.backend();
+    let root = SessionId::root(&id).unwrap();
+    let sessions = b.log.tree(&root).await.unwrap();
+    assert_eq!(sessions.len(), 5, "the demo tree");
+    let (mut model_calls, mut completed, mut input_tokens, mut output_tokens) = (0, 0, 0, 0);
+    let mut models = std::collections::BTreeSet::new();
+    for s in &sessions {
+        for r in b.log.read(s, 1).await.unwrap() {
+            match &r.env.body {
+                Event::ModelCalled(m) => {
+                    model_calls += 1;
+                    input_tokens += m.usage.input_tokens;
+                    output_tokens += m.usage.output_tokens;
+                    models.insert(m.model.clone());
+                }
+                Event::Completed(_) => completed += 1,
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(completed, 5);
+    assert!(model_calls >= 10, "{model_calls}");
+
+    let m = metrics(w.port);
+    let count = |name: &str, with: &[(&str, &str)]| sum(&m, name, with);
+    assert_eq!(
+        count(
+            "skein_step_duration_seconds_count",
+            &[("kind", "call_model")]
+        ),
+        model_calls as f64,
+        "a call_model step per ModelCalled"
+    );
+    assert_eq!(
+        count("skein_step_duration_seconds_count", &[("kind", "complete")]),
+        completed as f64
+    );
+    assert_eq!(
+        count(
+            "skein_model_call_duration_seconds_count",
+            &[("outcome", "ok")]
+        ),
+        model_calls as f64
+    );
+    for model in &models {
+        assert!(
+            count(
+                "skein_model_call_duration_seconds_count",
+                &[("model", model)]
+            ) > 0.0,
+            "no latency for {model}"
+        );
+    }
+    assert_eq!(
+        count("skein_model_tokens_total", &[("direction", "input")]),
+        input_tokens as f64
+    );
+    assert_eq!(
+        count("skein_model_tokens_total", &[("direction", "output")]),
+        output_tokens as f64
+    );
+    let claimed = count("skein_jobs_claimed_total", &[("pool", "default")]);
+    let acked = count("skein_jobs_acked_total", &[("pool", "default")]);
+    assert!(claimed >= sessions.len() as f64, "claimed {claimed}");
+    assert!(
+        acked >= sessions.len() as f64 && acked <= claimed,
+        "acked {acked} of {claimed}"
+    );
+    assert_eq!(count("skein_intake_accepted_total", &[]), 1.0);
+    assert_eq!(
+        count(
+            "skein_intake_rejected_total",
+            &[("reason", "unknown_agent")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        count("skein_sessions_in_flight", &[("pool", "default")]),
+        0.0
+    );
+    assert!(has(&m, "skein_queue_depth"), "queue depth per pool");
+    assert_eq!(count("skein_queue_depth", &[("pool", "default")]), 0.0);
+    assert_eq!(count("skein_ready", &[]), 1.0);
+    assert_eq!(count("skein_nats_reconnects_total", &[]), 0.0);
+
+    // NATS goes away: not ready, and the worker says why, at warn level.
+    server.kill9();
+    let body = wait_status(w.port, "/readyz", 503, Duration::from_secs(10));
+    assert!(body.contains("NATS"), "{body}");
+    assert_eq!(
+        http_get(w.port, "/healthz").map(|r| r.0),
+        Some(200),
+        "alive all the same"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let logged = w.logged();
+    assert!(
+        logged.contains("WARN") && logged.contains("lost the connection to NATS"),
+        "{logged}"
+    );
+    assert!(
+        logged.contains("cannot reach NATS; trying again"),
+        "{logged}"
+    );
+    assert_eq!(sum(&metrics(w.port), "skein_ready", &[]), 0.0);
+
+    // Back: ready again, and the reconnect counted.
+    server.restart();
+    wait_status(w.port, "/readyz", 200, Duration::from_secs(30));
+    let m = metrics(w.port);
+    assert!(sum(&m, "skein_nats_reconnects_total", &[]) >= 1.0);
+    assert!(w.logged().contains("connected to NATS again"));
+}
+
+/// SIGTERM while a 10 s model call is in flight: the worker abandons the call, hands its
+/// job back and exits long before the call would have ended; the other worker takes the
+/// job within moments (the lease is a minute) and completes the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_a_model_call_in_flight_to_another_worker_at_once() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "slow",
+        "",
+        "turns:\n  - answer: \"done after a long think\"\n    latency_ms: 10000\n",
+    );
+    let server = NatsServer::start();
+    let url = server.url();
+    let env = [("SKEIN__RUNTIME__LEASE", "60s")];
+    let a = Worker::start(
+        &url,
+        "worker-a",
+        &sb.config(),
+        &env,
+        &["--drain-timeout", "20s"],
+    );
+    let id = format!("drain-{}", common::cluster::tag());
+    let out = submit(
+        &url,
+        &sb.config(),
+        &["--agent", "slow", "--id", &id, "think"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Worker A holds the job and is in its model call.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while sum(
+        &metrics(a.port),
+        "skein_sessions_in_flight",
+        &[("pool", "default")],
+    ) < 1.0
+    {
+        assert!(Instant::now() < deadline, "worker A never took the job");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let b = Worker::start(&url, "worker-b", &sb.config(), &env, &[]);
+
+    let mut a = a;
+    let term = Instant::now();
+    a.signal("-TERM");
+    let status = loop {
+        if let Some(s) = a.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            term.elapsed() < Duration::from_secs(20),
+            "worker A did not exit within its drain timeout"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let exited = term.elapsed();
+    assert!(
+        status.success(),
+        "a drained worker exits 0: {status}\n{}",
+        a.logged()
+    );
+    assert!(
+        exited < Duration::from_secs(5),
+        "worker A waited for its model call ({exited:?}) instead of handing it back"
+    );
+    assert!(
+        a.logged().contains("model calls in flight are handed back"),
+        "{}",
+        a.logged()
+    );
+
+    // Worker B has it at once: a redelivery, long before the 60 s lease.
+    while sum(
+        &metrics(b.port),
+        "skein_jobs_redelivered_total",
+        &[("pool", "default")],
+    ) < 1.0
+    {
+        assert!(
+            term.elapsed() < Duration::from_secs(4),
+            "worker B did not get the job within moments of the SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = store(&url, 1).await;
+    let backend = st.backend();
+    let root = SessionId::root(&id).unwrap();
+    loop {
+        let last = backend.log.last(&root).await.unwrap();
+        if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
+            break;
+        }
+        assert!(
+            term.elapsed() < Duration::from_secs(16),
+            "the session did not complete on worker B within its 10 s call and a moment"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let records = backend.log.read(&root, 1).await.unwrap();
+    let calls: Vec<&str> = records
+        .iter()
+        .filter_map(|r| match &r.env.body {
+            Event::ModelCalled(m) => Some(m.worker.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        ["worker-b"],
+        "the abandoned call left nothing in the log"
+    );
+    assert!(matches!(
+        records.last().unwrap().env.body,
+        Event::Completed(_)
+    ));
+    drop(b);
+}
+
+/// A read command against an address where no NATS server listens fails, saying so,
+/// instead of waiting for ever.
+#[test]
+fn read_commands_give_up_on_an_unreachable_server() {
+    let port = free_port();
+    let started = Instant::now();
+    let mut child = Command::new(bin())
+        .args(["--nats", &format!("nats://127.0.0.1:{port}"), "sessions"])
+        .env("SKEIN_LOG", "warn")
+        .env("SKEIN_TOKEN_SECRET", SECRET)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("`skein sessions` still waits for an unreachable server after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(
+        err.contains(&format!("cannot reach NATS at nats://127.0.0.1:{port}"))
+            && err.contains("within 10s"),
+        "{err}"
+    );
+}
+
+/// `SKEIN_LOG_FORMAT=json`: every diagnostic line is one JSON object; text diagnostics
+/// written to a pipe carry no colour codes.
+#[test]
+fn logs_are_json_lines_or_plain_text_off_a_terminal() {
+    let sb = Sandbox::new();
+    sb.agent("solo", "", "turns:\n  - answer: \"hello\"\n");
+    let run = |format: &str| {
+        let out = skein(&sb.config(), &sb.data())
+            .args([
+                "run",
+                "--agent",
+                "solo",
+                "--json",
+                "--no-cache",
+                "say hello",
+            ])
+            .env("SKEIN_LOG", "skein_runtime=debug")
+            .env("SKEIN_LOG_FORMAT", format)
+            .env_remove("NO_COLOR")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let json = run("json");
+    let lines: Vec<&str> = json.lines().filter(|l| !l.is_empty()).collect();
+    assert!(lines.len() >= 2, "{json}");
+    for l in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"));
+        assert_eq!(v["level"], "DEBUG", "{l}");
+        assert!(
+            v["target"].as_str().unwrap().starts_with("skein_runtime"),
+            "{l}"
+        );
+        assert!(v["fields"]["message"].is_string(), "{l}");
+    }
+    let text = run("text");
+    assert!(text.contains("DEBUG") && text.contains("step"), "{text}");
+    assert!(!text.contains('\u{1b}'), "colour codes in a pipe: {text:?}");
+
+    let bad = skein(&sb.config(), &sb.data())
+        .args(["sessions"])
+        .env("SKEIN_LOG_FORMAT", "yaml")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("yaml"));
+}
+
+/// `skein cancel` on the embedded store: a tree paused for a person is cancelled, its
+/// question leaves the inbox and its token no longer answers, a second cancel has nothing
+/// to do, and an unknown id is an error naming it.
+#[test]
+fn cancel_works_on_the_embedded_store() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "asker",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args:\n          questions: [{key: who, question: \"Who?\"}]\n  - answer: \"hi {{ results[0].answers.who }}\"\n",
+    );
+    let out = skein(&sb.config(), &sb.data())
+        .args(["run", "--agent", "asker", "--json", "greet"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "paused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = json_of(&out)["session"].as_str().unwrap().to_string();
+
+    let inbox = run_ok({
+        let mut c = skein(&sb.config(), &sb.data());
+        c.args(["inbox", "--json"]);
+        c
+    });
+    let token = json_of(&inbox)[0]["token"].as_str().unwrap().to_string();
+    let out = run_ok({
+        let mut c = skein(&sb.config(), &sb.data());
+        c.args(["cancel", &id, "--reason", "not needed", "--json"]);
+        c
+    });
+    assert_eq!(json_of(&out)["cancelled"], 1);
+    let status = run_ok({
+        let mut c = skein(&sb.config(), &sb.data());
+        c.args(["sessions", "--json"]);
+        c
+    });
+    let rows = json_of(&status);
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["session"] == id.as_str())
+        .unwrap();
+    assert_eq!(row["status"], "cancelled", "{row}");
+    let inbox = run_ok({
+        let mut c = skein(&sb.config(), &sb.data());
+        c.args(["inbox", "--json"]);
+        c
+    });
+    assert_eq!(json_of(&inbox), serde_json::json!([]));
+    let answer = skein(&sb.config(), &sb.data())
+        .args(["answer", &token, "--set", "who=Ada"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        answer.status.code(),
+        Some(1),
+        "a cancelled session takes no answer"
+    );
+
+    let again = run_ok({
+        let mut c = skein(&sb.config(), &sb.data());
+        c.args(["cancel", &id]);
+        c
+    });
+    assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to cancel"));
+
+    let missing = skein(&sb.config(), &sb.data())
+        .args(["cancel", "nosuch"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no session nosuch"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+}
