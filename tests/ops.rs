@@ -544,6 +544,86 @@ async fn sigterm_hands_a_model_call_in_flight_to_another_worker_at_once() {
     drop(b);
 }
 
+/// The sessions' traceparents: (trace id, span id) of each, root first.
+async fn traces(url: &str, root: &SessionId) -> Vec<(u128, u64)> {
+    let st = store(url, 1).await;
+    let b = st.backend();
+    let mut out = vec![];
+    for s in b.log.tree(root).await.unwrap() {
+        let first = b.log.read(&s, 1).await.unwrap();
+        let Event::Submitted(sub) = &first[0].env.body else {
+            panic!("{s}: first is not Submitted")
+        };
+        let tp = sub
+            .trace
+            .as_deref()
+            .unwrap_or_else(|| panic!("{s}: no trace"));
+        let (t, span, _) = skein_runtime::trace::parse(tp).unwrap_or_else(|| panic!("{s}: {tp}"));
+        out.push((t, span));
+    }
+    out
+}
+
+/// A submission's traceparent — a `traceparent` header, or a field of the payload —
+/// continues the caller's trace: every session of the tree records the caller's trace id,
+/// with a span id of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submissions_traceparent_is_continued_with_a_span_per_session() {
+    const TRACE: u128 = 0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736;
+    const CALLER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let server = NatsServer::start();
+    let url = server.url();
+    let _w = Worker::start(&url, "trace-1", &demo_config(), &[], &[]);
+    let by_header = SessionId::root(&format!("tp-h-{}", common::cluster::tag())).unwrap();
+    let out = submit(
+        &url,
+        &demo_config(),
+        &[
+            "--id",
+            by_header.as_str(),
+            "--no-cache",
+            "--traceparent",
+            CALLER,
+            "--wait",
+            "Brief on tracing",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let by_payload = SessionId::root(&format!("tp-p-{}", common::cluster::tag())).unwrap();
+    let payload = serde_json::json!({"agent": "orchestrator", "mission": "Brief on spans",
+        "id": by_payload.as_str(), "no_cache": true, "traceparent": CALLER});
+    common::cluster::raw_publish(
+        &url,
+        "skein.missions.submit",
+        &[payload.to_string().into_bytes()],
+    );
+    common::cluster::wait_all(&url, 1, &[by_payload.clone()], Duration::from_secs(60)).await;
+    for root in [&by_header, &by_payload] {
+        let spans = traces(&url, root).await;
+        assert_eq!(spans.len(), 5, "{root}");
+        let mut ids = std::collections::BTreeSet::new();
+        for (t, s) in &spans {
+            assert_eq!(*t, TRACE, "{root}: a session left the caller's trace");
+            assert_ne!(
+                *s, 0x00f0_67aa_0ba9_02b7,
+                "{root}: the caller's own span id"
+            );
+            assert!(ids.insert(*s), "{root}: two sessions share span {s:016x}");
+        }
+    }
+    let bad = submit(
+        &url,
+        &demo_config(),
+        &["--traceparent", "not-a-traceparent", "x"],
+    );
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a W3C traceparent"));
+}
+
 /// A read command against an address where no NATS server listens fails, saying so,
 /// instead of waiting for ever.
 #[test]

@@ -201,6 +201,11 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
     let outcome = match parse(&msg.payload, ctype.as_deref(), msg_id.as_deref()) {
         Err(reason) => Err(("malformed", reason)),
         Ok(mut sub) => {
+            // A `traceparent` header continues the caller's trace, unless the payload
+            // names one itself.
+            if sub.traceparent.is_none() {
+                sub.traceparent = get("traceparent");
+            }
             if sub.id.is_none() {
                 sub.id = Some(derived_id(published, seq));
             }

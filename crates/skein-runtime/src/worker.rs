@@ -98,6 +98,9 @@ pub struct Submission {
     pub budget: Option<Budget>,
     #[serde(default)]
     pub no_cache: bool,
+    /// The caller's W3C traceparent: the tree continues its trace (else a new one starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// One line of live progress.
@@ -164,14 +167,6 @@ pub struct Runtime {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A W3C traceparent with fresh ids.
-fn new_traceparent() -> String {
-    let mut rng = rand::thread_rng();
-    let trace: u128 = rng.gen::<u128>().max(1);
-    let span: u64 = rng.gen::<u64>().max(1);
-    format!("00-{trace:032x}-{span:016x}-01")
 }
 
 fn outcome_of(terminal: &Event) -> Option<Outcome> {
@@ -319,7 +314,7 @@ impl Runtime {
             parent: None,
             depth: 0,
             budget,
-            trace: Some(new_traceparent()),
+            trace: Some(crate::trace::continue_or_start(sub.traceparent.as_deref())),
             ancestry: vec![],
             no_cache: sub.no_cache,
             forked_from: None,
@@ -876,7 +871,7 @@ impl Runtime {
                 }),
                 depth: d.depth,
                 budget: d.budget,
-                trace: parent_sub.trace.clone(),
+                trace: Some(crate::trace::continue_or_start(parent_sub.trace.as_deref())),
                 ancestry: d.ancestry.clone(),
                 no_cache: parent_sub.no_cache || d.grant.is_some(),
                 forked_from: None,

@@ -58,6 +58,10 @@ pub struct SubmitArgs {
     pub inputs: Option<String>,
     #[arg(long)]
     pub no_cache: bool,
+    /// Continue this W3C trace (`00-<trace id>-<span id>-<flags>`): sent as the
+    /// `traceparent` header; the tree's sessions become spans of that trace.
+    #[arg(long, value_name = "TRACEPARENT")]
+    pub traceparent: Option<String>,
     /// Wait for the tree to end and print its result.
     #[arg(long)]
     pub wait: bool,
@@ -219,6 +223,13 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
     let mut rejected = client.subscribe(skein_nats::intake::REJECTED).await?;
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Nats-Msg-Id", id.as_str());
+    if let Some(tp) = &a.traceparent {
+        anyhow::ensure!(
+            skein_runtime::trace::parse(tp).is_some(),
+            "--traceparent `{tp}` is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"
+        );
+        headers.insert("traceparent", tp.as_str());
+    }
     store
         .js
         .publish_with_headers(
