@@ -565,8 +565,8 @@ async fn traces(url: &str, root: &SessionId) -> Vec<(u128, u64)> {
 }
 
 /// A submission's traceparent — a `traceparent` header, or a field of the payload —
-/// continues the caller's trace: every session of the tree records the caller's trace id,
-/// with a span id of its own.
+/// continues the caller's trace: the root records it, and every other session of the tree
+/// records the caller's trace id with a span id of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submissions_traceparent_is_continued_with_a_span_per_session() {
     const TRACE: u128 = 0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736;
@@ -601,12 +601,23 @@ async fn a_submissions_traceparent_is_continued_with_a_span_per_session() {
         "skein.missions.submit",
         &[payload.to_string().into_bytes()],
     );
-    common::cluster::wait_all(&url, 1, &[by_payload.clone()], Duration::from_secs(60)).await;
+    common::cluster::wait_all(
+        &url,
+        1,
+        std::slice::from_ref(&by_payload),
+        Duration::from_secs(60),
+    )
+    .await;
     for root in [&by_header, &by_payload] {
         let spans = traces(&url, root).await;
         assert_eq!(spans.len(), 5, "{root}");
+        assert_eq!(
+            spans[0],
+            (TRACE, 0x00f0_67aa_0ba9_02b7),
+            "{root}: the caller's context"
+        );
         let mut ids = std::collections::BTreeSet::new();
-        for (t, s) in &spans {
+        for (t, s) in &spans[1..] {
             assert_eq!(*t, TRACE, "{root}: a session left the caller's trace");
             assert_ne!(
                 *s, 0x00f0_67aa_0ba9_02b7,
@@ -793,4 +804,372 @@ fn cancel_works_on_the_embedded_store() {
         "{}",
         String::from_utf8_lossy(&missing.stderr)
     );
+}
+
+/// Spans an in-test OTLP/HTTP receiver got: each decoded from the protobuf body of an
+/// export request, with the `service.instance.id` of the process that sent it.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<(String, opentelemetry_proto::tonic::trace::v1::Span)>>>,
+    port: u16,
+}
+
+impl Receiver {
+    fn start() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let r = Receiver {
+            spans: Arc::default(),
+            port: listener.local_addr().unwrap().port(),
+        };
+        let spans = r.spans.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().map_while(Result::ok) {
+                let spans = spans.clone();
+                std::thread::spawn(move || serve_otlp(conn, spans));
+            }
+        });
+        r
+    }
+
+    fn spans(&self) -> Vec<(String, opentelemetry_proto::tonic::trace::v1::Span)> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+/// Answers OTLP/HTTP export requests on one connection (keep-alive) until it closes.
+fn serve_otlp(
+    conn: TcpStream,
+    spans: Arc<Mutex<Vec<(String, opentelemetry_proto::tonic::trace::v1::Span)>>>,
+) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use prost::Message;
+    let mut w = conn.try_clone().unwrap();
+    let mut r = BufReader::new(conn);
+    loop {
+        let mut len = 0usize;
+        let mut path = String::new();
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if path.is_empty() {
+                path = l.to_string();
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().unwrap();
+                }
+                assert!(
+                    !k.eq_ignore_ascii_case("content-encoding"),
+                    "a compressed export: {l}"
+                );
+            }
+        }
+        let mut body = vec![0u8; len];
+        r.read_exact(&mut body).unwrap();
+        assert!(path.starts_with("POST /v1/traces "), "{path}");
+        let req = ExportTraceServiceRequest::decode(body.as_slice()).expect("OTLP protobuf");
+        for rs in req.resource_spans {
+            let instance = rs
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.instance.id")
+                .and_then(|a| a.value.as_ref()?.value.as_ref())
+                .map(|v| match v {
+                    Value::StringValue(s) => s.clone(),
+                    other => format!("{other:?}"),
+                })
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                for s in ss.spans {
+                    spans.lock().unwrap().push((instance.clone(), s));
+                }
+            }
+        }
+        let _ = w.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n",
+        );
+    }
+}
+
+fn attr(s: &opentelemetry_proto::tonic::trace::v1::Span, key: &str) -> Option<String> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    let v = s
+        .attributes
+        .iter()
+        .find(|a| a.key == key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?;
+    Some(match v {
+        Value::StringValue(s) => s.clone(),
+        Value::IntValue(i) => i.to_string(),
+        Value::DoubleValue(d) => d.to_string(),
+        Value::BoolValue(b) => b.to_string(),
+        other => format!("{other:?}"),
+    })
+}
+
+/// The acceptance run of tracing: two workers (one per pool, so both take part) export
+/// to an in-test OTLP receiver; a tree submitted with a traceparent yields one trace —
+/// the caller's — with a span per session, model call, tool call and delegation, from
+/// both workers, each linked to the right parent; and the jobs, notices and result the
+/// tree published carry its trace context in a `traceparent` header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_is_one_trace_across_workers() {
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const CALLER_SPAN: &str = "00f067aa0ba902b7";
+    let caller = format!("00-{TRACE}-{CALLER_SPAN}-01");
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "pool: front\nagents: [helper]\n",
+        "turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: 2\n        args: {agent: helper, mission: \"look {{ i }}\"}\n  - answer: \"{{ results | length }} looked\"\n",
+    )
+    .agent(
+        "helper",
+        "pool: back\ntools: [list_dir]\n",
+        "turns:\n  - tool_calls:\n      - tool: list_dir\n        args: {path: \".\"}\n  - answer: \"seen\"\n",
+    );
+    let rx = Receiver::start();
+    let server = NatsServer::start();
+    let url = server.url();
+    let endpoint = format!("http://127.0.0.1:{}", rx.port);
+    let otel = |who: &str| {
+        vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100".to_string()),
+            ("OTEL_SERVICE_NAME", "skein-worker".to_string()),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                format!("service.instance.id={who}"),
+            ),
+        ]
+    };
+    let env_a = otel("worker-a");
+    let env_b = otel("worker-b");
+    let ea: Vec<(&str, &str)> = env_a.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let eb: Vec<(&str, &str)> = env_b.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let _a = Worker::start(&url, "worker-a", &sb.config(), &ea, &["--pools", "front"]);
+    let _b = Worker::start(&url, "worker-b", &sb.config(), &eb, &["--pools", "back"]);
+
+    // Everything the tree publishes, with headers.
+    let client = async_nats::connect(&url).await.unwrap();
+    let mut published = futures::stream::select_all([
+        client.subscribe("skein.jobs.>").await.unwrap(),
+        client.subscribe("skein.notices.>").await.unwrap(),
+        client.subscribe("skein.results.>").await.unwrap(),
+    ]);
+    client.flush().await.unwrap();
+
+    let id = format!("otel-{}", common::cluster::tag());
+    let out = submit(
+        &url,
+        &sb.config(),
+        &[
+            "--agent",
+            "boss",
+            "--id",
+            &id,
+            "--traceparent",
+            &caller,
+            "--wait",
+            "look around",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The logs: the sessions and their model calls.
+    let st = store(&url, 1).await;
+    let b = st.backend();
+    let root = SessionId::root(&id).unwrap();
+    let sessions = b.log.tree(&root).await.unwrap();
+    assert_eq!(sessions.len(), 3);
+    let mut model_calls = 0;
+    for s in &sessions {
+        model_calls += b
+            .log
+            .read(s, 1)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| matches!(r.env.body, Event::ModelCalled(_)))
+            .count();
+    }
+    assert_eq!(model_calls, 6);
+
+    // Wait for the spans: 3 sessions, 6 model calls, 2 tool calls, 2 delegations.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let spans = loop {
+        let spans = rx.spans();
+        if spans.len() >= 13 {
+            std::thread::sleep(Duration::from_millis(500));
+            break rx.spans();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} spans arrived",
+            spans.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    assert_eq!(
+        spans.len(),
+        13,
+        "{:#?}",
+        spans.iter().map(|(_, s)| &s.name).collect::<Vec<_>>()
+    );
+    let mut ids = std::collections::BTreeSet::new();
+    for (_, s) in &spans {
+        assert_eq!(
+            hex(&s.trace_id),
+            TRACE,
+            "{} left the caller's trace",
+            s.name
+        );
+        assert!(
+            ids.insert(hex(&s.span_id)),
+            "span id {} twice",
+            hex(&s.span_id)
+        );
+    }
+    // Session spans, by session, with the worker that ended each.
+    let session_span = |sid: &SessionId| {
+        spans
+            .iter()
+            .find(|(_, s)| {
+                s.name.starts_with("invoke_agent ")
+                    && attr(s, "skein.session").as_deref() == Some(sid.as_str())
+            })
+            .unwrap_or_else(|| panic!("no span for session {sid}"))
+    };
+    let (who, root_span) = session_span(&root);
+    assert_eq!(who, "worker-a");
+    assert_eq!(
+        hex(&root_span.parent_span_id),
+        CALLER_SPAN,
+        "the root continues the caller"
+    );
+    assert_eq!(
+        attr(root_span, "gen_ai.agent.name").as_deref(),
+        Some("boss")
+    );
+    let root_id = hex(&root_span.span_id);
+    for child in sessions.iter().filter(|s| **s != root) {
+        let (who, span) = session_span(child);
+        assert_eq!(who, "worker-b", "{child}");
+        assert_eq!(
+            hex(&span.parent_span_id),
+            root_id,
+            "{child}: parent is the root's span"
+        );
+    }
+    let span_of = |sid: &str| {
+        sessions
+            .iter()
+            .find(|s| s.as_str() == sid)
+            .map(|s| hex(&session_span(s).1.span_id))
+            .unwrap_or_else(|| panic!("unknown session {sid}"))
+    };
+    let named = |prefix: &str| -> Vec<&(String, opentelemetry_proto::tonic::trace::v1::Span)> {
+        spans
+            .iter()
+            .filter(|(_, s)| s.name.starts_with(prefix))
+            .collect()
+    };
+    let chats = named("chat ");
+    assert_eq!(chats.len(), model_calls);
+    for (who, s) in &chats {
+        let sid = attr(s, "skein.session").unwrap();
+        assert_eq!(hex(&s.parent_span_id), span_of(&sid), "{}", s.name);
+        assert_eq!(attr(s, "gen_ai.operation.name").as_deref(), Some("chat"));
+        assert_eq!(attr(s, "gen_ai.provider.name").as_deref(), Some("scripted"));
+        let model = attr(s, "gen_ai.request.model").unwrap();
+        assert_eq!(
+            who,
+            if model == "boss" {
+                "worker-a"
+            } else {
+                "worker-b"
+            }
+        );
+        assert!(
+            attr(s, "gen_ai.usage.input_tokens")
+                .unwrap()
+                .parse::<i64>()
+                .unwrap()
+                > 0
+        );
+        assert!(attr(s, "gen_ai.usage.output_tokens").is_some());
+        assert!(attr(s, "skein.cost_usd").is_some());
+        assert!(s.end_time_unix_nano >= s.start_time_unix_nano);
+    }
+    let tools = named("execute_tool ");
+    assert_eq!(tools.len(), 2);
+    for (who, s) in &tools {
+        assert_eq!(who, "worker-b");
+        assert_eq!(attr(s, "gen_ai.tool.name").as_deref(), Some("list_dir"));
+        assert_eq!(
+            hex(&s.parent_span_id),
+            span_of(&attr(s, "skein.session").unwrap())
+        );
+    }
+    let delegations = named("delegate ");
+    assert_eq!(delegations.len(), 2);
+    for (who, s) in &delegations {
+        assert_eq!(who, "worker-a");
+        assert_eq!(hex(&s.parent_span_id), root_id);
+        let child = attr(s, "skein.child").unwrap();
+        assert_eq!(s.links.len(), 1);
+        assert_eq!(
+            hex(&s.links[0].span_id),
+            span_of(&child),
+            "links to the child's span"
+        );
+    }
+
+    // Jobs, notices and the result carry the trace context.
+    let mut seen = BTreeMap::new();
+    while let Ok(Some(m)) = tokio::time::timeout(
+        Duration::from_millis(300),
+        futures::StreamExt::next(&mut published),
+    )
+    .await
+    {
+        let kind = m
+            .subject
+            .as_str()
+            .split('.')
+            .nth(1)
+            .unwrap_or("")
+            .to_string();
+        let tp = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("traceparent"))
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_else(|| panic!("{} published without a traceparent", m.subject));
+        let (t, _, _) = skein_runtime::trace::parse(&tp).unwrap();
+        assert_eq!(format!("{t:032x}"), TRACE, "{}", m.subject);
+        *seen.entry(kind).or_insert(0) += 1;
+    }
+    for kind in ["jobs", "notices", "results"] {
+        assert!(
+            seen.get(kind).copied().unwrap_or(0) > 0,
+            "no {kind} seen: {seen:?}"
+        );
+    }
 }

@@ -16,6 +16,7 @@ pub mod app;
 pub mod commands;
 pub mod config;
 pub mod http;
+pub mod otel;
 pub mod out;
 pub mod render;
 
@@ -262,6 +263,13 @@ pub fn main() -> ExitCode {
             && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
         fmt.with_ansi(colour).init();
     }
+    let traces = match otel::install() {
+        Ok(t) => t,
+        Err(e) => {
+            errln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -276,6 +284,7 @@ pub fn main() -> ExitCode {
     // Work still in flight (a worker's abandoned step, a blocking tool) does not hold the
     // process: the command has decided its exit.
     rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    otel::shutdown(traces);
     match res {
         // The reader of our output has gone (`skein events ID | head -1`): that is how a
         // pipeline ends, not a failure.

@@ -52,6 +52,15 @@ fn nats_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Backend(format!("nats: {what}: {e}"))
 }
 
+/// Headers carrying the current trace context (the session being advanced), if any.
+fn trace_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Some(tp) = skein_runtime::spans::current() {
+        h.insert("traceparent", tp.as_str());
+    }
+    h
+}
+
 fn events_subject(s: &SessionId) -> String {
     format!("skein.events.{}", s.as_str())
 }
@@ -517,7 +526,7 @@ impl NatsStore {
         let mut delay = Duration::from_millis(100);
         let mut tries = 0;
         loop {
-            let mut h = HeaderMap::new();
+            let mut h = trace_headers();
             h.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, "0");
             let res = async {
                 self.js
@@ -1153,7 +1162,7 @@ impl Notices for NatsStore {
         let subject = format!("skein.notices.{}", parent.as_str());
         async {
             self.js
-                .publish(subject, Bytes::from(child.to_string()))
+                .publish_with_headers(subject, trace_headers(), Bytes::from(child.to_string()))
                 .await?
                 .await
         }
@@ -1201,7 +1210,11 @@ impl Announcer for NatsStore {
     async fn root_finished(&self, notice: &RootResult) -> Result<()> {
         let body = serde_json::to_vec(notice).map_err(|e| Error::Corrupt(e.to_string()))?;
         self.client
-            .publish(format!("skein.results.{}", notice.session), body.into())
+            .publish_with_headers(
+                format!("skein.results.{}", notice.session),
+                trace_headers(),
+                body.into(),
+            )
             .await
             .map_err(|e| nats_err("result", e))?;
         self.client

@@ -214,7 +214,7 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
             } else {
                 "invalid"
             };
-            match rt.submit(sub).await {
+            match skein_runtime::spans::scoped(rt.submit(sub)).await {
                 Ok(id) => {
                     tracing::info!(session = %id, "mission accepted");
                     skein_runtime::metrics::intake_accepted();

@@ -70,7 +70,7 @@ async fn serve(rt: &Runtime, endpoint: &str, body: &[u8]) -> Result<Value, Error
     match endpoint {
         "submit" => {
             let sub: Submission = serde_json::from_slice(body).map_err(parse_err)?;
-            let id = rt.submit(sub).await?;
+            let id = skein_runtime::spans::scoped(rt.submit(sub)).await?;
             Ok(json!({"session": id.to_string()}))
         }
         "status" => {

@@ -15,6 +15,7 @@ pub mod ports;
 pub mod replay;
 pub mod runtime_tools;
 pub mod sled_backend;
+pub mod spans;
 pub mod trace;
 pub mod work_loop;
 pub mod worker;

@@ -204,8 +204,13 @@ impl Runtime {
     }
 
     /// Processes one job: transient failures are retried in place, the job is acked on
-    /// success, handed back otherwise.
+    /// success, handed back otherwise. What the backend publishes meanwhile carries the
+    /// session's trace context.
     pub async fn handle(&self, job: Job) {
+        crate::spans::scoped(self.handle_job(job)).await
+    }
+
+    async fn handle_job(&self, job: Job) {
         let _in_flight = crate::metrics::InFlight::enter(&job.pool);
         let _held = {
             let mut h = self.loops.held.lock().unwrap_or_else(|p| p.into_inner());

@@ -314,7 +314,7 @@ impl Runtime {
             parent: None,
             depth: 0,
             budget,
-            trace: Some(crate::trace::continue_or_start(sub.traceparent.as_deref())),
+            trace: Some(crate::trace::for_root(&id, sub.traceparent.as_deref())),
             ancestry: vec![],
             no_cache: sub.no_cache,
             forked_from: None,
@@ -327,7 +327,8 @@ impl Runtime {
             .unwrap_or_else(|| DEFAULT_POOL.into());
         let hash = submitted.mission_hash.clone();
         let cacheable = !submitted.no_cache && def.cache_enabled();
-        if let Some(mut f) = self.create(&id, submitted).await? {
+        let mut created = self.create(&id, submitted).await?;
+        if let Some(f) = created.as_mut() {
             // A root mission answered before: record the hit; the worker completes it.
             if cacheable {
                 if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
@@ -339,9 +340,12 @@ impl Runtime {
                         saved: hit.usage,
                         steps: hit.steps,
                     };
-                    self.append(&mut f, Event::CacheHit(ev)).await?;
+                    self.append(f, Event::CacheHit(ev)).await?;
                 }
             }
+        }
+        if let Some(f) = &created {
+            crate::spans::set_current(&f.id, &f.state);
         }
         self.backend.jobs.push(&pool, &id).await?;
         Ok(id)
@@ -395,6 +399,9 @@ impl Runtime {
         }
         for r in &records {
             f.state.apply(&r.env);
+            if r.env.body.is_terminal() {
+                crate::spans::session_ended(&f.id, &f.state, r.env.at);
+            }
             let _ = self.progress.send(Progress {
                 session: f.id.clone(),
                 seq: r.env.seq,
@@ -461,6 +468,7 @@ impl Runtime {
     /// Advances one session as far as it can go. The caller acks the job on `Ok`.
     pub async fn process(&self, job: &Job) -> Result<()> {
         let (mut f, cold) = self.load(&job.session).await?;
+        crate::spans::set_current(&f.id, &f.state);
         // A redelivered job means a step may have stopped half way (its job pushes lost,
         // say): reconcile from the logs as on a cold load.
         let cold = cold || job.attempt > 1;
@@ -710,6 +718,15 @@ impl Runtime {
             started.elapsed(),
             result.as_ref().ok().map(|c| &c.usage),
         );
+        let outcome = match &result {
+            Ok(c) => crate::spans::ModelOutcome::Answered {
+                usage: &c.usage,
+                finish_reason: c.response.finish_reason.as_deref(),
+            },
+            Err(e) => crate::spans::ModelOutcome::Failed(e.to_string()),
+        };
+        let began = std::time::SystemTime::now() - started.elapsed();
+        crate::spans::model_call(&f.id, &f.state, &request.model, began, outcome);
         match result {
             Ok(mut c) => {
                 self.fix_call_ids(&f.state, &mut c.response);
@@ -774,6 +791,7 @@ impl Runtime {
     }
 
     async fn delegate(&self, f: &mut Folded, def: &AgentDef, ds: Vec<Delegation>) -> Result<()> {
+        let started = std::time::SystemTime::now();
         let Some(parent_sub) = f.state.submitted.clone() else {
             return Err(Error::NotFound(format!("{} has no Submitted event", f.id)));
         };
@@ -871,7 +889,10 @@ impl Runtime {
                 }),
                 depth: d.depth,
                 budget: d.budget,
-                trace: Some(crate::trace::continue_or_start(parent_sub.trace.as_deref())),
+                trace: Some(crate::trace::for_child(
+                    &d.child,
+                    parent_sub.trace.as_deref(),
+                )),
                 ancestry: d.ancestry.clone(),
                 no_cache: parent_sub.no_cache || d.grant.is_some(),
                 forked_from: None,
@@ -905,7 +926,9 @@ impl Runtime {
         for c in created {
             c?;
         }
+        let delegated = crate::spans::delegated(&parent_events);
         self.append_all(f, parent_events).await?;
+        crate::spans::delegations(&f.id, &f.state, started, &delegated);
         for (pool, child) in jobs {
             self.backend.jobs.push(&pool, &child).await?;
         }
@@ -1234,6 +1257,10 @@ impl Runtime {
         if to_run.is_empty() {
             return Ok(());
         }
+        let tools: HashMap<String, String> = to_run
+            .iter()
+            .map(|r| (r.call.clone(), r.tool.clone()))
+            .collect();
         let (parallel, serial): (Vec<ToolRun>, Vec<ToolRun>) = to_run
             .into_iter()
             .partition(|r| self.tools.parallel(&r.tool));
@@ -1247,7 +1274,10 @@ impl Runtime {
         let outs = self.with_heartbeat(job, work).await;
         let mut returned = vec![];
         for o in outs {
-            returned.push(Event::ToolReturned(o?));
+            let o = o?;
+            let tool = tools.get(&o.call).map_or("", String::as_str);
+            crate::spans::tool_call(&f.id, &f.state, tool, &o.call, o.ms, o.error);
+            returned.push(Event::ToolReturned(o));
         }
         self.append_all(f, returned).await
     }
