@@ -176,11 +176,35 @@ impl App {
         Ok(c)
     }
 
-    /// Connects to the cluster named by `--nats`.
+    /// Connects to the cluster named by `--nats`, or fails after [`CONNECT_LIMIT`] with
+    /// what went wrong: a command someone waits for must not hang on a server that is not
+    /// there.
     pub async fn nats(&self) -> Result<Arc<skein_nats::NatsStore>> {
         let lease = self.runtime_config_base()?.lease;
         let cfg = self.nats_config()?;
-        check_credentials(&cfg).await?;
+        let first = check_credentials(&cfg).await?;
+        match tokio::time::timeout(CONNECT_LIMIT, skein_nats::NatsStore::connect(&cfg, lease)).await
+        {
+            Ok(r) => r.with_context(|| format!("cannot reach NATS at {}", cfg.shown_urls())),
+            Err(_) => anyhow::bail!(
+                "cannot reach NATS at {}: no connection within {}s ({}); check that the \
+                 server runs and that --nats / SKEIN_NATS_URL names it",
+                cfg.shown_urls(),
+                CONNECT_LIMIT.as_secs(),
+                first.unwrap_or_else(|| "its JetStream did not answer".into())
+            ),
+        }
+    }
+
+    /// Connects to the cluster named by `--nats`, waiting as long as it takes (a worker
+    /// may start before its server); only refused credentials fail at once.
+    pub async fn nats_patient(&self) -> Result<Arc<skein_nats::NatsStore>> {
+        let lease = self.runtime_config_base()?.lease;
+        let cfg = self.nats_config()?;
+        if let Some(e) = check_credentials(&cfg).await? {
+            tracing::warn!(error = %e, urls = %cfg.shown_urls(),
+                "cannot reach NATS yet; trying until it answers");
+        }
         skein_nats::NatsStore::connect(&cfg, lease)
             .await
             .with_context(|| format!("cannot reach NATS at {}", cfg.shown_urls()))
@@ -207,17 +231,21 @@ impl App {
     }
 }
 
+/// How long a command other than `skein worker` tries to reach NATS.
+pub const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+
 /// One connection attempt with the configured credentials. The store's own connection
 /// retries forever (a worker may start before its server), so a server that refuses the
 /// credentials would leave a command waiting; this turns that into an error naming what
-/// to pass. Any other failure is left to the store's connection, which retries.
-async fn check_credentials(c: &skein_nats::NatsConfig) -> Result<()> {
+/// to pass. Any other failure is returned as text and left to the store's connection,
+/// which retries.
+async fn check_credentials(c: &skein_nats::NatsConfig) -> Result<Option<String>> {
     use async_nats::ConnectErrorKind;
     let (opts, urls, given) = skein_nats::backend::connect_options(c).await?;
     match opts.connect(urls).await {
         Ok(client) => {
             let _ = client.drain().await;
-            Ok(())
+            Ok(None)
         }
         Err(e)
             if matches!(
@@ -237,6 +265,6 @@ async fn check_credentials(c: &skein_nats::NatsConfig) -> Result<()> {
                 c.shown_urls()
             )
         }
-        Err(_) => Ok(()),
+        Err(e) => Ok(Some(config::scrub(&e.to_string()))),
     }
 }

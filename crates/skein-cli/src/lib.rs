@@ -15,6 +15,8 @@ use clap::{Args, Parser, Subcommand};
 pub mod app;
 pub mod commands;
 pub mod config;
+pub mod http;
+pub mod otel;
 pub mod out;
 pub mod render;
 
@@ -108,6 +110,16 @@ pub struct GlobalArgs {
     /// Log level filter for diagnostics on stderr (e.g. `info`, `skein_runtime=debug`).
     #[arg(long, global = true, env = "SKEIN_LOG", default_value = "warn")]
     pub log: String,
+    /// Diagnostics as `text` (colours only on a terminal, unless NO_COLOR is set) or `json`
+    /// (one JSON object per line).
+    #[arg(
+        long,
+        global = true,
+        env = "SKEIN_LOG_FORMAT",
+        default_value = "text",
+        value_parser = ["text", "json"]
+    )]
+    pub log_format: String,
 }
 
 impl GlobalArgs {
@@ -158,6 +170,7 @@ impl std::fmt::Debug for GlobalArgs {
             .field("nats_tls_required", &self.nats_tls_required)
             .field("dump_config", &self.dump_config)
             .field("log", &self.log)
+            .field("log_format", &self.log_format)
             .finish()
     }
 }
@@ -226,6 +239,8 @@ pub enum Command {
     Approve(commands::hitl::ApproveArgs),
     /// Deny a tool call waiting for approval (the model reads the denial).
     Deny(commands::hitl::ApproveArgs),
+    /// Cancel a session and every session under it (embedded store or cluster).
+    Cancel(commands::cancel::CancelArgs),
     /// Export a tree for auditors, or verify an export.
     #[command(subcommand)]
     Audit(commands::audit::AuditCmd),
@@ -237,10 +252,24 @@ pub fn main() -> ExitCode {
     config::register_secrets(cli.global.secrets());
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.global.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(ScrubbedStderr)
-        .init();
+        .with_writer(ScrubbedStderr);
+    if cli.global.log_format == "json" {
+        fmt.json().with_ansi(false).init();
+    } else {
+        use std::io::IsTerminal;
+        let colour = std::io::stderr().is_terminal()
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+        fmt.with_ansi(colour).init();
+    }
+    let traces = match otel::install() {
+        Ok(t) => t,
+        Err(e) => {
+            errln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -255,6 +284,7 @@ pub fn main() -> ExitCode {
     // Work still in flight (a worker's abandoned step, a blocking tool) does not hold the
     // process: the command has decided its exit.
     rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    otel::shutdown(traces);
     match res {
         // The reader of our output has gone (`skein events ID | head -1`): that is how a
         // pipeline ends, not a failure.

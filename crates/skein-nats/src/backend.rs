@@ -52,6 +52,15 @@ fn nats_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Backend(format!("nats: {what}: {e}"))
 }
 
+/// Headers carrying the current trace context (the session being advanced), if any.
+fn trace_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Some(tp) = skein_runtime::spans::current() {
+        h.insert("traceparent", tp.as_str());
+    }
+    h
+}
+
 fn events_subject(s: &SessionId) -> String {
     format!("skein.events.{}", s.as_str())
 }
@@ -304,6 +313,7 @@ pub async fn connect_client(cfg: &NatsConfig) -> Result<async_nats::Client> {
     let (opts, urls, _) = connect_options(cfg).await?;
     opts.retry_on_initial_connect()
         .max_reconnects(None)
+        .event_callback(crate::health::event_logger())
         .connect(urls)
         .await
         .map_err(|e| nats_err("connect", e))
@@ -573,7 +583,7 @@ impl NatsStore {
         let mut delay = Duration::from_millis(100);
         let mut tries = 0;
         loop {
-            let mut h = HeaderMap::new();
+            let mut h = trace_headers();
             h.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, "0");
             let res = async {
                 self.js
@@ -1080,7 +1090,9 @@ impl JobQueue for NatsStore {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&job.handle);
         if let Some(a) = acker {
-            a.ack_with(jetstream::AckKind::Nak(Some(delay)))
+            // No delay: delivered again at once (a draining worker hands its job on).
+            let delay = (!delay.is_zero()).then_some(delay);
+            a.ack_with(jetstream::AckKind::Nak(delay))
                 .await
                 .map_err(|e| nats_err("nak", e))?;
         }
@@ -1248,7 +1260,7 @@ impl Notices for NatsStore {
         let subject = format!("skein.notices.{}", parent.as_str());
         async {
             self.js
-                .publish(subject, Bytes::from(child.to_string()))
+                .publish_with_headers(subject, trace_headers(), Bytes::from(child.to_string()))
                 .await?
                 .await
         }
@@ -1296,7 +1308,11 @@ impl Announcer for NatsStore {
     async fn root_finished(&self, notice: &RootResult) -> Result<()> {
         let body = serde_json::to_vec(notice).map_err(|e| Error::Corrupt(e.to_string()))?;
         self.client
-            .publish(format!("skein.results.{}", notice.session), body.into())
+            .publish_with_headers(
+                format!("skein.results.{}", notice.session),
+                trace_headers(),
+                body.into(),
+            )
             .await
             .map_err(|e| nats_err("result", e))?;
         self.client

@@ -204,19 +204,30 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
     let ctype = get("Content-Type");
     let mut named = None;
     let outcome = match parse(&msg.payload, ctype.as_deref(), msg_id.as_deref()) {
-        Err(reason) => Err(reason),
+        Err(reason) => Err(("malformed", reason)),
         Ok(mut sub) => {
             named = sub.id.clone();
+            // A `traceparent` header continues the caller's trace, unless the payload
+            // names one itself.
+            if sub.traceparent.is_none() {
+                sub.traceparent = get("traceparent");
+            }
             if sub.id.is_none() {
                 sub.id = Some(derived_id(published, seq));
             }
-            match rt.submit(sub).await {
+            let kind = if rt.agents.get(&sub.agent).is_none() {
+                "unknown_agent"
+            } else {
+                "invalid"
+            };
+            match skein_runtime::spans::scoped(rt.submit(sub)).await {
                 Ok(id) => {
                     tracing::info!(session = %id, "mission accepted");
+                    skein_runtime::metrics::intake_accepted();
                     Ok(())
                 }
-                Err(Error::Rejected(reason)) => Err(reason),
-                Err(e @ Error::IdTaken { .. }) => Err(e.to_string()),
+                Err(Error::Rejected(reason)) => Err((kind, reason)),
+                Err(e @ Error::IdTaken { .. }) => Err(("id_taken", e.to_string())),
                 Err(e) => {
                     // The infrastructure failed, not the submission: try it again later.
                     tracing::warn!(error = %e, "intake failed; the submission will be delivered again");
@@ -228,7 +239,7 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
             }
         }
     };
-    if let Err(reason) = outcome {
+    if let Err((kind, reason)) = outcome {
         tracing::info!(seq, reason = %reason, "mission rejected");
         if !reject(
             store,
@@ -245,6 +256,7 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
                 .await;
             return;
         }
+        skein_runtime::metrics::intake_rejected(kind);
     }
     if let Err(e) = msg.double_ack().await {
         tracing::warn!(error = %e, "intake ack failed");

@@ -9,8 +9,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use skein_core::event::Cancelled;
-use skein_core::{Event, SessionId};
+use skein_core::SessionId;
 use skein_runtime::worker::{Runtime, Submission};
 use skein_runtime::{hitl, Error};
 use tokio::sync::watch;
@@ -27,7 +26,7 @@ fn service_error(e: &Error) -> async_nats::service::error::Error {
         Error::Rejected(_) | Error::Core(skein_core::Error::InvalidId(_)) => 400,
         Error::NotFound(_) => 404,
         Error::Conflict { .. } | Error::IdTaken { .. } => 409,
-        Error::Backend(_) => 503,
+        Error::Backend(_) | Error::Interrupted(_) => 503,
         Error::Corrupt(_) | Error::Core(_) => 500,
     };
     let status = e
@@ -64,66 +63,15 @@ struct ApproveReq {
     reason: Option<String>,
 }
 
-/// The status of a session, as JSON.
-pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value, Error> {
-    let records = rt.backend.log.read(id, 1).await?;
-    if records.is_empty() {
-        return Err(Error::NotFound(format!("no session {id}")));
-    }
-    let f = skein_runtime::inspect::fold_records(id, &records)?;
-    Ok(json!({
-        "session": id.to_string(),
-        "status": f.state.status.as_str(),
-        "answer": f.state.answer,
-        "error": f.state.error,
-        "steps": f.state.steps,
-        "usage": f.state.usage_total(),
-    }))
-}
-
-/// Cancels every unfinished session of the tree under `id`.
-pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize, Error> {
-    let mut n = 0;
-    let sessions: Vec<SessionId> = rt
-        .backend
-        .log
-        .tree(&id.root_id())
-        .await?
-        .into_iter()
-        .filter(|s| id.contains(s))
-        .collect();
-    if sessions.is_empty() {
-        return Err(Error::NotFound(format!("no session {id}")));
-    }
-    for s in sessions {
-        let (f, _) = rt.load(&s).await?;
-        if f.state.status.is_terminal() {
-            rt.keep_state(f);
-            continue;
-        }
-        let body = Event::Cancelled(Cancelled {
-            reason: reason.to_string(),
-        });
-        let f = hitl::append_from_outside(rt, f, body, |g| !g.state.status.is_terminal()).await?;
-        let pool = f
-            .state
-            .submitted
-            .as_ref()
-            .and_then(|x| x.pool.clone())
-            .unwrap_or_else(|| "default".into());
-        rt.keep_state(f);
-        rt.backend.jobs.push(&pool, &s).await?;
-        n += 1;
-    }
-    Ok(n)
-}
+// Shared with `skein cancel` and the embedded backend.
+pub use skein_runtime::control::{cancel, status};
 
 async fn serve(rt: &Runtime, endpoint: &str, body: &[u8]) -> Result<Value, Error> {
     let parse_err = |e: serde_json::Error| Error::Rejected(format!("invalid request: {e}"));
     match endpoint {
         "submit" => {
             let sub: Submission = serde_json::from_slice(body).map_err(parse_err)?;
-            let id = rt.submit(sub).await?;
+            let id = skein_runtime::spans::scoped(rt.submit(sub)).await?;
             Ok(json!({"session": id.to_string()}))
         }
         "status" => {

@@ -364,6 +364,10 @@ pub async fn inbox(rt: &Runtime, roots: &[SessionId]) -> Result<Vec<InboxItem>> 
             let records = rt.backend.log.read(&id, 1).await?;
             let mut f = Folded::new(id.clone());
             f.absorb(&records)?;
+            // A session that ended (cancelled, say) waits for no one.
+            if f.state.status.is_terminal() {
+                continue;
+            }
             let agent = f
                 .state
                 .submitted

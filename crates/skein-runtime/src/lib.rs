@@ -7,12 +7,16 @@
 
 pub mod audit;
 pub mod conformance;
+pub mod control;
 pub mod hitl;
 pub mod inspect;
+pub mod metrics;
 pub mod ports;
 pub mod replay;
 pub mod runtime_tools;
 pub mod sled_backend;
+pub mod spans;
+pub mod trace;
 pub mod work_loop;
 pub mod worker;
 
@@ -35,6 +39,10 @@ pub enum Error {
     /// The backend is unreachable or failed (disk, network); trying again may help.
     #[error("backend: {0}")]
     Backend(String),
+    /// The work was given up because the worker is stopping; nothing of it was recorded,
+    /// and its job goes back to the queue for another worker.
+    #[error("interrupted: {0}")]
+    Interrupted(String),
     /// A request a user made that cannot be accepted.
     #[error("{0}")]
     Rejected(String),

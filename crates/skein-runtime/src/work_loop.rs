@@ -12,6 +12,11 @@
 //!
 //! A panic while processing one job is caught, logged at error level and the job handed
 //! back; the loop goes on.
+//!
+//! Draining ([`Runtime::start_draining`]): the loops stop claiming, a model call in flight
+//! is abandoned (nothing of it has been written) and its job handed back at once, so
+//! another worker takes it without waiting for the lease; other steps finish. Jobs still
+//! held when the drain's time is up are handed back by [`Runtime::hand_back_held`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -117,9 +122,86 @@ impl ClaimHealth {
         let p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         p.get(pool).map(|h| h.failing_since.elapsed())
     }
+
+    /// Every pool whose claims are failing now, with how long they have been, sorted.
+    pub fn failing(&self) -> Vec<(String, Duration)> {
+        let p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> = p
+            .iter()
+            .map(|(k, h)| (k.clone(), h.failing_since.elapsed()))
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// What the work loops of one runtime share: the claim health of its pools, the drain
+/// switch, and the jobs held now.
+pub struct Loops {
+    pub health: Arc<ClaimHealth>,
+    draining: watch::Sender<bool>,
+    held: Mutex<HashMap<String, Job>>,
+}
+
+impl Default for Loops {
+    fn default() -> Self {
+        Self {
+            health: Arc::default(),
+            draining: watch::Sender::new(false),
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// Registers a held job for as long as it lives.
+struct Held<'a>(&'a Loops, String);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let mut h = self.0.held.lock().unwrap_or_else(|p| p.into_inner());
+        h.remove(&self.1);
+    }
 }
 
 impl Runtime {
+    /// Starts draining: model calls in flight are abandoned and their jobs handed back,
+    /// and none is started any more. The loops stop claiming once their `stop` turns true.
+    pub fn start_draining(&self) {
+        self.loops.draining.send_replace(true);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        *self.loops.draining.borrow()
+    }
+
+    /// Returns once the runtime drains (at once if it does already).
+    pub async fn draining(&self) {
+        let mut rx = self.loops.draining.subscribe();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
+    /// Hands back every job still held, to be delivered again at once (the end of a drain
+    /// whose time is up). Returns how many were handed back.
+    pub async fn hand_back_held(&self) -> usize {
+        let held: Vec<Job> = {
+            let h = self.loops.held.lock().unwrap_or_else(|p| p.into_inner());
+            h.values().cloned().collect()
+        };
+        let mut n = 0;
+        for job in held {
+            match self.backend.jobs.retry(&job, Duration::ZERO).await {
+                Ok(()) => {
+                    crate::metrics::job_handed_back(&job.pool, "draining");
+                    n += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(session = %job.session, error = %e, "hand back failed")
+                }
+            }
+        }
+        n
+    }
+
     /// Claims and processes jobs of `pools` until `stop` turns true; with a scope, only
     /// jobs of the trees in it are taken.
     pub(crate) async fn work_loop(
@@ -153,6 +235,7 @@ impl Runtime {
                 match claimed {
                     Ok(Some(job)) => {
                         health.ok(pool);
+                        crate::metrics::job_claimed(pool, job.attempt);
                         got = true;
                         self.handle(job).await;
                     }
@@ -173,8 +256,19 @@ impl Runtime {
     }
 
     /// Processes one job: transient failures are retried in place, the job is acked on
-    /// success, handed back otherwise.
+    /// success, handed back otherwise. What the backend publishes meanwhile carries the
+    /// session's trace context.
     pub async fn handle(&self, job: Job) {
+        crate::spans::scoped(self.handle_job(job)).await
+    }
+
+    async fn handle_job(&self, job: Job) {
+        let _in_flight = crate::metrics::InFlight::enter(&job.pool);
+        let _held = {
+            let mut h = self.loops.held.lock().unwrap_or_else(|p| p.into_inner());
+            h.insert(job.handle.clone(), job.clone());
+            Held(&self.loops, job.handle.clone())
+        };
         let started = Instant::now();
         let mut tries = 0u32;
         let res = loop {
@@ -197,10 +291,14 @@ impl Runtime {
                 }
             };
             match &res {
-                Err(e) if e.is_retryable() && started.elapsed() < TRANSIENT_PATIENCE => {
+                Err(e)
+                    if e.is_retryable()
+                        && started.elapsed() < TRANSIENT_PATIENCE
+                        && !self.is_draining() =>
+                {
                     tries += 1;
                     if !matches!(e, crate::Error::Conflict { .. }) {
-                        self.health.trouble();
+                        self.loops.health.trouble();
                     }
                     let wait = retry_delay(e, tries)
                         .min(MAX_RETRY_WAIT)
@@ -218,9 +316,17 @@ impl Runtime {
         };
         tracing::trace!(session = %job.session, ok = res.is_ok(), "job processed");
         match res {
-            Ok(()) => {
-                if let Err(e) = self.backend.jobs.ack(&job).await {
-                    tracing::warn!(session = %job.session, error = %e, "ack failed");
+            Ok(()) => match self.backend.jobs.ack(&job).await {
+                Ok(()) => crate::metrics::job_acked(&job.pool),
+                Err(e) => tracing::warn!(session = %job.session, error = %e, "ack failed"),
+            },
+            // The worker drains: the job goes back at once, for another worker to take.
+            Err(crate::Error::Interrupted(why)) => {
+                tracing::info!(session = %job.session, attempt = job.attempt, why = %why,
+                    "job handed back: the worker is draining");
+                match self.backend.jobs.retry(&job, Duration::ZERO).await {
+                    Ok(()) => crate::metrics::job_handed_back(&job.pool, "draining"),
+                    Err(e) => tracing::warn!(session = %job.session, error = %e, "retry failed"),
                 }
             }
             // A log that cannot be read or folded never gets better by retrying, and no
@@ -228,6 +334,7 @@ impl Runtime {
             Err(e) if !e.is_retryable() && job.attempt > self.cfg.max_deliver => {
                 tracing::error!(session = %job.session, attempt = job.attempt, error = %e,
                     "job dropped: its session cannot be processed; inspect its log with `skein replay --verify`");
+                crate::metrics::job_dead_lettered(&job.pool);
                 if let Err(e) = self.backend.jobs.ack(&job).await {
                     tracing::warn!(session = %job.session, error = %e, "ack failed");
                 }
@@ -236,8 +343,9 @@ impl Runtime {
                 let delay = retry_delay(&e, job.attempt);
                 tracing::warn!(session = %job.session, attempt = job.attempt, error = %e,
                     "step failed; job will be delivered again");
-                if let Err(e) = self.backend.jobs.retry(&job, delay).await {
-                    tracing::warn!(session = %job.session, error = %e, "retry failed");
+                match self.backend.jobs.retry(&job, delay).await {
+                    Ok(()) => crate::metrics::job_handed_back(&job.pool, "failed"),
+                    Err(e) => tracing::warn!(session = %job.session, error = %e, "retry failed"),
                 }
             }
         }
@@ -261,11 +369,12 @@ impl Runtime {
         scope: Option<Arc<Scope>>,
     ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
         let (tx, rx) = watch::channel(false);
+        let health = self.loops.health.clone();
         let mut handles: Vec<_> = (0..concurrency.max(1))
             .map(|_| {
                 tokio::spawn(self.clone().work_loop(
                     pools.clone(),
-                    self.health.clone(),
+                    health.clone(),
                     rx.clone(),
                     scope.clone(),
                 ))
@@ -282,10 +391,10 @@ impl Runtime {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = stop.changed() => return,
             }
-            if self.health.sweep_due() {
+            if self.loops.health.sweep_due() {
                 if let Err(e) = self.sweep_open_trees().await {
                     tracing::warn!(error = %e, "sweep of the open trees failed; it runs again");
-                    self.health.trouble();
+                    self.loops.health.trouble();
                 }
             }
         }

@@ -98,6 +98,9 @@ pub struct Submission {
     pub budget: Option<Budget>,
     #[serde(default)]
     pub no_cache: bool,
+    /// The caller's W3C traceparent: the tree continues its trace (else a new one starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// What differs between the submission that holds a root id and another one made under
@@ -186,11 +189,11 @@ pub struct Runtime {
     pub models: Registry,
     pub tools: ToolBox,
     pub cfg: RuntimeConfig,
+    /// Shared by the work loops: claim health, the drain switch, held jobs.
+    pub loops: crate::work_loop::Loops,
     defs: Mutex<HashMap<String, Arc<AgentDef>>>,
     states: Mutex<HashMap<SessionId, Folded>>,
     progress: broadcast::Sender<Progress>,
-    /// What the work loops saw of the backend's health.
-    pub health: Arc<crate::work_loop::ClaimHealth>,
 }
 
 /// The trees a [`Runtime::run_tree`] works on, by root.
@@ -220,14 +223,6 @@ impl Scope {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A W3C traceparent with fresh ids.
-fn new_traceparent() -> String {
-    let mut rng = rand::thread_rng();
-    let trace: u128 = rng.gen::<u128>().max(1);
-    let span: u64 = rng.gen::<u64>().max(1);
-    format!("00-{trace:032x}-{span:016x}-01")
 }
 
 fn outcome_of(terminal: &Event) -> Option<Outcome> {
@@ -316,10 +311,10 @@ impl Runtime {
             models,
             tools,
             cfg,
+            loops: Default::default(),
             defs: Mutex::new(HashMap::new()),
             states: Mutex::new(HashMap::new()),
             progress,
-            health: Arc::default(),
         })
     }
 
@@ -389,7 +384,7 @@ impl Runtime {
             parent: None,
             depth: 0,
             budget,
-            trace: Some(new_traceparent()),
+            trace: Some(crate::trace::for_root(&id, sub.traceparent.as_deref())),
             ancestry: vec![],
             no_cache: sub.no_cache,
             forked_from: None,
@@ -437,6 +432,7 @@ impl Runtime {
                 self.append(&mut f, Event::CacheHit(ev)).await?;
             }
         }
+        crate::spans::set_current(&f.id, &f.state);
         self.backend.jobs.push(&pool, &id).await?;
         Ok(id)
     }
@@ -489,6 +485,9 @@ impl Runtime {
         }
         for r in &records {
             f.state.apply(&r.env);
+            if r.env.body.is_terminal() {
+                crate::spans::session_ended(&f.id, &f.state, r.env.at);
+            }
             let _ = self.progress.send(Progress {
                 session: f.id.clone(),
                 seq: r.env.seq,
@@ -555,6 +554,7 @@ impl Runtime {
     /// Advances one session as far as it can go. The caller acks the job on `Ok`.
     pub async fn process(&self, job: &Job) -> Result<()> {
         let (mut f, cold) = self.load(&job.session).await?;
+        crate::spans::set_current(&f.id, &f.state);
         // A redelivered job means a step may have stopped half way (its job pushes lost,
         // say): reconcile from the logs as on a cold load.
         let cold = cold || job.attempt > 1;
@@ -601,6 +601,7 @@ impl Runtime {
                 }),
             )
             .await?;
+            crate::metrics::job_dead_lettered(&job.pool);
         }
         // Children whose jobs this drive published itself.
         let mut pushed = BTreeSet::new();
@@ -611,6 +612,7 @@ impl Runtime {
             let def = self.def_for(&f.state).await?;
             let step = f.state.next(&def, &self.cfg.limits, &*self.agents);
             tracing::debug!(session = %f.id, step = step.name(), "step");
+            let _timer = crate::metrics::StepTimer::start(step.name());
             match step {
                 Step::Idle => return Ok(()),
                 Step::Wait => {
@@ -791,10 +793,29 @@ impl Runtime {
         // sends back is recorded as its reference again.
         let shown = self.reveal_tokens(&f.state, &mut request);
         let started = Instant::now();
-        let result = self
-            .with_heartbeat(job, self.models.complete(&request))
-            .await;
+        // A worker that drains abandons the call: nothing of it is recorded yet, and the
+        // job goes back for another worker to make it.
+        let result = tokio::select! {
+            biased;
+            _ = self.draining() => return Err(Error::Interrupted(format!(
+                "the call to {} was abandoned", request.model))),
+            r = self.with_heartbeat(job, self.models.complete(&request)) => r,
+        };
         let latency_ms = started.elapsed().as_millis() as u64;
+        crate::metrics::model_call(
+            &request.model,
+            started.elapsed(),
+            result.as_ref().ok().map(|c| &c.usage),
+        );
+        let outcome = match &result {
+            Ok(c) => crate::spans::ModelOutcome::Answered {
+                usage: &c.usage,
+                finish_reason: c.response.finish_reason.as_deref(),
+            },
+            Err(e) => crate::spans::ModelOutcome::Failed(e.to_string()),
+        };
+        let began = std::time::SystemTime::now() - started.elapsed();
+        crate::spans::model_call(&f.id, &f.state, &request.model, began, outcome);
         match result {
             Ok(mut c) => {
                 hide_tokens(&shown, &mut c.response);
@@ -828,7 +849,10 @@ impl Runtime {
                         .retry_after()
                         .unwrap_or(base + Duration::from_millis(jitter))
                         .min(Duration::from_secs(60));
-                    self.with_heartbeat(job, tokio::time::sleep(wait)).await;
+                    tokio::select! {
+                        _ = self.draining() => {}
+                        _ = self.with_heartbeat(job, tokio::time::sleep(wait)) => {}
+                    }
                 }
                 Ok(())
             }
@@ -899,6 +923,7 @@ impl Runtime {
     }
 
     async fn delegate(&self, f: &mut Folded, def: &AgentDef, ds: Vec<Delegation>) -> Result<()> {
+        let started = std::time::SystemTime::now();
         let Some(parent_sub) = f.state.submitted.clone() else {
             return Err(Error::NotFound(format!("{} has no Submitted event", f.id)));
         };
@@ -999,7 +1024,10 @@ impl Runtime {
                 }),
                 depth: d.depth,
                 budget: d.budget,
-                trace: parent_sub.trace.clone(),
+                trace: Some(crate::trace::for_child(
+                    &d.child,
+                    parent_sub.trace.as_deref(),
+                )),
                 ancestry: d.ancestry.clone(),
                 no_cache: parent_sub.no_cache || d.grant.is_some(),
                 forked_from: None,
@@ -1033,7 +1061,9 @@ impl Runtime {
         for c in created {
             c?;
         }
+        let delegated = crate::spans::delegated(&parent_events);
         self.append_all(f, parent_events).await?;
+        crate::spans::delegations(&f.id, &f.state, started, &delegated);
         for (pool, child) in jobs {
             self.backend.jobs.push(&pool, &child).await?;
         }
@@ -1388,6 +1418,10 @@ impl Runtime {
         if to_run.is_empty() {
             return Ok(());
         }
+        let tools: HashMap<String, String> = to_run
+            .iter()
+            .map(|r| (r.call.clone(), r.tool.clone()))
+            .collect();
         let (parallel, serial): (Vec<ToolRun>, Vec<ToolRun>) = to_run
             .into_iter()
             .partition(|r| self.tools.parallel(&r.tool));
@@ -1401,7 +1435,10 @@ impl Runtime {
         let outs = self.with_heartbeat(job, work).await;
         let mut returned = vec![];
         for o in outs {
-            returned.push(Event::ToolReturned(o?));
+            let o = o?;
+            let tool = tools.get(&o.call).map_or("", String::as_str);
+            crate::spans::tool_call(&f.id, &f.state, tool, &o.call, o.ms, o.error);
+            returned.push(Event::ToolReturned(o));
         }
         self.append_all(f, returned).await
     }

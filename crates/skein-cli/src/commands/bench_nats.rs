@@ -296,14 +296,31 @@ async fn delegation_latencies(rt: &Runtime, root: &SessionId) -> Result<Vec<f64>
     Ok(out)
 }
 
+/// A nats-server started for the run: only in builds with the `nats-local` feature, so the
+/// production binary does not carry the test server launcher.
+#[cfg(feature = "nats-local")]
+fn local_server() -> Result<(Option<skein_testnats::NatsServer>, String, String)> {
+    let s = skein_testnats::NatsServer::start();
+    let u = s.url();
+    Ok((Some(s), u, "default (JetStream sync_interval 2m; the publish ack means in the server's memory and page cache)".to_string()))
+}
+
+/// Stands in for the server this build cannot start.
+#[cfg(not(feature = "nats-local"))]
+struct NoServer;
+
+#[cfg(not(feature = "nats-local"))]
+fn local_server() -> Result<(Option<NoServer>, String, String)> {
+    anyhow::bail!(
+        "this skein was built without `bench --nats-local`: pass --nats URL of a running \
+         nats-server, or build with `cargo build --release --features nats-local`"
+    )
+}
+
 pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     let (server, url, sync) = match &app.global.nats {
         Some(u) => (None, u.clone(), "as configured on that server".to_string()),
-        None => {
-            let s = skein_testnats::NatsServer::start();
-            let u = s.url();
-            (Some(s), u, "default (JetStream sync_interval 2m; the publish ack means in the server's memory and page cache)".to_string())
-        }
+        None => local_server()?,
     };
     let mut cfg = app.nats_config()?;
     cfg.urls = url.split(',').map(str::to_string).collect();
@@ -440,6 +457,10 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     if a.json {
         crate::outln!("{}", serde_json::to_string_pretty(&results)?)?;
     }
+    // Stops the server started for the run, if any.
+    #[cfg(feature = "nats-local")]
     drop(server);
+    #[cfg(not(feature = "nats-local"))]
+    let _ = server;
     Ok(ExitCode::SUCCESS)
 }

@@ -28,10 +28,15 @@ pub struct WorkerArgs {
     /// Do not serve `skein.api` and `skein.answers`.
     #[arg(long)]
     pub no_api: bool,
-    /// On SIGTERM or Ctrl-C, how long the steps in flight may take to finish before the
-    /// worker exits anyway (their jobs are then delivered again after the lease).
+    /// On SIGTERM or Ctrl-C the worker stops claiming, abandons its model calls in flight
+    /// and hands their jobs back at once; other steps may take this long to finish, then
+    /// their jobs are handed back too and the worker exits.
     #[arg(long, default_value = "20s", value_parser = parse_drain)]
     pub drain_timeout: Duration,
+    /// Serve /healthz, /readyz and /metrics (Prometheus) on this address, such as
+    /// 0.0.0.0:9090 (off unless given).
+    #[arg(long, env = "SKEIN_HTTP_ADDR", value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
 }
 
 fn parse_drain(s: &str) -> std::result::Result<Duration, String> {
@@ -52,6 +57,10 @@ pub struct SubmitArgs {
     pub inputs: Option<String>,
     #[arg(long)]
     pub no_cache: bool,
+    /// Continue this W3C trace (`00-<trace id>-<span id>-<flags>`): sent as the
+    /// `traceparent` header; the tree's sessions become spans of that trace.
+    #[arg(long, value_name = "TRACEPARENT")]
+    pub traceparent: Option<String>,
     /// Wait for the tree to end and print its result.
     #[arg(long)]
     pub wait: bool,
@@ -90,7 +99,12 @@ async fn terminated() {
 
 pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
     need_nats(app)?;
-    let store = app.nats().await?;
+    // Installed first, so that everything the worker does is counted.
+    let prometheus = a
+        .http
+        .map(|_| crate::http::install_recorder())
+        .transpose()?;
+    let store = app.nats_patient().await?;
     let rt = app.runtime(store.backend())?;
     let pools = if !a.pools.is_empty() {
         a.pools.clone()
@@ -123,6 +137,19 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
             .context("cannot start the skein.api service (pass --no-api to run without it)")?;
         tasks.push(("api", serving));
     }
+    // The listener is not waited for when the worker drains: it serves on until the exit.
+    let mut http: Option<tokio::task::JoinHandle<()>> = None;
+    if let (Some(addr), Some(prometheus)) = (a.http, prometheus) {
+        let ops = std::sync::Arc::new(crate::http::Ops {
+            prometheus,
+            rt: rt.clone(),
+            store: store.clone(),
+            pools: pools.clone(),
+        });
+        let (bound, serving) = crate::http::serve(addr, ops).await?;
+        crate::errln!("health and metrics on http://{bound} (/healthz, /readyz, /metrics)");
+        http = Some(serving);
+    }
     crate::errln!(
         "worker {} ready: pools {}, concurrency {conc}",
         rt.cfg.worker_id,
@@ -133,11 +160,18 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
     let replicas = tokio::spawn(watch_replicas(rt.clone(), store.clone(), stop.subscribe()));
     let (names, handles): (Vec<&str>, Vec<_>) = tasks.into_iter().unzip();
     let mut running = futures::future::select_all(handles);
+    let http_ended = async {
+        match http.as_mut() {
+            Some(h) => h.await,
+            None => std::future::pending().await,
+        }
+    };
     let ended = tokio::select! {
         _ = terminated() => None,
-        (res, i, rest) = &mut running => Some((names[i], res, rest)),
+        (res, i, _rest) = &mut running => Some((names[i], res)),
+        res = http_ended => Some(("http", res)),
     };
-    if let Some((name, res, _rest)) = ended {
+    if let Some((name, res)) = ended {
         let why = match res {
             Err(e) if e.is_panic() => "panicked",
             Err(_) => "was cancelled",
@@ -153,9 +187,10 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
     }
     replicas.abort();
     crate::errln!(
-        "stopping: finishing the steps in flight (at most {:?})",
+        "stopping: model calls in flight are handed back; other steps may finish (at most {:?})",
         a.drain_timeout
     );
+    rt.start_draining();
     let _ = stop.send(true);
     let drained = tokio::select! {
         r = tokio::time::timeout(a.drain_timeout, futures::future::join_all(running.into_inner())) => r.is_ok(),
@@ -163,7 +198,10 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         _ = terminated() => false,
     };
     if !drained {
-        crate::errln!("stopping: steps still in flight are left to be delivered again");
+        let n = tokio::time::timeout(Duration::from_secs(5), rt.hand_back_held())
+            .await
+            .unwrap_or(0);
+        crate::errln!("stopping: {n} job(s) still in flight handed back to be delivered again");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -203,7 +241,7 @@ async fn watch_replicas(
         if next != seen {
             // A replica that resets may take pending jobs with it: the open trees are
             // swept after every change in what lags.
-            rt.health.trouble();
+            rt.loops.health.trouble();
         }
         seen = next;
     }
@@ -230,9 +268,21 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
     // No `Nats-Msg-Id`: the stream would drop a second message under the same id in its
     // duplicate window without a word, and a different mission under a taken id must be
     // refused by name. The intake makes the same submission again a no-op itself.
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(tp) = &a.traceparent {
+        anyhow::ensure!(
+            skein_runtime::trace::parse(tp).is_some(),
+            "--traceparent `{tp}` is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"
+        );
+        headers.insert("traceparent", tp.as_str());
+    }
     store
         .js
-        .publish("skein.missions.submit", Bytes::from(payload.to_string()))
+        .publish_with_headers(
+            "skein.missions.submit",
+            headers,
+            Bytes::from(payload.to_string()),
+        )
         .await?
         .await
         .context("the missions stream did not take the submission")?;

@@ -9,6 +9,7 @@ pub mod agents;
 pub mod audit;
 pub mod bench;
 pub mod bench_nats;
+pub mod cancel;
 pub mod cluster;
 pub mod hitl;
 pub mod replay;
@@ -40,5 +41,6 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Answer(a) => hitl::answer(&app, a).await,
         Command::Approve(a) => hitl::approve(&app, a, true).await,
         Command::Deny(a) => hitl::approve(&app, a, false).await,
+        Command::Cancel(a) => cancel::cancel(&app, a).await,
     }
 }

@@ -79,6 +79,7 @@ pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
             inputs,
             budget: None,
             no_cache: a.no_cache,
+            ..Default::default()
         })
         .await?;
     if !a.json {

@@ -1,0 +1,75 @@
+//! The connection's health: what the client reports about its connection (logged, and
+//! counted as reconnects), and the readiness check behind a worker's `/readyz`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::Event;
+
+use crate::backend::{NatsStore, EVENTS, JOBS, MISSIONS, NOTICES};
+
+/// The streams a worker needs.
+pub const STREAMS: [&str; 4] = [EVENTS, JOBS, NOTICES, MISSIONS];
+
+/// How long the readiness check waits for the server's answers.
+pub const CHECK_LIMIT: Duration = Duration::from_secs(2);
+
+/// The client's event callback: a lost connection and every failed attempt to make it
+/// again are warnings (a worker that cannot reach NATS never goes quiet), a connection
+/// made again is counted in `skein_nats_reconnects_total`.
+pub fn event_logger() -> impl Fn(Event) -> std::future::Ready<()> + Send + Sync + 'static {
+    let was_connected = Arc::new(AtomicBool::new(false));
+    move |event: Event| {
+        match &event {
+            Event::Connected => {
+                if was_connected.swap(true, Ordering::Relaxed) {
+                    skein_runtime::metrics::nats_reconnected();
+                    tracing::warn!("connected to NATS again");
+                } else {
+                    tracing::debug!("connected to NATS");
+                }
+            }
+            Event::Disconnected => {
+                tracing::warn!("lost the connection to NATS; reconnecting")
+            }
+            Event::ClientError(e) => {
+                tracing::warn!(error = %e, "cannot reach NATS; trying again")
+            }
+            Event::ServerError(e) => tracing::warn!(error = %e, "NATS server error"),
+            Event::LameDuckMode => {
+                tracing::warn!("the NATS server is shutting down (lame duck mode)")
+            }
+            Event::SlowConsumer(sid) => {
+                tracing::warn!(subscription = sid, "slow consumer: NATS dropped messages")
+            }
+            Event::Draining | Event::Closed => tracing::debug!(%event, "NATS connection"),
+        }
+        std::future::ready(())
+    }
+}
+
+/// Why a worker is not ready, or nothing when it is: the connection is up and every stream
+/// skein needs answers its info request.
+pub async fn check(store: &NatsStore) -> Result<(), String> {
+    match store.client.connection_state() {
+        State::Connected => {}
+        State::Disconnected => return Err("not connected to NATS".into()),
+        State::Pending => return Err("still connecting to NATS".into()),
+    }
+    let infos = futures::future::join_all(STREAMS.iter().map(|name| async move {
+        match tokio::time::timeout(CHECK_LIMIT, store.js.get_stream(*name)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("stream {name}: {e}")),
+            Err(_) => Err(format!("stream {name}: no answer within {CHECK_LIMIT:?}")),
+        }
+    }))
+    .await;
+    let missing: Vec<String> = infos.into_iter().filter_map(Result::err).collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(missing.join("; "))
+    }
+}

@@ -1,0 +1,67 @@
+//! What an operator does to a tree from outside, on any backend: read a session's status,
+//! cancel a session and everything under it. The `skein.api` service and `skein cancel`
+//! both call these.
+
+use serde_json::{json, Value};
+use skein_core::event::Cancelled;
+use skein_core::{Event, SessionId};
+
+use crate::worker::{Runtime, DEFAULT_POOL};
+use crate::{hitl, Error, Result};
+
+/// The status of a session, as JSON: `session`, `status`, `answer`, `error`, `steps`,
+/// `usage`.
+pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value> {
+    let records = rt.backend.log.read(id, 1).await?;
+    if records.is_empty() {
+        return Err(Error::NotFound(format!("no session {id}")));
+    }
+    let f = crate::inspect::fold_records(id, &records)?;
+    Ok(json!({
+        "session": id.to_string(),
+        "status": f.state.status.as_str(),
+        "answer": f.state.answer,
+        "error": f.state.error,
+        "steps": f.state.steps,
+        "usage": f.state.usage_total(),
+    }))
+}
+
+/// Cancels every unfinished session of the tree under `id` (`id` itself included):
+/// each gets a `Cancelled` event and a job, so that its worker tells its parent. Returns
+/// how many were cancelled; sessions that had ended are left as they are.
+pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize> {
+    let mut n = 0;
+    let sessions: Vec<SessionId> = rt
+        .backend
+        .log
+        .tree(&id.root_id())
+        .await?
+        .into_iter()
+        .filter(|s| id.contains(s))
+        .collect();
+    if sessions.is_empty() {
+        return Err(Error::NotFound(format!("no session {id}")));
+    }
+    for s in sessions {
+        let (f, _) = rt.load(&s).await?;
+        if f.state.status.is_terminal() {
+            rt.keep_state(f);
+            continue;
+        }
+        let body = Event::Cancelled(Cancelled {
+            reason: reason.to_string(),
+        });
+        let f = hitl::append_from_outside(rt, f, body, |g| !g.state.status.is_terminal()).await?;
+        let pool = f
+            .state
+            .submitted
+            .as_ref()
+            .and_then(|x| x.pool.clone())
+            .unwrap_or_else(|| DEFAULT_POOL.into());
+        rt.keep_state(f);
+        rt.backend.jobs.push(&pool, &s).await?;
+        n += 1;
+    }
+    Ok(n)
+}
