@@ -57,3 +57,7 @@ NATS_SERVER="$current_nats" cargo test --workspace --all-targets --locked
 NATS_SERVER="$system_nats" cargo test --locked -p skein-nats --all-targets
 NATS_SERVER="$system_nats" cargo test --locked \
   --test nats_e2e --test nats_node_loss --test nats_api --test nats_features
+
+# Every fuzz target for a bounded time on the committed corpus; a crash fails the run and
+# its input is left in crates/skein-fuzz/crashes/. See the README's "Fuzzing" section.
+cargo run --release --locked -p skein-fuzz -- --seconds 20
