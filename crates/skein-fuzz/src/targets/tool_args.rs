@@ -15,7 +15,6 @@ use std::sync::Arc;
 use rand::Rng as _;
 use serde_json::{json, Value};
 use skein_core::event::{ChildSettled, Delegated, ModelCalled, Outcome, Submitted};
-use skein_core::token::{sign, Claims};
 use skein_core::{
     AgentDef, AgentSet, Envelope, Event, Limits, ModelResponse, SessionId, SessionState, Step,
     ToolCall,
@@ -23,7 +22,7 @@ use skein_core::{
 use skein_tools::{schema, LocalWorkspace, Tool, ToolBox, ToolContext, ToolsConfig};
 
 use super::{tokio_runtime, Spec, Target};
-use crate::fixtures::{catalog, TEST_SECRET};
+use crate::fixtures::catalog;
 use crate::mutate::Dict;
 use crate::structured::reshape_json;
 use crate::{Error, Result, Rng};
@@ -129,20 +128,15 @@ fn env(session: &SessionId, seq: u64, body: Event) -> Envelope {
     )
 }
 
+/// The token id of the question `researcher` paused on (its token, signed with the test
+/// secret, is in the seeds).
+pub const RESUME_TOKEN_ID: &str = "a1a1a1a1a1a1a1a1a1a1a1a1";
+
 /// The `fuzzer` root after one turn that started two children: `chatty` (finished, takes
 /// follow-ups) and `researcher` (paused on a question).
 fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
     let chatty = root.child("chatty", 1);
     let researcher = root.child("researcher", 2);
-    let resume = sign(
-        TEST_SECRET,
-        &Claims {
-            session: researcher.clone(),
-            seq: 3,
-            nonce: "a1a1a1a1a1a1a1a1a1a1a1a1".into(),
-            kind: "input".into(),
-        },
-    );
     let call = |id: &str, agent: &str| ToolCall {
         id: id.into(),
         name: "call_agent".into(),
@@ -215,7 +209,9 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
                 questions: json!([{"key": "depth", "question": "How deep?"}]),
                 context: None,
                 defaults: Value::Null,
-                token: resume,
+                token: String::new(),
+                token_id: RESUME_TOKEN_ID.into(),
+                seq: 3,
             },
         }),
     ];
