@@ -59,3 +59,7 @@ NATS_SERVER="$system_nats" cargo test --locked \
   --test nats_e2e --test nats_node_loss --test nats_api --test nats_features
 # The deployment files against their schemas (k8s manifests, compose file).
 bash tests/check_deploy.sh
+
+# Every fuzz target for a bounded time on the committed corpus; a crash fails the run and
+# its input is left in crates/skein-fuzz/crashes/. See the README's "Fuzzing" section.
+cargo run --release --locked -p skein-fuzz -- --seconds 20

@@ -348,6 +348,29 @@ pub enum Event {
     },
 }
 
+/// The `type` of every event this build knows. A stored body of one of these kinds that
+/// does not read as that kind is damaged; only other kinds are [`Event::Unknown`].
+pub const KINDS: &[&str] = &[
+    "Submitted",
+    "ModelCalled",
+    "ModelFailed",
+    "ToolCalled",
+    "ToolReturned",
+    "Delegated",
+    "CacheHit",
+    "ChildSettled",
+    "InputRequested",
+    "InputProvided",
+    "ApprovalRequested",
+    "ApprovalGiven",
+    "PatchApplied",
+    "PatchRejected",
+    "ClarificationRequested",
+    "Completed",
+    "Failed",
+    "Cancelled",
+];
+
 impl Event {
     pub fn kind(&self) -> &str {
         match self {
@@ -491,6 +514,24 @@ impl Envelope {
             rmp_serde::from_slice(bytes).map_err(|e| Error::Decode(e.to_string()))?;
         let body = match e.body {
             BodyIn::Known(ev) => *ev,
+            // A kind this build knows that does not read as it (a missing or mistyped
+            // field, a field twice) is damage, not a record of a later version: folding
+            // on without it would silently show another history.
+            BodyIn::Unknown { kind, .. } if KINDS.contains(&kind.as_str()) => {
+                #[derive(Deserialize)]
+                struct KnownBody {
+                    #[allow(dead_code)]
+                    body: Event,
+                }
+                let why = match rmp_serde::from_slice::<KnownBody>(bytes) {
+                    Err(err) => err.to_string(),
+                    Ok(_) => "its fields do not match".into(),
+                };
+                return Err(Error::Decode(format!(
+                    "the {kind} record at seq {} of {} does not read as a {kind}: {why}",
+                    e.seq, e.session
+                )));
+            }
             BodyIn::Unknown { kind, data } => Event::Unknown { kind, data },
         };
         Ok(Self {
@@ -561,4 +602,99 @@ pub fn verify_chain(
         prev = r.hash();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> SessionId {
+        SessionId::root("s").unwrap()
+    }
+
+    #[test]
+    fn kinds_lists_every_event_this_build_knows() {
+        // serde names every variant when it meets an unknown one.
+        let err = serde_json::from_value::<Event>(serde_json::json!({"type": "?", "data": {}}))
+            .unwrap_err()
+            .to_string();
+        let expected = err.split("expected one of ").nth(1).unwrap();
+        let named: Vec<&str> = expected
+            .split(", ")
+            .map(|k| k.trim_matches(|c: char| c == '`' || c.is_whitespace()))
+            .map(|k| k.split('`').next().unwrap_or(k))
+            .collect();
+        assert_eq!(named, KINDS, "{err}");
+    }
+
+    #[test]
+    fn a_known_kind_that_does_not_read_as_one_is_an_error() {
+        let env = Envelope::new(
+            id(),
+            3,
+            1,
+            "p".into(),
+            Event::Unknown {
+                kind: "Completed".into(),
+                data: serde_json::json!({"answer": 5}),
+            },
+        );
+        let err = Envelope::decode(&env.encode().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Completed record at seq 3"), "{err}");
+        assert!(err.contains("invalid type"), "{err}");
+    }
+
+    /// msgpack written by hand: a `Submitted` whose `depth` appears twice.
+    #[test]
+    fn a_field_written_twice_is_an_error_not_an_unknown_event() {
+        fn s(x: &str) -> Vec<u8> {
+            let mut v = vec![0xa0 | x.len() as u8];
+            v.extend_from_slice(x.as_bytes());
+            v
+        }
+        let mut data = vec![0x86];
+        for (k, v) in [("agent", "a"), ("def_digest", "d"), ("mission", "m")] {
+            data.extend(s(k));
+            data.extend(s(v));
+        }
+        data.extend(s("mission_hash"));
+        data.extend(s("h"));
+        data.extend(s("depth"));
+        data.push(1);
+        data.extend(s("depth"));
+        data.push(2);
+        let mut bytes = vec![0x86];
+        bytes.extend(s("v"));
+        bytes.push(1);
+        bytes.extend(s("session"));
+        bytes.extend(s("s"));
+        bytes.extend(s("seq"));
+        bytes.push(1);
+        bytes.extend(s("at"));
+        bytes.push(1);
+        bytes.extend(s("prev"));
+        bytes.extend(s("p"));
+        bytes.extend(s("body"));
+        bytes.push(0x82);
+        bytes.extend(s("type"));
+        bytes.extend(s("Submitted"));
+        bytes.extend(s("data"));
+        bytes.extend(data);
+        let err = Envelope::decode(&bytes).unwrap_err().to_string();
+        assert!(err.contains("duplicate field `depth`"), "{err}");
+        // The same body without the second `depth` reads.
+        let ok = Envelope::new(
+            id(),
+            1,
+            1,
+            "p".into(),
+            Event::Unknown {
+                kind: "FutureKind".into(),
+                data: serde_json::json!({"depth": 1}),
+            },
+        );
+        assert_eq!(Envelope::decode(&ok.encode().unwrap()).unwrap(), ok);
+    }
 }

@@ -40,13 +40,15 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Counts come from model servers: a sum too large for a `u64` stays at the maximum
+    /// (over any budget) instead of overflowing.
     pub fn total_tokens(&self) -> u64 {
-        self.input_tokens + self.output_tokens
+        self.input_tokens.saturating_add(self.output_tokens)
     }
 
     pub fn add(&mut self, other: &Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
         self.cost += other.cost;
         self.estimated |= other.estimated;
     }
@@ -122,5 +124,27 @@ impl ModelRequest {
     pub fn digest(&self) -> String {
         let bytes = rmp_serde::to_vec_named(self).unwrap_or_default();
         blake3::hash(&bytes).to_hex().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Usage;
+
+    #[test]
+    fn usage_sums_saturate_instead_of_overflowing() {
+        let huge = Usage {
+            input_tokens: u64::MAX - 1,
+            output_tokens: 5,
+            ..Default::default()
+        };
+        assert_eq!(huge.total_tokens(), u64::MAX);
+        let mut total = huge;
+        total.add(&huge);
+        assert_eq!(
+            (total.input_tokens, total.output_tokens),
+            (u64::MAX, 10),
+            "a second huge count keeps the total at the maximum, over any budget"
+        );
     }
 }

@@ -283,10 +283,11 @@ pub fn parse_response(body: &Value, req: &ModelRequest, json_mode: bool) -> Resu
         Some(u) if u.get("input_tokens").is_some() || u.get("output_tokens").is_some() => {
             let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
             Usage {
-                // Cache reads and writes are input too.
+                // Cache reads and writes are input too. The counts are the server's: a sum
+                // past u64 stays at the maximum rather than wrapping to a small number.
                 input_tokens: n("input_tokens")
-                    + n("cache_creation_input_tokens")
-                    + n("cache_read_input_tokens"),
+                    .saturating_add(n("cache_creation_input_tokens"))
+                    .saturating_add(n("cache_read_input_tokens")),
                 output_tokens: n("output_tokens"),
                 cost: 0.0,
                 estimated: false,
@@ -319,6 +320,31 @@ mod tests {
             tool_choice("none", Some(false)),
             Some(json!({"type": "none"}))
         );
+    }
+
+    #[test]
+    fn huge_cache_counts_do_not_wrap_to_a_small_usage() {
+        let req = ModelRequest {
+            model: "anthropic:m".into(),
+            messages: vec![],
+            tools: vec![],
+            temperature: None,
+            max_tokens: None,
+            meta: Default::default(),
+        };
+        let body = json!({
+            "content": [{"type": "text", "text": "hi"}],
+            "stop_reason": "end_turn",
+            "usage": {
+                "input_tokens": 50,
+                "cache_creation_input_tokens": 20,
+                "cache_read_input_tokens": u64::MAX,
+                "output_tokens": 12
+            }
+        });
+        let c = parse_response(&body, &req, false).unwrap();
+        assert_eq!(c.usage.input_tokens, u64::MAX);
+        assert_eq!(c.usage.output_tokens, 12);
     }
 
     #[test]

@@ -217,18 +217,24 @@ pub fn parse_answer(text: &str) -> Parsed {
     let mut cut_off = false;
     let mut seen_object = false;
     let bytes = trimmed.as_bytes();
+    let mut spans = Spans::new(trimmed);
     let mut i = 0;
     while let Some(off) = trimmed[i..].find(['{', '[']) {
         let start = i + off;
         let is_object = bytes[start] == b'{';
         let first_object = is_object && !seen_object;
         seen_object |= is_object;
-        let Some(end) = balanced_end(trimmed, start) else {
+        let Some((end, depth)) = spans.end(start) else {
             cut_off |= first_object;
             i = start + 1;
             continue;
         };
-        match parse_lenient(&trimmed[start..end]).and_then(|v| interpret(&v)) {
+        let parsed = if depth > MAX_JSON_DEPTH {
+            Err(format!("nested deeper than {MAX_JSON_DEPTH} levels"))
+        } else {
+            parse_lenient(&trimmed[start..end])
+        };
+        match parsed.and_then(|v| interpret(&v)) {
             Ok(Interpreted::Calls(c)) => {
                 calls.extend(c);
                 used.push((start, end));
@@ -411,39 +417,79 @@ fn strip_trailing_commas(text: &str) -> String {
     out
 }
 
-/// The end (exclusive) of the bracketed value starting at `start`, respecting strings;
-/// `None` when it is never closed or closed by the wrong bracket.
-fn balanced_end(text: &str, start: usize) -> Option<usize> {
-    let mut stack: Vec<u8> = vec![];
-    let mut in_string = false;
-    let mut escaped = false;
-    for (k, &b) in text.as_bytes().iter().enumerate().skip(start) {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' => stack.push(b'}'),
-            b'[' => stack.push(b']'),
-            b'}' | b']' => {
-                if stack.pop() != Some(b) {
-                    return None;
-                }
-                if stack.is_empty() {
-                    return Some(k + 1);
-                }
-            }
-            _ => {}
+/// JSON nested deeper than this is not parsed: `serde_json` refuses it anyway.
+const MAX_JSON_DEPTH: usize = 128;
+
+/// Where the bracket at each position closes (JSON strings respected), and how deep the
+/// span between nests. A scan from one bracket also settles every bracket it passes
+/// outside strings, so a text with thousands of unclosed brackets is read in a few
+/// passes, not one pass per bracket.
+struct Spans<'a> {
+    text: &'a [u8],
+    /// For a bracket's position: the end of its span (exclusive) and its depth, or none
+    /// when it never closes.
+    ends: std::collections::HashMap<usize, Option<(usize, usize)>>,
+}
+
+impl<'a> Spans<'a> {
+    fn new(text: &'a str) -> Self {
+        Self {
+            text: text.as_bytes(),
+            ends: Default::default(),
         }
     }
-    None
+
+    /// The end and depth of the span the bracket at `start` opens.
+    fn end(&mut self, start: usize) -> Option<(usize, usize)> {
+        if !self.ends.contains_key(&start) {
+            self.scan(start);
+        }
+        self.ends.get(&start).copied().flatten()
+    }
+
+    fn scan(&mut self, start: usize) {
+        // Open brackets: position, the closer they need, the depth of what they hold.
+        let mut stack: Vec<(usize, u8, usize)> = vec![];
+        let mut in_string = false;
+        let mut escaped = false;
+        for (k, &b) in self.text.iter().enumerate().skip(start) {
+            if in_string {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' {
+                    escaped = true;
+                } else if b == b'"' {
+                    in_string = false;
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'{' => stack.push((k, b'}', 1)),
+                b'[' => stack.push((k, b']', 1)),
+                b'}' | b']' => match stack.pop() {
+                    Some((open, closer, depth)) if closer == b => {
+                        self.ends.insert(open, Some((k + 1, depth)));
+                        match stack.last_mut() {
+                            Some(outer) => outer.2 = outer.2.max(depth + 1),
+                            None => return,
+                        }
+                    }
+                    // A wrong closer: no bracket still open closes.
+                    mismatched => {
+                        for (open, _, _) in mismatched.into_iter().chain(stack.drain(..)) {
+                            self.ends.insert(open, None);
+                        }
+                        return;
+                    }
+                },
+                _ => {}
+            }
+        }
+        for (open, _, _) in stack {
+            self.ends.insert(open, None);
+        }
+    }
 }
 
 /// The text outside the used spans, without code-fence markers; `None` if nothing is left.
@@ -482,6 +528,98 @@ mod tests {
             Parsed::Calls { calls, .. } => calls.clone(),
             other => panic!("expected calls, got {other:?}"),
         }
+    }
+
+    /// The end of one bracket's span, scanned on its own: what `Spans` must agree with.
+    fn end_alone(text: &str, start: usize) -> Option<usize> {
+        let mut stack: Vec<u8> = vec![];
+        let (mut in_string, mut escaped) = (false, false);
+        for (k, &b) in text.as_bytes().iter().enumerate().skip(start) {
+            if in_string {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' {
+                    escaped = true;
+                } else if b == b'"' {
+                    in_string = false;
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'{' => stack.push(b'}'),
+                b'[' => stack.push(b']'),
+                b'}' | b']' => {
+                    if stack.pop() != Some(b) {
+                        return None;
+                    }
+                    if stack.is_empty() {
+                        return Some(k + 1);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn spans_agree_with_a_scan_from_each_bracket() {
+        // Every string over a small alphabet of brackets, quotes and escapes, up to 6 long.
+        let alphabet = ['{', '}', '[', ']', '"', '\\', 'x'];
+        let mut texts = vec![String::new()];
+        for _ in 0..6 {
+            let longer: Vec<String> = texts
+                .iter()
+                .filter(|t| t.len() == texts.last().map_or(0, String::len))
+                .flat_map(|t| alphabet.iter().map(move |c| format!("{t}{c}")))
+                .collect();
+            texts.extend(longer);
+        }
+        for text in &texts {
+            let mut spans = Spans::new(text);
+            let starts: Vec<usize> = text
+                .char_indices()
+                .filter(|(_, c)| *c == '{' || *c == '[')
+                .map(|(i, _)| i)
+                .collect();
+            // Queried in the order parse_answer asks, and each again afterwards.
+            for &st in starts.iter().chain(&starts) {
+                assert_eq!(
+                    spans.end(st).map(|(e, _)| e),
+                    end_alone(text, st),
+                    "{text:?} from {st}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn unclosed_and_deep_brackets_are_read_in_linear_time() {
+        // Each of these took seconds to minutes when every bracket was scanned anew.
+        let texts = [
+            "{".repeat(100_000),
+            "{\"a\":".repeat(40_000),
+            format!("{}{}", "[".repeat(50_000), "]".repeat(50_000)),
+            format!("{}{}", "{\"a\":".repeat(40_000), "1}".repeat(40_000)),
+        ];
+        for t in &texts {
+            let started = std::time::Instant::now();
+            let p = parse_answer(t);
+            assert!(!matches!(p, Parsed::Calls { .. }), "{}", &t[..20]);
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "{} bytes took {:?}",
+                t.len(),
+                started.elapsed()
+            );
+        }
+        // A call after a long unclosed prefix is still found.
+        let t = format!(
+            "{} {{\"tool_calls\": [{{\"name\": \"read_file\", \"arguments\": {{}}}}]}}",
+            "[".repeat(50_000)
+        );
+        assert_eq!(calls(&parse_answer(&t))[0].0, "read_file");
     }
 
     #[test]

@@ -307,6 +307,14 @@ impl Renderer {
 
     fn eval_bool(&self, expr: &str, ctx: &Value) -> Result<bool> {
         let what = format!("condition `{}`", shown(expr));
+        // minijinja's expression lexer panics on `}}` followed by more text ("empty lexer
+        // stack"), so a condition may not hold it at all.
+        if expr.contains("}}") {
+            return Err(Error::Config(format!(
+                "{what}: a condition is an expression, without `{{{{ }}}}`; write nested \
+                 braces as `}} }}`"
+            )));
+        }
         self.arm();
         let env = self.env.borrow();
         let e = env
@@ -585,6 +593,17 @@ turns:
             started.elapsed()
         );
         e.to_string()
+    }
+
+    #[test]
+    fn a_condition_with_closing_braces_is_refused_not_a_panic() {
+        for when in ["x }} y", "s}}t", "results }} | length"] {
+            let e = refusal(
+                &format!("choose:\n      - when: \"{when}\"\n        answer: a"),
+                TemplateLimits::default(),
+            );
+            assert!(e.contains("without `{{ }}`"), "{e}");
+        }
     }
 
     #[test]

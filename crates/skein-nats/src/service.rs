@@ -47,11 +47,17 @@ struct SessionReq {
     reason: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// An answer to a root's question: the body of `skein.answers` and `skein.api.answer`.
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct AnswerReq {
-    token: String,
-    answers: Value,
+pub struct AnswerReq {
+    pub token: String,
+    pub answers: Value,
+}
+
+/// Reads the body of `skein.answers` or `skein.api.answer`.
+pub fn parse_answer_request(body: &[u8]) -> serde_json::Result<AnswerReq> {
+    serde_json::from_slice(body)
 }
 
 #[derive(Deserialize)]
@@ -87,7 +93,7 @@ async fn serve(rt: &Runtime, endpoint: &str, body: &[u8]) -> Result<Value, Error
             Ok(json!({"cancelled": n}))
         }
         "answer" => {
-            let r: AnswerReq = serde_json::from_slice(body).map_err(parse_err)?;
+            let r = parse_answer_request(body).map_err(parse_err)?;
             let s = hitl::answer(rt, &r.token, r.answers, Some("skein.api".into())).await?;
             Ok(json!({"session": s.to_string()}))
         }
@@ -157,7 +163,7 @@ pub async fn start(
     let rt2 = rt.clone();
     tasks.push(tokio::spawn(async move {
         while let Some(msg) = answers.next().await {
-            let res = match serde_json::from_slice::<AnswerReq>(&msg.payload) {
+            let res = match parse_answer_request(&msg.payload) {
                 Ok(r) => hitl::answer(&rt2, &r.token, r.answers, Some("skein.answers".into()))
                     .await
                     .map(|s| json!({"session": s.to_string()})),

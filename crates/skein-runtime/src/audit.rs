@@ -84,7 +84,8 @@ pub struct AuditReport {
 }
 
 struct Chain {
-    next_seq: u64,
+    /// Wider than a seq: the one after u64::MAX must exist too.
+    next_seq: u128,
     prev: String,
 }
 
@@ -153,7 +154,7 @@ pub fn verify(input: &mut dyn BufRead) -> Result<AuditReport> {
                 .map(|s| genesis_hash(&s))
                 .unwrap_or_default(),
         });
-        let seq = rec.env.seq;
+        let seq = u128::from(rec.env.seq);
         if seq < chain.next_seq {
             find(
                 &mut rep,
@@ -201,7 +202,7 @@ pub fn verify(input: &mut dyn BufRead) -> Result<AuditReport> {
                 match listed.get(sid) {
                     None => find(&mut rep, n, sid, "session not in the manifest".into()),
                     Some(e) => {
-                        if e["events"].as_u64() != Some(c.next_seq - 1) {
+                        if e["events"].as_u64().map(u128::from) != Some(c.next_seq - 1) {
                             find(
                                 &mut rep,
                                 n,
@@ -234,4 +235,48 @@ pub fn verify(input: &mut dyn BufRead) -> Result<AuditReport> {
         }
     }
     Ok(rep)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use skein_core::event::{genesis_hash, Cancelled};
+    use skein_core::{Envelope, Event};
+
+    use super::*;
+
+    fn line(seq: u64, prev: String) -> (Value, Record) {
+        let id = SessionId::root("audited").unwrap();
+        let env = Envelope::new(
+            id,
+            seq,
+            1,
+            prev,
+            Event::Cancelled(Cancelled { reason: "r".into() }),
+        );
+        let bytes = env.encode().unwrap();
+        let rec = Record::decode(bytes).unwrap();
+        (line_of(&rec), rec)
+    }
+
+    #[test]
+    fn the_largest_seq_is_reported_not_a_crash() {
+        let id = SessionId::root("audited").unwrap();
+        let (first, rec) = line(u64::MAX, genesis_hash(&id));
+        let (second, _) = line(u64::MAX, rec.hash());
+        let manifest = json!({"manifest": {"audited": {"events": u64::MAX, "head": "x"}}});
+        let file = format!("{first}\n{second}\n{manifest}\n");
+        let rep = verify(&mut file.as_bytes()).unwrap();
+        let problems: Vec<&str> = rep.findings.iter().map(|f| f.problem.as_str()).collect();
+        assert!(
+            problems.iter().any(|p| p.starts_with("missing: seq 1 to")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("reordered or repeated")),
+            "{problems:?}"
+        );
+    }
 }

@@ -1,0 +1,724 @@
+//! Writes the seed corpus: real inputs of every target. Event records, audit exports and
+//! tool calls come from real runs of the demo agents and of `fuzzer` (which writes a
+//! file after approval, asks a question, delegates and asks a follow-up) on an embedded
+//! store; tokens are signed with the test secret; the rest are examples of each format,
+//! valid and not.
+//!
+//! `cargo run -p skein-fuzz -- --write-seeds` rewrites the corpus. Inputs that crash a
+//! parser still being fixed are kept out of it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use skein_core::token::{sign, Claims};
+use skein_core::{Event, SessionId};
+use skein_runtime::hitl::{self, Secret};
+use skein_runtime::sled_backend::SledStore;
+use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+
+use crate::fixtures::{agent_files, paused_questions, paused_token, TEST_SECRET};
+use crate::targets::{event, submission};
+use crate::{Error, Result};
+
+/// The repository's root (where `config/` is).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The script of `fuzzer` in the seed run: tools, an approval, a question, a delegation
+/// and a follow-up question to it.
+const FUZZER_SCRIPT: &str = r##"description: the seed run of the fuzzer agent
+turns:
+  - say: "Looking at the workspace first."
+    tool_calls:
+      - tool: list_dir
+        args: {path: "."}
+      - tool: search_files
+        args: {pattern: "queue", case_sensitive: false}
+      - tool: read_file
+        args: {path: "notes.md"}
+      - tool: write_file
+        args: {path: "out/summary.md", content: "# Summary\n{{ mission }}\n"}
+  - tool_calls:
+      - tool: ask_user
+        args:
+          questions: [{key: version, question: "Which Python version?"}, "Anything else?"]
+          context: "setting up the project"
+          proposed_defaults: {version: "3.12"}
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: chatty, mission: "Summarize the notes for Python {{ results[0].answers.version }}"}
+  - tool_calls:
+      - tool: ask_clarification
+        args: {session_id: "{{ results[0].session_id }}", question: "And in one line?"}
+  - answer: "Done: {{ results[0].result }}"
+"##;
+
+const CHATTY_SCRIPT: &str = r#"turns:
+  - answer: "The notes compare three queue designs."
+  - answer: "Three queues, compared."
+"#;
+
+/// A script using every construct: conditions, repeats, loops over results.
+const FEATURE_SCRIPT: &str = r#"description: every construct of the format
+latency_ms: 0
+turns:
+  - choose:
+      - when: "inputs.n > 1"
+        say: "fanning out"
+        tool_calls:
+          - tool: call_agent
+            repeat: "{{ inputs.n }}"
+            args: {agent: researcher, mission: "part {{ i }} of {{ mission }}"}
+      - tool_calls:
+          - tool: call_agent
+            args: {agent: researcher, mission: "{{ mission }}"}
+  - tool_calls:
+      - tool: update_plan
+        args:
+          ops:
+            - {op: add, task: {id: t1, title: "first"}}
+  - answer: "{% for r in all_results %}{{ loop.index }}: {{ r.result | default('') }}\n{% endfor %}"
+"#;
+
+fn write(dir: &Path, target: &str, name: &str, data: &[u8]) -> Result<()> {
+    let d = dir.join(target);
+    std::fs::create_dir_all(&d).map_err(Error::io(format!("creating {}", d.display())))?;
+    let f = d.join(name);
+    std::fs::write(&f, data).map_err(Error::io(format!("writing {}", f.display())))
+}
+
+fn other(e: impl std::fmt::Display) -> Error {
+    Error::Other(e.to_string())
+}
+
+/// Seeds whose name starts with this are inputs that once crashed a target: kept when
+/// the corpus is written again.
+pub const REGRESSION_PREFIX: &str = "regress-";
+
+/// Writes every target's seeds under `corpus`, replacing what is there except the
+/// regression inputs.
+pub fn write_all(corpus: &Path) -> Result<()> {
+    for t in crate::targets::ALL {
+        let d = corpus.join(t.name);
+        for (name, _) in crate::runner::load_corpus(&d)? {
+            if !name.starts_with(REGRESSION_PREFIX) {
+                let f = d.join(&name);
+                std::fs::remove_file(&f).map_err(Error::io(format!("removing {}", f.display())))?;
+            }
+        }
+    }
+    ids(corpus)?;
+    submissions(corpus)?;
+    agents(corpus)?;
+    scripts(corpus)?;
+    tokens_and_answers(corpus)?;
+    tool_calls(corpus)?;
+    model_responses(corpus)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(other)?;
+    rt.block_on(runs(corpus))
+}
+
+fn ids(dir: &Path) -> Result<()> {
+    let ids = [
+        ("ulid", "01jd8x4m2k9q7w3e5r6t8y0u1i"),
+        ("key", "nightly-report_2024-06-01"),
+        ("child", "01jd8x4m2k9q7w3e5r6t8y0u1i.researcher-2"),
+        ("grandchild-slashed", "01jd8x/researcher-2/writer-1"),
+        (
+            "max-token",
+            "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz01",
+        ),
+        (
+            "too-long-ascii",
+            "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz012",
+        ),
+        ("space", "Has Space"),
+        ("subject", "a.>"),
+        ("empty-token", "abc..x-1"),
+        ("not-a-child", "abc.notachild"),
+        ("padded", "  01jd8x/writer-1\n"),
+        ("upper", "01JD8X"),
+        ("unicode-short", "café"),
+    ];
+    for (n, id) in ids {
+        write(dir, "id", n, id.as_bytes())?;
+    }
+    Ok(())
+}
+
+fn submissions(dir: &Path) -> Result<()> {
+    let valid = json!({
+        "agent": "orchestrator",
+        "mission": "Brief me on event sourcing",
+        "id": "brief-2024-06",
+        "context": "for a team new to it",
+        "inputs": {"audience": "engineers", "n": 3},
+        "budget": {"tokens": 50000},
+        "no_cache": false
+    });
+    let minimal = json!({"agent": "writer", "mission": "Write a haiku about queues"});
+    type Case<'a> = (&'a str, Vec<(String, String)>, Vec<u8>);
+    let cases: Vec<Case> = vec![
+        (
+            "json-full",
+            vec![],
+            serde_json::to_vec(&valid).map_err(other)?,
+        ),
+        (
+            "json-minimal",
+            vec![],
+            serde_json::to_vec(&minimal).map_err(other)?,
+        ),
+        (
+            "json-msg-id",
+            vec![("Nats-Msg-Id".into(), "nightly-1".into())],
+            serde_json::to_vec(&minimal).map_err(other)?,
+        ),
+        (
+            "msgpack-full",
+            vec![("Content-Type".into(), "application/msgpack".into())],
+            rmp_serde::to_vec_named(&valid).map_err(other)?,
+        ),
+        (
+            "msgpack-msg-id",
+            vec![
+                ("Nats-Msg-Id".into(), "nightly-2".into()),
+                ("Content-Type".into(), "application/msgpack".into()),
+            ],
+            rmp_serde::to_vec_named(&minimal).map_err(other)?,
+        ),
+        (
+            "unknown-agent",
+            vec![],
+            br#"{"agent": "nobody", "mission": "x"}"#.to_vec(),
+        ),
+        (
+            "empty-mission",
+            vec![],
+            br#"{"agent": "writer", "mission": "  "}"#.to_vec(),
+        ),
+        (
+            "inputs-not-object",
+            vec![],
+            br#"{"agent": "writer", "mission": "x", "inputs": [1, 2]}"#.to_vec(),
+        ),
+        (
+            "bad-id",
+            vec![],
+            br#"{"agent": "writer", "mission": "x", "id": "Not Valid"}"#.to_vec(),
+        ),
+        (
+            "bad-msg-id",
+            vec![("Nats-Msg-Id".into(), "a.b".into())],
+            serde_json::to_vec(&minimal).map_err(other)?,
+        ),
+        ("not-json", vec![], b"agent=writer&mission=x".to_vec()),
+        (
+            "msgpack-declared-json-sent",
+            vec![("Content-Type".into(), "application/msgpack".into())],
+            serde_json::to_vec(&minimal).map_err(other)?,
+        ),
+    ];
+    for (name, headers, payload) in cases {
+        write(
+            dir,
+            "submission",
+            name,
+            &submission::join(&headers, &payload),
+        )?;
+    }
+    Ok(())
+}
+
+fn agents(dir: &Path) -> Result<()> {
+    for (origin, text) in agent_files() {
+        let name = Path::new(&origin)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or(origin.clone());
+        write(dir, "agent", &name, text.as_bytes())?;
+    }
+    let extra = [
+        (
+            "team.md",
+            "---\nname: team-lead\ndescription: runs a team\nmodel: openai:gpt-4o-mini\n\
+             temperature: 0.2\nmax_tokens: 2000\nteam:\n  members: [researcher, writer]\n  \
+             supervisor: writer\n  member_max_turns: 3\n  supervisor_max_turns: 2\n\
+             advisors: [analyst]\npool: gpu\n---\nYou lead.\n",
+        ),
+        (
+            "summarizing.md",
+            "---\nname: summarizer\nmodel: anthropic:claude-sonnet-4\nsummarize:\n  max_chars: 400\n  \
+             model: scripted:writer\ncache: false\nrequires_approval: [write_file]\n\
+             idempotent_tools: [read_file]\ntools: [read_file, write_file]\nstrategy: concise\n\
+             limits:\n  max_steps: 4\n  max_children_per_turn: 2\n  max_tokens: 10000\n---\nBe brief.\n",
+        ),
+        (
+            "crlf.md",
+            "---\r\nname: crlf\r\nmodel: scripted:writer\r\n---\r\nWindows line ends.\r\n",
+        ),
+        ("no-front-matter.md", "name: x\nmodel: scripted:x\n"),
+        (
+            "unknown-field.md",
+            "---\nname: odd\nmodel: scripted:odd\ncolour: blue\n---\n",
+        ),
+        (
+            "bad-model.md",
+            "---\nname: nomodel\nmodel: gpt\n---\nNo provider.\n",
+        ),
+        (
+            "unknown-refs.md",
+            "---\nname: dangling\nmodel: scripted:x\nagents: [ghost]\ntools: [teleport]\n\
+             handoff: nowhere\n---\n",
+        ),
+        (
+            "anchors.md",
+            "---\nname: anchored\nmodel: scripted:x\ndescription: &d the same text\n\
+             tools: [read_file]\nidempotent_tools: [read_file]\n---\n",
+        ),
+    ];
+    for (n, t) in extra {
+        write(dir, "agent", n, t.as_bytes())?;
+    }
+    Ok(())
+}
+
+fn scripts(dir: &Path) -> Result<()> {
+    let scripts_dir = repo_root().join("config/scripts");
+    for (name, data) in crate::runner::load_corpus(&scripts_dir)? {
+        write(dir, "script", &name, &data)?;
+    }
+    write(dir, "script", "fuzzer.yaml", FUZZER_SCRIPT.as_bytes())?;
+    write(dir, "script", "chatty.yaml", CHATTY_SCRIPT.as_bytes())?;
+    write(dir, "script", "features.yaml", FEATURE_SCRIPT.as_bytes())?;
+    write(
+        dir,
+        "script",
+        "no-turns.yaml",
+        b"description: nothing\nturns: []\n",
+    )?;
+    write(
+        dir,
+        "script",
+        "bad-template.yaml",
+        b"turns:\n  - answer: \"{{ mission \"\n",
+    )?;
+    Ok(())
+}
+
+fn tokens_and_answers(dir: &Path) -> Result<()> {
+    let token = paused_token();
+    let approval = match SessionId::parse("01jd8x.researcher-1") {
+        Ok(session) => sign(
+            TEST_SECRET,
+            &Claims {
+                session,
+                seq: 7,
+                nonce: "0123456789abcdef01234567".into(),
+                kind: "approval".into(),
+            },
+        ),
+        Err(e) => return Err(other(e)),
+    };
+    let forged = sign(
+        b"some-other-key-entirely",
+        &Claims {
+            session: SessionId::root(crate::fixtures::PAUSED_ROOT).map_err(other)?,
+            seq: crate::fixtures::PAUSED_SEQ,
+            nonce: crate::fixtures::PAUSED_TOKEN_ID.into(),
+            kind: "input".into(),
+        },
+    );
+    for (n, t) in [
+        ("input", token.as_str()),
+        ("approval", approval.as_str()),
+        ("forged", forged.as_str()),
+        ("wrong-version", "skt2.7b7d.00"),
+        ("not-hex", "skt1.zz.yy"),
+        ("two-parts", "skt1.00"),
+    ] {
+        write(dir, "token", n, t.as_bytes())?;
+    }
+    let questions = paused_questions();
+    let answers = [
+        (
+            "complete",
+            json!({"token": token, "answers": {"version": "3.12", "license": "MIT", "q3": "no"}}),
+        ),
+        (
+            "missing-one",
+            json!({"token": token, "answers": {"version": "3.12"}}),
+        ),
+        ("not-object", json!({"token": token, "answers": ["3.12"]})),
+        (
+            "approval-token",
+            json!({"token": approval, "answers": {"version": "3.12"}}),
+        ),
+        (
+            "forged",
+            json!({"token": forged, "answers": {"version": "3.12", "license": "MIT", "q3": "-"}}),
+        ),
+        (
+            "extra-field",
+            json!({"token": token, "answers": {}, "by": "someone"}),
+        ),
+        (
+            "questions-as-answers",
+            json!({"token": token, "answers": questions}),
+        ),
+    ];
+    for (n, v) in answers {
+        write(dir, "answers", n, &serde_json::to_vec(&v).map_err(other)?)?;
+    }
+    Ok(())
+}
+
+fn tool_calls(dir: &Path) -> Result<()> {
+    let resume = sign(
+        TEST_SECRET,
+        &Claims {
+            session: SessionId::parse("fuzz-tools.researcher-2").map_err(other)?,
+            seq: 3,
+            nonce: "a1a1a1a1a1a1a1a1a1a1a1a1".into(),
+            kind: "input".into(),
+        },
+    );
+    let calls = [
+        (
+            "read-file",
+            json!({"tool": "read_file", "args": {"path": "notes.md"}}),
+        ),
+        (
+            "read-file-offset",
+            json!({"tool": "read_file", "args": {"path": "data/report.txt", "offset": 100}}),
+        ),
+        (
+            "write-file",
+            json!({"tool": "write_file", "args": {"path": "out/a.md", "content": "# A\n"}}),
+        ),
+        (
+            "list-dir",
+            json!({"tool": "list_dir", "args": {"path": "data"}}),
+        ),
+        ("list-root-null", json!({"tool": "list_dir", "args": null})),
+        (
+            "search-regex",
+            json!({"tool": "search_files", "args": {"pattern": "line (one|two)", "regex": true, "path": "data", "case_sensitive": false, "max_matches": 5}}),
+        ),
+        (
+            "search-text",
+            json!({"tool": "search_files", "args": {"pattern": "queues"}}),
+        ),
+        (
+            "http-fetch",
+            json!({"tool": "http_fetch", "args": {"url": "https://example.com/a?b=c", "method": "POST", "headers": {"accept": "text/plain"}, "body": "x"}}),
+        ),
+        (
+            "shell",
+            json!({"tool": "shell", "args": {"command": "ls -la"}}),
+        ),
+        (
+            "call-agent",
+            json!({"tool": "call_agent", "args": {"agent": "writer", "mission": "write it", "context": "c", "inputs": {"k": 1}, "budget": {"tokens": 1000}}}),
+        ),
+        (
+            "call-agent-custom",
+            json!({"tool": "call_agent", "args": {"mission": "m", "agent_definition": {"system_prompt": "be brief", "tools": ["read_file"]}}}),
+        ),
+        (
+            "call-agent-resume",
+            json!({"tool": "call_agent", "args": {"resume_token": resume, "answers": {"depth": "shallow"}}}),
+        ),
+        (
+            "ask-user",
+            json!({"tool": "ask_user", "args": {"questions": [{"key": "v", "question": "Which?"}, "Why?"], "context": "c", "proposed_defaults": {"v": "1"}}}),
+        ),
+        (
+            "ask-clarification",
+            json!({"tool": "ask_clarification", "args": {"session_id": "fuzz-tools/chatty-1", "question": "More?"}}),
+        ),
+        (
+            "update-plan",
+            json!({"tool": "update_plan", "args": {"ops": [{"op": "add", "task": {"id": "t1", "title": "first"}}, {"op": "add", "task": {"id": "t2", "title": "second", "depends_on": ["t1"]}}]}}),
+        ),
+        (
+            "propose-patch",
+            json!({"tool": "propose_patch", "args": {"base_version": 1, "ops": [{"op": "update", "id": "t1", "status": "done"}]}}),
+        ),
+        (
+            "handoff",
+            json!({"tool": "handoff_to", "args": {"agent": "writer", "mission": "finish"}}),
+        ),
+        (
+            "team-broadcast",
+            json!({"tool": "team_broadcast", "args": {"message": "hello"}}),
+        ),
+        (
+            "unreadable",
+            json!({"tool": "read_file", "args": {"_raw": "{path: x", "_error": "expected value"}}),
+        ),
+        ("unknown-tool", json!({"tool": "teleport", "args": {}})),
+        (
+            "one-turn",
+            json!([
+                {"tool": "update_plan", "args": {"ops": [{"op": "add", "task": {"id": "t9", "title": "t"}}]}},
+                {"tool": "call_agent", "args": {"agent": "researcher", "mission": "m", "owns_tasks": ["t9"]}},
+                {"tool": "read_file", "args": {"path": "notes.md"}}
+            ]),
+        ),
+    ];
+    for (n, v) in calls {
+        write(dir, "tool_args", n, &serde_json::to_vec(&v).map_err(other)?)?;
+    }
+    Ok(())
+}
+
+fn model_responses(dir: &Path) -> Result<()> {
+    let fixtures = repo_root().join("crates/skein-llm/tests/fixtures");
+    for (name, data) in crate::runner::load_corpus(&fixtures)? {
+        if name.ends_with(".json") {
+            write(dir, "model_response", &name, &data)?;
+        }
+    }
+    let json_mode = json!({
+        "choices": [{"message": {"role": "assistant", "content": "```json\n{\"tool_calls\": [{\"name\": \"read_file\", \"arguments\": {\"path\": \"notes.md\"}}]}\n```"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5}
+    });
+    write(
+        dir,
+        "model_response",
+        "json-mode-text.json",
+        &serde_json::to_vec_pretty(&json_mode).map_err(other)?,
+    )?;
+    let error = json!({"error": {"type": "overloaded_error", "message": "Overloaded"}});
+    write(
+        dir,
+        "model_response",
+        "error.json",
+        &serde_json::to_vec(&error).map_err(other)?,
+    )
+}
+
+/// Real runs on an embedded store: their records, exports and tool calls.
+async fn runs(corpus: &Path) -> Result<()> {
+    let tmp = tempfile::tempdir().map_err(other)?;
+    let scripts = tmp.path().join("scripts");
+    std::fs::create_dir_all(&scripts).map_err(other)?;
+    for (name, data) in crate::runner::load_corpus(&repo_root().join("config/scripts"))? {
+        std::fs::write(scripts.join(name), data).map_err(other)?;
+    }
+    std::fs::write(scripts.join("fuzzer.yaml"), FUZZER_SCRIPT).map_err(other)?;
+    std::fs::write(scripts.join("chatty.yaml"), CHATTY_SCRIPT).map_err(other)?;
+    let ws = tmp.path().join("ws");
+    let store = SledStore::open(&tmp.path().join("data"), &ws).map_err(other)?;
+    let agents = skein_core::AgentSet::load(&agent_files(), &[]).map_err(other)?;
+    let models = skein_llm::registry_from_config(&Default::default(), &scripts).map_err(other)?;
+    let tools = skein_tools::ToolBox::builtin(&skein_tools::ToolsConfig::default());
+    let cfg = RuntimeConfig {
+        worker_id: "seed-worker".into(),
+        token_secret: Secret(TEST_SECRET.to_vec()),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::new(store.backend(), Arc::new(agents), models, tools, cfg);
+    let submit = |agent: &str, mission: &str, id: &str| Submission {
+        agent: agent.into(),
+        mission: mission.into(),
+        id: Some(id.into()),
+        context: None,
+        inputs: Value::Null,
+        budget: None,
+        no_cache: true,
+        traceparent: None,
+    };
+
+    let brief = rt
+        .submit(submit(
+            "orchestrator",
+            "Brief me on event sourcing",
+            "seed-brief",
+        ))
+        .await
+        .map_err(other)?;
+    rt.run_tree(&brief, 8).await.map_err(other)?;
+    let plan = rt
+        .submit(submit("planner", "Plan a migration to queues", "seed-plan"))
+        .await
+        .map_err(other)?;
+    rt.run_tree(&plan, 8).await.map_err(other)?;
+
+    // The fuzzer's tree: a workspace to look at, then approval, answer, follow-up.
+    let fz = rt
+        .submit(submit(
+            "fuzzer",
+            "Compare three queue designs",
+            "seed-fuzzer",
+        ))
+        .await
+        .map_err(other)?;
+    let root_ws = ws.join(fz.as_str());
+    std::fs::create_dir_all(&root_ws).map_err(other)?;
+    std::fs::write(root_ws.join("notes.md"), "# Notes\nthree queue designs\n").map_err(other)?;
+    let mut tokens: BTreeMap<String, String> = BTreeMap::new();
+    for round in 0..6 {
+        let f = rt.run_tree(&fz, 8).await.map_err(other)?;
+        if f.state.status.is_terminal() {
+            break;
+        }
+        let inbox = hitl::inbox(&rt, std::slice::from_ref(&fz))
+            .await
+            .map_err(other)?;
+        let Some(item) = inbox.first() else {
+            return Err(other(format!(
+                "the fuzzer's seed run stopped without a question (round {round}, {})",
+                f.state.status.as_str()
+            )));
+        };
+        tokens.insert(format!("run-{}-{round}", item.kind), item.token.clone());
+        if item.kind == "approval" {
+            hitl::decide_approval(&rt, &item.token, true, None, Some("seed".into()))
+                .await
+                .map_err(other)?;
+        } else {
+            let answers = json!({"version": "3.12", "q2": "no"});
+            write(
+                corpus,
+                "answers",
+                &format!("run-round-{round}"),
+                &serde_json::to_vec(&json!({"token": item.token, "answers": answers}))
+                    .map_err(other)?,
+            )?;
+            hitl::answer(&rt, &item.token, answers, Some("seed".into()))
+                .await
+                .map_err(other)?;
+        }
+    }
+    for (n, t) in &tokens {
+        write(corpus, "token", n, t.as_bytes())?;
+    }
+
+    for root in [&brief, &plan, &fz] {
+        let mut export = vec![];
+        skein_runtime::audit::export(&rt.backend, root, &mut export)
+            .await
+            .map_err(other)?;
+        let name = root.as_str().trim_start_matches("seed-");
+        write(corpus, "audit", &format!("{name}.jsonl"), &export)?;
+        for id in rt.backend.log.tree(root).await.map_err(other)? {
+            let records = rt.backend.log.read(&id, 1).await.map_err(other)?;
+            let label = id.display().replace('/', "_");
+            let all: Vec<Vec<u8>> = records.iter().map(|r| r.bytes.clone()).collect();
+            write(corpus, "event", &format!("log-{label}"), &event::join(&all))?;
+            for r in &records {
+                let kind = r.env.body.kind();
+                let one = corpus.join("event").join(format!("one-{kind}"));
+                if !one.exists() {
+                    write(corpus, "event", &format!("one-{kind}"), &r.bytes)?;
+                }
+                if let Event::ToolCalled(t) = &r.env.body {
+                    let call = json!({"tool": t.tool, "args": t.args});
+                    write(
+                        corpus,
+                        "tool_args",
+                        &format!("run-{label}-{}", t.call),
+                        &serde_json::to_vec(&call).map_err(other)?,
+                    )?;
+                }
+            }
+        }
+    }
+    // Logs a reader must refuse or keep as they are: out of order, cut short, and a
+    // body of a kind a later version may write.
+    let fz_log: Vec<Vec<u8>> = rt
+        .backend
+        .log
+        .read(&fz, 1)
+        .await
+        .map_err(other)?
+        .iter()
+        .map(|r| r.bytes.clone())
+        .collect();
+    if fz_log.len() > 4 {
+        let mut reordered = fz_log.clone();
+        reordered.swap(2, 3);
+        write(corpus, "event", "bad-reordered", &event::join(&reordered))?;
+        let cut = &fz_log[1][..fz_log[1].len() / 2];
+        write(
+            corpus,
+            "event",
+            "bad-truncated",
+            &event::join(&[fz_log[0].clone(), cut.to_vec()]),
+        )?;
+    }
+    let future = skein_core::Envelope::new(
+        fz.clone(),
+        24,
+        1_700_000_000_000,
+        "0".repeat(64),
+        Event::Unknown {
+            kind: "FutureEvent".into(),
+            data: json!({"field": [1, 2, 3], "nested": {"a": null}}),
+        },
+    )
+    .encode()
+    .map_err(other)?;
+    write(corpus, "event", "one-unknown-kind", &future)?;
+    // A model server's token counts near the top of u64, twice.
+    let huge = |seq: u64| {
+        skein_core::Envelope::new(
+            fz.clone(),
+            seq,
+            1_700_000_000_000 + seq,
+            "0".repeat(64),
+            Event::ModelCalled(skein_core::event::ModelCalled {
+                model: "scripted:fuzzer".into(),
+                request_digest: String::new(),
+                response: skein_core::ModelResponse {
+                    content: Some("big".into()),
+                    tool_calls: vec![],
+                    finish_reason: Some("stop".into()),
+                },
+                usage: skein_core::Usage {
+                    input_tokens: u64::MAX - 1,
+                    output_tokens: u64::MAX / 2,
+                    cost: 0.0,
+                    estimated: false,
+                },
+                latency_ms: 1,
+                worker: "seed-worker".into(),
+            }),
+        )
+        .encode()
+    };
+    if let Some(first) = fz_log.first() {
+        let log = vec![
+            first.clone(),
+            huge(2).map_err(other)?,
+            huge(3).map_err(other)?,
+        ];
+        write(corpus, "event", "huge-usage", &event::join(&log))?;
+    }
+
+    // A tampered export: two lines swapped and one altered.
+    let brief_export = std::fs::read(corpus.join("audit/brief.jsonl")).map_err(other)?;
+    let text = String::from_utf8_lossy(&brief_export);
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    if lines.len() > 3 {
+        lines.swap(1, 2);
+        lines[0] = lines[0].replacen("\"seq\":1", "\"seq\":9", 1);
+    }
+    write(
+        corpus,
+        "audit",
+        "tampered.jsonl",
+        (lines.join("\n") + "\n").as_bytes(),
+    )?;
+    store.flush().await.map_err(other)?;
+    Ok(())
+}
