@@ -387,6 +387,10 @@ pub fn mission_message(mission: &str, context: Option<&str>, inputs: &Value) -> 
     m
 }
 
+/// How the refusal of a turn whose delegations do not fit the budget begins (the core
+/// writes it, and reads it back to refuse the rest of that turn the same way).
+const TURN_OVER_BUDGET: &str = "budget: this turn's delegations ask for";
+
 impl SessionState {
     /// Decides the next step. `def` must be the definition recorded at submission.
     pub fn next(&self, def: &AgentDef, limits: &Limits, catalog: &dyn Catalog) -> Step {
@@ -770,6 +774,22 @@ impl SessionState {
             return Step::Refuse(refusals);
         }
         if !delegations.is_empty() {
+            // A turn whose delegations did not fit is refused as a whole. Its refusals are
+            // recorded one at a time, and the ones left would fit once the first are gone:
+            // they are refused with the same reason, so every prefix of the log decides
+            // the same.
+            if let Some(reason) = self.turn_refused_for_budget() {
+                return Step::Refuse(
+                    delegations
+                        .iter()
+                        .map(|d| Refusal {
+                            call: d.call.clone(),
+                            tool: "call_agent".into(),
+                            error: reason.clone(),
+                        })
+                        .collect(),
+                );
+            }
             self.share_budget(&mut delegations);
             if let Some(free) = self.tokens_free() {
                 let asked: u64 = delegations.iter().filter_map(|d| d.budget.tokens).sum();
@@ -781,8 +801,8 @@ impl SessionState {
                             call: d.call.clone(),
                             tool: "call_agent".into(),
                             error: format!(
-                                "budget: this turn's delegations ask for {asked} tokens, \
-                                 {free} remain of this session's budget"
+                                "{TURN_OVER_BUDGET} {asked} tokens, {free} remain of this \
+                                 session's budget"
                             ),
                         })
                         .collect();
@@ -1128,5 +1148,21 @@ fn join(set: &BTreeSet<String>) -> String {
             .map(String::as_str)
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+impl SessionState {
+    /// The reason a delegation of the current turn was refused for the turn's budget, if
+    /// one was.
+    fn turn_refused_for_budget(&self) -> Option<String> {
+        self.turn.iter().find_map(|slot| match &slot.state {
+            crate::state::SlotState::Done {
+                output,
+                error: true,
+            } if slot.call.name == "call_agent" && output.starts_with(TURN_OVER_BUDGET) => {
+                Some(output.clone())
+            }
+            _ => None,
+        })
     }
 }

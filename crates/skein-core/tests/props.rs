@@ -689,3 +689,15 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
     // The log re-derives every decision.
     verify(&log, &def, &limits, &set).expect("the log replays");
 }
+
+/// A seed the property test failed on: a turn refused for its budget, whose refusals are
+/// recorded one at a time, must be refused whole at every prefix.
+#[test]
+fn refolding_reproduces_every_decision_seed_5354428758124604602() {
+    let seed = 5354428758124604602;
+    let (log, set, limits) = simulate(seed);
+    let def = set.get("boss").expect("boss");
+    if let Err(d) = verify(&log, def, &limits, &set) {
+        panic!("seed {seed}: {d}");
+    }
+}
