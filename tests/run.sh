@@ -62,4 +62,4 @@ bash tests/check_deploy.sh
 
 # Every fuzz target for a bounded time on the committed corpus; a crash fails the run and
 # its input is left in crates/skein-fuzz/crashes/. See the README's "Fuzzing" section.
-cargo run --release --locked -p skein-fuzz -- --seconds 20
+cargo run --locked -p skein-fuzz -- --seconds 20
