@@ -170,6 +170,33 @@ fn one_loss(seed: u64, missions_n: usize) {
     }
     // Every log: the chain, one terminal event and it is Completed, no duplicated tool
     // call, and every decision re-derived from the log.
+    // A replica that was just restarted may answer direct reads before it has caught up
+    // (reads may come from any replica; appends are checked by the leader): wait until
+    // every log reads whole, ending in its terminal event, before auditing.
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for r in &ids {
+            for s in b.log.tree(r).await.unwrap() {
+                loop {
+                    let whole = b
+                        .log
+                        .read(&s, 1)
+                        .await
+                        .ok()
+                        .and_then(|recs| recs.last().map(|x| x.env.body.is_terminal()))
+                        .unwrap_or(false);
+                    if whole {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "{s} does not read whole a minute after its tree ended ({schedule})"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    });
     let audit_started = Instant::now();
     let audited = rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(300), audit(&urls, 3, &ids)).await

@@ -571,7 +571,14 @@ impl Runtime {
             tracing::warn!(session = %f.id, "job for a session without a log; dropped");
             return Ok(());
         }
-        if !f.state.status.is_terminal() && job.attempt > self.cfg.max_deliver {
+        // Dead-lettered only when the deliveries were many and the log stood still for as
+        // long as they could have taken: deliveries that ran out during a leader election
+        // (heartbeats that found no consumer leader) come quickly while the session still
+        // moves, and do not fail it.
+        let still_for = now_ms().saturating_sub(f.state.updated_at);
+        let stalled =
+            u128::from(still_for) >= self.cfg.lease.as_millis() * u128::from(self.cfg.max_deliver);
+        if !f.state.status.is_terminal() && job.attempt > self.cfg.max_deliver && stalled {
             // What the deliveries kept failing at, from the log: the step due next, and the
             // last model error when model calls failed.
             let due = match self.def_for(&f.state).await {

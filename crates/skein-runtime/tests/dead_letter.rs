@@ -27,8 +27,90 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
     let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
     let mut models = Registry::new();
     models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
+    // A short lease: the log must stand still for max_deliver leases before the session is
+    // dead-lettered.
     let cfg = RuntimeConfig {
         max_deliver: 3,
+        lease: Duration::from_millis(20),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::new(
+        store.backend(),
+        Arc::new(agents),
+        models,
+        ToolBox::new(),
+        cfg,
+    );
+    let id = rt
+        .submit(Submission {
+            agent: "solo".into(),
+            mission: "m".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let jobs = &rt.backend.jobs;
+    // Three deliveries that never finish (as if each worker died mid-step).
+    for attempt in 1..=3 {
+        let j = jobs
+            .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(j.attempt, attempt);
+        jobs.retry(&j, Duration::ZERO).await.unwrap();
+    }
+    // The log stood still for 3 leases of 20 ms.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let j = jobs
+        .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(j.attempt, 4);
+    rt.process(&j).await.unwrap();
+    jobs.ack(&j).await.unwrap();
+    let last = rt.backend.log.last(&id).await.unwrap().unwrap();
+    match &last.env.body {
+        Event::Failed(f) => {
+            assert!(f.error.contains("dead-lettered"), "{}", f.error);
+            assert!(f.error.contains("delivered 3 times"), "{}", f.error);
+            assert!(
+                f.error
+                    .contains("the step it could not get past: call_model(scripted:solo)"),
+                "{}",
+                f.error
+            );
+        }
+        other => panic!("expected Failed, got {}", other.kind()),
+    }
+    // The model was never called: the session failed before any step.
+    let records = rt.backend.log.read(&id, 1).await.unwrap();
+    assert!(!records
+        .iter()
+        .any(|r| matches!(r.env.body, Event::ModelCalled(_))));
+}
+
+#[tokio::test]
+async fn deliveries_that_ran_out_while_the_log_moves_do_not_fail_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("solo.yaml"), "turns:\n  - answer: done\n").unwrap();
+    let agents = AgentSet::load(
+        &[(
+            "solo.md".into(),
+            "---\nname: solo\nmodel: scripted:solo\n---\nAnswer.\n".into(),
+        )],
+        &[],
+    )
+    .unwrap();
+    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
+    let mut models = Registry::new();
+    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
+    // Deliveries that run out quickly (heartbeats lost in a leader election) while the log
+    // was written a moment ago: the fourth one runs the step.
+    let cfg = RuntimeConfig {
+        max_deliver: 3,
+        lease: Duration::from_secs(30),
         ..RuntimeConfig::default()
     };
     let rt = Runtime::new(
@@ -66,22 +148,9 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
     rt.process(&j).await.unwrap();
     jobs.ack(&j).await.unwrap();
     let last = rt.backend.log.last(&id).await.unwrap().unwrap();
-    match &last.env.body {
-        Event::Failed(f) => {
-            assert!(f.error.contains("dead-lettered"), "{}", f.error);
-            assert!(f.error.contains("delivered 3 times"), "{}", f.error);
-            assert!(
-                f.error
-                    .contains("the step it could not get past: call_model(scripted:solo)"),
-                "{}",
-                f.error
-            );
-        }
-        other => panic!("expected Failed, got {}", other.kind()),
-    }
-    // The model was never called: the session failed before any step.
-    let records = rt.backend.log.read(&id, 1).await.unwrap();
-    assert!(!records
-        .iter()
-        .any(|r| matches!(r.env.body, Event::ModelCalled(_))));
+    assert!(
+        matches!(last.env.body, Event::Completed(_)),
+        "expected Completed, got {}",
+        last.env.body.kind()
+    );
 }
