@@ -497,7 +497,8 @@ async fn sigterm_hands_a_model_call_in_flight_to_another_worker_at_once() {
         a.logged()
     );
 
-    // Worker B has it at once: a redelivery, long before the 60 s lease.
+    // Worker B has it at once: a redelivery, long before the 60 s lease (the bound leaves
+    // room for a loaded machine and still tells a hand-back from a lease that ran out).
     while sum(
         &metrics(b.port),
         "skein_jobs_redelivered_total",
@@ -505,8 +506,8 @@ async fn sigterm_hands_a_model_call_in_flight_to_another_worker_at_once() {
     ) < 1.0
     {
         assert!(
-            term.elapsed() < Duration::from_secs(4),
-            "worker B did not get the job within moments of the SIGTERM"
+            term.elapsed() < Duration::from_secs(20),
+            "worker B did not get the job within 20 s of the SIGTERM (the lease is 60 s)"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
