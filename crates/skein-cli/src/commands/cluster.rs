@@ -203,6 +203,9 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
             .unwrap_or(0);
         crate::errln!("stopping: {n} job(s) still in flight handed back to be delivered again");
     }
+    // Hand-backs and acks are written to the connection, not yet sent: send them before
+    // the process ends, or a handed-back job waits for its lease.
+    let _ = tokio::time::timeout(Duration::from_secs(5), store.client.flush()).await;
     Ok(ExitCode::SUCCESS)
 }
 
