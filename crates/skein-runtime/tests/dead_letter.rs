@@ -2,31 +2,15 @@
 //! reason instead of being retried forever.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use skein_core::{AgentSet, Event};
-use skein_llm::scripted::ScriptedProvider;
-use skein_llm::Registry;
-use skein_runtime::sled_backend::SledStore;
-use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
-use skein_tools::ToolBox;
+use skein_core::Event;
+use skein_runtime::worker::RuntimeConfig;
 
 #[tokio::test]
 async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("solo.yaml"), "turns:\n  - answer: done\n").unwrap();
-    let agents = AgentSet::load(
-        &[(
-            "solo.md".into(),
-            "---\nname: solo\nmodel: scripted:solo\n---\nAnswer.\n".into(),
-        )],
-        &[],
-    )
-    .unwrap();
-    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
-    let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
     // A short lease: the log must stand still for max_deliver leases before the session is
     // dead-lettered.
     let cfg = RuntimeConfig {
@@ -34,21 +18,7 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
         lease: Duration::from_millis(20),
         ..RuntimeConfig::default()
     };
-    let rt = Runtime::new(
-        store.backend(),
-        Arc::new(agents),
-        models,
-        ToolBox::new(),
-        cfg,
-    );
-    let id = rt
-        .submit(Submission {
-            agent: "solo".into(),
-            mission: "m".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (_dir, rt, id) = common::solo(cfg).await;
     let jobs = &rt.backend.jobs;
     // Three deliveries that never finish (as if each worker died mid-step).
     for attempt in 1..=3 {
@@ -93,19 +63,6 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
 
 #[tokio::test]
 async fn deliveries_that_ran_out_while_the_log_moves_do_not_fail_the_session() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("solo.yaml"), "turns:\n  - answer: done\n").unwrap();
-    let agents = AgentSet::load(
-        &[(
-            "solo.md".into(),
-            "---\nname: solo\nmodel: scripted:solo\n---\nAnswer.\n".into(),
-        )],
-        &[],
-    )
-    .unwrap();
-    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
-    let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
     // Deliveries that run out quickly (heartbeats lost in a leader election) while the log
     // was written a moment ago: the fourth one runs the step.
     let cfg = RuntimeConfig {
@@ -113,21 +70,7 @@ async fn deliveries_that_ran_out_while_the_log_moves_do_not_fail_the_session() {
         lease: Duration::from_secs(30),
         ..RuntimeConfig::default()
     };
-    let rt = Runtime::new(
-        store.backend(),
-        Arc::new(agents),
-        models,
-        ToolBox::new(),
-        cfg,
-    );
-    let id = rt
-        .submit(Submission {
-            agent: "solo".into(),
-            mission: "m".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (_dir, rt, id) = common::solo(cfg).await;
     let jobs = &rt.backend.jobs;
     // Three deliveries that never finish (as if each worker died mid-step).
     for attempt in 1..=3 {

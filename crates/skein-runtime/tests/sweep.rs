@@ -2,46 +2,16 @@
 //! sweep of the open trees that backend trouble schedules.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use skein_core::{AgentSet, Event};
-use skein_llm::scripted::ScriptedProvider;
-use skein_llm::Registry;
-use skein_runtime::sled_backend::SledStore;
-use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
-use skein_tools::ToolBox;
+use skein_core::Event;
+use skein_runtime::worker::RuntimeConfig;
 
 #[tokio::test]
 async fn a_lost_job_is_found_again_by_the_sweep_and_the_tree_completes() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("solo.yaml"), "turns:\n  - answer: done\n").unwrap();
-    let agents = AgentSet::load(
-        &[(
-            "solo.md".into(),
-            "---\nname: solo\nmodel: scripted:solo\n---\nAnswer.\n".into(),
-        )],
-        &[],
-    )
-    .unwrap();
-    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
-    let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
-    let rt = Runtime::new(
-        store.backend(),
-        Arc::new(agents),
-        models,
-        ToolBox::new(),
-        RuntimeConfig::default(),
-    );
-    let id = rt
-        .submit(Submission {
-            agent: "solo".into(),
-            mission: "m".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (_dir, rt, id) = common::solo(RuntimeConfig::default()).await;
     let jobs = &rt.backend.jobs;
     // The job is lost: taken and acked without being processed.
     let j = jobs

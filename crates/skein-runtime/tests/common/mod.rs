@@ -1,0 +1,46 @@
+//! Shared setup of the runtime tests: one `solo` agent that answers "done", on a real sled
+//! store, with the scripted model.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use skein_core::{AgentSet, SessionId};
+use skein_llm::scripted::ScriptedProvider;
+use skein_llm::Registry;
+use skein_runtime::sled_backend::SledStore;
+use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_tools::ToolBox;
+
+/// A runtime with the `solo` agent and `cfg`, and one submitted mission of it. Keep the
+/// directory alive as long as the runtime.
+pub async fn solo(cfg: RuntimeConfig) -> (tempfile::TempDir, Arc<Runtime>, SessionId) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("solo.yaml"), "turns:\n  - answer: done\n").unwrap();
+    let agents = AgentSet::load(
+        &[(
+            "solo.md".into(),
+            "---\nname: solo\nmodel: scripted:solo\n---\nAnswer.\n".into(),
+        )],
+        &[],
+    )
+    .unwrap();
+    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
+    let mut models = Registry::new();
+    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
+    let rt = Runtime::new(
+        store.backend(),
+        Arc::new(agents),
+        models,
+        ToolBox::new(),
+        cfg,
+    );
+    let id = rt
+        .submit(Submission {
+            agent: "solo".into(),
+            mission: "m".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    (dir, rt, id)
+}
