@@ -116,9 +116,10 @@ async fn a_three_node_cluster_keeps_working_with_a_node_down() {
     let j = claimed.expect("a claim answers with one node of three down");
     assert_eq!(j.map(|j| j.session), Some(s.clone()));
     // Every check must pass with the node down; a check that met an election in progress
-    // may be run again (each run uses fresh sessions).
+    // (each stream and bucket elects its own leader, some seconds after the kill) may be
+    // run again (each run uses fresh sessions).
     let mut last = None;
-    for _ in 0..3 {
+    for _ in 0..10 {
         match skein_runtime::conformance::run_all(&b).await {
             Ok(()) => {
                 last = None;
@@ -126,7 +127,7 @@ async fn a_three_node_cluster_keeps_working_with_a_node_down() {
             }
             Err(e) => {
                 last = Some(e);
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
             }
         }
     }
