@@ -324,6 +324,10 @@ impl Runtime {
             Err(crate::Error::Interrupted(why)) => {
                 tracing::info!(session = %job.session, attempt = job.attempt, why = %why,
                     "job handed back: the worker is draining");
+                // The loops stopped claiming when the drain began, but a pull they had
+                // open may still stand at the server until it expires; handed back before
+                // then, the job could be delivered to it and wait out its lease.
+                tokio::time::sleep(crate::ports::CLAIM_WAIT + Duration::from_millis(250)).await;
                 match self.backend.jobs.retry(&job, Duration::ZERO).await {
                     Ok(()) => crate::metrics::job_handed_back(&job.pool, "draining"),
                     Err(e) => tracing::warn!(session = %job.session, error = %e, "retry failed"),
