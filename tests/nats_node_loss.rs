@@ -314,13 +314,10 @@ fn a_worker_that_cannot_make_progress_says_so_naming_the_stream() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let later: Vec<String> = log.lock().unwrap_or_else(|p| p.into_inner())[first..].to_vec();
-        if later
-            .iter()
-            .any(|l| {
-                (l.contains("ERROR") || l.contains("WARN"))
-                    && (l.contains("SKEIN_") || l.contains("pool-"))
-            })
-        {
+        if later.iter().any(|l| {
+            (l.contains("ERROR") || l.contains("WARN"))
+                && (l.contains("SKEIN_") || l.contains("pool-"))
+        }) {
             break;
         }
         assert!(
