@@ -19,6 +19,7 @@ pub mod http;
 pub mod otel;
 pub mod out;
 pub mod render;
+pub mod streamed;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -318,6 +318,10 @@ pub struct FrontMatter {
     pub summarize: Option<Summarize>,
     #[serde(default)]
     pub strategy: Option<String>,
+    /// Ask the model provider to cache this agent's stable prompt prefix (Anthropic's
+    /// prompt caching; other providers cache on their own or not at all).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prompt_cache: bool,
 }
 
 /// A parsed agent definition.
@@ -436,6 +440,7 @@ impl AgentDef {
             cache: None,
             summarize: None,
             strategy: None,
+            prompt_cache: caller.front.prompt_cache,
         };
         Self::parse(
             "custom agent_definition",

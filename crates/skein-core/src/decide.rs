@@ -549,6 +549,7 @@ impl SessionState {
             tools: vec![],
             temperature: def.front.temperature,
             max_tokens: def.front.max_tokens,
+            prompt_cache: def.front.prompt_cache,
             meta: RequestMeta {
                 session: self.id.as_ref().map(|i| i.to_string()).unwrap_or_default(),
                 agent: sub.map(|s| s.agent.clone()).unwrap_or_default(),

@@ -37,6 +37,17 @@ pub struct Usage {
     pub cost: f64,
     #[serde(default)]
     pub estimated: bool,
+    /// Of `input_tokens`, those the provider read from its prompt cache. Left out of the
+    /// encoding when zero, so usage without caching encodes as it always did.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_tokens: u64,
+    /// Of `input_tokens`, those the provider wrote to its prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
@@ -51,6 +62,10 @@ impl Usage {
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
         self.cost += other.cost;
         self.estimated |= other.estimated;
+        self.cache_read_tokens = self.cache_read_tokens.saturating_add(other.cache_read_tokens);
+        self.cache_write_tokens = self
+            .cache_write_tokens
+            .saturating_add(other.cache_write_tokens);
     }
 }
 
@@ -115,6 +130,11 @@ pub struct ModelRequest {
     pub temperature: Option<f32>,
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// Ask the provider to cache the stable prefix of the prompt (the system prompt,
+    /// the tools and the conversation so far), where its API lets the caller choose
+    /// (Anthropic's `cache_control`). Left out of the encoding when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prompt_cache: bool,
     #[serde(default)]
     pub meta: RequestMeta,
 }

@@ -203,6 +203,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                             output_tokens: rng.below(200),
                             cost: 0.0,
                             estimated: false,
+                            ..Default::default()
                         },
                         latency_ms: 1,
                         worker: "w".into(),
@@ -351,6 +352,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                     output_tokens: rng.below(100),
                     cost: 0.0,
                     estimated: false,
+                    ..Default::default()
                 };
                 let outcome = if rng.below(4) == 0 {
                     Outcome::Failed {

@@ -689,6 +689,7 @@ async fn runs(corpus: &Path) -> Result<()> {
                     output_tokens: u64::MAX / 2,
                     cost: 0.0,
                     estimated: false,
+                    ..Default::default()
                 },
                 latency_ms: 1,
                 worker: "seed-worker".into(),

@@ -6,6 +6,11 @@
 //! wants); `max_tokens` is always sent. `stop_reason` is mapped to the OpenAI-style
 //! `finish_reason` the rest of skein reads: `end_turn`/`stop_sequence` → `stop`,
 //! `tool_use` → `tool_calls`, `max_tokens` → `length`; any other value passes through.
+//!
+//! When the request asks for prompt caching (an agent's `prompt_cache: true`), the
+//! stable prefix carries `cache_control` breakpoints: the last tool, the system prompt,
+//! and the last block of the conversation so far, so the next turn of the same session
+//! reads all of it from the cache. Cache reads and writes come back in the usage.
 
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderValue};
@@ -15,6 +20,7 @@ use skein_core::{Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 use crate::config::{ProviderSettings, ToolMode};
 use crate::http::{header_map, secret_header, HttpClient};
 use crate::json_tool::{decode_arguments, response_from_text, rewrite_messages};
+use crate::stream::{AnthropicStream, TextSink};
 use crate::{
     error_in_body, estimate_usage, wire_number, Completion, Error, Provider, Result, RAW_KEY,
 };
@@ -87,15 +93,37 @@ impl AnthropicProvider {
                 .or(s.max_tokens)
                 .unwrap_or(DEFAULT_MAX_TOKENS)),
         );
+        let cache = || json!({"type": "ephemeral"});
         if let Some(system) = system {
-            body.insert("system".into(), json!(system));
+            if req.prompt_cache {
+                body.insert(
+                    "system".into(),
+                    json!([{"type": "text", "text": system, "cache_control": cache()}]),
+                );
+            } else {
+                body.insert("system".into(), json!(system));
+            }
+        }
+        let mut turns = turns;
+        if req.prompt_cache {
+            let last = turns
+                .last_mut()
+                .and_then(|t| t.get_mut("content"))
+                .and_then(Value::as_array_mut)
+                .and_then(|blocks| blocks.last_mut());
+            if let Some(block) = last {
+                block["cache_control"] = cache();
+            }
         }
         body.insert("messages".into(), Value::Array(turns));
         if !json_mode && !req.tools.is_empty() {
-            body.insert(
-                "tools".into(),
-                Value::Array(req.tools.iter().map(wire_tool).collect()),
-            );
+            let mut tools: Vec<Value> = req.tools.iter().map(wire_tool).collect();
+            if req.prompt_cache {
+                if let Some(t) = tools.last_mut() {
+                    t["cache_control"] = cache();
+                }
+            }
+            body.insert("tools".into(), Value::Array(tools));
             if let Some(choice) = tool_choice(&s.tool_choice, s.parallel_tool_calls) {
                 body.insert("tool_choice".into(), choice);
             }
@@ -105,26 +133,66 @@ impl AnthropicProvider {
         }
         Value::Object(body)
     }
-}
 
-#[async_trait]
-impl Provider for AnthropicProvider {
-    async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion> {
+    fn headers(&self) -> Result<(HeaderMap, Option<crate::ApiKey>)> {
         let s = &self.settings;
         let key = s.key.resolve(&s.name)?;
         let mut headers = self.headers.clone();
         if let Some(k) = &key {
             headers.insert("x-api-key", secret_header(&s.name, k.expose())?);
         }
+        Ok((headers, key))
+    }
+
+    fn named(&self, model: &str, e: Error) -> Error {
+        let name = &self.settings.name;
+        match e {
+            Error::Malformed(m) => Error::Malformed(format!("{name}:{model}: {m}")),
+            Error::Connect(m) if !m.starts_with(name.as_str()) => {
+                Error::Connect(format!("{name}:{model}: {m}"))
+            }
+            other => other,
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for AnthropicProvider {
+    async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion> {
+        let (headers, key) = self.headers()?;
         let body = self.request_body(model, req);
         let answer = self
             .http
             .post_json(&self.url(), &headers, &body, key.as_ref())
             .await?;
-        parse_response(&answer, req, self.json_mode(req)).map_err(|e| match e {
-            Error::Malformed(m) => Error::Malformed(format!("{}:{model}: {m}", s.name)),
-            other => other,
-        })
+        parse_response(&answer, req, self.json_mode(req)).map_err(|e| self.named(model, e))
+    }
+
+    async fn complete_streaming(
+        &self,
+        model: &str,
+        req: &ModelRequest,
+        on_text: TextSink<'_>,
+    ) -> Result<Completion> {
+        if !self.settings.stream {
+            return self.complete(model, req).await;
+        }
+        let (headers, key) = self.headers()?;
+        let mut body = self.request_body(model, req);
+        body["stream"] = json!(true);
+        let mut acc = AnthropicStream::default();
+        let whole = self
+            .http
+            .post_stream(&self.url(), &headers, &body, key.as_ref(), &mut |event, data| {
+                acc.push(event, data, on_text)
+            })
+            .await
+            .map_err(|e| self.named(model, e))?;
+        let answer = match whole {
+            Some(v) => v,
+            None => acc.finish().map_err(|e| self.named(model, e))?,
+        };
+        parse_response(&answer, req, self.json_mode(req)).map_err(|e| self.named(model, e))
     }
 }
 
@@ -291,6 +359,8 @@ pub fn parse_response(body: &Value, req: &ModelRequest, json_mode: bool) -> Resu
                 output_tokens: n("output_tokens"),
                 cost: 0.0,
                 estimated: false,
+                cache_read_tokens: n("cache_read_input_tokens"),
+                cache_write_tokens: n("cache_creation_input_tokens"),
             }
         }
         _ => estimate_usage(req, &response),
@@ -330,6 +400,7 @@ mod tests {
             tools: vec![],
             temperature: None,
             max_tokens: None,
+            prompt_cache: false,
             meta: Default::default(),
         };
         let body = json!({

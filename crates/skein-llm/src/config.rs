@@ -20,6 +20,12 @@ pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 pub const OPENAI_KEY_ENV: &str = "OPENAI_API_KEY";
 pub const ANTHROPIC_KEY_ENV: &str = "ANTHROPIC_API_KEY";
+/// The OpenAI SDKs' variable for another endpoint; read for the `openai` provider when
+/// its `base_url` is not configured.
+pub const OPENAI_BASE_URL_ENV: &str = "OPENAI_BASE_URL";
+/// The Anthropic SDKs' variable for another endpoint; read for the `anthropic` provider
+/// when its `base_url` is not configured.
+pub const ANTHROPIC_BASE_URL_ENV: &str = "ANTHROPIC_BASE_URL";
 
 /// `[models]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -84,6 +90,13 @@ pub struct ProviderConfig {
     pub temperature: Option<f32>,
     /// Used when the request sets none (Anthropic requires one: default 4096).
     pub max_tokens: Option<u32>,
+    /// Ask for the answer as a stream of server-sent events, so its text shows while it
+    /// arrives (default true).
+    pub stream: Option<bool>,
+    /// With `stream`, ask an OpenAI-compatible server for usage in the stream
+    /// (`stream_options.include_usage`, default true). A server that refuses the field
+    /// needs `false`; its usage is then estimated.
+    pub stream_usage: Option<bool>,
 }
 
 /// US dollars per million tokens.
@@ -92,13 +105,39 @@ pub struct ProviderConfig {
 pub struct Price {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
+    /// Input tokens read from the provider's prompt cache (default: `input_per_mtok`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_per_mtok: Option<f64>,
+    /// Input tokens written to the provider's prompt cache (default: `input_per_mtok`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_per_mtok: Option<f64>,
 }
 
 impl Price {
-    /// Dollars for the given token counts.
-    pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> f64 {
-        input_tokens as f64 * self.input_per_mtok / 1e6
-            + output_tokens as f64 * self.output_per_mtok / 1e6
+    /// Dollars for `usage`: cache reads and writes at their own prices, the rest of the
+    /// input at the input price.
+    pub fn cost(&self, usage: &skein_core::Usage) -> f64 {
+        let cached = usage
+            .cache_read_tokens
+            .saturating_add(usage.cache_write_tokens);
+        let plain = usage.input_tokens.saturating_sub(cached);
+        let read = self.cache_read_per_mtok.unwrap_or(self.input_per_mtok);
+        let write = self.cache_write_per_mtok.unwrap_or(self.input_per_mtok);
+        (plain as f64 * self.input_per_mtok
+            + usage.cache_read_tokens as f64 * read
+            + usage.cache_write_tokens as f64 * write
+            + usage.output_tokens as f64 * self.output_per_mtok)
+            / 1e6
+    }
+
+    /// Every price, for checks.
+    pub fn all(&self) -> [f64; 4] {
+        [
+            self.input_per_mtok,
+            self.output_per_mtok,
+            self.cache_read_per_mtok.unwrap_or(0.0),
+            self.cache_write_per_mtok.unwrap_or(0.0),
+        ]
     }
 }
 
@@ -146,6 +185,9 @@ pub enum KeySource {
     File(PathBuf),
     /// A key given in code (tests, embedding); never read from config.
     Value(ApiKey),
+    /// The variable's value when it is set, else no key: the `openai` provider pointed
+    /// elsewhere by `OPENAI_BASE_URL` (a local server needs none).
+    EnvIfSet(String),
 }
 
 impl KeySource {
@@ -154,6 +196,10 @@ impl KeySource {
         match self {
             KeySource::None => Ok(None),
             KeySource::Value(k) => Ok(Some(k.clone())),
+            KeySource::EnvIfSet(var) => Ok(std::env::var(var)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| ApiKey(v.trim().to_string()))),
             KeySource::Env(var) => match std::env::var(var) {
                 Ok(v) if !v.trim().is_empty() => Ok(Some(ApiKey(v.trim().to_string()))),
                 _ => Err(Error::Config(format!(
@@ -219,6 +265,8 @@ pub struct ProviderSettings {
     pub parallel_tool_calls: Option<bool>,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,
+    pub stream: bool,
+    pub stream_usage: bool,
 }
 
 impl ProviderSettings {
@@ -236,14 +284,26 @@ impl ProviderSettings {
             parallel_tool_calls: None,
             temperature: None,
             max_tokens: None,
+            stream: true,
+            stream_usage: true,
         }
     }
 
     /// Fills in the defaults: the `openai` and `anthropic` providers know their kind,
     /// URL and key variable; any `anthropic`-kind provider reads `ANTHROPIC_API_KEY`
     /// unless told otherwise; another `openai`-kind provider sends no key unless given
-    /// one (a local server).
+    /// one (a local server). `OPENAI_BASE_URL` and `ANTHROPIC_BASE_URL` are read from
+    /// the environment.
     pub fn from_config(name: &str, cfg: &ProviderConfig) -> Result<Self> {
+        Self::from_config_with(name, cfg, &|var| std::env::var(var).ok())
+    }
+
+    /// [`ProviderSettings::from_config`] with the environment given by `env`.
+    pub fn from_config_with(
+        name: &str,
+        cfg: &ProviderConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
         let kind = match (cfg.kind, name) {
             (Some(k), _) => k,
             (None, "openai") => ProviderKind::OpenAi,
@@ -254,8 +314,15 @@ impl ProviderSettings {
                 )))
             }
         };
+        let from_env = |var: &str| env(var).filter(|v| !v.trim().is_empty());
+        let env_url = match (name, kind) {
+            ("openai", ProviderKind::OpenAi) => from_env(OPENAI_BASE_URL_ENV),
+            ("anthropic", ProviderKind::Anthropic) => from_env(ANTHROPIC_BASE_URL_ENV),
+            _ => None,
+        };
         let base_url = match (&cfg.base_url, kind) {
             (Some(u), _) => u.clone(),
+            (None, _) if env_url.is_some() => env_url.clone().unwrap_or_default(),
             (None, ProviderKind::OpenAi) if name == "openai" => OPENAI_BASE_URL.into(),
             (None, ProviderKind::Anthropic) => ANTHROPIC_BASE_URL.into(),
             (None, ProviderKind::OpenAi) => {
@@ -264,9 +331,15 @@ impl ProviderSettings {
                 )))
             }
         };
+        let base_url = base_url.trim().to_string();
         if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            let from = match (&cfg.base_url, name) {
+                (None, "openai") => OPENAI_BASE_URL_ENV.to_string(),
+                (None, "anthropic") => ANTHROPIC_BASE_URL_ENV.to_string(),
+                _ => format!("[models.providers.{name}]: base_url"),
+            };
             return Err(Error::Config(format!(
-                "[models.providers.{name}]: base_url `{base_url}` is not an http(s) URL"
+                "{from} `{base_url}` is not an http(s) URL"
             )));
         }
         let key = match (&cfg.api_key_env, &cfg.api_key_file) {
@@ -279,6 +352,10 @@ impl ProviderSettings {
             (None, Some(f)) => KeySource::File(f.clone()),
             (None, None) => match kind {
                 ProviderKind::Anthropic => KeySource::Env(ANTHROPIC_KEY_ENV.into()),
+                // Pointed elsewhere by OPENAI_BASE_URL: the key only if one is set.
+                ProviderKind::OpenAi if name == "openai" && env_url.is_some() && cfg.base_url.is_none() => {
+                    KeySource::EnvIfSet(OPENAI_KEY_ENV.into())
+                }
                 ProviderKind::OpenAi if name == "openai" => KeySource::Env(OPENAI_KEY_ENV.into()),
                 ProviderKind::OpenAi => KeySource::None,
             },
@@ -309,6 +386,8 @@ impl ProviderSettings {
         s.parallel_tool_calls = cfg.parallel_tool_calls;
         s.temperature = cfg.temperature;
         s.max_tokens = cfg.max_tokens;
+        s.stream = cfg.stream.unwrap_or(true);
+        s.stream_usage = cfg.stream_usage.unwrap_or(true);
         Ok(s)
     }
 }
@@ -360,6 +439,46 @@ mod tests {
     }
 
     #[test]
+    fn base_urls_from_the_sdk_variables() {
+        let env = |var: &str| match var {
+            OPENAI_BASE_URL_ENV => Some("http://127.0.0.1:8080/v1/".to_string()),
+            ANTHROPIC_BASE_URL_ENV => Some("https://gateway.example/anthropic".to_string()),
+            _ => None,
+        };
+        let none = ProviderConfig::default();
+        let o = ProviderSettings::from_config_with("openai", &none, &env).unwrap();
+        assert_eq!(o.base_url, "http://127.0.0.1:8080/v1");
+        // A local server needs no key; one set is still sent.
+        assert_eq!(o.key, KeySource::EnvIfSet(OPENAI_KEY_ENV.into()));
+        let a = ProviderSettings::from_config_with("anthropic", &none, &env).unwrap();
+        assert_eq!(a.base_url, "https://gateway.example/anthropic");
+        assert_eq!(a.key, KeySource::Env(ANTHROPIC_KEY_ENV.into()));
+        // Configuration wins over the environment; other providers ignore it.
+        let configured = ProviderConfig {
+            base_url: Some("https://api.example/v1".into()),
+            ..Default::default()
+        };
+        let o = ProviderSettings::from_config_with("openai", &configured, &env).unwrap();
+        assert_eq!(o.base_url, "https://api.example/v1");
+        assert_eq!(o.key, KeySource::Env(OPENAI_KEY_ENV.into()));
+        let local = ProviderConfig {
+            kind: Some(ProviderKind::OpenAi),
+            ..Default::default()
+        };
+        let e = ProviderSettings::from_config_with("local", &local, &env).unwrap_err();
+        assert!(e.to_string().contains("base_url"), "{e}");
+        // A variable that is not a URL is named.
+        let bad = |_: &str| Some("localhost:8080".to_string());
+        let e = ProviderSettings::from_config_with("openai", &none, &bad).unwrap_err();
+        assert!(e.to_string().contains(OPENAI_BASE_URL_ENV), "{e}");
+        // Unset or empty: the defaults.
+        let empty = |_: &str| Some(" ".to_string());
+        let o = ProviderSettings::from_config_with("openai", &none, &empty).unwrap();
+        assert_eq!(o.base_url, OPENAI_BASE_URL);
+        assert!(o.stream && o.stream_usage);
+    }
+
+    #[test]
     fn missing_key_names_its_source_only() {
         let e = KeySource::Env("SKEIN_LLM_TEST_SURELY_UNSET".into())
             .resolve("p")
@@ -381,11 +500,25 @@ mod tests {
 
     #[test]
     fn price_cost() {
-        let p = Price {
+        let mut p = Price {
             input_per_mtok: 0.15,
             output_per_mtok: 0.60,
+            ..Default::default()
         };
-        let c = p.cost(1_000_000, 500_000);
+        let mut u = skein_core::Usage {
+            input_tokens: 1_000_000,
+            output_tokens: 500_000,
+            ..Default::default()
+        };
+        let c = p.cost(&u);
         assert!((c - 0.45).abs() < 1e-12, "{c}");
+        // Half the input read from the cache at a tenth of the price, a tenth written.
+        u.cache_read_tokens = 500_000;
+        u.cache_write_tokens = 100_000;
+        assert!((p.cost(&u) - 0.45).abs() < 1e-12, "unpriced cache tokens cost as input");
+        p.cache_read_per_mtok = Some(0.015);
+        p.cache_write_per_mtok = Some(0.1875);
+        let want = 0.4 * 0.15 + 0.5 * 0.015 + 0.1 * 0.1875 + 0.5 * 0.60;
+        assert!((p.cost(&u) - want).abs() < 1e-12, "{}", p.cost(&u));
     }
 }

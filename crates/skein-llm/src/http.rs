@@ -87,13 +87,75 @@ impl HttpClient {
         }
     }
 
-    async fn send_once(
+    /// POSTs `body` and reads the answer as server-sent events, handing each
+    /// `(event, data)` to `on_event` as it completes. Failures before the first byte of
+    /// the answer are retried as [`HttpClient::post_json`] retries them; once the answer
+    /// has begun, a failure is returned (text already handed out cannot be taken back).
+    /// A server that answers with plain JSON instead of a stream gets that JSON back.
+    pub async fn post_stream(
         &self,
         url: &str,
         headers: &HeaderMap,
         body: &Value,
         secret: Option<&ApiKey>,
-    ) -> Result<Value> {
+        on_event: &mut (dyn FnMut(&str, &str) -> Result<()> + Send),
+    ) -> Result<Option<Value>> {
+        let mut attempt = 0u32;
+        let mut resp = loop {
+            let err = match self.send(url, headers, body, secret).await {
+                Ok(r) => break r,
+                Err(e) => e,
+            };
+            if attempt >= self.opts.max_retries || !retry_in_process(&err) {
+                return Err(err);
+            }
+            let delay = match err.retry_after() {
+                Some(d) if d > self.opts.max_retry_after => return Err(err),
+                Some(d) => d,
+                None => backoff_delay(attempt, self.opts.backoff, self.opts.max_backoff),
+            };
+            attempt += 1;
+            tracing::warn!(
+                provider = %self.provider,
+                attempt,
+                delay_ms = delay.as_millis() as u64,
+                error = %err,
+                "model call failed; retrying"
+            );
+            tokio::time::sleep(delay).await;
+        };
+        let is_stream = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.to_ascii_lowercase().contains("text/event-stream"));
+        if !is_stream {
+            return self.read_json(resp, secret).await.map(Some);
+        }
+        let mut sse = crate::stream::SseParser::default();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| self.transport_error(&e, secret))?
+        {
+            for (event, data) in sse.feed(&chunk)? {
+                on_event(&event, &data)?;
+            }
+        }
+        for (event, data) in sse.finish() {
+            on_event(&event, &data)?;
+        }
+        Ok(None)
+    }
+
+    /// Sends `body`; a non-2xx answer is an [`Error::Http`] with the provider's message.
+    async fn send(
+        &self,
+        url: &str,
+        headers: &HeaderMap,
+        body: &Value,
+        secret: Option<&ApiKey>,
+    ) -> Result<reqwest::Response> {
         let resp = self
             .client
             .post(url)
@@ -103,19 +165,38 @@ impl HttpClient {
             .await
             .map_err(|e| self.transport_error(&e, secret))?;
         let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
         let retry_after = parse_retry_after(resp.headers(), SystemTime::now());
         let bytes = resp
             .bytes()
             .await
             .map_err(|e| self.transport_error(&e, secret))?;
-        if !status.is_success() {
-            let text = String::from_utf8_lossy(&bytes);
-            return Err(Error::Http {
-                status: status.as_u16(),
-                message: scrub(&error_message(&text), secret),
-                retry_after,
-            });
-        }
+        let text = String::from_utf8_lossy(&bytes);
+        Err(Error::Http {
+            status: status.as_u16(),
+            message: scrub(&error_message(&text), secret),
+            retry_after,
+        })
+    }
+
+    async fn send_once(
+        &self,
+        url: &str,
+        headers: &HeaderMap,
+        body: &Value,
+        secret: Option<&ApiKey>,
+    ) -> Result<Value> {
+        let resp = self.send(url, headers, body, secret).await?;
+        self.read_json(resp, secret).await
+    }
+
+    async fn read_json(&self, resp: reqwest::Response, secret: Option<&ApiKey>) -> Result<Value> {
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(&e, secret))?;
         serde_json::from_slice(&bytes).map_err(|e| {
             let text = String::from_utf8_lossy(&bytes);
             Error::Malformed(scrub(

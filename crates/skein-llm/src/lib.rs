@@ -52,11 +52,17 @@ pub mod http;
 pub mod json_tool;
 pub mod openai;
 pub mod scripted;
+pub mod stream;
 
 pub use config::{
     ApiKey, KeySource, ModelsConfig, Price, ProviderConfig, ProviderKind, ProviderSettings,
     ToolMode,
 };
+pub use stream::TextSink;
+
+/// Most tool calls read from one streamed answer (a bound on what a server can make a
+/// worker hold).
+pub(crate) const MAX_STREAMED_CALLS: usize = 1024;
 
 /// Key of the arguments as the model wrote them, in arguments that could not be read.
 pub const RAW_KEY: &str = "_raw";
@@ -141,6 +147,19 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub trait Provider: Send + Sync {
     /// Answers `req`; `model` is the part of `req.model` after `provider:`.
     async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion>;
+
+    /// Answers `req` as [`Provider::complete`] does, sending the answer's text to
+    /// `on_text` while it arrives. A provider that cannot stream answers whole (and says
+    /// nothing to `on_text`). The completion is the same either way.
+    async fn complete_streaming(
+        &self,
+        model: &str,
+        req: &ModelRequest,
+        on_text: TextSink<'_>,
+    ) -> Result<Completion> {
+        let _ = on_text;
+        self.complete(model, req).await
+    }
 }
 
 /// Splits `provider:model`.
@@ -194,6 +213,24 @@ impl Registry {
     /// Routes `req` to its provider; when the model has a price, `usage.cost` is set from
     /// it.
     pub async fn complete(&self, req: &ModelRequest) -> Result<Completion> {
+        let (p, model) = self.route(req)?;
+        let c = p.complete(model, req).await?;
+        Ok(self.priced(req, c))
+    }
+
+    /// [`Registry::complete`], with the answer's text sent to `on_text` as it arrives
+    /// (see [`Provider::complete_streaming`]).
+    pub async fn complete_streaming(
+        &self,
+        req: &ModelRequest,
+        on_text: TextSink<'_>,
+    ) -> Result<Completion> {
+        let (p, model) = self.route(req)?;
+        let c = p.complete_streaming(model, req, on_text).await?;
+        Ok(self.priced(req, c))
+    }
+
+    fn route<'r>(&self, req: &'r ModelRequest) -> Result<(&Arc<dyn Provider>, &'r str)> {
         let (provider, model) = split_model(&req.model)?;
         let p = self
             .providers
@@ -203,11 +240,14 @@ impl Registry {
                 model: req.model.clone(),
                 known: self.names().join(", "),
             })?;
-        let mut c = p.complete(model, req).await?;
+        Ok((p, model))
+    }
+
+    fn priced(&self, req: &ModelRequest, mut c: Completion) -> Completion {
         if let Some(price) = self.price(&req.model) {
-            c.usage.cost = price.cost(c.usage.input_tokens, c.usage.output_tokens);
+            c.usage.cost = price.cost(&c.usage);
         }
-        Ok(c)
+        c
     }
 }
 
@@ -253,8 +293,7 @@ pub fn registry_from_config(models: &ModelsConfig, scripts_dir: &Path) -> Result
                 "[models.prices]: `{model}` is not `provider:model`"
             ))
         })?;
-        let ok = |x: f64| x.is_finite() && x >= 0.0;
-        if !ok(price.input_per_mtok) || !ok(price.output_per_mtok) {
+        if !price.all().iter().all(|x| x.is_finite() && *x >= 0.0) {
             return Err(Error::Config(format!(
                 "[models.prices.\"{model}\"]: prices must be non-negative numbers"
             )));
@@ -300,6 +339,7 @@ pub fn estimate_usage(req: &ModelRequest, resp: &ModelResponse) -> Usage {
             + calls(&resp.tool_calls),
         cost: 0.0,
         estimated: true,
+        ..Default::default()
     }
 }
 

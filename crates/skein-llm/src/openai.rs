@@ -16,6 +16,7 @@ use skein_core::{Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 use crate::config::{ProviderSettings, ToolMode};
 use crate::http::{header_map, secret_header, HttpClient};
 use crate::json_tool::{decode_arguments, response_from_text, rewrite_messages};
+use crate::stream::{OpenAiStream, TextSink};
 use crate::{
     args_error, error_in_body, estimate_usage, malformed_args, wire_number, Completion, Error,
     Provider, Result, INVALID_TOOL_CALL,
@@ -80,11 +81,18 @@ impl OpenAiProvider {
         }
         Value::Object(body)
     }
-}
 
-#[async_trait]
-impl Provider for OpenAiProvider {
-    async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion> {
+    /// [`OpenAiProvider::request_body`] asking for a stream of server-sent events.
+    pub fn stream_body(&self, model: &str, req: &ModelRequest) -> Value {
+        let mut body = self.request_body(model, req);
+        body["stream"] = json!(true);
+        if self.settings.stream_usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    }
+
+    fn headers(&self) -> Result<(HeaderMap, Option<crate::ApiKey>)> {
         let s = &self.settings;
         let key = s.key.resolve(&s.name)?;
         let mut headers = self.headers.clone();
@@ -94,6 +102,15 @@ impl Provider for OpenAiProvider {
                 secret_header(&s.name, &format!("Bearer {}", k.expose()))?,
             );
         }
+        Ok((headers, key))
+    }
+}
+
+#[async_trait]
+impl Provider for OpenAiProvider {
+    async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion> {
+        let s = &self.settings;
+        let (headers, key) = self.headers()?;
         let url = format!("{}/chat/completions", s.base_url);
         let body = self.request_body(model, req);
         let answer = self
@@ -103,11 +120,43 @@ impl Provider for OpenAiProvider {
         parse_response(&answer, req, self.json_mode(req))
             .map_err(|e| with_provider(e, &s.name, model))
     }
+
+    async fn complete_streaming(
+        &self,
+        model: &str,
+        req: &ModelRequest,
+        on_text: TextSink<'_>,
+    ) -> Result<Completion> {
+        let s = &self.settings;
+        if !s.stream {
+            return self.complete(model, req).await;
+        }
+        let (headers, key) = self.headers()?;
+        let url = format!("{}/chat/completions", s.base_url);
+        let body = self.stream_body(model, req);
+        let mut acc = OpenAiStream::default();
+        let whole = self
+            .http
+            .post_stream(&url, &headers, &body, key.as_ref(), &mut |_, data| {
+                acc.push(data, on_text)
+            })
+            .await
+            .map_err(|e| with_provider(e, &s.name, model))?;
+        let answer = match whole {
+            Some(v) => v,
+            None => acc.finish().map_err(|e| with_provider(e, &s.name, model))?,
+        };
+        parse_response(&answer, req, self.json_mode(req))
+            .map_err(|e| with_provider(e, &s.name, model))
+    }
 }
 
 fn with_provider(e: Error, provider: &str, model: &str) -> Error {
     match e {
         Error::Malformed(m) => Error::Malformed(format!("{provider}:{model}: {m}")),
+        Error::Connect(m) if !m.starts_with(provider) => {
+            Error::Connect(format!("{provider}:{model}: {m}"))
+        }
         other => other,
     }
 }
@@ -163,7 +212,9 @@ fn wire_message(m: &Message) -> Value {
                     })
                 })
                 .collect();
-            json!({"role": "assistant", "content": content, "tool_calls": calls})
+            // Never `content: null`: llama.cpp's server (llama-cpp-python) refuses it with
+            // HTTP 500 on the next request, and "" is read as no text by every server.
+            json!({"role": "assistant", "content": content.as_deref().unwrap_or(""), "tool_calls": calls})
         }
         Message::Tool {
             call_id,
@@ -183,7 +234,7 @@ fn wire_message(m: &Message) -> Value {
 }
 
 /// Text of a `content` field: a string, or the text parts of a list.
-fn content_text(v: Option<&Value>) -> Option<String> {
+pub(crate) fn content_text(v: Option<&Value>) -> Option<String> {
     match v? {
         Value::String(s) => Some(s.clone()),
         Value::Array(parts) => {
@@ -287,6 +338,12 @@ pub fn parse_response(body: &Value, req: &ModelRequest, json_mode: bool) -> Resu
                     .unwrap_or(0),
                 cost: 0.0,
                 estimated: false,
+                // OpenAI's automatic prompt caching reports what it read.
+                cache_read_tokens: u
+                    .pointer("/prompt_tokens_details/cached_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
+                cache_write_tokens: 0,
             }
         }
         _ => estimate_usage(req, &response),

@@ -480,6 +480,7 @@ fn usage(req: &ModelRequest, resp: &ModelResponse) -> Usage {
         output_tokens: output,
         cost: 0.0,
         estimated: false,
+        ..Default::default()
     }
 }
 
@@ -495,12 +496,71 @@ impl Provider for ScriptedProvider {
         let usage = usage(req, &response);
         Ok(Completion { response, usage })
     }
+
+    /// The scripted answer's text, sent a few words at a time spread over its latency, as
+    /// a real server streams it.
+    async fn complete_streaming(
+        &self,
+        model: &str,
+        req: &ModelRequest,
+        on_text: crate::TextSink<'_>,
+    ) -> Result<Completion> {
+        let script = self.load(model)?;
+        let (response, latency) = answer_within(&script, req, self.limits)
+            .map_err(|e| Error::Config(format!("scripted:{model}: {e}")))?;
+        let pieces = stream_pieces(response.content.as_deref().unwrap_or(""));
+        let per_piece = Duration::from_millis(latency) / (pieces.len().max(1) as u32);
+        if pieces.is_empty() && latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        for p in &pieces {
+            if !per_piece.is_zero() {
+                tokio::time::sleep(per_piece).await;
+            }
+            on_text(p);
+        }
+        let usage = usage(req, &response);
+        Ok(Completion { response, usage })
+    }
+}
+
+/// `text` cut into at most 16 pieces at word boundaries; joined, they are `text`.
+fn stream_pieces(text: &str) -> Vec<&str> {
+    if text.is_empty() {
+        return vec![];
+    }
+    let words = text.split_inclusive(' ').count();
+    let per = words.div_ceil(16).max(1);
+    let mut out = vec![];
+    let mut start = 0;
+    let mut n = 0;
+    for (i, _) in text.match_indices(' ') {
+        n += 1;
+        if n % per == 0 {
+            out.push(&text[start..=i]);
+            start = i + 1;
+        }
+    }
+    if start < text.len() {
+        out.push(&text[start..]);
+    }
+    out
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_pieces_rejoin_to_the_text() {
+        for text in ["", "one", "a b", &"word ".repeat(100), "tail space "] {
+            let p = stream_pieces(text);
+            assert_eq!(p.concat(), text);
+            assert!(p.len() <= 16, "{} pieces", p.len());
+        }
+        assert_eq!(stream_pieces("a b c").len(), 3);
+    }
     use skein_core::message::RequestMeta;
 
     fn req(messages: Vec<Message>) -> ModelRequest {
@@ -510,6 +570,7 @@ mod tests {
             tools: vec![],
             temperature: None,
             max_tokens: None,
+            prompt_cache: false,
             meta: RequestMeta {
                 session: "s".into(),
                 agent: "a".into(),

@@ -200,6 +200,7 @@ pub async fn cache_gets_puts_and_expires(b: &Backend) -> Result<()> {
             output_tokens: 4,
             cost: 0.5,
             estimated: false,
+            ..Default::default()
         },
         source: new_root_id(),
         steps: 2,

@@ -144,6 +144,20 @@ pub struct Progress {
     pub steps: u32,
 }
 
+/// A piece of a model answer's text as it arrives from the provider. Deltas are
+/// ephemeral and best-effort: never recorded, dropped when nobody listens or a listener
+/// lags. The answer itself is recorded whole, as one `ModelCalled`, when it is complete.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct TextDelta {
+    pub session: SessionId,
+    /// The seq the answer will be recorded at, if it completes.
+    pub seq: u64,
+    /// Which try of this model turn (a failed try's text is void; the next try starts
+    /// again from nothing).
+    pub attempt: u32,
+    pub text: String,
+}
+
 /// A session's folded state and what the worker needs to append to it.
 #[derive(Debug, Clone)]
 pub struct Folded {
@@ -194,6 +208,7 @@ pub struct Runtime {
     defs: Mutex<HashMap<String, Arc<AgentDef>>>,
     states: Mutex<HashMap<SessionId, Folded>>,
     progress: broadcast::Sender<Progress>,
+    text: broadcast::Sender<TextDelta>,
 }
 
 /// The trees a [`Runtime::run_tree`] works on, by root.
@@ -305,6 +320,7 @@ impl Runtime {
             }
         }
         let (progress, _) = broadcast::channel(4096);
+        let (text, _) = broadcast::channel(4096);
         Arc::new(Self {
             backend,
             agents,
@@ -315,12 +331,19 @@ impl Runtime {
             defs: Mutex::new(HashMap::new()),
             states: Mutex::new(HashMap::new()),
             progress,
+            text,
         })
     }
 
     /// Live progress of every session this runtime advances.
     pub fn subscribe(&self) -> broadcast::Receiver<Progress> {
         self.progress.subscribe()
+    }
+
+    /// Model answers' text while it arrives, for every session this runtime advances
+    /// (see [`TextDelta`]).
+    pub fn subscribe_text(&self) -> broadcast::Receiver<TextDelta> {
+        self.text.subscribe()
     }
 
     /// Every pool the catalogue's agents use.
@@ -664,6 +687,7 @@ impl Runtime {
                         tools: vec![],
                         temperature: None,
                         max_tokens: None,
+                        prompt_cache: false,
                         meta: skein_core::message::RequestMeta {
                             session: f.id.to_string(),
                             agent: sub.as_ref().map(|s| s.agent.clone()).unwrap_or_default(),
@@ -800,13 +824,32 @@ impl Runtime {
         // sends back is recorded as its reference again.
         let shown = self.reveal_tokens(&f.state, &mut request);
         let started = Instant::now();
+        // The answer's text goes out while it arrives, to whoever listens; the log gets it
+        // whole below. A session that was shown resume tokens does not stream: a token
+        // the model repeats could be cut across two pieces, where hiding it again fails.
+        let (session, seq, attempt) = (
+            f.id.clone(),
+            f.state.last_seq + 1,
+            f.state.model_failures + 1,
+        );
+        let on_text = |piece: &str| {
+            if !shown.is_empty() || self.text.receiver_count() == 0 {
+                return;
+            }
+            let _ = self.text.send(TextDelta {
+                session: session.clone(),
+                seq,
+                attempt,
+                text: piece.to_string(),
+            });
+        };
         // A worker that drains abandons the call: nothing of it is recorded yet, and the
         // job goes back for another worker to make it.
         let result = tokio::select! {
             biased;
             _ = self.draining() => return Err(Error::Interrupted(format!(
                 "the call to {} was abandoned", request.model))),
-            r = self.with_heartbeat(job, self.models.complete(&request)) => r,
+            r = self.with_heartbeat(job, self.models.complete_streaming(&request, &on_text)) => r,
         };
         let latency_ms = started.elapsed().as_millis() as u64;
         crate::metrics::model_call(

@@ -294,6 +294,7 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
                     output_tokens: 10,
                     cost: 0.0,
                     estimated: false,
+                    ..Default::default()
                 },
                 latency_ms: 0,
                 worker: "w".into(),

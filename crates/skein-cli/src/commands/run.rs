@@ -13,11 +13,12 @@ use skein_core::{AgentDef, AgentSet, SessionId, Status};
 use skein_llm::Registry;
 use skein_runtime::inspect::{summarize, tree_rows};
 use skein_runtime::sled_backend::SledStore;
-use skein_runtime::worker::{Folded, Progress, Runtime, Submission};
+use skein_runtime::worker::{Folded, Progress, Runtime, Submission, TextDelta};
 use tokio::sync::broadcast;
 
 use crate::app::App;
 use crate::render;
+use crate::streamed::Lines;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -173,7 +174,13 @@ pub async fn drive(
     json: bool,
 ) -> Result<ExitCode> {
     let started = Instant::now();
-    let live = (!json).then(|| tokio::spawn(show_progress(rt.subscribe(), id.clone())));
+    let live = (!json).then(|| {
+        tokio::spawn(show_progress(
+            rt.subscribe(),
+            rt.subscribe_text(),
+            id.clone(),
+        ))
+    });
     let outcome = tokio::select! {
         r = rt.run_tree(id, concurrency) => Some(r?),
         _ = tokio::signal::ctrl_c() => None,
@@ -260,6 +267,15 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
     })
 }
 
+/// The last `n` characters of `s`.
+fn tail(s: &str, n: usize) -> &str {
+    let count = s.chars().count();
+    match s.char_indices().nth(count.saturating_sub(n)) {
+        Some((i, _)) if count > n => &s[i..],
+        _ => s,
+    }
+}
+
 fn label(id: &SessionId) -> String {
     if id.is_root() {
         "root".into()
@@ -271,22 +287,67 @@ fn label(id: &SessionId) -> String {
     }
 }
 
-/// Live progress: a spinner per session on a terminal, plain lines otherwise.
-async fn show_progress(mut rx: broadcast::Receiver<Progress>, root: SessionId) {
+/// Live progress: a spinner per session on a terminal, plain lines otherwise. Model
+/// answers show while they arrive: on a terminal as the tail of the spinner's line, else
+/// a line of text at a time, marked `│`.
+async fn show_progress(
+    mut rx: broadcast::Receiver<Progress>,
+    mut text_rx: broadcast::Receiver<TextDelta>,
+    root: SessionId,
+) {
     let tty = std::io::stderr().is_terminal();
     let multi = MultiProgress::new();
     let style = ProgressStyle::with_template("{spinner} {prefix:<32} {msg}")
         .unwrap_or_else(|_| ProgressStyle::default_spinner());
     let mut bars: HashMap<SessionId, ProgressBar> = HashMap::new();
+    let mut lines = Lines::default();
     let t0 = Instant::now();
+    let text_line = |t0: &Instant, session: &SessionId, line: &str| {
+        crate::errln!(
+            "[{:>7}] {:<32} │ {}",
+            render::ms(t0.elapsed().as_millis() as u64),
+            label(session),
+            render::safe_line(line)
+        );
+    };
     loop {
-        let p = match rx.recv().await {
-            Ok(p) => p,
-            Err(broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(broadcast::error::RecvError::Closed) => break,
+        let p = tokio::select! {
+            p = rx.recv() => match p {
+                Ok(p) => p,
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => break,
+            },
+            d = text_rx.recv() => {
+                let Ok(d) = d else { continue };
+                if !root.contains(&d.session) {
+                    continue;
+                }
+                let done = lines.push(&d);
+                if tty {
+                    if let Some(bar) = bars.get(&d.session) {
+                        bar.set_message(format!("✎ {}", tail(&render::safe_line(lines.partial(&d.session)), 60)));
+                    }
+                } else {
+                    for l in done {
+                        text_line(&t0, &d.session, &l);
+                    }
+                }
+                continue;
+            }
         };
         if !root.contains(&p.session) {
             continue;
+        }
+        match p.kind.as_str() {
+            "ModelCalled" => {
+                if let Some(rest) = lines.recorded(&p.session) {
+                    if !tty {
+                        text_line(&t0, &p.session, &rest);
+                    }
+                }
+            }
+            "ModelFailed" => lines.failed(&p.session),
+            _ => {}
         }
         // An event kind this build does not know is shown as the log names it.
         let msg = format!(

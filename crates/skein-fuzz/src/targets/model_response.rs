@@ -106,6 +106,7 @@ impl Responses {
             tools: vec![],
             temperature: None,
             max_tokens: None,
+            prompt_cache: false,
             meta: RequestMeta::default(),
         };
         Ok(Self {

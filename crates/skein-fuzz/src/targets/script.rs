@@ -78,6 +78,7 @@ fn requests() -> Vec<ModelRequest> {
             tools: vec![],
             temperature: None,
             max_tokens: None,
+            prompt_cache: false,
             meta: meta.clone(),
         });
         let call = format!("call_{}_1", turn + 1);

@@ -72,7 +72,8 @@ fn example_config_parses_with_its_settings() {
         m.prices["openai:gpt-4o-mini"],
         Price {
             input_per_mtok: 0.15,
-            output_per_mtok: 0.60
+            output_per_mtok: 0.60,
+            ..Default::default()
         }
     );
 

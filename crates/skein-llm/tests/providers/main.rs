@@ -38,6 +38,7 @@ pub fn request(model: &str, messages: Vec<Message>, tools: Vec<ToolSpec>) -> Mod
         tools,
         temperature: None,
         max_tokens: None,
+        prompt_cache: false,
         meta: Default::default(),
     }
 }
