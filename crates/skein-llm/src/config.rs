@@ -97,6 +97,10 @@ pub struct ProviderConfig {
     /// (`stream_options.include_usage`, default true). A server that refuses the field
     /// needs `false`; its usage is then estimated.
     pub stream_usage: Option<bool>,
+    /// With `stream`, stream answers to requests that offer tools too (default true).
+    /// llama-cpp-python's function-calling format cannot; skein notices an empty stream
+    /// and asks for whole answers, and `false` skips that first try.
+    pub stream_tools: Option<bool>,
 }
 
 /// US dollars per million tokens.
@@ -267,6 +271,7 @@ pub struct ProviderSettings {
     pub max_tokens: Option<u32>,
     pub stream: bool,
     pub stream_usage: bool,
+    pub stream_tools: bool,
 }
 
 impl ProviderSettings {
@@ -286,6 +291,7 @@ impl ProviderSettings {
             max_tokens: None,
             stream: true,
             stream_usage: true,
+            stream_tools: true,
         }
     }
 
@@ -388,6 +394,7 @@ impl ProviderSettings {
         s.max_tokens = cfg.max_tokens;
         s.stream = cfg.stream.unwrap_or(true);
         s.stream_usage = cfg.stream_usage.unwrap_or(true);
+        s.stream_tools = cfg.stream_tools.unwrap_or(true);
         Ok(s)
     }
 }

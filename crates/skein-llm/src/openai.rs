@@ -3,10 +3,12 @@
 //! One wire format covers OpenAI, vLLM, Ollama, llama.cpp's server, LM Studio and
 //! OpenRouter, so the answer is read leniently: `content` may be null, a string or a
 //! list of text parts; tool calls may come as `tool_calls`, as a legacy `function_call`,
-//! or both; ids may be missing, numeric or repeated (an empty id is left empty, and the
+//! or both (then `tool_calls` alone counts); ids may be missing, numeric or repeated (an empty id is left empty, and the
 //! runtime gives every call a unique id); `arguments` may be a JSON string with any
 //! spacing, an already-decoded object, or a string that is not JSON at all (then the call
 //! is kept with the `_raw`/`_error` arguments the crate docs describe).
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, AUTHORIZATION};
@@ -27,6 +29,8 @@ pub struct OpenAiProvider {
     settings: ProviderSettings,
     http: HttpClient,
     headers: HeaderMap,
+    /// Set once the server has shown it cannot stream an answer to a request with tools.
+    no_tool_streams: AtomicBool,
 }
 
 impl OpenAiProvider {
@@ -37,6 +41,7 @@ impl OpenAiProvider {
             settings,
             http,
             headers,
+            no_tool_streams: AtomicBool::new(false),
         })
     }
 
@@ -128,7 +133,10 @@ impl Provider for OpenAiProvider {
         on_text: TextSink<'_>,
     ) -> Result<Completion> {
         let s = &self.settings;
-        if !s.stream {
+        let native_tools = !req.tools.is_empty() && !self.json_mode(req);
+        let tools_whole = native_tools
+            && (!s.stream_tools || self.no_tool_streams.load(Ordering::Relaxed));
+        if !s.stream || tools_whole {
             return self.complete(model, req).await;
         }
         let (headers, key) = self.headers()?;
@@ -144,6 +152,20 @@ impl Provider for OpenAiProvider {
             .map_err(|e| with_provider(e, &s.name, model))?;
         let answer = match whole {
             Some(v) => v,
+            None if native_tools && acc.is_empty() => {
+                // An empty stream for a request with tools: the server cannot stream
+                // answers that may call tools (llama-cpp-python answers 200 and then
+                // nothing). Such requests are asked for whole from now on.
+                if !self.no_tool_streams.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        provider = %s.name,
+                        "the server sent an empty stream for a request with tools; \
+                         asking for whole answers when tools are offered \
+                         (set stream_tools = false to skip this try)"
+                    );
+                }
+                return self.complete(model, req).await;
+            }
             None => acc.finish().map_err(|e| with_provider(e, &s.name, model))?,
         };
         parse_response(&answer, req, self.json_mode(req))
@@ -309,13 +331,12 @@ pub fn parse_response(body: &Value, req: &ModelRequest, json_mode: bool) -> Resu
                 .collect()
         })
         .unwrap_or_default();
-    if let Some(fc) = msg.get("function_call").filter(|f| f.is_object()) {
-        let legacy = read_call(fc, String::new());
-        if !calls
-            .iter()
-            .any(|c| c.name == legacy.name && c.args == legacy.args)
-        {
-            calls.push(legacy);
+    // The legacy `function_call` is read only from an answer without `tool_calls`. A
+    // server that sends both means one call: llama-cpp-python's function-calling format
+    // repeats the first call there, its name with a trailing `:`.
+    if calls.is_empty() {
+        if let Some(fc) = msg.get("function_call").filter(|f| f.is_object()) {
+            calls.push(read_call(fc, String::new()));
         }
     }
 

@@ -137,11 +137,18 @@ pub struct OpenAiStream {
     finish_reason: Option<String>,
     usage: Option<Value>,
     done: bool,
+    events: usize,
 }
 
 impl OpenAiStream {
+    /// Whether no event at all has been read.
+    pub fn is_empty(&self) -> bool {
+        self.events == 0
+    }
+
     /// Folds one event's data in, sending its text to `on_text`.
     pub fn push(&mut self, data: &str, on_text: TextSink<'_>) -> Result<()> {
+        self.events += 1;
         if data.trim() == "[DONE]" {
             self.done = true;
             return Ok(());

@@ -12,3 +12,4 @@ pub use backend::{ensure_topology, NatsStore};
 pub use config::NatsConfig;
 pub mod intake;
 pub mod service;
+pub mod text;

@@ -130,6 +130,13 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
             )),
         ));
     }
+    // Answers' text while it arrives, on skein.stream.<session> (best-effort, not waited
+    // for at exit).
+    let text = tokio::spawn(skein_nats::text::forward(
+        rt.clone(),
+        store.client.clone(),
+        stop.subscribe(),
+    ));
     if !a.no_api {
         // Started before "ready" is printed: a request sent after it finds the service.
         let serving = skein_nats::service::start(rt.clone(), store.clone(), stop.subscribe())
@@ -186,6 +193,7 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(70));
     }
     replicas.abort();
+    text.abort();
     crate::errln!(
         "stopping: model calls in flight are handed back; other steps may finish (at most {:?})",
         a.drain_timeout
@@ -318,6 +326,27 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
     }
 }
 
+/// One streamed piece of text: the lines it completes are printed.
+fn text_piece(
+    root: &SessionId,
+    lines: &mut crate::streamed::Lines,
+    payload: &[u8],
+    print: &dyn Fn(&SessionId, &str) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let Ok(d) = serde_json::from_slice::<skein_runtime::worker::TextDelta>(payload) else {
+        return Ok(());
+    };
+    // Anyone may publish here: a piece that does not name a valid session of this tree
+    // is not shown.
+    if SessionId::parse(d.session.as_str()).is_err() || !root.contains(&d.session) {
+        return Ok(());
+    }
+    for l in lines.push(&d) {
+        print(&d.session, &l)?;
+    }
+    Ok(())
+}
+
 pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
     need_nats(app)?;
     let store = app.nats().await?;
@@ -326,6 +355,18 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
     let client = store.client.clone();
     let mut own = client.subscribe(format!("skein.events.{root}")).await?;
     let mut desc = client.subscribe(format!("skein.events.{root}.>")).await?;
+    // Answers' text while it arrives, shown a line at a time (marked `│`).
+    let prefix = skein_nats::text::PREFIX;
+    let mut text_own = client.subscribe(format!("{prefix}.{root}")).await?;
+    let mut text_desc = client.subscribe(format!("{prefix}.{root}.>")).await?;
+    let mut lines = crate::streamed::Lines::default();
+    let text_line = |session: &SessionId, line: &str| {
+        crate::outln!(
+            "{:<40} │ {}",
+            session.display(),
+            render::safe_line(line)
+        )
+    };
     let b = store.backend();
     // Subscribed before reading the history, so nothing falls between the two; an event
     // appended in between arrives both ways and is printed once: per session, only seqs
@@ -363,11 +404,28 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
         let m = tokio::select! {
             Some(m) = own.next() => m,
             Some(m) = desc.next() => m,
+            Some(t) = text_own.next() => {
+                text_piece(&root, &mut lines, &t.payload, &text_line)?;
+                continue;
+            }
+            Some(t) = text_desc.next() => {
+                text_piece(&root, &mut lines, &t.payload, &text_line)?;
+                continue;
+            }
             _ = tokio::time::sleep(Duration::from_secs(3600)) => continue,
         };
         let Ok(r) = Record::decode(m.payload.to_vec()) else {
             continue;
         };
+        match &r.env.body {
+            skein_core::Event::ModelCalled(_) => {
+                if let Some(rest) = lines.recorded(&r.env.session) {
+                    text_line(&r.env.session, &rest)?;
+                }
+            }
+            skein_core::Event::ModelFailed(_) => lines.failed(&r.env.session),
+            _ => {}
+        }
         show(&r)?;
         if r.env.session == root && r.env.body.is_terminal() {
             return Ok(ExitCode::SUCCESS);
