@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -54,7 +54,10 @@ impl Lines {
 
     /// The part of the current line received so far.
     pub fn partial(&self, session: &SessionId) -> &str {
-        self.open.get(session).map(|o| o.line.as_str()).unwrap_or("")
+        self.open
+            .get(session)
+            .map(|o| o.line.as_str())
+            .unwrap_or("")
     }
 
     /// The answer of `session` was recorded: returns the rest of its last line.
@@ -90,7 +93,10 @@ mod tests {
         let mut l = Lines::default();
         assert!(l.push(&d(&a, 3, 1, "Hello, ")).is_empty());
         assert!(l.push(&d(&b, 2, 1, "Other ")).is_empty());
-        assert_eq!(l.push(&d(&a, 3, 1, "world.\nSecond")), vec!["Hello, world."]);
+        assert_eq!(
+            l.push(&d(&a, 3, 1, "world.\nSecond")),
+            vec!["Hello, world."]
+        );
         assert_eq!(l.partial(&a), "Second");
         assert_eq!(l.push(&d(&b, 2, 1, "text\n\n")), vec!["Other text", ""]);
         assert_eq!(l.recorded(&a).as_deref(), Some("Second"));

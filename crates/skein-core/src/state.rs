@@ -232,8 +232,12 @@ fn usage_since(now: &Usage, before: &Usage) -> Usage {
         output_tokens: now.output_tokens.saturating_sub(before.output_tokens),
         cost: (now.cost - before.cost).max(0.0),
         estimated: now.estimated,
-        cache_read_tokens: now.cache_read_tokens.saturating_sub(before.cache_read_tokens),
-        cache_write_tokens: now.cache_write_tokens.saturating_sub(before.cache_write_tokens),
+        cache_read_tokens: now
+            .cache_read_tokens
+            .saturating_sub(before.cache_read_tokens),
+        cache_write_tokens: now
+            .cache_write_tokens
+            .saturating_sub(before.cache_write_tokens),
     }
 }
 

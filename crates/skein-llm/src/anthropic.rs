@@ -183,9 +183,13 @@ impl Provider for AnthropicProvider {
         let mut acc = AnthropicStream::default();
         let whole = self
             .http
-            .post_stream(&self.url(), &headers, &body, key.as_ref(), &mut |event, data| {
-                acc.push(event, data, on_text)
-            })
+            .post_stream(
+                &self.url(),
+                &headers,
+                &body,
+                key.as_ref(),
+                &mut |event, data| acc.push(event, data, on_text),
+            )
             .await
             .map_err(|e| self.named(model, e))?;
         let answer = match whole {

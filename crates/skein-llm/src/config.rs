@@ -359,7 +359,9 @@ impl ProviderSettings {
             (None, None) => match kind {
                 ProviderKind::Anthropic => KeySource::Env(ANTHROPIC_KEY_ENV.into()),
                 // Pointed elsewhere by OPENAI_BASE_URL: the key only if one is set.
-                ProviderKind::OpenAi if name == "openai" && env_url.is_some() && cfg.base_url.is_none() => {
+                ProviderKind::OpenAi
+                    if name == "openai" && env_url.is_some() && cfg.base_url.is_none() =>
+                {
                     KeySource::EnvIfSet(OPENAI_KEY_ENV.into())
                 }
                 ProviderKind::OpenAi if name == "openai" => KeySource::Env(OPENAI_KEY_ENV.into()),
@@ -522,7 +524,10 @@ mod tests {
         // Half the input read from the cache at a tenth of the price, a tenth written.
         u.cache_read_tokens = 500_000;
         u.cache_write_tokens = 100_000;
-        assert!((p.cost(&u) - 0.45).abs() < 1e-12, "unpriced cache tokens cost as input");
+        assert!(
+            (p.cost(&u) - 0.45).abs() < 1e-12,
+            "unpriced cache tokens cost as input"
+        );
         p.cache_read_per_mtok = Some(0.015);
         p.cache_write_per_mtok = Some(0.1875);
         let want = 0.4 * 0.15 + 0.5 * 0.015 + 0.1 * 0.1875 + 0.5 * 0.60;

@@ -134,8 +134,8 @@ impl Provider for OpenAiProvider {
     ) -> Result<Completion> {
         let s = &self.settings;
         let native_tools = !req.tools.is_empty() && !self.json_mode(req);
-        let tools_whole = native_tools
-            && (!s.stream_tools || self.no_tool_streams.load(Ordering::Relaxed));
+        let tools_whole =
+            native_tools && (!s.stream_tools || self.no_tool_streams.load(Ordering::Relaxed));
         if !s.stream || tools_whole {
             return self.complete(model, req).await;
         }

@@ -209,9 +209,16 @@ impl OpenAiStream {
     }
 
     /// The body a non-streamed answer would have had; an error if the stream was cut.
+    /// An answer is whole only with its finish reason: llama-cpp-python ends a stream it
+    /// interrupts (for a newer request) with `[DONE]` and no finish reason.
     pub fn finish(self) -> Result<Value> {
-        if !self.done && self.finish_reason.is_none() {
-            return Err(cut("its finish reason", self.content.chars().count()));
+        if self.finish_reason.is_none() {
+            let what = if self.done {
+                "its finish reason (it ended with [DONE] alone: the server cut the answer)"
+            } else {
+                "its finish reason"
+            };
+            return Err(cut(what, self.content.chars().count()));
         }
         let mut msg = Map::new();
         msg.insert("role".into(), json!("assistant"));
@@ -538,6 +545,20 @@ mod tests {
     }
 
     #[test]
+    fn done_without_a_finish_reason_is_a_cut_answer() {
+        let mut s = OpenAiStream::default();
+        for d in [
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}"#,
+            "[DONE]",
+        ] {
+            s.push(d, &|_| {}).unwrap();
+        }
+        let e = s.finish().unwrap_err();
+        assert!(e.is_retryable(), "{e}");
+        assert!(e.to_string().contains("[DONE] alone"), "{e}");
+    }
+
+    #[test]
     fn an_error_in_the_stream_is_the_servers_error() {
         let mut s = OpenAiStream::default();
         let e = s
@@ -558,16 +579,43 @@ mod tests {
         let on_text = |t: &str| push(&seen, t);
         let mut s = AnthropicStream::default();
         for (ev, d) in [
-            ("message_start", r#"{"type":"message_start","message":{"usage":{"input_tokens":20,"cache_read_input_tokens":100,"output_tokens":1}}}"#),
-            ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#),
+            (
+                "message_start",
+                r#"{"type":"message_start","message":{"usage":{"input_tokens":20,"cache_read_input_tokens":100,"output_tokens":1}}}"#,
+            ),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            ),
             ("ping", r#"{"type":"ping"}"#),
-            ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Look"}}"#),
-            ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ing."}}"#),
-            ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#),
-            ("content_block_start", r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"tu1","name":"list_dir","input":{}}}"#),
-            ("content_block_delta", r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"path\": "}}"#),
-            ("content_block_delta", r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"\".\"}"}}"#),
-            ("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":15}}"#),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Look"}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ing."}}"#,
+            ),
+            (
+                "content_block_stop",
+                r#"{"type":"content_block_stop","index":0}"#,
+            ),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"tu1","name":"list_dir","input":{}}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"path\": "}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"\".\"}"}}"#,
+            ),
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":15}}"#,
+            ),
             ("message_stop", r#"{"type":"message_stop"}"#),
         ] {
             s.push(ev, d, &on_text).unwrap();

@@ -24,7 +24,11 @@ pub fn subject(session: &SessionId) -> String {
 
 /// Publishes the text deltas of `rt` until `stop` turns true. Deltas the client cannot
 /// keep up with are dropped (and counted in a warning), never queued without bound.
-pub async fn forward(rt: Arc<Runtime>, client: async_nats::Client, mut stop: watch::Receiver<bool>) {
+pub async fn forward(
+    rt: Arc<Runtime>,
+    client: async_nats::Client,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut rx = rt.subscribe_text();
     loop {
         let d: TextDelta = tokio::select! {

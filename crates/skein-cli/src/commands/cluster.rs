@@ -361,11 +361,7 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
     let mut text_desc = client.subscribe(format!("{prefix}.{root}.>")).await?;
     let mut lines = crate::streamed::Lines::default();
     let text_line = |session: &SessionId, line: &str| {
-        crate::outln!(
-            "{:<40} │ {}",
-            session.display(),
-            render::safe_line(line)
-        )
+        crate::outln!("{:<40} │ {}", session.display(), render::safe_line(line))
     };
     let b = store.backend();
     // Subscribed before reading the history, so nothing falls between the two; an event
