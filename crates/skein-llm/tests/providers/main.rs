@@ -10,6 +10,7 @@ mod http;
 mod json_mode;
 mod mock;
 mod openai;
+mod streaming;
 
 use std::time::Duration;
 

@@ -39,6 +39,18 @@ impl Canned {
         }
     }
 
+    /// An event stream of `data` lines (each one event), as `stream: true` answers.
+    pub fn sse(events: &[(&str, &str)]) -> Self {
+        let mut body = String::new();
+        for (event, data) in events {
+            if !event.is_empty() {
+                body.push_str(&format!("event: {event}\n"));
+            }
+            body.push_str(&format!("data: {data}\n\n"));
+        }
+        Self::raw(200, &body).header("content-type", "text/event-stream")
+    }
+
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.into(), value.into()));
         self
@@ -151,9 +163,18 @@ async fn serve(mut sock: TcpStream, state: Arc<Mutex<State>>) {
     if !canned.delay.is_zero() {
         tokio::time::sleep(canned.delay).await;
     }
+    let typed = canned
+        .headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"));
     let mut out = format!(
-        "HTTP/1.1 {} Canned\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        "HTTP/1.1 {} Canned\r\n{}content-length: {}\r\nconnection: close\r\n",
         canned.status,
+        if typed {
+            ""
+        } else {
+            "content-type: application/json\r\n"
+        },
         canned.body.len()
     );
     for (k, v) in &canned.headers {
