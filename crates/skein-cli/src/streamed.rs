@@ -19,17 +19,25 @@ struct Open {
     seq: u64,
     attempt: u32,
     line: String,
+    /// Lines of this try already given out.
+    emitted: usize,
 }
 
 /// The lines of text of every session's answer in progress.
 #[derive(Debug, Default)]
 pub struct Lines {
     open: HashMap<SessionId, Open>,
+    /// Per session, the seq of the last answer known recorded: later pieces of it (text
+    /// and events travel apart, so a piece can come after its event) are dropped.
+    closed: HashMap<SessionId, u64>,
 }
 
 impl Lines {
     /// Takes one delta; returns the lines of its session it completes.
     pub fn push(&mut self, d: &TextDelta) -> Vec<String> {
+        if self.closed.get(&d.session).is_some_and(|s| d.seq <= *s) {
+            return vec![];
+        }
         let o = self.open.entry(d.session.clone()).or_default();
         if (o.seq, o.attempt) != (d.seq, d.attempt) {
             // Another turn, or another try of this one: what was open is over or void.
@@ -37,6 +45,7 @@ impl Lines {
                 seq: d.seq,
                 attempt: d.attempt,
                 line: String::new(),
+                emitted: 0,
             };
         }
         let mut done = vec![];
@@ -49,7 +58,32 @@ impl Lines {
                 done.push(std::mem::take(&mut o.line));
             }
         }
+        o.emitted += done.len();
         done
+    }
+
+    /// The answer of `session` at `seq` was recorded with `content`: returns the lines of
+    /// it not given out yet when some of it streamed (pieces still on their way are then
+    /// dropped), nothing when none did.
+    pub fn recorded_as(&mut self, session: &SessionId, seq: u64, content: &str) -> Vec<String> {
+        self.closed.insert(session.clone(), seq);
+        let Some(o) = self.open.remove(session).filter(|o| o.seq == seq) else {
+            return vec![];
+        };
+        let mut lines = vec![];
+        for l in content.split('\n') {
+            let mut rest = l;
+            while rest.len() > MAX_LINE {
+                let mut cut = MAX_LINE;
+                while !rest.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                lines.push(rest[..cut].to_string());
+                rest = &rest[cut..];
+            }
+            lines.push(rest.to_string());
+        }
+        lines.into_iter().skip(o.emitted).collect()
     }
 
     /// The part of the current line received so far.
@@ -112,6 +146,24 @@ mod tests {
         assert_eq!(l.partial(&a), "Whole");
         l.failed(&a);
         assert_eq!(l.partial(&a), "");
+    }
+
+    #[test]
+    fn the_recorded_answer_completes_what_streamed_and_late_pieces_are_dropped() {
+        let a = SessionId::parse("t4").unwrap();
+        let mut l = Lines::default();
+        assert_eq!(
+            l.push(&d(&a, 2, 1, "roses are red\nviolets")),
+            vec!["roses are red"]
+        );
+        assert_eq!(
+            l.recorded_as(&a, 2, "roses are red\nviolets are blue\nthe end"),
+            vec!["violets are blue", "the end"]
+        );
+        assert!(l.push(&d(&a, 2, 1, " are blue\n")).is_empty());
+        // A later turn streams again; an answer that never streamed adds nothing.
+        assert_eq!(l.push(&d(&a, 4, 1, "next\n")), vec!["next"]);
+        assert!(l.recorded_as(&a, 6, "not streamed").is_empty());
     }
 
     #[test]

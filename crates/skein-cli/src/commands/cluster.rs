@@ -414,8 +414,9 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
             continue;
         };
         match &r.env.body {
-            skein_core::Event::ModelCalled(_) => {
-                if let Some(rest) = lines.recorded(&r.env.session) {
+            skein_core::Event::ModelCalled(m) => {
+                let content = m.response.content.as_deref().unwrap_or("");
+                for rest in lines.recorded_as(&r.env.session, r.env.seq, content) {
                     text_line(&r.env.session, &rest)?;
                 }
             }

@@ -311,12 +311,10 @@ async fn show_progress(
         );
     };
     loop {
+        // Text first: a turn's pieces are all sent before its event, so draining them
+        // first keeps them ahead of it.
         let p = tokio::select! {
-            p = rx.recv() => match p {
-                Ok(p) => p,
-                Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(broadcast::error::RecvError::Closed) => break,
-            },
+            biased;
             d = text_rx.recv() => {
                 let Ok(d) = d else { continue };
                 if !root.contains(&d.session) {
@@ -334,6 +332,11 @@ async fn show_progress(
                 }
                 continue;
             }
+            p = rx.recv() => match p {
+                Ok(p) => p,
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => break,
+            },
         };
         if !root.contains(&p.session) {
             continue;
