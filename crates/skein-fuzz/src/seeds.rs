@@ -497,6 +497,9 @@ fn model_responses(dir: &Path) -> Result<()> {
         "json-mode-text.json",
         &serde_json::to_vec_pretty(&json_mode).map_err(other)?,
     )?;
+    for (name, data) in crate::targets::model_stream::seeds()? {
+        write(dir, "model_stream", &name, &data)?;
+    }
     let error = json!({"error": {"type": "overloaded_error", "message": "Overloaded"}});
     write(
         dir,

@@ -10,6 +10,7 @@ pub mod audit;
 pub mod event;
 pub mod id;
 pub mod model_response;
+pub mod model_stream;
 pub mod script;
 pub mod selftest;
 pub mod submission;
@@ -61,6 +62,7 @@ pub const ALL: &[Spec] = &[
     event::SPEC,
     audit::SPEC,
     model_response::SPEC,
+    model_stream::SPEC,
 ];
 
 /// Targets that misbehave on purpose, to check that the fuzzer catches each kind of

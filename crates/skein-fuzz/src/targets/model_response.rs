@@ -119,8 +119,13 @@ impl Responses {
         })
     }
 
+    /// The request the answers are read for.
+    pub(crate) fn request(&self) -> &ModelRequest {
+        &self.req
+    }
+
     /// Records two turns answered with `c` and decides what comes next.
-    fn fold(&self, c: &Completion) {
+    pub(crate) fn fold(&self, c: &Completion) {
         let mut state = self.base.clone();
         for seq in [2, 3] {
             state.apply(&Envelope::new(
