@@ -125,7 +125,8 @@ target_tests!(
     tool_args,
     event,
     audit,
-    model_response
+    model_response,
+    model_stream
 );
 
 #[test]
@@ -141,6 +142,7 @@ fn every_target_is_tested_here() {
         "event",
         "audit",
         "model_response",
+        "model_stream",
     ];
     for t in skein_fuzz::targets::ALL {
         assert!(here.contains(&t.name), "target {} has no tests", t.name);
