@@ -159,12 +159,12 @@ impl Browser {
 fn slow_demo(latency_ms: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = repo().join("config");
+    let re = regex::Regex::new(r"(?m)^latency_ms: *\d+").expect("regex");
     for sub in ["agents", "scripts"] {
         std::fs::create_dir_all(dir.path().join(sub)).expect("dir");
         for e in std::fs::read_dir(src.join(sub)).expect("read") {
             let p = e.expect("entry").path();
             let text = std::fs::read_to_string(&p).expect("read");
-            let re = regex::Regex::new(r"(?m)^latency_ms: *\d+").expect("regex");
             let text = re.replace_all(&text, format!("latency_ms: {latency_ms}").as_str());
             std::fs::write(
                 dir.path().join(sub).join(p.file_name().expect("name")),
@@ -456,9 +456,12 @@ async fn answering_a_question_on_the_page_resumes_the_tree_to_completed() {
         .iter()
         .find(|e| e["kind"] == "InputProvided")
         .expect("InputProvided recorded");
-    assert_eq!(provided["body"]["answers"], json!({"version": "3.13"}));
+    assert_eq!(
+        provided["body"]["data"]["answers"],
+        json!({"version": "3.13"})
+    );
     assert!(
-        provided["body"]["by"]
+        provided["body"]["data"]["by"]
             .as_str()
             .is_some_and(|b| b.starts_with("ui")),
         "{provided}"

@@ -258,7 +258,7 @@ async function treeView(root) {
     if (r0.answer !== null && r0.answer !== undefined) answer.append(el("h2", {}, "Answer"), el("div", { class: "answer-text", id: "answer" }, r0.answer));
     if (r0.error) answer.append(el("h2", {}, "Error"), el("div", { class: "error-text" }, r0.error));
   };
-  main(head, inbox, answer, tree, timeline, plan);
+  main(head, inbox, tree, timeline, answer, plan);
   await load();
   follow(root, load);
 }
@@ -382,7 +382,7 @@ async function sessionView(id) {
     if (S.view !== view) return;
     const events = await api(`/sessions/${enc(id)}/events`);
     const follow = Number(slider.value) === last;
-    const first = events[0].body;
+    const first = events[0].body.data || {};
     last = events[events.length - 1].seq;
     head.replaceChildren(
       el("h1", {}, "Session ", el("code", {}, id)),
