@@ -17,7 +17,14 @@ impl UiServer {
     /// Starts `skein --config <config> --data <data> ui --addr 127.0.0.1:0 <extra…>` and
     /// waits for the address it prints.
     pub fn start(config: &Path, data: &Path, extra: &[&str]) -> Self {
+        Self::start_env(config, data, extra, &[])
+    }
+
+    /// [`UiServer::start`] with these environment variables set.
+    pub fn start_env(config: &Path, data: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Self {
         let mut c = super::skein(config, data);
+        c.env_remove("SKEIN_TOKEN_SECRET")
+            .envs(envs.iter().copied());
         c.args(["ui", "--addr", "127.0.0.1:0"])
             .args(extra)
             .env_remove("SKEIN_UI_TOKEN")

@@ -287,8 +287,10 @@ async function gantt(root) {
         seg.style.width = width(s.start, s.end);
         return seg;
       }));
+      const label = el("a", { class: "gantt-label", href: `#/session/${enc(r.session)}` }, r.session.split("/").pop());
+      label.style.paddingLeft = `${r.depth}rem`;
       return el("div", { class: "gantt-row" },
-        el("a", { class: "gantt-label", href: `#/session/${enc(r.session)}` }, "\u00a0".repeat(r.depth * 2), r.session.split("/").pop()),
+        label,
         lane,
         el("span", { class: "gantt-stats" }, `${tok} tok · $${usd.toFixed(4)}${cached ? ` · ${cached} cached` : ""}`));
     }),
