@@ -30,6 +30,18 @@ if ! command -v nats-server >/dev/null 2>&1; then
 fi
 system_nats="$(command -v nats-server)"
 
+# The browser suite (tests/ui_browser.rs) drives headless Chromium through chromedriver.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if as_root; then
+    echo "chromium or chromedriver is missing: installing the Debian packages chromium and chromium-driver" >&2
+    apt_install chromium chromium-driver
+  else
+    echo "error: the browser suite needs Chromium and its driver, which are not installed." >&2
+    echo "       Install them with: sudo apt-get install chromium chromium-driver" >&2
+    exit 1
+  fi
+fi
+
 cache="${SKEIN_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skein-tests}"
 current_nats="$cache/nats-server-$CURRENT_NATS/bin/nats-server"
 if [ ! -x "$current_nats" ]; then

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod ui;
 pub mod wire;
 
 use std::path::{Path, PathBuf};

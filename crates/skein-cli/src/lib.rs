@@ -245,6 +245,8 @@ pub enum Command {
     /// Export a tree for auditors, or verify an export.
     #[command(subcommand)]
     Audit(commands::audit::AuditCmd),
+    /// Serve a web view of the trees: live, replayable, answerable (see docs/ui.md).
+    Ui(commands::ui::UiArgs),
 }
 
 /// Parses the command line and runs the command.

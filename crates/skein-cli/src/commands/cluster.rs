@@ -82,7 +82,7 @@ fn need_nats(app: &App) -> Result<()> {
     Ok(())
 }
 
-async fn terminated() {
+pub(crate) async fn terminated() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

@@ -15,6 +15,7 @@ pub mod hitl;
 pub mod replay;
 pub mod run;
 pub mod show;
+pub mod ui;
 
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let app = App::new(cli.global)?;
@@ -42,5 +43,6 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Approve(a) => hitl::approve(&app, a, true).await,
         Command::Deny(a) => hitl::approve(&app, a, false).await,
         Command::Cancel(a) => cancel::cancel(&app, a).await,
+        Command::Ui(a) => ui::ui(&app, a).await,
     }
 }

@@ -1,0 +1,122 @@
+//! `skein ui --nats`: the page's API on a cluster (a real nats-server and a `skein worker`
+//! process): trees started from it run on the cluster's workers, the live feed follows
+//! the event subjects, and without the cluster's token secret it stays read-only.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{worker, SECRET};
+use common::ui::UiServer;
+use common::*;
+use serde_json::{json, Value};
+use skein_testnats::NatsServer;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tree_started_from_the_page_runs_on_the_clusters_workers_and_streams_live() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let mut w = worker(&url, "ui-w1", 1);
+    let data = tempfile::tempdir().expect("dir");
+    let ui = UiServer::start_env(
+        &demo_config(),
+        data.path(),
+        &["--nats", &url],
+        &[("SKEIN_TOKEN_SECRET", SECRET)],
+    );
+    let http = reqwest::Client::new();
+    let info: Value = http
+        .get(format!("{}/api/info", ui.url))
+        .send()
+        .await
+        .expect("info")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(info["backend"], "nats");
+    assert_eq!(info["writable"], true, "{info}");
+    let mut feed = http
+        .get(format!("{}/api/live?root=onnats", ui.url))
+        .send()
+        .await
+        .expect("live");
+    let r = http
+        .post(format!("{}/api/sessions", ui.url))
+        .header("x-skein-csrf", info["csrf"].as_str().expect("csrf"))
+        .json(&json!({"agent": "orchestrator", "mission": "a brief on queues", "id": "onnats"}))
+        .send()
+        .await
+        .expect("start");
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let done =
+        regex::Regex::new(r#""session":"onnats","root":"onnats","seq":\d+,"kind":"Completed""#)
+            .expect("regex");
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done.is_match(&seen) {
+        let chunk = tokio::time::timeout_at(deadline, feed.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("no Completed of the root on the feed: {seen}"))
+            .expect("chunk")
+            .expect("the feed ended");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("\"session\":\"onnats/writer-4\""), "{seen}");
+    let tree = ui
+        .wait_for(&http, "/api/trees/onnats", Duration::from_secs(30), |v| {
+            v["sessions"][0]["status"] == "completed"
+        })
+        .await;
+    assert_eq!(tree["summary"]["sessions"], 5);
+    let workers = tree["sessions"][0]["workers"].as_array().expect("workers");
+    assert!(
+        workers.iter().any(|w| w == "ui-w1"),
+        "run by the cluster's worker: {workers:?}"
+    );
+    let v: Value = http
+        .get(format!("{}/api/sessions/onnats/verify?tree=true", ui.url))
+        .send()
+        .await
+        .expect("verify")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(v["ok"], true, "{v}");
+
+    // Without the cluster's secret the page reads but writes nothing.
+    let ro = UiServer::start(&demo_config(), data.path(), &["--nats", &url]);
+    let info: Value = http
+        .get(format!("{}/api/info", ro.url))
+        .send()
+        .await
+        .expect("info")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(info["writable"], false);
+    assert!(
+        info["read_only_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("SKEIN_TOKEN_SECRET")),
+        "{info}"
+    );
+    let r = http
+        .post(format!("{}/api/sessions", ro.url))
+        .header("x-skein-csrf", info["csrf"].as_str().expect("csrf"))
+        .json(&json!({"agent": "orchestrator", "mission": "no"}))
+        .send()
+        .await
+        .expect("start");
+    assert_eq!(r.status(), 503);
+    let rows: Value = http
+        .get(format!("{}/api/sessions", ro.url))
+        .send()
+        .await
+        .expect("sessions")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    let _ = w.kill();
+    let _ = w.wait();
+}
