@@ -602,11 +602,12 @@ fn the_api_service_is_discoverable_submits_reports_cancels_and_codes_its_errors(
     });
 }
 
-/// `skein watch` lines as (session, seq, kind).
+/// `skein watch` event lines as (session, seq, kind); the lines of streamed model text
+/// (`session │ text`) are not events.
 fn watched(out: &Output) -> Vec<(String, u64, String)> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| !l.trim().is_empty())
+        .filter(|l| !l.trim().is_empty() && !l.contains(" │ "))
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             assert!(f.len() >= 4, "not an event line: {l:?}");

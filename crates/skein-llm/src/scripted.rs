@@ -509,13 +509,17 @@ impl Provider for ScriptedProvider {
         let (response, latency) = answer_within(&script, req, self.limits)
             .map_err(|e| Error::Config(format!("scripted:{model}: {e}")))?;
         let pieces = stream_pieces(response.content.as_deref().unwrap_or(""));
-        let per_piece = Duration::from_millis(latency) / (pieces.len().max(1) as u32);
-        if pieces.is_empty() && latency > 0 {
-            tokio::time::sleep(Duration::from_millis(latency)).await;
+        // Each piece is due at its share of the latency, counted from the start, so the
+        // whole answer takes the script's latency however many pieces it has.
+        let start = tokio::time::Instant::now();
+        let latency = Duration::from_millis(latency);
+        let n = pieces.len().max(1) as u32;
+        if pieces.is_empty() && !latency.is_zero() {
+            tokio::time::sleep(latency).await;
         }
-        for p in &pieces {
-            if !per_piece.is_zero() {
-                tokio::time::sleep(per_piece).await;
+        for (i, p) in pieces.iter().enumerate() {
+            if !latency.is_zero() {
+                tokio::time::sleep_until(start + latency * (i as u32 + 1) / n).await;
             }
             on_text(p);
         }
