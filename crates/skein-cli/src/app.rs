@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use skein_core::AgentSet;
 use skein_llm::Registry;
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig};
 use skein_runtime::Backend;
+use skein_sled::SledStore;
 use skein_tools::ToolBox;
 
 use crate::config::{self, SkeinConfig};
@@ -154,7 +154,8 @@ impl App {
             .workspace_dir
             .clone()
             .unwrap_or_else(|| self.global.data.join("workspaces"));
-        let store = SledStore::open(&self.global.data, &ws)
+        let lease = self.runtime_config_base()?.lease;
+        let store = SledStore::open_with_lease(&self.global.data, &ws, lease)
             .with_context(|| format!("cannot open the store in {}", self.global.data.display()))?;
         let backend = store.backend();
         Ok((store, backend))

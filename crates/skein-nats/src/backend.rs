@@ -943,7 +943,7 @@ impl JobQueue for NatsStore {
         Ok(())
     }
 
-    async fn claim(&self, pool: &str, _lease: Duration, wait: Duration) -> Result<Option<Job>> {
+    async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>> {
         let cons = self.consumer(pool).await?;
         let expires = wait.max(Duration::from_millis(10));
         let what = || format!("claim from consumer pool-{pool} of stream {JOBS}");

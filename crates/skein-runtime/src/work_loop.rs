@@ -235,12 +235,9 @@ impl Runtime {
                         Some(s) => {
                             let s = s.clone();
                             let want = move |id: &skein_core::SessionId| s.wants(id);
-                            self.backend
-                                .jobs
-                                .claim_matching(pool, self.cfg.lease, wait, &want)
-                                .await
+                            self.backend.jobs.claim_matching(pool, wait, &want).await
                         }
-                        None => self.backend.jobs.claim(pool, self.cfg.lease, wait).await,
+                        None => self.backend.jobs.claim(pool, wait).await,
                     }
                 };
                 let claimed = tokio::select! {

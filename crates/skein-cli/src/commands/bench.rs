@@ -23,8 +23,8 @@ use skein_core::{
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_runtime::inspect::{summarize, tree_rows};
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_sled::SledStore;
 
 use crate::app::{read_agent_files, App};
 
