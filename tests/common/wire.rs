@@ -215,11 +215,14 @@ impl Proxy {
     }
 }
 
+/// Requests refused for breaking the schema: (request, violations).
+pub type Refusals = Arc<Mutex<Vec<(Value, Vec<String>)>>>;
+
 /// A server that answers from a cassette, after the real server's request checks.
 pub struct Replay {
     pub url: String,
     /// Requests refused for breaking the schema: (request, violations).
-    pub refused: Arc<Mutex<Vec<(Value, Vec<String>)>>>,
+    pub refused: Refusals,
     /// Requests no recorded interaction matches.
     pub unknown: Arc<Mutex<Vec<Value>>>,
     used: Arc<Mutex<BTreeSet<usize>>>,
@@ -229,7 +232,7 @@ impl Replay {
     pub fn start(cassette: &Cassette) -> Self {
         let validator = Arc::new(request_validator());
         let interactions = Arc::new(cassette.interactions.clone());
-        let refused: Arc<Mutex<Vec<(Value, Vec<String>)>>> = Arc::default();
+        let refused: Refusals = Arc::default();
         let unknown: Arc<Mutex<Vec<Value>>> = Arc::default();
         let used: Arc<Mutex<BTreeSet<usize>>> = Arc::default();
         let (r, u, us) = (refused.clone(), unknown.clone(), used.clone());
@@ -264,7 +267,7 @@ impl Replay {
                         .iter()
                         .filter(same)
                         .find(|(n, _)| !used.contains(n))
-                        .or_else(|| all.iter().filter(same).last())
+                        .or_else(|| all.iter().rfind(same))
                         .map(|(n, i)| (*n, (*i).clone()));
                     if let Some((n, _)) = &found {
                         used.insert(*n);

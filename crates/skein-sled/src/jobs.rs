@@ -21,8 +21,6 @@ struct JobRec {
     dirty: bool,
 }
 
-/// The embedded store.
-
 impl SledStore {
     /// sled allows one process per database, so any lease found at open belongs to a
     /// process that is gone.

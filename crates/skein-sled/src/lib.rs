@@ -123,6 +123,7 @@ impl Flusher {
     }
 }
 
+/// The embedded store.
 pub struct SledStore {
     db: sled::Db,
     events: sled::Tree,
