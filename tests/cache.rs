@@ -288,9 +288,7 @@ fn a_long_child_answer_reaches_the_parent_summarised_with_the_full_answer_stored
     );
 
     let stored = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let store =
-            skein_runtime::sled_backend::SledStore::open(&sb.data(), &sb.data().join("workspaces"))
-                .unwrap();
+        let store = skein_sled::SledStore::open(&sb.data(), &sb.data().join("workspaces")).unwrap();
         store.backend().blobs.get(&hash).await.unwrap()
     });
     assert_eq!(

@@ -8,7 +8,7 @@ use std::process::Stdio;
 
 use common::*;
 use skein_core::SessionId;
-use skein_runtime::sled_backend::SledStore;
+use skein_sled::SledStore;
 
 const HELPER: &str = r#"
 turns:

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::*;
 use serde_json::Value;
 use skein_core::SessionId;
-use skein_runtime::sled_backend::SledStore;
+use skein_sled::SledStore;
 
 /// Appends TOML to the sandbox's config file.
 fn configure(sb: &Sandbox, toml: &str) {

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 
 use skein_core::replay::verify;
 use skein_core::{AgentDef, AgentSet, Event, Limits, SessionId};
-use skein_runtime::sled_backend::SledStore;
+use skein_sled::SledStore;
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

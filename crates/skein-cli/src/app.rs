@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use skein_core::AgentSet;
 use skein_llm::Registry;
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig};
 use skein_runtime::Backend;
+use skein_sled::SledStore;
 use skein_tools::ToolBox;
 
 use crate::config::{self, SkeinConfig};
@@ -121,10 +121,15 @@ impl App {
         Ok(rc)
     }
 
+    /// How long a claimed job is held without a heartbeat (`[runtime] lease`).
+    fn lease(&self) -> Result<Duration> {
+        skein_core::duration::parse_key("runtime.lease", &self.cfg.runtime.lease)
+            .map_err(anyhow::Error::msg)
+    }
+
     fn runtime_config_base(&self) -> Result<RuntimeConfig> {
         let r = &self.cfg.runtime;
-        let lease = skein_core::duration::parse_key("runtime.lease", &r.lease)
-            .map_err(anyhow::Error::msg)?;
+        let lease = self.lease()?;
         let ttl = skein_core::duration::parse_key("cache.ttl", &self.cfg.cache.ttl)
             .map_err(anyhow::Error::msg)?;
         let mut rc = RuntimeConfig {
@@ -154,7 +159,8 @@ impl App {
             .workspace_dir
             .clone()
             .unwrap_or_else(|| self.global.data.join("workspaces"));
-        let store = SledStore::open(&self.global.data, &ws)
+        let lease = self.lease()?;
+        let store = SledStore::open_with_lease(&self.global.data, &ws, lease)
             .with_context(|| format!("cannot open the store in {}", self.global.data.display()))?;
         let backend = store.backend();
         Ok((store, backend))

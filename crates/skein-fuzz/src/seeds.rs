@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use skein_core::token::{sign, Claims};
 use skein_core::{Event, SessionId};
 use skein_runtime::hitl::{self, Secret};
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_sled::SledStore;
 
 use crate::fixtures::{agent_files, paused_questions, paused_token, TEST_SECRET};
 use crate::targets::{event, submission};

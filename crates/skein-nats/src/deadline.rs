@@ -106,9 +106,9 @@ impl JobQueue for Deadline {
             .await
     }
 
-    async fn claim(&self, pool: &str, lease: Duration, wait: Duration) -> Result<Option<Job>> {
+    async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>> {
         // The wait is the caller's: the deadline comes on top of it.
-        match tokio::time::timeout(wait + self.limit, self.store.claim(pool, lease, wait)).await {
+        match tokio::time::timeout(wait + self.limit, self.store.claim(pool, wait)).await {
             Ok(r) => r,
             Err(_) => Err(Error::Backend(format!(
                 "nats: claim from consumer pool-{pool} of SKEIN_JOBS: did not finish within {:?}",

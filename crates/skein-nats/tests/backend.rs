@@ -16,15 +16,20 @@ fn cfg(urls: &str, replicas: usize) -> NatsConfig {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_on_a_real_server() {
-    let server = NatsServer::start();
-    let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
-        .await
-        .unwrap();
-    skein_runtime::conformance::run_all(&store.backend())
-        .await
-        .unwrap();
+/// The ports' conformance suite on a real server, one test per check (each with its own
+/// server), with the one-second lease the suite expects.
+mod conformance {
+    use super::*;
+
+    async fn nats() -> (NatsServer, skein_runtime::ports::Backend) {
+        let server = NatsServer::start();
+        let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
+            .await
+            .unwrap();
+        (server, store.backend())
+    }
+
+    skein_runtime::conformance_tests!(nats);
 }
 
 fn rec(s: &skein_core::SessionId, seq: u64, prev: String) -> Record {
@@ -101,11 +106,7 @@ async fn a_three_node_cluster_keeps_working_with_a_node_down() {
     // and says so, and so does this test.
     let mut claimed = None;
     for _ in 0..50 {
-        match b
-            .jobs
-            .claim("default", Duration::from_secs(5), Duration::from_secs(5))
-            .await
-        {
+        match b.jobs.claim("default", Duration::from_secs(5)).await {
             Ok(j) => {
                 claimed = Some(j);
                 break;
@@ -242,7 +243,7 @@ async fn a_pool_consumer_takes_the_lease_of_the_worker_that_opens_it() {
         // A claim opens the pool's consumer.
         let none = b
             .jobs
-            .claim("leased", lease, Duration::from_millis(100))
+            .claim("leased", Duration::from_millis(100))
             .await
             .unwrap();
         assert!(none.is_none());
@@ -286,7 +287,7 @@ async fn an_old_job_stream_is_upgraded_and_jobs_still_coalesce() {
     assert_eq!(s.info().await.unwrap().state.messages, 1);
     let job = b
         .jobs
-        .claim("default", Duration::from_secs(5), Duration::from_secs(2))
+        .claim("default", Duration::from_secs(2))
         .await
         .unwrap()
         .expect("the job");
@@ -296,7 +297,7 @@ async fn an_old_job_stream_is_upgraded_and_jobs_still_coalesce() {
     b.jobs.ack(&job).await.unwrap();
     let again = b
         .jobs
-        .claim("default", Duration::from_secs(5), Duration::from_secs(2))
+        .claim("default", Duration::from_secs(2))
         .await
         .unwrap()
         .expect("woken again after the ack");

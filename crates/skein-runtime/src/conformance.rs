@@ -1,6 +1,11 @@
-//! One conformance suite for the ports, run against every backend (the sled backend's
-//! tests and the JetStream backend's tests both call [`run_all`]). Each check uses fresh
-//! session ids, so one backend instance can serve them all.
+//! One conformance suite for the ports, run against every backend. Each check is a
+//! function that each backend's tests turn into a test of its own with
+//! [`conformance_tests!`](crate::conformance_tests), so a failure names the property and
+//! the backend; [`run_all`] runs them in order (for a cluster with a node down). Each check
+//! uses fresh session ids, so one backend instance can serve them all.
+//!
+//! The backend under test is opened with a job lease of about one second (the checks wait
+//! for a lease to run out). Compiled with the `conformance` feature only.
 
 use std::time::Duration;
 
@@ -8,13 +13,36 @@ use skein_core::event::{genesis_hash, Cancelled};
 use skein_core::{Envelope, Event, Record, SessionId, Usage};
 
 use crate::ports::{Backend, CacheEntry};
-use crate::{new_root_id, Error, Result};
+use crate::{new_root_id, Error};
+
+/// Why a check failed: the backend broke a property of its port, or a port call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error("property broken: {0}")]
+    Broken(String),
+    #[error("port call failed: {0}")]
+    Port(#[from] Error),
+    #[error("{check}: {failure}")]
+    In {
+        check: &'static str,
+        #[source]
+        failure: Box<Failure>,
+    },
+}
+
+impl From<skein_core::Error> for Failure {
+    fn from(e: skein_core::Error) -> Self {
+        Failure::Port(Error::Core(e))
+    }
+}
+
+pub type Result<T, E = Failure> = std::result::Result<T, E>;
 
 fn ensure(cond: bool, what: impl Into<String>) -> Result<()> {
     if cond {
         Ok(())
     } else {
-        Err(Error::Backend(format!("conformance: {}", what.into())))
+        Err(Failure::Broken(what.into()))
     }
 }
 
@@ -74,7 +102,7 @@ pub async fn log_appends_and_reads(b: &Backend) -> Result<()> {
     let last = b.log.last(&s).await?;
     ensure(last.map(|r| r.env.seq) == Some(5), "last is seq 5")?;
     skein_core::event::verify_chain(&s, &read)
-        .map_err(|e| Error::Backend(format!("chain: {e:?}")))?;
+        .map_err(|e| Failure::Broken(format!("chain: {e:?}")))?;
     Ok(())
 }
 
@@ -85,7 +113,7 @@ pub async fn log_refuses_a_stale_append(b: &Backend) -> Result<()> {
     match b.log.append(&s, 1, &r).await {
         Err(Error::Conflict { actual, .. }) => ensure(actual == 2, "conflict reports seq 2")?,
         other => {
-            return Err(Error::Backend(format!(
+            return Err(Failure::Broken(format!(
                 "expected a conflict, got {other:?}"
             )))
         }
@@ -129,14 +157,13 @@ pub async fn jobs_claim_ack_and_coalesce(b: &Backend) -> Result<()> {
     let s = new_root_id();
     b.jobs.push(&pool, &s).await?;
     b.jobs.push(&pool, &s).await?;
-    let lease = Duration::from_secs(30);
     let wait = Duration::from_millis(500);
-    let j = b.jobs.claim(&pool, lease, wait).await?;
-    let j = j.ok_or_else(|| Error::Backend("conformance: no job claimed".into()))?;
+    let j = b.jobs.claim(&pool, wait).await?;
+    let j = j.ok_or_else(|| Failure::Broken("no job claimed".into()))?;
     ensure(j.session == s && j.attempt == 1, format!("claimed {j:?}"))?;
     ensure(
         b.jobs
-            .claim(&pool, lease, Duration::from_millis(200))
+            .claim(&pool, Duration::from_millis(200))
             .await?
             .is_none(),
         "two pushes of a waiting session make one job",
@@ -145,7 +172,7 @@ pub async fn jobs_claim_ack_and_coalesce(b: &Backend) -> Result<()> {
     b.jobs.push(&pool, &s).await?;
     b.jobs.heartbeat(&j).await?;
     b.jobs.ack(&j).await?;
-    let again = b.jobs.claim(&pool, lease, Duration::from_secs(3)).await?;
+    let again = b.jobs.claim(&pool, Duration::from_secs(3)).await?;
     ensure(
         again.as_ref().map(|j| &j.session) == Some(&s),
         "a push while held is delivered after the ack",
@@ -155,7 +182,7 @@ pub async fn jobs_claim_ack_and_coalesce(b: &Backend) -> Result<()> {
     }
     ensure(
         b.jobs
-            .claim(&pool, lease, Duration::from_millis(200))
+            .claim(&pool, Duration::from_millis(200))
             .await?
             .is_none(),
         "nothing left after the acks",
@@ -167,19 +194,19 @@ pub async fn jobs_redeliver_after_lease_and_retry(b: &Backend) -> Result<()> {
     let pool = format!("conf{}", &new_root_id().as_str()[20..]);
     let s = new_root_id();
     b.jobs.push(&pool, &s).await?;
-    let short = Duration::from_secs(1);
-    let j = b.jobs.claim(&pool, short, Duration::from_secs(1)).await?;
+    let j = b.jobs.claim(&pool, Duration::from_secs(1)).await?;
     ensure(j.is_some(), "claimed")?;
-    // Not acked: after the lease the job is delivered again, as a later attempt.
-    let j2 = b.jobs.claim(&pool, short, Duration::from_secs(5)).await?;
-    let j2 = j2.ok_or_else(|| Error::Backend("conformance: no redelivery after lease".into()))?;
+    // Not acked: after the lease the job is delivered again, as a later attempt. (The
+    // suite's backends are opened with a lease of about a second.)
+    let j2 = b.jobs.claim(&pool, Duration::from_secs(5)).await?;
+    let j2 = j2.ok_or_else(|| Failure::Broken("no redelivery after lease".into()))?;
     ensure(
         j2.session == s && j2.attempt == 2,
         format!("redelivered as {j2:?}"),
     )?;
     b.jobs.retry(&j2, Duration::from_millis(100)).await?;
-    let j3 = b.jobs.claim(&pool, short, Duration::from_secs(5)).await?;
-    let j3 = j3.ok_or_else(|| Error::Backend("conformance: no delivery after retry".into()))?;
+    let j3 = b.jobs.claim(&pool, Duration::from_secs(5)).await?;
+    let j3 = j3.ok_or_else(|| Failure::Broken("no delivery after retry".into()))?;
     ensure(
         j3.attempt == 3,
         format!("retry counts as attempt 3: {j3:?}"),
@@ -356,9 +383,10 @@ pub async fn watchers_are_listed(b: &Backend) -> Result<()> {
 pub async fn run_all(b: &Backend) -> Result<()> {
     macro_rules! check {
         ($f:ident) => {
-            $f(b)
-                .await
-                .map_err(|e| Error::Backend(format!("{}: {e}", stringify!($f))))?
+            $f(b).await.map_err(|e| Failure::In {
+                check: stringify!($f),
+                failure: Box::new(e),
+            })?
         };
     }
     check!(log_appends_and_reads);
@@ -373,4 +401,25 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(inflight_is_single_flight);
     check!(watchers_are_listed);
     Ok(())
+}
+
+/// One `#[tokio::test]` per check of the suite, in the calling module. `$setup` is an
+/// async fn returning `(guard, Backend)`: the guard (a server, a temporary directory) is
+/// kept alive while the check runs.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($setup:path) => {
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, long_reads_are_whole_and_ordered, inflight_is_single_flight, watchers_are_listed);
+    };
+    (@each $setup:path; $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let (_guard, backend) = $setup().await;
+                if let Err(e) = $crate::conformance::$check(&backend).await {
+                    panic!("{}: {e}", stringify!($check));
+                }
+            }
+        )*
+    };
 }

@@ -7,7 +7,7 @@ use skein_core::event::Cancelled;
 use skein_core::{Event, SessionId};
 
 use crate::worker::{Runtime, DEFAULT_POOL};
-use crate::{hitl, Error, Result};
+use crate::{Error, Result};
 
 /// The status of a session, as JSON: `session`, `status`, `answer`, `error`, `steps`,
 /// `usage`.
@@ -52,7 +52,9 @@ pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize>
         let body = Event::Cancelled(Cancelled {
             reason: reason.to_string(),
         });
-        let f = hitl::append_from_outside(rt, f, body, |g| !g.state.status.is_terminal()).await?;
+        let f = rt
+            .append_from_outside(f, body, |g| !g.state.status.is_terminal())
+            .await?;
         let pool = f
             .state
             .submitted

@@ -6,9 +6,6 @@
 //! against the log before anything is written: a forged, malformed, stale (the session
 //! moved on), reused, or misdirected token is refused with its reason and changes nothing.
 
-use std::path::Path;
-
-use rand::RngCore;
 use serde::Serialize;
 use serde_json::Value;
 use skein_core::decide::{expected_keys, missing_answers};
@@ -17,15 +14,14 @@ use skein_core::state::{PendingApproval, PendingInput};
 use skein_core::token::{open, sign, Claims};
 use skein_core::{Event, SessionId};
 
-use crate::worker::{Folded, Runtime, DEFAULT_POOL};
+use crate::runtime::{Runtime, DEFAULT_POOL};
+pub use crate::secret::{new_token_id, Secret, MIN_SECRET_BYTES};
+use crate::session::Folded;
 use crate::{Error, Result};
 
 /// Longest answer (the answers object as JSON) or denial reason a person may give, in
 /// bytes. Anything longer is refused before a word of it is written.
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
-
-/// Shortest token-signing secret accepted, in bytes (from the environment or a file).
-pub const MIN_SECRET_BYTES: usize = 16;
 
 /// Refuses an answer or a reason over [`MAX_ANSWER_BYTES`], naming its size and the limit.
 pub fn check_answer_size(what: &str, bytes: usize) -> Result<()> {
@@ -35,82 +31,6 @@ pub fn check_answer_size(what: &str, bytes: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// The token-signing secret. Never printed.
-#[derive(Clone)]
-pub struct Secret(pub Vec<u8>);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
-
-impl Secret {
-    /// The secret from `env_var` when set; otherwise the one kept in `data_dir`
-    /// (`token.secret`, made on first use, readable by the owner only).
-    pub fn load_or_create(env_var: &str, data_dir: &Path) -> Result<Self> {
-        if let Ok(v) = std::env::var(env_var) {
-            if v.len() < MIN_SECRET_BYTES {
-                return Err(Error::Rejected(format!(
-                    "{env_var} must be at least {MIN_SECRET_BYTES} characters"
-                )));
-            }
-            return Ok(Self(v.into_bytes()));
-        }
-        let path = data_dir.join("token.secret");
-        match std::fs::read(&path) {
-            Ok(v) => {
-                let v = v.trim_ascii();
-                if v.len() < MIN_SECRET_BYTES {
-                    return Err(Error::Rejected(format!(
-                        "the token secret in {} holds {} bytes; at least {MIN_SECRET_BYTES} \
-                         are needed (remove the file to have a new one made, which makes \
-                         the tokens handed out so far invalid, or set {env_var})",
-                        path.display(),
-                        v.len()
-                    )));
-                }
-                return Ok(Self(v.to_vec()));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(Error::Backend(format!(
-                    "cannot read the token secret {}: {e}",
-                    path.display()
-                )))
-            }
-        }
-        std::fs::create_dir_all(data_dir).map_err(|e| Error::Backend(e.to_string()))?;
-        let mut b = [0u8; 32];
-        rand::thread_rng().fill_bytes(&mut b);
-        let hexed = hex::encode(b);
-        write_private(&path, hexed.as_bytes())?;
-        Ok(Self(hexed.into_bytes()))
-    }
-}
-
-fn write_private(path: &Path, data: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts
-        .open(path)
-        .map_err(|e| Error::Backend(format!("cannot create {}: {e}", path.display())))?;
-    f.write_all(data).map_err(|e| Error::Backend(e.to_string()))
-}
-
-/// A fresh token id (the nonce recorded in the pausing event).
-pub fn new_token_id() -> String {
-    let mut b = [0u8; 12];
-    rand::thread_rng().fill_bytes(&mut b);
-    hex::encode(b)
 }
 
 pub fn input_token(secret: &Secret, session: &SessionId, p: &PendingInput) -> String {
@@ -207,34 +127,6 @@ pub fn check_answers(questions: &Value, answers: &Value) -> Result<()> {
     )))
 }
 
-/// Appends to a session whose job someone else may hold: on a conflict, reloads and
-/// retries while `still_valid` holds for the fresh fold.
-pub async fn append_from_outside(
-    rt: &Runtime,
-    mut f: Folded,
-    body: Event,
-    still_valid: impl Fn(&Folded) -> bool,
-) -> Result<Folded> {
-    for _ in 0..5 {
-        match rt.append(&mut f, body.clone()).await {
-            Ok(()) => return Ok(f),
-            Err(Error::Conflict { .. }) => {
-                let (fresh, _) = rt.load(&f.id).await?;
-                if !still_valid(&fresh) {
-                    rt.keep_state(fresh);
-                    return Err(Error::Rejected("stale token: the session moved on".into()));
-                }
-                f = fresh;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(Error::Backend(format!(
-        "{}: too many concurrent appends",
-        f.id
-    )))
-}
-
 fn pool_of(f: &Folded) -> String {
     f.state
         .submitted
@@ -281,10 +173,11 @@ pub async fn answer(
         token_id: nonce.clone(),
         by,
     });
-    let f = append_from_outside(rt, f, body, |g| {
-        g.state.pending_inputs.iter().any(|p| p.token_id == nonce)
-    })
-    .await?;
+    let f = rt
+        .append_from_outside(f, body, |g| {
+            g.state.pending_inputs.iter().any(|p| p.token_id == nonce)
+        })
+        .await?;
     let pool = pool_of(&f);
     rt.keep_state(f);
     rt.backend.jobs.push(&pool, &claims.session).await?;
@@ -321,13 +214,14 @@ pub async fn decide_approval(
         reason,
         token_id: nonce.clone(),
     });
-    let f = append_from_outside(rt, f, body, |g| {
-        g.state
-            .pending_approvals
-            .iter()
-            .any(|p| p.token_id == nonce)
-    })
-    .await?;
+    let f = rt
+        .append_from_outside(f, body, |g| {
+            g.state
+                .pending_approvals
+                .iter()
+                .any(|p| p.token_id == nonce)
+        })
+        .await?;
     let pool = pool_of(&f);
     rt.keep_state(f);
     rt.backend.jobs.push(&pool, &claims.session).await?;

@@ -1,11 +1,13 @@
 //! skein-runtime: the imperative shell around `skein-core`.
 //!
-//! The ports a backend implements ([`ports`]), the worker loop that claims jobs, folds a
-//! session's log, asks the core for the next step and performs it ([`worker`]), and the
-//! embedded backend on sled ([`sled_backend`]). It must never depend on a particular
-//! broker: the JetStream backend lives in `skein-nats` and plugs into the same ports.
+//! The ports a backend implements ([`ports`]) and the worker that claims jobs, folds a
+//! session's log, asks the core for the next step and performs it ([`worker`], with
+//! [`session`] and [`work_loop`]). It must never depend on a particular store or broker:
+//! the embedded backend is the crate `skein-sled`, the JetStream backend `skein-nats`, and
+//! both plug into the same ports and pass the same conformance suite.
 
 pub mod audit;
+#[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod control;
 pub mod hitl;
@@ -13,8 +15,10 @@ pub mod inspect;
 pub mod metrics;
 pub mod ports;
 pub mod replay;
+pub mod runtime;
 pub mod runtime_tools;
-pub mod sled_backend;
+pub mod secret;
+pub mod session;
 pub mod spans;
 pub mod trace;
 pub mod work_loop;

@@ -1,6 +1,6 @@
-//! The ports: what the worker loop needs from a backend. The embedded backend
-//! ([`crate::sled_backend`]) and the JetStream backend (crate `skein-nats`) implement
-//! them; nothing above these traits knows which one it has.
+//! The ports: what the worker loop needs from a backend. The embedded backend (crate
+//! `skein-sled`) and the JetStream backend (crate `skein-nats`) implement them; nothing
+//! above these traits knows which one it has.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,9 +66,11 @@ pub struct Job {
 #[async_trait]
 pub trait JobQueue: Send + Sync {
     async fn push(&self, pool: &str, session: &SessionId) -> Result<()>;
-    /// Waits up to `wait` for a job; the job is held for `lease` unless heartbeated.
-    async fn claim(&self, pool: &str, lease: Duration, wait: Duration) -> Result<Option<Job>>;
-    /// Extends the lease of a held job (long model calls).
+    /// Waits up to `wait` for a job. The job is held for the queue's lease (a parameter of
+    /// the backend, set when it is opened) unless heartbeated; after it, the job is
+    /// delivered again as the next attempt.
+    async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>>;
+    /// Holds a job for a whole lease again, from now (long model calls).
     async fn heartbeat(&self, job: &Job) -> Result<()>;
     async fn ack(&self, job: &Job) -> Result<()>;
     /// Gives the job back, to be delivered again after `delay`.
@@ -83,11 +85,10 @@ pub trait JobQueue: Send + Sync {
     async fn claim_matching(
         &self,
         pool: &str,
-        lease: Duration,
         wait: Duration,
         want: &SessionFilter,
     ) -> Result<Option<Job>> {
-        let _ = (pool, lease, wait, want);
+        let _ = (pool, wait, want);
         Err(Error::Backend(
             "this job queue cannot claim the jobs of chosen sessions".into(),
         ))

@@ -26,7 +26,8 @@ use futures::FutureExt;
 use tokio::sync::watch;
 
 use crate::ports::Job;
-use crate::worker::{retry_delay, Runtime, Scope};
+use crate::worker::{Runtime, Scope};
+use crate::Error;
 
 /// How long a step that keeps failing for transient reasons is retried in place before its
 /// job is handed back to the queue.
@@ -40,6 +41,20 @@ pub const STALL_REPORT: Duration = Duration::from_secs(10);
 /// when it rejoins.
 const SWEEP_SOON: Duration = Duration::from_secs(5);
 const SWEEP_LATER: Duration = Duration::from_secs(45);
+
+/// How long a failed step's job waits before it is delivered again. A write conflict
+/// clears as soon as the fold is reread; an unreachable backend (a node down, a leader
+/// election) backs off exponentially, so the deliveries that count towards `max_deliver`
+/// span an outage of tens of seconds instead of burning out in one second.
+pub fn retry_delay(e: &Error, attempt: u32) -> Duration {
+    match e {
+        Error::Conflict { .. } => Duration::from_millis(50 * u64::from(attempt.min(20))),
+        Error::Backend(_) => {
+            Duration::from_millis(500u64.saturating_mul(1 << attempt.saturating_sub(1).min(6)))
+        }
+        _ => Duration::from_secs(2),
+    }
+}
 
 /// Claim failures per pool, shared by every work loop of a runtime, and whether the
 /// backend was in trouble since the last sweep (see [`Runtime::sweep_open_trees`]).
@@ -220,12 +235,9 @@ impl Runtime {
                         Some(s) => {
                             let s = s.clone();
                             let want = move |id: &skein_core::SessionId| s.wants(id);
-                            self.backend
-                                .jobs
-                                .claim_matching(pool, self.cfg.lease, wait, &want)
-                                .await
+                            self.backend.jobs.claim_matching(pool, wait, &want).await
                         }
-                        None => self.backend.jobs.claim(pool, self.cfg.lease, wait).await,
+                        None => self.backend.jobs.claim(pool, wait).await,
                     }
                 };
                 let claimed = tokio::select! {
@@ -426,5 +438,26 @@ impl Runtime {
         }
         tracing::info!(trees, woken, took = ?started.elapsed(), "swept the open trees after backend trouble");
         Ok(woken)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outages_back_off_long_enough_to_outlast_a_leader_election() {
+        let down = Error::Backend("request timed out".into());
+        let waits: Vec<Duration> = (1..=5).map(|a| retry_delay(&down, a)).collect();
+        assert!(waits.windows(2).all(|w| w[1] == w[0] * 2), "{waits:?}");
+        // The five deliveries before a dead letter span well over ten seconds.
+        assert!(waits.iter().sum::<Duration>() >= Duration::from_secs(15));
+        let conflict = Error::Conflict {
+            session: "s".into(),
+            expected: 1,
+            actual: 2,
+        };
+        assert!(retry_delay(&conflict, 1) <= Duration::from_millis(100));
+        assert!(retry_delay(&down, 60) <= Duration::from_secs(40));
     }
 }

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 use skein_core::{AgentSet, Event, Limits};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_sled::SledStore;
 use skein_tools::{Tool, ToolBox, ToolContext};
 
 /// A tool with a side effect worth a person's look: it counts its launches.
@@ -85,11 +85,7 @@ async fn a_tool_asking_for_approval_waits_although_the_config_names_none() {
     while let Some(job) = rt
         .backend
         .jobs
-        .claim(
-            "default",
-            Duration::from_secs(30),
-            Duration::from_millis(200),
-        )
+        .claim("default", Duration::from_millis(200))
         .await
         .unwrap()
     {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use skein_core::{AgentSet, Status};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_sled::SledStore;
 use skein_tools::ToolBox;
 
 #[tokio::test]

@@ -23,7 +23,7 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
     // Three deliveries that never finish (as if each worker died mid-step).
     for attempt in 1..=3 {
         let j = jobs
-            .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+            .claim("default", Duration::from_secs(1))
             .await
             .unwrap()
             .unwrap();
@@ -33,7 +33,7 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
     // The log stood still for 3 leases of 20 ms.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let j = jobs
-        .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+        .claim("default", Duration::from_secs(1))
         .await
         .unwrap()
         .unwrap();
@@ -75,7 +75,7 @@ async fn deliveries_that_ran_out_while_the_log_moves_do_not_fail_the_session() {
     // Three deliveries that never finish (as if each worker died mid-step).
     for attempt in 1..=3 {
         let j = jobs
-            .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+            .claim("default", Duration::from_secs(1))
             .await
             .unwrap()
             .unwrap();
@@ -83,7 +83,7 @@ async fn deliveries_that_ran_out_while_the_log_moves_do_not_fail_the_session() {
         jobs.retry(&j, Duration::ZERO).await.unwrap();
     }
     let j = jobs
-        .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+        .claim("default", Duration::from_secs(1))
         .await
         .unwrap()
         .unwrap();

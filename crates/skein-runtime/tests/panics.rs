@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use skein_core::{AgentSet, Event, ModelRequest};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::{Completion, Provider, Registry};
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_sled::SledStore;
 use skein_tools::ToolBox;
 
 /// Panics on its first call, then answers as the scripted provider would.

@@ -10,9 +10,9 @@ use skein_core::limits::{MAX_CONTEXT_BYTES, MAX_INPUTS_BYTES, MAX_MISSION_BYTES}
 use skein_core::AgentSet;
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_runtime::Error;
+use skein_sled::SledStore;
 use skein_tools::ToolBox;
 
 #[tokio::test]

@@ -15,23 +15,19 @@ async fn a_lost_job_is_found_again_by_the_sweep_and_the_tree_completes() {
     let jobs = &rt.backend.jobs;
     // The job is lost: taken and acked without being processed.
     let j = jobs
-        .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+        .claim("default", Duration::from_secs(1))
         .await
         .unwrap()
         .unwrap();
     jobs.ack(&j).await.unwrap();
     assert!(jobs
-        .claim(
-            "default",
-            Duration::from_secs(30),
-            Duration::from_millis(100)
-        )
+        .claim("default", Duration::from_millis(100))
         .await
         .unwrap()
         .is_none());
     assert_eq!(rt.sweep_open_trees().await.unwrap(), 1);
     let j = jobs
-        .claim("default", Duration::from_secs(30), Duration::from_secs(1))
+        .claim("default", Duration::from_secs(1))
         .await
         .unwrap()
         .expect("the sweep woke the session again");

@@ -23,8 +23,8 @@ use skein_core::{
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_runtime::inspect::{summarize, tree_rows};
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_sled::SledStore;
 
 use crate::app::{read_agent_files, App};
 
@@ -65,7 +65,7 @@ pub(crate) fn write_agents(
         dir.join("agents/fanout.md"),
         format!(
             "---\nname: fanout\nmodel: scripted:fanout\nagents: [leaf]\ncache: false\n{pool_line}\
-             limits: {{max_children_per_turn: 100000, max_steps: 4}}\n---\nFan out.\n"
+             limits: {{max_children_per_turn: 100000, max_tool_calls_per_turn: 100000, max_steps: 4}}\n---\nFan out.\n"
         ),
     )?;
     std::fs::write(

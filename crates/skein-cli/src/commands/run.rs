@@ -12,8 +12,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use skein_core::{AgentDef, AgentSet, SessionId, Status};
 use skein_llm::Registry;
 use skein_runtime::inspect::{summarize, tree_rows};
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Folded, Progress, Runtime, Submission, TextDelta};
+use skein_sled::SledStore;
 use tokio::sync::broadcast;
 
 use crate::app::App;

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 use skein_core::event::{InputRequested, ModelCalled};
 use skein_core::{Event, ModelResponse, SessionId, ToolCall};
 use skein_runtime::hitl::{self, Secret};
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_sled::SledStore;
 
 use super::{tokio_runtime, Spec, Target};
 use crate::fixtures::{

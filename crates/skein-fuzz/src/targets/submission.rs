@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use rand::Rng as _;
 use skein_runtime::hitl::Secret;
-use skein_runtime::sled_backend::SledStore;
 use skein_runtime::worker::{Runtime, RuntimeConfig};
+use skein_sled::SledStore;
 
 use super::{tokio_runtime, Spec, Target};
 use crate::fixtures::{catalog, TEST_SECRET};

@@ -1,0 +1,312 @@
+//! The JobQueue on stream `SKEIN_JOBS`, one durable pull consumer per pool.
+//!
+//! Job coalescing: a session has at most one job, pending or held. Each job is published
+//! with `Nats-Expected-Last-Subject-Sequence: 0`, which the stream accepts only while the
+//! subject holds no message (an acked job is deleted from the work queue). The stream itself
+//! has no per-subject limit: replicas of servers before 2.10 cannot catch up on a stream
+//! that refuses new messages per subject. A push refused because a job exists writes a wake
+//! marker (KV `skein_wake`) and tries once more (the job may have been acked in between); a
+//! holder, after its ack, reads the marker and, if set, clears it and pushes again. Either
+//! the second publish lands, or the marker was written before the ack and is seen after it:
+//! no wake-up is lost.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use skein_core::SessionId;
+use skein_runtime::ports::{Job, JobQueue};
+use skein_runtime::{Error, Result};
+
+use super::{nats_err, NatsStore, PULL_GRACE};
+use super::{trace_headers, JOBS};
+use async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE;
+use async_nats::jetstream::stream::DeleteMessageErrorKind;
+use async_nats::jetstream::ErrorCode;
+use std::sync::Arc;
+
+impl NatsStore {
+    /// Whether a refused job publish is the per-subject limit of a job stream made by an
+    /// earlier version (one the upgrade could not change): the server reports a failed
+    /// store, and the stream refuses a second message per subject.
+    fn refused_per_subject(&self, e: &jetstream::context::PublishError) -> bool {
+        let cfg = &self.jobs_stream.cached_info().config;
+        cfg.discard_new_per_subject
+            && cfg.max_messages_per_subject == 1
+            && std::error::Error::source(e)
+                .and_then(|s| s.downcast_ref::<jetstream::Error>())
+                .is_some_and(|j| j.error_code() == ErrorCode::STREAM_STORE_FAILED)
+    }
+
+    pub(crate) async fn consumer(&self, pool: &str) -> Result<consumer::PullConsumer> {
+        let mut c = self.consumers.lock().await;
+        if let Some(x) = c.get(pool) {
+            return Ok(x.clone());
+        }
+        let name = format!("pool-{pool}");
+        let config = consumer::pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: format!("skein.jobs.{pool}.>"),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: self.lease,
+            max_deliver: -1,
+            max_ack_pending: -1,
+            // Every work loop of every worker keeps one pull request open.
+            max_waiting: 16_384,
+            ..Default::default()
+        };
+        // One attempt: while a cluster elects leaders this fails, and the caller's loop
+        // tries again and says so (a silent retry here once hid a lost consumer).
+        let cons = self
+            .jobs_stream
+            .get_or_create_consumer(&name, config.clone())
+            .await
+            .map_err(|e| nats_err(&format!("open consumer {name} of stream {JOBS}"), e))?;
+        // The consumer outlives workers: one made with another lease keeps that ack wait,
+        // and heartbeats paced by ours would come too late for it. Bring it to ours.
+        let cons = if cons.cached_info().config.ack_wait != self.lease {
+            tracing::info!(pool, from = ?cons.cached_info().config.ack_wait, to = ?self.lease,
+                "pool consumer's ack wait set to this worker's lease");
+            self.jobs_stream
+                .create_consumer(config)
+                .await
+                .map_err(|e| nats_err("pool consumer update", e))?
+        } else {
+            cons
+        };
+        c.insert(pool.to_string(), cons.clone());
+        Ok(cons)
+    }
+
+    /// Drops the cached handle of a pool's consumer: the next claim looks it up again and
+    /// makes it anew if the cluster lost it.
+    pub(crate) async fn forget_consumer(&self, pool: &str) {
+        self.consumers.lock().await.remove(pool);
+    }
+
+    pub(crate) async fn publish_job(&self, pool: &str, session: &SessionId) -> Result<bool> {
+        let subject = format!("skein.jobs.{pool}.{}", session.as_str());
+        let mut delay = Duration::from_millis(100);
+        let mut tries = 0;
+        loop {
+            let mut h = trace_headers();
+            h.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, "0");
+            let res = async {
+                self.js
+                    .publish_with_headers(subject.clone(), h, Bytes::new())
+                    .await?
+                    .await
+            }
+            .await;
+            tracing::trace!(%session, published = res.is_ok(), "job push");
+            match res {
+                Ok(_) => return Ok(true),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        jetstream::context::PublishErrorKind::WrongLastSequence
+                    ) =>
+                {
+                    return Ok(false)
+                }
+                // A stream made before the limit moved to the publish says it this way.
+                Err(e) if self.refused_per_subject(&e) => return Ok(false),
+                Err(e) if tries < 4 => {
+                    tries += 1;
+                    tracing::debug!(%session, error = %e, "job push not acknowledged; sending again");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(e) => return Err(nats_err("push job", e)),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl JobQueue for NatsStore {
+    async fn push(&self, pool: &str, session: &SessionId) -> Result<()> {
+        if self.publish_job(pool, session).await? {
+            return Ok(());
+        }
+        // A job exists, pending or held: leave a wake marker, then try once more.
+        self.wake
+            .put(session.as_str(), Bytes::from_static(b"1"))
+            .await
+            .map_err(|e| nats_err("wake marker", e))?;
+        self.publish_job(pool, session).await?;
+        Ok(())
+    }
+
+    async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>> {
+        let cons = self.consumer(pool).await?;
+        let expires = wait.max(Duration::from_millis(10));
+        let what = || format!("claim from consumer pool-{pool} of stream {JOBS}");
+        // A pull whose consumer lost its leader may never be answered: it is given up
+        // after its expiry and a grace period, and the consumer is looked up (or made)
+        // again, so a worker never waits silently on a consumer that is gone.
+        let pulled = tokio::time::timeout(expires + PULL_GRACE, async {
+            let mut batch = cons
+                .fetch()
+                .max_messages(1)
+                .expires(expires)
+                .messages()
+                .await?;
+            Ok::<_, async_nats::Error>(batch.next().await)
+        })
+        .await;
+        let next = match pulled {
+            Err(_) => {
+                self.forget_consumer(pool).await;
+                return Err(Error::Backend(format!(
+                    "nats: {}: no answer within {:?}",
+                    what(),
+                    expires + PULL_GRACE
+                )));
+            }
+            Ok(Err(e)) => {
+                self.forget_consumer(pool).await;
+                return Err(nats_err(&what(), e));
+            }
+            Ok(Ok(next)) => next,
+        };
+        let msg = match next {
+            None => return Ok(None),
+            Some(Ok(m)) => m,
+            // Too many pull requests open at once: back-pressure, not a fault.
+            Some(Err(e)) if e.to_string().contains("Exceeded MaxWaiting") => {
+                tokio::time::sleep(wait.min(Duration::from_millis(100))).await;
+                return Ok(None);
+            }
+            Some(Err(e)) => {
+                self.forget_consumer(pool).await;
+                return Err(nats_err(&what(), e));
+            }
+        };
+        let (attempt, sseq) = {
+            let info = msg.info().map_err(|e| nats_err("job info", e))?;
+            (info.delivered.max(1) as u32, info.stream_sequence)
+        };
+        let prefix = format!("skein.jobs.{pool}.");
+        let Some(id) = msg
+            .subject
+            .as_str()
+            .strip_prefix(&prefix)
+            .map(str::to_string)
+        else {
+            return Err(Error::Corrupt(format!("job on subject {}", msg.subject)));
+        };
+        let session = SessionId::parse(&id)?;
+        tracing::trace!(%session, attempt, "job claimed");
+        let (_, acker) = msg.split();
+        let handle = format!("{sseq}:{attempt}");
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle.clone(), Arc::new(acker));
+        Ok(Some(Job {
+            pool: pool.into(),
+            session,
+            attempt,
+            handle,
+        }))
+    }
+
+    async fn heartbeat(&self, job: &Job) -> Result<()> {
+        let acker = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&job.handle)
+            .cloned();
+        if let Some(a) = acker {
+            a.ack_with(jetstream::AckKind::Progress)
+                .await
+                .map_err(|e| nats_err("heartbeat", e))?;
+        }
+        Ok(())
+    }
+
+    async fn ack(&self, job: &Job) -> Result<()> {
+        let acker = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&job.handle);
+        // The job's message is deleted through the stream (every replica applies the
+        // delete in the same order as the publishes it gates), then acked. A holder that
+        // dies in between leaves an acked delivery of a deleted message: nothing to redo.
+        let deleted = match job
+            .handle
+            .split_once(':')
+            .map(|(seq, _)| seq.parse::<u64>())
+        {
+            Some(Ok(sseq)) => match self.jobs_stream.delete_message(sseq).await {
+                Ok(_) => Ok(()),
+                Err(e)
+                    if matches!(e.kind(), DeleteMessageErrorKind::JetStream(j)
+                        if j.error_code() == ErrorCode::NO_MESSAGE_FOUND) =>
+                {
+                    Ok(())
+                }
+                Err(e) => Err(nats_err(&format!("delete job from stream {JOBS}"), e)),
+            },
+            _ => Err(Error::Corrupt(format!("job handle {}", job.handle))),
+        };
+        let acked = match (deleted, acker) {
+            (Err(e), Some(a)) => {
+                // Held again: the delivery runs out and comes back.
+                self.held
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(job.handle.clone(), a);
+                return Err(e);
+            }
+            (Err(e), None) => return Err(e),
+            (Ok(()), Some(a)) => a.ack().await.map_err(|e| nats_err("ack", e)),
+            (Ok(()), None) => Ok(()),
+        };
+        tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
+        // A push that found this job held left a marker: run the session once more. When
+        // the marker cannot be read (or the ack's outcome is unknown) push anyway: an extra
+        // wake-up costs one idle step, a lost one strands a session.
+        match self.wake.get(job.session.as_str()).await {
+            Ok(None) if acked.is_ok() => {}
+            Ok(Some(_)) => {
+                let _ = self.wake.delete(job.session.as_str()).await;
+                self.publish_job(&job.pool, &job.session).await?;
+            }
+            _ => {
+                self.publish_job(&job.pool, &job.session).await?;
+            }
+        }
+        acked
+    }
+
+    async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
+        let acker = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&job.handle);
+        if let Some(a) = acker {
+            // No delay: delivered again at once (a draining worker hands its job on).
+            let delay = (!delay.is_zero()).then_some(delay);
+            a.ack_with(jetstream::AckKind::Nak(delay))
+                .await
+                .map_err(|e| nats_err("nak", e))?;
+        }
+        Ok(())
+    }
+
+    async fn depth(&self, pool: &str) -> Result<u64> {
+        let mut cons = self.consumer(pool).await?;
+        let info = cons
+            .info()
+            .await
+            .map_err(|e| nats_err("consumer info", e))?;
+        Ok(info.num_pending + info.num_ack_pending as u64)
+    }
+}

@@ -1,0 +1,232 @@
+//! The JetStream implementation of every port, one file per port:
+//!
+//! | file | what |
+//! | --- | --- |
+//! | `topology.rs` | streams and buckets, created once (`ensure_topology`) |
+//! | `connection.rs` | connect options: credentials, TLS, reconnects |
+//! | `read.rs` | reading one subject of a stream (leader gets, streamed through a consumer when long) |
+//! | `log.rs` | EventLog |
+//! | `jobs.rs` | JobQueue (and the wake markers of job coalescing) |
+//! | `cache.rs` | Cache and single-flight claims |
+//! | `blobs.rs` | Blobs |
+//! | `notices.rs` | Notices and Announcer |
+//! | `workspace.rs` | Workspaces: `ObjectWorkspace` |
+//!
+//! | port | NATS |
+//! | --- | --- |
+//! | EventLog | stream `SKEIN_EVENTS`, subject `skein.events.<session>`; appends carry `Nats-Expected-Last-Subject-Sequence` (one writer per session) and `Nats-Msg-Id = <session>:<seq>` (a retried publish is dropped as a duplicate) |
+//! | JobQueue | stream `SKEIN_JOBS` (work queue), subject `skein.jobs.<pool>.<session>`, one durable pull consumer per pool |
+//! | Cache | KV `skein_cache`; single-flight claims in KV `skein_inflight` |
+//! | Blobs | object store `skein_blobs`, named by blake3 hash |
+//! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
+//! | Announcer | core subject `skein.results.<root>` |
+//! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
+//!
+//! Job coalescing (at most one job per session, no wake-up lost) is told in `jobs.rs`.
+
+mod blobs;
+mod cache;
+mod connection;
+mod jobs;
+mod log;
+mod notices;
+mod read;
+mod topology;
+mod workspace;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::header::HeaderMap;
+use async_nats::jetstream::{self, consumer, kv, object_store, stream, Context};
+use skein_core::SessionId;
+use skein_runtime::{Backend, Error, Result};
+
+pub use connection::{connect_client, connect_options};
+pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES};
+pub use workspace::{clean_path, ObjectWorkspace};
+
+use crate::config::{duration, NatsConfig};
+
+/// How long past its expiry a pull may go unanswered before it is given up.
+const PULL_GRACE: Duration = Duration::from_secs(5);
+
+fn nats_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Backend(format!("nats: {what}: {e}"))
+}
+
+/// Headers carrying the current trace context (the session being advanced), if any.
+fn trace_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Some(tp) = skein_runtime::spans::current() {
+        h.insert("traceparent", tp.as_str());
+    }
+    h
+}
+
+fn events_subject(s: &SessionId) -> String {
+    format!("skein.events.{}", s.as_str())
+}
+
+fn storage(cfg: &NatsConfig) -> stream::StorageType {
+    if cfg.storage == "memory" {
+        stream::StorageType::Memory
+    } else {
+        stream::StorageType::File
+    }
+}
+
+fn age(s: &str) -> Duration {
+    duration(s).unwrap_or_default()
+}
+
+/// Everything the backend holds on to.
+pub struct NatsStore {
+    pub client: async_nats::Client,
+    pub js: Context,
+    events: stream::Stream,
+    jobs_stream: stream::Stream,
+    notices: stream::Stream,
+    cache: kv::Store,
+    inflight: kv::Store,
+    wake: kv::Store,
+    blobs: object_store::ObjectStore,
+    /// The stream under `blobs`, for reads that need no consumer.
+    blobs_stream: stream::Stream,
+    workspace: object_store::ObjectStore,
+    cfg: NatsConfig,
+    /// Last known (our seq, stream seq) per session: appends need the stream seq.
+    heads: Mutex<HashMap<SessionId, (u64, u64)>>,
+    consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
+    held: Mutex<HashMap<String, Arc<jetstream::message::Acker>>>,
+    /// Lease given to pool consumers (their ack wait).
+    lease: Duration,
+}
+
+impl NatsStore {
+    /// Connects, sets up the topology and returns the store.
+    pub async fn connect(cfg: &NatsConfig, lease: Duration) -> Result<Arc<Self>> {
+        let client = connect_client(cfg).await?;
+        let js = jetstream::new(client.clone());
+        // A fresh cluster may still be electing its JetStream leader, and a cluster that
+        // lost a node its stream leaders: the whole setup is tried again for a while.
+        let mut tries = 0;
+        loop {
+            match Self::open(client.clone(), js.clone(), cfg, lease).await {
+                Ok(store) => return Ok(store),
+                Err(e) if tries < 40 => {
+                    tries += 1;
+                    tracing::debug!(error = %e, "JetStream setup not ready; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub(crate) async fn open(
+        client: async_nats::Client,
+        js: Context,
+        cfg: &NatsConfig,
+        lease: Duration,
+    ) -> Result<Arc<Self>> {
+        ensure_topology(&js, cfg).await?;
+        let s = |n: &'static str| {
+            let js = js.clone();
+            async move { js.get_stream(n).await.map_err(|e| nats_err(n, e)) }
+        };
+        let k = |n: &'static str| {
+            let js = js.clone();
+            async move { js.get_key_value(n).await.map_err(|e| nats_err(n, e)) }
+        };
+        let o = |n: &'static str| {
+            let js = js.clone();
+            async move { js.get_object_store(n).await.map_err(|e| nats_err(n, e)) }
+        };
+        Ok(Arc::new(Self {
+            events: s(EVENTS).await?,
+            jobs_stream: s(JOBS).await?,
+            notices: s(NOTICES).await?,
+            cache: k("skein_cache").await?,
+            inflight: k("skein_inflight").await?,
+            wake: k("skein_wake").await?,
+            blobs: o("skein_blobs").await?,
+            blobs_stream: s("OBJ_skein_blobs").await?,
+            workspace: o("skein_workspace").await?,
+            client,
+            js,
+            cfg: cfg.clone(),
+            heads: Mutex::new(HashMap::new()),
+            consumers: tokio::sync::Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            lease,
+        }))
+    }
+
+    /// The ports, each call bounded by [`crate::deadline::OPERATION_LIMIT`].
+    pub fn backend(self: &Arc<Self>) -> Backend {
+        let d = crate::deadline::Deadline::new(self.clone(), crate::deadline::OPERATION_LIMIT);
+        Backend {
+            name: "nats",
+            log: d.clone(),
+            jobs: d.clone(),
+            cache: d.clone(),
+            blobs: d.clone(),
+            notices: d.clone(),
+            workspaces: self.clone(),
+            announcer: Some(d),
+        }
+    }
+
+    pub fn config(&self) -> &NatsConfig {
+        &self.cfg
+    }
+
+    /// Replicas of skein's streams that are not current with their leader, as
+    /// `(stream, replica, why)`; a stream whose info cannot be had is reported with replica
+    /// `-`. Empty on a single server.
+    pub async fn lagging_replicas(&self) -> Vec<(String, String, String)> {
+        let mut out = vec![];
+        for name in [EVENTS, JOBS, NOTICES, MISSIONS] {
+            let info = tokio::time::timeout(Duration::from_secs(10), async {
+                let mut st = self.js.get_stream(name).await?;
+                Ok::<_, async_nats::Error>(st.info().await?.clone())
+            })
+            .await;
+            let info = match info {
+                Ok(Ok(i)) => i,
+                Ok(Err(e)) => {
+                    out.push((name.to_string(), "-".into(), format!("no stream info: {e}")));
+                    continue;
+                }
+                Err(_) => {
+                    out.push((
+                        name.to_string(),
+                        "-".into(),
+                        "no stream info within 10s".into(),
+                    ));
+                    continue;
+                }
+            };
+            let Some(cluster) = info.cluster else {
+                continue;
+            };
+            if cluster.leader.is_none() {
+                out.push((name.to_string(), "-".into(), "no leader".into()));
+            }
+            for r in cluster.replicas {
+                if r.offline {
+                    out.push((name.to_string(), r.name, "offline".into()));
+                } else if !r.current {
+                    out.push((
+                        name.to_string(),
+                        r.name,
+                        format!("not current (lag {:?}, seen {:?} ago)", r.lag, r.active),
+                    ));
+                }
+            }
+        }
+        out
+    }
+}

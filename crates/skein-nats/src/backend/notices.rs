@@ -1,0 +1,79 @@
+//! Notices on stream `SKEIN_NOTICES` (`skein.notices.<parent>`, `skein.watch.<session>`)
+//! and the Announcer on core subject `skein.results.<root>`.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use skein_core::SessionId;
+use skein_runtime::ports::{Announcer, Notices, RootResult};
+use skein_runtime::{Error, Result};
+
+use super::{nats_err, trace_headers, NatsStore};
+
+#[async_trait]
+impl Notices for NatsStore {
+    async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()> {
+        let subject = format!("skein.notices.{}", parent.as_str());
+        async {
+            self.js
+                .publish_with_headers(subject, trace_headers(), Bytes::from(child.to_string()))
+                .await?
+                .await
+        }
+        .await
+        .map_err(|e| nats_err("notice", e))?;
+        Ok(())
+    }
+
+    async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>> {
+        let subject = format!("skein.notices.{}", parent.as_str());
+        self.read_subject(&self.notices, &subject, after)
+            .await?
+            .into_iter()
+            .map(|(s, p)| Ok((s, SessionId::parse(&String::from_utf8_lossy(&p))?)))
+            .collect()
+    }
+
+    async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()> {
+        let subject = format!("skein.watch.{}", target.as_str());
+        let body = serde_json::json!({"watcher": watcher.to_string(), "pool": pool}).to_string();
+        async { self.js.publish(subject, Bytes::from(body)).await?.await }
+            .await
+            .map_err(|e| nats_err("watch", e))?;
+        Ok(())
+    }
+
+    async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>> {
+        let subject = format!("skein.watch.{}", target.as_str());
+        let mut out = vec![];
+        for (_, p) in self.read_subject(&self.notices, &subject, 0).await? {
+            let v: serde_json::Value =
+                serde_json::from_slice(&p).map_err(|e| Error::Corrupt(e.to_string()))?;
+            let w = SessionId::parse(v["watcher"].as_str().unwrap_or_default())?;
+            let pool = v["pool"].as_str().unwrap_or("default").to_string();
+            if !out.iter().any(|(x, _)| *x == w) {
+                out.push((w, pool));
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Announcer for NatsStore {
+    async fn root_finished(&self, notice: &RootResult) -> Result<()> {
+        let body = serde_json::to_vec(notice).map_err(|e| Error::Corrupt(e.to_string()))?;
+        self.client
+            .publish_with_headers(
+                format!("skein.results.{}", notice.session),
+                trace_headers(),
+                body.into(),
+            )
+            .await
+            .map_err(|e| nats_err("result", e))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| nats_err("flush", e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! The streams and buckets, created when missing; existing ones are left alone (a job
+//! stream of an earlier version is brought to the current settings).
+
+use std::time::Duration;
+
+use async_nats::jetstream::{stream, Context};
+use skein_runtime::Result;
+
+use super::{age, nats_err, storage};
+use crate::config::NatsConfig;
+
+pub const EVENTS: &str = "SKEIN_EVENTS";
+pub const JOBS: &str = "SKEIN_JOBS";
+pub const NOTICES: &str = "SKEIN_NOTICES";
+pub const MISSIONS: &str = "SKEIN_MISSIONS";
+
+/// Creates every missing stream and bucket; existing ones are left alone. Idempotent.
+pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
+    let st = storage(cfg);
+    let r = cfg.replicas.max(1);
+    let put = |c: stream::Config| async move {
+        match js.get_stream(&c.name).await {
+            // Existing streams are left as they are: an operator may have tuned them, and
+            // a read-only command must never rescale a cluster's streams.
+            Ok(_) => Ok(()),
+            Err(_) => js
+                .create_stream(c.clone())
+                .await
+                .map(|_| ())
+                .map_err(|e| nats_err(&c.name, e)),
+        }
+    };
+    put(stream::Config {
+        name: EVENTS.into(),
+        subjects: vec!["skein.events.>".into()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: st,
+        num_replicas: r,
+        allow_direct: true,
+        duplicate_window: age(&cfg.duplicate_window),
+        max_age: age(&cfg.events_max_age),
+        ..Default::default()
+    })
+    .await?;
+    // Limits retention, not a work queue: on a work queue each replica deletes an acked
+    // job through the consumer, in its own order, so replicas judge the conditional
+    // publish of the next job differently (servers before 2.11 then reset the stream for
+    // minutes). The holder deletes its job through the stream instead.
+    let jobs = stream::Config {
+        name: JOBS.into(),
+        subjects: vec!["skein.jobs.>".into()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: st,
+        num_replicas: r,
+        // A job left behind (its session's logs aged out) goes with them.
+        max_age: age(&cfg.events_max_age),
+        ..Default::default()
+    };
+    put(jobs.clone()).await?;
+    upgrade_jobs_stream(js, jobs).await;
+    put(stream::Config {
+        name: NOTICES.into(),
+        subjects: vec!["skein.notices.>".into(), "skein.watch.>".into()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: st,
+        num_replicas: r,
+        allow_direct: true,
+        // Wake-ups matter only while their logs exist: they age out with them.
+        max_age: age(&cfg.events_max_age),
+        ..Default::default()
+    })
+    .await?;
+    put(stream::Config {
+        name: MISSIONS.into(),
+        subjects: vec!["skein.missions.submit".into()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: st,
+        num_replicas: r,
+        duplicate_window: age(&cfg.duplicate_window),
+        ..Default::default()
+    })
+    .await?;
+    for (bucket, max_age) in [
+        ("skein_cache", age(&cfg.cache_max_age)),
+        ("skein_inflight", age(&cfg.inflight_max_age)),
+        ("skein_wake", Duration::ZERO),
+    ] {
+        // The KV layout made by hand: the client's bucket creation asks for account
+        // details that servers before 2.10 answer in a form it cannot read.
+        let dup = if max_age > Duration::ZERO {
+            max_age.min(Duration::from_secs(120))
+        } else {
+            Duration::from_secs(120)
+        };
+        put(stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            max_age,
+            storage: st,
+            num_replicas: r,
+            allow_rollup: true,
+            deny_delete: true,
+            // KV reads may come from any replica: a lagging cache or single-flight read
+            // costs at most a duplicate run (see claim_inflight), and stays available
+            // while a cluster re-elects leaders.
+            allow_direct: true,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: dup,
+            ..Default::default()
+        })
+        .await?;
+    }
+    // Object stores as the client would make them, but without direct reads: reads go to
+    // the stream leader, so a lagging replica can never answer "absent".
+    for bucket in ["skein_blobs", "skein_workspace"] {
+        put(stream::Config {
+            name: format!("OBJ_{bucket}"),
+            subjects: vec![format!("$O.{bucket}.C.>"), format!("$O.{bucket}.M.>")],
+            storage: st,
+            num_replicas: r,
+            discard: stream::DiscardPolicy::New,
+            allow_rollup: true,
+            allow_direct: false,
+            ..Default::default()
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Earlier versions made `SKEIN_JOBS` refuse a second message per subject in the stream
+/// itself (`max_messages_per_subject: 1` with `discard_new_per_subject`). A replica that
+/// restarts on servers before 2.10 cannot catch up on such a stream ("maximum messages per
+/// subject exceeded", retried for ever), and the stream stops answering. The limit now
+/// travels on each job's publish instead (see [`NatsStore::publish_job`]); a stream made
+/// the old way is brought to the new settings here, once.
+async fn upgrade_jobs_stream(js: &Context, want: stream::Config) {
+    let Ok(mut s) = js.get_stream(JOBS).await else {
+        return;
+    };
+    let Ok(info) = s.info().await else {
+        return;
+    };
+    let have = &info.config;
+    if !have.discard_new_per_subject && have.max_messages_per_subject <= 0 {
+        return;
+    }
+    let cfg = stream::Config {
+        max_messages_per_subject: -1,
+        discard_new_per_subject: false,
+        discard: stream::DiscardPolicy::Old,
+        // A work queue stays one (retention cannot change); its jobs are deleted through
+        // the stream before they are acked all the same, so its replicas stay consistent.
+        retention: have.retention,
+        max_age: have.max_age,
+        num_replicas: have.num_replicas,
+        storage: have.storage,
+        ..want
+    };
+    match js.update_stream(cfg).await {
+        Ok(_) => tracing::info!(
+            stream = JOBS,
+            "job stream updated: one job per session is now enforced on publish, not by a \
+             per-subject limit (which replicas of servers before 2.11 cannot catch up on)"
+        ),
+        Err(e) => tracing::warn!(stream = JOBS, error = %e,
+            "job stream keeps its per-subject limit; a replica of a server before 2.11 may \
+             fail to catch up on it after a restart"),
+    }
+}

@@ -1,0 +1,160 @@
+//! The runtime: one worker process's configuration, its backend, agents, models and
+//! tools, and the channels that report what it does. What it does with them is in
+//! [`crate::worker`] (one file per step kind), [`crate::session`] (the fold cache and
+//! appends) and [`crate::work_loop`] (claiming jobs).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use skein_core::{AgentSet, Limits, SessionId, Status};
+use skein_llm::Registry;
+use skein_tools::ToolBox;
+use tokio::sync::broadcast;
+
+use crate::ports::Backend;
+use crate::session::FoldCache;
+
+/// The pool of agents that name none.
+pub const DEFAULT_POOL: &str = "default";
+/// Longest mission text accepted.
+pub use skein_core::limits::MAX_MISSION_BYTES;
+
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Recorded in `ModelCalled` and `ToolCalled`.
+    pub worker_id: String,
+    pub limits: Limits,
+    /// How long a claimed job is held without a heartbeat.
+    pub lease: Duration,
+    /// Deliveries of one job before its session is failed as dead-lettered.
+    pub max_deliver: u32,
+    /// Tool outputs longer than this go to the blob store; the event keeps a preview.
+    pub blob_threshold: usize,
+    /// Cache entries live this long unless an agent says otherwise; none: forever.
+    pub cache_ttl: Option<Duration>,
+    /// Folded states kept in memory.
+    pub state_cache: usize,
+    /// Signs resume tokens.
+    pub token_secret: crate::secret::Secret,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            worker_id: default_worker_id(),
+            limits: Limits::default(),
+            lease: Duration::from_secs(30),
+            max_deliver: 5,
+            blob_threshold: 64 * 1024,
+            cache_ttl: Some(Duration::from_secs(24 * 3600)),
+            state_cache: 10_000,
+            token_secret: crate::secret::Secret(crate::secret::new_token_id().into_bytes()),
+        }
+    }
+}
+
+pub fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// One line of live progress.
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    pub session: SessionId,
+    pub seq: u64,
+    pub kind: String,
+    pub status: Status,
+    pub steps: u32,
+}
+
+/// A piece of a model answer's text as it arrives from the provider. Deltas are
+/// ephemeral and best-effort: never recorded, dropped when nobody listens or a listener
+/// lags. The answer itself is recorded whole, as one `ModelCalled`, when it is complete.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct TextDelta {
+    pub session: SessionId,
+    /// The seq the answer will be recorded at, if it completes.
+    pub seq: u64,
+    /// Which try of this model turn (a failed try's text is void; the next try starts
+    /// again from nothing).
+    pub attempt: u32,
+    pub text: String,
+}
+
+pub struct Runtime {
+    pub backend: Backend,
+    pub agents: Arc<AgentSet>,
+    pub models: Registry,
+    pub tools: ToolBox,
+    pub cfg: RuntimeConfig,
+    /// Shared by the work loops: claim health, the drain switch, held jobs.
+    pub loops: crate::work_loop::Loops,
+    /// The folds and definitions kept between jobs (see [`crate::session`]).
+    pub(crate) sessions: FoldCache,
+    pub(crate) progress: broadcast::Sender<Progress>,
+    pub(crate) text: broadcast::Sender<TextDelta>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Runtime {
+    pub fn new(
+        backend: Backend,
+        agents: Arc<AgentSet>,
+        models: Registry,
+        tools: ToolBox,
+        mut cfg: RuntimeConfig,
+    ) -> Arc<Self> {
+        // A tool that asks for a person's approval gets it whatever `[limits]` says.
+        for name in tools.names() {
+            if tools.requires_approval(&name) && !cfg.limits.approval_required.contains(&name) {
+                cfg.limits.approval_required.push(name);
+            }
+        }
+        let (progress, _) = broadcast::channel(4096);
+        let (text, _) = broadcast::channel(4096);
+        Arc::new(Self {
+            backend,
+            agents,
+            models,
+            tools,
+            cfg,
+            loops: Default::default(),
+            sessions: FoldCache::default(),
+            progress,
+            text,
+        })
+    }
+
+    /// Live progress of every session this runtime advances.
+    pub fn subscribe(&self) -> broadcast::Receiver<Progress> {
+        self.progress.subscribe()
+    }
+
+    /// Model answers' text while it arrives, for every session this runtime advances
+    /// (see [`TextDelta`]).
+    pub fn subscribe_text(&self) -> broadcast::Receiver<TextDelta> {
+        self.text.subscribe()
+    }
+
+    /// Every pool the catalogue's agents use.
+    pub fn pools(&self) -> Vec<String> {
+        let mut p: BTreeSet<String> = [DEFAULT_POOL.to_string()].into();
+        p.extend(
+            self.agents
+                .agents
+                .values()
+                .filter_map(|d| d.front.pool.clone()),
+        );
+        p.into_iter().collect()
+    }
+}

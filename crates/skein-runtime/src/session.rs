@@ -1,0 +1,200 @@
+//! The session repository: a session's folded state ([`Folded`]), the cache of folds a
+//! worker keeps between jobs, and the only ways a log is written — sealed, hash-chained
+//! records appended under the log's optimistic concurrency, by the holder of the
+//! session's job ([`Runtime::append_all`]) or from outside it
+//! ([`Runtime::append_from_outside`]: answers, approvals, cancels, plan verdicts).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use skein_core::event::{genesis_hash, Submitted};
+use skein_core::{AgentDef, Envelope, Event, Record, SessionId, SessionState};
+
+use crate::runtime::{lock, Progress, Runtime};
+use crate::{now_ms, Error, Result};
+
+/// A session's folded state and what the worker needs to append to it.
+#[derive(Debug, Clone)]
+pub struct Folded {
+    pub id: SessionId,
+    pub state: SessionState,
+    pub last_hash: String,
+    /// Position in the notice inbox already read.
+    pub cursor: u64,
+}
+
+impl Folded {
+    pub fn new(id: SessionId) -> Self {
+        let last_hash = genesis_hash(&id);
+        Self {
+            id,
+            state: SessionState::default(),
+            last_hash,
+            cursor: 0,
+        }
+    }
+
+    /// Folds records that follow the current state, checking the chain as it goes.
+    pub fn absorb(&mut self, records: &[Record]) -> Result<()> {
+        for r in records {
+            if r.env.seq != self.state.last_seq + 1 || r.env.prev != self.last_hash {
+                return Err(Error::Corrupt(format!(
+                    "log of {} breaks at seq {}: expected seq {} chained to the previous record",
+                    self.id,
+                    r.env.seq,
+                    self.state.last_seq + 1
+                )));
+            }
+            self.state.apply(&r.env);
+            self.last_hash = r.hash();
+        }
+        Ok(())
+    }
+}
+
+/// The folds and agent definitions a runtime keeps in memory between jobs.
+#[derive(Default)]
+pub(crate) struct FoldCache {
+    states: Mutex<HashMap<SessionId, Folded>>,
+    defs: Mutex<HashMap<String, Arc<AgentDef>>>,
+}
+
+impl Runtime {
+    /// Appends `Submitted` as the first record of `id`; none if the session existed.
+    pub(crate) async fn create(
+        &self,
+        id: &SessionId,
+        submitted: Submitted,
+    ) -> Result<Option<Folded>> {
+        let mut f = Folded::new(id.clone());
+        match self.append(&mut f, Event::Submitted(submitted)).await {
+            Ok(()) => Ok(Some(f)),
+            Err(Error::Conflict { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn seal(&self, f: &Folded, seq: u64, prev: String, body: Event) -> Result<Record> {
+        let env = Envelope::new(f.id.clone(), seq, now_ms(), prev, body);
+        let bytes = env.encode()?;
+        Ok(Record { env, bytes })
+    }
+
+    /// Appends one event to a session this worker holds, and folds it.
+    pub async fn append(&self, f: &mut Folded, body: Event) -> Result<()> {
+        self.append_all(f, vec![body]).await
+    }
+
+    /// Appends events in order (one durable batch where the backend can), and folds them.
+    pub async fn append_all(&self, f: &mut Folded, bodies: Vec<Event>) -> Result<()> {
+        if bodies.is_empty() {
+            return Ok(());
+        }
+        let first = f.state.last_seq;
+        let mut prev = f.last_hash.clone();
+        let mut records = Vec::with_capacity(bodies.len());
+        for (i, body) in bodies.into_iter().enumerate() {
+            let r = self.seal(f, first + 1 + i as u64, prev, body)?;
+            prev = r.hash();
+            records.push(r);
+        }
+        match self.backend.log.append_batch(&f.id, first, &records).await {
+            Ok(()) => {}
+            Err(e) => {
+                if matches!(e, Error::Conflict { .. }) {
+                    // Someone else wrote: forget the cached fold so the next load rereads.
+                    lock(&self.sessions.states).remove(&f.id);
+                }
+                return Err(e);
+            }
+        }
+        for r in &records {
+            f.state.apply(&r.env);
+            if r.env.body.is_terminal() {
+                crate::spans::session_ended(&f.id, &f.state, r.env.at);
+            }
+            let _ = self.progress.send(Progress {
+                session: f.id.clone(),
+                seq: r.env.seq,
+                kind: r.env.body.kind().to_string(),
+                status: f.state.status,
+                steps: f.state.steps,
+            });
+        }
+        f.last_hash = prev;
+        Ok(())
+    }
+
+    /// The folded state of a session: the cached fold plus whatever is new in the log.
+    /// Returns whether it was loaded cold (not cached).
+    pub async fn load(&self, id: &SessionId) -> Result<(Folded, bool)> {
+        let cached = lock(&self.sessions.states).remove(id);
+        let cold = cached.is_none();
+        let mut f = cached.unwrap_or_else(|| Folded::new(id.clone()));
+        let new = self.backend.log.read(id, f.state.last_seq + 1).await?;
+        f.absorb(&new)?;
+        Ok((f, cold))
+    }
+
+    /// Gives a fold back to the cache (after `load`).
+    pub fn keep_state(&self, f: Folded) {
+        let mut states = lock(&self.sessions.states);
+        if states.len() >= self.cfg.state_cache {
+            // Drop finished sessions first; then anything.
+            let victim = states
+                .iter()
+                .find(|(_, v)| v.state.status.is_terminal())
+                .or_else(|| states.iter().next())
+                .map(|(k, _)| k.clone());
+            if let Some(v) = victim {
+                states.remove(&v);
+            }
+        }
+        states.insert(f.id.clone(), f);
+    }
+
+    /// The definition a session was submitted with.
+    pub async fn def_for(&self, state: &SessionState) -> Result<Arc<AgentDef>> {
+        let Some(sub) = &state.submitted else {
+            return Err(Error::NotFound("session has no Submitted event".into()));
+        };
+        if let Some(d) = lock(&self.sessions.defs).get(&sub.def_digest) {
+            return Ok(d.clone());
+        }
+        let text = self.backend.def_text(&sub.def_digest).await?;
+        let def = Arc::new(AgentDef::parse(
+            &format!("stored definition {}", sub.def_digest),
+            &text,
+        )?);
+        lock(&self.sessions.defs).insert(sub.def_digest.clone(), def.clone());
+        Ok(def)
+    }
+
+    /// Appends to a session whose job someone else may hold: on a conflict, reloads and
+    /// retries while `still_valid` holds for the fresh fold.
+    pub async fn append_from_outside(
+        &self,
+        mut f: Folded,
+        body: Event,
+        still_valid: impl Fn(&Folded) -> bool,
+    ) -> Result<Folded> {
+        for _ in 0..5 {
+            match self.append(&mut f, body.clone()).await {
+                Ok(()) => return Ok(f),
+                Err(Error::Conflict { .. }) => {
+                    let (fresh, _) = self.load(&f.id).await?;
+                    if !still_valid(&fresh) {
+                        self.keep_state(fresh);
+                        return Err(Error::Rejected("stale token: the session moved on".into()));
+                    }
+                    f = fresh;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Backend(format!(
+            "{}: too many concurrent appends",
+            f.id
+        )))
+    }
+}

@@ -1,0 +1,380 @@
+//! `Delegate` and `Clarify`: children created (or shared, or answered from the cache),
+//! paused children resumed with their parent model's answers, follow-up questions put to
+//! finished children.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use skein_core::decide::Delegation;
+use skein_core::event::{CacheHit, Delegated, InputProvided, ParentRef, Submitted, ToolReturned};
+use skein_core::hash::{mission_hash, MissionKey};
+use skein_core::{AgentDef, Event, SessionId, Status};
+
+use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::session::Folded;
+use crate::{now_ms, Error, Result};
+
+impl Runtime {
+    pub(crate) async fn delegate(
+        &self,
+        f: &mut Folded,
+        def: &AgentDef,
+        ds: Vec<Delegation>,
+    ) -> Result<()> {
+        let started = std::time::SystemTime::now();
+        let Some(parent_sub) = f.state.submitted.clone() else {
+            return Err(Error::NotFound(format!("{} has no Submitted event", f.id)));
+        };
+        let mut parent_events = Vec::with_capacity(ds.len());
+        let mut creations = vec![];
+        let mut jobs = vec![];
+        for d in ds {
+            if let Some(resume) = &d.resume {
+                parent_events.push(self.resume_child(f, &d, resume).await?);
+                if let Some(Event::Delegated(_)) = parent_events.last() {
+                    let (cf, _) = self.load(&d.child).await?;
+                    let pool = cf.state.submitted.as_ref().and_then(|s| s.pool.clone());
+                    self.keep_state(cf);
+                    jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));
+                }
+                continue;
+            }
+            let child_def: Arc<AgentDef> = match &d.custom {
+                Some(c) => Arc::new(AgentDef::custom(def, &c.system_prompt, &c.tools)?),
+                None => match self.agents.get(&d.agent) {
+                    Some(x) => Arc::new(x.clone()),
+                    None => {
+                        parent_events.push(Event::ToolReturned(ToolReturned {
+                            call: d.call.clone(),
+                            output: format!("call_agent: unknown agent `{}`", d.agent),
+                            error: true,
+                            ms: 0,
+                            blob: None,
+                        }));
+                        continue;
+                    }
+                },
+            };
+            let def_digest = child_def.digest.clone();
+            let hash = mission_hash(&MissionKey {
+                def_digest: &def_digest,
+                model: &child_def.front.model,
+                mission: &d.mission,
+                context: d.context.as_deref(),
+                inputs: &d.inputs,
+                strategy: child_def.front.strategy.as_deref(),
+            });
+            // A child handed tasks of the plan writes to it: its run is never shared.
+            // An agent that may have side effects is neither answered from the cache nor
+            // shared: its effects must happen in this tree.
+            let caching =
+                !parent_sub.no_cache && self.agents.caching(&child_def).cached && d.grant.is_none();
+            if caching {
+                if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
+                    parent_events.push(Event::CacheHit(CacheHit {
+                        call: d.call.clone(),
+                        mission_hash: hash,
+                        source: hit.source,
+                        answer: hit.answer,
+                        saved: hit.usage,
+                        steps: hit.steps,
+                    }));
+                    continue;
+                }
+            }
+            if caching {
+                if let Some(running) = self.single_flight(&hash, &d.child).await? {
+                    // An identical mission is running: wait for it instead of a new run.
+                    // Watch before recording, so its end cannot slip past unheard.
+                    let my_pool = parent_sub
+                        .pool
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_POOL.into());
+                    self.backend
+                        .notices
+                        .watch(&running, &f.id, &my_pool)
+                        .await?;
+                    parent_events.push(Event::Delegated(Delegated {
+                        call: d.call,
+                        child: running,
+                        agent: d.agent,
+                        mission_hash: hash,
+                        allotted_tokens: None,
+                        shared: true,
+                        resumed: false,
+                        owns_tasks: vec![],
+                    }));
+                    continue;
+                }
+            }
+            let pool = child_def.front.pool.clone();
+            let submitted = Submitted {
+                agent: d.agent.clone(),
+                def_digest,
+                mission: d.mission.clone(),
+                context: d.context.clone(),
+                inputs: d.inputs.clone(),
+                mission_hash: hash.clone(),
+                parent: Some(ParentRef {
+                    session: f.id.clone(),
+                    call: d.call.clone(),
+                    pool: parent_sub.pool.clone(),
+                }),
+                depth: d.depth,
+                budget: d.budget,
+                trace: Some(crate::trace::for_child(
+                    &d.child,
+                    parent_sub.trace.as_deref(),
+                )),
+                ancestry: d.ancestry.clone(),
+                no_cache: parent_sub.no_cache || d.grant.is_some(),
+                forked_from: None,
+                pool: pool.clone(),
+                plan: d.grant.clone(),
+            };
+            creations.push((d.child.clone(), child_def, submitted));
+            jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));
+            parent_events.push(Event::Delegated(Delegated {
+                call: d.call,
+                child: d.child,
+                agent: d.agent,
+                mission_hash: hash,
+                allotted_tokens: d.budget.tokens,
+                shared: false,
+                resumed: false,
+                owns_tasks: d
+                    .grant
+                    .as_ref()
+                    .map(|g| g.tasks.iter().map(|t| t.id.clone()).collect())
+                    .unwrap_or_default(),
+            }));
+        }
+        // Children first (in parallel, so their flushes are shared), then the parent's
+        // record of them, then the jobs: a crash anywhere leaves nothing dangling.
+        let created = join_all(creations.into_iter().map(|(id, def, sub)| async move {
+            self.backend.blobs.put(def.text.as_bytes()).await?;
+            self.create(&id, sub).await
+        }))
+        .await;
+        for c in created {
+            c?;
+        }
+        let delegated = crate::spans::delegated(&parent_events);
+        self.append_all(f, parent_events).await?;
+        crate::spans::delegations(&f.id, &f.state, started, &delegated);
+        for (pool, child) in jobs {
+            self.backend.jobs.push(&pool, &child).await?;
+        }
+        Ok(())
+    }
+
+    /// Continues a paused child with the parent model's answers: checks the token against
+    /// the child's log, records the answers there, and returns the parent's event — a
+    /// `Delegated {resumed}` or, when the token does not hold, a tool error.
+    pub(crate) async fn resume_child(
+        &self,
+        f: &Folded,
+        d: &Delegation,
+        resume: &skein_core::decide::Resume,
+    ) -> Result<Event> {
+        let refuse = |why: String| {
+            Event::ToolReturned(ToolReturned {
+                call: d.call.clone(),
+                output: format!("call_agent: resume_token refused: {why}"),
+                error: true,
+                ms: 0,
+                blob: None,
+            })
+        };
+        if let Err(Error::Rejected(why)) =
+            crate::hitl::check_answer_size("the answers", resume.answers.to_string().len())
+        {
+            return Ok(refuse(why));
+        }
+        let by = format!("{}#{}", f.id, d.call);
+        // A crash after the answers were recorded but before `Delegated`: finish the job.
+        let (cf, _) = self.load(&d.child).await?;
+        let ours = !cf.state.used_tokens.is_empty()
+            && self
+                .backend
+                .log
+                .read(&d.child, 1)
+                .await?
+                .iter()
+                .any(|r| matches!(&r.env.body, Event::InputProvided(p) if p.by.as_deref() == Some(by.as_str())));
+        let mission_hash = cf
+            .state
+            .submitted
+            .as_ref()
+            .map(|s| s.mission_hash.clone())
+            .unwrap_or_default();
+        self.keep_state(cf);
+        if !ours {
+            // The model's token was recorded as its reference: only one this session was
+            // given stands for a token.
+            let token = if resume
+                .token
+                .trim()
+                .starts_with(skein_core::token::REF_PREFIX)
+            {
+                let r = resume.token.trim();
+                match f
+                    .state
+                    .resume_refs
+                    .contains(r)
+                    .then(|| skein_core::token::from_reference(&self.cfg.token_secret.0, r))
+                    .flatten()
+                {
+                    Some(t) => t,
+                    None => return Ok(refuse("it is not a token this session was given".into())),
+                }
+            } else {
+                resume.token.clone()
+            };
+            let (claims, cf) = match crate::hitl::check_token(self, &token, "input").await {
+                Ok(x) => x,
+                Err(Error::Rejected(why)) => return Ok(refuse(why)),
+                Err(e) => return Err(e),
+            };
+            if claims.session != d.child {
+                self.keep_state(cf);
+                return Ok(refuse(format!(
+                    "it belongs to session {}",
+                    claims.session.display()
+                )));
+            }
+            let questions = cf
+                .state
+                .pending_inputs
+                .iter()
+                .find(|p| p.token_id == claims.nonce)
+                .map(|p| p.questions.clone())
+                .unwrap_or_default();
+            if let Err(Error::Rejected(why)) =
+                crate::hitl::check_answers(&questions, &resume.answers)
+            {
+                self.keep_state(cf);
+                return Ok(refuse(why));
+            }
+            let nonce = claims.nonce.clone();
+            let body = Event::InputProvided(InputProvided {
+                answers: resume.answers.clone(),
+                token_id: nonce.clone(),
+                by: Some(by),
+            });
+            let valid = |g: &Folded| g.state.pending_inputs.iter().any(|p| p.token_id == nonce);
+            match self.append_from_outside(cf, body, valid).await {
+                Ok(cf) => self.keep_state(cf),
+                Err(Error::Rejected(why)) => return Ok(refuse(why)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Event::Delegated(Delegated {
+            call: d.call.clone(),
+            child: d.child.clone(),
+            agent: d.agent.clone(),
+            mission_hash,
+            allotted_tokens: None,
+            shared: false,
+            resumed: true,
+            owns_tasks: vec![],
+        }))
+    }
+
+    /// Puts follow-up questions to finished `chat: true` children: each child's log
+    /// continues with the question, and this session waits for its new answer.
+    pub(crate) async fn clarify(
+        &self,
+        f: &mut Folded,
+        v: Vec<skein_core::decide::Clarify>,
+    ) -> Result<()> {
+        let mut events = vec![];
+        let mut jobs = vec![];
+        for c in v {
+            let (cf, _) = self.load(&c.child).await?;
+            let records = self.backend.log.read(&c.child, 1).await?;
+            // After a crash the question may already be in the child's log.
+            let asked = records.iter().any(|r| {
+                matches!(&r.env.body, Event::ClarificationRequested(q) if q.from == f.id && q.call == c.call)
+            });
+            let mission_hash = cf
+                .state
+                .submitted
+                .as_ref()
+                .map(|s| s.mission_hash.clone())
+                .unwrap_or_default();
+            let pool = cf.state.submitted.as_ref().and_then(|s| s.pool.clone());
+            if !asked {
+                if cf.state.status != Status::Completed {
+                    self.keep_state(cf);
+                    events.push(Event::ToolReturned(ToolReturned {
+                        call: c.call,
+                        output: format!(
+                            "ask_clarification: {} is busy; ask again once it has answered",
+                            c.child.display()
+                        ),
+                        error: true,
+                        ms: 0,
+                        blob: None,
+                    }));
+                    continue;
+                }
+                let body =
+                    Event::ClarificationRequested(skein_core::event::ClarificationRequested {
+                        from: f.id.clone(),
+                        call: c.call.clone(),
+                        question: c.question.clone(),
+                    });
+                let cf = self
+                    .append_from_outside(cf, body, |g| g.state.status == Status::Completed)
+                    .await?;
+                self.keep_state(cf);
+            } else {
+                self.keep_state(cf);
+            }
+            jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), c.child.clone()));
+            events.push(Event::Delegated(Delegated {
+                call: c.call,
+                child: c.child,
+                agent: c.agent,
+                mission_hash,
+                allotted_tokens: None,
+                shared: false,
+                resumed: true,
+                owns_tasks: vec![],
+            }));
+        }
+        self.append_all(f, events).await?;
+        for (pool, child) in jobs {
+            self.backend.jobs.push(&pool, &child).await?;
+        }
+        Ok(())
+    }
+
+    /// Claims the run of `hash` for `child`; returns the session to share instead when an
+    /// identical run is under way. A holder that ended without an answer to share (failed,
+    /// cancelled) is replaced.
+    pub(crate) async fn single_flight(
+        &self,
+        hash: &str,
+        child: &SessionId,
+    ) -> Result<Option<SessionId>> {
+        for _ in 0..3 {
+            let Some(holder) = self.backend.cache.claim_inflight(hash, child).await? else {
+                return Ok(None);
+            };
+            match self.backend.log.last(&holder).await? {
+                Some(r)
+                    if r.env.body.is_terminal() && !matches!(r.env.body, Event::Completed(_)) =>
+                {
+                    self.backend.cache.release_inflight(hash, &holder).await?;
+                }
+                // Running, or completed (its notices may still be on their way).
+                Some(_) => return Ok(Some(holder)),
+                // Claimed but not yet created: the creator is between claim and append.
+                None => return Ok(Some(holder)),
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,261 @@
+//! The worker: claims jobs, rebuilds a session from its log, asks the core for the next
+//! step, performs its IO and appends the outcome — until the session waits or ends.
+//!
+//! Write-ahead: every event is durable before the effect it enables. `ModelCalled` before
+//! any tool of its turn; `ToolCalled` before its tool runs; the children's `Submitted` and
+//! the parent's `Delegated` before any child job is published. Only the holder of a
+//! session's job writes its log; a finished child posts a notice to its parent and wakes
+//! it, and the parent's worker records `ChildSettled` itself.
+//!
+//! [`Runtime::process`] loads a session and [`Runtime::drive`]s it: each step the core
+//! decides is performed by the file of its kind —
+//!
+//! | step | file |
+//! | --- | --- |
+//! | `CallModel`, `Summarize` | `model.rs` |
+//! | `Delegate`, `Clarify` | `delegate.rs` |
+//! | `RunTools` | `tools.rs` |
+//! | `ProposePatch` (and result patches) | `plan.rs` |
+//! | `Wait` (children settle) | `settle.rs` |
+//! | the end of a session | `terminal.rs` |
+//! | `AskUser`, `RequestApproval`, `EditPlan`, `Refuse`, `Complete`, `Fail` | here: one append each |
+//!
+//! Submission is `submit.rs`; running a whole tree in one process is `trees.rs`.
+
+mod delegate;
+mod model;
+mod plan;
+mod settle;
+mod submit;
+mod terminal;
+mod tools;
+mod trees;
+
+use std::collections::BTreeSet;
+
+use skein_core::decide::Refusal;
+use skein_core::event::{ApprovalRequested, Completed, Failed, InputRequested, ToolReturned};
+use skein_core::{Event, ModelRequest, Status, Step};
+
+pub use crate::runtime::{
+    default_worker_id, Progress, Runtime, RuntimeConfig, TextDelta, DEFAULT_POOL, MAX_MISSION_BYTES,
+};
+pub use crate::session::Folded;
+pub use crate::work_loop::retry_delay;
+pub use submit::{resubmission_differs, Submission};
+pub(crate) use trees::Scope;
+
+use crate::now_ms;
+use crate::ports::Job;
+use crate::Result;
+
+impl Runtime {
+    /// Advances one session as far as it can go. The caller acks the job on `Ok`.
+    pub async fn process(&self, job: &Job) -> Result<()> {
+        let (mut f, cold) = self.load(&job.session).await?;
+        crate::spans::set_current(&f.id, &f.state);
+        // A redelivered job means a step may have stopped half way (its job pushes lost,
+        // say): reconcile from the logs as on a cold load.
+        let cold = cold || job.attempt > 1;
+        let res = self.drive(&mut f, cold, job).await;
+        if res.is_ok() {
+            self.keep_state(f);
+        }
+        // On an error the fold is dropped, so the retry reloads and reconciles.
+        res
+    }
+
+    pub(crate) async fn drive(&self, f: &mut Folded, mut cold: bool, job: &Job) -> Result<()> {
+        if f.state.submitted.is_none() {
+            tracing::warn!(session = %f.id, "job for a session without a log; dropped");
+            return Ok(());
+        }
+        // Dead-lettered only when the deliveries were many and the log stood still for as
+        // long as they could have taken: deliveries that ran out during a leader election
+        // (heartbeats that found no consumer leader) come quickly while the session still
+        // moves, and do not fail it.
+        let still_for = now_ms().saturating_sub(f.state.updated_at);
+        let stalled =
+            u128::from(still_for) >= self.cfg.lease.as_millis() * u128::from(self.cfg.max_deliver);
+        if !f.state.status.is_terminal() && job.attempt > self.cfg.max_deliver && stalled {
+            // What the deliveries kept failing at, from the log: the step due next, and the
+            // last model error when model calls failed.
+            let due = match self.def_for(&f.state).await {
+                Ok(def) => f
+                    .state
+                    .next(&def, &self.cfg.limits, &*self.agents)
+                    .describe(),
+                Err(e) => format!("none: its definition cannot be read ({e})"),
+            };
+            let mut error = format!(
+                "dead-lettered: the job of this session was delivered {} times without \
+                 finishing (max_deliver {}); the step it could not get past: {due}",
+                job.attempt - 1,
+                self.cfg.max_deliver
+            );
+            if let Some(m) = &f.state.last_model_error {
+                error.push_str(&format!("; the last model error: {m}"));
+            }
+            let usage_total = f.state.usage_total();
+            let steps = f.state.steps;
+            self.append(
+                f,
+                Event::Failed(Failed {
+                    error,
+                    usage_total,
+                    steps,
+                }),
+            )
+            .await?;
+            crate::metrics::job_dead_lettered(&job.pool);
+        }
+        // Children whose jobs this drive published itself.
+        let mut pushed = BTreeSet::new();
+        loop {
+            if f.state.status.is_terminal() {
+                return self.on_terminal(f).await;
+            }
+            let def = self.def_for(&f.state).await?;
+            let step = f.state.next(&def, &self.cfg.limits, &*self.agents);
+            tracing::debug!(session = %f.id, step = step.name(), "step");
+            let _timer = crate::metrics::StepTimer::start(step.name());
+            match step {
+                Step::Idle => return Ok(()),
+                Step::Wait => {
+                    if f.state.status == Status::AwaitingInput {
+                        // A child's question goes to its parent: wake it to read it.
+                        if let Some(p) = f.state.submitted.as_ref().and_then(|s| s.parent.clone()) {
+                            self.backend.notices.post(&p.session, &f.id).await?;
+                            let pool = p.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+                            self.backend.jobs.push(&pool, &p.session).await?;
+                        }
+                    }
+                    let settled = self.collect_settlements(f, cold, &pushed).await?;
+                    cold = false;
+                    if settled == 0 {
+                        return Ok(());
+                    }
+                }
+                Step::CallModel { tool_names, .. } => {
+                    let request = f.state.model_request(&def);
+                    self.call_model(f, &def, request, &tool_names, job).await?
+                }
+                Step::Refuse(rs) => self.refuse(f, rs).await?,
+                Step::Clarify(v) => self.clarify(f, v).await?,
+                Step::Summarize { model, max_chars } => {
+                    let full = f.state.pending_answer.clone().unwrap_or_default();
+                    self.backend.blobs.put(full.as_bytes()).await?;
+                    let sub = f.state.submitted.clone();
+                    let request = ModelRequest {
+                        model,
+                        messages: vec![
+                            skein_core::Message::System {
+                                content: format!(
+                                    "Summarise the answer below in at most {max_chars} \
+                                     characters. Keep every fact, figure and name the \
+                                     requester needs; add nothing."
+                                ),
+                            },
+                            skein_core::Message::User {
+                                content: full.clone(),
+                            },
+                        ],
+                        tools: vec![],
+                        temperature: None,
+                        max_tokens: None,
+                        prompt_cache: false,
+                        meta: skein_core::message::RequestMeta {
+                            session: f.id.to_string(),
+                            agent: sub.as_ref().map(|s| s.agent.clone()).unwrap_or_default(),
+                            mission: "summarize".into(),
+                            context: Some(full),
+                            inputs: serde_json::Value::Null,
+                            plan: serde_json::Value::Null,
+                        },
+                    };
+                    self.call_model(f, &def, request, &[], job).await?
+                }
+                Step::AskUser(asks) => {
+                    let events = asks
+                        .into_iter()
+                        .map(|a| {
+                            Event::InputRequested(InputRequested {
+                                call: Some(a.call),
+                                questions: a.questions,
+                                context: a.context,
+                                defaults: a.defaults,
+                                token_id: crate::secret::new_token_id(),
+                            })
+                        })
+                        .collect();
+                    self.append_all(f, events).await?
+                }
+                Step::RequestApproval(v) => {
+                    let events = v
+                        .into_iter()
+                        .map(|a| {
+                            Event::ApprovalRequested(ApprovalRequested {
+                                call: a.call,
+                                tool: a.tool,
+                                preview: a.preview,
+                                token_id: crate::secret::new_token_id(),
+                            })
+                        })
+                        .collect();
+                    self.append_all(f, events).await?
+                }
+                Step::Delegate(ds) => {
+                    // Their jobs are pushed by `delegate`: a cold reconciliation in this
+                    // drive need not push them again.
+                    pushed.extend(ds.iter().map(|d| d.child.clone()));
+                    self.delegate(f, &def, ds).await?
+                }
+                Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,
+                Step::EditPlan(e) => self.append(f, e.into_event()).await?,
+                Step::ProposePatch(ps) => self.propose(f, ps).await?,
+                Step::Complete { answer } => {
+                    let usage_total = f.state.usage_total();
+                    let steps = f.state.steps;
+                    self.append(
+                        f,
+                        Event::Completed(Completed {
+                            answer,
+                            usage_total,
+                            steps,
+                        }),
+                    )
+                    .await?
+                }
+                Step::Fail { error } => {
+                    let usage_total = f.state.usage_total();
+                    let steps = f.state.steps;
+                    self.append(
+                        f,
+                        Event::Failed(Failed {
+                            error,
+                            usage_total,
+                            steps,
+                        }),
+                    )
+                    .await?
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn refuse(&self, f: &mut Folded, rs: Vec<Refusal>) -> Result<()> {
+        let events = rs
+            .into_iter()
+            .map(|r| {
+                Event::ToolReturned(ToolReturned {
+                    call: r.call,
+                    output: r.error,
+                    error: true,
+                    ms: 0,
+                    blob: None,
+                })
+            })
+            .collect();
+        self.append_all(f, events).await
+    }
+}

@@ -1,0 +1,239 @@
+//! `CallModel` and `Summarize`: a model call with heartbeats, streamed text, retries with
+//! backoff, resume tokens shown to the model and hidden again, and call ids made unique.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde_json::Value;
+use skein_core::event::{ModelCalled, ModelFailed};
+use skein_core::{AgentDef, Event, ModelRequest, SessionState};
+
+use crate::ports::Job;
+use crate::runtime::{Runtime, TextDelta};
+use crate::session::Folded;
+use crate::{runtime_tools, Error, Result};
+
+/// Every string in `v` (keys aside) through `f`.
+fn map_strings(v: &mut Value, f: &dyn Fn(&str) -> String) {
+    match v {
+        Value::String(s) => *s = f(s),
+        Value::Array(a) => a.iter_mut().for_each(|x| map_strings(x, f)),
+        Value::Object(o) => o.values_mut().for_each(|x| map_strings(x, f)),
+        _ => {}
+    }
+}
+
+/// Replaces, in a model's reply, every resume token it was shown by its reference, so
+/// the log records the reference.
+fn hide_tokens(shown: &[(String, String)], resp: &mut skein_core::ModelResponse) {
+    if shown.is_empty() {
+        return;
+    }
+    let hide = |text: &str| {
+        shown.iter().fold(text.to_string(), |t, (token, r)| {
+            t.replace(token.as_str(), r)
+        })
+    };
+    if let Some(c) = &mut resp.content {
+        *c = hide(c);
+    }
+    for call in &mut resp.tool_calls {
+        map_strings(&mut call.args, &hide);
+    }
+}
+
+impl Runtime {
+    /// Keeps a job's lease alive while `fut` runs.
+    pub(crate) async fn with_heartbeat<T>(
+        &self,
+        job: &Job,
+        fut: impl std::future::Future<Output = T>,
+    ) -> T {
+        let every = (self.cfg.lease / 3).max(Duration::from_millis(200));
+        tokio::pin!(fut);
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                out = &mut fut => return out,
+                _ = tick.tick() => {
+                    if let Err(e) = self.backend.jobs.heartbeat(job).await {
+                        tracing::warn!(session = %job.session, error = %e, "heartbeat failed");
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn call_model(
+        &self,
+        f: &mut Folded,
+        def: &AgentDef,
+        mut request: ModelRequest,
+        tool_names: &[String],
+        job: &Job,
+    ) -> Result<()> {
+        request.tools = tool_names
+            .iter()
+            .filter_map(|n| match n.as_str() {
+                "call_agent" => Some(runtime_tools::call_agent_spec(def)),
+                "ask_clarification" => Some(runtime_tools::ask_clarification_spec()),
+                "ask_user" => Some(runtime_tools::ask_user_spec()),
+                "update_plan" => Some(runtime_tools::update_plan_spec()),
+                "propose_patch" => Some(runtime_tools::propose_patch_spec()),
+                other => self.tools.spec(other),
+            })
+            .collect();
+        // The model is shown the resume tokens its log holds references to; a token it
+        // sends back is recorded as its reference again.
+        let shown = self.reveal_tokens(&f.state, &mut request);
+        let started = Instant::now();
+        // The answer's text goes out while it arrives, to whoever listens; the log gets it
+        // whole below. A session that was shown resume tokens does not stream: a token
+        // the model repeats could be cut across two pieces, where hiding it again fails.
+        let (session, seq, attempt) = (
+            f.id.clone(),
+            f.state.last_seq + 1,
+            f.state.model_failures + 1,
+        );
+        let on_text = |piece: &str| {
+            if !shown.is_empty() || self.text.receiver_count() == 0 {
+                return;
+            }
+            let _ = self.text.send(TextDelta {
+                session: session.clone(),
+                seq,
+                attempt,
+                text: piece.to_string(),
+            });
+        };
+        // A worker that drains abandons the call: nothing of it is recorded yet, and the
+        // job goes back for another worker to make it.
+        let result = tokio::select! {
+            biased;
+            _ = self.draining() => return Err(Error::Interrupted(format!(
+                "the call to {} was abandoned", request.model))),
+            r = self.with_heartbeat(job, self.models.complete_streaming(&request, &on_text)) => r,
+        };
+        let latency_ms = started.elapsed().as_millis() as u64;
+        crate::metrics::model_call(
+            &request.model,
+            started.elapsed(),
+            result.as_ref().ok().map(|c| &c.usage),
+        );
+        let outcome = match &result {
+            Ok(c) => crate::spans::ModelOutcome::Answered {
+                usage: &c.usage,
+                finish_reason: c.response.finish_reason.as_deref(),
+            },
+            Err(e) => crate::spans::ModelOutcome::Failed(e.to_string()),
+        };
+        let began = std::time::SystemTime::now() - started.elapsed();
+        crate::spans::model_call(&f.id, &f.state, &request.model, began, outcome);
+        match result {
+            Ok(mut c) => {
+                hide_tokens(&shown, &mut c.response);
+                self.fix_call_ids(&f.state, &mut c.response);
+                let ev = ModelCalled {
+                    model: request.model.clone(),
+                    request_digest: request.digest(),
+                    response: c.response,
+                    usage: c.usage,
+                    latency_ms,
+                    worker: self.cfg.worker_id.clone(),
+                };
+                self.append(f, Event::ModelCalled(ev)).await
+            }
+            Err(e) => {
+                let retryable = e.is_retryable();
+                let attempt = f.state.model_failures + 1;
+                tracing::warn!(session = %f.id, attempt, retryable, error = %e, "model call failed");
+                let ev = ModelFailed {
+                    model: request.model.clone(),
+                    error: e.to_string(),
+                    retryable,
+                    attempt,
+                    worker: self.cfg.worker_id.clone(),
+                };
+                self.append(f, Event::ModelFailed(ev)).await?;
+                if retryable {
+                    let base = Duration::from_millis(250 * (1u64 << attempt.min(6)));
+                    let jitter = rand::thread_rng().gen_range(0..=base.as_millis() as u64 / 2);
+                    let wait = e
+                        .retry_after()
+                        .unwrap_or(base + Duration::from_millis(jitter))
+                        .min(Duration::from_secs(60));
+                    tokio::select! {
+                        _ = self.draining() => {}
+                        _ = self.with_heartbeat(job, tokio::time::sleep(wait)) => {}
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Replaces, in every message of `request`, the references to resume tokens this
+    /// session was given by the tokens themselves. Returns (token, reference) pairs.
+    pub(crate) fn reveal_tokens(
+        &self,
+        state: &SessionState,
+        request: &mut ModelRequest,
+    ) -> Vec<(String, String)> {
+        if state.resume_refs.is_empty() {
+            return vec![];
+        }
+        let secret = &self.cfg.token_secret.0;
+        let shown: Vec<(String, String)> = state
+            .resume_refs
+            .iter()
+            .filter_map(|r| Some((skein_core::token::from_reference(secret, r)?, r.clone())))
+            .collect();
+        let reveal = |text: &str| {
+            skein_core::token::replace_references(text, &state.resume_refs, |r| {
+                skein_core::token::from_reference(secret, r)
+            })
+        };
+        for m in &mut request.messages {
+            match m {
+                skein_core::Message::System { content }
+                | skein_core::Message::User { content }
+                | skein_core::Message::Tool { content, .. } => *content = reveal(content),
+                skein_core::Message::Assistant {
+                    content,
+                    tool_calls,
+                } => {
+                    if let Some(c) = content {
+                        *c = reveal(c);
+                    }
+                    for call in tool_calls {
+                        map_strings(&mut call.args, &reveal);
+                    }
+                }
+            }
+        }
+        shown
+    }
+
+    /// Gives every tool call a non-empty id not used before in the session, so events can
+    /// name calls without ambiguity.
+    pub(crate) fn fix_call_ids(&self, state: &SessionState, resp: &mut skein_core::ModelResponse) {
+        let mut used: BTreeSet<String> = state
+            .transcript
+            .iter()
+            .filter_map(|m| match m {
+                skein_core::Message::Assistant { tool_calls, .. } => Some(tool_calls),
+                _ => None,
+            })
+            .flatten()
+            .map(|c| c.id.clone())
+            .collect();
+        for (k, c) in resp.tool_calls.iter_mut().enumerate() {
+            if c.id.is_empty() || used.contains(&c.id) {
+                c.id = format!("t{}_{}", state.steps + 1, k + 1);
+            }
+            used.insert(c.id.clone());
+        }
+    }
+}

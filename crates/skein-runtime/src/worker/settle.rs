@@ -1,0 +1,158 @@
+//! `Wait`: the children of a turn that have ended (or paused on a question) are recorded
+//! as `ChildSettled`, from the notices or, on a cold load, from the children's logs.
+
+use std::collections::{BTreeSet, HashMap};
+
+use futures::future::join_all;
+use futures::StreamExt;
+use skein_core::event::{ChildSettled, Outcome};
+use skein_core::{Event, SessionId, Status};
+
+use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::session::Folded;
+use crate::Result;
+
+pub(crate) fn outcome_of(terminal: &Event) -> Option<Outcome> {
+    match terminal {
+        Event::Completed(c) => Some(Outcome::Completed {
+            answer: c.answer.clone(),
+            patch: None,
+            usage: c.usage_total,
+            steps: c.steps,
+        }),
+        Event::Failed(f) => Some(Outcome::Failed {
+            error: f.error.clone(),
+            usage: f.usage_total,
+            steps: f.steps,
+        }),
+        Event::Cancelled(c) => Some(Outcome::Failed {
+            error: format!("cancelled: {}", c.reason),
+            usage: Default::default(),
+            steps: 0,
+        }),
+        _ => None,
+    }
+}
+
+impl Runtime {
+    /// Records `ChildSettled` for every child of the turn that has ended. A cold load
+    /// checks every outstanding child (healing a notice lost in a crash, and re-waking a
+    /// child whose job was lost); afterwards only the notices are read.
+    pub(crate) async fn collect_settlements(
+        &self,
+        f: &mut Folded,
+        cold: bool,
+        pushed: &BTreeSet<SessionId>,
+    ) -> Result<usize> {
+        let mut outstanding: HashMap<SessionId, Vec<String>> = HashMap::new();
+        let mut shared = vec![];
+        for slot in &f.state.turn {
+            if let skein_core::state::SlotState::Delegated {
+                child, shared: s, ..
+            } = &slot.state
+            {
+                outstanding
+                    .entry(child.clone())
+                    .or_default()
+                    .push(slot.call.id.clone());
+                if *s {
+                    shared.push(child.clone());
+                }
+            }
+        }
+        if outstanding.is_empty() {
+            return Ok(0);
+        }
+        let notes = self.backend.notices.read(&f.id, f.cursor).await?;
+        if let Some((pos, _)) = notes.last() {
+            f.cursor = *pos;
+        }
+        // Shared runs are few and may have ended before we started watching them: always
+        // look at them directly.
+        let mut candidates: Vec<SessionId> = if cold {
+            outstanding.keys().cloned().collect()
+        } else {
+            notes
+                .into_iter()
+                .map(|(_, c)| c)
+                .filter(|c| outstanding.contains_key(c))
+                .collect()
+        };
+        candidates.extend(shared);
+        candidates.sort();
+        candidates.dedup();
+        let lasts = join_all(candidates.iter().map(|c| self.backend.log.last(c))).await;
+        let mut events = vec![];
+        let mut repush = vec![];
+        // Result patches of this batch merge one after the other.
+        let mut plan = f.state.plan.clone();
+        for (child, last) in candidates.iter().zip(lasts) {
+            let Some(calls) = outstanding.get(child) else {
+                continue;
+            };
+            match last? {
+                Some(rec) => match match outcome_of(&rec.env.body) {
+                    Some(o) => Some(o),
+                    None => self.needs_input(child).await?,
+                } {
+                    Some(mut outcome) => {
+                        self.result_patch(f, child, &mut outcome, &mut plan, &mut events);
+                        for call in calls {
+                            events.push(Event::ChildSettled(ChildSettled {
+                                call: call.clone(),
+                                child: child.clone(),
+                                outcome: outcome.clone(),
+                            }));
+                        }
+                    }
+                    None if cold && !pushed.contains(child) => repush.push(child.clone()),
+                    None => {}
+                },
+                None => tracing::warn!(session = %f.id, %child, "delegated child has no log"),
+            }
+        }
+        // A cold load cannot know whether the jobs of children still running were ever
+        // published (a crash may have come between `Delegated` and the push): push them
+        // again, many at a time. A push of a job that exists only leaves a wake marker.
+        let pushes = futures::stream::iter(repush.into_iter().map(|child| async move {
+            let first = self.backend.log.read(&child, 1).await?;
+            let pool = first
+                .first()
+                .and_then(|r| match &r.env.body {
+                    Event::Submitted(s) => s.pool.clone(),
+                    _ => None,
+                })
+                .unwrap_or_else(|| DEFAULT_POOL.into());
+            self.backend.jobs.push(&pool, &child).await
+        }))
+        .buffer_unordered(32)
+        .collect::<Vec<Result<()>>>()
+        .await;
+        for p in pushes {
+            p?;
+        }
+        let n = events.len();
+        self.append_all(f, events).await?;
+        Ok(n)
+    }
+
+    /// The outcome a parent is shown for a child paused on a question: the questions and a
+    /// token to resume it with.
+    pub(crate) async fn needs_input(&self, child: &SessionId) -> Result<Option<Outcome>> {
+        let (cf, _) = self.load(child).await?;
+        let out = (cf.state.status == Status::AwaitingInput)
+            .then(|| cf.state.pending_inputs.first().cloned())
+            .flatten()
+            .map(|p| Outcome::NeedsInput {
+                questions: p.questions.clone(),
+                context: p.context.clone(),
+                defaults: p.defaults.clone(),
+                // The log keeps the token's id; the parent's model is shown the token.
+                token: String::new(),
+                token_id: p.token_id.clone(),
+                seq: p.seq,
+            });
+        self.keep_state(cf);
+        Ok(out)
+    }
+}

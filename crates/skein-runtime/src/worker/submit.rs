@@ -1,0 +1,164 @@
+//! Submission: a root session made from a person's or a program's request.
+
+use serde::Serialize;
+use serde_json::Value;
+use skein_core::event::{CacheHit, Submitted};
+use skein_core::hash::{mission_hash, MissionKey};
+use skein_core::{Budget, Event, SessionId};
+
+use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::{new_root_id, now_ms, Error, Result};
+
+/// A submission from a person or a program.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submission {
+    pub agent: String,
+    pub mission: String,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub inputs: Value,
+    #[serde(default)]
+    pub budget: Option<Budget>,
+    #[serde(default)]
+    pub no_cache: bool,
+    /// The caller's W3C traceparent: the tree continues its trace (else a new one starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+/// What differs between the submission that holds a root id and another one made under
+/// the same id: none when they ask for the same thing (agent, mission, context, inputs and,
+/// when the new one names it, the budget).
+pub fn resubmission_differs(
+    existing: &Submitted,
+    asked: &Submitted,
+    budget_named: bool,
+) -> Option<String> {
+    let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|o| o.is_empty());
+    let mut diffs = vec![];
+    if existing.agent != asked.agent {
+        diffs.push(format!("agent `{}`, not `{}`", existing.agent, asked.agent));
+    }
+    if existing.mission != asked.mission {
+        diffs.push("another mission".to_string());
+    }
+    if existing.context != asked.context {
+        diffs.push("another context".to_string());
+    }
+    if existing.inputs != asked.inputs && !(empty(&existing.inputs) && empty(&asked.inputs)) {
+        diffs.push("other inputs".to_string());
+    }
+    if budget_named && existing.budget != asked.budget {
+        diffs.push(format!(
+            "budget {:?} tokens, not {:?}",
+            existing.budget.tokens, asked.budget.tokens
+        ));
+    }
+    (!diffs.is_empty()).then(|| format!("it has {}", diffs.join(", ")))
+}
+
+impl Runtime {
+    /// Validates a submission, creates the root session and enqueues it. Submitting the
+    /// same `id` again is a no-op that returns the id.
+    pub async fn submit(&self, sub: Submission) -> Result<SessionId> {
+        let def = self.agents.get(&sub.agent).ok_or_else(|| {
+            Error::Rejected(format!(
+                "unknown agent `{}`; known agents: {}",
+                sub.agent,
+                self.agents
+                    .agents
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        skein_core::limits::check_mission(&sub.mission, sub.context.as_deref(), &sub.inputs)
+            .map_err(Error::Rejected)?;
+        if !(sub.inputs.is_null() || sub.inputs.is_object()) {
+            return Err(Error::Rejected("inputs must be a JSON object".into()));
+        }
+        let id = match &sub.id {
+            Some(t) => SessionId::root(t).map_err(|e| Error::Rejected(format!("id: {e}")))?,
+            None => new_root_id(),
+        };
+        let def_digest = self.backend.blobs.put(def.text.as_bytes()).await?;
+        let hash = mission_hash(&MissionKey {
+            def_digest: &def_digest,
+            model: &def.front.model,
+            mission: &sub.mission,
+            context: sub.context.as_deref(),
+            inputs: &sub.inputs,
+            strategy: def.front.strategy.as_deref(),
+        });
+        let asked_budget = sub.budget;
+        let budget = sub.budget.unwrap_or(Budget {
+            tokens: def.front.limits.max_tokens.or(self.cfg.limits.max_tokens),
+        });
+        let submitted = Submitted {
+            agent: def.name().to_string(),
+            def_digest,
+            mission: sub.mission,
+            context: sub.context,
+            inputs: sub.inputs,
+            mission_hash: hash,
+            parent: None,
+            depth: 0,
+            budget,
+            trace: Some(crate::trace::for_root(&id, sub.traceparent.as_deref())),
+            ancestry: vec![],
+            no_cache: sub.no_cache,
+            forked_from: None,
+            pool: def.front.pool.clone(),
+            plan: None,
+        };
+        let pool = submitted
+            .pool
+            .clone()
+            .unwrap_or_else(|| DEFAULT_POOL.into());
+        let hash = submitted.mission_hash.clone();
+        let cacheable = !submitted.no_cache && self.agents.caching(def).cached;
+        let asked = submitted.clone();
+        let Some(mut f) = self.create(&id, submitted).await? else {
+            // The id is taken: the same submission again is a no-op; another is refused.
+            let first = self.backend.log.read(&id, 1).await?;
+            let existing = match first.first().map(|r| &r.env.body) {
+                Some(Event::Submitted(s)) => s,
+                _ => {
+                    return Err(Error::Corrupt(format!(
+                        "{id}: log does not start with Submitted"
+                    )))
+                }
+            };
+            if let Some(differs) = resubmission_differs(existing, &asked, asked_budget.is_some()) {
+                return Err(Error::IdTaken {
+                    id: id.to_string(),
+                    differs,
+                });
+            }
+            self.backend.jobs.push(&pool, &id).await?;
+            return Ok(id);
+        };
+        // A root mission answered before: record the hit; the worker completes it.
+        if cacheable {
+            if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
+                let ev = CacheHit {
+                    call: String::new(),
+                    mission_hash: hash,
+                    source: hit.source,
+                    answer: hit.answer,
+                    saved: hit.usage,
+                    steps: hit.steps,
+                };
+                self.append(&mut f, Event::CacheHit(ev)).await?;
+            }
+        }
+        crate::spans::set_current(&f.id, &f.state);
+        self.backend.jobs.push(&pool, &id).await?;
+        Ok(id)
+    }
+}

@@ -1,0 +1,70 @@
+//! What follows the end of a session: its answer cached, its parent and watchers woken,
+//! a root's result announced.
+
+use crate::ports::{CacheEntry, RootResult};
+use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::session::Folded;
+use crate::{now_ms, Result};
+use skein_core::Status;
+
+impl Runtime {
+    /// What happens once a session has ended: cache its answer, wake its parent, announce
+    /// a root. Idempotent: a redelivered job does it again harmlessly.
+    pub(crate) async fn on_terminal(&self, f: &Folded) -> Result<()> {
+        let Some(sub) = &f.state.submitted else {
+            return Ok(());
+        };
+        // Only the answer to the mission that was hashed is cached, never one to a
+        // follow-up question (`chat: true`).
+        if f.state.status == Status::Completed && !sub.no_cache && f.state.follow_ups == 0 {
+            let def = self.def_for(&f.state).await?;
+            if self.agents.caching(&def).cached {
+                let ttl = match &def.front.cache {
+                    Some(skein_core::agent::CacheSetting::Ttl { ttl }) => {
+                        // Checked when the definition was parsed.
+                        skein_core::duration::parse(ttl).ok().or(self.cfg.cache_ttl)
+                    }
+                    _ => self.cfg.cache_ttl,
+                };
+                let now = now_ms();
+                let entry = CacheEntry {
+                    answer: f.state.answer.clone().unwrap_or_default(),
+                    usage: f.state.usage_total(),
+                    source: f.id.clone(),
+                    steps: f.state.steps,
+                    created: now,
+                    expires: ttl.map(|t| now + t.as_millis() as u64),
+                };
+                self.backend.cache.put(&sub.mission_hash, &entry).await?;
+            }
+        }
+        self.backend
+            .cache
+            .release_inflight(&sub.mission_hash, &f.id)
+            .await?;
+        for (w, pool) in self.backend.notices.watchers(&f.id).await? {
+            self.backend.notices.post(&w, &f.id).await?;
+            self.backend.jobs.push(&pool, &w).await?;
+        }
+        match &sub.parent {
+            Some(p) => {
+                self.backend.notices.post(&p.session, &f.id).await?;
+                let pool = p.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+                self.backend.jobs.push(&pool, &p.session).await?;
+            }
+            None => {
+                if let Some(a) = &self.backend.announcer {
+                    let r = RootResult {
+                        session: f.id.to_string(),
+                        status: f.state.status.as_str().to_string(),
+                        answer: f.state.answer.clone(),
+                        error: f.state.error.clone(),
+                        usage: f.state.usage_total(),
+                    };
+                    a.root_finished(&r).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! `RunTools`: tool calls recorded before they run, run in parallel where the tool allows,
+//! large outputs kept as blobs with a preview in the log.
+
+use std::collections::HashMap;
+
+use futures::future::join_all;
+use serde_json::Value;
+use skein_core::decide::ToolRun;
+use skein_core::event::{BlobRef, ToolCalled, ToolReturned};
+use skein_core::{AgentDef, Event};
+use skein_tools::ToolContext;
+
+use crate::ports::Job;
+use crate::runtime::Runtime;
+use crate::session::Folded;
+use crate::Result;
+
+impl Runtime {
+    pub(crate) async fn run_tools(
+        &self,
+        f: &mut Folded,
+        def: &AgentDef,
+        runs: Vec<ToolRun>,
+        job: &Job,
+    ) -> Result<()> {
+        let ctx = ToolContext {
+            session: f.id.clone(),
+            workspace: self.backend.workspaces.for_tree(&f.id.root_id()),
+        };
+        let (resumed, fresh): (Vec<ToolRun>, Vec<ToolRun>) =
+            runs.into_iter().partition(|r| r.resumed);
+        let mut to_run = vec![];
+        let mut events = vec![];
+        for r in resumed {
+            if self.tools.idempotent(&r.tool) || def.front.idempotent_tools.contains(&r.tool) {
+                to_run.push(r);
+            } else {
+                events.push(Event::ToolReturned(ToolReturned {
+                    call: r.call,
+                    output: format!(
+                        "the outcome of this `{}` call is unknown: the worker running it \
+                         stopped before it returned. It was not run again because the tool \
+                         is not idempotent; check its effects before calling it again.",
+                        r.tool
+                    ),
+                    error: true,
+                    ms: 0,
+                    blob: None,
+                }));
+            }
+        }
+        self.append_all(f, events).await?;
+        let called: Vec<Event> = fresh
+            .iter()
+            .map(|r| {
+                Event::ToolCalled(ToolCalled {
+                    call: r.call.clone(),
+                    tool: r.tool.clone(),
+                    args: r.args.clone(),
+                    worker: self.cfg.worker_id.clone(),
+                })
+            })
+            .collect();
+        self.append_all(f, called).await?;
+        to_run.extend(fresh);
+        if to_run.is_empty() {
+            return Ok(());
+        }
+        let tools: HashMap<String, String> = to_run
+            .iter()
+            .map(|r| (r.call.clone(), r.tool.clone()))
+            .collect();
+        let (parallel, serial): (Vec<ToolRun>, Vec<ToolRun>) = to_run
+            .into_iter()
+            .partition(|r| self.tools.parallel(&r.tool));
+        let work = async {
+            let mut outs = join_all(parallel.iter().map(|r| self.run_one(&ctx, r))).await;
+            for r in &serial {
+                outs.push(self.run_one(&ctx, r).await);
+            }
+            outs
+        };
+        let outs = self.with_heartbeat(job, work).await;
+        let mut returned = vec![];
+        for o in outs {
+            let o = o?;
+            let tool = tools.get(&o.call).map_or("", String::as_str);
+            crate::spans::tool_call(&f.id, &f.state, tool, &o.call, o.ms, o.error);
+            returned.push(Event::ToolReturned(o));
+        }
+        self.append_all(f, returned).await
+    }
+
+    pub(crate) async fn run_one(&self, ctx: &ToolContext, r: &ToolRun) -> Result<ToolReturned> {
+        let out = if self.tools.get(&r.tool).is_some() {
+            self.tools.run(ctx, &r.tool, &r.args).await
+        } else {
+            skein_tools::ToolOutcome {
+                output: format!("tool `{}` is not available on this worker", r.tool),
+                error: true,
+                ms: 0,
+            }
+        };
+        let (output, blob) = if out.output.len() > self.cfg.blob_threshold {
+            let hash = self.backend.blobs.put(out.output.as_bytes()).await?;
+            let mut cut = self.cfg.blob_threshold;
+            while !out.output.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            // A file read as text maps shown bytes to file bytes one to one, unless invalid
+            // bytes were replaced: then only the way on is named, not the number.
+            let shown = &out.output[..cut];
+            let read_on = if r.tool != "read_file" || out.error {
+                String::new()
+            } else if shown.contains('\u{FFFD}') {
+                "; read_file reads on from a later `offset`".to_string()
+            } else {
+                let from = r.args.get("offset").and_then(Value::as_u64).unwrap_or(0);
+                format!("; read on with offset {}", from.saturating_add(cut as u64))
+            };
+            let preview = format!(
+                "{shown}\n… [{} bytes in all, only the first {cut} shown here; the rest is not \
+                 shown (stored as blob {hash}){read_on}]",
+                out.output.len()
+            );
+            (
+                preview,
+                Some(BlobRef {
+                    hash,
+                    size: out.output.len() as u64,
+                }),
+            )
+        } else {
+            (out.output, None)
+        };
+        Ok(ToolReturned {
+            call: r.call.clone(),
+            output,
+            error: out.error,
+            ms: out.ms,
+            blob,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use skein_tools::ToolBox;
+
+    #[test]
+    fn every_built_in_tool_called_free_of_side_effects_is_declared_idempotent() {
+        let cfg = skein_tools::ToolsConfig::default();
+        let tools = ToolBox::builtin(&cfg);
+        let mut checked = 0;
+        for name in skein_core::agent::SIDE_EFFECT_FREE_TOOLS {
+            if tools.get(name).is_some() {
+                assert!(tools.idempotent(name), "{name}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 3, "read_file, list_dir and search_files");
+        for name in tools.names() {
+            if !tools.idempotent(&name) {
+                assert!(
+                    !skein_core::agent::SIDE_EFFECT_FREE_TOOLS.contains(&name.as_str()),
+                    "{name}"
+                );
+            }
+        }
+    }
+}

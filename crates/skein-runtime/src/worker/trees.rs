@@ -1,0 +1,144 @@
+//! Whole trees in one process: re-enqueue a tree after a crash, run a tree to its end
+//! (or its pause) with only its own jobs taken.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use skein_core::SessionId;
+
+use crate::runtime::{lock, Runtime, DEFAULT_POOL};
+use crate::session::Folded;
+use crate::Result;
+
+/// The trees a [`Runtime::run_tree`] works on, by root.
+pub(crate) struct Scope {
+    roots: Mutex<BTreeSet<SessionId>>,
+}
+
+impl Scope {
+    fn new(root: &SessionId) -> Self {
+        Self {
+            roots: Mutex::new([root.root_id()].into()),
+        }
+    }
+
+    pub(crate) fn wants(&self, session: &SessionId) -> bool {
+        lock(&self.roots).contains(&session.root_id())
+    }
+
+    fn roots(&self) -> Vec<SessionId> {
+        lock(&self.roots).iter().cloned().collect()
+    }
+
+    fn extend(&self, roots: Vec<SessionId>) {
+        lock(&self.roots).extend(roots);
+    }
+}
+
+impl Runtime {
+    /// Roots of the trees that sessions of `scope` wait on through a shared run
+    /// (single-flight) and that are not in it yet.
+    pub(crate) async fn shared_trees(&self, scope: &Scope) -> Result<Vec<SessionId>> {
+        let mut out = BTreeSet::new();
+        for root in scope.roots() {
+            for id in self.backend.log.tree(&root).await? {
+                let records = self.backend.log.read(&id, 1).await?;
+                let mut f = Folded::new(id.clone());
+                f.absorb(&records)?;
+                for slot in &f.state.turn {
+                    if let skein_core::state::SlotState::Delegated {
+                        child,
+                        shared: true,
+                        ..
+                    } = &slot.state
+                    {
+                        if !scope.wants(child) {
+                            out.insert(child.root_id());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    /// Re-enqueues every session of the tree that has not ended (what makes `resume`
+    /// work after a crash). Returns how many were enqueued.
+    pub async fn requeue_tree(&self, root: &SessionId) -> Result<usize> {
+        let mut n = 0;
+        for id in self.backend.log.tree(root).await? {
+            let (f, _) = self.load(&id).await?;
+            let pool = f
+                .state
+                .submitted
+                .as_ref()
+                .and_then(|s| s.pool.clone())
+                .unwrap_or_else(|| DEFAULT_POOL.into());
+            let terminal = f.state.status.is_terminal();
+            // A finished child whose parent may not have heard of it is woken too.
+            if !terminal
+                || f.state
+                    .submitted
+                    .as_ref()
+                    .is_some_and(|s| s.parent.is_some())
+            {
+                self.backend.jobs.push(&pool, &id).await?;
+                n += 1;
+            }
+            self.keep_state(f);
+        }
+        Ok(n)
+    }
+
+    /// Runs workers in this process until the tree of `root` ends or has nothing left to
+    /// run (paused for a person, or stuck); returns the root's final fold. Only this
+    /// tree's jobs are taken (and those of a tree holding a run it shares): other trees
+    /// waiting in the same queue stay as they are until they are run themselves.
+    pub async fn run_tree(
+        self: &Arc<Self>,
+        root: &SessionId,
+        concurrency: usize,
+    ) -> Result<Folded> {
+        let pools = self.pools();
+        let scope = Arc::new(Scope::new(root));
+        let (stop, handles) = self.spawn_in(pools.clone(), concurrency, Some(scope.clone()));
+        let mut rx = self.subscribe();
+        // Watch the root's last record (not the fold cache the workers use).
+        let result: Result<()> = async {
+            loop {
+                let last = self.backend.log.last(root).await?;
+                if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
+                    return Ok(());
+                }
+                let mut pending = 0;
+                let s = scope.clone();
+                let want = move |id: &SessionId| s.wants(id);
+                for p in &pools {
+                    pending += self.backend.jobs.depth_matching(p, &want).await?;
+                }
+                if pending == 0 {
+                    // Nothing left here: unless a session waits on a run in another
+                    // tree, which then joins the scope, the tree is paused or stuck.
+                    let more = self.shared_trees(&scope).await?;
+                    if more.is_empty() {
+                        return Ok(());
+                    }
+                    scope.extend(more);
+                    continue;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(250), rx.recv()).await;
+            }
+        }
+        .await;
+        let _ = stop.send(true);
+        for h in handles {
+            let _ = h.await;
+        }
+        result?;
+        let records = self.backend.log.read(root, 1).await?;
+        let mut f = Folded::new(root.clone());
+        f.absorb(&records)?;
+        Ok(f)
+    }
+}

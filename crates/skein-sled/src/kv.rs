@@ -1,0 +1,133 @@
+//! The cache (with single-flight claims), the blob store and the notice inboxes.
+
+use async_trait::async_trait;
+use skein_core::SessionId;
+use skein_runtime::ports::{Blobs, Cache, CacheEntry, Notices};
+use skein_runtime::{Error, Result};
+
+use crate::{backend_err, decode, encode, prefix, u64_of, SledStore};
+
+#[async_trait]
+impl Cache for SledStore {
+    async fn get(&self, hash: &str, now: u64) -> Result<Option<CacheEntry>> {
+        let Some(v) = self.cache.get(hash.as_bytes()).map_err(backend_err)? else {
+            return Ok(None);
+        };
+        let e: CacheEntry = decode(&v)?;
+        if e.expires.is_some_and(|x| x <= now) {
+            return Ok(None);
+        }
+        Ok(Some(e))
+    }
+
+    async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()> {
+        self.cache
+            .insert(hash.as_bytes(), encode(entry)?)
+            .map_err(backend_err)?;
+        self.flusher.durable().await
+    }
+
+    async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>> {
+        let me = session.as_str().as_bytes();
+        match self
+            .inflight
+            .compare_and_swap(hash.as_bytes(), None as Option<&[u8]>, Some(me))
+            .map_err(backend_err)?
+        {
+            Ok(()) => Ok(None),
+            Err(cur) => match cur.current {
+                Some(v) if v.as_ref() != me => {
+                    let id = std::str::from_utf8(&v).map_err(|e| Error::Corrupt(e.to_string()))?;
+                    Ok(Some(SessionId::parse(id)?))
+                }
+                _ => Ok(None),
+            },
+        }
+    }
+
+    async fn release_inflight(&self, hash: &str, session: &SessionId) -> Result<()> {
+        let me = session.as_str().as_bytes();
+        let _ = self
+            .inflight
+            .compare_and_swap(hash.as_bytes(), Some(me), None as Option<&[u8]>)
+            .map_err(backend_err)?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Blobs for SledStore {
+    async fn put(&self, data: &[u8]) -> Result<String> {
+        let hash = blake3::hash(data).to_hex().to_string();
+        if !self
+            .blobs
+            .contains_key(hash.as_bytes())
+            .map_err(backend_err)?
+        {
+            self.blobs
+                .insert(hash.as_bytes(), data)
+                .map_err(backend_err)?;
+            self.flusher.durable().await?;
+        }
+        Ok(hash)
+    }
+
+    async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .blobs
+            .get(hash.as_bytes())
+            .map_err(backend_err)?
+            .map(|v| v.to_vec()))
+    }
+}
+
+#[async_trait]
+impl Notices for SledStore {
+    async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()> {
+        let _order = self.notice_order.lock().unwrap_or_else(|p| p.into_inner());
+        let pos = self.db.generate_id().map_err(backend_err)? + 1;
+        let mut k = prefix(parent.as_str());
+        k.extend_from_slice(&pos.to_be_bytes());
+        self.notices
+            .insert(k, child.as_str().as_bytes())
+            .map_err(backend_err)?;
+        Ok(())
+    }
+
+    async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>> {
+        let mut start = prefix(parent.as_str());
+        start.extend_from_slice(&(after.saturating_add(1)).to_be_bytes());
+        let mut end = prefix(parent.as_str());
+        end.extend_from_slice(&u64::MAX.to_be_bytes());
+        let mut out = vec![];
+        for item in self.notices.range(start..=end) {
+            let (k, v) = item.map_err(backend_err)?;
+            let pos = u64_of(&k[k.len() - 8..]);
+            let child = std::str::from_utf8(&v).map_err(|e| Error::Corrupt(e.to_string()))?;
+            out.push((pos, SessionId::parse(child)?));
+        }
+        Ok(out)
+    }
+
+    async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()> {
+        let mut k = prefix(target.as_str());
+        k.extend_from_slice(watcher.as_str().as_bytes());
+        self.watchers
+            .insert(k, pool.as_bytes())
+            .map_err(backend_err)?;
+        self.flusher.durable().await
+    }
+
+    async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>> {
+        let p = prefix(target.as_str());
+        let mut out = vec![];
+        for item in self.watchers.scan_prefix(&p) {
+            let (k, v) = item.map_err(backend_err)?;
+            let w =
+                std::str::from_utf8(&k[p.len()..]).map_err(|e| Error::Corrupt(e.to_string()))?;
+            let pool = String::from_utf8(v.to_vec()).map_err(|e| Error::Corrupt(e.to_string()))?;
+            out.push((SessionId::parse(w)?, pool));
+        }
+        Ok(out)
+    }
+}
