@@ -32,7 +32,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use clap::Args;
 use skein_core::{AgentSet, Limits};
-use skein_runtime::sled_backend::SledStore;
+use skein_sled::SledStore;
 use skein_runtime::worker::Runtime;
 use skein_runtime::Backend;
 use tokio::sync::{broadcast, watch};
