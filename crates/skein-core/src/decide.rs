@@ -95,24 +95,13 @@ pub struct PlanEdit {
 impl PlanEdit {
     /// The event that records this edit's verdict.
     pub fn into_event(self) -> Event {
-        use crate::event::{PatchApplied, PatchRejected};
-        match self.verdict {
-            Ok(version) => Event::PatchApplied(PatchApplied {
-                from: crate::plan::SELF.into(),
-                agent: self.agent,
-                call: Some(self.call),
-                base_version: self.patch.base_version,
-                ops: self.patch.ops,
-                version,
-            }),
-            Err(reason) => Event::PatchRejected(PatchRejected {
-                from: crate::plan::SELF.into(),
-                agent: self.agent,
-                call: Some(self.call),
-                base_version: self.patch.base_version,
-                reason,
-            }),
-        }
+        Event::patch_verdict(
+            crate::plan::SELF,
+            self.agent,
+            Some(self.call),
+            self.patch,
+            &self.verdict,
+        )
     }
 }
 

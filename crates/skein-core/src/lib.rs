@@ -7,6 +7,7 @@
 //! any IO: whatever is not a pure function of the log enters only as an event.
 
 pub mod agent;
+mod constructors;
 pub mod decide;
 pub mod duration;
 pub mod event;
