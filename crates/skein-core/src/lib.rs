@@ -17,6 +17,7 @@ pub mod limits;
 pub mod message;
 pub mod plan;
 pub mod replay;
+pub mod runtime_tool;
 pub mod state;
 pub mod token;
 
@@ -26,6 +27,7 @@ pub use event::{Envelope, Event, Record};
 pub use id::SessionId;
 pub use limits::{Budget, Limits};
 pub use message::{Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage};
+pub use runtime_tool::RuntimeTool;
 pub use state::{SessionState, Status};
 
 #[derive(Debug, thiserror::Error)]
