@@ -6,17 +6,18 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::runtime_tool::RuntimeTool;
 use crate::{Error, Result};
 
 /// The tools every agent may be given by name.
 pub const BUILTIN_TOOLS: &[&str] = &[
-    "call_agent",
-    "ask_user",
-    "propose_patch",
-    "update_plan",
+    RuntimeTool::CallAgent.as_str(),
+    RuntimeTool::AskUser.as_str(),
+    RuntimeTool::ProposePatch.as_str(),
+    RuntimeTool::UpdatePlan.as_str(),
     "handoff_to",
     "team_broadcast",
-    "ask_clarification",
+    RuntimeTool::AskClarification.as_str(),
     "read_file",
     "write_file",
     "list_dir",
@@ -214,10 +215,10 @@ pub const SIDE_EFFECT_FREE_TOOLS: &[&str] = &[
     "read_file",
     "list_dir",
     "search_files",
-    "ask_user",
-    "ask_clarification",
-    "update_plan",
-    "propose_patch",
+    RuntimeTool::AskUser.as_str(),
+    RuntimeTool::AskClarification.as_str(),
+    RuntimeTool::UpdatePlan.as_str(),
+    RuntimeTool::ProposePatch.as_str(),
     "handoff_to",
     "team_broadcast",
 ];
@@ -463,7 +464,7 @@ impl AgentDef {
     pub fn allowed_tools(&self) -> BTreeSet<String> {
         let mut t: BTreeSet<String> = self.front.tools.iter().cloned().collect();
         if !self.front.agents.is_empty() {
-            t.insert("call_agent".into());
+            t.insert(RuntimeTool::CallAgent.as_str().into());
         }
         if self.front.router.is_some() {
             t.insert("handoff_to".into());
@@ -570,11 +571,9 @@ impl AgentSet {
 
     /// Why `def` may have a side effect, if it may: a tool, or an agent it may start.
     fn side_effect(&self, def: &AgentDef, seen: &mut BTreeSet<String>) -> Option<String> {
-        if let Some(t) = def
-            .allowed_tools()
-            .into_iter()
-            .find(|t| t != "call_agent" && !SIDE_EFFECT_FREE_TOOLS.contains(&t.as_str()))
-        {
+        if let Some(t) = def.allowed_tools().into_iter().find(|t| {
+            !RuntimeTool::CallAgent.is(t) && !SIDE_EFFECT_FREE_TOOLS.contains(&t.as_str())
+        }) {
             return Some(format!("may call `{t}`"));
         }
         for next in def.starts() {

@@ -13,6 +13,7 @@ use crate::event::{CustomAgent, Event};
 use crate::id::SessionId;
 use crate::limits::{Budget, Limits};
 use crate::message::{Message, ModelRequest, RequestMeta};
+use crate::runtime_tool::RuntimeTool;
 use crate::state::{SessionState, SlotState};
 
 /// Model calls that fail with a retryable error are tried this many times in a row.
@@ -95,24 +96,13 @@ pub struct PlanEdit {
 impl PlanEdit {
     /// The event that records this edit's verdict.
     pub fn into_event(self) -> Event {
-        use crate::event::{PatchApplied, PatchRejected};
-        match self.verdict {
-            Ok(version) => Event::PatchApplied(PatchApplied {
-                from: crate::plan::SELF.into(),
-                agent: self.agent,
-                call: Some(self.call),
-                base_version: self.patch.base_version,
-                ops: self.patch.ops,
-                version,
-            }),
-            Err(reason) => Event::PatchRejected(PatchRejected {
-                from: crate::plan::SELF.into(),
-                agent: self.agent,
-                call: Some(self.call),
-                base_version: self.patch.base_version,
-                reason,
-            }),
-        }
+        Event::patch_verdict(
+            crate::plan::SELF,
+            self.agent,
+            Some(self.call),
+            self.patch,
+            &self.verdict,
+        )
     }
 }
 
@@ -475,7 +465,7 @@ impl SessionState {
     pub fn allowed_tools(&self, def: &AgentDef) -> BTreeSet<String> {
         let mut t = def.allowed_tools();
         if self.submitted.as_ref().is_some_and(|s| s.plan.is_some()) {
-            t.insert("propose_patch".into());
+            t.insert(RuntimeTool::ProposePatch.as_str().into());
         }
         t
     }
@@ -571,9 +561,9 @@ impl SessionState {
             .max_tool_calls_per_turn
             .unwrap_or(limits.max_tool_calls_per_turn) as usize;
         if let Some(slot) = self.turn.iter().take(max_calls).find(|s| {
-            s.call.name == "update_plan"
+            RuntimeTool::UpdatePlan.is(&s.call.name)
                 && matches!(s.state, SlotState::Pending)
-                && allowed.contains("update_plan")
+                && allowed.contains(RuntimeTool::UpdatePlan.as_str())
         }) {
             let agent = self
                 .submitted
@@ -599,7 +589,7 @@ impl SessionState {
                 }
                 Err(e) => Step::Refuse(vec![Refusal {
                     call: slot.call.id.clone(),
-                    tool: "update_plan".into(),
+                    tool: RuntimeTool::UpdatePlan.as_str().into(),
                     error: format!("update_plan: {e}"),
                 }]),
             };
@@ -616,7 +606,7 @@ impl SessionState {
             .turn
             .iter()
             .filter(|s| {
-                s.call.name == "call_agent"
+                RuntimeTool::CallAgent.is(&s.call.name)
                     && match &s.state {
                         SlotState::Delegated { .. } => true,
                         SlotState::Done { error, .. } => !error,
@@ -648,7 +638,7 @@ impl SessionState {
                     continue;
                 }
                 // An approved delegation is started like any other (below).
-                SlotState::Approved if call.name != "call_agent" => {
+                SlotState::Approved if !RuntimeTool::CallAgent.is(&call.name) => {
                     runs.push(ToolRun {
                         call: call.id.clone(),
                         tool: call.name.clone(),
@@ -709,14 +699,14 @@ impl SessionState {
                 )));
                 continue;
             }
-            if call.name == "ask_clarification" {
+            if RuntimeTool::AskClarification.is(&call.name) {
                 match self.clarify_of(call, catalog) {
                     Ok(c) => clarifications.push(c),
                     Err(e) => refusals.push(refuse(e)),
                 }
                 continue;
             }
-            if call.name == "propose_patch" {
+            if RuntimeTool::ProposePatch.is(&call.name) {
                 match crate::plan::Patch::from_args(&call.args) {
                     Ok(patch) => proposals.push(Proposal {
                         call: call.id.clone(),
@@ -726,7 +716,7 @@ impl SessionState {
                 }
                 continue;
             }
-            if call.name == "ask_user" {
+            if RuntimeTool::AskUser.is(&call.name) {
                 match ask_of(call) {
                     Ok(a) => asks.push(a),
                     Err(e) => refusals.push(refuse(e)),
@@ -747,7 +737,7 @@ impl SessionState {
                 });
                 continue;
             }
-            if call.name != "call_agent" {
+            if !RuntimeTool::CallAgent.is(&call.name) {
                 runs.push(ToolRun {
                     call: call.id.clone(),
                     tool: call.name.clone(),
@@ -785,7 +775,7 @@ impl SessionState {
                         .iter()
                         .map(|d| Refusal {
                             call: d.call.clone(),
-                            tool: "call_agent".into(),
+                            tool: RuntimeTool::CallAgent.as_str().into(),
                             error: reason.clone(),
                         })
                         .collect(),
@@ -800,7 +790,7 @@ impl SessionState {
                         .iter()
                         .map(|d| Refusal {
                             call: d.call.clone(),
-                            tool: "call_agent".into(),
+                            tool: RuntimeTool::CallAgent.as_str().into(),
                             error: format!(
                                 "{TURN_OVER_BUDGET} {asked} tokens, {free} remain of this \
                                  session's budget"
@@ -977,7 +967,7 @@ impl SessionState {
                 let allowed: BTreeSet<String> = def
                     .allowed_tools()
                     .into_iter()
-                    .filter(|t| t != "call_agent")
+                    .filter(|t| !RuntimeTool::CallAgent.is(t))
                     .collect();
                 let extra: Vec<&String> = custom
                     .tools
@@ -1160,7 +1150,9 @@ impl SessionState {
             crate::state::SlotState::Done {
                 output,
                 error: true,
-            } if slot.call.name == "call_agent" && output.starts_with(TURN_OVER_BUDGET) => {
+            } if RuntimeTool::CallAgent.is(&slot.call.name)
+                && output.starts_with(TURN_OVER_BUDGET) =>
+            {
                 Some(output.clone())
             }
             _ => None,

@@ -7,6 +7,7 @@
 //! any IO: whatever is not a pure function of the log enters only as an event.
 
 pub mod agent;
+mod constructors;
 pub mod decide;
 pub mod duration;
 pub mod event;
@@ -16,6 +17,7 @@ pub mod limits;
 pub mod message;
 pub mod plan;
 pub mod replay;
+pub mod runtime_tool;
 pub mod state;
 pub mod token;
 
@@ -25,6 +27,7 @@ pub use event::{Envelope, Event, Record};
 pub use id::SessionId;
 pub use limits::{Budget, Limits};
 pub use message::{Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage};
+pub use runtime_tool::RuntimeTool;
 pub use state::{SessionState, Status};
 
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! Schemas of the tools the runtime itself handles (the model sees them like any tool).
 
 use serde_json::{json, Value};
-use skein_core::{AgentDef, ToolSpec};
+use skein_core::{AgentDef, RuntimeTool, ToolSpec};
 
 /// `call_agent`, with `agent` an enum of the sub-agents `def` may call.
 pub fn call_agent_spec(def: &AgentDef) -> ToolSpec {
@@ -13,7 +13,7 @@ pub fn call_agent_spec(def: &AgentDef) -> ToolSpec {
         agent["enum"] = Value::from(def.front.agents.clone());
     }
     ToolSpec {
-        name: "call_agent".into(),
+        name: RuntimeTool::CallAgent.as_str().into(),
         description: "Delegate a sub-mission to a specialist agent. It runs in its own \
                       session with its own context and returns \
                       {success, result, session_id, steps_taken, usage, error?}. Several \
@@ -52,7 +52,7 @@ pub fn call_agent_spec(def: &AgentDef) -> ToolSpec {
 /// `ask_clarification`: a follow-up question to a finished `chat: true` sub-agent.
 pub fn ask_clarification_spec() -> ToolSpec {
     ToolSpec {
-        name: "ask_clarification".into(),
+        name: RuntimeTool::AskClarification.as_str().into(),
         description: "Ask a sub-agent that already answered (one whose definition says \
                       `chat: true`) a follow-up question; it answers again with its whole \
                       conversation in mind."
@@ -72,7 +72,7 @@ pub fn ask_clarification_spec() -> ToolSpec {
 /// `ask_user`: pause and ask a person (or, for a sub-agent, its parent).
 pub fn ask_user_spec() -> ToolSpec {
     ToolSpec {
-        name: "ask_user".into(),
+        name: RuntimeTool::AskUser.as_str().into(),
         description: "Ask for information you cannot find yourself. The session pauses \
                       until the answers arrive."
             .into(),
@@ -131,7 +131,7 @@ fn patch_ops_schema() -> Value {
 /// `update_plan`: the plan owner's own edits.
 pub fn update_plan_spec() -> ToolSpec {
     ToolSpec {
-        name: "update_plan".into(),
+        name: RuntimeTool::UpdatePlan.as_str().into(),
         description: "Change your plan (the todo list you own). Returns {status: \"accepted\", \
                       version, plan} with the plan as Markdown, or why the change was refused. \
                       Hand tasks to a sub-agent with `call_agent {owns_tasks}`."
@@ -151,7 +151,7 @@ pub fn update_plan_spec() -> ToolSpec {
 /// `propose_patch`: a sub-agent's change to the tasks its parent handed it.
 pub fn propose_patch_spec() -> ToolSpec {
     ToolSpec {
-        name: "propose_patch".into(),
+        name: RuntimeTool::ProposePatch.as_str().into(),
         description: "Propose a change to your parent's plan: only tasks you were handed (or \
                       add yourself) may be written. Returns {status: \"accepted\", version}, \
                       or {status: \"conflict\", code: 409, current_version} — rebase on \

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use skein_core::decide::Delegation;
-use skein_core::event::{CacheHit, Delegated, InputProvided, ParentRef, Submitted, ToolReturned};
+use skein_core::event::{CacheHit, Delegated, InputProvided, ParentRef, Submitted};
 use skein_core::hash::{mission_hash, MissionKey};
 use skein_core::{AgentDef, Event, SessionId, Status};
 
@@ -44,13 +44,10 @@ impl Runtime {
                 None => match self.agents.get(&d.agent) {
                     Some(x) => Arc::new(x.clone()),
                     None => {
-                        parent_events.push(Event::ToolReturned(ToolReturned {
-                            call: d.call.clone(),
-                            output: format!("call_agent: unknown agent `{}`", d.agent),
-                            error: true,
-                            ms: 0,
-                            blob: None,
-                        }));
+                        parent_events.push(Event::tool_error(
+                            d.call.clone(),
+                            format!("call_agent: unknown agent `{}`", d.agent),
+                        ));
                         continue;
                     }
                 },
@@ -178,13 +175,10 @@ impl Runtime {
         resume: &skein_core::decide::Resume,
     ) -> Result<Event> {
         let refuse = |why: String| {
-            Event::ToolReturned(ToolReturned {
-                call: d.call.clone(),
-                output: format!("call_agent: resume_token refused: {why}"),
-                error: true,
-                ms: 0,
-                blob: None,
-            })
+            Event::tool_error(
+                d.call.clone(),
+                format!("call_agent: resume_token refused: {why}"),
+            )
         };
         if let Err(Error::Rejected(why)) =
             crate::hitl::check_answer_size("the answers", resume.answers.to_string().len())
@@ -307,16 +301,13 @@ impl Runtime {
             if !asked {
                 if cf.state.status != Status::Completed {
                     self.keep_state(cf);
-                    events.push(Event::ToolReturned(ToolReturned {
-                        call: c.call,
-                        output: format!(
+                    events.push(Event::tool_error(
+                        c.call,
+                        format!(
                             "ask_clarification: {} is busy; ask again once it has answered",
                             c.child.display()
                         ),
-                        error: true,
-                        ms: 0,
-                        blob: None,
-                    }));
+                    ));
                     continue;
                 }
                 let body =

@@ -34,7 +34,7 @@ mod trees;
 use std::collections::BTreeSet;
 
 use skein_core::decide::Refusal;
-use skein_core::event::{ApprovalRequested, Completed, Failed, InputRequested, ToolReturned};
+use skein_core::event::{ApprovalRequested, InputRequested};
 use skein_core::{Event, ModelRequest, Status, Step};
 
 pub use crate::runtime::{
@@ -96,17 +96,8 @@ impl Runtime {
             if let Some(m) = &f.state.last_model_error {
                 error.push_str(&format!("; the last model error: {m}"));
             }
-            let usage_total = f.state.usage_total();
-            let steps = f.state.steps;
-            self.append(
-                f,
-                Event::Failed(Failed {
-                    error,
-                    usage_total,
-                    steps,
-                }),
-            )
-            .await?;
+            let body = Event::failed(error, f.state.usage_total(), f.state.steps);
+            self.append(f, body).await?;
             crate::metrics::job_dead_lettered(&job.pool);
         }
         // Children whose jobs this drive published itself.
@@ -214,30 +205,12 @@ impl Runtime {
                 Step::EditPlan(e) => self.append(f, e.into_event()).await?,
                 Step::ProposePatch(ps) => self.propose(f, ps).await?,
                 Step::Complete { answer } => {
-                    let usage_total = f.state.usage_total();
-                    let steps = f.state.steps;
-                    self.append(
-                        f,
-                        Event::Completed(Completed {
-                            answer,
-                            usage_total,
-                            steps,
-                        }),
-                    )
-                    .await?
+                    let body = Event::completed(answer, f.state.usage_total(), f.state.steps);
+                    self.append(f, body).await?
                 }
                 Step::Fail { error } => {
-                    let usage_total = f.state.usage_total();
-                    let steps = f.state.steps;
-                    self.append(
-                        f,
-                        Event::Failed(Failed {
-                            error,
-                            usage_total,
-                            steps,
-                        }),
-                    )
-                    .await?
+                    let body = Event::failed(error, f.state.usage_total(), f.state.steps);
+                    self.append(f, body).await?
                 }
             }
         }
@@ -246,15 +219,7 @@ impl Runtime {
     pub(crate) async fn refuse(&self, f: &mut Folded, rs: Vec<Refusal>) -> Result<()> {
         let events = rs
             .into_iter()
-            .map(|r| {
-                Event::ToolReturned(ToolReturned {
-                    call: r.call,
-                    output: r.error,
-                    error: true,
-                    ms: 0,
-                    blob: None,
-                })
-            })
+            .map(|r| Event::tool_error(r.call, r.error))
             .collect();
         self.append_all(f, events).await
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use serde_json::Value;
 use skein_core::event::{ModelCalled, ModelFailed};
-use skein_core::{AgentDef, Event, ModelRequest, SessionState};
+use skein_core::{AgentDef, Event, ModelRequest, RuntimeTool, SessionState};
 
 use crate::ports::Job;
 use crate::runtime::{Runtime, TextDelta};
@@ -76,13 +76,15 @@ impl Runtime {
     ) -> Result<()> {
         request.tools = tool_names
             .iter()
-            .filter_map(|n| match n.as_str() {
-                "call_agent" => Some(runtime_tools::call_agent_spec(def)),
-                "ask_clarification" => Some(runtime_tools::ask_clarification_spec()),
-                "ask_user" => Some(runtime_tools::ask_user_spec()),
-                "update_plan" => Some(runtime_tools::update_plan_spec()),
-                "propose_patch" => Some(runtime_tools::propose_patch_spec()),
-                other => self.tools.spec(other),
+            .filter_map(|n| match RuntimeTool::parse(n) {
+                Some(RuntimeTool::CallAgent) => Some(runtime_tools::call_agent_spec(def)),
+                Some(RuntimeTool::AskClarification) => {
+                    Some(runtime_tools::ask_clarification_spec())
+                }
+                Some(RuntimeTool::AskUser) => Some(runtime_tools::ask_user_spec()),
+                Some(RuntimeTool::UpdatePlan) => Some(runtime_tools::update_plan_spec()),
+                Some(RuntimeTool::ProposePatch) => Some(runtime_tools::propose_patch_spec()),
+                None => self.tools.spec(n),
             })
             .collect();
         // The model is shown the resume tokens its log holds references to; a token it

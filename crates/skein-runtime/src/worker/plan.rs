@@ -1,7 +1,7 @@
 //! `ProposePatch` and result patches: a sub-agent's changes to its parent's plan, merged
 //! into the parent's log with the verdict recorded once.
 
-use skein_core::event::{Outcome, ToolReturned};
+use skein_core::event::Outcome;
 use skein_core::{Event, SessionId};
 
 use crate::runtime::Runtime;
@@ -34,13 +34,7 @@ impl Runtime {
                 }),
             };
             let (j, error) = skein_core::plan::verdict_json(&verdict);
-            events.push(Event::ToolReturned(ToolReturned {
-                call: p.call,
-                output: j.to_string(),
-                error,
-                ms: 0,
-                blob: None,
-            }));
+            events.push(Event::tool_result(p.call, j.to_string(), error));
         }
         self.append_all(f, events).await
     }
@@ -53,7 +47,6 @@ impl Runtime {
         call: &str,
         patch: &skein_core::plan::Patch,
     ) -> Result<std::result::Result<u64, skein_core::plan::Rejection>> {
-        use skein_core::event::{PatchApplied, PatchRejected};
         let key = skein_core::state::verdict_key(from, call);
         for _ in 0..8 {
             let (mut pf, _) = self.load(owner).await?;
@@ -76,23 +69,8 @@ impl Runtime {
                 .plan
                 .merge(author, patch, self.cfg.limits.plan_unlink)
                 .map(|p| p.version);
-            let body = match &verdict {
-                Ok(version) => Event::PatchApplied(PatchApplied {
-                    from: from.to_string(),
-                    agent: agent.to_string(),
-                    call: Some(call.to_string()),
-                    base_version: patch.base_version,
-                    ops: patch.ops.clone(),
-                    version: *version,
-                }),
-                Err(reason) => Event::PatchRejected(PatchRejected {
-                    from: from.to_string(),
-                    agent: agent.to_string(),
-                    call: Some(call.to_string()),
-                    base_version: patch.base_version,
-                    reason: reason.clone(),
-                }),
-            };
+            let body =
+                Event::patch_verdict(from, agent, Some(call.to_string()), patch.clone(), &verdict);
             match self.append(&mut pf, body).await {
                 Ok(()) => {
                     self.keep_state(pf);
@@ -120,7 +98,6 @@ impl Runtime {
         plan: &mut skein_core::plan::Plan,
         events: &mut Vec<Event>,
     ) {
-        use skein_core::event::{PatchApplied, PatchRejected};
         use skein_core::plan::{verdict_json, Author, Rejection};
         let Outcome::Completed { answer, patch, .. } = outcome else {
             return;
@@ -150,23 +127,7 @@ impl Runtime {
                 };
                 let v = plan.merge(author, &p, self.cfg.limits.plan_unlink);
                 let verdict = v.as_ref().map(|n| n.version).map_err(Clone::clone);
-                events.push(match &v {
-                    Ok(next) => Event::PatchApplied(PatchApplied {
-                        from: from.clone(),
-                        agent,
-                        call: None,
-                        base_version: p.base_version,
-                        ops: p.ops,
-                        version: next.version,
-                    }),
-                    Err(reason) => Event::PatchRejected(PatchRejected {
-                        from: from.clone(),
-                        agent,
-                        call: None,
-                        base_version: p.base_version,
-                        reason: reason.clone(),
-                    }),
-                });
+                events.push(Event::patch_verdict(from.clone(), agent, None, p, &verdict));
                 if let Ok(next) = v {
                     *plan = next;
                 }

@@ -35,18 +35,15 @@ impl Runtime {
             if self.tools.idempotent(&r.tool) || def.front.idempotent_tools.contains(&r.tool) {
                 to_run.push(r);
             } else {
-                events.push(Event::ToolReturned(ToolReturned {
-                    call: r.call,
-                    output: format!(
+                events.push(Event::tool_error(
+                    r.call,
+                    format!(
                         "the outcome of this `{}` call is unknown: the worker running it \
                          stopped before it returned. It was not run again because the tool \
                          is not idempotent; check its effects before calling it again.",
                         r.tool
                     ),
-                    error: true,
-                    ms: 0,
-                    blob: None,
-                }));
+                ));
             }
         }
         self.append_all(f, events).await?;
