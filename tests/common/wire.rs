@@ -394,8 +394,8 @@ pub fn check_tree(tree: &Tree, out: &std::process::Output, data: &Path) {
     let agents = super::repo().join("tests/real_model/config/agents");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let logs = rt.block_on(async {
-        let store = skein_sled::SledStore::open(data, &data.join("workspaces"))
-            .expect("open store");
+        let store =
+            skein_sled::SledStore::open(data, &data.join("workspaces")).expect("open store");
         let b = store.backend();
         super::audit_tree_in(&b, &root, &agents).await;
         let mut logs = vec![];

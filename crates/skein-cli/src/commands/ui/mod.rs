@@ -32,9 +32,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use clap::Args;
 use skein_core::{AgentSet, Limits};
-use skein_sled::SledStore;
 use skein_runtime::worker::Runtime;
 use skein_runtime::Backend;
+use skein_sled::SledStore;
 use tokio::sync::{broadcast, watch};
 
 use crate::app::App;
