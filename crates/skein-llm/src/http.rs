@@ -61,9 +61,19 @@ impl HttpClient {
         body: &Value,
         secret: Option<&ApiKey>,
     ) -> Result<Value> {
+        self.retrying(|| self.send_once(url, headers, body, secret))
+            .await
+    }
+
+    /// Runs `try_once` until it succeeds, retrying as the module says.
+    async fn retrying<T, F, Fut>(&self, mut try_once: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         let mut attempt = 0u32;
         loop {
-            let err = match self.send_once(url, headers, body, secret).await {
+            let err = match try_once().await {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
@@ -100,30 +110,9 @@ impl HttpClient {
         secret: Option<&ApiKey>,
         on_event: &mut (dyn FnMut(&str, &str) -> Result<()> + Send),
     ) -> Result<Option<Value>> {
-        let mut attempt = 0u32;
-        let mut resp = loop {
-            let err = match self.send(url, headers, body, secret).await {
-                Ok(r) => break r,
-                Err(e) => e,
-            };
-            if attempt >= self.opts.max_retries || !retry_in_process(&err) {
-                return Err(err);
-            }
-            let delay = match err.retry_after() {
-                Some(d) if d > self.opts.max_retry_after => return Err(err),
-                Some(d) => d,
-                None => backoff_delay(attempt, self.opts.backoff, self.opts.max_backoff),
-            };
-            attempt += 1;
-            tracing::warn!(
-                provider = %self.provider,
-                attempt,
-                delay_ms = delay.as_millis() as u64,
-                error = %err,
-                "model call failed; retrying"
-            );
-            tokio::time::sleep(delay).await;
-        };
+        let mut resp = self
+            .retrying(|| self.send(url, headers, body, secret))
+            .await?;
         let is_stream = resp
             .headers()
             .get(reqwest::header::CONTENT_TYPE)

@@ -496,16 +496,10 @@ mod tests {
         assert!(p.feed(&big).is_err());
     }
 
-    fn sink() -> (Mutex<Vec<String>>, impl Fn(&Mutex<Vec<String>>, &str)) {
-        (Mutex::new(vec![]), |m: &Mutex<Vec<String>>, t: &str| {
-            m.lock().unwrap().push(t.to_string())
-        })
-    }
-
     #[test]
     fn openai_pieces_become_one_answer() {
-        let (seen, push) = sink();
-        let on_text = |t: &str| push(&seen, t);
+        let seen: Mutex<Vec<String>> = Mutex::new(vec![]);
+        let on_text = |t: &str| seen.lock().unwrap().push(t.to_string());
         let mut s = OpenAiStream::default();
         for d in [
             r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
@@ -575,8 +569,8 @@ mod tests {
 
     #[test]
     fn anthropic_events_become_one_answer() {
-        let (seen, push) = sink();
-        let on_text = |t: &str| push(&seen, t);
+        let seen: Mutex<Vec<String>> = Mutex::new(vec![]);
+        let on_text = |t: &str| seen.lock().unwrap().push(t.to_string());
         let mut s = AnthropicStream::default();
         for (ev, d) in [
             (
