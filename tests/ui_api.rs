@@ -186,14 +186,7 @@ async fn foreign_hosts_missing_csrf_and_foreign_origins_are_refused() {
         .await
         .expect("post");
     assert_eq!(r.status(), 403, "another site's origin");
-    let sessions: Value = http
-        .get(format!("{}/api/sessions", ui.url))
-        .send()
-        .await
-        .expect("sessions")
-        .json()
-        .await
-        .expect("json");
+    let sessions: Value = ui.get_json(&http, "/api/sessions").await;
     assert_eq!(sessions, json!([]), "a refused request started a tree");
     let own = ui.url.trim_start_matches("http://").to_string();
     let r = post(Some(&csrf), Some(&format!("http://{own}")))

@@ -25,14 +25,7 @@ async fn a_tree_started_from_the_page_runs_on_the_clusters_workers_and_streams_l
         &[("SKEIN_TOKEN_SECRET", SECRET)],
     );
     let http = reqwest::Client::new();
-    let info: Value = http
-        .get(format!("{}/api/info", ui.url))
-        .send()
-        .await
-        .expect("info")
-        .json()
-        .await
-        .expect("json");
+    let info: Value = ui.get_json(&http, "/api/info").await;
     assert_eq!(info["backend"], "nats");
     assert_eq!(info["writable"], true, "{info}");
     let mut feed = http
@@ -73,26 +66,14 @@ async fn a_tree_started_from_the_page_runs_on_the_clusters_workers_and_streams_l
         workers.iter().any(|w| w == "ui-w1"),
         "run by the cluster's worker: {workers:?}"
     );
-    let v: Value = http
-        .get(format!("{}/api/sessions/onnats/verify?tree=true", ui.url))
-        .send()
-        .await
-        .expect("verify")
-        .json()
-        .await
-        .expect("json");
+    let v: Value = ui
+        .get_json(&http, "/api/sessions/onnats/verify?tree=true")
+        .await;
     assert_eq!(v["ok"], true, "{v}");
 
     // Without the cluster's secret the page reads but writes nothing.
     let ro = UiServer::start(&demo_config(), data.path(), &["--nats", &url]);
-    let info: Value = http
-        .get(format!("{}/api/info", ro.url))
-        .send()
-        .await
-        .expect("info")
-        .json()
-        .await
-        .expect("json");
+    let info: Value = ro.get_json(&http, "/api/info").await;
     assert_eq!(info["writable"], false);
     assert!(
         info["read_only_reason"]
@@ -108,14 +89,7 @@ async fn a_tree_started_from_the_page_runs_on_the_clusters_workers_and_streams_l
         .await
         .expect("start");
     assert_eq!(r.status(), 503);
-    let rows: Value = http
-        .get(format!("{}/api/sessions", ro.url))
-        .send()
-        .await
-        .expect("sessions")
-        .json()
-        .await
-        .expect("json");
+    let rows: Value = ro.get_json(&http, "/api/sessions").await;
     assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
     let _ = w.kill();
     let _ = w.wait();

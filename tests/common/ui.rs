@@ -84,6 +84,17 @@ impl UiServer {
         info["csrf"].as_str().expect("csrf").to_string()
     }
 
+    /// The JSON `path` of the API answers with.
+    pub async fn get_json(&self, http: &reqwest::Client, path: &str) -> serde_json::Value {
+        http.get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: not JSON: {e}"))
+    }
+
     /// Polls `path` of the API until `done` holds for its JSON, for at most `limit`.
     pub async fn wait_for(
         &self,
