@@ -117,7 +117,7 @@ pub fn load(file: Option<&Path>) -> Result<SkeinConfig> {
         file.is_some()
             && fig
                 .find_metadata(key)
-                .is_some_and(|m| m.name.contains("TOML"))
+                .is_some_and(|m| matches!(m.source, Some(figment::Source::File(_))))
     };
     if file_set("agents_dir") && cfg.agents_dir.is_relative() {
         cfg.agents_dir = base.join(&cfg.agents_dir);

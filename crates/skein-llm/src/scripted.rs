@@ -268,8 +268,10 @@ impl Renderer {
                 "took more than {} steps, the most the templates of one answer may take",
                 self.limits.fuel
             ),
-            _ if e.to_string().contains("recursion limit") => format!(
-                "nested deeper than {} levels, the most a template may",
+            // Nesting too deep is one of these kinds (when parsing, or while rendering a
+            // macro that calls itself): the limit is named with them.
+            ErrorKind::InvalidOperation | ErrorKind::SyntaxError => format!(
+                "{e} (a template may nest at most {} levels)",
                 self.limits.recursion
             ),
             _ => e.to_string(),
@@ -707,7 +709,10 @@ turns:
             r#"answer: "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}""#,
             TemplateLimits::default(),
         );
-        assert!(e.contains("nested deeper than 100 levels"), "{e}");
+        assert!(
+            e.contains("recursion limit exceeded") && e.contains("at most 100 levels"),
+            "{e}"
+        );
     }
 
     #[test]

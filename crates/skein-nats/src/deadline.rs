@@ -43,7 +43,7 @@ impl Deadline {
             Ok(r) => r,
             Err(_) => {
                 tracing::warn!(operation = what, limit = ?self.limit, "NATS operation did not finish in time");
-                Err(Error::Backend(format!(
+                Err(Error::unavailable_because(format!(
                     "nats: {what}: did not finish within {:?}",
                     self.limit
                 )))
@@ -110,7 +110,7 @@ impl JobQueue for Deadline {
         // The wait is the caller's: the deadline comes on top of it.
         match tokio::time::timeout(wait + self.limit, self.store.claim(pool, wait)).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Backend(format!(
+            Err(_) => Err(Error::unavailable_because(format!(
                 "nats: claim from consumer pool-{pool} of SKEIN_JOBS: did not finish within {:?}",
                 wait + self.limit
             ))),
@@ -186,7 +186,7 @@ impl Blobs for Deadline {
         // A blob read retries by itself for up to about a minute while a cluster recovers.
         match tokio::time::timeout(self.limit * 3, Blobs::get(&*self.store, hash)).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Backend(format!(
+            Err(_) => Err(Error::unavailable_because(format!(
                 "nats: get from object store skein_blobs: did not finish within {:?}",
                 self.limit * 3
             ))),

@@ -215,22 +215,17 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
             if sub.id.is_none() {
                 sub.id = Some(derived_id(published, seq));
             }
-            let kind = if rt.agents.get(&sub.agent).is_none() {
-                "unknown_agent"
-            } else {
-                "invalid"
-            };
             match skein_runtime::spans::scoped(rt.submit(sub)).await {
                 Ok(id) => {
                     tracing::info!(session = %id, "mission accepted");
                     skein_runtime::metrics::intake_accepted();
                     Ok(())
                 }
-                Err(Error::Rejected(reason)) => Err((kind, reason)),
+                Err(Error::Refused { kind, reason }) => Err((kind.as_str(), reason)),
                 Err(e @ Error::IdTaken { .. }) => Err(("id_taken", e.to_string())),
                 Err(e) => {
                     // The infrastructure failed, not the submission: try it again later.
-                    tracing::warn!(error = %e, "intake failed; the submission will be delivered again");
+                    tracing::warn!(error = %e.report(), "intake failed; the submission will be delivered again");
                     let _ = msg
                         .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                         .await;

@@ -23,13 +23,14 @@ use crate::backend::NatsStore;
 /// there first (try again). The text goes in a header, so it is one line.
 fn service_error(e: &Error) -> async_nats::service::error::Error {
     let code = match e {
-        Error::Rejected(_) | Error::Core(skein_core::Error::InvalidId(_)) => 400,
+        Error::Refused { .. } | Error::Core(skein_core::Error::InvalidId(_)) => 400,
         Error::NotFound(_) => 404,
         Error::Conflict { .. } | Error::IdTaken { .. } => 409,
-        Error::Backend(_) | Error::Interrupted(_) => 503,
-        Error::Corrupt(_) | Error::Core(_) => 500,
+        Error::Unavailable { .. } | Error::Interrupted(_) => 503,
+        Error::Corrupt { .. } | Error::Core(_) => 500,
     };
     let status = e
+        .report()
         .to_string()
         .split(['\r', '\n'])
         .map(str::trim)
@@ -73,7 +74,7 @@ struct ApproveReq {
 pub use skein_runtime::control::{cancel, status};
 
 async fn serve(rt: &Runtime, endpoint: &str, body: &[u8]) -> Result<Value, Error> {
-    let parse_err = |e: serde_json::Error| Error::Rejected(format!("invalid request: {e}"));
+    let parse_err = |e: serde_json::Error| Error::invalid(format!("invalid request: {e}"));
     match endpoint {
         "submit" => {
             let sub: Submission = serde_json::from_slice(body).map_err(parse_err)?;
@@ -133,14 +134,14 @@ pub async fn start(
         .description("skein: submit missions, read their status, cancel, answer, approve")
         .start("skein", env!("CARGO_PKG_VERSION"))
         .await
-        .map_err(|e| Error::Backend(format!("nats service: {e}")))?;
+        .map_err(|e| Error::unavailable("nats service", e))?;
     let group = service.group("skein.api");
     let mut tasks = vec![];
     for name in ["submit", "status", "cancel", "answer", "approve"] {
         let mut ep = group
             .endpoint(name)
             .await
-            .map_err(|e| Error::Backend(format!("endpoint {name}: {e}")))?;
+            .map_err(|e| Error::unavailable(format!("endpoint {name}"), e))?;
         let rt = rt.clone();
         tasks.push(tokio::spawn(async move {
             while let Some(req) = ep.next().await {
@@ -158,7 +159,7 @@ pub async fn start(
         .client
         .queue_subscribe("skein.answers", "skein-answers".into())
         .await
-        .map_err(|e| Error::Backend(format!("subscribe skein.answers: {e}")))?;
+        .map_err(|e| Error::unavailable("subscribe skein.answers", e))?;
     let client = store.client.clone();
     let rt2 = rt.clone();
     tasks.push(tokio::spawn(async move {
@@ -167,11 +168,14 @@ pub async fn start(
                 Ok(r) => hitl::answer(&rt2, &r.token, r.answers, Some("skein.answers".into()))
                     .await
                     .map(|s| json!({"session": s.to_string()})),
-                Err(e) => Err(Error::Rejected(format!("invalid answer: {e}"))),
+                Err(e) => Err(Error::invalid(format!("invalid answer: {e}"))),
             };
             let (subject, body) = match res {
                 Ok(v) => ("skein.answers.accepted", v),
-                Err(e) => ("skein.answers.rejected", json!({"reason": e.to_string()})),
+                Err(e) => (
+                    "skein.answers.rejected",
+                    json!({"reason": e.report().to_string()}),
+                ),
             };
             let _ = client.publish(subject, Bytes::from(body.to_string())).await;
             if let Some(reply) = msg.reply {
@@ -187,8 +191,8 @@ pub async fn start(
         store.client.request(ping, Bytes::new()),
     )
     .await
-    .map_err(|_| Error::Backend("nats service: no answer to its own ping".into()))?
-    .map_err(|e| Error::Backend(format!("nats service: ping: {e}")))?;
+    .map_err(|_| Error::unavailable_because("nats service: no answer to its own ping"))?
+    .map_err(|e| Error::unavailable("nats service: ping", e))?;
     Ok(tokio::spawn(async move {
         let _ = stop.changed().await;
         for t in tasks {

@@ -48,7 +48,7 @@ pub async fn export(b: &Backend, id: &SessionId, out: &mut dyn Write) -> Result<
     if ids.is_empty() {
         return Err(Error::NotFound(format!("no session {id}")));
     }
-    let io = |e: std::io::Error| Error::Backend(format!("writing the export: {e}"));
+    let io = |e: std::io::Error| Error::unavailable("writing the export", e);
     let mut n = 0;
     let mut manifest = BTreeMap::new();
     for s in ids {
@@ -103,7 +103,7 @@ pub fn verify(input: &mut dyn BufRead) -> Result<AuditReport> {
     };
     for (i, line) in input.lines().enumerate() {
         let n = i + 1;
-        let line = line.map_err(|e| Error::Backend(format!("reading the export: {e}")))?;
+        let line = line.map_err(|e| Error::unavailable("reading the export", e))?;
         if line.trim().is_empty() {
             continue;
         }

@@ -17,7 +17,7 @@ use skein_core::{Event, SessionId};
 use crate::runtime::{Runtime, DEFAULT_POOL};
 pub use crate::secret::{new_token_id, Secret, MIN_SECRET_BYTES};
 use crate::session::Folded;
-use crate::{Error, Result};
+use crate::{Error, RefusalKind, Result};
 
 /// Longest answer (the answers object as JSON) or denial reason a person may give, in
 /// bytes. Anything longer is refused before a word of it is written.
@@ -26,7 +26,7 @@ pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// Refuses an answer or a reason over [`MAX_ANSWER_BYTES`], naming its size and the limit.
 pub fn check_answer_size(what: &str, bytes: usize) -> Result<()> {
     if bytes > MAX_ANSWER_BYTES {
-        return Err(Error::Rejected(format!(
+        return Err(Error::invalid(format!(
             "{what} is {bytes} bytes; at most {MAX_ANSWER_BYTES} bytes are accepted"
         )));
     }
@@ -60,24 +60,28 @@ pub fn approval_token(secret: &Secret, session: &SessionId, p: &PendingApproval)
 /// Checks a token against the log of the session it names. Returns its claims and the
 /// session's fold (taken from the runtime's cache; the caller must give it back).
 pub async fn check_token(rt: &Runtime, token: &str, kind: &str) -> Result<(Claims, Folded)> {
-    let claims = open(&rt.cfg.token_secret.0, token).map_err(|e| Error::Rejected(e.to_string()))?;
+    let claims = open(&rt.cfg.token_secret.0, token)
+        .map_err(|e| Error::refused(RefusalKind::Token, e.to_string()))?;
     if claims.kind != kind {
-        return Err(Error::Rejected(format!(
-            "this is an {} token; it cannot be used to {}",
-            claims.kind,
-            if kind == "input" {
-                "answer a question"
-            } else {
-                "approve or deny"
-            }
-        )));
+        return Err(Error::refused(
+            RefusalKind::Token,
+            format!(
+                "this is an {} token; it cannot be used to {}",
+                claims.kind,
+                if kind == "input" {
+                    "answer a question"
+                } else {
+                    "approve or deny"
+                }
+            ),
+        ));
     }
     let (f, _) = rt.load(&claims.session).await?;
     if f.state.submitted.is_none() {
-        return Err(Error::Rejected(format!(
-            "no session {}",
-            claims.session.display()
-        )));
+        return Err(Error::refused(
+            RefusalKind::Token,
+            format!("no session {}", claims.session.display()),
+        ));
     }
     let open_now = match kind {
         "input" => f
@@ -103,7 +107,7 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: &str) -> Result<(Claim
             )
         };
         rt.keep_state(f);
-        return Err(Error::Rejected(why));
+        return Err(Error::refused(RefusalKind::Token, why));
     }
     Ok((claims, f))
 }
@@ -111,13 +115,13 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: &str) -> Result<(Claim
 /// Missing keys as a readable refusal.
 pub fn check_answers(questions: &Value, answers: &Value) -> Result<()> {
     if !answers.is_object() {
-        return Err(Error::Rejected("answers must be a JSON object".into()));
+        return Err(Error::invalid("answers must be a JSON object"));
     }
     let missing = missing_answers(questions, answers);
     if missing.is_empty() {
         return Ok(());
     }
-    Err(Error::Rejected(format!(
+    Err(Error::invalid(format!(
         "missing answers: {}",
         missing
             .iter()
@@ -147,7 +151,7 @@ pub async fn answer(
     let (claims, f) = check_token(rt, token, "input").await?;
     if !claims.session.is_root() {
         rt.keep_state(f);
-        return Err(Error::Rejected(format!(
+        return Err(Error::invalid(format!(
             "this token belongs to sub-agent {}: its question goes to its parent agent, which \
              answers it or asks you itself; answer the root's question instead",
             claims.session.display()
@@ -161,7 +165,7 @@ pub async fn answer(
         .cloned()
     else {
         rt.keep_state(f);
-        return Err(Error::Rejected("stale token".into()));
+        return Err(Error::refused(RefusalKind::Token, "stale token"));
     };
     if let Err(e) = check_answers(&p.questions, &answers) {
         rt.keep_state(f);
@@ -204,7 +208,7 @@ pub async fn decide_approval(
         .cloned()
     else {
         rt.keep_state(f);
-        return Err(Error::Rejected("stale token".into()));
+        return Err(Error::refused(RefusalKind::Token, "stale token"));
     };
     let nonce = claims.nonce.clone();
     let body = Event::ApprovalGiven(ApprovalGiven {

@@ -10,6 +10,7 @@ pub mod audit;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod control;
+pub mod error;
 pub mod hitl;
 pub mod inspect;
 pub mod metrics;
@@ -26,48 +27,7 @@ pub mod worker;
 
 pub use ports::{Backend, CacheEntry, Job, RootResult};
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The log of `session` did not end at `expected`: someone else appended.
-    #[error("append conflict on {session}: expected last seq {expected}, found {actual}")]
-    Conflict {
-        session: String,
-        expected: u64,
-        actual: u64,
-    },
-    #[error("not found: {0}")]
-    NotFound(String),
-    /// Stored data that cannot be decoded.
-    #[error("corrupt data: {0}")]
-    Corrupt(String),
-    /// The backend is unreachable or failed (disk, network); trying again may help.
-    #[error("backend: {0}")]
-    Backend(String),
-    /// The work was given up because the worker is stopping; nothing of it was recorded,
-    /// and its job goes back to the queue for another worker.
-    #[error("interrupted: {0}")]
-    Interrupted(String),
-    /// A request a user made that cannot be accepted.
-    #[error("{0}")]
-    Rejected(String),
-    /// A submission under an id that an earlier, different submission already holds.
-    /// (The same submission again is a no-op, not this error.)
-    #[error(
-        "session id `{id}` is already taken by a different submission ({differs}); \
-         resubmit exactly the same mission under this id, or choose another id"
-    )]
-    IdTaken { id: String, differs: String },
-    #[error(transparent)]
-    Core(#[from] skein_core::Error),
-}
-
-impl Error {
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Backend(_) | Error::Conflict { .. })
-    }
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub use error::{Error, RefusalKind, Result};
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {

@@ -89,16 +89,18 @@ pub trait JobQueue: Send + Sync {
         want: &SessionFilter,
     ) -> Result<Option<Job>> {
         let _ = (pool, wait, want);
-        Err(Error::Backend(
-            "this job queue cannot claim the jobs of chosen sessions".into(),
+        Err(Error::refused(
+            crate::RefusalKind::Unsupported,
+            "this job queue cannot claim the jobs of chosen sessions",
         ))
     }
 
     /// Jobs waiting or held in a pool whose session `want` accepts.
     async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64> {
         let _ = (pool, want);
-        Err(Error::Backend(
-            "this job queue cannot count the jobs of chosen sessions".into(),
+        Err(Error::refused(
+            crate::RefusalKind::Unsupported,
+            "this job queue cannot count the jobs of chosen sessions",
         ))
     }
 }
@@ -207,7 +209,7 @@ impl Backend {
                 "agent definition {digest} is not in the blob store"
             ))
         })?;
-        String::from_utf8(bytes).map_err(|e| Error::Corrupt(format!("definition {digest}: {e}")))
+        String::from_utf8(bytes).map_err(|e| Error::corrupt(format!("definition {digest}"), e))
     }
 }
 

@@ -153,7 +153,7 @@ pub async fn fork(
         return Err(Error::NotFound(format!("no session {source}")));
     }
     if at == 0 || at > records.len() as u64 {
-        return Err(Error::Rejected(format!(
+        return Err(Error::invalid(format!(
             "--at {at} is outside the log of {source} (1..={})",
             records.len()
         )));
@@ -162,7 +162,7 @@ pub async fn fork(
     let mut probe = Folded::new(source.clone());
     probe.absorb(prefix)?;
     if probe.state.status.is_terminal() {
-        return Err(Error::Rejected(format!(
+        return Err(Error::invalid(format!(
             "the session has ended at seq {at}; fork at an earlier seq"
         )));
     }
@@ -175,14 +175,14 @@ pub async fn fork(
                     && !f.state.status.is_terminal()
             })
             .collect();
-        return Err(Error::Rejected(format!(
+        return Err(Error::invalid(format!(
             "at seq {at} children of the turn are still outstanding; fork where none are \
              (e.g. seq {})",
             ok.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
         )));
     }
     let Some(Event::Submitted(mut sub)) = prefix.first().map(|r| r.env.body.clone()) else {
-        return Err(Error::Corrupt(format!(
+        return Err(Error::corrupt_because(format!(
             "{source} does not start with Submitted"
         )));
     };
@@ -190,7 +190,7 @@ pub async fn fork(
         (Some(t), _) => {
             let d = AgentDef::parse("--agent-file", t)?;
             if d.name() != sub.agent {
-                return Err(Error::Rejected(format!(
+                return Err(Error::invalid(format!(
                     "--agent-file defines `{}`, the session runs `{}`",
                     d.name(),
                     sub.agent
@@ -211,7 +211,7 @@ pub async fn fork(
         sub.def_digest = b.blobs.put(t.as_bytes()).await?;
     }
     let id = match &spec.id {
-        Some(t) => SessionId::root(t).map_err(|e| Error::Rejected(format!("id: {e}")))?,
+        Some(t) => SessionId::root(t).map_err(|e| Error::invalid(format!("id: {e}")))?,
         None => new_root_id(),
     };
     sub.forked_from = Some(Provenance {

@@ -25,9 +25,10 @@ impl Secret {
     pub fn load_or_create(env_var: &str, data_dir: &Path) -> Result<Self> {
         if let Ok(v) = std::env::var(env_var) {
             if v.len() < MIN_SECRET_BYTES {
-                return Err(Error::Rejected(format!(
-                    "{env_var} must be at least {MIN_SECRET_BYTES} characters"
-                )));
+                return Err(Error::refused(
+                    crate::RefusalKind::Config,
+                    format!("{env_var} must be at least {MIN_SECRET_BYTES} characters"),
+                ));
             }
             return Ok(Self(v.into_bytes()));
         }
@@ -36,25 +37,29 @@ impl Secret {
             Ok(v) => {
                 let v = v.trim_ascii();
                 if v.len() < MIN_SECRET_BYTES {
-                    return Err(Error::Rejected(format!(
-                        "the token secret in {} holds {} bytes; at least {MIN_SECRET_BYTES} \
+                    return Err(Error::refused(
+                        crate::RefusalKind::Config,
+                        format!(
+                            "the token secret in {} holds {} bytes; at least {MIN_SECRET_BYTES} \
                          are needed (remove the file to have a new one made, which makes \
                          the tokens handed out so far invalid, or set {env_var})",
-                        path.display(),
-                        v.len()
-                    )));
+                            path.display(),
+                            v.len()
+                        ),
+                    ));
                 }
                 return Ok(Self(v.to_vec()));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
-                return Err(Error::Backend(format!(
-                    "cannot read the token secret {}: {e}",
-                    path.display()
-                )))
+                return Err(Error::unavailable(
+                    format!("cannot read the token secret {}", path.display()),
+                    e,
+                ))
             }
         }
-        std::fs::create_dir_all(data_dir).map_err(|e| Error::Backend(e.to_string()))?;
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| Error::unavailable(format!("cannot create {}", data_dir.display()), e))?;
         let mut b = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut b);
         let hexed = hex::encode(b);
@@ -74,8 +79,9 @@ fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     }
     let mut f = opts
         .open(path)
-        .map_err(|e| Error::Backend(format!("cannot create {}: {e}", path.display())))?;
-    f.write_all(data).map_err(|e| Error::Backend(e.to_string()))
+        .map_err(|e| Error::unavailable(format!("cannot create {}", path.display()), e))?;
+    f.write_all(data)
+        .map_err(|e| Error::unavailable(format!("cannot write {}", path.display()), e))
 }
 
 /// A fresh token id (the nonce recorded in the pausing event).

@@ -38,7 +38,7 @@ impl Folded {
     pub fn absorb(&mut self, records: &[Record]) -> Result<()> {
         for r in records {
             if r.env.seq != self.state.last_seq + 1 || r.env.prev != self.last_hash {
-                return Err(Error::Corrupt(format!(
+                return Err(Error::corrupt_because(format!(
                     "log of {} breaks at seq {}: expected seq {} chained to the previous record",
                     self.id,
                     r.env.seq,
@@ -185,14 +185,17 @@ impl Runtime {
                     let (fresh, _) = self.load(&f.id).await?;
                     if !still_valid(&fresh) {
                         self.keep_state(fresh);
-                        return Err(Error::Rejected("stale token: the session moved on".into()));
+                        return Err(Error::refused(
+                            crate::RefusalKind::Token,
+                            "stale token: the session moved on",
+                        ));
                     }
                     f = fresh;
                 }
                 Err(e) => return Err(e),
             }
         }
-        Err(Error::Backend(format!(
+        Err(Error::unavailable_because(format!(
             "{}: too many concurrent appends",
             f.id
         )))

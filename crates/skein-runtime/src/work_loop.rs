@@ -49,7 +49,7 @@ const SWEEP_LATER: Duration = Duration::from_secs(45);
 pub fn retry_delay(e: &Error, attempt: u32) -> Duration {
     match e {
         Error::Conflict { .. } => Duration::from_millis(50 * u64::from(attempt.min(20))),
-        Error::Backend(_) => {
+        Error::Unavailable { .. } => {
             Duration::from_millis(500u64.saturating_mul(1 << attempt.saturating_sub(1).min(6)))
         }
         _ => Duration::from_secs(2),
@@ -86,7 +86,7 @@ impl ClaimHealth {
         let now = Instant::now();
         match p.get_mut(pool) {
             None => {
-                tracing::warn!(pool, error = %error, "claim failed");
+                tracing::warn!(pool, error = %error.report(), "claim failed");
                 p.insert(
                     pool.to_string(),
                     PoolHealth {
@@ -97,7 +97,7 @@ impl ClaimHealth {
             }
             Some(h) if now.duration_since(h.reported) >= STALL_REPORT => {
                 h.reported = now;
-                tracing::error!(pool, failing_for = ?h.failing_since.elapsed(), error = %error,
+                tracing::error!(pool, failing_for = ?h.failing_since.elapsed(), error = %error.report(),
                     "cannot make progress: no job can be claimed from this pool");
             }
             Some(_) => {}
@@ -210,7 +210,7 @@ impl Runtime {
                     n += 1;
                 }
                 Err(e) => {
-                    tracing::warn!(session = %job.session, error = %e, "hand back failed")
+                    tracing::warn!(session = %job.session, error = %e.report(), "hand back failed")
                 }
             }
         }
@@ -297,7 +297,7 @@ impl Runtime {
                         .unwrap_or_else(|| "a panic".into());
                     tracing::error!(session = %job.session, attempt = job.attempt, panic = %what,
                         "processing the job panicked; it is handed back");
-                    Err(crate::Error::Backend(format!(
+                    Err(crate::Error::unavailable_because(format!(
                         "processing panicked: {what}"
                     )))
                 }
@@ -315,7 +315,7 @@ impl Runtime {
                     let wait = retry_delay(e, tries)
                         .min(MAX_RETRY_WAIT)
                         .min(self.cfg.lease / 2);
-                    tracing::warn!(session = %job.session, attempt = job.attempt, tries, error = %e,
+                    tracing::warn!(session = %job.session, attempt = job.attempt, tries, error = %e.report(),
                         "step failed; trying again in place");
                     // Keep the lease while waiting; a heartbeat that cannot be sent is
                     // part of the same outage.
@@ -330,7 +330,7 @@ impl Runtime {
         match res {
             Ok(()) => match self.backend.jobs.ack(&job).await {
                 Ok(()) => crate::metrics::job_acked(&job.pool),
-                Err(e) => tracing::warn!(session = %job.session, error = %e, "ack failed"),
+                Err(e) => tracing::warn!(session = %job.session, error = %e.report(), "ack failed"),
             },
             // The worker drains: the job goes back at once, for another worker to take.
             Err(crate::Error::Interrupted(why)) => {
@@ -342,26 +342,30 @@ impl Runtime {
                 tokio::time::sleep(crate::ports::CLAIM_WAIT + Duration::from_millis(250)).await;
                 match self.backend.jobs.retry(&job, Duration::ZERO).await {
                     Ok(()) => crate::metrics::job_handed_back(&job.pool, "draining"),
-                    Err(e) => tracing::warn!(session = %job.session, error = %e, "retry failed"),
+                    Err(e) => {
+                        tracing::warn!(session = %job.session, error = %e.report(), "retry failed")
+                    }
                 }
             }
             // A log that cannot be read or folded never gets better by retrying, and no
             // failure can be appended to it: past max_deliver the job is dropped, loudly.
             Err(e) if !e.is_retryable() && job.attempt > self.cfg.max_deliver => {
-                tracing::error!(session = %job.session, attempt = job.attempt, error = %e,
+                tracing::error!(session = %job.session, attempt = job.attempt, error = %e.report(),
                     "job dropped: its session cannot be processed; inspect its log with `skein replay --verify`");
                 crate::metrics::job_dead_lettered(&job.pool);
                 if let Err(e) = self.backend.jobs.ack(&job).await {
-                    tracing::warn!(session = %job.session, error = %e, "ack failed");
+                    tracing::warn!(session = %job.session, error = %e.report(), "ack failed");
                 }
             }
             Err(e) => {
                 let delay = retry_delay(&e, job.attempt);
-                tracing::warn!(session = %job.session, attempt = job.attempt, error = %e,
+                tracing::warn!(session = %job.session, attempt = job.attempt, error = %e.report(),
                     "step failed; job will be delivered again");
                 match self.backend.jobs.retry(&job, delay).await {
                     Ok(()) => crate::metrics::job_handed_back(&job.pool, "failed"),
-                    Err(e) => tracing::warn!(session = %job.session, error = %e, "retry failed"),
+                    Err(e) => {
+                        tracing::warn!(session = %job.session, error = %e.report(), "retry failed")
+                    }
                 }
             }
         }
@@ -409,7 +413,7 @@ impl Runtime {
             }
             if self.loops.health.sweep_due() {
                 if let Err(e) = self.sweep_open_trees().await {
-                    tracing::warn!(error = %e, "sweep of the open trees failed; it runs again");
+                    tracing::warn!(error = %e.report(), "sweep of the open trees failed; it runs again");
                     self.loops.health.trouble();
                 }
             }
@@ -447,7 +451,7 @@ mod tests {
 
     #[test]
     fn outages_back_off_long_enough_to_outlast_a_leader_election() {
-        let down = Error::Backend("request timed out".into());
+        let down = Error::unavailable_because("request timed out");
         let waits: Vec<Duration> = (1..=5).map(|a| retry_delay(&down, a)).collect();
         assert!(waits.windows(2).all(|w| w[1] == w[0] * 2), "{waits:?}");
         // The five deliveries before a dead letter span well over ten seconds.

@@ -72,7 +72,16 @@ async fn oversized_parts_of_a_submission_are_refused_and_nothing_is_created() {
     ];
     for (s, want) in cases {
         let e = rt.submit(s).await.unwrap_err();
-        assert!(matches!(e, Error::Rejected(_)), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                Error::Refused {
+                    kind: skein_runtime::RefusalKind::Invalid,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         assert!(e.to_string().contains(&want), "wanted `{want}`: {e}");
     }
     assert!(rt.backend.log.roots().await.unwrap().is_empty());

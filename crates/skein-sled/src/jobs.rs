@@ -77,7 +77,7 @@ impl SledStore {
                 continue; // another claimer won this one
             }
             let session = std::str::from_utf8(&k[pool.len() + 1..])
-                .map_err(|e| Error::Corrupt(e.to_string()))?;
+                .map_err(|e| Error::corrupt("job key", e))?;
             return Ok(Some(Job {
                 pool: pool.to_string(),
                 session: SessionId::parse(session)?,

@@ -37,7 +37,8 @@ impl Cache for SledStore {
             Ok(()) => Ok(None),
             Err(cur) => match cur.current {
                 Some(v) if v.as_ref() != me => {
-                    let id = std::str::from_utf8(&v).map_err(|e| Error::Corrupt(e.to_string()))?;
+                    let id = std::str::from_utf8(&v)
+                        .map_err(|e| Error::corrupt("single-flight owner", e))?;
                     Ok(Some(SessionId::parse(id)?))
                 }
                 _ => Ok(None),
@@ -103,7 +104,7 @@ impl Notices for SledStore {
         for item in self.notices.range(start..=end) {
             let (k, v) = item.map_err(backend_err)?;
             let pos = u64_of(&k[k.len() - 8..]);
-            let child = std::str::from_utf8(&v).map_err(|e| Error::Corrupt(e.to_string()))?;
+            let child = std::str::from_utf8(&v).map_err(|e| Error::corrupt("notice", e))?;
             out.push((pos, SessionId::parse(child)?));
         }
         Ok(out)
@@ -124,8 +125,9 @@ impl Notices for SledStore {
         for item in self.watchers.scan_prefix(&p) {
             let (k, v) = item.map_err(backend_err)?;
             let w =
-                std::str::from_utf8(&k[p.len()..]).map_err(|e| Error::Corrupt(e.to_string()))?;
-            let pool = String::from_utf8(v.to_vec()).map_err(|e| Error::Corrupt(e.to_string()))?;
+                std::str::from_utf8(&k[p.len()..]).map_err(|e| Error::corrupt("watcher key", e))?;
+            let pool =
+                String::from_utf8(v.to_vec()).map_err(|e| Error::corrupt("watcher pool", e))?;
             out.push((SessionId::parse(w)?, pool));
         }
         Ok(out)

@@ -42,8 +42,8 @@ use tokio::sync::{watch, Notify};
 /// another lease ([`SledStore::open_with_lease`]).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-fn backend_err(e: impl std::fmt::Display) -> Error {
-    Error::Backend(format!("sled: {e}"))
+fn backend_err(e: impl Into<skein_runtime::error::BoxError>) -> Error {
+    Error::unavailable("sled", e)
 }
 
 fn event_key(session: &SessionId, seq: u64) -> Vec<u8> {
@@ -119,7 +119,7 @@ impl Flusher {
         rx.wait_for(|done| *done >= ticket)
             .await
             .map(|_| ())
-            .map_err(|_| Error::Backend("sled flusher stopped".into()))
+            .map_err(|_| Error::unavailable_because("sled flusher stopped"))
     }
 }
 
@@ -231,23 +231,23 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| Error::Backend(format!("sled: cannot open {}: {e}", path.display())))?;
+        .map_err(|e| Error::unavailable(format!("sled: cannot open {}", path.display()), e))?;
     #[cfg(unix)]
     {
         use rustix::fs::{flock, FlockOperation};
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(Error::Backend(format!(
+                return Err(Error::unavailable_because(format!(
                     "the data directory {} is in use by another skein process",
                     dir.display()
                 )))
             }
             Err(e) => {
-                return Err(Error::Backend(format!(
-                    "sled: cannot lock {}: {e}",
-                    path.display()
-                )))
+                return Err(Error::unavailable(
+                    format!("sled: cannot lock {}", path.display()),
+                    std::io::Error::from(e),
+                ))
             }
         }
     }
@@ -255,9 +255,9 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File> {
 }
 
 fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
-    rmp_serde::to_vec_named(v).map_err(|e| Error::Corrupt(e.to_string()))
+    rmp_serde::to_vec_named(v).map_err(|e| Error::corrupt("encoding a stored value", e))
 }
 
 fn decode<'a, T: Deserialize<'a>>(b: &'a [u8]) -> Result<T> {
-    rmp_serde::from_slice(b).map_err(|e| Error::Corrupt(e.to_string()))
+    rmp_serde::from_slice(b).map_err(|e| Error::corrupt("a stored value", e))
 }

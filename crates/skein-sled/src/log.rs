@@ -27,7 +27,7 @@ impl EventLog for SledStore {
         for (i, r) in records.iter().enumerate() {
             let seq = expected_last + 1 + i as u64;
             if r.env.seq != seq || &r.env.session != session {
-                return Err(Error::Corrupt(format!(
+                return Err(Error::corrupt_because(format!(
                     "record {}#{} appended as {session}#{seq}",
                     r.env.session, r.env.seq
                 )));
@@ -66,7 +66,10 @@ impl EventLog for SledStore {
         let mut out = vec![];
         for item in self.events.range(start..=end) {
             let (_, v) = item.map_err(backend_err)?;
-            out.push(Record::decode(v.to_vec()).map_err(|e| Error::Corrupt(e.to_string()))?);
+            out.push(
+                Record::decode(v.to_vec())
+                    .map_err(|e| Error::corrupt(format!("record of {session}"), e))?,
+            );
         }
         Ok(out)
     }
@@ -78,9 +81,9 @@ impl EventLog for SledStore {
             None => Ok(None),
             Some(item) => {
                 let (_, v) = item.map_err(backend_err)?;
-                Ok(Some(
-                    Record::decode(v.to_vec()).map_err(|e| Error::Corrupt(e.to_string()))?,
-                ))
+                Ok(Some(Record::decode(v.to_vec()).map_err(|e| {
+                    Error::corrupt(format!("record of {session}"), e)
+                })?))
             }
         }
     }
@@ -89,7 +92,7 @@ impl EventLog for SledStore {
         let mut out = vec![];
         for item in self.sessions.scan_prefix(root.as_str().as_bytes()) {
             let (k, _) = item.map_err(backend_err)?;
-            let id = std::str::from_utf8(&k).map_err(|e| Error::Corrupt(e.to_string()))?;
+            let id = std::str::from_utf8(&k).map_err(|e| Error::corrupt("session key", e))?;
             let id = SessionId::parse(id)?;
             if root.contains(&id) {
                 out.push(id);
@@ -103,7 +106,7 @@ impl EventLog for SledStore {
         for item in self.sessions.iter() {
             let (k, _) = item.map_err(backend_err)?;
             if !k.contains(&b'.') {
-                let id = std::str::from_utf8(&k).map_err(|e| Error::Corrupt(e.to_string()))?;
+                let id = std::str::from_utf8(&k).map_err(|e| Error::corrupt("session key", e))?;
                 out.push(SessionId::parse(id)?);
             }
         }

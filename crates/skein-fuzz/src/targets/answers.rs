@@ -129,8 +129,8 @@ async fn pause(rt: &Runtime) -> skein_runtime::Result<()> {
     if paused {
         Ok(())
     } else {
-        Err(skein_runtime::Error::Rejected(
-            "the root did not pause on its question".into(),
+        Err(skein_runtime::Error::invalid(
+            "the root did not pause on its question",
         ))
     }
 }

@@ -38,7 +38,7 @@ impl NatsStore {
             Err(e) => return Err(nats_err("blob metadata", e)),
         };
         let info: object_store::ObjectInfo = serde_json::from_slice(&meta.payload)
-            .map_err(|e| Error::Corrupt(format!("blob {hash}: metadata: {e}")))?;
+            .map_err(|e| Error::corrupt(format!("blob {hash}: metadata"), e))?;
         if info.deleted {
             return Ok(Some(None));
         }
@@ -56,7 +56,7 @@ impl NatsStore {
                 .to_vec()
         };
         if blake3::hash(&data).to_hex().as_str() != hash {
-            return Err(Error::Corrupt(format!(
+            return Err(Error::corrupt_because(format!(
                 "blob {hash}: its content hashes to another name"
             )));
         }
@@ -115,8 +115,8 @@ impl Blobs for NatsStore {
             };
             let res = match tokio::time::timeout(Duration::from_secs(10), attempt).await {
                 Ok(r) => r,
-                Err(_) => Err(Error::Backend(
-                    "nats: blob read: no progress for 10 s".into(),
+                Err(_) => Err(Error::unavailable_because(
+                    "nats: blob read: no progress for 10 s",
                 )),
             };
             match res {

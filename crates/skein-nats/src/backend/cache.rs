@@ -21,7 +21,7 @@ impl Cache for NatsStore {
             return Ok(None);
         };
         let e: CacheEntry =
-            serde_json::from_slice(&v).map_err(|e| Error::Corrupt(e.to_string()))?;
+            serde_json::from_slice(&v).map_err(|e| Error::corrupt("cache entry", e))?;
         Ok(if e.expires.is_some_and(|x| x <= now) {
             None
         } else {
@@ -30,7 +30,7 @@ impl Cache for NatsStore {
     }
 
     async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()> {
-        let v = serde_json::to_vec(entry).map_err(|e| Error::Corrupt(e.to_string()))?;
+        let v = serde_json::to_vec(entry).map_err(|e| Error::corrupt("cache entry", e))?;
         self.cache
             .put(hash, v.into())
             .await

@@ -31,10 +31,9 @@ pub async fn connect_options(
         given = true;
     }
     if let Some(c) = &cfg.credentials_file {
-        opts = opts
-            .credentials_file(c)
-            .await
-            .map_err(|e| Error::Backend(format!("nats: credentials file {}: {e}", c.display())))?;
+        opts = opts.credentials_file(c).await.map_err(|e| {
+            Error::unavailable(format!("nats: credentials file {}", c.display()), e)
+        })?;
         given = true;
     }
     if let Some(ca) = &cfg.tls_ca {
@@ -51,7 +50,10 @@ pub async fn connect_options(
         .iter()
         .map(|u| {
             u.parse().map_err(|e| {
-                Error::Rejected(format!("nats url `{}`: {e}", crate::config::redact_url(u)))
+                Error::refused(
+                    skein_runtime::RefusalKind::Config,
+                    format!("nats url `{}`: {e}", crate::config::redact_url(u)),
+                )
             })
         })
         .collect::<Result<_>>()?;

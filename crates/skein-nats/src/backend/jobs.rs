@@ -53,7 +53,10 @@ impl NatsStore {
             ack_wait: self.lease,
             max_deliver: -1,
             max_ack_pending: -1,
-            // Every work loop of every worker keeps one pull request open.
+            // Every work loop of every worker keeps one pull request open. A pull past this
+            // limit is refused by the server, and the client reports that only as an opaque
+            // error: it is a failed claim like any other (the loop backs off and tries
+            // again), so the limit sits far above what a cluster keeps open.
             max_waiting: 16_384,
             ..Default::default()
         };
@@ -160,7 +163,7 @@ impl JobQueue for NatsStore {
         let next = match pulled {
             Err(_) => {
                 self.forget_consumer(pool).await;
-                return Err(Error::Backend(format!(
+                return Err(Error::unavailable_because(format!(
                     "nats: {}: no answer within {:?}",
                     what(),
                     expires + PULL_GRACE
@@ -175,11 +178,6 @@ impl JobQueue for NatsStore {
         let msg = match next {
             None => return Ok(None),
             Some(Ok(m)) => m,
-            // Too many pull requests open at once: back-pressure, not a fault.
-            Some(Err(e)) if e.to_string().contains("Exceeded MaxWaiting") => {
-                tokio::time::sleep(wait.min(Duration::from_millis(100))).await;
-                return Ok(None);
-            }
             Some(Err(e)) => {
                 self.forget_consumer(pool).await;
                 return Err(nats_err(&what(), e));
@@ -196,7 +194,10 @@ impl JobQueue for NatsStore {
             .strip_prefix(&prefix)
             .map(str::to_string)
         else {
-            return Err(Error::Corrupt(format!("job on subject {}", msg.subject)));
+            return Err(Error::corrupt_because(format!(
+                "job on subject {}",
+                msg.subject
+            )));
         };
         let session = SessionId::parse(&id)?;
         tracing::trace!(%session, attempt, "job claimed");
@@ -253,7 +254,7 @@ impl JobQueue for NatsStore {
                 }
                 Err(e) => Err(nats_err(&format!("delete job from stream {JOBS}"), e)),
             },
-            _ => Err(Error::Corrupt(format!("job handle {}", job.handle))),
+            _ => Err(Error::corrupt_because(format!("job handle {}", job.handle))),
         };
         let acked = match (deleted, acker) {
             (Err(e), Some(a)) => {

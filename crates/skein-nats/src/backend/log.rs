@@ -37,8 +37,9 @@ impl NatsStore {
             .await
         {
             Ok(m) => {
-                let r = Record::decode(m.payload.to_vec())
-                    .map_err(|e| Error::Corrupt(e.to_string()))?;
+                let r = Record::decode(m.payload.to_vec()).map_err(|e| {
+                    Error::corrupt(format!("last record of {}", events_subject(s)), e)
+                })?;
                 Ok(Some((r, m.sequence)))
             }
             Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
@@ -54,7 +55,7 @@ impl EventLog for NatsStore {
     async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
         let seq = expected_last + 1;
         if record.env.seq != seq || &record.env.session != session {
-            return Err(Error::Corrupt(format!(
+            return Err(Error::corrupt_because(format!(
                 "record {}#{} appended as {session}#{seq}",
                 record.env.session, record.env.seq
             )));
@@ -155,7 +156,8 @@ impl EventLog for NatsStore {
             .read_subject(&self.events, &events_subject(session), after)
             .await?
         {
-            let r = Record::decode(payload.to_vec()).map_err(|e| Error::Corrupt(e.to_string()))?;
+            let r = Record::decode(payload.to_vec())
+                .map_err(|e| Error::corrupt(format!("record of {session}"), e))?;
             last = Some((r.env.seq, sseq));
             if r.env.seq >= from_seq {
                 out.push(r);

@@ -52,8 +52,10 @@ use crate::config::{duration, NatsConfig};
 /// How long past its expiry a pull may go unanswered before it is given up.
 const PULL_GRACE: Duration = Duration::from_secs(5);
 
-fn nats_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Backend(format!("nats: {what}: {e}"))
+/// A NATS operation that failed for a reason other than the ones its caller maps to a
+/// kind of its own (a conflict, a missing message): the server is unreachable or failed.
+fn nats_err(what: &str, e: impl Into<skein_runtime::error::BoxError>) -> Error {
+    Error::unavailable(format!("nats: {what}"), e)
 }
 
 /// Headers carrying the current trace context (the session being advanced), if any.

@@ -47,7 +47,7 @@ impl Notices for NatsStore {
         let mut out = vec![];
         for (_, p) in self.read_subject(&self.notices, &subject, 0).await? {
             let v: serde_json::Value =
-                serde_json::from_slice(&p).map_err(|e| Error::Corrupt(e.to_string()))?;
+                serde_json::from_slice(&p).map_err(|e| Error::corrupt("notice", e))?;
             let w = SessionId::parse(v["watcher"].as_str().unwrap_or_default())?;
             let pool = v["pool"].as_str().unwrap_or("default").to_string();
             if !out.iter().any(|(x, _)| *x == w) {
@@ -61,7 +61,7 @@ impl Notices for NatsStore {
 #[async_trait]
 impl Announcer for NatsStore {
     async fn root_finished(&self, notice: &RootResult) -> Result<()> {
-        let body = serde_json::to_vec(notice).map_err(|e| Error::Corrupt(e.to_string()))?;
+        let body = serde_json::to_vec(notice).map_err(|e| Error::corrupt("notice", e))?;
         self.client
             .publish_with_headers(
                 format!("skein.results.{}", notice.session),

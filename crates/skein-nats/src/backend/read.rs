@@ -138,7 +138,9 @@ impl NatsStore {
                     let next = tokio::time::timeout(Duration::from_secs(10), batch.next())
                         .await
                         .map_err(|_| {
-                            Error::Backend(format!("read of {subject}: delivery stalled"))
+                            Error::unavailable_because(format!(
+                                "read of {subject}: delivery stalled"
+                            ))
                         })?;
                     let Some(m) = next else { break };
                     let m = m.map_err(|e| nats_err("read", e))?;
@@ -147,7 +149,7 @@ impl NatsStore {
                     got += 1;
                 }
                 if got == 0 {
-                    return Err(Error::Backend(format!(
+                    return Err(Error::unavailable_because(format!(
                         "read of {subject}: {left} messages announced but none delivered"
                     )));
                 }

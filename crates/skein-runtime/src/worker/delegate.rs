@@ -180,7 +180,7 @@ impl Runtime {
                 format!("call_agent: resume_token refused: {why}"),
             )
         };
-        if let Err(Error::Rejected(why)) =
+        if let Err(Error::Refused { reason: why, .. }) =
             crate::hitl::check_answer_size("the answers", resume.answers.to_string().len())
         {
             return Ok(refuse(why));
@@ -227,7 +227,7 @@ impl Runtime {
             };
             let (claims, cf) = match crate::hitl::check_token(self, &token, "input").await {
                 Ok(x) => x,
-                Err(Error::Rejected(why)) => return Ok(refuse(why)),
+                Err(Error::Refused { reason: why, .. }) => return Ok(refuse(why)),
                 Err(e) => return Err(e),
             };
             if claims.session != d.child {
@@ -244,7 +244,7 @@ impl Runtime {
                 .find(|p| p.token_id == claims.nonce)
                 .map(|p| p.questions.clone())
                 .unwrap_or_default();
-            if let Err(Error::Rejected(why)) =
+            if let Err(Error::Refused { reason: why, .. }) =
                 crate::hitl::check_answers(&questions, &resume.answers)
             {
                 self.keep_state(cf);
@@ -259,7 +259,7 @@ impl Runtime {
             let valid = |g: &Folded| g.state.pending_inputs.iter().any(|p| p.token_id == nonce);
             match self.append_from_outside(cf, body, valid).await {
                 Ok(cf) => self.keep_state(cf),
-                Err(Error::Rejected(why)) => return Ok(refuse(why)),
+                Err(Error::Refused { reason: why, .. }) => return Ok(refuse(why)),
                 Err(e) => return Err(e),
             }
         }

@@ -59,7 +59,7 @@ impl Runtime {
                 out = &mut fut => return out,
                 _ = tick.tick() => {
                     if let Err(e) = self.backend.jobs.heartbeat(job).await {
-                        tracing::warn!(session = %job.session, error = %e, "heartbeat failed");
+                        tracing::warn!(session = %job.session, error = %e.report(), "heartbeat failed");
                     }
                 }
             }

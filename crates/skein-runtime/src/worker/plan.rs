@@ -81,7 +81,7 @@ impl Runtime {
                 Err(e) => return Err(e),
             }
         }
-        Err(Error::Backend(format!(
+        Err(Error::unavailable_because(format!(
             "{owner}: too many concurrent appends while merging a plan patch"
         )))
     }

@@ -66,24 +66,27 @@ impl Runtime {
     /// same `id` again is a no-op that returns the id.
     pub async fn submit(&self, sub: Submission) -> Result<SessionId> {
         let def = self.agents.get(&sub.agent).ok_or_else(|| {
-            Error::Rejected(format!(
-                "unknown agent `{}`; known agents: {}",
-                sub.agent,
-                self.agents
-                    .agents
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
+            Error::refused(
+                crate::RefusalKind::UnknownAgent,
+                format!(
+                    "unknown agent `{}`; known agents: {}",
+                    sub.agent,
+                    self.agents
+                        .agents
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
         })?;
         skein_core::limits::check_mission(&sub.mission, sub.context.as_deref(), &sub.inputs)
-            .map_err(Error::Rejected)?;
+            .map_err(Error::invalid)?;
         if !(sub.inputs.is_null() || sub.inputs.is_object()) {
-            return Err(Error::Rejected("inputs must be a JSON object".into()));
+            return Err(Error::invalid("inputs must be a JSON object"));
         }
         let id = match &sub.id {
-            Some(t) => SessionId::root(t).map_err(|e| Error::Rejected(format!("id: {e}")))?,
+            Some(t) => SessionId::root(t).map_err(|e| Error::invalid(format!("id: {e}")))?,
             None => new_root_id(),
         };
         let def_digest = self.backend.blobs.put(def.text.as_bytes()).await?;
@@ -129,7 +132,7 @@ impl Runtime {
             let existing = match first.first().map(|r| &r.env.body) {
                 Some(Event::Submitted(s)) => s,
                 _ => {
-                    return Err(Error::Corrupt(format!(
+                    return Err(Error::corrupt_because(format!(
                         "{id}: log does not start with Submitted"
                     )))
                 }

@@ -45,12 +45,12 @@ impl IntoResponse for ApiError {
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         let status = match &e {
-            Error::Rejected(_) | Error::Core(_) => StatusCode::BAD_REQUEST,
+            Error::Refused { .. } | Error::Core(_) => StatusCode::BAD_REQUEST,
             Error::IdTaken { .. } | Error::Conflict { .. } => StatusCode::CONFLICT,
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError(status, e.to_string())
+        ApiError(status, e.report().to_string())
     }
 }
 
