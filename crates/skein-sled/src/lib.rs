@@ -136,6 +136,8 @@ pub struct SledStore {
     watchers: sled::Tree,
     flusher: Arc<Flusher>,
     job_ready: Notify,
+    /// Every job by when it is due; see `jobs.rs`.
+    job_index: std::sync::Mutex<jobs::JobIndex>,
     /// Makes "take a position, insert the notice" atomic, so a reader that has seen
     /// position p can never later miss a notice below p.
     notice_order: std::sync::Mutex<()>,
@@ -181,12 +183,13 @@ impl SledStore {
             flusher: Flusher::start(db.clone()),
             db,
             job_ready: Notify::new(),
+            job_index: Default::default(),
             notice_order: std::sync::Mutex::new(()),
             workspace_root: workspace_root.to_path_buf(),
             lease,
             _lock: lock,
         };
-        store.release_stale_leases()?;
+        store.index_jobs()?;
         Ok(Arc::new(store))
     }
 
