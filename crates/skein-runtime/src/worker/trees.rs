@@ -104,13 +104,23 @@ impl Runtime {
         let scope = Arc::new(Scope::new(root));
         let (stop, handles) = self.spawn_in(pools.clone(), concurrency, Some(scope.clone()));
         let mut rx = self.subscribe();
-        // Watch the root's last record (not the fold cache the workers use).
+        // Watch the root's last record (not the fold cache the workers use). Whether any
+        // job is left is asked at most every `RECOUNT` while progress streams in: the
+        // count reads the whole queue, and a wide tree makes progress thousands of times.
+        const RECOUNT: Duration = Duration::from_millis(20);
         let result: Result<()> = async {
+            let mut counted: Option<std::time::Instant> = None;
             loop {
                 let last = self.backend.log.last(root).await?;
                 if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
                     return Ok(());
                 }
+                if let Some(left) = counted.and_then(|t| RECOUNT.checked_sub(t.elapsed())) {
+                    // Counted a moment ago: wait for more progress, or until it is time.
+                    let _ = tokio::time::timeout(left, rx.recv()).await;
+                    continue;
+                }
+                counted = Some(std::time::Instant::now());
                 let mut pending = 0;
                 let s = scope.clone();
                 let want = move |id: &SessionId| s.wants(id);
