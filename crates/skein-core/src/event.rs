@@ -445,6 +445,19 @@ struct EnvelopeOut<'a> {
     body: BodyOut<'a>,
 }
 
+/// A record of a kind this build knows, read in one pass. Most records are; the others
+/// (and damaged ones) are read again as [`EnvelopeIn`], whose untagged body has serde
+/// buffer the whole body first.
+#[derive(Deserialize)]
+struct EnvelopeKnown {
+    v: u16,
+    session: SessionId,
+    seq: u64,
+    at: u64,
+    prev: String,
+    body: Event,
+}
+
 #[derive(Deserialize)]
 struct EnvelopeIn {
     v: u16,
@@ -510,6 +523,16 @@ impl Envelope {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self> {
+        if let Ok(e) = rmp_serde::from_slice::<EnvelopeKnown>(bytes) {
+            return Ok(Self {
+                v: e.v,
+                session: e.session,
+                seq: e.seq,
+                at: e.at,
+                prev: e.prev,
+                body: e.body,
+            });
+        }
         let e: EnvelopeIn =
             rmp_serde::from_slice(bytes).map_err(|e| Error::Decode(e.to_string()))?;
         let body = match e.body {
