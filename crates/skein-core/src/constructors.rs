@@ -2,7 +2,7 @@
 //! way wherever it is recorded: a tool call's result, a plan patch's verdict, the end of a
 //! session.
 
-use crate::event::{Completed, Event, Failed, PatchApplied, PatchRejected, ToolReturned};
+use crate::event::{Completed, Event, Failed, PatchApplied, PatchRejected, Refused, ToolReturned};
 use crate::message::Usage;
 use crate::plan::{Patch, Rejection};
 
@@ -16,12 +16,27 @@ impl Event {
             error,
             ms: 0,
             blob: None,
+            refused: None,
         })
     }
 
     /// A tool call's error: the model reads `output` as its result.
     pub fn tool_error(call: impl Into<String>, output: impl Into<String>) -> Event {
         Event::tool_result(call, output, true)
+    }
+
+    /// A tool call the runtime refused, with the reason's kind when a later decision reads
+    /// it back.
+    pub fn refusal(
+        call: impl Into<String>,
+        output: impl Into<String>,
+        refused: Option<Refused>,
+    ) -> Event {
+        let mut e = Event::tool_error(call, output);
+        if let Event::ToolReturned(t) = &mut e {
+            t.refused = refused;
+        }
+        e
     }
 
     /// The verdict on `patch` to a plan: `PatchApplied` at the new version, or

@@ -136,6 +136,37 @@ pub struct ToolReturned {
     pub ms: u64,
     #[serde(default)]
     pub blob: Option<BlobRef>,
+    /// Why the runtime refused the call, where a later decision depends on the reason.
+    /// Absent from most refusals, and from every record written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<Refused>,
+}
+
+impl ToolReturned {
+    /// The recorded refusal kind. A record written before kinds were recorded carries the
+    /// turn's budget refusal only in its text, which began with [`LEGACY_TURN_OVER_BUDGET`]:
+    /// such a record (an error without a kind) is read as that kind, so old logs fold and
+    /// replay as they were decided. Records written now always carry the kind.
+    pub fn refusal_kind(&self) -> Option<Refused> {
+        self.refused.or_else(|| {
+            (self.error && self.output.starts_with(LEGACY_TURN_OVER_BUDGET))
+                .then_some(Refused::TurnOverBudget)
+        })
+    }
+}
+
+/// How the text of a turn's budget refusal began in logs written before the kind was
+/// recorded. Read only for records without a kind ([`ToolReturned::refusal_kind`]).
+pub const LEGACY_TURN_OVER_BUDGET: &str = "budget: this turn's delegations ask for";
+
+/// A refusal reason that later decisions read back from the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Refused {
+    /// The turn's delegations together asked for more tokens than the session had left.
+    /// Its refusals are recorded one at a time; the rest of the turn is refused the same
+    /// way, so every prefix of the log decides alike.
+    TurnOverBudget,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -633,6 +664,24 @@ mod tests {
 
     fn id() -> SessionId {
         SessionId::root("s").unwrap()
+    }
+
+    #[test]
+    fn a_refusal_kind_is_written_only_where_there_is_one() {
+        let plain = Envelope::new(id(), 2, 1, "p".into(), Event::tool_error("c1", "no"));
+        let bytes = plain.encode().unwrap();
+        // Written as before the kind existed: no `refused` key at all.
+        assert!(!bytes.windows(7).any(|w| w == b"refused"));
+        assert_eq!(Envelope::decode(&bytes).unwrap(), plain);
+        let kind = Some(Refused::TurnOverBudget);
+        let refused = Envelope::new(id(), 2, 1, "p".into(), Event::refusal("c1", "no", kind));
+        let bytes = refused.encode().unwrap();
+        let back = Envelope::decode(&bytes).unwrap();
+        assert_eq!(back, refused);
+        let Event::ToolReturned(t) = back.body else {
+            panic!("{back:?}")
+        };
+        assert_eq!(t.refusal_kind(), kind);
     }
 
     #[test]

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::event::{Envelope, Event, Outcome, Submitted};
+use crate::event::{Envelope, Event, Outcome, Refused, Submitted};
 use crate::id::SessionId;
 use crate::message::{Message, ToolCall, Usage};
+use crate::runtime_tool::RuntimeTool;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -173,6 +174,9 @@ pub struct SessionState {
     /// References to resume tokens of paused children, as this session's model was shown
     /// them: the runtime shows the model the tokens they stand for, and only these.
     pub resume_refs: std::collections::BTreeSet<String>,
+    /// The reason the current turn's delegations were refused for the session's budget,
+    /// once the first of those refusals is recorded: the rest of the turn is refused alike.
+    pub turn_over_budget: Option<String>,
 }
 
 /// What stands for the call of a patch carried by a child's final answer.
@@ -221,6 +225,7 @@ impl Default for SessionState {
             follow_ups: 0,
             child_usage: BTreeMap::new(),
             resume_refs: Default::default(),
+            turn_over_budget: None,
         }
     }
 }
@@ -389,6 +394,7 @@ impl SessionState {
         {
             return;
         }
+        self.turn_over_budget = None;
         for slot in std::mem::take(&mut self.turn) {
             if let SlotState::Done { output, error } = slot.state {
                 self.transcript.push(Message::Tool {
@@ -472,7 +478,15 @@ impl SessionState {
                     slot.state = SlotState::Running;
                 }
             }
-            Event::ToolReturned(t) => self.finish_slot(&t.call, t.output.clone(), t.error),
+            Event::ToolReturned(t) => {
+                let of_delegation = self
+                    .slot_mut(&t.call)
+                    .is_some_and(|s| RuntimeTool::CallAgent.is(&s.call.name));
+                if of_delegation && t.refusal_kind() == Some(Refused::TurnOverBudget) {
+                    self.turn_over_budget = Some(t.output.clone());
+                }
+                self.finish_slot(&t.call, t.output.clone(), t.error)
+            }
             Event::Delegated(d) => {
                 if !d.resumed {
                     self.delegations += 1;

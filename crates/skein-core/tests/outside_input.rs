@@ -169,6 +169,7 @@ fn calls_past_the_per_turn_limit_are_refused_and_never_run_and_the_log_replays()
             error: true,
             ms: 0,
             blob: None,
+            refused: None,
         }));
     }
 
@@ -193,6 +194,7 @@ fn calls_past_the_per_turn_limit_are_refused_and_never_run_and_the_log_replays()
             error: false,
             ms: 1,
             blob: None,
+            refused: None,
         }));
     }
     // The model reads the refusals as tool errors on its next turn.
@@ -326,6 +328,7 @@ fn a_delegation_with_an_oversized_context_or_inputs_is_refused_with_the_figures(
             error: true,
             ms: 0,
             blob: None,
+            refused: None,
         }));
     }
     let Step::Delegate(d) = g.state.next(&def, &limits, &set) else {

@@ -221,6 +221,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                             error: true,
                             ms: 0,
                             blob: None,
+                            refused: None,
                         }),
                         &mut log,
                         &mut state,
@@ -286,6 +287,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                             error: rng.below(5) == 0,
                             ms: 1,
                             blob: None,
+                            refused: None,
                         }),
                         &mut log,
                         &mut state,
@@ -638,6 +640,7 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
                 error: true,
                 ms: 0,
                 blob: None,
+                refused: None,
             },
             Step::RunTools(rs) => {
                 let called = ToolCalled {
@@ -653,6 +656,7 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
                     error: false,
                     ms: 1,
                     blob: None,
+                    refused: None,
                 }
             }
             other => panic!("turn {n}: {other:?}"),

@@ -224,6 +224,83 @@ fn a_turn_whose_delegations_together_ask_more_than_remains_is_refused_whole() {
     then.then_refused("c2", reason);
 }
 
+/// The turn of `a_turn_whose_delegations_together_ask_more_than_remains_is_refused_whole`
+/// after its first refusal is recorded: c2 alone would fit (600 of 900), yet it is refused
+/// with the same reason, read back from the recorded refusal's kind.
+#[test]
+fn the_rest_of_a_turn_refused_for_its_budget_is_refused_the_same_way() {
+    let asks = |call: &'static str| {
+        (
+            call,
+            "call_agent",
+            json!({"agent": "expert", "mission": call, "budget": {"tokens": 600}}),
+        )
+    };
+    let reason = "budget: this turn's delegations ask for 1200 tokens, 900 remain of this \
+                  session's budget";
+    let first = skein_core::Event::refusal(
+        "c1",
+        reason,
+        Some(skein_core::event::Refused::TurnOverBudget),
+    );
+    let log = [
+        submitted_with("boss", 0, &[], Some(1000)),
+        turn(&[asks("c1"), asks("c2")], 100),
+        first,
+    ];
+    let r = given(team(), "boss")
+        .events(log.clone())
+        .when_deciding()
+        .then_refused("c2", reason);
+    assert_eq!(r.kind, Some(skein_core::event::Refused::TurnOverBudget));
+    // Any other refusal of c1 leaves c2, which fits alone, to start.
+    let mut other = log.clone();
+    other[2] = skein_core::Event::tool_error("c1", "unavailable: try later");
+    given(team(), "boss")
+        .events(other)
+        .when_deciding()
+        .then_delegates(&["c2"]);
+}
+
+/// A log written before refusal kinds were recorded carries the turn's budget refusal only
+/// in its text: it still decides (and so replays) as it was decided.
+#[test]
+fn a_log_from_before_refusal_kinds_decides_as_it_did() {
+    let asks = |call: &'static str| {
+        (
+            call,
+            "call_agent",
+            json!({"agent": "expert", "mission": call, "budget": {"tokens": 600}}),
+        )
+    };
+    let reason = "budget: this turn's delegations ask for 1200 tokens, 900 remain of this \
+                  session's budget";
+    let legacy = skein_core::Event::tool_error("c1", reason);
+    let skein_core::Event::ToolReturned(t) = &legacy else {
+        unreachable!()
+    };
+    assert_eq!(t.refused, None, "written without a kind");
+    // The turn as boss's model recorded it, so the log also replays.
+    let mut the_turn = turn(&[asks("c1"), asks("c2")], 100);
+    if let skein_core::Event::ModelCalled(m) = &mut the_turn {
+        m.model = "scripted:boss".into();
+    }
+    let given = given(team(), "boss").events([
+        submitted_with("boss", 0, &[], Some(1000)),
+        the_turn,
+        legacy.clone(),
+    ]);
+    given.when_deciding().then_refused("c2", reason);
+    // Replay verification admits the legacy record where the new decision names a kind.
+    let def = team();
+    let mut log = given.log_envelopes();
+    let c2 = skein_core::Event::tool_error("c2", reason);
+    let at = log.len() as u64 + 1;
+    log.push(skein_core::Envelope::new(root(), at, 1, String::new(), c2));
+    skein_core::replay::verify(&log, def.get("boss").unwrap(), &Limits::default(), &def)
+        .expect("the legacy log verifies");
+}
+
 #[test]
 fn a_session_that_spent_its_token_budget_fails_instead_of_calling_the_model() {
     given(team(), "boss")
@@ -464,4 +541,52 @@ fn tasks_handed_to_a_sub_agent_must_be_in_the_plan() {
         ])
         .when_deciding()
         .then_refused("c1", "owns_tasks: no task `t9` in your plan (version 1)");
+}
+
+#[test]
+fn a_delegation_refused_for_its_plan_tasks_takes_no_child_number() {
+    let then = given(team(), "boss")
+        .events([
+            submitted("boss"),
+            turn(&[("p1", "update_plan", two_tasks())], 10),
+            plan_applied("p1", "boss", two_tasks(), 1),
+            turn(
+                &[
+                    (
+                        "c1",
+                        "call_agent",
+                        json!({"agent": "expert", "mission": "m", "owns_tasks": ["t9"]}),
+                    ),
+                    ("c2", "call_agent", call("expert", "measure")),
+                ],
+                10,
+            ),
+        ])
+        .when_deciding();
+    then.then_refused("c1", "owns_tasks: no task `t9`");
+    // Once c1's refusal is recorded, c2 is the session's first child.
+    let ds = plan_with_refused_c1()
+        .when_deciding()
+        .then_delegates(&["c2"]);
+    assert_eq!(ds[0].child, expert_child());
+}
+
+fn plan_with_refused_c1() -> kit::Given {
+    given(team(), "boss").events([
+        submitted("boss"),
+        turn(&[("p1", "update_plan", two_tasks())], 10),
+        plan_applied("p1", "boss", two_tasks(), 1),
+        turn(
+            &[
+                (
+                    "c1",
+                    "call_agent",
+                    json!({"agent": "expert", "mission": "m", "owns_tasks": ["t9"]}),
+                ),
+                ("c2", "call_agent", call("expert", "measure")),
+            ],
+            10,
+        ),
+        skein_core::Event::tool_error("c1", "call_agent: owns_tasks: no task `t9`"),
+    ])
 }

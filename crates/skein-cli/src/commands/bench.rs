@@ -311,6 +311,7 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
                 error: false,
                 ms: 1,
                 blob: None,
+                refused: None,
             }),
         ];
         for b in bodies {

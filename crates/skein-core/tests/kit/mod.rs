@@ -67,17 +67,20 @@ impl Given {
         self
     }
 
-    /// The log folded.
-    pub fn state(&self) -> SessionState {
+    /// The log as envelopes of the root session, numbered from 1.
+    pub fn log_envelopes(&self) -> Vec<Envelope> {
         let id = root();
-        let envs: Vec<Envelope> = self
-            .log
+        self.log
             .iter()
             .cloned()
             .enumerate()
             .map(|(i, e)| Envelope::new(id.clone(), i as u64 + 1, 1, String::new(), e))
-            .collect();
-        SessionState::fold(&envs)
+            .collect()
+    }
+
+    /// The log folded.
+    pub fn state(&self) -> SessionState {
+        SessionState::fold(&self.log_envelopes())
     }
 
     /// When the folded log is decided.
@@ -331,6 +334,7 @@ pub fn returned(call: &str, output: &str) -> Event {
         error: false,
         ms: 0,
         blob: None,
+        refused: None,
     })
 }
 

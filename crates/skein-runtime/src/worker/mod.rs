@@ -219,7 +219,7 @@ impl Runtime {
     pub(crate) async fn refuse(&self, f: &mut Folded, rs: Vec<Refusal>) -> Result<()> {
         let events = rs
             .into_iter()
-            .map(|r| Event::tool_error(r.call, r.error))
+            .map(|r| Event::refusal(r.call, r.error, r.kind))
             .collect();
         self.append_all(f, events).await
     }

@@ -136,6 +136,7 @@ impl Runtime {
             error: out.error,
             ms: out.ms,
             blob,
+            refused: None,
         })
     }
 }

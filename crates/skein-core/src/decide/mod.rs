@@ -1,0 +1,571 @@
+//! `SessionState::next`: the decide step. Given the folded state, the agent definition the
+//! session was submitted with, the limits in force and the agent catalogue, it says what
+//! happens next. Pure: the same log always yields the same step, which is what replay
+//! verification checks with [`Step::admits`].
+//!
+//! Here: the steps and what each admits, and the decision between turns. A turn of tool
+//! calls is classified in `turn.rs`, and a `call_agent` call checked in `delegation.rs`.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::agent::AgentDef;
+use crate::event::{CustomAgent, Event};
+use crate::id::SessionId;
+use crate::limits::{Budget, Limits};
+use crate::message::{Message, ModelRequest, RequestMeta};
+
+mod delegation;
+mod turn;
+use crate::event::Refused;
+use crate::runtime_tool::RuntimeTool;
+use crate::state::SessionState;
+
+/// Model calls that fail with a retryable error are tried this many times in a row.
+pub const MAX_MODEL_ATTEMPTS: u32 = 4;
+
+/// Looks up agent definitions by name (the catalogue in force when a delegation is made).
+pub trait Catalog {
+    fn agent(&self, name: &str) -> Option<&AgentDef>;
+}
+
+impl Catalog for crate::agent::AgentSet {
+    fn agent(&self, name: &str) -> Option<&AgentDef> {
+        self.get(name)
+    }
+}
+
+/// The arguments of `call_agent`, as the model sends them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallAgentArgs {
+    #[serde(default, alias = "specialist")]
+    pub agent: Option<String>,
+    #[serde(default)]
+    pub mission: Option<String>,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub inputs: Option<Value>,
+    #[serde(default)]
+    pub agent_definition: Option<CustomAgent>,
+    #[serde(default)]
+    pub budget: Option<Budget>,
+    #[serde(default)]
+    pub resume_token: Option<String>,
+    #[serde(default)]
+    pub answers: Option<Value>,
+    #[serde(default)]
+    pub owns_tasks: Vec<String>,
+}
+
+/// A tool call the runtime refuses; the model is shown `error`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Refusal {
+    pub call: String,
+    pub tool: String,
+    pub error: String,
+    /// Recorded with the refusal when a later decision reads it back.
+    pub kind: Option<Refused>,
+}
+
+/// A child session to start for a `call_agent` call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Delegation {
+    pub call: String,
+    pub child: SessionId,
+    /// Agent name (`custom` for a run-time definition).
+    pub agent: String,
+    pub mission: String,
+    pub context: Option<String>,
+    pub inputs: Value,
+    pub custom: Option<CustomAgent>,
+    pub depth: u32,
+    pub budget: Budget,
+    /// Agents from the root to the parent (this session), root first.
+    pub ancestry: Vec<String>,
+    /// Set when this call continues a paused child instead of starting one.
+    pub resume: Option<Resume>,
+    /// Tasks of this session's plan handed to the child, as they stand now.
+    pub grant: Option<crate::event::PlanGrant>,
+}
+
+/// The plan owner's own `update_plan` call, merged by the rules: the shell records
+/// `PatchApplied` (version `verdict`) or `PatchRejected` — the event is the tool's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanEdit {
+    pub call: String,
+    pub agent: String,
+    pub patch: crate::plan::Patch,
+    pub verdict: Result<u64, crate::plan::Rejection>,
+}
+
+impl PlanEdit {
+    /// The event that records this edit's verdict.
+    pub fn into_event(self) -> Event {
+        Event::patch_verdict(
+            crate::plan::SELF,
+            self.agent,
+            Some(self.call),
+            self.patch,
+            &self.verdict,
+        )
+    }
+}
+
+/// A sub-agent's `propose_patch` call: the shell merges it into the parent's plan (in the
+/// parent's log) and records the verdict here as the tool's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Proposal {
+    pub call: String,
+    pub patch: crate::plan::Patch,
+}
+
+/// A question to put (`ask_user`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ask {
+    pub call: String,
+    pub questions: Value,
+    pub context: Option<String>,
+    pub defaults: Value,
+}
+
+/// A tool call that must wait for approval.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ApprovalAsk {
+    pub call: String,
+    pub tool: String,
+    pub preview: String,
+}
+
+/// Continuing a paused sub-agent: its token (checked by the shell) and the answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Resume {
+    pub token: String,
+    pub answers: Value,
+}
+
+/// The keys a set of questions expects answers for, with each question's text: an object
+/// question `{key, question}` names its key; a plain string question is `q1`, `q2`, ….
+pub fn expected_keys(questions: &Value) -> Vec<(String, String)> {
+    let items = match questions {
+        Value::Array(a) => a.clone(),
+        Value::Null => vec![],
+        other => vec![other.clone()],
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, q)| match q {
+            Value::Object(o) => (
+                o.get("key")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .unwrap_or(format!("q{}", i + 1)),
+                o.get("question")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            ),
+            Value::String(s) => (format!("q{}", i + 1), s.clone()),
+            other => (format!("q{}", i + 1), other.to_string()),
+        })
+        .collect()
+}
+
+/// Checks answers against the questions: returns every expected key that has no answer,
+/// with its question. Nothing is guessed from proposed defaults.
+pub fn missing_answers(questions: &Value, answers: &Value) -> Vec<(String, String)> {
+    expected_keys(questions)
+        .into_iter()
+        .filter(|(k, _)| answers.get(k).is_none_or(Value::is_null))
+        .collect()
+}
+
+/// A follow-up question for a finished `chat: true` child.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Clarify {
+    pub call: String,
+    pub child: SessionId,
+    pub agent: String,
+    pub question: String,
+}
+
+/// An ordinary tool call to run. `resumed` means `ToolCalled` is already in the log: a
+/// crash hid the outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolRun {
+    pub call: String,
+    pub tool: String,
+    pub args: Value,
+    pub resumed: bool,
+}
+
+/// What the shell must do next for a session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum Step {
+    /// Call the model (the request is [`SessionState::model_request`], plus the tool
+    /// schemas for `tool_names`) and record `ModelCalled` or `ModelFailed`.
+    CallModel {
+        model: String,
+        tool_names: Vec<String>,
+    },
+    /// Record these refusals as tool errors.
+    Refuse(Vec<Refusal>),
+    /// Start these children (or answer them from the cache).
+    Delegate(Vec<Delegation>),
+    /// Run these tools: `ToolCalled` first, then the tool, then `ToolReturned`.
+    RunTools(Vec<ToolRun>),
+    /// Record the verdict on this `update_plan` call.
+    EditPlan(PlanEdit),
+    /// Take these patches to the parent's plan and record each verdict (`ToolReturned`).
+    ProposePatch(Vec<Proposal>),
+    /// Put these questions (`InputRequested`, each with a fresh token id) and pause.
+    AskUser(Vec<Ask>),
+    /// Ask approval for these tool calls (`ApprovalRequested`) and pause.
+    RequestApproval(Vec<ApprovalAsk>),
+    /// Put follow-up questions to finished children (`ClarificationRequested` in the
+    /// child's log, `Delegated {resumed}` here) and wait for their new answers.
+    Clarify(Vec<Clarify>),
+    /// Children of this turn are still running: nothing to do until one settles.
+    Wait,
+    /// The final answer is longer than the agent's `summarize.max_chars`: ask `model` for
+    /// a summary (recorded as `ModelCalled`); the full answer goes to the blob store.
+    Summarize { model: String, max_chars: usize },
+    /// Finish with this answer.
+    Complete { answer: String },
+    /// Finish with this error.
+    Fail { error: String },
+    /// The session is over (or not yet submitted): nothing to do.
+    Idle,
+}
+
+impl Step {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Step::CallModel { .. } => "call_model",
+            Step::Refuse(_) => "refuse",
+            Step::Delegate(_) => "delegate",
+            Step::RunTools(_) => "run_tools",
+            Step::EditPlan(_) => "edit_plan",
+            Step::ProposePatch(_) => "propose_patch",
+            Step::AskUser(_) => "ask_user",
+            Step::Summarize { .. } => "summarize",
+            Step::Clarify(_) => "clarify",
+            Step::RequestApproval(_) => "request_approval",
+            Step::Wait => "wait",
+            Step::Complete { .. } => "complete",
+            Step::Fail { .. } => "fail",
+            Step::Idle => "idle",
+        }
+    }
+
+    /// Whether `ev` is an event this step could have produced (or an input that may
+    /// arrive while in it). Replay verification calls this for every event after the
+    /// first: the prefix is folded, `next` decided, and the recorded event must fit.
+    pub fn admits(&self, ev: &Event) -> Result<(), String> {
+        if matches!(ev, Event::Cancelled(_) | Event::Unknown { .. }) {
+            return Ok(());
+        }
+        // A sub-agent's patch arrives from outside, whatever this session is doing.
+        match ev {
+            Event::PatchApplied(p) if p.from != crate::plan::SELF => return Ok(()),
+            Event::PatchRejected(p) if p.from != crate::plan::SELF => return Ok(()),
+            _ => {}
+        }
+        let ok = match (self, ev) {
+            (Step::CallModel { model, .. }, Event::ModelCalled(m)) => m.model == *model,
+            (Step::CallModel { model, .. }, Event::ModelFailed(m)) => m.model == *model,
+            (Step::Refuse(rs), Event::ToolReturned(t)) => {
+                t.error
+                    && rs.iter().any(|r| {
+                        r.call == t.call && r.error == t.output && r.kind == t.refusal_kind()
+                    })
+            }
+            (Step::Delegate(ds), Event::Delegated(d)) => ds.iter().any(|x| {
+                x.call == d.call && x.agent == d.agent && (d.shared || x.child == d.child)
+            }),
+            (Step::Delegate(ds), Event::CacheHit(h)) => ds.iter().any(|x| x.call == h.call),
+            // The shell refuses a resume whose token does not hold.
+            (Step::Delegate(ds), Event::ToolReturned(t)) => {
+                t.error && ds.iter().any(|x| x.call == t.call && x.resume.is_some())
+            }
+            (Step::AskUser(asks), Event::InputRequested(q)) => {
+                asks.iter().any(|a| Some(&a.call) == q.call.as_ref())
+            }
+            (Step::RequestApproval(v), Event::ApprovalRequested(r)) => {
+                v.iter().any(|a| a.call == r.call && a.tool == r.tool)
+            }
+            (Step::Wait, Event::InputProvided(_) | Event::ApprovalGiven(_)) => true,
+            (Step::Summarize { model, .. }, Event::ModelCalled(m)) => m.model == *model,
+            (Step::Summarize { model, .. }, Event::ModelFailed(m)) => m.model == *model,
+            (Step::Clarify(v), Event::Delegated(d)) => {
+                d.resumed && v.iter().any(|c| c.call == d.call && c.child == d.child)
+            }
+            (Step::Clarify(v), Event::ToolReturned(t)) => {
+                t.error && v.iter().any(|c| c.call == t.call)
+            }
+            // A finished session may be asked again (`chat: true`).
+            (Step::Idle, Event::ClarificationRequested(_)) => true,
+            // A root answered from the cache before its first model call.
+            (Step::CallModel { .. }, Event::CacheHit(h)) => h.call.is_empty(),
+            (Step::RunTools(rs), Event::ToolCalled(t)) => rs
+                .iter()
+                .any(|r| !r.resumed && r.call == t.call && r.tool == t.tool),
+            (Step::RunTools(rs), Event::ToolReturned(t)) => {
+                rs.iter().any(|r| r.resumed && r.call == t.call)
+            }
+            (Step::Wait, Event::ChildSettled(_)) => true,
+            (Step::EditPlan(e), Event::PatchApplied(p)) => {
+                p.call.as_deref() == Some(e.call.as_str()) && e.verdict == Ok(p.version)
+            }
+            (Step::EditPlan(e), Event::PatchRejected(p)) => {
+                p.call.as_deref() == Some(e.call.as_str())
+                    && e.verdict.as_ref().err() == Some(&p.reason)
+            }
+            (Step::ProposePatch(v), Event::ToolReturned(t)) => v.iter().any(|p| p.call == t.call),
+            (Step::Complete { answer }, Event::Completed(c)) => c.answer == *answer,
+            (Step::Fail { error }, Event::Failed(f)) => f.error == *error,
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "decided {}, log has {}",
+                self.describe(),
+                ev.kind()
+            ))
+        }
+    }
+
+    /// The step in a few words (`call_model(scripted:x)`, `run_tools(c1,c2)` …), for
+    /// divergence reports and dead-letter reasons.
+    pub fn describe(&self) -> String {
+        match self {
+            Step::CallModel { model, .. } => format!("call_model({model})"),
+            Step::Refuse(rs) => format!(
+                "refuse({})",
+                rs.iter()
+                    .map(|r| r.call.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Step::Delegate(ds) => format!(
+                "delegate({})",
+                ds.iter()
+                    .map(|d| d.child.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Step::RunTools(rs) => format!(
+                "run_tools({})",
+                rs.iter()
+                    .map(|r| r.call.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Step::Complete { .. } => "complete".into(),
+            Step::Fail { error } => format!("fail({error})"),
+            s => s.name().into(),
+        }
+    }
+}
+
+/// The mission as the model first reads it.
+pub fn mission_message(mission: &str, context: Option<&str>, inputs: &Value) -> String {
+    let mut m = mission.to_string();
+    if let Some(c) = context.filter(|c| !c.is_empty()) {
+        m.push_str("\n\nContext:\n");
+        m.push_str(c);
+    }
+    if !inputs.is_null() && inputs != &Value::Object(Default::default()) {
+        m.push_str("\n\nInputs:\n");
+        m.push_str(&crate::hash::canonical_json(inputs));
+    }
+    m
+}
+impl SessionState {
+    /// Decides the next step. `def` must be the definition recorded at submission.
+    pub fn next(&self, def: &AgentDef, limits: &Limits, catalog: &dyn Catalog) -> Step {
+        let Some(sub) = &self.submitted else {
+            return Step::Idle;
+        };
+        if self.status.is_terminal() {
+            return Step::Idle;
+        }
+        if let Some(answer) = &self.pending_answer {
+            if let Some(summary) = &self.summary {
+                let full = self.full_answer.as_deref().unwrap_or(answer);
+                let answer = if full == summary {
+                    summary.clone()
+                } else {
+                    format!(
+                        "{summary}\n\n[full answer: {} characters, blob {}]",
+                        full.chars().count(),
+                        blake3::hash(full.as_bytes()).to_hex()
+                    )
+                };
+                return Step::Complete { answer };
+            }
+            if let Some(sz) = &def.front.summarize {
+                let failed_out = self.model_failures >= MAX_MODEL_ATTEMPTS;
+                if answer.chars().count() > sz.max_chars && !failed_out && !self.model_failure_fatal
+                {
+                    return Step::Summarize {
+                        model: sz.model.clone().unwrap_or_else(|| def.front.model.clone()),
+                        max_chars: sz.max_chars,
+                    };
+                }
+            }
+            return Step::Complete {
+                answer: answer.clone(),
+            };
+        }
+        if !self.turn.is_empty() {
+            return self.next_in_turn(def, limits, catalog);
+        }
+        // A new model turn.
+        if self.model_failure_fatal || self.model_failures >= MAX_MODEL_ATTEMPTS {
+            return Step::Fail {
+                error: format!(
+                    "model call failed {} times: {}",
+                    self.model_failures,
+                    self.last_model_error.as_deref().unwrap_or("unknown error")
+                ),
+            };
+        }
+        if self.unreadable_turns >= limits.max_unreadable_turns.max(1) {
+            return Step::Fail {
+                error: format!(
+                    "the model's tool calls could not be read in {} turns in a row; the last: {}",
+                    self.unreadable_turns,
+                    self.last_unreadable.as_deref().unwrap_or("unknown")
+                ),
+            };
+        }
+        let max_steps = def.front.limits.max_steps.unwrap_or(limits.max_steps);
+        if self.steps >= max_steps {
+            return Step::Fail {
+                error: format!("step limit reached: {max_steps} model turns without an answer"),
+            };
+        }
+        if let Some(budget) = sub.budget.tokens {
+            let used = self.usage_total().total_tokens();
+            if used >= budget {
+                return Step::Fail {
+                    error: format!("token budget exhausted: used {used} of {budget} tokens"),
+                };
+            }
+        }
+        Step::CallModel {
+            model: def.front.model.clone(),
+            tool_names: self.allowed_tools(def).into_iter().collect(),
+        }
+    }
+
+    /// The tools this session may use: its definition's, plus `propose_patch` when it was
+    /// handed tasks of its parent's plan.
+    pub fn allowed_tools(&self, def: &AgentDef) -> BTreeSet<String> {
+        let mut t = def.allowed_tools();
+        if self.submitted.as_ref().is_some_and(|s| s.plan.is_some()) {
+            t.insert(RuntimeTool::ProposePatch.as_str().into());
+        }
+        t
+    }
+
+    /// What the model is told of plans: this session's own plan, and the tasks it was
+    /// handed of its parent's.
+    fn plan_notes(&self) -> (Option<String>, Option<String>, Value) {
+        let own = (!self.plan.is_empty()).then(|| {
+            format!(
+                "The plan you own (change it with `update_plan`; sub-agents you hand tasks \
+                 with `call_agent {{owns_tasks}}` may patch those):\n\n{}",
+                self.plan.render_markdown()
+            )
+        });
+        let grant = self.submitted.as_ref().and_then(|s| s.plan.as_ref());
+        let handed = grant.map(|g| {
+            let mut m = format!(
+                "You were handed these tasks of your parent's plan (version {}). Report \
+                 progress with `propose_patch {{base_version, ops}}`; on a conflict, rebase \
+                 on the version it names and propose again.\n",
+                g.version
+            );
+            for t in &g.tasks {
+                m.push_str(&format!(
+                    "- {} — {} ({})\n",
+                    t.id,
+                    t.title,
+                    t.status.as_str()
+                ));
+            }
+            m
+        });
+        let meta = match (grant, own.is_some()) {
+            (Some(g), _) => serde_json::json!({
+                "version": g.version,
+                "owns": g.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+            }),
+            (None, true) => serde_json::json!({
+                "version": self.plan.version,
+                "tasks": self.plan.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+            }),
+            (None, false) => Value::Null,
+        };
+        (own, handed, meta)
+    }
+
+    /// The request for the next model call: the system prompt, the mission, then the
+    /// transcript. Tool schemas are the shell's to add.
+    pub fn model_request(&self, def: &AgentDef) -> ModelRequest {
+        let sub = self.submitted.as_ref();
+        let (own_plan, handed, plan_meta) = self.plan_notes();
+        let mut messages = Vec::with_capacity(self.transcript.len() + 2);
+        let mut system = def.prompt.clone();
+        if let Some(p) = own_plan {
+            system.push_str("\n\n");
+            system.push_str(&p);
+        }
+        messages.push(Message::System { content: system });
+        let mut mission = sub
+            .map(|s| mission_message(&s.mission, s.context.as_deref(), &s.inputs))
+            .unwrap_or_default();
+        if let Some(h) = handed {
+            mission.push_str("\n\n");
+            mission.push_str(&h);
+        }
+        messages.push(Message::User { content: mission });
+        messages.extend(self.transcript.iter().cloned());
+        ModelRequest {
+            model: def.front.model.clone(),
+            messages,
+            tools: vec![],
+            temperature: def.front.temperature,
+            max_tokens: def.front.max_tokens,
+            prompt_cache: def.front.prompt_cache,
+            meta: RequestMeta {
+                session: self.id.as_ref().map(|i| i.to_string()).unwrap_or_default(),
+                agent: sub.map(|s| s.agent.clone()).unwrap_or_default(),
+                mission: sub.map(|s| s.mission.clone()).unwrap_or_default(),
+                context: sub.and_then(|s| s.context.clone()),
+                inputs: sub.map(|s| s.inputs.clone()).unwrap_or_default(),
+                plan: plan_meta,
+            },
+        }
+    }
+}
+
+pub(crate) fn join(set: &BTreeSet<String>) -> String {
+    if set.is_empty() {
+        "(no tools)".into()
+    } else {
+        set.iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
