@@ -1,0 +1,294 @@
+//! `SessionState`: a session's state as a fold over its log. The fold itself is in
+//! `fold.rs`; what a child's outcome tells its parent's model in `outcome.rs`.
+
+mod fold;
+mod outcome;
+
+pub use outcome::{call_agent_result, resume_reference};
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::event::{Envelope, Event, Outcome, Refused, Submitted};
+use crate::id::SessionId;
+use crate::message::{Message, ToolCall, Usage};
+use crate::runtime_tool::RuntimeTool;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// No `Submitted` yet.
+    New,
+    Running,
+    /// Waiting for children of the current turn.
+    Waiting,
+    AwaitingInput,
+    AwaitingApproval,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl Status {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Completed | Status::Failed | Status::Cancelled)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::New => "new",
+            Status::Running => "running",
+            Status::Waiting => "waiting",
+            Status::AwaitingInput => "awaiting_input",
+            Status::AwaitingApproval => "awaiting_approval",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Where one tool call of the current turn stands.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum SlotState {
+    /// Asked for by the model; nothing recorded yet.
+    Pending,
+    /// `ToolCalled` recorded, no `ToolReturned` yet.
+    Running,
+    /// A child session answers this call (`shared`: a run started by someone else).
+    Delegated {
+        child: SessionId,
+        allotted: Option<u64>,
+        shared: bool,
+    },
+    /// `ask_user`: waiting for a person's (or the parent's) answers.
+    Asked { token_id: String },
+    /// A tool that needs approval: waiting for it.
+    AwaitingApproval { token_id: String },
+    /// Approval given: the tool may run.
+    Approved,
+    /// The outcome the model will be shown.
+    Done { output: String, error: bool },
+}
+
+/// An open question of this session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingInput {
+    pub call: String,
+    /// Seq of the `InputRequested` event.
+    pub seq: u64,
+    pub token_id: String,
+    pub questions: Value,
+    pub context: Option<String>,
+    pub defaults: Value,
+}
+
+/// An open approval of this session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingApproval {
+    pub call: String,
+    pub seq: u64,
+    pub token_id: String,
+    pub tool: String,
+    pub preview: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Slot {
+    pub call: ToolCall,
+    pub state: SlotState,
+}
+
+/// A child this session started, and how it ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChildInfo {
+    pub call: String,
+    pub child: SessionId,
+    pub agent: String,
+    pub mission_hash: String,
+    /// None while it runs.
+    pub outcome: Option<&'static str>,
+    pub cached: bool,
+    /// Answered by an identical run someone else started (single-flight).
+    pub shared: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionState {
+    pub id: Option<SessionId>,
+    pub submitted: Option<Submitted>,
+    pub status: Status,
+    /// Messages after the system prompt and the mission: assistant turns and tool results.
+    pub transcript: Vec<Message>,
+    /// The tool calls of the current model turn, in the model's order.
+    pub turn: Vec<Slot>,
+    /// The text of the last model answer that had no tool calls (the answer to settle).
+    pub pending_answer: Option<String>,
+    /// Model turns recorded.
+    pub steps: u32,
+    /// Failed model calls since the last successful one.
+    pub model_failures: u32,
+    pub last_model_error: Option<String>,
+    /// The last model failure cannot succeed on a retry.
+    pub model_failure_fatal: bool,
+    /// Model turns in a row whose every tool call could not be read (arguments that are
+    /// not JSON, or no readable call at all), and the reason of the last one.
+    pub unreadable_turns: u32,
+    pub last_unreadable: Option<String>,
+    pub usage_own: Usage,
+    /// Usage rolled up from settled children.
+    pub usage_children: Usage,
+    /// What cache hits saved.
+    pub saved: Usage,
+    pub cache_hits: u32,
+    /// Delegations decided so far (the `N` of the next child id is this + 1).
+    pub delegations: u32,
+    pub children: BTreeMap<String, ChildInfo>,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    pub last_seq: u64,
+    /// Time of the first and of the latest event (ms).
+    pub started_at: u64,
+    pub updated_at: u64,
+    /// Events of kinds this build does not know, kept for display.
+    pub unknown_events: u32,
+    /// The summary of a long final answer (the agent's `summarize` setting), and the
+    /// answer it summarises.
+    pub summary: Option<String>,
+    pub full_answer: Option<String>,
+    pub pending_inputs: Vec<PendingInput>,
+    pub pending_approvals: Vec<PendingApproval>,
+    /// Token ids already answered (a token is good once).
+    pub used_tokens: std::collections::BTreeSet<String>,
+    /// The plan this session owns (empty unless it used `update_plan`).
+    pub plan: crate::plan::Plan,
+    /// Patches to this session's plan that were refused.
+    pub patches_rejected: u32,
+    /// Verdicts on sub-agents' proposals, by `from/call`: a proposal whose verdict is
+    /// recorded is never merged twice.
+    pub plan_verdicts: BTreeMap<String, Result<u64, crate::plan::Rejection>>,
+    /// Follow-up questions put to this session after it had answered (`chat: true`): its
+    /// latest answer is to the last of them, not to the mission it was started with.
+    pub follow_ups: u32,
+    /// Per child, the usage already rolled up into `usage_children`: a child that settles
+    /// again (after a follow-up question) reports its whole usage, of which only what is
+    /// new is added.
+    pub child_usage: BTreeMap<SessionId, Usage>,
+    /// References to resume tokens of paused children, as this session's model was shown
+    /// them: the runtime shows the model the tokens they stand for, and only these.
+    pub resume_refs: std::collections::BTreeSet<String>,
+    /// The reason the current turn's delegations were refused for the session's budget,
+    /// once the first of those refusals is recorded: the rest of the turn is refused alike.
+    pub turn_over_budget: Option<String>,
+}
+
+/// What stands for the call of a patch carried by a child's final answer.
+pub const RESULT_PATCH: &str = "result";
+
+/// The key of a sub-agent's proposal in [`SessionState::plan_verdicts`].
+pub fn verdict_key(from: &str, call: &str) -> String {
+    format!("{from}/{call}")
+}
+
+impl Default for SessionState {
+    fn default() -> Self {
+        Self {
+            id: None,
+            submitted: None,
+            status: Status::New,
+            transcript: vec![],
+            turn: vec![],
+            pending_answer: None,
+            steps: 0,
+            model_failures: 0,
+            last_model_error: None,
+            model_failure_fatal: false,
+            unreadable_turns: 0,
+            last_unreadable: None,
+            usage_own: Usage::default(),
+            usage_children: Usage::default(),
+            saved: Usage::default(),
+            cache_hits: 0,
+            delegations: 0,
+            children: BTreeMap::new(),
+            answer: None,
+            error: None,
+            last_seq: 0,
+            started_at: 0,
+            updated_at: 0,
+            unknown_events: 0,
+            summary: None,
+            full_answer: None,
+            pending_inputs: vec![],
+            pending_approvals: vec![],
+            used_tokens: Default::default(),
+            plan: Default::default(),
+            patches_rejected: 0,
+            plan_verdicts: Default::default(),
+            follow_ups: 0,
+            child_usage: BTreeMap::new(),
+            resume_refs: Default::default(),
+            turn_over_budget: None,
+        }
+    }
+}
+
+impl SessionState {
+    pub fn fold<'a>(events: impl IntoIterator<Item = &'a Envelope>) -> Self {
+        let mut s = Self::default();
+        for e in events {
+            s.apply(e);
+        }
+        s
+    }
+
+    /// Usage of this session and everything it started.
+    pub fn usage_total(&self) -> Usage {
+        let mut u = self.usage_own;
+        u.add(&self.usage_children);
+        u
+    }
+
+    /// Tokens still free in this session's budget, after its own usage, its settled
+    /// children and what outstanding children hold. None when unlimited.
+    pub fn tokens_free(&self) -> Option<u64> {
+        let budget = self.submitted.as_ref()?.budget.tokens?;
+        let held: u64 = self
+            .turn
+            .iter()
+            .filter_map(|s| match &s.state {
+                SlotState::Delegated { allotted, .. } => *allotted,
+                _ => None,
+            })
+            .sum();
+        Some(
+            budget
+                .saturating_sub(self.usage_total().total_tokens())
+                .saturating_sub(held),
+        )
+    }
+
+    /// Agents on the path from the root to this session, root first.
+    pub fn path_agents(&self) -> Vec<String> {
+        let Some(sub) = &self.submitted else {
+            return vec![];
+        };
+        let mut p = sub.ancestry.clone();
+        p.push(sub.agent.clone());
+        p
+    }
+
+    /// The children of the current turn that have not settled.
+    pub fn outstanding_children(&self) -> Vec<(String, SessionId)> {
+        self.turn
+            .iter()
+            .filter_map(|s| match &s.state {
+                SlotState::Delegated { child, .. } => Some((s.call.id.clone(), child.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}
