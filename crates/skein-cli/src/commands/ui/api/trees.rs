@@ -1,0 +1,300 @@
+//! Trees: the list of roots, starting one, a tree's rows, its timeline and its audit
+//! export.
+
+use super::*;
+
+#[derive(Deserialize, IntoParams)]
+pub struct SessionsQuery {
+    /// Only roots in this status (`running`, `awaiting_input`, `completed`, …).
+    pub status: Option<String>,
+    /// Only roots of this agent.
+    pub agent: Option<String>,
+    /// Only roots started at or after this time (ms since the Unix epoch).
+    pub since: Option<u64>,
+    /// Only roots whose mission contains this text (any case).
+    pub q: Option<String>,
+    /// At most this many, newest first (default 100).
+    pub limit: Option<usize>,
+}
+
+/// Root sessions, newest first: the rows of `skein sessions --json`.
+#[utoipa::path(get, path = "/api/sessions", tag = "trees", params(SessionsQuery),
+    responses((status = 200, description = "SessionRow objects, as `skein sessions --json`",
+        body = Vec<Object>)))]
+pub(super) async fn sessions(
+    State(ui): State<Arc<Ui>>,
+    Query(q): Query<SessionsQuery>,
+) -> ApiResult<Value> {
+    let needle =
+        q.q.as_deref()
+            .map(str::to_lowercase)
+            .filter(|s| !s.is_empty());
+    let mut rows = vec![];
+    for id in ui.backend.log.roots().await? {
+        let records = ui.backend.log.read(&id, 1).await?;
+        let f = fold_records(&id, &records)?;
+        let r = row(&id, &records, &f.state);
+        let keep = q
+            .status
+            .as_deref()
+            .is_none_or(|s| s.is_empty() || r.status == s)
+            && q.agent
+                .as_deref()
+                .is_none_or(|a| a.is_empty() || r.agent == a)
+            && q.since.is_none_or(|t| r.started_at >= t)
+            && needle
+                .as_deref()
+                .is_none_or(|n| r.mission.to_lowercase().contains(n));
+        if keep {
+            rows.push(r);
+        }
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.started_at));
+    rows.truncate(q.limit.unwrap_or(100));
+    Ok(Json(
+        serde_json::to_value(rows).map_err(|e| bad(e.to_string()))?,
+    ))
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct Start {
+    pub agent: String,
+    pub mission: String,
+    /// Root session id (a-z, 0-9, `-`, `_`); the same submission again is a no-op.
+    pub id: Option<String>,
+    pub context: Option<String>,
+    #[serde(default)]
+    pub no_cache: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Started {
+    pub session: String,
+}
+
+/// Starts a tree (as `skein run` / `skein submit`); it runs in this process on the
+/// embedded store, on the cluster's workers with --nats.
+#[utoipa::path(post, path = "/api/sessions", tag = "actions", request_body = Start,
+    responses((status = 200, body = Started), (status = 400, body = ErrorBody),
+        (status = 409, body = ErrorBody)))]
+pub(super) async fn start(State(ui): State<Arc<Ui>>, Json(s): Json<Start>) -> ApiResult<Started> {
+    let rt = ui.runtime()?;
+    if s.mission.trim().is_empty() {
+        return Err(bad("the mission is empty"));
+    }
+    let id = rt
+        .submit(Submission {
+            agent: s.agent,
+            mission: s.mission,
+            id: s.id.filter(|i| !i.is_empty()),
+            context: s.context.filter(|c| !c.is_empty()),
+            inputs: Value::Null,
+            budget: None,
+            no_cache: s.no_cache,
+            ..Default::default()
+        })
+        .await?;
+    Ok(Json(Started {
+        session: id.display(),
+    }))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct TreeView {
+    pub root: String,
+    /// As `skein tree --json`'s summary.
+    #[schema(value_type = Object)]
+    pub summary: Value,
+    /// SessionRow objects, parents before children.
+    #[schema(value_type = Vec<Object>)]
+    pub sessions: Value,
+    /// The plan the root owns now.
+    #[schema(value_type = Object)]
+    pub plan: Value,
+}
+
+/// One tree: every session, summarised (as `skein tree --json`).
+#[utoipa::path(get, path = "/api/trees/{root}", tag = "trees",
+    params(("root" = String, Path, description = "root session id")),
+    responses((status = 200, body = TreeView), (status = 404, body = ErrorBody)))]
+pub(super) async fn tree(
+    State(ui): State<Arc<Ui>>,
+    Path(root): Path<String>,
+) -> ApiResult<TreeView> {
+    let root = session_id(&root)?.root_id();
+    let rows = tree_rows(&ui.backend, &root).await?;
+    if rows.is_empty() {
+        return Err(not_found(&root));
+    }
+    let records = ui.records(&root).await?;
+    let f = fold_records(&root, &records)?;
+    Ok(Json(TreeView {
+        root: root.display(),
+        summary: json(&summarize(&rows))?,
+        sessions: json(&rows)?,
+        plan: json(&f.state.plan)?,
+    }))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Step {
+    /// `model`, `tool`, `cache` (a delegation answered from the cache) or `wait` (for a
+    /// person).
+    pub kind: String,
+    /// Model, tool or agent name.
+    pub name: String,
+    /// ms since the Unix epoch.
+    pub start: u64,
+    pub end: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cost: f64,
+    pub error: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Timeline {
+    pub session: String,
+    pub depth: u32,
+    pub agent: String,
+    pub status: String,
+    pub start: u64,
+    /// The terminal event's time, or the latest event's while it runs.
+    pub end: u64,
+    pub steps: Vec<Step>,
+}
+
+fn steps_of(records: &[Record]) -> Vec<Step> {
+    let mut out = vec![];
+    let mut open: std::collections::HashMap<String, usize> = Default::default();
+    let blank = |kind: &str, name: &str, start: u64, end: u64| Step {
+        kind: kind.into(),
+        name: name.into(),
+        start,
+        end,
+        input_tokens: 0,
+        output_tokens: 0,
+        cache_read_tokens: 0,
+        cost: 0.0,
+        error: false,
+    };
+    let mut waiting: Option<(usize, &str)> = None;
+    for r in records {
+        let at = r.env.at;
+        match &r.env.body {
+            Event::ModelCalled(m) => {
+                let mut s = blank("model", &m.model, at.saturating_sub(m.latency_ms), at);
+                s.input_tokens = m.usage.input_tokens;
+                s.output_tokens = m.usage.output_tokens;
+                s.cache_read_tokens = m.usage.cache_read_tokens;
+                s.cost = m.usage.cost;
+                out.push(s);
+            }
+            Event::ModelFailed(m) => {
+                let mut s = blank("model", &m.model, at, at);
+                s.error = true;
+                out.push(s);
+            }
+            Event::ToolCalled(t) => {
+                open.insert(t.call.clone(), out.len());
+                out.push(blank("tool", &t.tool, at, at));
+            }
+            Event::ToolReturned(t) => {
+                if let Some(&i) = open.get(&t.call) {
+                    out[i].end = at.max(out[i].start);
+                    out[i].error = t.error;
+                }
+            }
+            Event::CacheHit(h) => {
+                let mut s = blank("cache", &h.source.display(), at, at);
+                s.input_tokens = h.saved.input_tokens;
+                s.output_tokens = h.saved.output_tokens;
+                out.push(s);
+            }
+            Event::InputRequested(_) | Event::ApprovalRequested(_) => {
+                waiting = Some((out.len(), r.env.body.kind()));
+                out.push(blank("wait", r.env.body.kind(), at, at));
+            }
+            Event::InputProvided(_) | Event::ApprovalGiven(_) => {
+                if let Some((i, _)) = waiting.take() {
+                    out[i].end = at;
+                }
+            }
+            _ => {}
+        }
+    }
+    if let (Some((i, _)), Some(last)) = (waiting, records.last()) {
+        out[i].end = last.env.at.max(out[i].start);
+    }
+    out
+}
+
+/// The tree as a timeline: each session's span, and its model, tool, cache and waiting
+/// steps with their tokens and cost.
+#[utoipa::path(get, path = "/api/trees/{root}/timeline", tag = "trees",
+    params(("root" = String, Path, description = "root session id")),
+    responses((status = 200, body = Vec<Timeline>), (status = 404, body = ErrorBody)))]
+pub(super) async fn timeline(
+    State(ui): State<Arc<Ui>>,
+    Path(root): Path<String>,
+) -> ApiResult<Vec<Timeline>> {
+    let root = session_id(&root)?.root_id();
+    let rows = tree_rows(&ui.backend, &root).await?;
+    if rows.is_empty() {
+        return Err(not_found(&root));
+    }
+    let mut out = vec![];
+    for r in rows {
+        let id = session_id(&r.session)?;
+        let records = ui.backend.log.read(&id, 1).await?;
+        let last = records.last().map(|x| x.env.at).unwrap_or(r.started_at);
+        out.push(Timeline {
+            session: r.session,
+            depth: r.depth,
+            agent: r.agent,
+            status: r.status,
+            start: r.started_at,
+            end: r.ended_at.unwrap_or(last),
+            steps: steps_of(&records),
+        });
+    }
+    Ok(Json(out))
+}
+
+/// The audit export of a tree (as `skein audit export`): JSON lines, one event a line,
+/// then a manifest.
+#[utoipa::path(get, path = "/api/trees/{root}/audit", tag = "trees",
+    params(("root" = String, Path, description = "root (or any) session id: that session and everything under it")),
+    responses((status = 200, description = "JSON lines", content_type = "application/x-ndjson"),
+        (status = 404, body = ErrorBody)))]
+pub(super) async fn audit(
+    State(ui): State<Arc<Ui>>,
+    Path(root): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&root)?;
+    // The export writes to a `dyn Write`, which cannot cross an await of a handler's
+    // (sendable) future: it runs to the end on a blocking thread.
+    let (backend, source) = (ui.backend.clone(), id.clone());
+    let handle = tokio::runtime::Handle::current();
+    let buf = tokio::task::spawn_blocking(move || {
+        let mut buf: Vec<u8> = vec![];
+        handle
+            .block_on(skein_runtime::audit::export(&backend, &source, &mut buf))
+            .map(|_| buf)
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    let name = format!("{}.audit.jsonl", id.to_string().replace('.', "_"));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson".to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{name}\""),
+            ),
+        ],
+        buf,
+    )
+        .into_response())
+}
