@@ -391,10 +391,13 @@ async fn answering_a_question_on_the_page_resumes_the_tree_to_completed() {
         "document.querySelector('#inbox form.question input[name=version]')",
     )
     .await;
-    let badge = b
-        .js("document.querySelector('#tree .node .badge').textContent")
-        .await;
-    assert_eq!(badge, json!("awaiting input"));
+    // The inbox and the tree are fetched apart: the tree may show the pause a moment
+    // after the question does.
+    b.until(
+        "the tree awaiting input",
+        "document.querySelector('#tree .node .badge').textContent === 'awaiting input'",
+    )
+    .await;
     let question = b
         .js("document.querySelector('#inbox form.question').innerText")
         .await;

@@ -74,6 +74,9 @@ function showLogin() {
 // later and once for a burst, when events were appended; `onText` for streamed text.
 function follow(root, onEvent, onText) {
   if (S.source) S.source.close();
+  // A refresh still pending from the view before would run that view's reader and
+  // swallow this view's refreshes.
+  if (S.refresh) { clearTimeout(S.refresh); S.refresh = null; }
   const dot = document.getElementById("live");
   const src = new EventSource(`/api/live${root ? `?root=${enc(root)}` : ""}`);
   S.source = src;
@@ -83,7 +86,9 @@ function follow(root, onEvent, onText) {
     if (S.refresh) return;
     S.refresh = setTimeout(() => { S.refresh = null; const p = pending; pending = []; onEvent(p); }, 250);
   };
-  src.addEventListener("open", () => dot.classList.replace("off", "on"));
+  // Once the feed is open, the page is read again: what was appended between the first
+  // read and the subscription is not missed.
+  src.addEventListener("open", () => { dot.classList.replace("off", "on"); kick(null); });
   src.addEventListener("error", () => dot.classList.replace("on", "off"));
   src.addEventListener("event", (e) => kick(JSON.parse(e.data)));
   src.addEventListener("lagged", () => kick(null));
@@ -219,9 +224,14 @@ async function treeView(root) {
   const inbox = el("div");
   const plan = el("section", { id: "plan" });
   const answer = el("section", { id: "result" });
+  // Reads may overlap (a burst of events during a slow read): only the latest one
+  // renders, so an older read finishing last cannot leave the page stale.
+  let latest = 0;
   const load = async () => {
     if (S.view !== view) return;
+    const gen = ++latest;
     const t = await api(`/trees/${enc(root)}`);
+    if (gen !== latest) return;
     const rows = t.sessions;
     const r0 = rows[0];
     const s = t.summary;
@@ -233,7 +243,9 @@ async function treeView(root) {
       el("p", { class: "links" },
         el("a", { href: `/api/trees/${enc(root)}/audit`, download: `${root}.audit.jsonl`, id: "audit" }, "Download the audit export"),
         " · ", el("a", { href: `#/session/${enc(root)}` }, "root's log")));
-    inbox.replaceChildren(await inboxSection(root, load));
+    const inboxEl = await inboxSection(root, load);
+    if (gen !== latest) return;
+    inbox.replaceChildren(inboxEl);
     // The tree, nested by depth.
     const byParent = new Map();
     for (const r of rows) {
@@ -248,10 +260,13 @@ async function treeView(root) {
         el("span", { class: "stats" }, `${r.steps} turns · ${r.tool_calls} tools · ${tokens(r.usage)} tok · ${cost(r.usage)}${r.cache_hits ? ` · ${r.cache_hits} cached` : ""}`)),
       byParent.has(r.session) ? branch(r.session) : null)));
     tree.replaceChildren(el("h2", {}, "Sessions"), branch(""));
-    timeline.replaceChildren(el("h2", {}, "Timeline"), await gantt(root));
+    const chart = await gantt(root);
+    if (gen !== latest) return;
+    timeline.replaceChildren(el("h2", {}, "Timeline"), chart);
     plan.replaceChildren();
     if (t.plan && t.plan.tasks && t.plan.tasks.length) {
       const p = await api(`/sessions/${enc(root)}/plan`);
+      if (gen !== latest) return;
       plan.append(el("h2", {}, "Plan"), el("pre", { class: "plan" }, p.markdown));
     }
     answer.replaceChildren();
