@@ -543,50 +543,35 @@ fn tasks_handed_to_a_sub_agent_must_be_in_the_plan() {
         .then_refused("c1", "owns_tasks: no task `t9` in your plan (version 1)");
 }
 
-#[test]
-fn a_delegation_refused_for_its_plan_tasks_takes_no_child_number() {
-    let then = given(team(), "boss")
-        .events([
-            submitted("boss"),
-            turn(&[("p1", "update_plan", two_tasks())], 10),
-            plan_applied("p1", "boss", two_tasks(), 1),
-            turn(
-                &[
-                    (
-                        "c1",
-                        "call_agent",
-                        json!({"agent": "expert", "mission": "m", "owns_tasks": ["t9"]}),
-                    ),
-                    ("c2", "call_agent", call("expert", "measure")),
-                ],
-                10,
-            ),
-        ])
-        .when_deciding();
-    then.then_refused("c1", "owns_tasks: no task `t9`");
-    // Once c1's refusal is recorded, c2 is the session's first child.
-    let ds = plan_with_refused_c1()
-        .when_deciding()
-        .then_delegates(&["c2"]);
-    assert_eq!(ds[0].child, expert_child());
-}
-
-fn plan_with_refused_c1() -> kit::Given {
-    given(team(), "boss").events([
+/// boss's plan of t1 and t2, and a turn whose c1 hands out a task that is not in it and
+/// whose c2 asks for a plain child; `more` is appended after the turn.
+fn plan_then_c1_bad_task(more: Vec<skein_core::Event>) -> kit::Given {
+    let bad = json!({"agent": "expert", "mission": "m", "owns_tasks": ["t9"]});
+    let mut log = vec![
         submitted("boss"),
         turn(&[("p1", "update_plan", two_tasks())], 10),
         plan_applied("p1", "boss", two_tasks(), 1),
         turn(
             &[
-                (
-                    "c1",
-                    "call_agent",
-                    json!({"agent": "expert", "mission": "m", "owns_tasks": ["t9"]}),
-                ),
+                ("c1", "call_agent", bad),
                 ("c2", "call_agent", call("expert", "measure")),
             ],
             10,
         ),
-        skein_core::Event::tool_error("c1", "call_agent: owns_tasks: no task `t9`"),
-    ])
+    ];
+    log.extend(more);
+    given(team(), "boss").events(log)
+}
+
+#[test]
+fn a_delegation_refused_for_its_plan_tasks_takes_no_child_number() {
+    plan_then_c1_bad_task(vec![])
+        .when_deciding()
+        .then_refused("c1", "owns_tasks: no task `t9`");
+    // Once c1's refusal is recorded, c2 is the session's first child.
+    let refused = skein_core::Event::tool_error("c1", "call_agent: owns_tasks: no task `t9`");
+    let ds = plan_then_c1_bad_task(vec![refused])
+        .when_deciding()
+        .then_delegates(&["c2"]);
+    assert_eq!(ds[0].child, expert_child());
 }
