@@ -138,13 +138,20 @@ function inboxItem(it, done) {
     msg);
 }
 
-async function inboxSection(root, refresh) {
-  const box = el("section", { id: "inbox" });
-  if (!S.info.writable) return box;
+// Reads the inbox into `holder`. A card still waiting keeps its element, so a live
+// refresh never wipes an answer being typed or moves the focus out of it.
+async function fillInbox(holder, root, refresh, stale) {
+  if (!S.info.writable) return;
   const items = await api(`/inbox${root ? `?root=${enc(root)}` : ""}`);
-  if (items.length === 0) return box;
-  box.append(el("h2", {}, "Waiting for you"), ...items.map((it) => inboxItem(it, refresh)));
-  return box;
+  if (stale && stale()) return;
+  const keys = items.map((it) => it.token).join("\n");
+  if (holder.dataset.keys === keys) return;
+  const kept = holder.cards || new Map();
+  const cards = new Map(items.map((it) => [it.token, kept.get(it.token) || inboxItem(it, refresh)]));
+  holder.cards = cards;
+  holder.dataset.keys = keys;
+  if (items.length === 0) holder.replaceChildren();
+  else holder.replaceChildren(el("section", { id: "inbox" }, el("h2", {}, "Waiting for you"), ...cards.values()));
 }
 
 // ---- the sessions list --------------------------------------------------------------
@@ -180,7 +187,7 @@ async function sessionsView() {
           el("td", {}, r.agent), el("td", {}, badge(r.status)), el("td", {}, fmtTime(r.started_at)),
           el("td", {}, fmtMs(r.wall_ms)), el("td", {}, tokens(r.usage_total)),
           el("td", { class: "mission" }, r.mission.length > 120 ? `${r.mission.slice(0, 120)}…` : r.mission)))))));
-    inbox.replaceChildren(await inboxSection(null, load));
+    await fillInbox(inbox, null, load);
   };
   const filters = el("form", {
     class: "filters", onsubmit: (e) => { e.preventDefault(); load(); },
@@ -243,9 +250,8 @@ async function treeView(root) {
       el("p", { class: "links" },
         el("a", { href: `/api/trees/${enc(root)}/audit`, download: `${root}.audit.jsonl`, id: "audit" }, "Download the audit export"),
         " · ", el("a", { href: `#/session/${enc(root)}` }, "root's log")));
-    const inboxEl = await inboxSection(root, load);
+    await fillInbox(inbox, root, load, () => gen !== latest);
     if (gen !== latest) return;
-    inbox.replaceChildren(inboxEl);
     // The tree, nested by depth.
     const byParent = new Map();
     for (const r of rows) {
