@@ -16,15 +16,18 @@ pub enum RuntimeTool {
     UpdatePlan,
     /// A sub-agent's proposed change to tasks of its parent's plan it was handed.
     ProposePatch,
+    /// A router's exit: the request goes on to one of its destinations.
+    HandoffTo,
 }
 
 impl RuntimeTool {
-    pub const ALL: [RuntimeTool; 5] = [
+    pub const ALL: [RuntimeTool; 6] = [
         RuntimeTool::CallAgent,
         RuntimeTool::AskClarification,
         RuntimeTool::AskUser,
         RuntimeTool::UpdatePlan,
         RuntimeTool::ProposePatch,
+        RuntimeTool::HandoffTo,
     ];
 
     /// The tool's name, as the model calls it and the log records it.
@@ -35,6 +38,7 @@ impl RuntimeTool {
             RuntimeTool::AskUser => "ask_user",
             RuntimeTool::UpdatePlan => "update_plan",
             RuntimeTool::ProposePatch => "propose_patch",
+            RuntimeTool::HandoffTo => "handoff_to",
         }
     }
 
@@ -73,7 +77,8 @@ mod tests {
                 "ask_clarification",
                 "ask_user",
                 "update_plan",
-                "propose_patch"
+                "propose_patch",
+                "handoff_to"
             ]
         );
         for other in ["read_file", "Call_Agent", "call_agent ", ""] {

@@ -62,6 +62,7 @@ impl Given {
             forked_from: None,
             pool: None,
             plan: None,
+            request: None,
         }));
         g
     }

@@ -129,6 +129,7 @@ fn run(actions: &[Action], policy: UnlinkPolicy) -> (Plan, Vec<Envelope>, u32) {
         forked_from: None,
         pool: None,
         plan: None,
+        request: None,
     }));
     let mut plan = Plan::default();
     let mut rejected = 0;

@@ -160,6 +160,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
             forked_from: None,
             pool: None,
             plan: None,
+            request: None,
         }),
         &mut log,
         &mut state,
@@ -405,6 +406,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                 break;
             }
             Step::EditPlan(e) => push(e.into_event(), &mut log, &mut state),
+            Step::Orchestrate(e) => push(*e, &mut log, &mut state),
             // The generated agents neither summarise nor ask follow-ups, and no generated
             // session was handed tasks.
             Step::Idle | Step::Summarize { .. } | Step::Clarify(_) | Step::ProposePatch(_) => break,
@@ -603,6 +605,7 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
             forked_from: None,
             pool: None,
             plan: None,
+            request: None,
         }),
         &mut state,
     );

@@ -2,6 +2,7 @@
 //! it is decided, then the step it must take or the refusal that names why.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[allow(dead_code)]
 mod kit;
 
 use kit::{

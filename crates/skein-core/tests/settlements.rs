@@ -67,6 +67,7 @@ fn submitted(budget: Option<u64>) -> Event {
         forked_from: None,
         pool: None,
         plan: None,
+        request: None,
     })
 }
 

@@ -174,8 +174,15 @@ fn template_context(req: &ModelRequest, turn: usize) -> Value {
             _ => {}
         }
     }
+    // The request as the model first read it: the mission with whatever the runtime put
+    // around it (the advisors' notes, a handoff's blocks, handed plan tasks).
+    let prompt = req.messages.iter().find_map(|m| match m {
+        Message::User { content } => Some(content.clone()),
+        _ => None,
+    });
     serde_json::json!({
         "mission": req.meta.mission,
+        "prompt": prompt,
         "context": req.meta.context,
         "inputs": req.meta.inputs,
         "plan": req.meta.plan,

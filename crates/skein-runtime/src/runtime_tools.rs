@@ -49,6 +49,35 @@ pub fn call_agent_spec(def: &AgentDef) -> ToolSpec {
     }
 }
 
+/// `handoff_to`: a router's exit, with `agent` an enum of its destinations. None for an
+/// agent that is not a router.
+pub fn handoff_to_spec(def: &AgentDef) -> Option<ToolSpec> {
+    let router = def.front.router.as_ref()?;
+    Some(ToolSpec {
+        name: RuntimeTool::HandoffTo.as_str().into(),
+        description: "Hand the user's request on to one of your destinations and end your \
+                      session: the destination answers in your place. Call it alone in its \
+                      turn. Answer yourself instead when the request needs no specialist."
+            .into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "agent": {
+                    "type": "string",
+                    "enum": router.destinations,
+                    "description": "The destination that takes the request."
+                },
+                "message": {
+                    "type": "string",
+                    "description": "A note for the destination, shown beside the request."
+                }
+            },
+            "required": ["agent"],
+            "additionalProperties": false
+        }),
+    })
+}
+
 /// `ask_clarification`: a follow-up question to a finished `chat: true` sub-agent.
 pub fn ask_clarification_spec() -> ToolSpec {
     ToolSpec {

@@ -268,6 +268,7 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
             forked_from: None,
             pool: None,
             plan: None,
+            request: None,
         }),
         &mut out,
     )?;

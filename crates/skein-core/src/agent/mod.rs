@@ -21,7 +21,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     RuntimeTool::AskUser.as_str(),
     RuntimeTool::ProposePatch.as_str(),
     RuntimeTool::UpdatePlan.as_str(),
-    "handoff_to",
+    RuntimeTool::HandoffTo.as_str(),
     "team_broadcast",
     RuntimeTool::AskClarification.as_str(),
     "read_file",
@@ -93,7 +93,7 @@ pub const SIDE_EFFECT_FREE_TOOLS: &[&str] = &[
     RuntimeTool::AskClarification.as_str(),
     RuntimeTool::UpdatePlan.as_str(),
     RuntimeTool::ProposePatch.as_str(),
-    "handoff_to",
+    RuntimeTool::HandoffTo.as_str(),
     "team_broadcast",
 ];
 
@@ -341,7 +341,7 @@ impl AgentDef {
             t.insert(RuntimeTool::CallAgent.as_str().into());
         }
         if self.front.router.is_some() {
-            t.insert("handoff_to".into());
+            t.insert(RuntimeTool::HandoffTo.as_str().into());
         }
         t
     }

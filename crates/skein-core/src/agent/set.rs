@@ -126,6 +126,42 @@ impl AgentSet {
                     out.push(format!("{origin}: agent `{name}` names unknown tool `{t}`"));
                 }
             }
+            if f.tools.iter().any(|t| RuntimeTool::HandoffTo.is(t)) && f.router.is_none() {
+                out.push(format!(
+                    "{origin}: agent `{name}` lists `handoff_to`, the exit of a router, but \
+                     has no `router: {{destinations}}`"
+                ));
+            }
+            if f.team.is_some() || f.tools.iter().any(|t| t == "team_broadcast") {
+                out.push(format!(
+                    "{origin}: agent `{name}` declares a team (`team` or `team_broadcast`), \
+                     which this build does not run yet; see the README's \"Not built yet\""
+                ));
+            }
+            for a in &f.advisors {
+                if let Some(adv) = self.agents.get(a.as_str()) {
+                    if adv.front.router.is_some() || adv.front.team.is_some() {
+                        out.push(format!(
+                            "{origin}: agent `{name}` advisors name `{a}`, a router or team; an \
+                             advisor only advises and must not hand the request on"
+                        ));
+                    }
+                }
+            }
+            if let Some(t) = &f.team {
+                for m in &t.members {
+                    if self
+                        .agents
+                        .get(m.as_str())
+                        .is_some_and(|d| d.front.handoff.is_some())
+                    {
+                        out.push(format!(
+                            "{origin}: agent `{name}` team member `{m}` declares `handoff`; a \
+                             member's only exit is its last broadcast"
+                        ));
+                    }
+                }
+            }
             let mut refs: Vec<(&str, &String)> = vec![];
             refs.extend(f.agents.iter().map(|a| ("agents", a)));
             refs.extend(f.handoff.iter().map(|a| ("handoff", a)));

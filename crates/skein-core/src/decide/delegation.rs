@@ -59,6 +59,7 @@ impl Turn<'_> {
                     answers,
                 }),
                 grant: None,
+                request: None,
             });
         }
         let mission = args
@@ -206,6 +207,7 @@ impl Turn<'_> {
             ancestry: self.path.clone(),
             resume: None,
             grant,
+            request: None,
         })
     }
 }

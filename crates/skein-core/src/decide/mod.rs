@@ -18,6 +18,7 @@ use crate::limits::{Budget, Limits};
 use crate::message::{Message, ModelRequest, RequestMeta};
 
 mod delegation;
+mod pattern;
 mod turn;
 use crate::event::Refused;
 use crate::runtime_tool::RuntimeTool;
@@ -90,6 +91,8 @@ pub struct Delegation {
     pub resume: Option<Resume>,
     /// Tasks of this session's plan handed to the child, as they stand now.
     pub grant: Option<crate::event::PlanGrant>,
+    /// The original request, for a child that is a step of a pattern chain.
+    pub request: Option<String>,
 }
 
 /// The plan owner's own `update_plan` call, merged by the rules: the shell records
@@ -235,6 +238,9 @@ pub enum Step {
     /// The final answer is longer than the agent's `summarize.max_chars`: ask `model` for
     /// a summary (recorded as `ModelCalled`); the full answer goes to the blob store.
     Summarize { model: String, max_chars: usize },
+    /// Record this pattern event (`HandedOff`, `Routed`, `AdvisorsConsulted`): it opens
+    /// a turn of the pattern's children, delegated next like any.
+    Orchestrate(Box<Event>),
     /// Finish with this answer.
     Complete { answer: String },
     /// Finish with this error.
@@ -257,6 +263,7 @@ impl Step {
             Step::Clarify(_) => "clarify",
             Step::RequestApproval(_) => "request_approval",
             Step::Wait => "wait",
+            Step::Orchestrate(_) => "orchestrate",
             Step::Complete { .. } => "complete",
             Step::Fail { .. } => "fail",
             Step::Idle => "idle",
@@ -327,6 +334,11 @@ impl Step {
                     && e.verdict.as_ref().err() == Some(&p.reason)
             }
             (Step::ProposePatch(v), Event::ToolReturned(t)) => v.iter().any(|p| p.call == t.call),
+            (Step::Orchestrate(e), ev) if **e == *ev => true,
+            // A root with advisors answered from the cache before consulting them.
+            (Step::Orchestrate(e), Event::CacheHit(h)) => {
+                matches!(**e, Event::AdvisorsConsulted(_)) && h.call.is_empty()
+            }
             (Step::Complete { answer }, Event::Completed(c)) => c.answer == *answer,
             (Step::Fail { error }, Event::Failed(f)) => f.error == *error,
             _ => false,
@@ -368,6 +380,7 @@ impl Step {
                     .collect::<Vec<_>>()
                     .join(",")
             ),
+            Step::Orchestrate(e) => format!("orchestrate({})", e.kind()),
             Step::Complete { .. } => "complete".into(),
             Step::Fail { error } => format!("fail({error})"),
             s => s.name().into(),
@@ -397,7 +410,15 @@ impl SessionState {
         if self.status.is_terminal() {
             return Step::Idle;
         }
+        if let Some(error) = &self.pattern_error {
+            return Step::Fail {
+                error: error.clone(),
+            };
+        }
         if let Some(answer) = &self.pending_answer {
+            if let Some(step) = self.hand_off(def, answer) {
+                return step;
+            }
             if let Some(summary) = &self.summary {
                 let full = self.full_answer.as_deref().unwrap_or(answer);
                 let answer = if full == summary {
@@ -461,6 +482,9 @@ impl SessionState {
                 };
             }
         }
+        if let Some(step) = self.consult(def) {
+            return step;
+        }
         Step::CallModel {
             model: def.front.model.clone(),
             tool_names: self.allowed_tools(def).into_iter().collect(),
@@ -487,7 +511,7 @@ impl SessionState {
                 self.plan.render_markdown()
             )
         });
-        let grant = self.submitted.as_ref().and_then(|s| s.plan.as_ref());
+        let grant = self.submitted.as_ref().and_then(|s| s.plan.as_deref());
         let handed = grant.map(|g| {
             let mut m = format!(
                 "You were handed these tasks of your parent's plan (version {}). Report \
@@ -534,6 +558,9 @@ impl SessionState {
         let mut mission = sub
             .map(|s| mission_message(&s.mission, s.context.as_deref(), &s.inputs))
             .unwrap_or_default();
+        if let Some(advice) = &self.advice {
+            mission = advice.compose(&mission);
+        }
         if let Some(h) = handed {
             mission.push_str("\n\n");
             mission.push_str(&h);

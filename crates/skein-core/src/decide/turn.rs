@@ -48,6 +48,7 @@ struct Sorted {
     approvals: Vec<ApprovalAsk>,
     clarifications: Vec<Clarify>,
     proposals: Vec<Proposal>,
+    routes: Vec<crate::event::Routed>,
 }
 
 fn refusal(call: &ToolCall, error: String) -> Refusal {
@@ -76,6 +77,9 @@ impl SessionState {
         catalog: &dyn Catalog,
     ) -> Step {
         let mut turn = Turn::new(self, def, limits, catalog);
+        if let Some(kind) = self.pattern {
+            return turn.pattern_step(kind);
+        }
         if let Some(step) = turn.plan_edit() {
             return step;
         }
@@ -256,6 +260,10 @@ impl<'a> Turn<'a> {
                     .refusals
                     .push(refusal(call, format!("propose_patch: {e}"))),
             },
+            Some(RuntimeTool::HandoffTo) => match self.route_of(call) {
+                Ok(r) => out.routes.push(r),
+                Err(e) => out.refusals.push(refusal(call, e)),
+            },
             Some(RuntimeTool::AskUser) => match ask_of(call) {
                 Ok(a) => out.asks.push(a),
                 Err(e) => out.refusals.push(refusal(call, e)),
@@ -289,6 +297,9 @@ impl<'a> Turn<'a> {
     fn choose(&self, s: Sorted) -> Step {
         if !s.refusals.is_empty() {
             return Step::Refuse(s.refusals);
+        }
+        if let Some(r) = s.routes.into_iter().next() {
+            return Step::Orchestrate(Box::new(crate::event::Event::Routed(r)));
         }
         if !s.delegations.is_empty() {
             return self.fit_budget(s.delegations);
@@ -413,7 +424,7 @@ impl<'a> Turn<'a> {
 
 impl SessionState {
     /// Children without an explicit budget get an equal share of what is free.
-    fn share_budget(&self, ds: &mut [Delegation]) {
+    pub(super) fn share_budget(&self, ds: &mut [Delegation]) {
         let Some(free) = self.tokens_free() else {
             return;
         };

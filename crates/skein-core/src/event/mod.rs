@@ -11,7 +11,10 @@ use serde_json::Value;
 use crate::id::SessionId;
 use crate::limits::Budget;
 use crate::message::{ModelResponse, Usage};
+mod pattern;
 mod record;
+
+pub use pattern::{AdvisorsConsulted, HandedOff, PatternCall, Routed};
 
 pub use record::{genesis_hash, record_hash, verify_chain, ChainBreak, Envelope, Record};
 
@@ -75,7 +78,12 @@ pub struct Submitted {
     pub pool: Option<String>,
     /// The tasks of the parent's plan this session was handed, as they stood then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub plan: Option<PlanGrant>,
+    pub plan: Option<Box<PlanGrant>>,
+    /// The request a pattern chain started from, when this session is a step of one
+    /// (a handoff target, a router's destination): what its own handoff passes on as
+    /// the original request. Its mission holds it already, in a tagged block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
 }
 
 /// Tasks of a parent's plan handed to a child with its delegation.
@@ -370,6 +378,9 @@ pub enum Event {
     PatchApplied(PatchApplied),
     PatchRejected(PatchRejected),
     ClarificationRequested(ClarificationRequested),
+    HandedOff(HandedOff),
+    Routed(Routed),
+    AdvisorsConsulted(AdvisorsConsulted),
     Completed(Completed),
     Failed(Failed),
     Cancelled(Cancelled),
@@ -399,6 +410,9 @@ pub const KINDS: &[&str] = &[
     "PatchApplied",
     "PatchRejected",
     "ClarificationRequested",
+    "HandedOff",
+    "Routed",
+    "AdvisorsConsulted",
     "Completed",
     "Failed",
     "Cancelled",
@@ -422,6 +436,9 @@ impl Event {
             Event::PatchApplied(_) => "PatchApplied",
             Event::PatchRejected(_) => "PatchRejected",
             Event::ClarificationRequested(_) => "ClarificationRequested",
+            Event::HandedOff(_) => "HandedOff",
+            Event::Routed(_) => "Routed",
+            Event::AdvisorsConsulted(_) => "AdvisorsConsulted",
             Event::Completed(_) => "Completed",
             Event::Failed(_) => "Failed",
             Event::Cancelled(_) => "Cancelled",

@@ -27,6 +27,11 @@ impl SessionState {
             return;
         }
         self.turn_over_budget = None;
+        if let Some(kind) = self.pattern.take() {
+            let slots = std::mem::take(&mut self.turn);
+            self.close_pattern(kind, slots);
+            return;
+        }
         for slot in std::mem::take(&mut self.turn) {
             if let SlotState::Done { output, error } = slot.state {
                 self.transcript.push(Message::Tool {
@@ -164,7 +169,11 @@ impl SessionState {
                     usage: Usage::default(),
                     steps: h.steps,
                 };
-                let (output, error) = call_agent_result(&h.source, &outcome, true);
+                let (output, error) = if self.pattern.is_some() {
+                    (h.answer.clone(), false)
+                } else {
+                    call_agent_result(&h.source, &outcome, true)
+                };
                 let agent = self
                     .slot_mut(&h.call)
                     .and_then(|s| s.call.args.get("agent").and_then(Value::as_str))
@@ -220,7 +229,21 @@ impl SessionState {
                         Outcome::NeedsInput { .. } => "needs_input",
                     });
                 }
-                let (output, error) = call_agent_result(&c.child, &c.outcome, false);
+                let (output, error) = match (self.pattern, &c.outcome) {
+                    (None, _) => call_agent_result(&c.child, &c.outcome, false),
+                    (Some(_), Outcome::Completed { answer, .. }) => (answer.clone(), false),
+                    (Some(_), Outcome::Failed { error, .. }) => (error.clone(), true),
+                    (Some(PatternKind::Advisors), Outcome::NeedsInput { questions, .. }) => (
+                        format!(
+                            "it stopped to ask questions, which an advisor cannot: {questions}"
+                        ),
+                        true,
+                    ),
+                    // A handoff target or a route's destination that asks a question waits
+                    // for its answer (the question is in the tree's inbox); this session
+                    // waits with it.
+                    (Some(_), Outcome::NeedsInput { .. }) => return self.refresh_waiting(),
+                };
                 self.finish_slot(&c.call, output, error);
             }
             Event::InputRequested(q) => {
@@ -328,6 +351,8 @@ impl SessionState {
                 // A finished session is asked again: it reopens with the question.
                 if self.status == Status::Completed {
                     self.status = Status::Running;
+                    self.handed_off = false;
+                    self.answer_from = None;
                     self.answer = None;
                     self.pending_answer = None;
                     self.summary = None;
@@ -341,6 +366,17 @@ impl SessionState {
                     ),
                 });
             }
+            Event::HandedOff(h) => {
+                self.open_pattern(PatternKind::Handoff, std::slice::from_ref(&h.next))
+            }
+            Event::Routed(r) => {
+                // The model's `handoff_to` call is answered, its turn closes, and the
+                // destination's call opens the next.
+                let output = format!("handed to `{}`", r.next.agent);
+                self.finish_slot(&r.call, output, false);
+                self.open_pattern(PatternKind::Route, std::slice::from_ref(&r.next));
+            }
+            Event::AdvisorsConsulted(a) => self.open_pattern(PatternKind::Advisors, &a.advisors),
             Event::Completed(c) => {
                 self.status = Status::Completed;
                 self.answer = Some(c.answer.clone());

@@ -3,8 +3,10 @@
 
 mod fold;
 mod outcome;
+mod pattern;
 
 pub use outcome::{call_agent_result, resume_reference};
+pub use pattern::{block_nonce, handoff_mission, route_mission, Advice, AdviceNote, PatternKind};
 
 use std::collections::BTreeMap;
 
@@ -183,6 +185,18 @@ pub struct SessionState {
     /// The reason the current turn's delegations were refused for the session's budget,
     /// once the first of those refusals is recorded: the rest of the turn is refused alike.
     pub turn_over_budget: Option<String>,
+    /// The pattern whose calls make up the current turn (a handoff, a route, the
+    /// advisors), if the turn is a pattern's.
+    pub pattern: Option<PatternKind>,
+    /// The pending answer is the end of a handoff already made: it is not handed on again.
+    pub handed_off: bool,
+    /// The agent whose answer is pending, when it is not this session's own (a handoff
+    /// target's or a router's destination's).
+    pub answer_from: Option<String>,
+    /// What the advisors said, once they all have: it enters the first prompt.
+    pub advice: Option<Advice>,
+    /// A handoff or a route whose child failed: the session fails with this.
+    pub pattern_error: Option<String>,
 }
 
 /// What stands for the call of a patch carried by a child's final answer.
@@ -232,6 +246,11 @@ impl Default for SessionState {
             child_usage: BTreeMap::new(),
             resume_refs: Default::default(),
             turn_over_budget: None,
+            pattern: None,
+            handed_off: false,
+            answer_from: None,
+            advice: None,
+            pattern_error: None,
         }
     }
 }

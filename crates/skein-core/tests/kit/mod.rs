@@ -196,6 +196,25 @@ impl Then {
         );
     }
 
+    /// Then a pattern event is recorded (a handoff, a route, the advisors consulted).
+    pub fn then_orchestrates(self) -> Event {
+        let Step::Orchestrate(e) = self.step else {
+            panic!("expected a pattern event, decided {:?}", self.step)
+        };
+        *e
+    }
+
+    /// Then the session completes with this answer.
+    pub fn then_completes(self, answer: &str) {
+        let Step::Complete { answer: got } = &self.step else {
+            panic!(
+                "expected completion with {answer:?}, decided {:?}",
+                self.step
+            )
+        };
+        assert_eq!(got, answer, "the answer");
+    }
+
     /// Then the session fails, and the error names `reason`.
     pub fn then_fails(self, reason: &str) -> String {
         let Step::Fail { error } = self.step else {
@@ -264,6 +283,7 @@ pub fn submitted_with(agent: &str, depth: u32, ancestry: &[&str], budget: Option
         forked_from: None,
         pool: None,
         plan: None,
+        request: None,
     })
 }
 
@@ -323,6 +343,35 @@ pub fn child_completed(call: &str, child: &SessionId, answer: &str) -> Event {
             usage: Usage::default(),
             steps: 1,
         },
+    })
+}
+
+/// The sub-agent `child` started for `call` failed with `error`.
+pub fn child_failed(call: &str, child: &SessionId, error: &str) -> Event {
+    Event::ChildSettled(ChildSettled {
+        call: call.into(),
+        child: child.clone(),
+        outcome: Outcome::Failed {
+            error: error.into(),
+            usage: Usage::default(),
+            steps: 1,
+        },
+    })
+}
+
+/// A model turn that answered `text` (no tool calls).
+pub fn answered(text: &str) -> Event {
+    Event::ModelCalled(ModelCalled {
+        model: "scripted".into(),
+        request_digest: String::new(),
+        response: ModelResponse {
+            content: Some(text.into()),
+            tool_calls: vec![],
+            finish_reason: None,
+        },
+        usage: Usage::default(),
+        latency_ms: 0,
+        worker: String::new(),
     })
 }
 

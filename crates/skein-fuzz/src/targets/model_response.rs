@@ -85,6 +85,7 @@ impl Responses {
             forked_from: None,
             pool: None,
             plan: None,
+            request: None,
         });
         let base = SessionState::fold(&[Envelope::new(
             session.clone(),

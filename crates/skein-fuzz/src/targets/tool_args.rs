@@ -159,6 +159,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
             forked_from: None,
             pool: None,
             plan: None,
+            request: None,
         }),
         Event::ModelCalled(ModelCalled {
             model: def.front.model.clone(),

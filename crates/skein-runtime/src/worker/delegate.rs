@@ -127,7 +127,8 @@ impl Runtime {
                 no_cache: parent_sub.no_cache || d.grant.is_some(),
                 forked_from: None,
                 pool: pool.clone(),
-                plan: d.grant.clone(),
+                plan: d.grant.clone().map(Box::new),
+                request: d.request.clone(),
             };
             creations.push((d.child.clone(), child_def, submitted));
             jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));

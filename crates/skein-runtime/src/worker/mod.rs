@@ -203,6 +203,7 @@ impl Runtime {
                 }
                 Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,
                 Step::EditPlan(e) => self.append(f, e.into_event()).await?,
+                Step::Orchestrate(e) => self.append(f, *e).await?,
                 Step::ProposePatch(ps) => self.propose(f, ps).await?,
                 Step::Complete { answer } => {
                     let body = Event::completed(answer, f.state.usage_total(), f.state.steps);

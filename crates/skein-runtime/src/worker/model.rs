@@ -84,6 +84,7 @@ impl Runtime {
                 Some(RuntimeTool::AskUser) => Some(runtime_tools::ask_user_spec()),
                 Some(RuntimeTool::UpdatePlan) => Some(runtime_tools::update_plan_spec()),
                 Some(RuntimeTool::ProposePatch) => Some(runtime_tools::propose_patch_spec()),
+                Some(RuntimeTool::HandoffTo) => runtime_tools::handoff_to_spec(def),
                 None => self.tools.spec(n),
             })
             .collect();

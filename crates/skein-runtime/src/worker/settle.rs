@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use futures::future::join_all;
 use futures::StreamExt;
 use skein_core::event::{ChildSettled, Outcome};
+use skein_core::state::PatternKind;
 use skein_core::{Event, SessionId, Status};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
@@ -95,6 +96,13 @@ impl Runtime {
                     Some(o) => Some(o),
                     None => self.needs_input(child).await?,
                 } {
+                    // A handoff target or a route's destination paused on a question
+                    // keeps this session waiting until it is answered and ends.
+                    Some(Outcome::NeedsInput { .. })
+                        if matches!(
+                            f.state.pattern,
+                            Some(PatternKind::Handoff | PatternKind::Route)
+                        ) => {}
                     Some(mut outcome) => {
                         self.result_patch(f, child, &mut outcome, &mut plan, &mut events);
                         for call in calls {

@@ -118,6 +118,7 @@ impl Runtime {
             forked_from: None,
             pool: def.front.pool.clone(),
             plan: None,
+            request: None,
         };
         let pool = submitted
             .pool

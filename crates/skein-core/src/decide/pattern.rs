@@ -1,0 +1,214 @@
+//! The orchestration patterns decided: the handoff of a finished answer, a router's
+//! `handoff_to`, the advisors before the first model call, and the children of a pattern
+//! turn (started like `call_agent` children, under the same depth, path and budget rules,
+//! but by the front matter's leave rather than the `agents` list).
+
+use serde::Deserialize;
+
+use super::turn::Turn;
+use super::{mission_message, Delegation, Refusal, Step};
+use crate::agent::AgentDef;
+use crate::event::{AdvisorsConsulted, Event, HandedOff, PatternCall, Routed};
+use crate::limits::Budget;
+use crate::message::ToolCall;
+use crate::runtime_tool::RuntimeTool;
+use crate::state::{handoff_mission, route_mission, PatternKind, SessionState, SlotState};
+
+/// The arguments of `handoff_to`, as the model sends them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HandoffToArgs {
+    agent: String,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+impl SessionState {
+    /// The request a pattern passes on: the one the chain started from, or this
+    /// session's own mission as its model first read it.
+    pub fn original_request(&self) -> String {
+        let Some(sub) = &self.submitted else {
+            return String::new();
+        };
+        sub.request
+            .clone()
+            .unwrap_or_else(|| mission_message(&sub.mission, sub.context.as_deref(), &sub.inputs))
+    }
+
+    /// The agent whose answer is pending: a handoff target's, a route's destination's,
+    /// or this session's own.
+    fn answer_author(&self) -> String {
+        self.answer_from
+            .clone()
+            .or_else(|| self.submitted.as_ref().map(|s| s.agent.clone()))
+            .unwrap_or_default()
+    }
+
+    /// An answer is pending: it goes on to the agent's `handoff`, once.
+    pub(super) fn hand_off(&self, def: &AgentDef, answer: &str) -> Option<Step> {
+        let to = def.front.handoff.as_ref()?;
+        if self.handed_off {
+            return None;
+        }
+        let from = self.answer_author();
+        let mission = handoff_mission(&self.original_request(), &from, answer);
+        Some(Step::Orchestrate(Box::new(Event::HandedOff(HandedOff {
+            from,
+            next: PatternCall {
+                call: format!("handoff.{}", self.delegations + 1),
+                agent: to.clone(),
+                mission,
+            },
+        }))))
+    }
+
+    /// Before the first model call, the agent's advisors are consulted on its input.
+    pub(super) fn consult(&self, def: &AgentDef) -> Option<Step> {
+        if def.front.advisors.is_empty() || self.advice.is_some() || self.steps > 0 {
+            return None;
+        }
+        let sub = self.submitted.as_ref()?;
+        let advisors = def
+            .front
+            .advisors
+            .iter()
+            .enumerate()
+            .map(|(i, a)| PatternCall {
+                call: format!("advisor.{}", self.delegations + 1 + i as u32),
+                agent: a.clone(),
+                mission: sub.mission.clone(),
+            })
+            .collect();
+        Some(Step::Orchestrate(Box::new(Event::AdvisorsConsulted(
+            AdvisorsConsulted { advisors },
+        ))))
+    }
+}
+
+impl Turn<'_> {
+    /// A router's `handoff_to` call, checked.
+    pub(super) fn route_of(&self, call: &ToolCall) -> Result<Routed, String> {
+        let name = RuntimeTool::HandoffTo.as_str();
+        let Some(router) = &self.def.front.router else {
+            return Err(format!(
+                "{name}: agent `{}` is not a router",
+                self.def.name()
+            ));
+        };
+        let destinations = router.destinations.join(", ");
+        if self.state.turn.len() > 1 {
+            return Err(format!(
+                "{name} ends your session and hands the request on: call it alone in its \
+                 turn, with no other tool call"
+            ));
+        }
+        let args: HandoffToArgs = serde_json::from_value(call.args.clone()).map_err(|e| {
+            format!("{name}: invalid arguments: {e}; expected {{agent, message?}}, agent one of: {destinations}")
+        })?;
+        if !router.destinations.contains(&args.agent) {
+            return Err(format!(
+                "{name}: `{}` is not a destination of `{}`; choose one of: {destinations}",
+                args.agent,
+                self.def.name()
+            ));
+        }
+        let request = self.state.original_request();
+        let mission = route_mission(&request, self.def.name(), args.message.as_deref());
+        Ok(Routed {
+            call: call.id.clone(),
+            message: args.message,
+            next: PatternCall {
+                call: format!("route.{}", self.state.delegations + 1),
+                agent: args.agent,
+                mission,
+            },
+        })
+    }
+
+    /// The step of a pattern turn: its calls not yet started are delegated (or refused
+    /// when depth, path or the catalogue forbid them); then it waits.
+    pub(super) fn pattern_step(&mut self, kind: PatternKind) -> Step {
+        let mut refusals = vec![];
+        let mut delegations = vec![];
+        let st = self.state;
+        for slot in &st.turn {
+            if !matches!(slot.state, SlotState::Pending) {
+                continue;
+            }
+            match self.pattern_child(kind, &slot.call) {
+                Ok(d) => delegations.push(d),
+                Err(error) => refusals.push(Refusal {
+                    call: slot.call.id.clone(),
+                    tool: slot.call.name.clone(),
+                    error,
+                    kind: None,
+                }),
+            }
+        }
+        if !refusals.is_empty() {
+            return Step::Refuse(refusals);
+        }
+        if delegations.is_empty() {
+            return Step::Wait;
+        }
+        st.share_budget(&mut delegations);
+        Step::Delegate(delegations)
+    }
+
+    fn pattern_child(&mut self, kind: PatternKind, call: &ToolCall) -> Result<Delegation, String> {
+        let field = |k: &str| {
+            call.args
+                .get(k)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let (agent, mission) = (field("agent"), field("mission"));
+        let what = kind.call_name();
+        let Some(target) = self.catalog.agent(&agent) else {
+            return Err(format!("{what}: unknown agent `{agent}`"));
+        };
+        if self.path.contains(&agent) && !target.front.recursive {
+            return Err(format!(
+                "{what}: agent `{agent}` is already on this delegation path ({}); an agent \
+                 may appear once unless its definition says `recursive: true`",
+                self.path.join(" → ")
+            ));
+        }
+        if self.depth + 1 > self.limits.max_depth {
+            return Err(format!(
+                "{what}: depth limit: `{agent}` would run at depth {}, the limit is {}",
+                self.depth + 1,
+                self.limits.max_depth
+            ));
+        }
+        let Some(id) = &self.state.id else {
+            return Err(format!("{what}: the session has no id yet"));
+        };
+        let sub = self.state.submitted.as_ref();
+        let advising = kind == PatternKind::Advisors;
+        self.delegations += 1;
+        Ok(Delegation {
+            call: call.id.clone(),
+            child: id.child(&agent, self.delegations),
+            mission,
+            // Advisors read the agent's own input; the steps of a chain read the request
+            // in their mission's blocks.
+            context: sub.filter(|_| advising).and_then(|s| s.context.clone()),
+            inputs: sub
+                .filter(|_| advising)
+                .map(|s| s.inputs.clone())
+                .unwrap_or_default(),
+            custom: None,
+            depth: self.depth + 1,
+            budget: Budget {
+                tokens: target.front.limits.max_tokens,
+            },
+            ancestry: self.path.clone(),
+            resume: None,
+            grant: None,
+            request: (!advising).then(|| self.state.original_request()),
+            agent,
+        })
+    }
+}
