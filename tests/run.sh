@@ -68,7 +68,7 @@ NATS_SERVER="$current_nats" cargo test --workspace --all-targets --locked
 # The NATS suites again, on the system's (older) server.
 NATS_SERVER="$system_nats" cargo test --locked -p skein-nats --all-targets
 NATS_SERVER="$system_nats" cargo test --locked \
-  --test nats_e2e --test nats_node_loss --test nats_api --test nats_features
+  --test nats_e2e --test nats_node_loss --test nats_api --test nats_features --test patterns
 # The deployment files against their schemas (k8s manifests, compose file).
 bash tests/check_deploy.sh
 

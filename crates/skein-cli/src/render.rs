@@ -105,7 +105,12 @@ pub fn tree_table(rows: &[SessionRow]) -> String {
             r.session.clone()
         } else {
             let last = r.session.rsplit('/').next().unwrap_or(&r.session);
-            format!("{}└ {}", "  ".repeat(r.depth as usize - 1), last)
+            let via = r
+                .via
+                .as_deref()
+                .map(|v| format!(" ({v})"))
+                .unwrap_or_default();
+            format!("{}└ {}{via}", "  ".repeat(r.depth as usize - 1), last)
         };
         let line = format!(
             "{:<44} {:<13} {:<15} {:>5} {:>5} {:>15} {:>9} {:>5} {:>9} {:>9}",
@@ -213,6 +218,23 @@ pub fn event_line(r: &Record, t0: u64) -> String {
                 Outcome::NeedsInput { .. } => "needs input",
             }
         ),
+        Event::HandedOff(h) => format!("#{} answer of {} → {}", h.next.call, h.from, h.next.agent),
+        Event::Routed(r) => format!(
+            "#{} → {} (#{}){}",
+            r.next.call,
+            r.next.agent,
+            r.call,
+            r.message
+                .as_deref()
+                .map(|m| format!(" message={:?}", cut(m, 50)))
+                .unwrap_or_default()
+        ),
+        Event::AdvisorsConsulted(a) => a
+            .advisors
+            .iter()
+            .map(|c| format!("#{} {}", c.call, c.agent))
+            .collect::<Vec<_>>()
+            .join(", "),
         Event::Completed(c) => format!("answer={:?}", cut(&c.answer, 70)),
         Event::Failed(f) => format!("error={:?}", f.error),
         Event::Cancelled(c) => format!("reason={:?}", c.reason),

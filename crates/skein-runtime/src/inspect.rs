@@ -34,6 +34,9 @@ pub struct SessionRow {
     pub mission: String,
     pub answer: Option<String>,
     pub error: Option<String>,
+    /// The pattern that started this session (`handoff`, `route`, `advisor`), if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 /// Folds a whole log (checking its chain).
@@ -87,6 +90,10 @@ pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionR
         mission: sub.map(|s| s.mission.clone()).unwrap_or_default(),
         answer: state.answer.clone(),
         error: state.error.clone(),
+        via: sub
+            .and_then(|s| s.parent.as_ref())
+            .and_then(|p| skein_core::state::PatternKind::of_call(&p.call))
+            .map(|k| k.call_name().to_string()),
     }
 }
 

@@ -55,7 +55,11 @@ impl SessionState {
         Some(Step::Orchestrate(Box::new(Event::HandedOff(HandedOff {
             from,
             next: PatternCall {
-                call: format!("handoff.{}", self.delegations + 1),
+                call: format!(
+                    "{}.{}",
+                    PatternKind::Handoff.call_name(),
+                    self.delegations + 1
+                ),
                 agent: to.clone(),
                 mission,
             },
@@ -74,7 +78,11 @@ impl SessionState {
             .iter()
             .enumerate()
             .map(|(i, a)| PatternCall {
-                call: format!("advisor.{}", self.delegations + 1 + i as u32),
+                call: format!(
+                    "{}.{}",
+                    PatternKind::Advisors.call_name(),
+                    self.delegations + 1 + i as u32
+                ),
                 agent: a.clone(),
                 mission: sub.mission.clone(),
             })
@@ -118,7 +126,11 @@ impl Turn<'_> {
             call: call.id.clone(),
             message: args.message,
             next: PatternCall {
-                call: format!("route.{}", self.state.delegations + 1),
+                call: format!(
+                    "{}.{}",
+                    PatternKind::Route.call_name(),
+                    self.state.delegations + 1
+                ),
                 agent: args.agent,
                 mission,
             },

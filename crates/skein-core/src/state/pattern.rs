@@ -28,6 +28,22 @@ impl PatternKind {
             PatternKind::Advisors => "advisor",
         }
     }
+
+    /// The pattern a call id of a pattern turn stands for: those ids are the pattern's
+    /// call name, a dot, and the child's number (`handoff.3`, `route.2`, `advisor.1`).
+    pub fn of_call(call: &str) -> Option<PatternKind> {
+        let (name, n) = call.split_once('.')?;
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        [
+            PatternKind::Handoff,
+            PatternKind::Route,
+            PatternKind::Advisors,
+        ]
+        .into_iter()
+        .find(|k| k.call_name() == name)
+    }
 }
 
 /// What one advisor contributed: its answer, or the report of its failure.

@@ -262,7 +262,7 @@ async function treeView(root) {
     const branch = (parent) => el("ul", {}, (byParent.get(parent) || []).map((r) => el("li", {},
       el("div", { class: "node" },
         el("a", { href: `#/session/${enc(r.session)}`, class: "session-link", dataset: { session: r.session } }, r.session.split("/").pop()),
-        " ", el("span", { class: "agent" }, r.agent), " ", badge(r.status),
+        " ", el("span", { class: "agent" }, r.agent), r.via ? el("span", { class: "via muted" }, ` via ${r.via}`) : null, " ", badge(r.status),
         el("span", { class: "stats" }, `${r.steps} turns · ${r.tool_calls} tools · ${tokens(r.usage)} tok · ${cost(r.usage)}${r.cache_hits ? ` · ${r.cache_hits} cached` : ""}`)),
       byParent.has(r.session) ? branch(r.session) : null)));
     tree.replaceChildren(el("h2", {}, "Sessions"), branch(""));
