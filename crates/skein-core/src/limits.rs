@@ -108,6 +108,9 @@ impl Default for Limits {
 #[serde(default, deny_unknown_fields)]
 pub struct Budget {
     pub tokens: Option<u64>,
+    /// Model turns the session may make (fewer than its agent's `max_steps`, never more).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
 }
 
 #[cfg(test)]

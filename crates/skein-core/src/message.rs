@@ -132,6 +132,13 @@ pub struct ModelRequest {
     pub temperature: Option<f32>,
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// Nucleus sampling: only the most likely tokens whose probabilities add up to this.
+    /// Left out of the encoding when unset, as are `top_k`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Sample only among this many most likely tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
     /// Ask the provider to cache the stable prefix of the prompt (the system prompt,
     /// the tools and the conversation so far), where its API lets the caller choose
     /// (Anthropic's `cache_control`). Left out of the encoding when false.

@@ -63,6 +63,7 @@ impl Given {
             pool: None,
             plan: None,
             request: None,
+            allowed_tools: None,
         }));
         g
     }

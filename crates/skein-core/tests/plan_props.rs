@@ -130,6 +130,7 @@ fn run(actions: &[Action], policy: UnlinkPolicy) -> (Plan, Vec<Envelope>, u32) {
         pool: None,
         plan: None,
         request: None,
+        allowed_tools: None,
     }));
     let mut plan = Plan::default();
     let mut rejected = 0;

@@ -151,7 +151,10 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
             mission_hash: "h".into(),
             parent: None,
             depth: rng.below(3) as u32,
-            budget: Budget { tokens: budget },
+            budget: Budget {
+                tokens: budget,
+                max_steps: None,
+            },
             trace: None,
             // A path through `a` makes delegating to `a` again an ancestry refusal.
             ancestry: [vec![], vec!["a".to_string()], vec!["b".to_string()]][rng.below(3) as usize]
@@ -161,6 +164,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
             pool: None,
             plan: None,
             request: None,
+            allowed_tools: None,
         }),
         &mut log,
         &mut state,
@@ -606,6 +610,7 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
             pool: None,
             plan: None,
             request: None,
+            allowed_tools: None,
         }),
         &mut state,
     );

@@ -60,7 +60,10 @@ fn submitted(budget: Option<u64>) -> Event {
         mission_hash: "h".into(),
         parent: None,
         depth: 0,
-        budget: Budget { tokens: budget },
+        budget: Budget {
+            tokens: budget,
+            max_steps: None,
+        },
         trace: None,
         ancestry: vec![],
         no_cache: false,
@@ -68,6 +71,7 @@ fn submitted(budget: Option<u64>) -> Event {
         pool: None,
         plan: None,
         request: None,
+        allowed_tools: None,
     })
 }
 

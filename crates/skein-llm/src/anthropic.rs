@@ -131,6 +131,12 @@ impl AnthropicProvider {
         if let Some(t) = req.temperature.or(s.temperature) {
             body.insert("temperature".into(), wire_number(t));
         }
+        if let Some(p) = req.top_p {
+            body.insert("top_p".into(), wire_number(p));
+        }
+        if let Some(k) = req.top_k {
+            body.insert("top_k".into(), json!(k));
+        }
         Value::Object(body)
     }
 
@@ -404,6 +410,8 @@ mod tests {
             tools: vec![],
             temperature: None,
             max_tokens: None,
+            top_p: None,
+            top_k: None,
             prompt_cache: false,
             meta: Default::default(),
         };

@@ -84,6 +84,12 @@ impl OpenAiProvider {
         if let Some(m) = req.max_tokens.or(s.max_tokens) {
             body.insert("max_tokens".into(), json!(m));
         }
+        if let Some(p) = req.top_p {
+            body.insert("top_p".into(), wire_number(p));
+        }
+        if let Some(k) = req.top_k {
+            body.insert("top_k".into(), json!(k));
+        }
         Value::Object(body)
     }
 

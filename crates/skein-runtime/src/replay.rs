@@ -214,10 +214,10 @@ pub async fn fork(
         Some(t) => SessionId::root(t).map_err(|e| Error::invalid(format!("id: {e}")))?,
         None => new_root_id(),
     };
-    sub.forked_from = Some(Provenance {
+    sub.forked_from = Some(Box::new(Provenance {
         session: source.clone(),
         at_seq: at,
-    });
+    }));
     sub.parent = None;
     sub.depth = 0;
     sub.ancestry = vec![];

@@ -38,7 +38,19 @@ pub fn call_agent_spec(def: &AgentDef) -> ToolSpec {
                 },
                 "budget": {
                     "type": "object",
-                    "properties": {"tokens": {"type": "integer", "minimum": 0}}
+                    "properties": {
+                        "tokens": {"type": "integer", "minimum": 0},
+                        "max_steps": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "Model turns it may make (fewer than its own limit)."
+                        }
+                    }
+                },
+                "allowed_tools": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Only these of the sub-agent's tools (narrows, never widens)."
                 },
                 "resume_token": {"type": "string"},
                 "answers": {"type": "object"},

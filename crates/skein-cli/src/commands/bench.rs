@@ -128,7 +128,7 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
             agent: "fanout".into(),
             mission: format!("bench fan-out of {n}"),
             inputs: json!({ "n": n }),
-            budget: Some(Budget { tokens: None }),
+            budget: Some(Budget::default()),
             no_cache: true,
             ..Default::default()
         })
@@ -269,6 +269,7 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
             pool: None,
             plan: None,
             request: None,
+            allowed_tools: None,
         }),
         &mut out,
     )?;

@@ -100,7 +100,7 @@ impl Fleet {
                 agent: "fanout".into(),
                 mission: format!("nats fan-out of {n}{tag}"),
                 inputs: json!({ "n": n }),
-                budget: Some(Budget { tokens: None }),
+                budget: Some(Budget::default()),
                 no_cache,
                 ..Default::default()
             })
@@ -218,7 +218,7 @@ async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result
             agent: "fanout".into(),
             mission: "memory of a worker with 1000 sessions in flight".into(),
             inputs: json!({ "n": 1000 }),
-            budget: Some(Budget { tokens: None }),
+            budget: Some(Budget::default()),
             no_cache: true,
             ..Default::default()
         })

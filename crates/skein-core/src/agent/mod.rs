@@ -160,6 +160,13 @@ pub struct FrontMatter {
     pub temperature: Option<f32>,
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// Nucleus sampling (0 < top_p ≤ 1), sent to the provider as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Sample among this many most likely tokens (Anthropic, and OpenAI-compatible
+    /// servers that take it, such as llama.cpp and vLLM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
     #[serde(default)]
     pub tools: Vec<String>,
     /// The sub-agents this agent may call with `call_agent`.
@@ -300,6 +307,8 @@ impl AgentDef {
             model: caller.front.model.clone(),
             temperature: caller.front.temperature,
             max_tokens: caller.front.max_tokens,
+            top_p: caller.front.top_p,
+            top_k: caller.front.top_k,
             tools: tools.to_vec(),
             agents: vec![],
             recursive: false,

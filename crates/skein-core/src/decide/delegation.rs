@@ -60,7 +60,18 @@ impl Turn<'_> {
                 }),
                 grant: None,
                 request: None,
+                allowed_tools: None,
             });
+        }
+        if args.planning_strategy.is_some() {
+            return Err(
+                "call_agent: `planning_strategy` is not supported: a sub-agent does not \
+                        take a planning strategy per call. To have it plan, give its agent \
+                        `update_plan`; to hand it tasks of your plan, pass `owns_tasks`; to \
+                        shape how it works, say so in `mission` or in a custom \
+                        `agent_definition.system_prompt`"
+                    .into(),
+            );
         }
         let mission = args
             .mission
@@ -134,6 +145,29 @@ impl Turn<'_> {
                 return Err("call_agent: name an `agent` or give an `agent_definition`".into())
             }
         };
+        if let Some(only) = &args.allowed_tools {
+            let has: BTreeSet<String> = match &custom {
+                Some(c) => c.tools.iter().cloned().collect(),
+                None => self
+                    .catalog
+                    .agent(&agent)
+                    .map(AgentDef::allowed_tools)
+                    .unwrap_or_default(),
+            };
+            let extra: Vec<String> = only
+                .iter()
+                .filter(|t| !has.contains(*t))
+                .map(|t| format!("`{t}`"))
+                .collect();
+            if !extra.is_empty() {
+                return Err(format!(
+                    "call_agent: allowed_tools narrows the tools of `{agent}` and cannot add \
+                     any: it does not have {}; it has: {}",
+                    extra.join(", "),
+                    join(&has)
+                ));
+            }
+        }
         if self.depth + 1 > self.limits.max_depth {
             return Err(format!(
                 "call_agent: depth limit: the child would run at depth {}, the limit is {}",
@@ -203,11 +237,13 @@ impl Turn<'_> {
             depth: self.depth + 1,
             budget: Budget {
                 tokens: child_budget,
+                max_steps: args.budget.and_then(|b| b.max_steps),
             },
             ancestry: self.path.clone(),
             resume: None,
             grant,
             request: None,
+            allowed_tools: args.allowed_tools,
         })
     }
 }

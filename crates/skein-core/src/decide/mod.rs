@@ -38,15 +38,23 @@ impl Catalog for crate::agent::AgentSet {
     }
 }
 
-/// The arguments of `call_agent`, as the model sends them.
+/// The arguments of `call_agent`, as the model sends them. The names other agent systems
+/// use are accepted as aliases (`task` for `mission`; `agent_name`, `skill_name` and
+/// `specialist` for `agent`); a field this build does not know is refused with its name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallAgentArgs {
-    #[serde(default, alias = "specialist")]
+    #[serde(
+        default,
+        alias = "specialist",
+        alias = "agent_name",
+        alias = "skill_name"
+    )]
     pub agent: Option<String>,
-    #[serde(default)]
+    #[serde(default, alias = "task")]
     pub mission: Option<String>,
-    #[serde(default)]
+    /// Background for the child: text, or an object (shown to it as JSON).
+    #[serde(default, deserialize_with = "context_text")]
     pub context: Option<String>,
     #[serde(default)]
     pub inputs: Option<Value>,
@@ -60,6 +68,21 @@ pub struct CallAgentArgs {
     pub answers: Option<Value>,
     #[serde(default)]
     pub owns_tasks: Vec<String>,
+    /// Narrows the tools the child may use to these (each one it has); never widens.
+    #[serde(default)]
+    pub allowed_tools: Option<Vec<String>>,
+    /// Named by other systems; refused with the alternatives (see `delegate`).
+    #[serde(default)]
+    pub planning_strategy: Option<Value>,
+}
+
+/// `context` as text: a string as it is, an object or a list as canonical JSON.
+fn context_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::Null => None,
+        Value::String(s) => Some(s),
+        other => Some(crate::hash::canonical_json(&other)),
+    })
 }
 
 /// A tool call the runtime refuses; the model is shown `error`.
@@ -93,6 +116,8 @@ pub struct Delegation {
     pub grant: Option<crate::event::PlanGrant>,
     /// The original request, for a child that is a step of a pattern chain.
     pub request: Option<String>,
+    /// The tools the child is narrowed to (`call_agent {allowed_tools}`).
+    pub allowed_tools: Option<Vec<String>>,
 }
 
 /// The plan owner's own `update_plan` call, merged by the rules: the shell records
@@ -468,7 +493,12 @@ impl SessionState {
                 ),
             };
         }
-        let max_steps = def.front.limits.max_steps.unwrap_or(limits.max_steps);
+        let max_steps = def
+            .front
+            .limits
+            .max_steps
+            .unwrap_or(limits.max_steps)
+            .min(sub.budget.max_steps.unwrap_or(u32::MAX));
         if self.steps >= max_steps {
             return Step::Fail {
                 error: format!("step limit reached: {max_steps} model turns without an answer"),
@@ -495,6 +525,13 @@ impl SessionState {
     /// handed tasks of its parent's plan.
     pub fn allowed_tools(&self, def: &AgentDef) -> BTreeSet<String> {
         let mut t = def.allowed_tools();
+        if let Some(only) = self
+            .submitted
+            .as_ref()
+            .and_then(|s| s.allowed_tools.as_ref())
+        {
+            t.retain(|x| only.contains(x));
+        }
         if self.submitted.as_ref().is_some_and(|s| s.plan.is_some()) {
             t.insert(RuntimeTool::ProposePatch.as_str().into());
         }
@@ -573,6 +610,8 @@ impl SessionState {
             tools: vec![],
             temperature: def.front.temperature,
             max_tokens: def.front.max_tokens,
+            top_p: def.front.top_p,
+            top_k: def.front.top_k,
             prompt_cache: def.front.prompt_cache,
             meta: RequestMeta {
                 session: self.id.as_ref().map(|i| i.to_string()).unwrap_or_default(),

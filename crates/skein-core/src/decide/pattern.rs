@@ -215,11 +215,13 @@ impl Turn<'_> {
             depth: self.depth + 1,
             budget: Budget {
                 tokens: target.front.limits.max_tokens,
+                max_steps: None,
             },
             ancestry: self.path.clone(),
             resume: None,
             grant: None,
             request: (!advising).then(|| self.state.original_request()),
+            allowed_tools: None,
             agent,
         })
     }

@@ -39,10 +39,12 @@ pub struct Provenance {
 }
 
 /// A custom agent made at run time by its caller (`call_agent.agent_definition`).
+/// `tool_allowlist` is accepted for `tools`; a field it does not know is refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CustomAgent {
     pub system_prompt: String,
-    #[serde(default)]
+    #[serde(default, alias = "tool_allowlist")]
     pub tools: Vec<String>,
 }
 
@@ -72,7 +74,7 @@ pub struct Submitted {
     #[serde(default)]
     pub no_cache: bool,
     #[serde(default)]
-    pub forked_from: Option<Provenance>,
+    pub forked_from: Option<Box<Provenance>>,
     /// Pool whose workers run this session.
     #[serde(default)]
     pub pool: Option<String>,
@@ -84,6 +86,10 @@ pub struct Submitted {
     /// the original request. Its mission holds it already, in a tagged block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<String>,
+    /// The tools this session is narrowed to by its caller (`call_agent
+    /// {allowed_tools}`): of its agent's tools, only these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_tools: Option<Vec<String>>,
 }
 
 /// Tasks of a parent's plan handed to a child with its delegation.

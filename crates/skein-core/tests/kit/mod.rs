@@ -276,7 +276,10 @@ pub fn submitted_with(agent: &str, depth: u32, ancestry: &[&str], budget: Option
         mission_hash: "hash".into(),
         parent: None,
         depth,
-        budget: Budget { tokens: budget },
+        budget: Budget {
+            tokens: budget,
+            max_steps: None,
+        },
         trace: None,
         ancestry: ancestry.iter().map(|a| a.to_string()).collect(),
         no_cache: false,
@@ -284,6 +287,7 @@ pub fn submitted_with(agent: &str, depth: u32, ancestry: &[&str], budget: Option
         pool: None,
         plan: None,
         request: None,
+        allowed_tools: None,
     })
 }
 

@@ -78,6 +78,7 @@ impl Responses {
             depth: 0,
             budget: skein_core::Budget {
                 tokens: Some(100_000),
+                max_steps: None,
             },
             trace: None,
             ancestry: vec![],
@@ -86,6 +87,7 @@ impl Responses {
             pool: None,
             plan: None,
             request: None,
+            allowed_tools: None,
         });
         let base = SessionState::fold(&[Envelope::new(
             session.clone(),
@@ -107,6 +109,8 @@ impl Responses {
             tools: vec![],
             temperature: None,
             max_tokens: None,
+            top_p: None,
+            top_k: None,
             prompt_cache: false,
             meta: RequestMeta::default(),
         };

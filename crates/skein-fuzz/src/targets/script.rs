@@ -78,6 +78,8 @@ fn requests() -> Vec<ModelRequest> {
             tools: vec![],
             temperature: None,
             max_tokens: None,
+            top_p: None,
+            top_k: None,
             prompt_cache: false,
             meta: meta.clone(),
         });

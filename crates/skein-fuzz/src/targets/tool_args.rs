@@ -160,6 +160,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
             pool: None,
             plan: None,
             request: None,
+            allowed_tools: None,
         }),
         Event::ModelCalled(ModelCalled {
             model: def.front.model.clone(),

@@ -20,6 +20,8 @@ fn req(messages: Vec<Message>) -> ModelRequest {
         tools: vec![],
         temperature: None,
         max_tokens: None,
+        top_p: None,
+        top_k: None,
         prompt_cache: false,
         meta: RequestMeta {
             session: "s".into(),

@@ -88,11 +88,15 @@ async fn text_answer_stop_reason_and_cache_usage() {
     let p = AnthropicProvider::new(s).unwrap();
     let mut req = request("test:c", vec![user("Weather?")], vec![weather_tool()]);
     req.temperature = Some(0.5);
+    req.top_p = Some(0.8);
+    req.top_k = Some(20);
     let c = p.complete("c", &req).await.unwrap();
     let r = &server.requests()[0];
     assert_eq!(r.path, "/v1/messages", "a /v1 base is not doubled");
     assert_eq!(r.body["max_tokens"], 64);
     assert_eq!(r.body["temperature"], json!(0.5));
+    assert_eq!(r.body["top_p"], json!(0.8));
+    assert_eq!(r.body["top_k"], 20);
     assert!(r.body.get("system").is_none());
     assert_eq!(
         r.body["tool_choice"],

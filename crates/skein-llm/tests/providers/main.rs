@@ -39,6 +39,8 @@ pub fn request(model: &str, messages: Vec<Message>, tools: Vec<ToolSpec>) -> Mod
         tools,
         temperature: None,
         max_tokens: None,
+        top_p: None,
+        top_k: None,
         prompt_cache: false,
         meta: Default::default(),
     }

@@ -25,6 +25,8 @@ async fn request_body_maps_messages_tools_and_headers() {
         vec![weather_tool()],
     );
     req.temperature = Some(0.2);
+    req.top_p = Some(0.9);
+    req.top_k = Some(40);
 
     let c = p.complete("gpt-4o-mini", &req).await.unwrap();
 
@@ -39,6 +41,8 @@ async fn request_body_maps_messages_tools_and_headers() {
     let b = &r.body;
     assert_eq!(b["model"], "gpt-4o-mini");
     assert_eq!(b["temperature"], json!(0.2));
+    assert_eq!(b["top_p"], json!(0.9));
+    assert_eq!(b["top_k"], 40);
     assert_eq!(b["max_tokens"], 512);
     assert_eq!(b["tool_choice"], "auto");
     assert_eq!(b["parallel_tool_calls"], true);
@@ -126,6 +130,8 @@ async fn no_tools_sends_no_tool_fields_and_no_key_sends_no_auth() {
         "tool_choice",
         "parallel_tool_calls",
         "temperature",
+        "top_p",
+        "top_k",
         "max_tokens",
     ] {
         assert!(!b.contains_key(absent), "{absent} in {b:?}");

@@ -129,6 +129,7 @@ impl Runtime {
                 pool: pool.clone(),
                 plan: d.grant.clone().map(Box::new),
                 request: d.request.clone(),
+                allowed_tools: d.allowed_tools.clone(),
             };
             creations.push((d.child.clone(), child_def, submitted));
             jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));

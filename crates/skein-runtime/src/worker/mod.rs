@@ -154,6 +154,8 @@ impl Runtime {
                         tools: vec![],
                         temperature: None,
                         max_tokens: None,
+                        top_p: None,
+                        top_k: None,
                         prompt_cache: false,
                         meta: skein_core::message::RequestMeta {
                             session: f.id.to_string(),

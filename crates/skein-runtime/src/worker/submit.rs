@@ -99,9 +99,14 @@ impl Runtime {
             strategy: def.front.strategy.as_deref(),
         });
         let asked_budget = sub.budget;
-        let budget = sub.budget.unwrap_or(Budget {
-            tokens: def.front.limits.max_tokens.or(self.cfg.limits.max_tokens),
-        });
+        let budget = Budget {
+            tokens: sub
+                .budget
+                .and_then(|b| b.tokens)
+                .or(def.front.limits.max_tokens)
+                .or(self.cfg.limits.max_tokens),
+            max_steps: sub.budget.and_then(|b| b.max_steps),
+        };
         let submitted = Submitted {
             agent: def.name().to_string(),
             def_digest,
@@ -119,6 +124,7 @@ impl Runtime {
             pool: def.front.pool.clone(),
             plan: None,
             request: None,
+            allowed_tools: None,
         };
         let pool = submitted
             .pool
