@@ -512,3 +512,102 @@ fn nats_kill9_mid_route_then_a_new_worker_finishes() {
 fn nats_kill9_while_advisors_run_then_a_new_worker_finishes() {
     nats_kill_and_restart(&ADVISORS, "kill-advisors", 2);
 }
+
+// ---- limits.timeout -----------------------------------------------------------------
+
+/// `boss` calls `slow` (whose model takes 3 s, past its 400 ms timeout) and a `quick`
+/// one, and answers with what each call returned.
+fn timeout_sandbox() -> Sandbox {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [slow, quick]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: slow, mission: "take your time"}
+      - tool: call_agent
+        args: {agent: quick, mission: "be quick"}
+  - answer: "slow: {{ results[0].error }} | quick: {{ results[1].result }}"
+"#,
+    )
+    .agent(
+        "slow",
+        "limits: {timeout: 400ms}\n",
+        "latency_ms: 3000\nturns:\n  - answer: \"too late\"\n",
+    )
+    .agent(
+        "quick",
+        "limits: {timeout: 10s}\n",
+        "turns:\n  - answer: \"done in time\"\n",
+    );
+    sb
+}
+
+const TIMED_OUT: &str = "slow: cancelled: timed out: `slow` ran past its limits.timeout of 400ms \
+                         | quick: done in time";
+
+#[test]
+fn embedded_a_sub_agent_past_its_timeout_ends_and_its_caller_reads_why() {
+    let sb = timeout_sandbox();
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["run", "--agent", "boss", "--json", "go"]);
+    let out = json_of(&run_ok(c));
+    assert_eq!(out["answer"], TIMED_OUT, "{out}");
+    let root = out["session"].as_str().unwrap();
+    // The slow model call was cut short: it never answered, and the session ended.
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["events", &format!("{root}/slow-1"), "--json"]);
+    let kinds: Vec<String> = String::from_utf8(run_ok(c).stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["body"]["type"].to_string())
+        .collect();
+    assert_eq!(kinds, ["\"Submitted\"", "\"Cancelled\""], "{kinds:?}");
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["replay", "--tree", "--verify", root]);
+    run_ok(c);
+}
+
+#[test]
+fn nats_a_sub_agent_past_its_timeout_ends_and_its_caller_reads_why() {
+    let sb = timeout_sandbox();
+    let server = NatsServer::start();
+    let url = server.url();
+    let cfg = sb.config();
+    let _w = Workers(vec![worker(&cfg, &url, &sb.data(), "t1")]);
+    let out = cli(
+        &cfg,
+        &url,
+        &sb.data(),
+        &[
+            "submit",
+            "--agent",
+            "boss",
+            "--id",
+            "timeout-1",
+            "--wait",
+            "--json",
+            "go",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["answer"], TIMED_OUT, "{v}");
+    let out = cli(
+        &cfg,
+        &url,
+        &sb.data(),
+        &["replay", "--tree", "--verify", "timeout-1"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

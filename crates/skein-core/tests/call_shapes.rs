@@ -164,3 +164,15 @@ fn top_p_and_top_k_of_the_front_matter_reach_the_model_request() {
     let v = serde_json::to_value(&req).unwrap();
     assert!(v.get("top_p").is_none() && v.get("top_k").is_none(), "{v}");
 }
+
+#[test]
+fn a_timeout_that_does_not_read_is_refused_when_the_agent_loads() {
+    for (bad, why) in [("soon", "limits.timeout"), ("0s", "longer than zero")] {
+        let text =
+            format!("---\nname: a\nmodel: scripted:a\nlimits: {{timeout: {bad}}}\n---\nA.\n");
+        let e = AgentSet::load(&[("a.md".into(), text)], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why) && e.contains("a.md"), "{e}");
+    }
+}

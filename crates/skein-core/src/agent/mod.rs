@@ -113,6 +113,20 @@ pub struct AgentLimits {
     pub max_tool_calls_per_turn: Option<u32>,
     /// Tokens this agent's session may spend (its subtree included).
     pub max_tokens: Option<u64>,
+    /// Wall time a session of this agent may run, from its submission (a duration such
+    /// as "90s" or "5m"). Past it the session and everything under it are cancelled,
+    /// and its caller reads why.
+    pub timeout: Option<String>,
+}
+
+impl AgentLimits {
+    /// `timeout`, read. A definition whose timeout does not read is refused when it
+    /// loads, so this is `None` only when none is set.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.timeout
+            .as_deref()
+            .and_then(|t| crate::duration::parse(t).ok())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -284,6 +298,18 @@ impl AgentDef {
                     front.model
                 ),
             });
+        }
+        if let Some(t) = &front.limits.timeout {
+            let d = crate::duration::parse(t).map_err(|e| Error::AgentDef {
+                origin: origin.into(),
+                reason: format!("limits.timeout: {e}"),
+            })?;
+            if d.is_zero() {
+                return Err(Error::AgentDef {
+                    origin: origin.into(),
+                    reason: "limits.timeout: must be longer than zero".into(),
+                });
+            }
         }
         if let Some(CacheSetting::Ttl { ttl }) = &front.cache {
             crate::duration::parse(ttl).map_err(|e| Error::AgentDef {

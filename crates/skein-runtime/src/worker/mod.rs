@@ -32,6 +32,7 @@ mod tools;
 mod trees;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use skein_core::decide::Refusal;
 use skein_core::event::{ApprovalRequested, InputRequested};
@@ -57,14 +58,91 @@ impl Runtime {
         // A redelivered job means a step may have stopped half way (its job pushes lost,
         // say): reconcile from the logs as on a cold load.
         let cold = cold || job.attempt > 1;
-        let res = self.drive(&mut f, cold, job).await;
-        if res.is_ok() {
-            self.keep_state(f);
+        let Some(deadline) = self.deadline(&f.state).await? else {
+            let res = self.drive(&mut f, cold, job).await;
+            if res.is_ok() {
+                self.keep_state(f);
+            }
+            // On an error the fold is dropped, so the retry reloads and reconciles.
+            return res;
+        };
+        // A session with a `limits.timeout` is driven only until its deadline; a step
+        // still under way then is abandoned (as a crash would leave it) and the session
+        // times out.
+        let left = Duration::from_millis(deadline.at.saturating_sub(now_ms()));
+        match tokio::time::timeout(left, self.drive(&mut f, cold, job)).await {
+            Ok(Ok(())) => {
+                if !f.state.status.is_terminal() {
+                    self.wake_at(&f, deadline.at);
+                }
+                self.keep_state(f);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                drop(f);
+                self.time_out(job, &deadline.reason).await
+            }
         }
-        // On an error the fold is dropped, so the retry reloads and reconciles.
-        res
     }
 
+    /// When the session's `limits.timeout` runs out, and what its caller is told then.
+    async fn deadline(&self, state: &skein_core::SessionState) -> Result<Option<Deadline>> {
+        if state.status.is_terminal() || state.submitted.is_none() {
+            return Ok(None);
+        }
+        let def = self.def_for(state).await?;
+        let Some(t) = def.front.limits.timeout() else {
+            return Ok(None);
+        };
+        Ok(Some(Deadline {
+            at: state.started_at.saturating_add(t.as_millis() as u64),
+            reason: format!(
+                "timed out: `{}` ran past its limits.timeout of {}",
+                def.name(),
+                def.front.limits.timeout.as_deref().unwrap_or("?")
+            ),
+        }))
+    }
+
+    /// The session ran past its deadline: it and every unfinished session under it are
+    /// cancelled with the reason, and its end is told to its caller.
+    async fn time_out(&self, job: &Job, reason: &str) -> Result<()> {
+        crate::control::cancel(self, &job.session, reason).await?;
+        let (mut f, _) = self.load(&job.session).await?;
+        self.drive(&mut f, true, job).await?;
+        self.keep_state(f);
+        Ok(())
+    }
+
+    /// Wakes a waiting session at its deadline. The timer lives in this process: were it
+    /// lost with the process, the deadline holds from the session's next wake.
+    fn wake_at(&self, f: &Folded, at: u64) {
+        let jobs = self.backend.jobs.clone();
+        let id = f.id.clone();
+        let pool = f
+            .state
+            .submitted
+            .as_ref()
+            .and_then(|s| s.pool.clone())
+            .unwrap_or_else(|| DEFAULT_POOL.into());
+        tokio::spawn(async move {
+            let left = at.saturating_sub(now_ms()) + 5;
+            tokio::time::sleep(Duration::from_millis(left)).await;
+            if let Err(e) = jobs.push(&pool, &id).await {
+                tracing::warn!(session = %id, error = %e.report(), "timeout wake-up failed");
+            }
+        });
+    }
+}
+
+/// A session's deadline (ms since the epoch) and the reason it ends with then.
+struct Deadline {
+    at: u64,
+    reason: String,
+}
+
+impl Runtime {
     pub(crate) async fn drive(&self, f: &mut Folded, mut cold: bool, job: &Job) -> Result<()> {
         if f.state.submitted.is_none() {
             tracing::warn!(session = %f.id, "job for a session without a log; dropped");
