@@ -18,16 +18,19 @@ pub enum RuntimeTool {
     ProposePatch,
     /// A router's exit: the request goes on to one of its destinations.
     HandoffTo,
+    /// A team member's or supervisor's message to the rest of its team.
+    TeamBroadcast,
 }
 
 impl RuntimeTool {
-    pub const ALL: [RuntimeTool; 6] = [
+    pub const ALL: [RuntimeTool; 7] = [
         RuntimeTool::CallAgent,
         RuntimeTool::AskClarification,
         RuntimeTool::AskUser,
         RuntimeTool::UpdatePlan,
         RuntimeTool::ProposePatch,
         RuntimeTool::HandoffTo,
+        RuntimeTool::TeamBroadcast,
     ];
 
     /// The tool's name, as the model calls it and the log records it.
@@ -39,6 +42,7 @@ impl RuntimeTool {
             RuntimeTool::UpdatePlan => "update_plan",
             RuntimeTool::ProposePatch => "propose_patch",
             RuntimeTool::HandoffTo => "handoff_to",
+            RuntimeTool::TeamBroadcast => "team_broadcast",
         }
     }
 
@@ -78,7 +82,8 @@ mod tests {
                 "ask_user",
                 "update_plan",
                 "propose_patch",
-                "handoff_to"
+                "handoff_to",
+                "team_broadcast"
             ]
         );
         for other in ["read_file", "Call_Agent", "call_agent ", ""] {

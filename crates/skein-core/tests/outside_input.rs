@@ -64,6 +64,7 @@ impl Given {
             plan: None,
             request: None,
             allowed_tools: None,
+            team: None,
         }));
         g
     }

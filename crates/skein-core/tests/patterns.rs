@@ -11,8 +11,8 @@ use kit::{
     submitted_with, turn,
 };
 use serde_json::json;
-use skein_core::event::{Event, PatternCall};
-use skein_core::{AgentDef, AgentSet, Limits, Message};
+use skein_core::event::{BroadcastKind, Event, PatternCall, TeamBroadcast, TeamRole, TeamSeat};
+use skein_core::{AgentDef, AgentSet, Limits, Message, SessionId, Step};
 
 /// `drafter` hands its answer to `reviewer`, which hands its own to `publisher`; `desk`
 /// routes to `billing` or `support`, then hands the answer to `publisher`; `manager`
@@ -442,18 +442,294 @@ fn handoff_to_is_only_for_routers() {
 }
 
 #[test]
-fn a_team_is_refused_as_not_built_and_a_member_with_a_handoff_is_named() {
+fn a_team_member_with_a_handoff_and_a_team_host_with_advisors_are_refused() {
     let e = load(&[
-        ("lead", "team: {members: [m], supervisor: boss}\n"),
+        (
+            "lead",
+            "team: {members: [m], supervisor: boss}\nadvisors: [m]\n",
+        ),
         ("m", "handoff: boss\n"),
         ("boss", ""),
     ]);
-    assert!(e.contains("does not run yet"), "{e}");
     assert!(e.contains("team member `m` declares `handoff`"), "{e}");
+    assert!(e.contains("a team's host runs no model of its own"), "{e}");
+}
+
+#[test]
+fn team_broadcast_is_given_by_the_runtime_not_listed() {
+    let e = load(&[("a", "tools: [team_broadcast]\n")]);
+    assert!(e.contains("do not list it"), "{e}");
 }
 
 #[test]
 fn a_handoff_cycle_is_refused() {
     let e = load(&[("a", "handoff: b\n"), ("b", "handoff: a\n")]);
     assert!(e.contains("cycle a → b → a"), "{e}");
+}
+
+// ---- team ---------------------------------------------------------------------------
+
+/// `lead` hosts a team of `analyst` and `coder`, supervised by `chief`.
+fn team() -> AgentSet {
+    agents(&[
+        (
+            "lead",
+            "team: {members: [analyst, coder], supervisor: chief, memberMaxTurns: 3, supervisorMaxTurns: 5}\n",
+        ),
+        ("analyst", "tools: [read_file]\n"),
+        ("coder", ""),
+        ("chief", ""),
+        ("loner", ""),
+    ])
+}
+
+fn seat(role: TeamRole, me: &SessionId) -> Event {
+    let all = [
+        root().child("analyst", 1),
+        root().child("coder", 2),
+        root().child("chief", 3),
+    ];
+    let agent = me
+        .as_str()
+        .rsplit('.')
+        .next()
+        .unwrap()
+        .split('-')
+        .next()
+        .unwrap();
+    let Event::Submitted(mut sub) = submitted_with(agent, 1, &["lead"], None) else {
+        unreachable!()
+    };
+    sub.team = Some(Box::new(TeamSeat {
+        host: root(),
+        role,
+        peers: all.iter().filter(|s| *s != me).cloned().collect(),
+        members: 2,
+    }));
+    Event::Submitted(sub)
+}
+
+fn heard(from: &SessionId, agent: &str, call: &str, kind: BroadcastKind, message: &str) -> Event {
+    Event::TeamBroadcast(TeamBroadcast {
+        from: from.clone(),
+        agent: agent.into(),
+        call: call.into(),
+        kind,
+        message: message.into(),
+    })
+}
+
+#[test]
+fn a_team_host_starts_every_member_and_the_supervisor_with_their_seats() {
+    let g = given(team(), "lead").events([submitted("lead")]);
+    let Event::TeamStarted(t) = g.when_deciding().then_orchestrates() else {
+        panic!("expected TeamStarted")
+    };
+    let calls: Vec<(&str, &str)> = t
+        .members
+        .iter()
+        .chain([&t.supervisor])
+        .map(|c| (c.call.as_str(), c.agent.as_str()))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("member.1", "analyst"),
+            ("member.2", "coder"),
+            ("supervisor.3", "chief")
+        ]
+    );
+    let ds = g
+        .events([Event::TeamStarted(t)])
+        .when_deciding()
+        .then_delegates(&["member.1", "member.2", "supervisor.3"]);
+    let ids: Vec<SessionId> = ds.iter().map(|d| d.child.clone()).collect();
+    assert_eq!(
+        ids,
+        [
+            root().child("analyst", 1),
+            root().child("coder", 2),
+            root().child("chief", 3)
+        ]
+    );
+    for d in &ds {
+        let seat = d.team.as_ref().expect("a seat");
+        assert_eq!(seat.host, root());
+        assert_eq!(seat.members, 2);
+        let others: Vec<&SessionId> = ids.iter().filter(|i| **i != d.child).collect();
+        assert_eq!(seat.peers.iter().collect::<Vec<_>>(), others, "{}", d.call);
+        let (role, turns) = if d.agent == "chief" {
+            (TeamRole::Supervisor, Some(5))
+        } else {
+            (TeamRole::Member, Some(3))
+        };
+        assert_eq!((seat.role, d.budget.max_steps), (role, turns), "{}", d.call);
+    }
+}
+
+#[test]
+fn a_member_broadcasts_and_a_non_member_may_not() {
+    let me = root().child("analyst", 1);
+    let g = given(team(), "analyst").events([
+        seat(TeamRole::Member, &me),
+        turn(
+            &[(
+                "c1",
+                "team_broadcast",
+                json!({"message": "found it", "type": "update"}),
+            )],
+            5,
+        ),
+    ]);
+    let Step::Broadcast(bs) = g.when_deciding().step else {
+        panic!("expected a broadcast, decided {:?}", g.when_deciding().step)
+    };
+    assert_eq!(
+        (bs[0].call.as_str(), bs[0].message.as_str()),
+        ("c1", "found it")
+    );
+    given(team(), "analyst")
+        .events([
+            seat(TeamRole::Member, &me),
+            turn(
+                &[(
+                    "c1",
+                    "team_broadcast",
+                    json!({"message": "x", "type": "shout"}),
+                )],
+                5,
+            ),
+        ])
+        .when_deciding()
+        .then_refused("c1", "`type` is `update` or `failure`");
+    given(team(), "loner")
+        .events([
+            submitted("loner"),
+            turn(&[("c1", "team_broadcast", json!({"message": "x"}))], 5),
+        ])
+        .when_deciding()
+        .then_refused("c1", "not allowed: tool `team_broadcast`");
+}
+
+#[test]
+fn the_supervisor_waits_for_its_team_and_reads_each_broadcast_once() {
+    let me = root().child("chief", 3);
+    let analyst = root().child("analyst", 1);
+    let g = given(team(), "chief").events([seat(TeamRole::Supervisor, &me)]);
+    assert!(matches!(g.when_deciding().step, Step::Wait));
+    assert_eq!(g.state().status, skein_core::Status::Waiting);
+    let msg = heard(
+        &analyst,
+        "analyst",
+        "c1",
+        BroadcastKind::Update,
+        "the bug is in parse()",
+    );
+    let g = g.events([msg.clone(), msg]);
+    g.when_deciding().then_calls_model();
+    let agents = team();
+    let req = g.state().model_request(agents.get("chief").unwrap());
+    let read: Vec<&Message> = req
+        .messages
+        .iter()
+        .filter(|m| matches!(m, Message::User { content } if content.contains("parse()")))
+        .collect();
+    assert_eq!(read.len(), 1, "{:?}", req.messages);
+    // Once it has read them it waits again, until a member leaves or says more.
+    let g = g.events([turn(
+        &[("c9", "team_broadcast", json!({"message": "go on"}))],
+        5,
+    )]);
+    let Step::Broadcast(_) = g.when_deciding().step else {
+        panic!("expected the supervisor's broadcast")
+    };
+    let g = g.events([kit::returned("c9", "broadcast to 2 teammates")]);
+    assert!(matches!(g.when_deciding().step, Step::Wait));
+    // When every member has left, it answers without waiting.
+    let coder = root().child("coder", 2);
+    let g = g.events([
+        heard(&analyst, "analyst", "exit", BroadcastKind::Exit, "done"),
+        heard(
+            &coder,
+            "coder",
+            "exit",
+            BroadcastKind::Exit,
+            "`coder` left the team: x",
+        ),
+    ]);
+    g.when_deciding().then_calls_model();
+}
+
+#[test]
+fn a_broadcast_heard_mid_turn_is_read_after_the_turns_results() {
+    let me = root().child("analyst", 1);
+    let coder = root().child("coder", 2);
+    let g = given(team(), "analyst").events([
+        seat(TeamRole::Member, &me),
+        turn(&[("c1", "read_file", json!({"path": "a"}))], 5),
+        heard(
+            &coder,
+            "coder",
+            "c4",
+            BroadcastKind::Failure,
+            "the build is red",
+        ),
+        kit::returned("c1", "file text"),
+    ]);
+    let t = g.state().transcript;
+    assert!(
+        matches!(&t[1], Message::Tool { content, .. } if content == "file text"),
+        "{t:?}"
+    );
+    assert!(
+        matches!(&t[2], Message::User { content } if content.contains("(failure)") && content.contains("the build is red")),
+        "{t:?}"
+    );
+}
+
+#[test]
+fn the_supervisors_answer_is_the_teams_and_ends_the_members_still_running() {
+    let (analyst, coder, chief) = (
+        root().child("analyst", 1),
+        root().child("coder", 2),
+        root().child("chief", 3),
+    );
+    let g = given(team(), "lead").events([submitted("lead")]);
+    let t = g.when_deciding().then_orchestrates();
+    let g = g.events([
+        t,
+        delegated("member.1", &analyst, "analyst", &[]),
+        delegated("member.2", &coder, "coder", &[]),
+        delegated("supervisor.3", &chief, "chief", &[]),
+        child_completed("member.1", &analyst, "analysis"),
+        child_completed("supervisor.3", &chief, "ship it"),
+    ]);
+    assert_eq!(g.state().team_leftovers(), vec![coder.clone()]);
+    assert!(matches!(g.when_deciding().step, Step::Wait));
+    let g = g.events([child_failed(
+        "member.2",
+        &coder,
+        "cancelled: the team's supervisor `chief` has answered",
+    )]);
+    assert!(g.state().team_leftovers().is_empty());
+    g.when_deciding().then_completes("ship it");
+}
+
+#[test]
+fn a_failed_supervisor_fails_the_team() {
+    let chief = root().child("chief", 3);
+    let g = given(team(), "lead").events([submitted("lead")]);
+    let t = g.when_deciding().then_orchestrates();
+    let (analyst, coder) = (root().child("analyst", 1), root().child("coder", 2));
+    g.events([
+        t,
+        delegated("member.1", &analyst, "analyst", &[]),
+        delegated("member.2", &coder, "coder", &[]),
+        delegated("supervisor.3", &chief, "chief", &[]),
+        child_completed("member.1", &analyst, "a"),
+        child_completed("member.2", &coder, "b"),
+        child_failed("supervisor.3", &chief, "step limit reached"),
+    ])
+    .when_deciding()
+    .then_fails("the team's supervisor `chief` failed: step limit reached");
 }

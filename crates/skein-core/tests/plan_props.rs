@@ -131,6 +131,7 @@ fn run(actions: &[Action], policy: UnlinkPolicy) -> (Plan, Vec<Envelope>, u32) {
         plan: None,
         request: None,
         allowed_tools: None,
+        team: None,
     }));
     let mut plan = Plan::default();
     let mut rejected = 0;

@@ -165,6 +165,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
             plan: None,
             request: None,
             allowed_tools: None,
+            team: None,
         }),
         &mut log,
         &mut state,
@@ -413,7 +414,11 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
             Step::Orchestrate(e) => push(*e, &mut log, &mut state),
             // The generated agents neither summarise nor ask follow-ups, and no generated
             // session was handed tasks.
-            Step::Idle | Step::Summarize { .. } | Step::Clarify(_) | Step::ProposePatch(_) => break,
+            Step::Idle
+            | Step::Summarize { .. }
+            | Step::Clarify(_)
+            | Step::ProposePatch(_)
+            | Step::Broadcast(_) => break,
         }
     }
     (log, set, limits)
@@ -611,6 +616,7 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
             plan: None,
             request: None,
             allowed_tools: None,
+            team: None,
         }),
         &mut state,
     );

@@ -72,6 +72,7 @@ fn submitted(budget: Option<u64>) -> Event {
         plan: None,
         request: None,
         allowed_tools: None,
+        team: None,
     })
 }
 

@@ -92,8 +92,9 @@ pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionR
         error: state.error.clone(),
         via: sub
             .and_then(|s| s.parent.as_ref())
-            .and_then(|p| skein_core::state::PatternKind::of_call(&p.call))
-            .map(|k| k.call_name().to_string()),
+            .filter(|p| skein_core::state::PatternKind::of_call(&p.call).is_some())
+            .and_then(|p| skein_core::state::split_call(&p.call))
+            .map(|(name, _)| name.to_string()),
     }
 }
 

@@ -90,6 +90,30 @@ pub fn handoff_to_spec(def: &AgentDef) -> Option<ToolSpec> {
     })
 }
 
+/// `team_broadcast`: a message to every other member of the team and its supervisor.
+pub fn team_broadcast_spec() -> ToolSpec {
+    ToolSpec {
+        name: RuntimeTool::TeamBroadcast.as_str().into(),
+        description: "Tell the rest of your team something: every member still at work and \
+                      the supervisor read it before their next turn. Your final answer is \
+                      your last broadcast."
+            .into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {
+                    "type": "string",
+                    "enum": ["update", "failure"],
+                    "description": "`failure` when you are stuck or something went wrong."
+                }
+            },
+            "required": ["message"],
+            "additionalProperties": false
+        }),
+    }
+}
+
 /// `ask_clarification`: a follow-up question to a finished `chat: true` sub-agent.
 pub fn ask_clarification_spec() -> ToolSpec {
     ToolSpec {

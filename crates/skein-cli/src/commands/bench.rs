@@ -270,6 +270,7 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
             plan: None,
             request: None,
             allowed_tools: None,
+            team: None,
         }),
         &mut out,
     )?;

@@ -22,7 +22,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     RuntimeTool::ProposePatch.as_str(),
     RuntimeTool::UpdatePlan.as_str(),
     RuntimeTool::HandoffTo.as_str(),
-    "team_broadcast",
+    RuntimeTool::TeamBroadcast.as_str(),
     RuntimeTool::AskClarification.as_str(),
     "read_file",
     "write_file",
@@ -94,7 +94,7 @@ pub const SIDE_EFFECT_FREE_TOOLS: &[&str] = &[
     RuntimeTool::UpdatePlan.as_str(),
     RuntimeTool::ProposePatch.as_str(),
     RuntimeTool::HandoffTo.as_str(),
-    "team_broadcast",
+    RuntimeTool::TeamBroadcast.as_str(),
 ];
 
 /// Whether an agent's answers are cached, and why.
@@ -140,9 +140,11 @@ pub struct Router {
 pub struct Team {
     pub members: Vec<String>,
     pub supervisor: String,
-    #[serde(default)]
+    /// Model turns each member may make (its agent's `max_steps` otherwise).
+    #[serde(default, alias = "memberMaxTurns")]
     pub member_max_turns: Option<u32>,
-    #[serde(default)]
+    /// Model turns the supervisor may make: the bound of the whole team.
+    #[serde(default, alias = "supervisorMaxTurns")]
     pub supervisor_max_turns: Option<u32>,
 }
 

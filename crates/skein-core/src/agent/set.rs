@@ -132,10 +132,17 @@ impl AgentSet {
                      has no `router: {{destinations}}`"
                 ));
             }
-            if f.team.is_some() || f.tools.iter().any(|t| t == "team_broadcast") {
+            if f.tools.iter().any(|t| RuntimeTool::TeamBroadcast.is(t)) {
                 out.push(format!(
-                    "{origin}: agent `{name}` declares a team (`team` or `team_broadcast`), \
-                     which this build does not run yet; see the README's \"Not built yet\""
+                    "{origin}: agent `{name}` lists `team_broadcast`, which the runtime gives \
+                     to the members and the supervisor of a team; do not list it"
+                ));
+            }
+            if f.team.is_some() && (f.router.is_some() || !f.advisors.is_empty()) {
+                out.push(format!(
+                    "{origin}: agent `{name}` has a `team` and a router or advisors; a team's \
+                     host runs no model of its own (its supervisor answers), so give those \
+                     to the supervisor"
                 ));
             }
             for a in &f.advisors {
@@ -149,6 +156,22 @@ impl AgentSet {
                 }
             }
             if let Some(t) = &f.team {
+                if t.members.is_empty() {
+                    out.push(format!(
+                        "{origin}: agent `{name}` has a team without members"
+                    ));
+                }
+                if self
+                    .agents
+                    .get(t.supervisor.as_str())
+                    .is_some_and(|d| d.front.handoff.is_some())
+                {
+                    out.push(format!(
+                        "{origin}: agent `{name}` team supervisor `{}` declares `handoff`; \
+                         the supervisor's answer is the team's",
+                        t.supervisor
+                    ));
+                }
                 for m in &t.members {
                     if self
                         .agents

@@ -61,6 +61,7 @@ impl Turn<'_> {
                 grant: None,
                 request: None,
                 allowed_tools: None,
+                team: None,
             });
         }
         if args.planning_strategy.is_some() {
@@ -244,6 +245,7 @@ impl Turn<'_> {
             grant,
             request: None,
             allowed_tools: args.allowed_tools,
+            team: None,
         })
     }
 }

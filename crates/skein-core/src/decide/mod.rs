@@ -118,6 +118,17 @@ pub struct Delegation {
     pub request: Option<String>,
     /// The tools the child is narrowed to (`call_agent {allowed_tools}`).
     pub allowed_tools: Option<Vec<String>>,
+    /// The child's seat, when it is a member or the supervisor of this session's team.
+    pub team: Option<crate::event::TeamSeat>,
+}
+
+/// A `team_broadcast` call: the shell records it in every teammate's log
+/// (`TeamBroadcast`), then its result here.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Broadcast {
+    pub call: String,
+    pub kind: crate::event::BroadcastKind,
+    pub message: String,
 }
 
 /// The plan owner's own `update_plan` call, merged by the rules: the shell records
@@ -263,7 +274,10 @@ pub enum Step {
     /// The final answer is longer than the agent's `summarize.max_chars`: ask `model` for
     /// a summary (recorded as `ModelCalled`); the full answer goes to the blob store.
     Summarize { model: String, max_chars: usize },
-    /// Record this pattern event (`HandedOff`, `Routed`, `AdvisorsConsulted`): it opens
+    /// Send these broadcasts to the session's teammates, then record each call's result.
+    Broadcast(Vec<Broadcast>),
+    /// Record this pattern event (`HandedOff`, `Routed`, `AdvisorsConsulted`,
+    /// `TeamStarted`): it opens
     /// a turn of the pattern's children, delegated next like any.
     Orchestrate(Box<Event>),
     /// Finish with this answer.
@@ -289,6 +303,7 @@ impl Step {
             Step::RequestApproval(_) => "request_approval",
             Step::Wait => "wait",
             Step::Orchestrate(_) => "orchestrate",
+            Step::Broadcast(_) => "broadcast",
             Step::Complete { .. } => "complete",
             Step::Fail { .. } => "fail",
             Step::Idle => "idle",
@@ -302,8 +317,10 @@ impl Step {
         if matches!(ev, Event::Cancelled(_) | Event::Unknown { .. }) {
             return Ok(());
         }
-        // A sub-agent's patch arrives from outside, whatever this session is doing.
+        // A sub-agent's patch, a teammate's broadcast arrive from outside, whatever this
+        // session is doing.
         match ev {
+            Event::TeamBroadcast(_) => return Ok(()),
             Event::PatchApplied(p) if p.from != crate::plan::SELF => return Ok(()),
             Event::PatchRejected(p) if p.from != crate::plan::SELF => return Ok(()),
             _ => {}
@@ -360,6 +377,9 @@ impl Step {
             }
             (Step::ProposePatch(v), Event::ToolReturned(t)) => v.iter().any(|p| p.call == t.call),
             (Step::Orchestrate(e), ev) if **e == *ev => true,
+            (Step::Broadcast(bs), Event::ToolReturned(t)) => {
+                !t.error && bs.iter().any(|b| b.call == t.call)
+            }
             // A root with advisors answered from the cache before consulting them.
             (Step::Orchestrate(e), Event::CacheHit(h)) => {
                 matches!(**e, Event::AdvisorsConsulted(_)) && h.call.is_empty()
@@ -512,8 +532,16 @@ impl SessionState {
                 };
             }
         }
+        if let Some(step) = self.start_team(def) {
+            return step;
+        }
         if let Some(step) = self.consult(def) {
             return step;
+        }
+        // A supervisor takes its next turn once a teammate has said something, or every
+        // member has left.
+        if self.team_gated() {
+            return Step::Wait;
         }
         Step::CallModel {
             model: def.front.model.clone(),
@@ -534,6 +562,9 @@ impl SessionState {
         }
         if self.submitted.as_ref().is_some_and(|s| s.plan.is_some()) {
             t.insert(RuntimeTool::ProposePatch.as_str().into());
+        }
+        if self.submitted.as_ref().is_some_and(|s| s.team.is_some()) {
+            t.insert(RuntimeTool::TeamBroadcast.as_str().into());
         }
         t
     }

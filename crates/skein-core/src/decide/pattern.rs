@@ -8,11 +8,16 @@ use serde::Deserialize;
 use super::turn::Turn;
 use super::{mission_message, Delegation, Refusal, Step};
 use crate::agent::AgentDef;
-use crate::event::{AdvisorsConsulted, Event, HandedOff, PatternCall, Routed};
+use crate::event::{
+    AdvisorsConsulted, Event, HandedOff, PatternCall, Routed, TeamRole, TeamSeat, TeamStarted,
+};
 use crate::limits::Budget;
 use crate::message::ToolCall;
 use crate::runtime_tool::RuntimeTool;
-use crate::state::{handoff_mission, route_mission, PatternKind, SessionState, SlotState};
+use crate::state::{
+    handoff_mission, route_mission, split_call, PatternKind, SessionState, SlotState, MEMBER,
+    SUPERVISOR,
+};
 
 /// The arguments of `handoff_to`, as the model sends them.
 #[derive(Debug, Deserialize)]
@@ -89,6 +94,37 @@ impl SessionState {
             .collect();
         Some(Step::Orchestrate(Box::new(Event::AdvisorsConsulted(
             AdvisorsConsulted { advisors },
+        ))))
+    }
+}
+
+impl SessionState {
+    /// A session whose agent has a `team` starts it instead of calling its own model:
+    /// every member and the supervisor at once.
+    pub(super) fn start_team(&self, def: &AgentDef) -> Option<Step> {
+        let team = def.front.team.as_ref()?;
+        if self.team_ran || self.steps > 0 {
+            return None;
+        }
+        let sub = self.submitted.as_ref()?;
+        let first = self.delegations + 1;
+        let call = |name: &str, n: u32, agent: &str| PatternCall {
+            call: format!("{name}.{n}"),
+            agent: agent.to_string(),
+            mission: sub.mission.clone(),
+        };
+        let members: Vec<PatternCall> = team
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, a)| call(MEMBER, first + i as u32, a))
+            .collect();
+        let supervisor = call(SUPERVISOR, first + members.len() as u32, &team.supervisor);
+        Some(Step::Orchestrate(Box::new(Event::TeamStarted(
+            TeamStarted {
+                members,
+                supervisor,
+            },
         ))))
     }
 }
@@ -198,30 +234,70 @@ impl Turn<'_> {
             return Err(format!("{what}: the session has no id yet"));
         };
         let sub = self.state.submitted.as_ref();
-        let advising = kind == PatternKind::Advisors;
+        // Advisors and team participants read the agent's own input; the steps of a chain
+        // read the request in their mission's blocks.
+        let own_input = matches!(kind, PatternKind::Advisors | PatternKind::Team);
         self.delegations += 1;
+        // A team's participants are numbered by their call ids, so that each knows the
+        // others' sessions before any is started.
+        let number = match kind {
+            PatternKind::Team => split_call(&call.id).map_or(self.delegations, |(_, n)| n),
+            _ => self.delegations,
+        };
+        let (team, max_steps) = match (kind, self.def.front.team.as_ref()) {
+            (PatternKind::Team, Some(t)) => {
+                let supervisor = call.name == SUPERVISOR;
+                let peers = self
+                    .state
+                    .turn
+                    .iter()
+                    .filter(|s| s.call.id != call.id)
+                    .filter_map(|s| {
+                        let (_, n) = split_call(&s.call.id)?;
+                        let a = s.call.args.get("agent")?.as_str()?;
+                        Some(id.child(a, n))
+                    })
+                    .collect();
+                let seat = TeamSeat {
+                    host: id.clone(),
+                    role: if supervisor {
+                        TeamRole::Supervisor
+                    } else {
+                        TeamRole::Member
+                    },
+                    peers,
+                    members: t.members.len() as u32,
+                };
+                let turns = if supervisor {
+                    t.supervisor_max_turns
+                } else {
+                    t.member_max_turns
+                };
+                (Some(seat), turns)
+            }
+            _ => (None, None),
+        };
         Ok(Delegation {
             call: call.id.clone(),
-            child: id.child(&agent, self.delegations),
+            child: id.child(&agent, number),
             mission,
-            // Advisors read the agent's own input; the steps of a chain read the request
-            // in their mission's blocks.
-            context: sub.filter(|_| advising).and_then(|s| s.context.clone()),
+            context: sub.filter(|_| own_input).and_then(|s| s.context.clone()),
             inputs: sub
-                .filter(|_| advising)
+                .filter(|_| own_input)
                 .map(|s| s.inputs.clone())
                 .unwrap_or_default(),
             custom: None,
             depth: self.depth + 1,
             budget: Budget {
                 tokens: target.front.limits.max_tokens,
-                max_steps: None,
+                max_steps,
             },
             ancestry: self.path.clone(),
             resume: None,
             grant: None,
-            request: (!advising).then(|| self.state.original_request()),
+            request: (!own_input).then(|| self.state.original_request()),
             allowed_tools: None,
+            team,
             agent,
         })
     }

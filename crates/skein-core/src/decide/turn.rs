@@ -49,6 +49,7 @@ struct Sorted {
     clarifications: Vec<Clarify>,
     proposals: Vec<Proposal>,
     routes: Vec<crate::event::Routed>,
+    broadcasts: Vec<super::Broadcast>,
 }
 
 fn refusal(call: &ToolCall, error: String) -> Refusal {
@@ -260,6 +261,10 @@ impl<'a> Turn<'a> {
                     .refusals
                     .push(refusal(call, format!("propose_patch: {e}"))),
             },
+            Some(RuntimeTool::TeamBroadcast) => match broadcast_of(call) {
+                Ok(b) => out.broadcasts.push(b),
+                Err(e) => out.refusals.push(refusal(call, e)),
+            },
             Some(RuntimeTool::HandoffTo) => match self.route_of(call) {
                 Ok(r) => out.routes.push(r),
                 Err(e) => out.refusals.push(refusal(call, e)),
@@ -306,6 +311,9 @@ impl<'a> Turn<'a> {
         }
         if !s.runs.is_empty() {
             return Step::RunTools(s.runs);
+        }
+        if !s.broadcasts.is_empty() {
+            return Step::Broadcast(s.broadcasts);
         }
         if !s.proposals.is_empty() {
             return Step::ProposePatch(s.proposals);
@@ -444,6 +452,37 @@ impl SessionState {
             d.budget.tokens = Some(share);
         }
     }
+}
+
+/// A `team_broadcast` call's arguments: `{message, type?: update|failure}`.
+fn broadcast_of(call: &ToolCall) -> Result<super::Broadcast, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Args {
+        message: String,
+        #[serde(default, rename = "type")]
+        kind: Option<String>,
+    }
+    let name = RuntimeTool::TeamBroadcast.as_str();
+    let a: Args = serde_json::from_value(call.args.clone())
+        .map_err(|e| format!("{name}: invalid arguments: {e}; expected {{message, type?}}"))?;
+    if a.message.trim().is_empty() {
+        return Err(format!("{name}: `message` must not be empty"));
+    }
+    let kind = match a.kind.as_deref() {
+        None | Some("update") => crate::event::BroadcastKind::Update,
+        Some("failure") => crate::event::BroadcastKind::Failure,
+        Some(other) => {
+            return Err(format!(
+                "{name}: `type` is `update` or `failure`, not `{other}`"
+            ))
+        }
+    };
+    Ok(super::Broadcast {
+        call: call.id.clone(),
+        kind,
+        message: a.message,
+    })
 }
 
 fn ask_of(call: &ToolCall) -> Result<Ask, String> {

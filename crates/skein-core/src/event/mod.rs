@@ -14,7 +14,10 @@ use crate::message::{ModelResponse, Usage};
 mod pattern;
 mod record;
 
-pub use pattern::{AdvisorsConsulted, HandedOff, PatternCall, Routed};
+pub use pattern::{
+    AdvisorsConsulted, BroadcastKind, HandedOff, PatternCall, Routed, TeamBroadcast, TeamRole,
+    TeamSeat, TeamStarted,
+};
 
 pub use record::{genesis_hash, record_hash, verify_chain, ChainBreak, Envelope, Record};
 
@@ -90,6 +93,9 @@ pub struct Submitted {
     /// {allowed_tools}`): of its agent's tools, only these.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_tools: Option<Vec<String>>,
+    /// This session's seat in a team, when it is a member or the supervisor of one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<Box<TeamSeat>>,
 }
 
 /// Tasks of a parent's plan handed to a child with its delegation.
@@ -387,6 +393,8 @@ pub enum Event {
     HandedOff(HandedOff),
     Routed(Routed),
     AdvisorsConsulted(AdvisorsConsulted),
+    TeamStarted(TeamStarted),
+    TeamBroadcast(TeamBroadcast),
     Completed(Completed),
     Failed(Failed),
     Cancelled(Cancelled),
@@ -419,6 +427,8 @@ pub const KINDS: &[&str] = &[
     "HandedOff",
     "Routed",
     "AdvisorsConsulted",
+    "TeamStarted",
+    "TeamBroadcast",
     "Completed",
     "Failed",
     "Cancelled",
@@ -445,6 +455,8 @@ impl Event {
             Event::HandedOff(_) => "HandedOff",
             Event::Routed(_) => "Routed",
             Event::AdvisorsConsulted(_) => "AdvisorsConsulted",
+            Event::TeamStarted(_) => "TeamStarted",
+            Event::TeamBroadcast(_) => "TeamBroadcast",
             Event::Completed(_) => "Completed",
             Event::Failed(_) => "Failed",
             Event::Cancelled(_) => "Cancelled",

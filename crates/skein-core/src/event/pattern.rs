@@ -39,3 +39,71 @@ pub struct Routed {
 pub struct AdvisorsConsulted {
     pub advisors: Vec<PatternCall>,
 }
+
+/// The members and the supervisor of the session's `team`, started together. The
+/// supervisor's answer is the team's; members talk only through `team_broadcast`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamStarted {
+    pub members: Vec<PatternCall>,
+    pub supervisor: PatternCall,
+}
+
+/// Where a session sits in a team: given to every member and to the supervisor with
+/// its `Submitted`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamSeat {
+    /// The session whose `team` this is.
+    pub host: crate::id::SessionId,
+    pub role: TeamRole,
+    /// Every other participant: what this session broadcasts reaches them.
+    pub peers: Vec<crate::id::SessionId>,
+    /// How many members the team has (the supervisor waits for them).
+    pub members: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TeamRole {
+    Member,
+    Supervisor,
+}
+
+/// What a broadcast is: news, a participant's trouble, or a member's last word (its
+/// answer, or the reason it ended) as it leaves the team.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BroadcastKind {
+    Update,
+    Failure,
+    Exit,
+}
+
+impl BroadcastKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BroadcastKind::Update => "update",
+            BroadcastKind::Failure => "failure",
+            BroadcastKind::Exit => "exit",
+        }
+    }
+}
+
+/// A teammate's broadcast, as the receiving session's log records it (appended from
+/// outside, by the sender's worker). The model reads it before its next turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamBroadcast {
+    pub from: crate::id::SessionId,
+    pub agent: String,
+    /// The sender's `team_broadcast` call, or `exit` for a member's last word: with
+    /// `from`, what makes a delivery happen once.
+    pub call: String,
+    pub kind: BroadcastKind,
+    pub message: String,
+}
+
+impl TeamBroadcast {
+    /// The key a receiving session remembers the broadcast by.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.from, self.call)
+    }
+}

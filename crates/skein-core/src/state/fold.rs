@@ -42,6 +42,9 @@ impl SessionState {
                 });
             }
         }
+        for content in std::mem::take(&mut self.team_queue) {
+            self.transcript.push(Message::User { content });
+        }
     }
 
     /// Folds one event. Total: a valid log never makes it fail, and an event that does
@@ -68,6 +71,7 @@ impl SessionState {
             }
             Event::ModelCalled(m) => {
                 self.steps += 1;
+                self.team_unread = 0;
                 self.model_failures = 0;
                 self.last_model_error = None;
                 self.model_failure_fatal = false;
@@ -377,6 +381,12 @@ impl SessionState {
                 self.open_pattern(PatternKind::Route, std::slice::from_ref(&r.next));
             }
             Event::AdvisorsConsulted(a) => self.open_pattern(PatternKind::Advisors, &a.advisors),
+            Event::TeamStarted(t) => {
+                let mut calls = t.members.clone();
+                calls.push(t.supervisor.clone());
+                self.open_pattern(PatternKind::Team, &calls)
+            }
+            Event::TeamBroadcast(b) => self.hear(b),
             Event::Completed(c) => {
                 self.status = Status::Completed;
                 self.answer = Some(c.answer.clone());
@@ -400,7 +410,9 @@ impl SessionState {
             return;
         }
         let any = |f: fn(&SlotState) -> bool| self.turn.iter().any(|s| f(&s.state));
-        self.status = if any(|s| matches!(s, SlotState::Asked { .. })) {
+        self.status = if self.team_gated() {
+            Status::Waiting
+        } else if any(|s| matches!(s, SlotState::Asked { .. })) {
             Status::AwaitingInput
         } else if any(|s| matches!(s, SlotState::AwaitingApproval { .. })) {
             Status::AwaitingApproval

@@ -6,7 +6,10 @@ mod outcome;
 mod pattern;
 
 pub use outcome::{call_agent_result, resume_reference};
-pub use pattern::{block_nonce, handoff_mission, route_mission, Advice, AdviceNote, PatternKind};
+pub use pattern::{
+    block_nonce, broadcast_text, handoff_mission, route_mission, split_call, Advice, AdviceNote,
+    PatternKind, MEMBER, SUPERVISOR,
+};
 
 use std::collections::BTreeMap;
 
@@ -197,6 +200,15 @@ pub struct SessionState {
     pub advice: Option<Advice>,
     /// A handoff or a route whose child failed: the session fails with this.
     pub pattern_error: Option<String>,
+    /// This session's `team` was started (it runs once).
+    pub team_ran: bool,
+    /// Teammates' broadcasts received since the last model turn, and members that left.
+    pub team_unread: u32,
+    pub team_exits: u32,
+    /// Broadcasts received, by sender and call: each is delivered once.
+    pub team_seen: std::collections::BTreeSet<String>,
+    /// Broadcasts received mid-turn, read once the turn's results are in.
+    pub team_queue: Vec<String>,
 }
 
 /// What stands for the call of a patch carried by a child's final answer.
@@ -251,6 +263,11 @@ impl Default for SessionState {
             answer_from: None,
             advice: None,
             pattern_error: None,
+            team_ran: false,
+            team_unread: 0,
+            team_exits: 0,
+            team_seen: Default::default(),
+            team_queue: vec![],
         }
     }
 }

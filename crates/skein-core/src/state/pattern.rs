@@ -16,6 +16,7 @@ pub enum PatternKind {
     Handoff,
     Route,
     Advisors,
+    Team,
 }
 
 impl PatternKind {
@@ -26,24 +27,49 @@ impl PatternKind {
             PatternKind::Handoff => "handoff",
             PatternKind::Route => "route",
             PatternKind::Advisors => "advisor",
+            PatternKind::Team => MEMBER,
         }
     }
 
     /// The pattern a call id of a pattern turn stands for: those ids are the pattern's
     /// call name, a dot, and the child's number (`handoff.3`, `route.2`, `advisor.1`).
     pub fn of_call(call: &str) -> Option<PatternKind> {
-        let (name, n) = call.split_once('.')?;
-        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
+        let (name, _) = split_call(call)?;
+        if name == SUPERVISOR {
+            return Some(PatternKind::Team);
         }
         [
             PatternKind::Handoff,
             PatternKind::Route,
             PatternKind::Advisors,
+            PatternKind::Team,
         ]
         .into_iter()
         .find(|k| k.call_name() == name)
     }
+}
+
+/// The call name of a team's members and of its supervisor.
+pub const MEMBER: &str = "member";
+pub const SUPERVISOR: &str = "supervisor";
+
+/// A pattern call id's name and child number (`member.3` → `("member", 3)`).
+pub fn split_call(call: &str) -> Option<(&str, u32)> {
+    let (name, n) = call.split_once('.')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((name, n.parse().ok()?))
+}
+
+/// How a teammate's broadcast reads in the receiving model's conversation.
+pub fn broadcast_text(b: &crate::event::TeamBroadcast) -> String {
+    format!(
+        "## Team broadcast from `{}` ({})\n\n{}",
+        b.agent,
+        b.kind.as_str(),
+        b.message
+    )
 }
 
 /// What one advisor contributed: its answer, or the report of its failure.
@@ -130,12 +156,17 @@ impl SessionState {
         }
         self.pending_answer = None;
         self.pattern = Some(kind);
+        if kind == PatternKind::Team {
+            self.team_ran = true;
+        }
         self.turn = calls
             .iter()
             .map(|c| Slot {
                 call: ToolCall {
                     id: c.call.clone(),
-                    name: kind.call_name().into(),
+                    name: split_call(&c.call)
+                        .map_or(kind.call_name(), |(name, _)| name)
+                        .into(),
                     args: json!({"agent": c.agent, "mission": c.mission}),
                 },
                 state: SlotState::Pending,
@@ -146,7 +177,11 @@ impl SessionState {
     /// Every pattern call has its outcome: the turn closes into what the pattern means.
     /// The transcript is not touched: the model never made these calls.
     pub(super) fn close_pattern(&mut self, kind: PatternKind, slots: Vec<Slot>) {
-        let outcomes = slots.into_iter().filter_map(|s| {
+        // A team's answer is its supervisor's; the members' ends are only theirs.
+        let slots = slots
+            .into_iter()
+            .filter(|s| kind != PatternKind::Team || s.call.name == SUPERVISOR);
+        let outcomes = slots.filter_map(|s| {
             let agent = s
                 .call
                 .args
@@ -174,15 +209,15 @@ impl SessionState {
                     .collect();
                 self.advice = Some(Advice { notes });
             }
-            PatternKind::Handoff | PatternKind::Route => {
+            PatternKind::Handoff | PatternKind::Route | PatternKind::Team => {
                 let Some((agent, output, error)) = outcomes.into_iter().next() else {
                     return;
                 };
                 if error {
-                    let what = if kind == PatternKind::Handoff {
-                        "the handoff to"
-                    } else {
-                        "the route to"
+                    let what = match kind {
+                        PatternKind::Handoff => "the handoff to",
+                        PatternKind::Route => "the route to",
+                        _ => "the team's supervisor",
                     };
                     self.pattern_error = Some(format!("{what} `{agent}` failed: {output}"));
                     return;
@@ -199,5 +234,60 @@ impl SessionState {
                 self.status = Status::Running;
             }
         }
+    }
+}
+
+impl SessionState {
+    /// A teammate's broadcast, received: the model reads it before its next turn (at
+    /// once between turns, else when the current turn's results are in).
+    pub(super) fn hear(&mut self, b: &crate::event::TeamBroadcast) {
+        if !self.team_seen.insert(b.key()) {
+            return;
+        }
+        self.team_unread += 1;
+        if b.kind == crate::event::BroadcastKind::Exit {
+            self.team_exits += 1;
+        }
+        let text = broadcast_text(b);
+        if self.turn.is_empty() {
+            self.transcript
+                .push(crate::message::Message::User { content: text });
+        } else {
+            self.team_queue.push(text);
+        }
+    }
+
+    /// A supervisor with nothing new to read while members still work waits for them.
+    pub fn team_gated(&self) -> bool {
+        let Some(seat) = self.submitted.as_ref().and_then(|s| s.team.as_ref()) else {
+            return false;
+        };
+        seat.role == crate::event::TeamRole::Supervisor
+            && self.turn.is_empty()
+            && self.pending_answer.is_none()
+            && self.team_unread == 0
+            && self.team_exits < seat.members
+    }
+
+    /// The members of this session's team still running once its supervisor has ended:
+    /// the team is over, and they are to be cancelled.
+    pub fn team_leftovers(&self) -> Vec<crate::id::SessionId> {
+        if self.pattern != Some(PatternKind::Team) {
+            return vec![];
+        }
+        let supervisor_done = self
+            .turn
+            .iter()
+            .any(|s| s.call.name == SUPERVISOR && matches!(s.state, SlotState::Done { .. }));
+        if !supervisor_done {
+            return vec![];
+        }
+        self.turn
+            .iter()
+            .filter_map(|s| match &s.state {
+                SlotState::Delegated { child, .. } if s.call.name == MEMBER => Some(child.clone()),
+                _ => None,
+            })
+            .collect()
     }
 }

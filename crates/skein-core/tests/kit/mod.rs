@@ -288,6 +288,7 @@ pub fn submitted_with(agent: &str, depth: u32, ancestry: &[&str], budget: Option
         plan: None,
         request: None,
         allowed_tools: None,
+        team: None,
     })
 }
 

@@ -88,6 +88,7 @@ impl Responses {
             plan: None,
             request: None,
             allowed_tools: None,
+            team: None,
         });
         let base = SessionState::fold(&[Envelope::new(
             session.clone(),

@@ -161,6 +161,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
             plan: None,
             request: None,
             allowed_tools: None,
+            team: None,
         }),
         Event::ModelCalled(ModelCalled {
             model: def.front.model.clone(),

@@ -130,6 +130,7 @@ impl Runtime {
                 plan: d.grant.clone().map(Box::new),
                 request: d.request.clone(),
                 allowed_tools: d.allowed_tools.clone(),
+                team: d.team.clone().map(Box::new),
             };
             creations.push((d.child.clone(), child_def, submitted));
             jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));

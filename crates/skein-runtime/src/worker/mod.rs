@@ -27,6 +27,7 @@ mod model;
 mod plan;
 mod settle;
 mod submit;
+mod team;
 mod terminal;
 mod tools;
 mod trees;
@@ -199,6 +200,9 @@ impl Runtime {
                             self.backend.jobs.push(&pool, &p.session).await?;
                         }
                     }
+                    if !f.state.team_leftovers().is_empty() {
+                        self.end_team(f).await?;
+                    }
                     let settled = self.collect_settlements(f, cold, &pushed).await?;
                     cold = false;
                     if settled == 0 {
@@ -284,6 +288,7 @@ impl Runtime {
                 Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,
                 Step::EditPlan(e) => self.append(f, e.into_event()).await?,
                 Step::Orchestrate(e) => self.append(f, *e).await?,
+                Step::Broadcast(bs) => self.broadcast(f, bs).await?,
                 Step::ProposePatch(ps) => self.propose(f, ps).await?,
                 Step::Complete { answer } => {
                     let body = Event::completed(answer, f.state.usage_total(), f.state.steps);

@@ -85,6 +85,7 @@ impl Runtime {
                 Some(RuntimeTool::UpdatePlan) => Some(runtime_tools::update_plan_spec()),
                 Some(RuntimeTool::ProposePatch) => Some(runtime_tools::propose_patch_spec()),
                 Some(RuntimeTool::HandoffTo) => runtime_tools::handoff_to_spec(def),
+                Some(RuntimeTool::TeamBroadcast) => Some(runtime_tools::team_broadcast_spec()),
                 None => self.tools.spec(n),
             })
             .collect();

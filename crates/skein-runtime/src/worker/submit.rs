@@ -125,6 +125,7 @@ impl Runtime {
             plan: None,
             request: None,
             allowed_tools: None,
+            team: None,
         };
         let pool = submitted
             .pool

@@ -42,6 +42,7 @@ impl Runtime {
             .cache
             .release_inflight(&sub.mission_hash, &f.id)
             .await?;
+        self.member_exit(f).await?;
         for (w, pool) in self.backend.notices.watchers(&f.id).await? {
             self.backend.notices.post(&w, &f.id).await?;
             self.backend.jobs.push(&pool, &w).await?;
