@@ -112,6 +112,18 @@ const ADVISORS: Case = Case {
     ],
 };
 
+const TEAM: Case = Case {
+    agent: "squad",
+    mission: "The checkout page is down",
+    answer: "Decision: roll back the 14:02 deploy, as the scout reported.",
+    sessions: &[
+        ("", "squad", None, "completed"),
+        ("scout-1", "scout", Some("member"), "completed"),
+        ("builder-2", "builder", Some("member"), "cancelled"),
+        ("chief-3", "chief", Some("supervisor"), "completed"),
+    ],
+};
+
 /// The tree's rows (`tree --json`) checked against the case: its sessions, how each was
 /// started, and the root's usage holding every participant's.
 fn check_rows(case: &Case, root: &str, rows: &Value) {
@@ -316,6 +328,46 @@ fn kill_and_resume(case: &Case, trigger: &str) {
 }
 
 #[test]
+fn embedded_a_team_member_broadcasts_and_the_supervisors_answer_ends_a_member_at_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let root = run_embedded(&TEAM, &data);
+    let events = |s: &str| -> Vec<Value> {
+        let mut c = skein(&config(), &data);
+        c.args(["events", &format!("{root}/{s}"), "--json"]);
+        String::from_utf8(run_ok(c).stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    // The chief read the scout's broadcast, recorded in its own log.
+    let heard: Vec<Value> = events("chief-3")
+        .into_iter()
+        .filter(|e| e["body"]["type"] == "TeamBroadcast")
+        .map(|e| e["body"]["data"].clone())
+        .collect();
+    assert!(
+        heard.iter().any(|b| b["agent"] == "scout"
+            && b["kind"] == "update"
+            && b["message"].as_str().unwrap().contains("14:02")),
+        "{heard:?}"
+    );
+    // The builder was still at work when the chief answered: the team's end cancelled it.
+    let last = events("builder-2").pop().unwrap();
+    assert_eq!(last["body"]["type"], "Cancelled", "{last}");
+    assert_eq!(
+        last["body"]["data"]["reason"],
+        "the team's supervisor `chief` has answered"
+    );
+}
+
+#[test]
+fn embedded_kill9_mid_team_then_resume() {
+    kill_and_resume(&TEAM, "TeamStarted");
+}
+
+#[test]
 fn embedded_kill9_mid_handoff_then_resume() {
     kill_and_resume(&CHAIN, "HandedOff");
 }
@@ -405,9 +457,16 @@ fn nats_every_pattern_runs_on_a_cluster_worker() {
         worker(&cfg, &url, &data, "p1"),
         worker(&cfg, &url, &data, "p2"),
     ]);
-    for (i, case) in [&CHAIN, &TO_BILLING, &TO_TECH, &ROUTER_ANSWERS, &ADVISORS]
-        .into_iter()
-        .enumerate()
+    for (i, case) in [
+        &CHAIN,
+        &TO_BILLING,
+        &TO_TECH,
+        &ROUTER_ANSWERS,
+        &ADVISORS,
+        &TEAM,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let id = format!("pattern-{i}");
         let out = cli(
@@ -496,6 +555,11 @@ fn nats_kill_and_restart(case: &Case, id: &str, at_least: usize) {
         std::thread::sleep(Duration::from_millis(100));
     }
     check_nats(&cfg, case, &url, &data, id);
+}
+
+#[test]
+fn nats_kill9_mid_team_then_a_new_worker_finishes() {
+    nats_kill_and_restart(&TEAM, "kill-team", 4);
 }
 
 #[test]
@@ -610,4 +674,38 @@ fn nats_a_sub_agent_past_its_timeout_ends_and_its_caller_reads_why() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// Two teams share a member and a supervisor; the second runs the same request after
+/// the first. A team's participants talk with each other, so none is answered from the
+/// cache of the first team's run (a cached member would never broadcast, and the
+/// supervisor would wait for it forever).
+#[test]
+fn embedded_team_participants_are_never_answered_from_the_cache() {
+    let sb = Sandbox::new();
+    for host in ["first", "second"] {
+        sb.agent(
+            host,
+            "team: {members: [teller], supervisor: boss}\n",
+            "turns:\n  - answer: unused\n",
+        );
+    }
+    sb.agent(
+        "teller",
+        "",
+        "turns:\n  - tool_calls:\n      - tool: team_broadcast\n        args: {message: \"news\"}\n  - answer: \"told\"\n",
+    )
+    .agent(
+        "boss",
+        "",
+        "turns:\n  - answer: \"heard {{ user_messages | length }}\"\n",
+    );
+    for host in ["first", "second"] {
+        let mut c = skein(&sb.config(), &sb.data());
+        c.args(["run", "--agent", host, "--json", "the same request"]);
+        let out = json_of(&run_ok(c));
+        assert_eq!(out["status"], "completed", "{out}");
+        assert_eq!(out["summary"]["cache_hits"], 0, "{out}");
+        assert_eq!(out["summary"]["sessions"], 3, "{out}");
+    }
 }

@@ -176,13 +176,17 @@ fn template_context(req: &ModelRequest, turn: usize) -> Value {
     }
     // The request as the model first read it: the mission with whatever the runtime put
     // around it (the advisors' notes, a handoff's blocks, handed plan tasks).
-    let prompt = req.messages.iter().find_map(|m| match m {
+    let mut users = req.messages.iter().filter_map(|m| match m {
         Message::User { content } => Some(content.clone()),
         _ => None,
     });
+    let prompt = users.next();
+    // Every later user message: teammates' broadcasts, follow-up questions.
+    let user_messages: Vec<String> = users.collect();
     serde_json::json!({
         "mission": req.meta.mission,
         "prompt": prompt,
+        "user_messages": user_messages,
         "context": req.meta.context,
         "inputs": req.meta.inputs,
         "plan": req.meta.plan,

@@ -64,8 +64,12 @@ impl Runtime {
             // A child handed tasks of the plan writes to it: its run is never shared.
             // An agent that may have side effects is neither answered from the cache nor
             // shared: its effects must happen in this tree.
-            let caching =
-                !parent_sub.no_cache && self.agents.caching(&child_def).cached && d.grant.is_none();
+            // A team's participant talks with its teammates: its answer depends on more
+            // than its mission, so it is neither answered from the cache nor cached.
+            let caching = !parent_sub.no_cache
+                && self.agents.caching(&child_def).cached
+                && d.grant.is_none()
+                && d.team.is_none();
             if caching {
                 if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
                     parent_events.push(Event::CacheHit(CacheHit {
@@ -124,7 +128,7 @@ impl Runtime {
                     parent_sub.trace.as_deref(),
                 )),
                 ancestry: d.ancestry.clone(),
-                no_cache: parent_sub.no_cache || d.grant.is_some(),
+                no_cache: parent_sub.no_cache || d.grant.is_some() || d.team.is_some(),
                 forked_from: None,
                 pool: pool.clone(),
                 plan: d.grant.clone().map(Box::new),

@@ -200,10 +200,14 @@ impl Runtime {
                             self.backend.jobs.push(&pool, &p.session).await?;
                         }
                     }
-                    if !f.state.team_leftovers().is_empty() {
+                    // A team whose supervisor answered ends: its members still at work
+                    // are cancelled and read back at once (their own workers may be deep
+                    // in a model call, and tell this session only when it returns).
+                    let ending = !f.state.team_leftovers().is_empty();
+                    if ending {
                         self.end_team(f).await?;
                     }
-                    let settled = self.collect_settlements(f, cold, &pushed).await?;
+                    let settled = self.collect_settlements(f, cold || ending, &pushed).await?;
                     cold = false;
                     if settled == 0 {
                         return Ok(());
