@@ -493,6 +493,29 @@ fn nats_every_pattern_runs_on_a_cluster_worker() {
         assert_eq!(v["answer"], case.answer, "{v}");
         check_nats(&cfg, case, &url, &data, &id);
     }
+    // Any NATS client starts a pattern: a raw TCP publish of the submission.
+    let payload = serde_json::json!({
+        "agent": "squad", "mission": TEAM.mission, "id": "raw-team", "no_cache": true
+    });
+    common::cluster::raw_publish(
+        &url,
+        "skein.missions.submit",
+        &[payload.to_string().into_bytes()],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t = tree_json(&cfg, &url, &data, "raw-team");
+        if t["sessions"][0]["status"] == "completed" {
+            assert_eq!(t["sessions"][0]["answer"], TEAM.answer, "{t}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the raw submission never completed: {t}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    check_nats(&cfg, &TEAM, &url, &data, "raw-team");
 }
 
 /// Submits `case`, kills its only worker with SIGKILL once the tree holds `at_least`
@@ -708,4 +731,43 @@ fn embedded_team_participants_are_never_answered_from_the_cache() {
         assert_eq!(out["summary"]["cache_hits"], 0, "{out}");
         assert_eq!(out["summary"]["sessions"], 3, "{out}");
     }
+}
+
+/// A sub-agent with a `handoff`: its caller's `call_agent` result is the answer at the
+/// end of the chain.
+#[test]
+fn embedded_a_sub_agent_with_a_handoff_returns_the_chains_answer_to_its_caller() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [first]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: first, mission: "write it"}
+  - answer: "boss got: {{ results[0].result }}"
+"#,
+    )
+    .agent("first", "handoff: second\n", "turns:\n  - answer: \"first draft\"\n")
+    .agent(
+        "second",
+        "",
+        "turns:\n  - answer: \"second polished {% if 'first draft' in mission %}the draft{% endif %}\"\n",
+    );
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["run", "--agent", "boss", "--json", "go"]);
+    let out = json_of(&run_ok(c));
+    assert_eq!(
+        out["answer"], "boss got: second polished the draft",
+        "{out}"
+    );
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args([
+        "replay",
+        "--tree",
+        "--verify",
+        out["session"].as_str().unwrap(),
+    ]);
+    run_ok(c);
 }
