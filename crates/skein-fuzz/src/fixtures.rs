@@ -34,12 +34,13 @@ pub const DEMO_AGENTS: &[(&str, &str)] = &[
 ];
 
 /// An agent allowed every tool and every orchestration pattern, so that any tool call a
-/// model may send reaches the rules that decide it.
+/// model may send reaches the rules that decide it (`team_broadcast` is given by its seat
+/// in a team, which the fuzz targets' logs give it).
 pub const FUZZER_AGENT: &str = "---
 name: fuzzer
 description: May call every tool; the agent whose model's calls the fuzz targets decide.
 model: scripted:fuzzer
-tools: [ask_user, update_plan, read_file, write_file, list_dir, search_files, http_fetch, shell, ask_clarification, team_broadcast]
+tools: [ask_user, update_plan, read_file, write_file, list_dir, search_files, http_fetch, shell, ask_clarification]
 agents: [researcher, writer, chatty, fuzzer]
 recursive: true
 router:

@@ -161,7 +161,13 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
             plan: None,
             request: None,
             allowed_tools: None,
-            team: None,
+            // A member of a team, so that `team_broadcast` reaches its rules.
+            team: Some(Box::new(skein_core::event::TeamSeat {
+                host: root.clone(),
+                role: skein_core::event::TeamRole::Member,
+                peers: vec![],
+                members: 1,
+            })),
         }),
         Event::ModelCalled(ModelCalled {
             model: def.front.model.clone(),
