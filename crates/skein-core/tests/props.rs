@@ -478,13 +478,13 @@ fn unknown_event_kinds_are_kept_and_shown() {
         5,
         "p".into(),
         Event::Unknown {
-            kind: "TeamBroadcast".into(),
+            kind: "TeamVote".into(),
             data: json!({"msg": "hi"}),
         },
     );
     let back = Envelope::decode(&env.encode().expect("encode")).expect("decode");
     assert_eq!(back, env);
-    assert_eq!(back.body.kind(), "TeamBroadcast");
+    assert_eq!(back.body.kind(), "TeamVote");
     let mut s = SessionState::default();
     s.apply(&back);
     assert_eq!(s.unknown_events, 1);
