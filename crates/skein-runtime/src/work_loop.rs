@@ -284,7 +284,9 @@ impl Runtime {
         let started = Instant::now();
         let mut tries = 0u32;
         let res = loop {
-            let res = match std::panic::AssertUnwindSafe(self.process(&job))
+            // A retry reconciles with the logs as a redelivery does: the failed step
+            // may have left children whose jobs were never published.
+            let res = match std::panic::AssertUnwindSafe(self.process_again(&job, tries > 0))
                 .catch_unwind()
                 .await
             {

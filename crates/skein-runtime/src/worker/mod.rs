@@ -54,11 +54,18 @@ use crate::Result;
 impl Runtime {
     /// Advances one session as far as it can go. The caller acks the job on `Ok`.
     pub async fn process(&self, job: &Job) -> Result<()> {
+        self.process_again(job, false).await
+    }
+
+    /// As [`Runtime::process`]; `retry` says a step of this job failed before (and was
+    /// not handed back), so the drive reconciles with the logs as a redelivery does.
+    pub(crate) async fn process_again(&self, job: &Job, retry: bool) -> Result<()> {
         let (mut f, cold) = self.load(&job.session).await?;
         crate::spans::set_current(&f.id, &f.state);
-        // A redelivered job means a step may have stopped half way (its job pushes lost,
-        // say): reconcile from the logs as on a cold load.
-        let cold = cold || job.attempt > 1;
+        // A redelivered or retried job means a step may have stopped half way (its job
+        // pushes lost, say): reconcile from the logs as on a cold load. Whether the fold
+        // was cached says nothing of that: a parent reading its children keeps their folds.
+        let cold = cold || retry || job.attempt > 1;
         let Some(deadline) = self.deadline(&f.state).await? else {
             let res = self.drive(&mut f, cold, job).await;
             if res.is_ok() {

@@ -38,7 +38,8 @@ pub(crate) fn outcome_of(terminal: &Event) -> Option<Outcome> {
 impl Runtime {
     /// Records `ChildSettled` for every child of the turn that has ended. A cold load
     /// checks every outstanding child (healing a notice lost in a crash, and re-waking a
-    /// child whose job was lost); afterwards only the notices are read.
+    /// child whose job was lost); afterwards the notices are read, and every outstanding
+    /// child is checked when a wake brings none.
     pub(crate) async fn collect_settlements(
         &self,
         f: &mut Folded,
@@ -69,15 +70,19 @@ impl Runtime {
             f.cursor = *pos;
         }
         // Shared runs are few and may have ended before we started watching them: always
-        // look at them directly.
-        let mut candidates: Vec<SessionId> = if cold {
+        // look at them directly. A wake that brings no notice of an outstanding child
+        // (a notice lost, or one not yet readable) looks at every outstanding child too:
+        // a child that ended always wakes its parent, so the parent never waits on a
+        // notice alone.
+        let noticed: Vec<SessionId> = notes
+            .into_iter()
+            .map(|(_, c)| c)
+            .filter(|c| outstanding.contains_key(c))
+            .collect();
+        let mut candidates: Vec<SessionId> = if cold || noticed.is_empty() {
             outstanding.keys().cloned().collect()
         } else {
-            notes
-                .into_iter()
-                .map(|(_, c)| c)
-                .filter(|c| outstanding.contains_key(c))
-                .collect()
+            noticed
         };
         candidates.extend(shared);
         candidates.sort();
