@@ -1,0 +1,173 @@
+//! The faults a seed chooses, and a small seeded generator. Every decision the
+//! simulation makes at random is drawn here, in the order the single-threaded run asks,
+//! so a seed replays the same schedule.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// splitmix64: small, fast, and the same on every machine.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x5eed_5eed_5eed_5eed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+
+    /// True with probability `p` (0 ≤ p ≤ 1).
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
+    }
+}
+
+/// How often each fault strikes, per opportunity.
+#[derive(Debug, Clone, Copy)]
+pub struct Rates {
+    /// An append meets a (simulated) concurrent writer.
+    pub conflict: f64,
+    /// A backend call finds the backend unreachable.
+    pub unreachable: f64,
+    /// A notice is lost; or posted twice.
+    pub notice_lost: f64,
+    pub notice_twice: f64,
+    /// A model call fails with a retryable error.
+    pub model_fails: f64,
+    /// A worker process is killed, per scheduler tick (every 50 to 450 virtual ms).
+    pub crash: f64,
+}
+
+impl Rates {
+    /// The rates of a plain run: every fault possible, none frequent.
+    pub const DEFAULT: Rates = Rates {
+        conflict: 0.02,
+        unreachable: 0.01,
+        notice_lost: 0.05,
+        notice_twice: 0.05,
+        model_fails: 0.05,
+        crash: 0.03,
+    };
+
+    /// Swarm testing: each seed draws its own rates, some faults off entirely and others
+    /// far more frequent, so that rare combinations get their turn.
+    pub fn swarm(rng: &mut Rng) -> Rates {
+        let mut pick = |max: f64| {
+            if rng.chance(0.3) {
+                0.0
+            } else {
+                max * (rng.below(1000) as f64 / 1000.0)
+            }
+        };
+        Rates {
+            conflict: pick(0.2),
+            unreachable: pick(0.05),
+            notice_lost: pick(0.5),
+            notice_twice: pick(0.5),
+            model_fails: pick(0.2),
+            crash: pick(0.1),
+        }
+    }
+}
+
+/// Faults of one run: the rates, the generator, and how many of each struck.
+pub struct Faults {
+    pub rates: Rates,
+    rng: Mutex<Rng>,
+    pub conflicts: AtomicU64,
+    pub unreachable: AtomicU64,
+    pub notices_lost: AtomicU64,
+    pub notices_twice: AtomicU64,
+    pub model_failures: AtomicU64,
+    /// Off while the invariants are checked: the checks read the store too.
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl Faults {
+    pub fn new(rates: Rates, rng: Rng) -> Self {
+        Faults {
+            rates,
+            rng: Mutex::new(rng),
+            conflicts: AtomicU64::new(0),
+            unreachable: AtomicU64::new(0),
+            notices_lost: AtomicU64::new(0),
+            notices_twice: AtomicU64::new(0),
+            model_failures: AtomicU64::new(0),
+            on: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    pub fn stop(&self) {
+        self.on.store(false, Ordering::Relaxed);
+    }
+
+    fn roll(&self, p: f64, count: &AtomicU64) -> bool {
+        if !self.on.load(Ordering::Relaxed) || p <= 0.0 {
+            return false;
+        }
+        let hit = self
+            .rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .chance(p);
+        if hit {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        hit
+    }
+
+    pub fn conflict(&self) -> bool {
+        self.roll(self.rates.conflict, &self.conflicts)
+    }
+
+    pub fn unreachable(&self) -> bool {
+        self.roll(self.rates.unreachable, &self.unreachable)
+    }
+
+    /// How many copies of a notice arrive: 0, 1 or 2.
+    pub fn notice_copies(&self) -> usize {
+        if self.roll(self.rates.notice_lost, &self.notices_lost) {
+            0
+        } else if self.roll(self.rates.notice_twice, &self.notices_twice) {
+            2
+        } else {
+            1
+        }
+    }
+
+    pub fn model_fails(&self) -> bool {
+        self.roll(self.rates.model_fails, &self.model_failures)
+    }
+
+    /// A draw for the scheduler (crash times, which worker).
+    pub fn draw(&self, n: u64) -> u64 {
+        self.rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .below(n)
+    }
+
+    pub fn crash(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+            && self
+                .rng
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .chance(self.rates.crash)
+    }
+}

@@ -1,0 +1,151 @@
+//! The invariants checked after every run, over every log the run left.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use skein_core::event::Outcome;
+use skein_core::replay::verify;
+use skein_core::{AgentDef, Event, SessionId, Usage};
+
+use crate::world::Run;
+
+/// What a run left: the violations found (empty when every invariant holds) and counts
+/// of what it exercised.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub violations: Vec<String>,
+    pub sessions: usize,
+    pub events: usize,
+    /// Events by kind, over every log.
+    pub kinds: BTreeMap<String, u64>,
+    pub failed_roots: usize,
+}
+
+/// Checks every log of the run.
+pub async fn check(run: &Run) -> Verdict {
+    let mut v = Verdict::default();
+    let b = run.store.backend();
+    let limits = run.limits.clone();
+    for root in &run.roots {
+        match run.logs.get(root).and_then(|l| l.last()) {
+            Some(r) if r.env.body.is_terminal() => {
+                if !matches!(r.env.body, Event::Completed(_)) {
+                    v.failed_roots += 1;
+                }
+            }
+            Some(r) => v.violations.push(format!(
+                "{root}: the tree did not end (its last event is {} at seq {})",
+                r.env.body.kind(),
+                r.env.seq
+            )),
+            None => v
+                .violations
+                .push(format!("{root}: submitted but has no log")),
+        }
+    }
+    for (id, recs) in &run.logs {
+        v.sessions += 1;
+        v.events += recs.len();
+        for r in recs {
+            *v.kinds.entry(r.env.body.kind().to_string()).or_default() += 1;
+        }
+        let mut bad = |what: String| v.violations.push(format!("{id}: {what}"));
+        if let Err(e) = skein_core::event::verify_chain(id, recs) {
+            bad(format!("hash chain broken: {e:?}"));
+            continue;
+        }
+        for (i, r) in recs.iter().enumerate() {
+            if r.env.seq != i as u64 + 1 {
+                bad(format!("record {} has seq {}", i + 1, r.env.seq));
+            }
+        }
+        let terminal: Vec<usize> = recs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.env.body.is_terminal())
+            .map(|(i, _)| i)
+            .collect();
+        if terminal.len() > 1 {
+            bad(format!("{} terminal events", terminal.len()));
+        }
+        if terminal.first().is_some_and(|i| *i + 1 != recs.len()) {
+            bad("events after its terminal event".into());
+        }
+        let Some(Event::Submitted(sub)) = recs.first().map(|r| &r.env.body) else {
+            bad("does not start with Submitted".into());
+            continue;
+        };
+        match b.def_text(&sub.def_digest).await {
+            Ok(text) => match AgentDef::parse("stored", &text) {
+                Ok(def) => {
+                    let envs: Vec<_> = recs.iter().map(|r| r.env.clone()).collect();
+                    if let Err(d) = verify(&envs, &def, &limits, run.agents.as_ref()) {
+                        bad(format!("replay diverges: {d}"));
+                    }
+                }
+                Err(e) => bad(format!("its stored definition does not parse: {e}")),
+            },
+            Err(e) => bad(format!("its definition is not stored: {e}")),
+        }
+        let mut called = BTreeSet::new();
+        let mut settled = BTreeSet::new();
+        let mut delegated = BTreeMap::new();
+        for r in recs {
+            match &r.env.body {
+                Event::ToolCalled(t) if !called.insert(t.call.clone()) => {
+                    bad(format!("tool call {} recorded as started twice", t.call))
+                }
+                Event::Delegated(d) => {
+                    delegated.insert(d.call.clone(), d.child.clone());
+                }
+                Event::ChildSettled(c) => {
+                    let paused = matches!(c.outcome, Outcome::NeedsInput { .. });
+                    if !paused && !settled.insert((c.call.clone(), c.child.clone())) {
+                        bad(format!("child {} settled twice for {}", c.child, c.call));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if matches!(recs.last().map(|r| &r.env.body), Some(Event::Completed(_))) {
+            for (call, child) in &delegated {
+                if !settled.contains(&(call.clone(), child.clone())) {
+                    bad(format!(
+                        "completed with child {child} ({call}) never settled"
+                    ));
+                }
+            }
+        }
+    }
+    // Usage rolls up exactly: a finished root's total is what every session of its tree
+    // spent on its own.
+    for root in &run.roots {
+        let Some(Event::Completed(c)) = run
+            .logs
+            .get(root)
+            .and_then(|l| l.last())
+            .map(|r| &r.env.body)
+        else {
+            continue;
+        };
+        let mut own = Usage::default();
+        for (id, recs) in run.logs.range(root.clone()..) {
+            if !root.contains(id) {
+                break;
+            }
+            for r in recs {
+                if let Event::ModelCalled(m) = &r.env.body {
+                    own.add(&m.usage);
+                }
+            }
+        }
+        if own.total_tokens() != c.usage_total.total_tokens() {
+            v.violations.push(format!(
+                "{root}: the tree's sessions spent {} tokens, its total says {}",
+                own.total_tokens(),
+                c.usage_total.total_tokens()
+            ));
+        }
+    }
+    let _: Option<SessionId> = None;
+    v
+}

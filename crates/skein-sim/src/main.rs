@@ -1,0 +1,125 @@
+//! `skein-sim --seeds N [--swarm]` runs seeds 1..=N and prints the violations found;
+//! `skein-sim --seed S` runs one seed and prints its schedule and verdict.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use std::sync::atomic::Ordering;
+
+fn usage() -> ExitCode {
+    eprintln!("usage: skein-sim --seeds N [--swarm] [--from S] | --seed S [--swarm]");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let swarm = args.iter().any(|a| a == "--swarm");
+    let value = |flag: &str| -> Option<u64> {
+        let i = args.iter().position(|a| a == flag)?;
+        args.get(i + 1)?.parse().ok()
+    };
+    if let Some(seed) = value("--seed") {
+        let (run, v) = skein_sim::simulate(seed, swarm);
+        let f = &run.faults;
+        println!("seed {seed}{}", if swarm { " (swarm)" } else { "" });
+        println!("rates: {:?}", f.rates);
+        println!(
+            "schedule: worker kills at {:?} virtual ms; {} conflicts, {} unreachable calls, \
+             {} notices lost, {} posted twice, {} model failures; {} virtual ms",
+            run.crashes,
+            f.conflicts.load(Ordering::Relaxed),
+            f.unreachable.load(Ordering::Relaxed),
+            f.notices_lost.load(Ordering::Relaxed),
+            f.notices_twice.load(Ordering::Relaxed),
+            f.model_failures.load(Ordering::Relaxed),
+            run.virtual_ms
+        );
+        println!(
+            "sessions {}, events {}, trees failed {}",
+            v.sessions, v.events, v.failed_roots
+        );
+        println!("events by kind: {:?}", v.kinds);
+        return match v.violations.first() {
+            None => {
+                println!("ok: every invariant holds");
+                ExitCode::SUCCESS
+            }
+            Some(first) => {
+                println!("first violation: {first}");
+                println!("jobs at the end:");
+                for j in run.store.jobs_report() {
+                    println!("  {j}");
+                }
+                for root in &run.roots {
+                    if run.store.ended(root) {
+                        continue;
+                    }
+                    println!("tree {root} did not end:");
+                    for (id, recs) in run.logs.range(root.clone()..) {
+                        if !root.contains(id) {
+                            break;
+                        }
+                        let kinds: Vec<String> = recs
+                            .iter()
+                            .map(|r| match &r.env.body {
+                                skein_core::Event::ChildSettled(c) => {
+                                    format!("ChildSettled({})", c.call)
+                                }
+                                skein_core::Event::Delegated(d) => format!("Delegated({})", d.call),
+                                e => e.kind().to_string(),
+                            })
+                            .collect();
+                        println!("  {id}: {}", kinds.join(" "));
+                    }
+                }
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let Some(n) = value("--seeds") else {
+        return usage();
+    };
+    let from = value("--from").unwrap_or(1);
+    let started = Instant::now();
+    let mut bad = 0u64;
+    let mut kinds = std::collections::BTreeMap::new();
+    let (mut crashes, mut conflicts, mut unreachable, mut lost, mut twice, mut model) =
+        (0, 0, 0, 0, 0, 0);
+    for seed in from..from + n {
+        let (run, v) = skein_sim::simulate(seed, swarm);
+        let f = &run.faults;
+        crashes += run.crashes.len() as u64;
+        conflicts += f.conflicts.load(Ordering::Relaxed);
+        unreachable += f.unreachable.load(Ordering::Relaxed);
+        lost += f.notices_lost.load(Ordering::Relaxed);
+        twice += f.notices_twice.load(Ordering::Relaxed);
+        model += f.model_failures.load(Ordering::Relaxed);
+        for (k, c) in v.kinds {
+            *kinds.entry(k).or_insert(0u64) += c;
+        }
+        if let Some(first) = v.violations.first() {
+            bad += 1;
+            println!(
+                "seed {seed}: {first} (replay with --seed {seed}{})",
+                if swarm { " --swarm" } else { "" }
+            );
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "seeds {n} (from {from}{}), violations {bad}, {:.1} s, {:.0} seeds/s",
+        if swarm { ", swarm" } else { "" },
+        secs,
+        n as f64 / secs.max(1e-9)
+    );
+    println!(
+        "faults: {crashes} worker kills, {conflicts} append conflicts, {unreachable} \
+         unreachable calls, {lost} notices lost, {twice} posted twice, {model} model failures"
+    );
+    println!("events by kind: {kinds:?}");
+    if bad == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

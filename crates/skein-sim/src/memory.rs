@@ -1,0 +1,518 @@
+//! Every port in memory, on a virtual clock: the simulation's backend. Same contracts as
+//! the sled and JetStream backends (the conformance suite runs against it), plus faults
+//! a seed chooses: appends whose acknowledgement is lost (the write is made, the writer
+//! sees a conflict), a backend that is unreachable, notices lost or posted twice.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use skein_core::{Record, SessionId};
+use skein_runtime::ports::{
+    Backend, Blobs, Cache, CacheEntry, EventLog, Job, JobQueue, Notices, SessionFilter, Workspaces,
+};
+use skein_runtime::{Error, Result};
+use skein_tools::{LocalWorkspace, Workspace};
+use tokio::sync::Notify;
+
+use crate::faults::Faults;
+
+#[derive(Debug, Clone)]
+struct JobRec {
+    /// Virtual ms until which the job is held (a lease), if it is.
+    held_until: Option<u64>,
+    not_before: u64,
+    attempt: u32,
+    token: u64,
+    dirty: bool,
+}
+
+impl JobRec {
+    fn due(&self) -> u64 {
+        self.held_until.unwrap_or(self.not_before)
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    logs: BTreeMap<SessionId, Vec<Record>>,
+    jobs: BTreeMap<String, BTreeMap<SessionId, JobRec>>,
+    cache: HashMap<String, CacheEntry>,
+    inflight: HashMap<String, SessionId>,
+    blobs: HashMap<String, Vec<u8>>,
+    notices: HashMap<SessionId, Vec<(u64, SessionId)>>,
+    watchers: HashMap<SessionId, Vec<(SessionId, String)>>,
+}
+
+/// The in-memory store. Time is `tokio::time`'s, which a paused runtime advances only
+/// when every task waits: leases and delays run out in virtual time.
+pub struct MemStore {
+    inner: Mutex<Inner>,
+    job_ready: Notify,
+    lease: Duration,
+    t0: tokio::time::Instant,
+    next: AtomicU64,
+    faults: Arc<Faults>,
+    workspaces: PathBuf,
+}
+
+impl MemStore {
+    pub fn new(lease: Duration, faults: Arc<Faults>, workspaces: PathBuf) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner::default()),
+            job_ready: Notify::new(),
+            lease,
+            t0: tokio::time::Instant::now(),
+            next: AtomicU64::new(1),
+            faults,
+            workspaces,
+        })
+    }
+
+    pub fn backend(self: &Arc<Self>) -> Backend {
+        Backend {
+            name: "memory",
+            log: self.clone(),
+            jobs: self.clone(),
+            cache: self.clone(),
+            blobs: self.clone(),
+            notices: self.clone(),
+            workspaces: self.clone(),
+            announcer: None,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Virtual ms since the store was made.
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_millis() as u64
+    }
+
+    fn id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Fails the call when the seed says the backend is unreachable now.
+    fn reach(&self, what: &str) -> Result<()> {
+        if self.faults.unreachable() {
+            return Err(Error::unavailable_because(format!(
+                "memory: {what}: the backend is unreachable (simulated)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the session's log ends with a terminal event.
+    pub fn ended(&self, session: &SessionId) -> bool {
+        self.lock()
+            .logs
+            .get(session)
+            .and_then(|l| l.last())
+            .is_some_and(|r| r.env.body.is_terminal())
+    }
+
+    /// The job queue as it stands, one line a job (for a seed's report).
+    pub fn jobs_report(&self) -> Vec<String> {
+        let now = self.now();
+        let g = self.lock();
+        let mut out = vec![];
+        for (pool, jobs) in &g.jobs {
+            for (s, r) in jobs {
+                out.push(format!(
+                    "{pool}/{s}: held_until {:?} not_before {} attempt {} dirty {} (now {now})",
+                    r.held_until, r.not_before, r.attempt, r.dirty
+                ));
+            }
+        }
+        out
+    }
+
+    /// Every log, for the invariants: session → records.
+    pub fn logs(&self) -> BTreeMap<SessionId, Vec<Record>> {
+        self.lock().logs.clone()
+    }
+
+    fn try_claim(
+        &self,
+        pool: &str,
+        want: Option<&SessionFilter>,
+    ) -> std::result::Result<Job, Option<u64>> {
+        let now = self.now();
+        let token = self.id();
+        let lease = self.lease.as_millis() as u64;
+        let mut g = self.lock();
+        let Some(jobs) = g.jobs.get_mut(pool) else {
+            return Err(None);
+        };
+        let mut first_due: Option<u64> = None;
+        let mut pick: Option<(u64, SessionId)> = None;
+        for (s, r) in jobs.iter() {
+            let due = r.due();
+            if due > now {
+                first_due = Some(first_due.map_or(due, |f| f.min(due)));
+                continue;
+            }
+            if want.is_none_or(|w| w(s)) && pick.as_ref().is_none_or(|(d, _)| due < *d) {
+                pick = Some((due, s.clone()));
+            }
+        }
+        let Some((_, session)) = pick else {
+            return Err(first_due);
+        };
+        let rec = jobs.get_mut(&session).expect("picked from the map");
+        rec.dirty = rec.dirty && rec.held_until.is_some();
+        rec.held_until = Some(now + lease);
+        rec.not_before = 0;
+        rec.attempt += 1;
+        rec.token = token;
+        Ok(Job {
+            pool: pool.to_string(),
+            session,
+            attempt: rec.attempt,
+            handle: token.to_string(),
+        })
+    }
+
+    async fn claim_where(
+        &self,
+        pool: &str,
+        wait: Duration,
+        want: Option<&SessionFilter>,
+    ) -> Result<Option<Job>> {
+        self.reach("claim")?;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.job_ready.notified();
+            let next_due = match self.try_claim(pool, want) {
+                Ok(j) => return Ok(Some(j)),
+                Err(next) => next,
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let mut nap = deadline - now;
+            if let Some(due) = next_due {
+                nap = nap.min(Duration::from_millis(due.saturating_sub(self.now()).max(1)));
+            }
+            let _ = tokio::time::timeout(nap, notified).await;
+        }
+    }
+
+    fn update_held(&self, job: &Job, f: impl Fn(&mut JobRec) -> bool) {
+        let mut g = self.lock();
+        let Some(jobs) = g.jobs.get_mut(&job.pool) else {
+            return;
+        };
+        let Some(rec) = jobs.get_mut(&job.session) else {
+            return;
+        };
+        if rec.token.to_string() != job.handle {
+            return; // the lease ran out and someone else holds it
+        }
+        if !f(rec) {
+            jobs.remove(&job.session);
+        }
+        drop(g);
+        self.job_ready.notify_waiters();
+    }
+}
+
+#[async_trait]
+impl EventLog for MemStore {
+    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
+        self.append_batch(session, expected_last, std::slice::from_ref(record))
+            .await
+    }
+
+    async fn append_batch(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        self.reach("append")?;
+        let mut g = self.lock();
+        let log = g.logs.entry(session.clone()).or_default();
+        let actual = log.len() as u64;
+        if actual != expected_last {
+            if log.is_empty() {
+                g.logs.remove(session);
+            }
+            return Err(Error::Conflict {
+                session: session.to_string(),
+                expected: expected_last,
+                actual,
+            });
+        }
+        log.extend(records.iter().cloned());
+        // A seeded fault: the write is made but its acknowledgement is lost, and the
+        // writer's retry meets its own records as a conflict (what a JetStream publish
+        // whose ack timed out sees when it is sent again).
+        if self.faults.conflict() {
+            return Err(Error::Conflict {
+                session: session.to_string(),
+                expected: expected_last,
+                actual: log.len() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
+        self.reach("read")?;
+        let g = self.lock();
+        Ok(g.logs
+            .get(session)
+            .map(|l| {
+                l.iter()
+                    .skip(from_seq.max(1) as usize - 1)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn last(&self, session: &SessionId) -> Result<Option<Record>> {
+        self.reach("last")?;
+        Ok(self
+            .lock()
+            .logs
+            .get(session)
+            .and_then(|l| l.last().cloned()))
+    }
+
+    async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
+        self.reach("tree")?;
+        Ok(self
+            .lock()
+            .logs
+            .keys()
+            .filter(|s| root.contains(s))
+            .cloned()
+            .collect())
+    }
+
+    async fn roots(&self) -> Result<Vec<SessionId>> {
+        self.reach("roots")?;
+        Ok(self
+            .lock()
+            .logs
+            .keys()
+            .filter(|s| !s.as_str().contains('.'))
+            .cloned()
+            .collect())
+    }
+}
+
+#[async_trait]
+impl JobQueue for MemStore {
+    async fn push(&self, pool: &str, session: &SessionId) -> Result<()> {
+        self.reach("push")?;
+        {
+            let mut g = self.lock();
+            let jobs = g.jobs.entry(pool.to_string()).or_default();
+            match jobs.get_mut(session) {
+                Some(r) if r.held_until.is_some() => r.dirty = true,
+                Some(_) => {}
+                None => {
+                    jobs.insert(
+                        session.clone(),
+                        JobRec {
+                            held_until: None,
+                            not_before: 0,
+                            attempt: 0,
+                            token: 0,
+                            dirty: false,
+                        },
+                    );
+                }
+            }
+        }
+        self.job_ready.notify_waiters();
+        Ok(())
+    }
+
+    async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>> {
+        self.claim_where(pool, wait, None).await
+    }
+
+    async fn claim_matching(
+        &self,
+        pool: &str,
+        wait: Duration,
+        want: &SessionFilter,
+    ) -> Result<Option<Job>> {
+        self.claim_where(pool, wait, Some(want)).await
+    }
+
+    async fn heartbeat(&self, job: &Job) -> Result<()> {
+        self.reach("heartbeat")?;
+        let until = self.now() + self.lease.as_millis() as u64;
+        self.update_held(job, |r| {
+            r.held_until = Some(until);
+            true
+        });
+        Ok(())
+    }
+
+    async fn ack(&self, job: &Job) -> Result<()> {
+        self.reach("ack")?;
+        self.update_held(job, |r| {
+            if !r.dirty {
+                return false;
+            }
+            *r = JobRec {
+                held_until: None,
+                not_before: 0,
+                attempt: 0,
+                token: 0,
+                dirty: false,
+            };
+            true
+        });
+        Ok(())
+    }
+
+    async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
+        self.reach("retry")?;
+        let at = self.now() + delay.as_millis() as u64;
+        self.update_held(job, |r| {
+            r.held_until = None;
+            r.not_before = at;
+            r.dirty = false;
+            true
+        });
+        Ok(())
+    }
+
+    async fn depth(&self, pool: &str) -> Result<u64> {
+        Ok(self.lock().jobs.get(pool).map_or(0, BTreeMap::len) as u64)
+    }
+
+    async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64> {
+        Ok(self
+            .lock()
+            .jobs
+            .get(pool)
+            .map_or(0, |j| j.keys().filter(|s| want(s)).count()) as u64)
+    }
+}
+
+#[async_trait]
+impl Cache for MemStore {
+    async fn get(&self, hash: &str, now: u64) -> Result<Option<CacheEntry>> {
+        self.reach("cache get")?;
+        Ok(self
+            .lock()
+            .cache
+            .get(hash)
+            .filter(|e| e.expires.is_none_or(|x| x > now))
+            .cloned())
+    }
+
+    async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()> {
+        self.reach("cache put")?;
+        self.lock().cache.insert(hash.to_string(), entry.clone());
+        Ok(())
+    }
+
+    async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>> {
+        self.reach("inflight")?;
+        let mut g = self.lock();
+        match g.inflight.get(hash) {
+            Some(other) if other != session => Ok(Some(other.clone())),
+            _ => {
+                g.inflight.insert(hash.to_string(), session.clone());
+                Ok(None)
+            }
+        }
+    }
+
+    async fn release_inflight(&self, hash: &str, session: &SessionId) -> Result<()> {
+        self.reach("inflight")?;
+        let mut g = self.lock();
+        if g.inflight.get(hash) == Some(session) {
+            g.inflight.remove(hash);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Blobs for MemStore {
+    async fn put(&self, data: &[u8]) -> Result<String> {
+        self.reach("blob put")?;
+        let hash = blake3::hash(data).to_hex().to_string();
+        self.lock().blobs.insert(hash.clone(), data.to_vec());
+        Ok(hash)
+    }
+
+    async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>> {
+        self.reach("blob get")?;
+        Ok(self.lock().blobs.get(hash).cloned())
+    }
+}
+
+#[async_trait]
+impl Notices for MemStore {
+    async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()> {
+        self.reach("notice")?;
+        // A notice may be lost (the parent heals from its children's logs when it is
+        // next loaded cold) or posted twice.
+        let copies = self.faults.notice_copies();
+        let mut g = self.lock();
+        for _ in 0..copies {
+            let pos = self.id();
+            g.notices
+                .entry(parent.clone())
+                .or_default()
+                .push((pos, child.clone()));
+        }
+        Ok(())
+    }
+
+    async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>> {
+        self.reach("notices")?;
+        Ok(self
+            .lock()
+            .notices
+            .get(parent)
+            .map(|v| v.iter().filter(|(p, _)| *p > after).cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()> {
+        self.reach("watch")?;
+        let mut g = self.lock();
+        let w = g.watchers.entry(target.clone()).or_default();
+        if !w.iter().any(|(s, _)| s == watcher) {
+            w.push((watcher.clone(), pool.to_string()));
+        }
+        Ok(())
+    }
+
+    async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>> {
+        self.reach("watchers")?;
+        Ok(self
+            .lock()
+            .watchers
+            .get(target)
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+impl Workspaces for MemStore {
+    fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace> {
+        Arc::new(LocalWorkspace::new(self.workspaces.join(root.as_str())))
+    }
+}

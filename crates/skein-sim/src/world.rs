@@ -1,0 +1,253 @@
+//! One simulated run: a catalogue of agents on the scripted model, several workers of the
+//! real runtime on one in-memory store, trees submitted, workers killed at random moments
+//! and started again, until every tree has ended or the virtual time is up.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use skein_core::{AgentSet, ModelRequest, Record, SessionId};
+use skein_llm::scripted::ScriptedProvider;
+use skein_llm::{Completion, Provider, Registry};
+use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_tools::{ToolBox, ToolsConfig};
+use tokio::task::JoinHandle;
+
+use crate::faults::{Faults, Rates, Rng};
+use crate::memory::MemStore;
+
+/// The agents of the simulated world: delegation fan-out with tools, a handoff chain and
+/// advisors. Each runs `scripted:<name>`.
+pub const AGENTS: &[(&str, &str, &str)] = &[
+    (
+        "boss",
+        "agents: [helper, drafter, manager]\n",
+        r#"turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: helper, mission: "first part of {{ mission }}"}
+      - tool: call_agent
+        args: {agent: helper, mission: "second part of {{ mission }}"}
+      - tool: call_agent
+        args: {agent: drafter, mission: "draft {{ mission }}"}
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: manager, mission: "decide on {{ mission }}"}
+  - answer: "done: {{ all_results | length }} results"
+"#,
+    ),
+    (
+        "helper",
+        "tools: [list_dir, write_file]\nidempotent_tools: [list_dir]\ncache: false\n",
+        r#"turns:
+  - tool_calls:
+      - tool: list_dir
+        args: {path: "."}
+  - tool_calls:
+      - tool: write_file
+        args: {path: "{{ session | replace('.', '_') }}.txt", content: "notes"}
+  - answer: "helped with {{ mission }}"
+"#,
+    ),
+    (
+        "drafter",
+        "handoff: editor\n",
+        "turns:\n  - answer: \"draft of {{ mission }}\"\n",
+    ),
+    (
+        "editor",
+        "",
+        "turns:\n  - answer: \"edited: {{ mission | length }} chars\"\n",
+    ),
+    (
+        "manager",
+        "advisors: [legal, ops]\n",
+        "turns:\n  - answer: \"decided after {{ prompt | length }} chars of advice\"\n",
+    ),
+    ("legal", "", "turns:\n  - answer: \"legal: fine\"\n"),
+    ("ops", "", "turns:\n  - answer: \"ops: fine\"\n"),
+];
+
+/// How many trees a run submits, and how many worker processes it keeps.
+pub const TREES: usize = 3;
+pub const WORKERS: usize = 2;
+/// Virtual time a run may take before a tree that has not ended is a violation.
+pub const TIME_LIMIT: Duration = Duration::from_secs(30 * 60);
+
+/// A scripted model that fails some calls the way a provider's outage does (retryable).
+struct Flaky {
+    inner: ScriptedProvider,
+    faults: Arc<Faults>,
+}
+
+#[async_trait]
+impl Provider for Flaky {
+    async fn complete(&self, model: &str, req: &ModelRequest) -> skein_llm::Result<Completion> {
+        if self.faults.model_fails() {
+            return Err(skein_llm::Error::Connect("simulated outage".into()));
+        }
+        self.inner.complete(model, req).await
+    }
+}
+
+/// What one run saw: its trees, every log at the end, and what struck it.
+pub struct Run {
+    pub roots: Vec<SessionId>,
+    /// The limits every worker ran with (replay decides under the same).
+    pub limits: skein_core::Limits,
+    pub logs: BTreeMap<SessionId, Vec<Record>>,
+    pub agents: Arc<AgentSet>,
+    pub store: Arc<MemStore>,
+    pub faults: Arc<Faults>,
+    /// Virtual ms of each worker kill.
+    pub crashes: Vec<u64>,
+    pub virtual_ms: u64,
+    pub _dir: tempfile::TempDir,
+}
+
+fn catalogue() -> AgentSet {
+    let files: Vec<(String, String)> = AGENTS
+        .iter()
+        .map(|(name, front, _)| {
+            (
+                format!("{name}.md"),
+                format!("---\nname: {name}\nmodel: scripted:{name}\n{front}---\nYou are {name}.\n"),
+            )
+        })
+        .collect();
+    AgentSet::load(&files, &[]).expect("the simulation's agents load")
+}
+
+struct Worker {
+    stop: tokio::sync::watch::Sender<bool>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// A kill -9: every task of the process is dropped at whatever await it stands.
+    fn kill(self) {
+        let _ = self.stop.send(true);
+        for h in self.handles {
+            h.abort();
+        }
+    }
+}
+
+/// Runs one seed's world to its end (on the current, paused, runtime).
+pub async fn run(seed: u64, swarm: bool) -> Run {
+    let mut rng = Rng::new(seed);
+    let rates = if swarm {
+        Rates::swarm(&mut rng)
+    } else {
+        Rates::DEFAULT
+    };
+    let faults = Arc::new(Faults::new(rates, rng));
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    for (name, _, script) in AGENTS {
+        std::fs::write(dir.path().join(format!("{name}.yaml")), script).expect("script");
+    }
+    let store = MemStore::new(
+        Duration::from_secs(5),
+        faults.clone(),
+        dir.path().join("ws"),
+    );
+    let agents = Arc::new(catalogue());
+    let mut tools_cfg = ToolsConfig::default();
+    tools_cfg.http.enabled = false;
+    let start = |n: usize| -> (Arc<Runtime>, Worker) {
+        let mut models = Registry::new();
+        models.insert(
+            "scripted",
+            Arc::new(Flaky {
+                inner: ScriptedProvider::new(dir.path()),
+                faults: faults.clone(),
+            }),
+        );
+        let mut cfg = RuntimeConfig {
+            worker_id: format!("w{n}"),
+            lease: Duration::from_secs(5),
+            ..RuntimeConfig::default()
+        };
+        // No person approves in this world (yet): no tool waits for approval.
+        cfg.limits.approval_required.clear();
+        let rt = Runtime::new(
+            store.backend(),
+            agents.clone(),
+            models,
+            ToolBox::builtin(&tools_cfg),
+            cfg,
+        );
+        let (stop, handles) = rt.spawn_workers(vec!["default".into()], 4);
+        (rt.clone(), Worker { stop, handles })
+    };
+    let mut workers: Vec<Worker> = vec![];
+    let mut runtimes = vec![];
+    for n in 0..WORKERS {
+        let (rt, w) = start(n);
+        runtimes.push(rt);
+        workers.push(w);
+    }
+    // Submitters retry while the backend is unreachable, as a client would.
+    let mut roots = vec![];
+    for i in 0..TREES {
+        let sub = Submission {
+            agent: "boss".into(),
+            mission: format!("topic {i}"),
+            id: Some(format!("tree-{i}")),
+            ..Default::default()
+        };
+        loop {
+            match runtimes[0].submit(sub.clone()).await {
+                Ok(id) => {
+                    roots.push(id);
+                    break;
+                }
+                Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => panic!("submission refused: {e}"),
+            }
+        }
+    }
+    let t0 = tokio::time::Instant::now();
+    let mut crashes = vec![];
+    let mut next_worker = WORKERS;
+    loop {
+        tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
+        if roots_ended(&store, &roots) || t0.elapsed() > TIME_LIMIT {
+            break;
+        }
+        if faults.crash() {
+            let k = faults.draw(workers.len() as u64) as usize;
+            workers.remove(k).kill();
+            runtimes.remove(k);
+            crashes.push(t0.elapsed().as_millis() as u64);
+            let (rt, w) = start(next_worker);
+            next_worker += 1;
+            runtimes.push(rt);
+            workers.push(w);
+        }
+    }
+    let virtual_ms = t0.elapsed().as_millis() as u64;
+    faults.stop();
+    for w in workers {
+        w.kill();
+    }
+    let logs = store.logs();
+    let mut limits = skein_core::Limits::default();
+    limits.approval_required.clear();
+    Run {
+        roots,
+        limits,
+        logs,
+        agents,
+        store,
+        faults,
+        crashes,
+        virtual_ms,
+        _dir: dir,
+    }
+}
+
+fn roots_ended(store: &MemStore, roots: &[SessionId]) -> bool {
+    roots.iter().all(|r| store.ended(r))
+}
