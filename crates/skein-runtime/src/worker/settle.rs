@@ -98,6 +98,20 @@ impl Runtime {
             };
             match last? {
                 Some(rec) => match match outcome_of(&rec.env.body) {
+                    // A cancelled child (a team's member at the team's end, a timeout)
+                    // may have spent tokens: its whole usage rolls up as any child's.
+                    Some(Outcome::Failed { error, .. })
+                        if matches!(rec.env.body, Event::Cancelled(_)) =>
+                    {
+                        let (cf, _) = self.load(child).await?;
+                        let o = Outcome::Failed {
+                            error,
+                            usage: cf.state.usage_total(),
+                            steps: cf.state.steps,
+                        };
+                        self.keep_state(cf);
+                        Some(o)
+                    }
                     Some(o) => Some(o),
                     None => self.needs_input(child).await?,
                 } {
