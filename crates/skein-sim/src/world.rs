@@ -67,9 +67,49 @@ pub const AGENTS: &[(&str, &str, &str)] = &[
     ),
     ("legal", "", "turns:\n  - answer: \"legal: fine\"\n"),
     ("ops", "", "turns:\n  - answer: \"ops: fine\"\n"),
+    (
+        "squad",
+        "team: {members: [scout, builder], supervisor: chief}\n",
+        "turns:\n  - answer: unused\n",
+    ),
+    (
+        "scout",
+        "",
+        r#"turns:
+  - tool_calls:
+      - tool: team_broadcast
+        args: {message: "found it"}
+  - answer: "scout done"
+"#,
+    ),
+    (
+        "builder",
+        "",
+        r#"latency_ms: 3000
+turns:
+  - tool_calls:
+      - tool: team_broadcast
+        args: {message: "built"}
+  - answer: "builder done"
+"#,
+    ),
+    (
+        "chief",
+        "",
+        r#"turns:
+  - choose:
+      - when: "'`scout` (exit)' in (user_messages | join(' '))"
+        answer: "decided"
+      - tool_calls:
+          - tool: team_broadcast
+            args: {message: "go on"}
+  - answer: "decided"
+"#,
+    ),
 ];
 
-/// How many trees a run submits, and how many worker processes it keeps.
+/// How many trees of `boss` a run submits (and one of `squad`), and how many worker
+/// processes it keeps.
 pub const TREES: usize = 3;
 pub const WORKERS: usize = 2;
 /// Virtual time a run may take before a tree that has not ended is a violation.
@@ -190,9 +230,9 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
     }
     // Submitters retry while the backend is unreachable, as a client would.
     let mut roots = vec![];
-    for i in 0..TREES {
+    for i in 0..=TREES {
         let sub = Submission {
-            agent: "boss".into(),
+            agent: if i < TREES { "boss" } else { "squad" }.into(),
             mission: format!("topic {i}"),
             id: Some(format!("tree-{i}")),
             ..Default::default()
