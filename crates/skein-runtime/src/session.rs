@@ -171,7 +171,8 @@ impl Runtime {
     }
 
     /// Appends to a session whose job someone else may hold: on a conflict, reloads and
-    /// retries while `still_valid` holds for the fresh fold.
+    /// retries while `still_valid` holds for the fresh fold. A conflict whose log ends with
+    /// this very event is the append's own lost acknowledgement, and succeeds.
     pub async fn append_from_outside(
         &self,
         mut f: Folded,
@@ -183,6 +184,12 @@ impl Runtime {
                 Ok(()) => return Ok(f),
                 Err(Error::Conflict { .. }) => {
                     let (fresh, _) = self.load(&f.id).await?;
+                    // The write may have landed with its acknowledgement lost (a retried
+                    // publish meets its own record): then it is done.
+                    let last = self.backend.log.last(&f.id).await?;
+                    if last.is_some_and(|r| r.env.body == body) {
+                        return Ok(fresh);
+                    }
                     if !still_valid(&fresh) {
                         self.keep_state(fresh);
                         return Err(Error::refused(
