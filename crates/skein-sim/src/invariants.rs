@@ -86,6 +86,17 @@ pub async fn check(run: &Run) -> Verdict {
             },
             Err(e) => bad(format!("its definition is not stored: {e}")),
         }
+        // A tool that is not idempotent ran at most as often as calls of it were started.
+        let started = recs
+            .iter()
+            .filter(|r| matches!(&r.env.body, Event::ToolCalled(t) if t.tool == "append_note"))
+            .count() as u32;
+        let ran = run.writes.get(id).copied().unwrap_or(0);
+        if ran > started {
+            bad(format!(
+                "append_note ran {ran} times for {started} started calls"
+            ));
+        }
         let mut called = BTreeSet::new();
         let mut settled = BTreeSet::new();
         let mut delegated = BTreeMap::new();

@@ -50,6 +50,24 @@ fn main() -> ExitCode {
                 for j in run.store.jobs_report() {
                     println!("  {j}");
                 }
+                if let Some(s) = first.split(':').next() {
+                    if let Ok(id) = skein_core::SessionId::parse(s) {
+                        if let Some(recs) = run.logs.get(&id) {
+                            println!("log of {id}:");
+                            for r in recs {
+                                println!(
+                                    "  {} {}",
+                                    r.env.seq,
+                                    serde_json::to_string(&r.env.body.to_json())
+                                        .unwrap_or_default()
+                                        .chars()
+                                        .take(160)
+                                        .collect::<String>()
+                                );
+                            }
+                        }
+                    }
+                }
                 for root in &run.roots {
                     if run.store.ended(root) {
                         continue;

@@ -39,14 +39,14 @@ pub const AGENTS: &[(&str, &str, &str)] = &[
     ),
     (
         "helper",
-        "tools: [list_dir, write_file]\nidempotent_tools: [list_dir]\ncache: false\n",
+        "tools: [list_dir, append_note]\ncache: false\n",
         r#"turns:
   - tool_calls:
       - tool: list_dir
         args: {path: "."}
   - tool_calls:
-      - tool: write_file
-        args: {path: "{{ session | replace('.', '_') }}.txt", content: "notes"}
+      - tool: append_note
+        args: {text: "notes on {{ mission }}"}
   - answer: "helped with {{ mission }}"
 "#,
     ),
@@ -131,6 +131,44 @@ impl Provider for Flaky {
     }
 }
 
+/// A tool with a side effect that must not happen twice: it appends a note, and counts
+/// its runs by session. The log says how often a call was started; this says how often
+/// the tool really ran.
+struct AppendNote {
+    runs: Arc<std::sync::Mutex<BTreeMap<SessionId, u32>>>,
+}
+
+#[async_trait]
+impl skein_tools::Tool for AppendNote {
+    fn name(&self) -> &str {
+        "append_note"
+    }
+    fn description(&self) -> &str {
+        "Appends a note to the tree's log book (not idempotent)."
+    }
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+            "additionalProperties": false
+        })
+    }
+    async fn call(
+        &self,
+        ctx: &skein_tools::ToolContext,
+        _args: serde_json::Value,
+    ) -> skein_tools::Result<String> {
+        *self
+            .runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(ctx.session.clone())
+            .or_default() += 1;
+        Ok("noted".into())
+    }
+}
+
 /// What one run saw: its trees, every log at the end, and what struck it.
 pub struct Run {
     pub roots: Vec<SessionId>,
@@ -142,6 +180,8 @@ pub struct Run {
     pub faults: Arc<Faults>,
     /// Virtual ms of each worker kill.
     pub crashes: Vec<u64>,
+    /// How often `append_note` (not idempotent) really ran, by session.
+    pub writes: BTreeMap<SessionId, u32>,
     pub virtual_ms: u64,
     pub _dir: tempfile::TempDir,
 }
@@ -156,7 +196,7 @@ fn catalogue() -> AgentSet {
             )
         })
         .collect();
-    AgentSet::load(&files, &[]).expect("the simulation's agents load")
+    AgentSet::load(&files, &["append_note".to_string()]).expect("the simulation's agents load")
 }
 
 struct Worker {
@@ -195,6 +235,14 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
     let agents = Arc::new(catalogue());
     let mut tools_cfg = ToolsConfig::default();
     tools_cfg.http.enabled = false;
+    let writes = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+    let toolbox = || {
+        let mut b = ToolBox::builtin(&tools_cfg);
+        b.insert(Arc::new(AppendNote {
+            runs: writes.clone(),
+        }));
+        b
+    };
     let start = |n: usize| -> (Arc<Runtime>, Worker) {
         let mut models = Registry::new();
         models.insert(
@@ -211,13 +259,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         };
         // No person approves in this world (yet): no tool waits for approval.
         cfg.limits.approval_required.clear();
-        let rt = Runtime::new(
-            store.backend(),
-            agents.clone(),
-            models,
-            ToolBox::builtin(&tools_cfg),
-            cfg,
-        );
+        let rt = Runtime::new(store.backend(), agents.clone(), models, toolbox(), cfg);
         let (stop, handles) = rt.spawn_workers(vec!["default".into()], 4);
         (rt.clone(), Worker { stop, handles })
     };
@@ -273,6 +315,10 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         w.kill();
     }
     let logs = store.logs();
+    let writes = writes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let mut limits = skein_core::Limits::default();
     limits.approval_required.clear();
     Run {
@@ -283,6 +329,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         store,
         faults,
         crashes,
+        writes,
         virtual_ms,
         _dir: dir,
     }

@@ -13,13 +13,19 @@ fn a_batch_of_seeds_keeps_every_invariant() {
                 v.violations
             );
             // Not vacuous: every tree ran, with its patterns.
-            assert_eq!(run.roots.len(), skein_sim::world::TREES);
-            assert!(
-                v.kinds.get("HandedOff").copied().unwrap_or(0) > 0,
-                "{:?}",
-                v.kinds
-            );
-            assert!(v.kinds.get("AdvisorsConsulted").copied().unwrap_or(0) > 0);
+            assert_eq!(run.roots.len(), skein_sim::world::TREES + 1);
+            for kind in [
+                "HandedOff",
+                "AdvisorsConsulted",
+                "TeamStarted",
+                "TeamBroadcast",
+            ] {
+                assert!(
+                    v.kinds.get(kind).copied().unwrap_or(0) > 0,
+                    "{kind}: {:?}",
+                    v.kinds
+                );
+            }
         }
     }
 }
