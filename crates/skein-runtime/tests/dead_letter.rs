@@ -54,6 +54,24 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
         }
         other => panic!("expected Failed, got {}", other.kind()),
     }
+    // The failure is the worker's, not a decision: replay admits it.
+    let agents = skein_core::AgentSet::load(
+        &[(
+            "solo.md".into(),
+            "---\nname: solo\nmodel: scripted:solo\n---\nAnswer.\n".into(),
+        )],
+        &[],
+    )
+    .unwrap();
+    let verdicts = skein_runtime::replay::verify_tree(
+        &rt.backend,
+        &id,
+        &agents,
+        &skein_core::Limits::default(),
+    )
+    .await
+    .unwrap();
+    assert!(verdicts.iter().all(|v| v.ok), "{verdicts:?}");
     // The model was never called: the session failed before any step.
     let records = rt.backend.log.read(&id, 1).await.unwrap();
     assert!(!records

@@ -181,6 +181,11 @@ impl ToolReturned {
 /// recorded. Read only for records without a kind ([`ToolReturned::refusal_kind`]).
 pub const LEGACY_TURN_OVER_BUDGET: &str = "budget: this turn's delegations ask for";
 
+/// How the error of a session the worker failed as dead-lettered begins. That failure is
+/// the worker's (it counts deliveries, which no log holds), not a decision of the rules:
+/// replay admits it wherever it stands, as it admits a cancellation.
+pub const DEAD_LETTER_PREFIX: &str = "dead-lettered: ";
+
 /// A refusal reason that later decisions read back from the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -174,8 +174,9 @@ impl Runtime {
                 Err(e) => format!("none: its definition cannot be read ({e})"),
             };
             let mut error = format!(
-                "dead-lettered: the job of this session was delivered {} times without \
+                "{}the job of this session was delivered {} times without \
                  finishing (max_deliver {}); the step it could not get past: {due}",
+                skein_core::event::DEAD_LETTER_PREFIX,
                 job.attempt - 1,
                 self.cfg.max_deliver
             );
