@@ -97,6 +97,15 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: &str) -> Result<(Claim
     };
     if !open_now {
         let why = if f.state.used_tokens.contains(&claims.nonce) {
+            // The answer is recorded; the wake that followed it may have failed (the
+            // backend unreachable just then), and whoever holds the token tries again:
+            // wake the session now (if that fails too, the caller is told so, and tries
+            // again), and still refuse the token.
+            let pool = pool_of(&f);
+            if let Err(e) = rt.backend.jobs.push(&pool, &claims.session).await {
+                rt.keep_state(f);
+                return Err(e);
+            }
             "reused token: it was already answered".to_string()
         } else {
             format!(
