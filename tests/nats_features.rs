@@ -4,7 +4,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -24,24 +24,8 @@ fn worker_of(sb: &Sandbox, url: &str, name: &str, pools: &[&str]) -> Child {
         c.args(["--pools", &pools.join(",")]);
     }
     c.env("SKEIN_TOKEN_SECRET", SECRET)
-        .env("SKEIN__RUNTIME__WORKER_ID", name)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "worker {name} exited"
-        );
-        if line.contains("ready") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in err.lines() {});
-    child
+        .env("SKEIN__RUNTIME__WORKER_ID", name);
+    start_worker(c, name)
 }
 
 fn cli(sb: &Sandbox, url: &str, args: &[&str]) -> std::process::Output {

@@ -390,24 +390,8 @@ fn worker(cfg: &Path, url: &str, data: &Path, name: &str) -> Child {
         .env("SKEIN__RUNTIME__WORKER_ID", name)
         .env("SKEIN_TOKEN_SECRET", SECRET)
         // A killed worker's jobs are taken over once their lease runs out.
-        .env("SKEIN__RUNTIME__LEASE", "3s")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "worker {name} exited"
-        );
-        if line.contains("ready") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in err.lines() {});
-    child
+        .env("SKEIN__RUNTIME__LEASE", "3s");
+    start_worker(c, name)
 }
 
 fn cli(cfg: &Path, url: &str, data: &Path, args: &[&str]) -> std::process::Output {

@@ -176,6 +176,28 @@ pub fn audit_all(data: &Path, agents_dir: &Path) -> usize {
     })
 }
 
+/// Starts a `skein … worker` command (stderr piped) and returns once it says `ready`;
+/// its later output is drained so that it never blocks on a full pipe.
+pub fn start_worker(mut c: Command, name: &str) -> std::process::Child {
+    use std::io::BufRead;
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("the worker starts");
+    let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).expect("read stderr") > 0,
+            "worker {name} exited"
+        );
+        if line.contains("ready") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in err.lines() {});
+    child
+}
+
 /// Kills the worker processes it holds when the test ends, however it ends.
 pub struct Workers(pub Vec<std::process::Child>);
 
