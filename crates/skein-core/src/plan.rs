@@ -403,7 +403,7 @@ impl Plan {
         if let Some(path) = next.find_cycle() {
             return Err(Rejection::Cycle { path });
         }
-        next.version = self.version + 1;
+        next.version = self.version.saturating_add(1);
         Ok(next)
     }
 

@@ -51,7 +51,7 @@ impl Turn<'_> {
                 context: None,
                 inputs: Value::Null,
                 custom: None,
-                depth: self.depth + 1,
+                depth: self.depth.saturating_add(1),
                 budget: Budget::default(),
                 ancestry: self.path.clone(),
                 resume: Some(Resume {
@@ -169,10 +169,10 @@ impl Turn<'_> {
                 ));
             }
         }
-        if self.depth + 1 > self.limits.max_depth {
+        if self.depth >= self.limits.max_depth {
             return Err(format!(
                 "call_agent: depth limit: the child would run at depth {}, the limit is {}",
-                self.depth + 1,
+                self.depth.saturating_add(1),
                 self.limits.max_depth
             ));
         }
@@ -235,7 +235,7 @@ impl Turn<'_> {
             context: args.context,
             inputs: args.inputs.unwrap_or(Value::Null),
             custom,
-            depth: self.depth + 1,
+            depth: self.depth.saturating_add(1),
             budget: Budget {
                 tokens: child_budget,
                 max_steps: args.budget.and_then(|b| b.max_steps),

@@ -317,7 +317,7 @@ impl Step {
         if matches!(ev, Event::Cancelled(_) | Event::Unknown { .. }) {
             return Ok(());
         }
-        if matches!(ev, Event::Failed(f) if f.error.starts_with(crate::event::DEAD_LETTER_PREFIX)) {
+        if matches!(ev, Event::Failed(f) if f.is_dead_letter()) {
             return Ok(());
         }
         // A sub-agent's patch, a teammate's broadcast arrive from outside, whatever this

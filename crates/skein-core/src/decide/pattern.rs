@@ -223,10 +223,10 @@ impl Turn<'_> {
                 self.path.join(" → ")
             ));
         }
-        if self.depth + 1 > self.limits.max_depth {
+        if self.depth >= self.limits.max_depth {
             return Err(format!(
                 "{what}: depth limit: `{agent}` would run at depth {}, the limit is {}",
-                self.depth + 1,
+                self.depth.saturating_add(1),
                 self.limits.max_depth
             ));
         }
@@ -287,7 +287,7 @@ impl Turn<'_> {
                 .map(|s| s.inputs.clone())
                 .unwrap_or_default(),
             custom: None,
-            depth: self.depth + 1,
+            depth: self.depth.saturating_add(1),
             budget: Budget {
                 tokens: target.front.limits.max_tokens,
                 max_steps,

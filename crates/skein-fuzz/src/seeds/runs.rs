@@ -203,6 +203,18 @@ pub(super) async fn runs(corpus: &Path) -> Result<()> {
         write(corpus, "event", "huge-usage", &event::join(&log))?;
     }
 
+    // A session at the top of the depth range that delegates: the child's depth must not
+    // overflow (the fuzzer found `depth + 1` panicking on such a log).
+    let brief_log = rt.backend.log.read(&brief, 1).await.map_err(other)?;
+    if let [first, second, ..] = brief_log.as_slice() {
+        let mut env = skein_core::Envelope::decode(&first.bytes).map_err(other)?;
+        if let Event::Submitted(s) = &mut env.body {
+            s.depth = u32::MAX;
+        }
+        let log = vec![env.encode().map_err(other)?, second.bytes.clone()];
+        write(corpus, "event", "deepest-delegates", &event::join(&log))?;
+    }
+
     // A tampered export: two lines swapped and one altered.
     let brief_export = std::fs::read(corpus.join("audit/brief.jsonl")).map_err(other)?;
     let text = String::from_utf8_lossy(&brief_export);
