@@ -308,6 +308,7 @@ mod tests {
                 error: "bad\x1b[2K".into(),
                 usage_total: Usage::default(),
                 steps: 1,
+                dead_letter: false,
             }),
         ] {
             let env = Envelope::new(id.clone(), 2, 10, "p".into(), body);

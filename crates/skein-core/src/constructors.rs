@@ -85,6 +85,18 @@ impl Event {
             error: error.into(),
             usage_total,
             steps,
+            dead_letter: false,
+        })
+    }
+
+    /// The worker's failure of a session whose job was delivered too often
+    /// ([`Failed::dead_letter`]); `why` follows [`crate::event::DEAD_LETTER_PREFIX`].
+    pub fn dead_lettered(why: &str, usage_total: Usage, steps: u32) -> Event {
+        Event::Failed(Failed {
+            error: format!("{}{why}", crate::event::DEAD_LETTER_PREFIX),
+            usage_total,
+            steps,
+            dead_letter: true,
         })
     }
 }

@@ -404,6 +404,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                         error,
                         usage_total: state.usage_total(),
                         steps: state.steps,
+                        dead_letter: false,
                     }),
                     &mut log,
                     &mut state,

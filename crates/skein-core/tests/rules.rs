@@ -125,6 +125,28 @@ fn a_delegation_past_max_depth_is_refused() {
     assert_eq!(ds[0].depth, 1);
 }
 
+#[test]
+fn a_log_claiming_the_deepest_depth_is_refused_not_overflowed() {
+    // A forged or damaged record may claim any depth: the child's would not fit in a u32.
+    given(team(), "boss")
+        .limits(Limits {
+            max_depth: u32::MAX,
+            ..Limits::default()
+        })
+        .events([
+            submitted_with("boss", u32::MAX, &["top"], None),
+            turn(&[("c1", "call_agent", call("expert", "estimate"))], 10),
+        ])
+        .when_deciding()
+        .then_refused(
+            "c1",
+            &format!(
+                "depth limit: the child would run at depth {m}, the limit is {m}",
+                m = u32::MAX
+            ),
+        );
+}
+
 // ---- per-turn limits ----------------------------------------------------------------
 
 #[test]
@@ -575,4 +597,39 @@ fn a_delegation_refused_for_its_plan_tasks_takes_no_child_number() {
         .when_deciding()
         .then_delegates(&["c2"]);
     assert_eq!(ds[0].child, expert_child());
+}
+
+// ---- the worker's failures ----------------------------------------------------------
+
+#[test]
+fn replay_admits_the_workers_dead_letter_by_its_flag_and_old_records_by_their_text() {
+    let def = team();
+    let g = given(team(), "boss").events([submitted("boss")]);
+    let verify_with_last = |last: skein_core::Event| {
+        let mut log = g.log_envelopes();
+        let at = log.len() as u64 + 1;
+        log.push(skein_core::Envelope::new(
+            root(),
+            at,
+            1,
+            String::new(),
+            last,
+        ));
+        skein_core::replay::verify(&log, def.get("boss").unwrap(), &Limits::default(), &def)
+    };
+    let usage = skein_core::Usage::default();
+    verify_with_last(skein_core::Event::dead_lettered(
+        "delivered 9 times",
+        usage,
+        0,
+    ))
+    .expect("a dead letter is the worker's, not a decision");
+    let legacy = skein_core::Event::failed(
+        format!("{}delivered 9 times", skein_core::event::DEAD_LETTER_PREFIX),
+        usage,
+        0,
+    );
+    verify_with_last(legacy).expect("a dead letter written before the flag");
+    let d = verify_with_last(skein_core::Event::failed("gave up", usage, 0)).unwrap_err();
+    assert_eq!(d.seq, 2, "any other failure must be decided: {d:?}");
 }

@@ -43,7 +43,11 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
     let last = rt.backend.log.last(&id).await.unwrap().unwrap();
     match &last.env.body {
         Event::Failed(f) => {
-            assert!(f.error.contains("dead-lettered"), "{}", f.error);
+            assert!(
+                f.dead_letter && f.error.contains("dead-lettered"),
+                "{}",
+                f.error
+            );
             assert!(f.error.contains("delivered 3 times"), "{}", f.error);
             assert!(
                 f.error

@@ -181,9 +181,9 @@ impl ToolReturned {
 /// recorded. Read only for records without a kind ([`ToolReturned::refusal_kind`]).
 pub const LEGACY_TURN_OVER_BUDGET: &str = "budget: this turn's delegations ask for";
 
-/// How the error of a session the worker failed as dead-lettered begins. That failure is
-/// the worker's (it counts deliveries, which no log holds), not a decision of the rules:
-/// replay admits it wherever it stands, as it admits a cancellation.
+/// How the error of a session the worker failed as dead-lettered begins, for the people
+/// who read it; the record's `dead_letter` flag is what replay reads
+/// ([`Failed::is_dead_letter`]).
 pub const DEAD_LETTER_PREFIX: &str = "dead-lettered: ";
 
 /// A refusal reason that later decisions read back from the log.
@@ -369,6 +369,20 @@ pub struct Failed {
     pub usage_total: Usage,
     #[serde(default)]
     pub steps: u32,
+    /// The worker failed the session after its job was delivered too often: a fact of the
+    /// deliveries, which no log holds, not a decision of the rules. Absent (false) from
+    /// every other failure and from records written before it existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dead_letter: bool,
+}
+
+impl Failed {
+    /// Whether the worker failed this session as dead-lettered. A record written before the
+    /// flag existed says so only in its text, which began with [`DEAD_LETTER_PREFIX`]: such
+    /// a record is read as dead-lettered, so old logs replay as they did.
+    pub fn is_dead_letter(&self) -> bool {
+        self.dead_letter || self.error.starts_with(DEAD_LETTER_PREFIX)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -174,16 +174,15 @@ impl Runtime {
                 Err(e) => format!("none: its definition cannot be read ({e})"),
             };
             let mut error = format!(
-                "{}the job of this session was delivered {} times without \
+                "the job of this session was delivered {} times without \
                  finishing (max_deliver {}); the step it could not get past: {due}",
-                skein_core::event::DEAD_LETTER_PREFIX,
                 job.attempt - 1,
                 self.cfg.max_deliver
             );
             if let Some(m) = &f.state.last_model_error {
                 error.push_str(&format!("; the last model error: {m}"));
             }
-            let body = Event::failed(error, f.state.usage_total(), f.state.steps);
+            let body = Event::dead_lettered(&error, f.state.usage_total(), f.state.steps);
             self.append(f, body).await?;
             crate::metrics::job_dead_lettered(&job.pool);
         }
