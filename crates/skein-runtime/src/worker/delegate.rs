@@ -12,7 +12,7 @@ use skein_core::{AgentDef, Event, SessionId, Status};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
 use crate::session::Folded;
-use crate::{now_ms, Error, Result};
+use crate::{Error, Result};
 
 impl Runtime {
     pub(crate) async fn delegate(
@@ -71,7 +71,15 @@ impl Runtime {
                 && d.grant.is_none()
                 && d.team.is_none();
             if caching {
-                if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
+                // The entry an earlier attempt's own child made (this step created the
+                // child, then stopped before recording it) is that child's run, not a
+                // saving: adopt the child below, so its usage rolls up.
+                let hit = self
+                    .backend
+                    .cache
+                    .get(&hash, self.cfg.clock.now_ms())
+                    .await?;
+                if let Some(hit) = hit.filter(|h| h.source != d.child) {
                     parent_events.push(Event::CacheHit(CacheHit {
                         call: d.call.clone(),
                         mission_hash: hash,
@@ -126,6 +134,7 @@ impl Runtime {
                 trace: Some(crate::trace::for_child(
                     &d.child,
                     parent_sub.trace.as_deref(),
+                    &*self.cfg.clock,
                 )),
                 ancestry: d.ancestry.clone(),
                 no_cache: parent_sub.no_cache || d.grant.is_some() || d.team.is_some(),
