@@ -7,6 +7,7 @@
 //! both plug into the same ports and pass the same conformance suite.
 
 pub mod audit;
+pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod control;

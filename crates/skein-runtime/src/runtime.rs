@@ -38,6 +38,8 @@ pub struct RuntimeConfig {
     pub state_cache: usize,
     /// Signs resume tokens.
     pub token_secret: crate::secret::Secret,
+    /// The wall clock and the draws of chance (a simulation's are virtual and seeded).
+    pub clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
 impl Default for RuntimeConfig {
@@ -51,6 +53,7 @@ impl Default for RuntimeConfig {
             cache_ttl: Some(Duration::from_secs(24 * 3600)),
             state_cache: 10_000,
             token_secret: crate::secret::Secret(crate::secret::new_token_id().into_bytes()),
+            clock: std::sync::Arc::new(crate::clock::SystemClock),
         }
     }
 }

@@ -11,7 +11,7 @@ use skein_core::event::{genesis_hash, Submitted};
 use skein_core::{AgentDef, Envelope, Event, Record, SessionId, SessionState};
 
 use crate::runtime::{lock, Progress, Runtime};
-use crate::{now_ms, Error, Result};
+use crate::{Error, Result};
 
 /// A session's folded state and what the worker needs to append to it.
 #[derive(Debug, Clone)]
@@ -75,7 +75,7 @@ impl Runtime {
     }
 
     pub(crate) fn seal(&self, f: &Folded, seq: u64, prev: String, body: Event) -> Result<Record> {
-        let env = Envelope::new(f.id.clone(), seq, now_ms(), prev, body);
+        let env = Envelope::new(f.id.clone(), seq, self.cfg.clock.now_ms(), prev, body);
         let bytes = env.encode()?;
         Ok(Record { env, bytes })
     }

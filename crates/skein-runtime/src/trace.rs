@@ -7,7 +7,6 @@
 //! context; for a root, the traceparent it was submitted with (the caller's span, whose
 //! child the root's span is), or else a new trace with the root's own span.
 
-use rand::Rng;
 use skein_core::SessionId;
 
 /// The parts of a valid traceparent: trace id, span (parent) id, flags.
@@ -53,11 +52,11 @@ pub fn session_span(trace: u128, session: &SessionId) -> u64 {
 
 /// What a new root records: the caller's traceparent when it is valid (the root's span
 /// continues its trace), else a new sampled trace with the root's own span.
-pub fn for_root(root: &SessionId, caller: Option<&str>) -> String {
+pub fn for_root(root: &SessionId, caller: Option<&str>, clock: &dyn crate::clock::Clock) -> String {
     match caller.map(str::trim).filter(|c| parse(c).is_some()) {
         Some(c) => c.to_string(),
         None => {
-            let trace: u128 = rand::thread_rng().gen::<u128>().max(1);
+            let trace = ((u128::from(clock.draw()) << 64) | u128::from(clock.draw())).max(1);
             format(trace, session_span(trace, root), 1)
         }
     }
@@ -65,10 +64,14 @@ pub fn for_root(root: &SessionId, caller: Option<&str>) -> String {
 
 /// What a child records: its own span context in its parent's trace (`parent_trace`, as
 /// the parent recorded it); a new trace if the parent has none that is valid.
-pub fn for_child(child: &SessionId, parent_trace: Option<&str>) -> String {
+pub fn for_child(
+    child: &SessionId,
+    parent_trace: Option<&str>,
+    clock: &dyn crate::clock::Clock,
+) -> String {
     match parent_trace.and_then(parse) {
         Some((trace, _, flags)) => format(trace, session_span(trace, child), flags),
-        None => for_root(child, None),
+        None => for_root(child, None, clock),
     }
 }
 
@@ -107,6 +110,7 @@ impl SessionSpan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::SystemClock;
 
     const CALLER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -117,7 +121,7 @@ mod tests {
     #[test]
     fn a_root_continues_its_callers_trace_and_children_get_spans_of_their_own() {
         let root = id("r1");
-        let rec = for_root(&root, Some(CALLER));
+        let rec = for_root(&root, Some(CALLER), &SystemClock);
         assert_eq!(rec, CALLER);
         let r = SessionSpan::of(&root, &rec, None).unwrap();
         assert_eq!(
@@ -127,7 +131,10 @@ mod tests {
         assert_eq!(r.parent, Some(0x00f0_67aa_0ba9_02b7), "the caller's span");
         assert_ne!(r.span, 0x00f0_67aa_0ba9_02b7);
         let (a, b) = (id("r1/researcher-1"), id("r1/researcher-2"));
-        let (ra, rb) = (for_child(&a, Some(&rec)), for_child(&b, Some(&rec)));
+        let (ra, rb) = (
+            for_child(&a, Some(&rec), &SystemClock),
+            for_child(&b, Some(&rec), &SystemClock),
+        );
         let sa = SessionSpan::of(&a, &ra, Some(&root)).unwrap();
         let sb = SessionSpan::of(&b, &rb, Some(&root)).unwrap();
         assert_eq!((sa.trace, sb.trace), (r.trace, r.trace));
@@ -136,10 +143,10 @@ mod tests {
         assert_eq!(sa.traceparent(), ra, "a child records its own span context");
         // A grandchild's parent is the child's span, computed from ids alone.
         let g = id("r1/researcher-1/helper-1");
-        let sg = SessionSpan::of(&g, &for_child(&g, Some(&ra)), Some(&a)).unwrap();
+        let sg = SessionSpan::of(&g, &for_child(&g, Some(&ra), &SystemClock), Some(&a)).unwrap();
         assert_eq!(sg.parent, Some(sa.span));
         let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
-        assert!(for_child(&a, Some(unsampled)).ends_with("-00"));
+        assert!(for_child(&a, Some(unsampled), &SystemClock).ends_with("-00"));
     }
 
     #[test]
@@ -156,14 +163,14 @@ mod tests {
             Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"),
             Some("00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01"),
         ] {
-            let rec = for_root(&root, bad);
+            let rec = for_root(&root, bad, &SystemClock);
             let s = SessionSpan::of(&root, &rec, None).unwrap();
             assert_eq!(s.parent, None, "{bad:?}");
             assert!(!rec.contains("4bf92f35"), "{bad:?}");
         }
         assert_ne!(
-            for_root(&root, None),
-            for_root(&root, None),
+            for_root(&root, None, &SystemClock),
+            for_root(&root, None, &SystemClock),
             "a new trace each time"
         );
         // A later version may carry more fields after the four it shares with 00.

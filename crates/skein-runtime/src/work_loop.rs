@@ -20,7 +20,8 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use futures::FutureExt;
 use tokio::sync::watch;
@@ -241,6 +242,7 @@ impl Runtime {
                     }
                 };
                 let claimed = tokio::select! {
+                    biased;
                     c = claim => c,
                     _ = stop.changed() => break,
                 };
@@ -255,8 +257,9 @@ impl Runtime {
                     Err(e) => {
                         health.failed(pool, &e);
                         tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                            biased;
                             _ = stop.changed() => break,
+                            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                         }
                     }
                 }
@@ -410,8 +413,9 @@ impl Runtime {
     async fn sweeper(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         while !*stop.borrow() {
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                biased;
                 _ = stop.changed() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             if self.loops.health.sweep_due() {
                 if let Err(e) = self.sweep_open_trees().await {

@@ -51,6 +51,14 @@ pub struct Rates {
     pub model_fails: f64,
     /// A worker process is killed, per scheduler tick (every 50 to 450 virtual ms).
     pub crash: f64,
+    /// A notice arrives late (up to 2 virtual s), after notices posted after it.
+    pub notice_late: f64,
+    /// A model call takes long: up to twice the lease.
+    pub slow: f64,
+    /// A heartbeat is lost: the job's lease may run out while its worker holds it.
+    pub heartbeat_lost: f64,
+    /// An operator cancels an unfinished tree, per scheduler tick.
+    pub cancel: f64,
 }
 
 impl Rates {
@@ -62,6 +70,10 @@ impl Rates {
         notice_twice: 0.05,
         model_fails: 0.05,
         crash: 0.03,
+        notice_late: 0.05,
+        slow: 0.02,
+        heartbeat_lost: 0.1,
+        cancel: 0.002,
     };
 
     /// Swarm testing: each seed draws its own rates, some faults off entirely and others
@@ -81,6 +93,10 @@ impl Rates {
             notice_twice: pick(0.5),
             model_fails: pick(0.2),
             crash: pick(0.1),
+            notice_late: pick(0.5),
+            slow: pick(0.2),
+            heartbeat_lost: pick(0.8),
+            cancel: pick(0.01),
         }
     }
 }
@@ -94,6 +110,10 @@ pub struct Faults {
     pub notices_lost: AtomicU64,
     pub notices_twice: AtomicU64,
     pub model_failures: AtomicU64,
+    pub notices_late: AtomicU64,
+    pub slow_calls: AtomicU64,
+    pub heartbeats_lost: AtomicU64,
+    pub cancels: AtomicU64,
     /// Off while the invariants are checked: the checks read the store too.
     on: std::sync::atomic::AtomicBool,
 }
@@ -108,6 +128,10 @@ impl Faults {
             notices_lost: AtomicU64::new(0),
             notices_twice: AtomicU64::new(0),
             model_failures: AtomicU64::new(0),
+            notices_late: AtomicU64::new(0),
+            slow_calls: AtomicU64::new(0),
+            heartbeats_lost: AtomicU64::new(0),
+            cancels: AtomicU64::new(0),
             on: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -150,6 +174,26 @@ impl Faults {
         }
     }
 
+    /// How late a notice arrives, if it does not arrive at once.
+    pub fn notice_delay(&self) -> Option<std::time::Duration> {
+        self.roll(self.rates.notice_late, &self.notices_late)
+            .then(|| std::time::Duration::from_millis(1 + self.draw(2000)))
+    }
+
+    /// How long a slow model call takes, if this one is slow (`lease` is the jobs').
+    pub fn slow_call(&self, lease: std::time::Duration) -> Option<std::time::Duration> {
+        self.roll(self.rates.slow, &self.slow_calls)
+            .then(|| std::time::Duration::from_millis(1 + self.draw(2 * lease.as_millis() as u64)))
+    }
+
+    pub fn heartbeat_lost(&self) -> bool {
+        self.roll(self.rates.heartbeat_lost, &self.heartbeats_lost)
+    }
+
+    pub fn cancel(&self) -> bool {
+        self.roll(self.rates.cancel, &self.cancels)
+    }
+
     pub fn model_fails(&self) -> bool {
         self.roll(self.rates.model_fails, &self.model_failures)
     }
@@ -169,5 +213,41 @@ impl Faults {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .chance(self.rates.crash)
+    }
+}
+
+/// The runtime's clock in a simulation: wall time is a fixed epoch plus the virtual time
+/// elapsed, and draws come from the seed (a stream of their own, so that adding a draw in
+/// the runtime does not move the faults).
+#[derive(Debug)]
+pub struct SimClock {
+    epoch_ms: u64,
+    t0: tokio::time::Instant,
+    rng: Mutex<Rng>,
+}
+
+impl SimClock {
+    /// 2023-11-14T22:13:20Z: any fixed moment will do.
+    pub const EPOCH_MS: u64 = 1_700_000_000_000;
+
+    pub fn new(seed: u64) -> Self {
+        SimClock {
+            epoch_ms: Self::EPOCH_MS,
+            t0: tokio::time::Instant::now(),
+            rng: Mutex::new(Rng::new(seed.rotate_left(32) ^ 0xc10c)),
+        }
+    }
+}
+
+impl skein_runtime::clock::Clock for SimClock {
+    fn now_ms(&self) -> u64 {
+        self.epoch_ms + self.t0.elapsed().as_millis() as u64
+    }
+
+    fn draw(&self) -> u64 {
+        self.rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .next_u64()
     }
 }

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use skein_core::event::Outcome;
 use skein_core::replay::verify;
-use skein_core::{AgentDef, Event, SessionId, Usage};
+use skein_core::{AgentDef, Event, SessionId, SessionState, Usage};
 
 use crate::world::Run;
 
@@ -85,6 +85,59 @@ pub async fn check(run: &Run) -> Verdict {
                 Err(e) => bad(format!("its stored definition does not parse: {e}")),
             },
             Err(e) => bad(format!("its definition is not stored: {e}")),
+        }
+        // Depth: as the id nests, and within the limit.
+        let nesting = id.as_str().matches('.').count() as u32;
+        if sub.depth != nesting || sub.depth > limits.max_depth {
+            bad(format!(
+                "runs at depth {} (its id nests {nesting}, the limit is {})",
+                sub.depth, limits.max_depth
+            ));
+        }
+        // Budget: no model call once the session's tokens were spent, and no child given
+        // more than was free.
+        if sub.budget.tokens.is_some() {
+            for i in 1..recs.len() {
+                let before = || {
+                    let envs: Vec<_> = recs[..i].iter().map(|r| r.env.clone()).collect();
+                    SessionState::fold(&envs)
+                };
+                match &recs[i].env.body {
+                    Event::ModelCalled(_) if before().tokens_free() == Some(0) => bad(format!(
+                        "model called at seq {} with its token budget spent",
+                        i + 1
+                    )),
+                    Event::Delegated(d) => {
+                        if let (Some(a), Some(free)) = (d.allotted_tokens, before().tokens_free()) {
+                            if a > free {
+                                bad(format!("gave {} {a} tokens, {free} were free", d.child));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // A cache hit answers what its source's run answered, for the same mission.
+        for r in recs {
+            let Event::CacheHit(h) = &r.env.body else {
+                continue;
+            };
+            let source = run.logs.get(&h.source);
+            let same_mission = matches!(
+                source.and_then(|l| l.first()).map(|r| &r.env.body),
+                Some(Event::Submitted(s)) if s.mission_hash == h.mission_hash
+            );
+            let answered = match source.and_then(|l| l.last()).map(|r| &r.env.body) {
+                Some(Event::Completed(c)) => c.answer == h.answer,
+                _ => false,
+            };
+            if !same_mission || !answered {
+                bad(format!(
+                    "cache hit for {} does not answer what {} answered for that mission",
+                    h.call, h.source
+                ));
+            }
         }
         // A tool that is not idempotent ran at most as often as calls of it were started.
         let started = recs

@@ -24,14 +24,19 @@ fn main() -> ExitCode {
         println!("seed {seed}{}", if swarm { " (swarm)" } else { "" });
         println!("rates: {:?}", f.rates);
         println!(
-            "schedule: worker kills at {:?} virtual ms; {} conflicts, {} unreachable calls, \
-             {} notices lost, {} posted twice, {} model failures; {} virtual ms",
+            "schedule: worker kills at {:?} virtual ms; trees cancelled {:?}; {} conflicts, \
+             {} unreachable calls, {} notices lost, {} posted twice, {} late, {} model \
+             failures, {} slow calls, {} heartbeats lost; {} virtual ms",
             run.crashes,
+            run.cancelled,
             f.conflicts.load(Ordering::Relaxed),
             f.unreachable.load(Ordering::Relaxed),
             f.notices_lost.load(Ordering::Relaxed),
             f.notices_twice.load(Ordering::Relaxed),
+            f.notices_late.load(Ordering::Relaxed),
             f.model_failures.load(Ordering::Relaxed),
+            f.slow_calls.load(Ordering::Relaxed),
+            f.heartbeats_lost.load(Ordering::Relaxed),
             run.virtual_ms
         );
         println!(
@@ -39,6 +44,30 @@ fn main() -> ExitCode {
             v.sessions, v.events, v.failed_roots
         );
         println!("events by kind: {:?}", v.kinds);
+        if std::env::var_os("SKEIN_SIM_DUMP").is_some() {
+            let mut all: Vec<_> = run.logs.values().flatten().collect();
+            all.sort_by_key(|r| (r.env.at, r.env.session.clone(), r.env.seq));
+            let show = std::env::var("SKEIN_SIM_DUMP").unwrap_or_default();
+            for r in all {
+                if !show.is_empty() && r.env.session.as_str().starts_with(show.as_str()) {
+                    println!(
+                        "{} {} {} {}",
+                        r.env.at,
+                        r.env.session,
+                        r.env.seq,
+                        serde_json::to_string(&r.env.body.to_json()).unwrap_or_default()
+                    );
+                } else {
+                    println!(
+                        "{} {} {} {}",
+                        r.env.at,
+                        r.env.session,
+                        r.env.seq,
+                        r.env.body.kind()
+                    );
+                }
+            }
+        }
         return match v.violations.first() {
             None => {
                 println!("ok: every invariant holds");
@@ -47,7 +76,7 @@ fn main() -> ExitCode {
             Some(first) => {
                 println!("first violation: {first}");
                 println!("jobs at the end:");
-                for j in run.store.jobs_report() {
+                for j in &run.jobs_at_end {
                     println!("  {j}");
                 }
                 if let Some(s) = first.split(':').next() {
@@ -103,6 +132,7 @@ fn main() -> ExitCode {
     let mut kinds = std::collections::BTreeMap::new();
     let (mut crashes, mut conflicts, mut unreachable, mut lost, mut twice, mut model) =
         (0, 0, 0, 0, 0, 0);
+    let (mut late, mut slow, mut beats, mut cancels) = (0, 0, 0, 0);
     for seed in from..from + n {
         let (run, v) = skein_sim::simulate(seed, swarm);
         let f = &run.faults;
@@ -112,6 +142,10 @@ fn main() -> ExitCode {
         lost += f.notices_lost.load(Ordering::Relaxed);
         twice += f.notices_twice.load(Ordering::Relaxed);
         model += f.model_failures.load(Ordering::Relaxed);
+        late += f.notices_late.load(Ordering::Relaxed);
+        slow += f.slow_calls.load(Ordering::Relaxed);
+        beats += f.heartbeats_lost.load(Ordering::Relaxed);
+        cancels += run.cancelled.len() as u64;
         for (k, c) in v.kinds {
             *kinds.entry(k).or_insert(0u64) += c;
         }
@@ -132,7 +166,9 @@ fn main() -> ExitCode {
     );
     println!(
         "faults: {crashes} worker kills, {conflicts} append conflicts, {unreachable} \
-         unreachable calls, {lost} notices lost, {twice} posted twice, {model} model failures"
+         unreachable calls, {lost} notices lost, {twice} posted twice, {late} late, {model} \
+         model failures, {slow} slow model calls, {beats} heartbeats lost, {cancels} trees \
+         cancelled"
     );
     println!("events by kind: {kinds:?}");
     if bad == 0 {

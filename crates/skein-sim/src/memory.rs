@@ -57,11 +57,13 @@ pub struct MemStore {
     next: AtomicU64,
     faults: Arc<Faults>,
     workspaces: PathBuf,
+    /// Itself, for the tasks that deliver late notices.
+    me: std::sync::Weak<MemStore>,
 }
 
 impl MemStore {
     pub fn new(lease: Duration, faults: Arc<Faults>, workspaces: PathBuf) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new_cyclic(|me| Self {
             inner: Mutex::new(Inner::default()),
             job_ready: Notify::new(),
             lease,
@@ -69,6 +71,7 @@ impl MemStore {
             next: AtomicU64::new(1),
             faults,
             workspaces,
+            me: me.clone(),
         })
     }
 
@@ -356,6 +359,9 @@ impl JobQueue for MemStore {
 
     async fn heartbeat(&self, job: &Job) -> Result<()> {
         self.reach("heartbeat")?;
+        if self.faults.heartbeat_lost() {
+            return Ok(());
+        }
         let until = self.now() + self.lease.as_millis() as u64;
         self.update_held(job, |r| {
             r.held_until = Some(until);
@@ -469,10 +475,24 @@ impl Notices for MemStore {
         // A notice may be lost (the parent heals from its children's logs when it is
         // next loaded cold) or posted twice.
         let copies = self.faults.notice_copies();
-        let mut g = self.lock();
         for _ in 0..copies {
+            if let Some(late) = self.faults.notice_delay() {
+                let (me, parent, child) = (self.me.clone(), parent.clone(), child.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(late).await;
+                    let Some(me) = me.upgrade() else { return };
+                    let pos = me.id();
+                    me.lock()
+                        .notices
+                        .entry(parent)
+                        .or_default()
+                        .push((pos, child));
+                });
+                continue;
+            }
             let pos = self.id();
-            g.notices
+            self.lock()
+                .notices
                 .entry(parent.clone())
                 .or_default()
                 .push((pos, child.clone()));
@@ -513,6 +533,6 @@ impl Notices for MemStore {
 
 impl Workspaces for MemStore {
     fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace> {
-        Arc::new(LocalWorkspace::new(self.workspaces.join(root.as_str())))
+        Arc::new(LocalWorkspace::new(self.workspaces.join(root.as_str())).inline())
     }
 }

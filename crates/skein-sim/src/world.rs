@@ -112,6 +112,8 @@ turns:
 /// processes it keeps.
 pub const TREES: usize = 3;
 pub const WORKERS: usize = 2;
+/// How long a claimed job is held without a heartbeat.
+pub const LEASE: Duration = Duration::from_secs(5);
 /// Virtual time a run may take before a tree that has not ended is a violation.
 pub const TIME_LIMIT: Duration = Duration::from_secs(30 * 60);
 
@@ -119,11 +121,15 @@ pub const TIME_LIMIT: Duration = Duration::from_secs(30 * 60);
 struct Flaky {
     inner: ScriptedProvider,
     faults: Arc<Faults>,
+    lease: Duration,
 }
 
 #[async_trait]
 impl Provider for Flaky {
     async fn complete(&self, model: &str, req: &ModelRequest) -> skein_llm::Result<Completion> {
+        if let Some(slow) = self.faults.slow_call(self.lease) {
+            tokio::time::sleep(slow).await;
+        }
         if self.faults.model_fails() {
             return Err(skein_llm::Error::Connect("simulated outage".into()));
         }
@@ -180,9 +186,13 @@ pub struct Run {
     pub faults: Arc<Faults>,
     /// Virtual ms of each worker kill.
     pub crashes: Vec<u64>,
+    /// Trees an operator cancelled.
+    pub cancelled: Vec<SessionId>,
     /// How often `append_note` (not idempotent) really ran, by session.
     pub writes: BTreeMap<SessionId, u32>,
     pub virtual_ms: u64,
+    /// The queues when the run stopped (taken in virtual time).
+    pub jobs_at_end: Vec<String>,
     pub _dir: tempfile::TempDir,
 }
 
@@ -223,15 +233,12 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         Rates::DEFAULT
     };
     let faults = Arc::new(Faults::new(rates, rng));
+    let clock = Arc::new(crate::faults::SimClock::new(seed));
     let dir = tempfile::tempdir().expect("a scratch directory");
     for (name, _, script) in AGENTS {
         std::fs::write(dir.path().join(format!("{name}.yaml")), script).expect("script");
     }
-    let store = MemStore::new(
-        Duration::from_secs(5),
-        faults.clone(),
-        dir.path().join("ws"),
-    );
+    let store = MemStore::new(LEASE, faults.clone(), dir.path().join("ws"));
     let agents = Arc::new(catalogue());
     let mut tools_cfg = ToolsConfig::default();
     tools_cfg.http.enabled = false;
@@ -250,11 +257,13 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
             Arc::new(Flaky {
                 inner: ScriptedProvider::new(dir.path()),
                 faults: faults.clone(),
+                lease: LEASE,
             }),
         );
         let mut cfg = RuntimeConfig {
             worker_id: format!("w{n}"),
-            lease: Duration::from_secs(5),
+            lease: LEASE,
+            clock: clock.clone(),
             ..RuntimeConfig::default()
         };
         // No person approves in this world (yet): no tool waits for approval.
@@ -277,6 +286,11 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
             agent: if i < TREES { "boss" } else { "squad" }.into(),
             mission: format!("topic {i}"),
             id: Some(format!("tree-{i}")),
+            // One tree on a budget it may run out of.
+            budget: (i == 1).then_some(skein_core::Budget {
+                tokens: Some(700),
+                max_steps: None,
+            }),
             ..Default::default()
         };
         loop {
@@ -292,11 +306,29 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
     }
     let t0 = tokio::time::Instant::now();
     let mut crashes = vec![];
+    let mut cancelled = vec![];
     let mut next_worker = WORKERS;
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
         if roots_ended(&store, &roots) || t0.elapsed() > TIME_LIMIT {
             break;
+        }
+        if faults.cancel() {
+            let open: Vec<&SessionId> = roots.iter().filter(|r| !store.ended(r)).collect();
+            if !open.is_empty() {
+                let r = open[faults.draw(open.len() as u64) as usize].clone();
+                let rt = &runtimes[faults.draw(runtimes.len() as u64) as usize];
+                // An operator's cancel, retried while the backend is unreachable.
+                for _ in 0..20 {
+                    match skein_runtime::control::cancel(rt, &r, "cancelled by an operator").await {
+                        Err(e) if e.is_retryable() => {
+                            tokio::time::sleep(Duration::from_millis(100)).await
+                        }
+                        _ => break,
+                    }
+                }
+                cancelled.push(r);
+            }
         }
         if faults.crash() {
             let k = faults.draw(workers.len() as u64) as usize;
@@ -315,6 +347,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         w.kill();
     }
     let logs = store.logs();
+    let jobs_at_end = store.jobs_report();
     let writes = writes
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -329,8 +362,10 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         store,
         faults,
         crashes,
+        cancelled,
         writes,
         virtual_ms,
+        jobs_at_end,
         _dir: dir,
     }
 }

@@ -170,19 +170,32 @@ fn join(dir: &str, name: &str) -> String {
 /// A local directory.
 pub struct LocalWorkspace {
     root: PathBuf,
+    inline: bool,
 }
 
 impl LocalWorkspace {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self {
+            root: root.into(),
+            inline: false,
+        }
+    }
+
+    /// File operations run on the calling task instead of tokio's blocking pool. A
+    /// simulation on one thread wants this: a blocking thread finishes in real time, so
+    /// the order of events would depend on the machine, not on the seed.
+    pub fn inline(mut self) -> Self {
+        self.inline = true;
+        self
     }
 
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    /// Runs `op` on a blocking thread with the root opened as a capability and `path`
-    /// normalized; maps I/O errors to tool errors that name `path`.
+    /// Runs `op` on a blocking thread (or inline, see [`LocalWorkspace::inline`]) with the
+    /// root opened as a capability and `path` normalized; maps I/O errors to tool errors
+    /// that name `path`.
     async fn with_root<T, F>(&self, path: &str, op: F) -> Result<T, ToolError>
     where
         T: Send + 'static,
@@ -191,7 +204,7 @@ impl LocalWorkspace {
         let rel = normalize(path)?;
         let root = self.root.clone();
         let shown = path.to_string();
-        tokio::task::spawn_blocking(move || {
+        let work = move || {
             std::fs::create_dir_all(&root).map_err(|e| {
                 ToolError::Failed(format!("the workspace directory is not available: {e}"))
             })?;
@@ -199,9 +212,13 @@ impl LocalWorkspace {
                 ToolError::Failed(format!("the workspace directory is not available: {e}"))
             })?;
             op(&dir, &rel).map_err(|e| io_error(&shown, e))
-        })
-        .await
-        .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?
+        };
+        if self.inline {
+            return work();
+        }
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?
     }
 }
 

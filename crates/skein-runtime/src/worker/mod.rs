@@ -47,7 +47,6 @@ pub use crate::work_loop::retry_delay;
 pub use submit::{resubmission_differs, Submission};
 pub(crate) use trees::Scope;
 
-use crate::now_ms;
 use crate::ports::Job;
 use crate::Result;
 
@@ -77,7 +76,7 @@ impl Runtime {
         // A session with a `limits.timeout` is driven only until its deadline; a step
         // still under way then is abandoned (as a crash would leave it) and the session
         // times out.
-        let left = Duration::from_millis(deadline.at.saturating_sub(now_ms()));
+        let left = Duration::from_millis(deadline.at.saturating_sub(self.cfg.clock.now_ms()));
         match tokio::time::timeout(left, self.drive(&mut f, cold, job)).await {
             Ok(Ok(())) => {
                 if !f.state.status.is_terminal() {
@@ -134,8 +133,8 @@ impl Runtime {
             .as_ref()
             .and_then(|s| s.pool.clone())
             .unwrap_or_else(|| DEFAULT_POOL.into());
+        let left = at.saturating_sub(self.cfg.clock.now_ms()) + 5;
         tokio::spawn(async move {
-            let left = at.saturating_sub(now_ms()) + 5;
             tokio::time::sleep(Duration::from_millis(left)).await;
             if let Err(e) = jobs.push(&pool, &id).await {
                 tracing::warn!(session = %id, error = %e.report(), "timeout wake-up failed");
@@ -160,7 +159,7 @@ impl Runtime {
         // long as they could have taken: deliveries that ran out during a leader election
         // (heartbeats that found no consumer leader) come quickly while the session still
         // moves, and do not fail it.
-        let still_for = now_ms().saturating_sub(f.state.updated_at);
+        let still_for = self.cfg.clock.now_ms().saturating_sub(f.state.updated_at);
         let stalled =
             u128::from(still_for) >= self.cfg.lease.as_millis() * u128::from(self.cfg.max_deliver);
         if !f.state.status.is_terminal() && job.attempt > self.cfg.max_deliver && stalled {
@@ -270,7 +269,7 @@ impl Runtime {
                                 questions: a.questions,
                                 context: a.context,
                                 defaults: a.defaults,
-                                token_id: crate::secret::new_token_id(),
+                                token_id: crate::clock::token_id(&*self.cfg.clock),
                             })
                         })
                         .collect();
@@ -284,7 +283,7 @@ impl Runtime {
                                 call: a.call,
                                 tool: a.tool,
                                 preview: a.preview,
-                                token_id: crate::secret::new_token_id(),
+                                token_id: crate::clock::token_id(&*self.cfg.clock),
                             })
                         })
                         .collect();

@@ -2,9 +2,9 @@
 //! backoff, resume tokens shown to the model and hidden again, and call ids made unique.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
-use rand::Rng;
 use serde_json::Value;
 use skein_core::event::{ModelCalled, ModelFailed};
 use skein_core::{AgentDef, Event, ModelRequest, RuntimeTool, SessionState};
@@ -56,6 +56,7 @@ impl Runtime {
         tick.tick().await;
         loop {
             tokio::select! {
+                biased;
                 out = &mut fut => return out,
                 _ = tick.tick() => {
                     if let Err(e) = self.backend.jobs.heartbeat(job).await {
@@ -163,12 +164,13 @@ impl Runtime {
                 self.append(f, Event::ModelFailed(ev)).await?;
                 if retryable {
                     let base = Duration::from_millis(250 * (1u64 << attempt.min(6)));
-                    let jitter = rand::thread_rng().gen_range(0..=base.as_millis() as u64 / 2);
+                    let jitter = crate::clock::up_to(&*self.cfg.clock, base.as_millis() as u64 / 2);
                     let wait = e
                         .retry_after()
                         .unwrap_or(base + Duration::from_millis(jitter))
                         .min(Duration::from_secs(60));
                     tokio::select! {
+                        biased;
                         _ = self.draining() => {}
                         _ = self.with_heartbeat(job, tokio::time::sleep(wait)) => {}
                     }

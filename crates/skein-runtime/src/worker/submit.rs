@@ -7,7 +7,7 @@ use skein_core::hash::{mission_hash, MissionKey};
 use skein_core::{Budget, Event, SessionId};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
-use crate::{new_root_id, now_ms, Error, Result};
+use crate::{new_root_id, Error, Result};
 
 /// A submission from a person or a program.
 #[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
@@ -117,7 +117,11 @@ impl Runtime {
             parent: None,
             depth: 0,
             budget,
-            trace: Some(crate::trace::for_root(&id, sub.traceparent.as_deref())),
+            trace: Some(crate::trace::for_root(
+                &id,
+                sub.traceparent.as_deref(),
+                &*self.cfg.clock,
+            )),
             ancestry: vec![],
             no_cache: sub.no_cache,
             forked_from: None,
@@ -156,7 +160,12 @@ impl Runtime {
         };
         // A root mission answered before: record the hit; the worker completes it.
         if cacheable {
-            if let Some(hit) = self.backend.cache.get(&hash, now_ms()).await? {
+            if let Some(hit) = self
+                .backend
+                .cache
+                .get(&hash, self.cfg.clock.now_ms())
+                .await?
+            {
                 let ev = CacheHit {
                     call: String::new(),
                     mission_hash: hash,

@@ -4,7 +4,7 @@
 use crate::ports::{CacheEntry, RootResult};
 use crate::runtime::{Runtime, DEFAULT_POOL};
 use crate::session::Folded;
-use crate::{now_ms, Result};
+use crate::Result;
 use skein_core::Status;
 
 impl Runtime {
@@ -26,7 +26,7 @@ impl Runtime {
                     }
                     _ => self.cfg.cache_ttl,
                 };
-                let now = now_ms();
+                let now = self.cfg.clock.now_ms();
                 let entry = CacheEntry {
                     answer: f.state.answer.clone().unwrap_or_default(),
                     usage: f.state.usage_total(),

@@ -109,7 +109,7 @@ impl Runtime {
         // count reads the whole queue, and a wide tree makes progress thousands of times.
         const RECOUNT: Duration = Duration::from_millis(20);
         let result: Result<()> = async {
-            let mut counted: Option<std::time::Instant> = None;
+            let mut counted: Option<tokio::time::Instant> = None;
             loop {
                 let last = self.backend.log.last(root).await?;
                 if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
@@ -120,7 +120,7 @@ impl Runtime {
                     let _ = tokio::time::timeout(left, rx.recv()).await;
                     continue;
                 }
-                counted = Some(std::time::Instant::now());
+                counted = Some(tokio::time::Instant::now());
                 let mut pending = 0;
                 let s = scope.clone();
                 let want = move |id: &SessionId| s.wants(id);
