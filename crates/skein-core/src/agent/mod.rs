@@ -84,12 +84,14 @@ pub fn validate_pool(pool: &str) -> std::result::Result<(), String> {
 /// runtime's own tools that only talk within the tree. Any other tool (`write_file`,
 /// `shell`, `http_fetch`, a tool a deployment adds) may have side effects, so an agent
 /// that may call one is not answered from the cache unless its file says `cache:`.
-/// `call_agent` counts as the tools of the agents it may start.
+/// `call_agent` counts as the tools of the agents it may start. `ask_user` is not here:
+/// a person's answer is an input the mission does not hold, so a run that may ask one is
+/// neither answered from the cache nor shared with another tree (whose person would
+/// otherwise answer this tree's question).
 pub const SIDE_EFFECT_FREE_TOOLS: &[&str] = &[
     "read_file",
     "list_dir",
     "search_files",
-    RuntimeTool::AskUser.as_str(),
     RuntimeTool::AskClarification.as_str(),
     RuntimeTool::UpdatePlan.as_str(),
     RuntimeTool::ProposePatch.as_str(),

@@ -267,6 +267,7 @@ impl SessionState {
                 });
             }
             Event::InputProvided(a) => {
+                self.answers_received += 1;
                 self.used_tokens.insert(a.token_id.clone());
                 if let Some(i) = self
                     .pending_inputs

@@ -178,6 +178,9 @@ pub struct SessionState {
     /// Follow-up questions put to this session after it had answered (`chat: true`): its
     /// latest answer is to the last of them, not to the mission it was started with.
     pub follow_ups: u32,
+    /// Answers this session received (`InputProvided`): from a person, or from its parent
+    /// resuming it. Its answer then depends on more than its mission.
+    pub answers_received: u32,
     /// Per child, the usage already rolled up into `usage_children`: a child that settles
     /// again (after a follow-up question) reports its whole usage, of which only what is
     /// new is added.
@@ -255,6 +258,7 @@ impl Default for SessionState {
             patches_rejected: 0,
             plan_verdicts: Default::default(),
             follow_ups: 0,
+            answers_received: 0,
             child_usage: BTreeMap::new(),
             resume_refs: Default::default(),
             turn_over_budget: None,

@@ -14,9 +14,14 @@ impl Runtime {
         let Some(sub) = &f.state.submitted else {
             return Ok(());
         };
-        // Only the answer to the mission that was hashed is cached, never one to a
-        // follow-up question (`chat: true`).
-        if f.state.status == Status::Completed && !sub.no_cache && f.state.follow_ups == 0 {
+        // Only the answer to the mission that was hashed is cached: never one to a
+        // follow-up question (`chat: true`), nor one that used answers it was given (a
+        // person's, or its parent's on resuming it), which a fresh run would not have.
+        if f.state.status == Status::Completed
+            && !sub.no_cache
+            && f.state.follow_ups == 0
+            && f.state.answers_received == 0
+        {
             let def = self.def_for(&f.state).await?;
             if self.agents.caching(&def).cached {
                 let ttl = match &def.front.cache {
