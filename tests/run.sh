@@ -81,8 +81,8 @@ bash tests/real_model/run.sh
 # The deterministic simulation: the real runtime on in-memory ports with a virtual clock,
 # 10,000 seeds of crashes, lost acks, outages, lost and doubled notices and failing
 # models, every invariant checked after each. See the README's "Simulation" section.
-cargo run --release --locked -p skein-sim -- --seeds 5000
-cargo run --release --locked -p skein-sim -- --seeds 5000 --from 5001 --swarm
+cargo run --release --locked -p skein-sim -- --seeds 10000
+cargo run --release --locked -p skein-sim -- --seeds 5000 --from 10001 --swarm
 
 # Every fuzz target for a bounded time on the committed corpus; a crash fails the run and
 # its input is left in crates/skein-fuzz/crashes/. See the README's "Fuzzing" section.

@@ -59,6 +59,8 @@ pub struct Rates {
     pub heartbeat_lost: f64,
     /// An operator cancels an unfinished tree, per scheduler tick.
     pub cancel: f64,
+    /// A person looks at the inbox and acts on one item, per scheduler tick.
+    pub person: f64,
 }
 
 impl Rates {
@@ -74,6 +76,7 @@ impl Rates {
         slow: 0.02,
         heartbeat_lost: 0.1,
         cancel: 0.002,
+        person: 0.3,
     };
 
     /// Swarm testing: each seed draws its own rates, some faults off entirely and others
@@ -97,6 +100,8 @@ impl Rates {
             slow: pick(0.2),
             heartbeat_lost: pick(0.8),
             cancel: pick(0.01),
+            // Never no one: a question nobody answers is a pause, not a run that ends.
+            person: 0.02 + pick(0.9),
         }
     }
 }
@@ -188,6 +193,17 @@ impl Faults {
 
     pub fn heartbeat_lost(&self) -> bool {
         self.roll(self.rates.heartbeat_lost, &self.heartbeats_lost)
+    }
+
+    pub fn person(&self) -> bool {
+        self.on.load(Ordering::Relaxed) && self.chance(self.rates.person)
+    }
+
+    fn chance(&self, p: f64) -> bool {
+        self.rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .chance(p)
     }
 
     pub fn cancel(&self) -> bool {

@@ -132,6 +132,17 @@ pub async fn check(run: &Run) -> Verdict {
                 Some(Event::Completed(c)) => c.answer == h.answer,
                 _ => false,
             };
+            // What a person told the source is not what a fresh run would answer.
+            let asked = source.is_some_and(|l| {
+                l.iter()
+                    .any(|r| matches!(r.env.body, Event::InputProvided(_)))
+            });
+            if asked {
+                bad(format!(
+                    "cache hit for {} answers from {}, whose answer came from a person",
+                    h.call, h.source
+                ));
+            }
             if !same_mission || !answered {
                 bad(format!(
                     "cache hit for {} does not answer what {} answered for that mission",
@@ -150,9 +161,24 @@ pub async fn check(run: &Run) -> Verdict {
                 "append_note ran {ran} times for {started} started calls"
             ));
         }
+        // A token is used at most once.
+        let mut tokens = BTreeSet::new();
+        for r in recs {
+            let used = match &r.env.body {
+                Event::InputProvided(p) => Some(&p.token_id),
+                Event::ApprovalGiven(g) => Some(&g.token_id),
+                _ => None,
+            };
+            if let Some(t) = used {
+                if !tokens.insert(t.clone()) {
+                    bad(format!("token {t} used twice"));
+                }
+            }
+        }
         let mut called = BTreeSet::new();
         let mut settled = BTreeSet::new();
         let mut delegated = BTreeMap::new();
+        let mut answered = BTreeSet::new();
         for r in recs {
             match &r.env.body {
                 Event::ToolCalled(t) if !called.insert(t.call.clone()) => {
@@ -162,6 +188,9 @@ pub async fn check(run: &Run) -> Verdict {
                     delegated.insert(d.call.clone(), d.child.clone());
                 }
                 Event::ChildSettled(c) => {
+                    // A child paused on a question is settled for this call as paused;
+                    // its parent resumes it under a call of its own.
+                    answered.insert((c.call.clone(), c.child.clone()));
                     let paused = matches!(c.outcome, Outcome::NeedsInput { .. });
                     if !paused && !settled.insert((c.call.clone(), c.child.clone())) {
                         bad(format!("child {} settled twice for {}", c.child, c.call));
@@ -172,7 +201,7 @@ pub async fn check(run: &Run) -> Verdict {
         }
         if matches!(recs.last().map(|r| &r.env.body), Some(Event::Completed(_))) {
             for (call, child) in &delegated {
-                if !settled.contains(&(call.clone(), child.clone())) {
+                if !answered.contains(&(call.clone(), child.clone())) {
                     bad(format!(
                         "completed with child {child} ({call}) never settled"
                     ));
@@ -209,6 +238,12 @@ pub async fn check(run: &Run) -> Verdict {
                 c.usage_total.total_tokens()
             ));
         }
+    }
+    if run.person.reused_accepted > 0 {
+        v.violations.push(format!(
+            "a used token was accepted again {} time(s)",
+            run.person.reused_accepted
+        ));
     }
     let _: Option<SessionId> = None;
     v

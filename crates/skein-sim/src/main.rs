@@ -40,6 +40,10 @@ fn main() -> ExitCode {
             run.virtual_ms
         );
         println!(
+            "person: {} answers, {} approvals, {} denials, {} used tokens sent again",
+            run.person.answers, run.person.approvals, run.person.denials, run.person.reuse_tries
+        );
+        println!(
             "sessions {}, events {}, trees failed {}",
             v.sessions, v.events, v.failed_roots
         );
@@ -133,6 +137,7 @@ fn main() -> ExitCode {
     let (mut crashes, mut conflicts, mut unreachable, mut lost, mut twice, mut model) =
         (0, 0, 0, 0, 0, 0);
     let (mut late, mut slow, mut beats, mut cancels) = (0, 0, 0, 0);
+    let (mut answers, mut decisions, mut reuses) = (0, 0, 0);
     for seed in from..from + n {
         let (run, v) = skein_sim::simulate(seed, swarm);
         let f = &run.faults;
@@ -146,6 +151,9 @@ fn main() -> ExitCode {
         slow += f.slow_calls.load(Ordering::Relaxed);
         beats += f.heartbeats_lost.load(Ordering::Relaxed);
         cancels += run.cancelled.len() as u64;
+        answers += run.person.answers;
+        decisions += run.person.approvals + run.person.denials;
+        reuses += run.person.reuse_tries;
         for (k, c) in v.kinds {
             *kinds.entry(k).or_insert(0u64) += c;
         }
@@ -169,6 +177,10 @@ fn main() -> ExitCode {
          unreachable calls, {lost} notices lost, {twice} posted twice, {late} late, {model} \
          model failures, {slow} slow model calls, {beats} heartbeats lost, {cancels} trees \
          cancelled"
+    );
+    println!(
+        "person: {answers} answers, {decisions} approvals decided, {reuses} used tokens sent \
+         again (all refused unless a violation says otherwise)"
     );
     println!("events by kind: {kinds:?}");
     if bad == 0 {

@@ -68,6 +68,40 @@ pub const AGENTS: &[(&str, &str, &str)] = &[
     ("legal", "", "turns:\n  - answer: \"legal: fine\"\n"),
     ("ops", "", "turns:\n  - answer: \"ops: fine\"\n"),
     (
+        "clerk",
+        "agents: [asker]\ntools: [ask_user, write_file]\n",
+        r#"turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: asker, mission: "set up the project"}
+  - tool_calls:
+      - tool: ask_user
+        args:
+          questions: [{key: version, question: "{{ results[0].need_user_input.questions[0].question }}"}]
+          context: "my helper asks"
+  - tool_calls:
+      - tool: call_agent
+        args:
+          resume_token: "{{ all_results[0].resume_token }}"
+          answers: {version: "{{ results[0].answers.version }}"}
+  - tool_calls:
+      - tool: write_file
+        args: {path: "notes.txt", content: "{{ results[0].result }}"}
+  - answer: "clerk: {{ results[0] }}"
+"#,
+    ),
+    (
+        "asker",
+        "tools: [ask_user]\n",
+        r#"turns:
+  - tool_calls:
+      - tool: ask_user
+        args:
+          questions: [{key: version, question: "Which version?"}]
+  - answer: "asker used {{ results[0].answers.version }}"
+"#,
+    ),
+    (
         "squad",
         "team: {members: [scout, builder], supervisor: chief}\n",
         "turns:\n  - answer: unused\n",
@@ -108,8 +142,8 @@ turns:
     ),
 ];
 
-/// How many trees of `boss` a run submits (and one of `squad`), and how many worker
-/// processes it keeps.
+/// How many trees of `boss` a run submits (then one of `squad` and two of `clerk`), and how
+/// many worker processes it keeps.
 pub const TREES: usize = 3;
 pub const WORKERS: usize = 2;
 /// How long a claimed job is held without a heartbeat.
@@ -188,6 +222,8 @@ pub struct Run {
     pub crashes: Vec<u64>,
     /// Trees an operator cancelled.
     pub cancelled: Vec<SessionId>,
+    /// What the person did, and what a used token got when it was sent again.
+    pub person: Person,
     /// How often `append_note` (not idempotent) really ran, by session.
     pub writes: BTreeMap<SessionId, u32>,
     pub virtual_ms: u64,
@@ -264,10 +300,13 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
             worker_id: format!("w{n}"),
             lease: LEASE,
             clock: clock.clone(),
+            // One secret for the cluster, as its workers share one: a token from one
+            // worker's inbox is checked by another.
+            token_secret: skein_runtime::secret::Secret(b"simulated cluster".to_vec()),
             ..RuntimeConfig::default()
         };
-        // No person approves in this world (yet): no tool waits for approval.
-        cfg.limits.approval_required.clear();
+        // The person approves or denies writes; nothing else waits for approval.
+        cfg.limits.approval_required = vec!["write_file".into()];
         let rt = Runtime::new(store.backend(), agents.clone(), models, toolbox(), cfg);
         let (stop, handles) = rt.spawn_workers(vec!["default".into()], 4);
         (rt.clone(), Worker { stop, handles })
@@ -281,9 +320,14 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
     }
     // Submitters retry while the backend is unreachable, as a client would.
     let mut roots = vec![];
-    for i in 0..=TREES {
+    for i in 0..TREES + 3 {
+        let agent = match i {
+            i if i < TREES => "boss",
+            i if i == TREES => "squad",
+            _ => "clerk",
+        };
         let sub = Submission {
-            agent: if i < TREES { "boss" } else { "squad" }.into(),
+            agent: agent.into(),
             mission: format!("topic {i}"),
             id: Some(format!("tree-{i}")),
             // One tree on a budget it may run out of.
@@ -307,6 +351,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
     let t0 = tokio::time::Instant::now();
     let mut crashes = vec![];
     let mut cancelled = vec![];
+    let mut person = Person::default();
     let mut next_worker = WORKERS;
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
@@ -329,6 +374,10 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
                 }
                 cancelled.push(r);
             }
+        }
+        if faults.person() {
+            let rt = runtimes[faults.draw(runtimes.len() as u64) as usize].clone();
+            person.act(&rt, &roots, &faults).await;
         }
         if faults.crash() {
             let k = faults.draw(workers.len() as u64) as usize;
@@ -353,7 +402,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     let mut limits = skein_core::Limits::default();
-    limits.approval_required.clear();
+    limits.approval_required = vec!["write_file".into()];
     Run {
         roots,
         limits,
@@ -363,6 +412,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         faults,
         crashes,
         cancelled,
+        person,
         writes,
         virtual_ms,
         jobs_at_end,
@@ -372,4 +422,77 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
 
 fn roots_ended(store: &MemStore, roots: &[SessionId]) -> bool {
     roots.iter().all(|r| store.ended(r))
+}
+
+/// A person at the inbox: answers questions and decides approvals whenever the seed says,
+/// sends a used token again now and then (it must be refused), and retries what failed
+/// because the backend was unreachable on a later turn, as anyone would.
+#[derive(Debug, Default)]
+pub struct Person {
+    pub answers: u32,
+    pub approvals: u32,
+    pub denials: u32,
+    /// Tokens this person used, and how often one was accepted again (never, or a bug).
+    used: Vec<(String, bool)>,
+    pub reused_accepted: u32,
+    pub reuse_tries: u32,
+}
+
+impl Person {
+    async fn act(&mut self, rt: &Arc<Runtime>, roots: &[SessionId], faults: &Faults) {
+        if !self.used.is_empty() && faults.draw(5) == 0 {
+            let (token, question) = self.used[faults.draw(self.used.len() as u64) as usize].clone();
+            self.reuse_tries += 1;
+            let again = if question {
+                skein_runtime::hitl::answer(
+                    rt,
+                    &token,
+                    serde_json::json!({"version": "again"}),
+                    None,
+                )
+                .await
+            } else {
+                skein_runtime::hitl::decide_approval(rt, &token, true, None, None).await
+            };
+            if again.is_ok() {
+                self.reused_accepted += 1;
+            }
+            return;
+        }
+        let Ok(items) = skein_runtime::hitl::inbox(rt, roots).await else {
+            return;
+        };
+        if items.is_empty() {
+            return;
+        }
+        let item = &items[faults.draw(items.len() as u64) as usize];
+        let done = if item.kind == "question" {
+            let mut answers = serde_json::Map::new();
+            for q in &item.questions {
+                if let Some(k) = q.get("key").and_then(|k| k.as_str()) {
+                    answers.insert(k.into(), format!("v{}", faults.draw(100)).into());
+                }
+            }
+            let r = skein_runtime::hitl::answer(rt, &item.token, answers.into(), None).await;
+            if r.is_ok() {
+                self.answers += 1;
+            }
+            r.is_ok()
+        } else {
+            let yes = faults.draw(4) != 0;
+            let r = skein_runtime::hitl::decide_approval(rt, &item.token, yes, None, None).await;
+            if r.is_ok() {
+                if yes {
+                    self.approvals += 1;
+                } else {
+                    self.denials += 1;
+                }
+            }
+            r.is_ok()
+        };
+        if done {
+            self.used
+                .push((item.token.clone(), item.kind == "question"));
+        }
+    }
 }

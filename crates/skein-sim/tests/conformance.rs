@@ -18,6 +18,11 @@ async fn memory() -> (tempfile::TempDir, Backend) {
         notice_twice: 0.0,
         model_fails: 0.0,
         crash: 0.0,
+        notice_late: 0.0,
+        slow: 0.0,
+        heartbeat_lost: 0.0,
+        cancel: 0.0,
+        person: 0.0,
     };
     let faults = Arc::new(Faults::new(none, Rng::new(1)));
     let store = MemStore::new(Duration::from_secs(1), faults, dir.path().join("ws"));

@@ -13,7 +13,7 @@ fn a_batch_of_seeds_keeps_every_invariant() {
                 v.violations
             );
             // Not vacuous: every tree ran, with its patterns.
-            assert_eq!(run.roots.len(), skein_sim::world::TREES + 1);
+            assert_eq!(run.roots.len(), skein_sim::world::TREES + 3);
             for kind in [
                 "HandedOff",
                 "AdvisorsConsulted",
