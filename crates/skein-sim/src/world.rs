@@ -176,6 +176,7 @@ impl Provider for Flaky {
 /// the tool really ran.
 struct AppendNote {
     runs: Arc<std::sync::Mutex<BTreeMap<SessionId, u32>>>,
+    faults: Arc<Faults>,
 }
 
 #[async_trait]
@@ -199,6 +200,11 @@ impl skein_tools::Tool for AppendNote {
         ctx: &skein_tools::ToolContext,
         _args: serde_json::Value,
     ) -> skein_tools::Result<String> {
+        // Slow now and then: up to twice the lease, so a lost heartbeat may hand the job
+        // to another worker while this one is still writing.
+        if let Some(slow) = self.faults.slow_call(LEASE) {
+            tokio::time::sleep(slow).await;
+        }
         *self
             .runs
             .lock()
@@ -283,6 +289,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         let mut b = ToolBox::builtin(&tools_cfg);
         b.insert(Arc::new(AppendNote {
             runs: writes.clone(),
+            faults: faults.clone(),
         }));
         b
     };

@@ -45,6 +45,18 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
         false,
         "the same bug, as the plain schedule of this version finds it",
     ),
+    (
+        3,
+        false,
+        "a sub-agent that asks a person was shared with another tree, whose person then \
+         answered its question",
+    ),
+    (
+        5,
+        false,
+        "a sub-agent's answer that used a person's answer was cached, and another tree got \
+         it without being asked",
+    ),
 ];
 
 #[test]
