@@ -26,6 +26,7 @@ use skein_runtime::inspect::{summarize, tree_rows};
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
 
+use super::bench_hops::pct;
 use crate::app::{read_agent_files, App};
 
 #[derive(Args, Debug)]
@@ -89,6 +90,7 @@ pub(crate) fn write_agents(
     }
     leaf.push_str("  - answer: \"done with {{ mission }}\"\n");
     std::fs::write(dir.join("scripts/leaf.yaml"), leaf)?;
+    super::bench_hops::write_relay(dir, &pool_line)?;
     Ok(())
 }
 
@@ -100,11 +102,11 @@ struct TreeRun {
     events: u64,
 }
 
-async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
+/// An embedded runtime on a fresh store with the bench agents at `latency`.
+fn embedded(app: &App, latency: u64) -> Result<(tempfile::TempDir, Arc<Runtime>)> {
     let tmp = tempfile::tempdir()?;
     write_agents(tmp.path(), latency, false, None)?;
     let store = SledStore::open(&tmp.path().join("data"), &tmp.path().join("ws"))?;
-    let backend = store.backend();
     let agents = Arc::new(AgentSet::load(
         &read_agent_files(&tmp.path().join("agents"))?,
         &[],
@@ -121,7 +123,38 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
         },
         ..RuntimeConfig::default()
     };
-    let rt = Runtime::new(backend.clone(), agents, models, app.tools()?, cfg);
+    let rt = Runtime::new(store.backend(), agents, models, app.tools()?, cfg);
+    Ok((tmp, rt))
+}
+
+/// One relay of [`bench_hops::HOPS`] delegations in a row with a zero-latency model:
+/// (wall ms, delegate hops, settle hops).
+async fn run_relay(app: &App) -> Result<(f64, Vec<f64>, Vec<f64>)> {
+    let (_tmp, rt) = embedded(app, 0)?;
+    let started = Instant::now();
+    let id = rt
+        .submit(Submission {
+            agent: "relay".into(),
+            mission: "relay".into(),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await?;
+    let root = rt.run_tree(&id, 4).await?;
+    let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(
+        root.state.answer.as_deref() == Some("relayed"),
+        "the relay did not complete: {:?} {:?}",
+        root.state.status,
+        root.state.error
+    );
+    let (delegate, settle) = super::bench_hops::hops(&rt.backend, &id).await?;
+    Ok((wall_ms, delegate, settle))
+}
+
+async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
+    let (_tmp, rt) = embedded(app, latency)?;
+    let backend = rt.backend.clone();
     let started = Instant::now();
     let id = rt
         .submit(Submission {
@@ -413,6 +446,32 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         crate::outln!(
             "  {:.0} steps/s (model turns), {:.0} events/s — {} turns, {} tool calls, {} events in {:.0} ms\n",
             steps_per_s, events_per_s, tp.model_turns, tp.tool_calls, tp.events, tp.wall_ms
+        )?;
+    }
+
+    let (relay_ms, delegate, settle) = run_relay(app).await.context("relay run")?;
+    let hops = super::bench_hops::HOPS;
+    results.insert(
+        "hops".into(),
+        json!({"delegations": hops, "cycle_ms": relay_ms / hops as f64,
+               "delegate_ms": {"p50": pct(&delegate, 0.5), "p99": pct(&delegate, 0.99)},
+               "settle_ms": {"p50": pct(&settle, 0.5), "p99": pct(&settle, 0.99)}}),
+    );
+    if !a.json {
+        crate::outln!("hop latency, zero-latency model, {hops} delegations one after another:")?;
+        crate::outln!(
+            "  Delegated → child's first model call: p50 {:.0} ms, p99 {:.0} ms",
+            pct(&delegate, 0.5),
+            pct(&delegate, 0.99)
+        )?;
+        crate::outln!(
+            "  child Completed → parent's next model call: p50 {:.0} ms, p99 {:.0} ms",
+            pct(&settle, 0.5),
+            pct(&settle, 0.99)
+        )?;
+        crate::outln!(
+            "  whole cycle (both hops and both model turns): {:.2} ms mean\n",
+            relay_ms / hops as f64
         )?;
     }
 

@@ -22,6 +22,7 @@ use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use tokio::sync::watch;
 
 use super::bench::{write_agents, BenchArgs};
+use super::bench_hops::pct;
 use crate::app::{read_agent_files, App};
 
 struct Fleet {
@@ -116,6 +117,22 @@ impl Fleet {
         Ok((id, started.elapsed().as_secs_f64() * 1000.0))
     }
 
+    /// Runs one relay of delegations in a row; returns (root, wall ms).
+    async fn relay(&self) -> Result<(SessionId, f64)> {
+        let rt = &self.runtimes[0];
+        let started = Instant::now();
+        let id = rt
+            .submit(Submission {
+                agent: "relay".into(),
+                mission: "nats relay".into(),
+                no_cache: true,
+                ..Default::default()
+            })
+            .await?;
+        completed(rt, &id, "relay", Duration::from_millis(2), || {}).await?;
+        Ok((id, started.elapsed().as_secs_f64() * 1000.0))
+    }
+
     async fn stop(self) {
         for s in &self.stops {
             let _ = s.send(true);
@@ -124,6 +141,56 @@ impl Fleet {
             let _ = h.await;
         }
     }
+}
+
+/// Starts a `skein worker` process on `pool` and waits until it is ready.
+async fn spawn_worker(
+    config: &std::path::Path,
+    dir: &std::path::Path,
+    url: &str,
+    pool: &str,
+    secret: &str,
+    concurrency: Option<usize>,
+) -> Result<Reaped> {
+    use std::io::BufRead;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("--config")
+        .arg(config)
+        .arg("--data")
+        .arg(dir.join("data"))
+        .args(["--nats", url, "worker", "--no-intake", "--no-api"])
+        .args(["--pools", pool]);
+    if let Some(c) = concurrency {
+        cmd.args(["--concurrency", &c.to_string()]);
+    }
+    let mut child = cmd
+        .env("SKEIN_TOKEN_SECRET", secret)
+        .env("SKEIN_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot start a `skein worker` process")?;
+    let stderr = child.stderr.take();
+    let worker = Reaped(child);
+    let ready = tokio::task::spawn_blocking(move || {
+        let mut lines = std::io::BufReader::new(stderr?).lines();
+        let ready = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|l| l.contains("ready"));
+        // Keep draining so the worker never blocks on a full pipe.
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+        Some(ready)
+    });
+    let ready = tokio::time::timeout(Duration::from_secs(60), ready)
+        .await
+        .context("the worker process did not get ready in 60 s")??;
+    anyhow::ensure!(
+        ready == Some(true),
+        "the worker process exited before it was ready"
+    );
+    Ok(worker)
 }
 
 /// Resident memory of process `pid` in KiB (0 when it cannot be read).
@@ -148,12 +215,11 @@ impl Drop for Reaped {
     }
 }
 
-/// Starts a real `skein worker` process (this binary) on a pool of its own, reads its
-/// resident memory once it is ready and idle, then while it runs a fan-out of 1,000
-/// children with 2 s model calls (all in flight at once), sampling every 50 ms. Returns
-/// (idle, peak) in KiB.
-async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result<(u64, u64)> {
-    use std::io::BufRead;
+/// Starts a real `skein worker` process (this binary) on a pool of its own and reads its
+/// resident memory once it is ready and idle; then another with 1,100 loops, idle, and
+/// while it runs a fan-out of 1,000 children with 2 s model calls (all in flight at
+/// once), sampling every 50 ms. Returns (idle, idle with 1,100 loops, peak) in KiB.
+async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result<(u64, u64, u64)> {
     let tmp = tempfile::tempdir()?;
     let pool = format!("benchmem{}", &skein_runtime::new_root_id().as_str()[18..]);
     write_agents(tmp.path(), 2000, false, Some(&pool))?;
@@ -163,42 +229,17 @@ async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result
         "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n\n[limits]\nmax_children_per_turn = 100000\n",
     )?;
     let secret = format!("bench-{}", skein_runtime::new_root_id());
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .arg("--config")
-        .arg(&config)
-        .arg("--data")
-        .arg(tmp.path().join("data"))
-        .args(["--nats", url, "worker", "--no-intake", "--no-api"])
-        .args(["--pools", &pool, "--concurrency", "1100"])
-        .env("SKEIN_TOKEN_SECRET", &secret)
-        .env("SKEIN_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .context("cannot start a `skein worker` process")?;
-    let stderr = child.stderr.take();
-    let worker = Reaped(child);
+    // Idle as deployed (the default concurrency), then with a loop for each of 1,100
+    // sessions, which the loaded figure needs.
+    let idle = {
+        let worker = spawn_worker(&config, tmp.path(), url, &pool, &secret, None).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        rss_kib(worker.0.id())
+    };
+    let worker = spawn_worker(&config, tmp.path(), url, &pool, &secret, Some(1100)).await?;
     let pid = worker.0.id();
-    let ready = tokio::task::spawn_blocking(move || {
-        let mut lines = std::io::BufReader::new(stderr?).lines();
-        let ready = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .any(|l| l.contains("ready"));
-        // Keep draining so the worker never blocks on a full pipe.
-        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
-        Some(ready)
-    });
-    let ready = tokio::time::timeout(Duration::from_secs(60), ready)
-        .await
-        .context("the worker process did not get ready in 60 s")??;
-    anyhow::ensure!(
-        ready == Some(true),
-        "the worker process exited before it was ready"
-    );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let idle = rss_kib(pid);
+    let idle_1100 = rss_kib(pid);
 
     // Submit from this process, which runs no worker: every step runs in the child.
     let store = NatsStore::connect(cfg, Duration::from_secs(30)).await?;
@@ -223,7 +264,7 @@ async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result
             ..Default::default()
         })
         .await?;
-    let mut peak = idle;
+    let mut peak = idle_1100;
     completed(
         &submitter,
         &id,
@@ -233,7 +274,7 @@ async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result
     )
     .await?;
     drop(worker);
-    Ok((idle, peak))
+    Ok((idle, idle_1100, peak))
 }
 
 /// Polls `id`'s log every `every` until it ends (calling `on_poll` each time); an error
@@ -264,14 +305,6 @@ async fn completed(
         );
         tokio::time::sleep(every).await;
     }
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 async fn delegation_latencies(rt: &Runtime, root: &SessionId) -> Result<Vec<f64>> {
@@ -338,15 +371,16 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     }
 
     // Memory of one `skein worker` process: idle, then with 1,000 sessions in flight.
-    let (idle, peak) = worker_process_memory(app, &cfg, &url)
+    let (idle, idle_1100, peak) = worker_process_memory(app, &cfg, &url)
         .await
         .context("memory run")?;
     results.insert(
         "worker_rss_kib".into(),
-        json!({"process": "skein worker", "idle": idle, "peak_1000_in_flight": peak}),
+        json!({"process": "skein worker", "idle": idle, "idle_1100_loops": idle_1100,
+               "peak_1000_in_flight": peak}),
     );
     if !a.json {
-        crate::outln!("worker resident memory (a `skein worker` process): idle {:.1} MiB; with 1,000 sessions in flight (2 s model calls) peak {:.1} MiB", idle as f64 / 1024.0, peak as f64 / 1024.0)?;
+        crate::outln!("worker resident memory (a `skein worker` process): idle {:.1} MiB (default concurrency); with 1,100 loops idle {:.1} MiB, with 1,000 sessions in flight (2 s model calls) peak {:.1} MiB", idle as f64 / 1024.0, idle_1100 as f64 / 1024.0, peak as f64 / 1024.0)?;
     }
 
     // Throughput with a zero-latency model, 1 and 3 workers.
@@ -376,11 +410,43 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
                 json!({"samples": lat.len(), "p50": p50, "p99": p99}),
             );
             if !a.json {
-                crate::outln!("delegation latency (Delegated → child's first model call), {} children: p50 {p50:.0} ms, p99 {p99:.0} ms", lat.len())?;
+                crate::outln!("  under that burst, Delegated → child's first model call (queueing included), {} children: p50 {p50:.0} ms, p99 {p99:.0} ms", lat.len())?;
             }
         }
     }
     results.insert("throughput".into(), json!(tp));
+
+    // The hops alone: one delegation at a time, one worker.
+    let fleet = Fleet::start(app, &cfg, 1, 64, 0).await?;
+    let (relay, wall) = fleet.relay().await?;
+    let (delegate, settle) = super::bench_hops::hops(&fleet.runtimes[0].backend, &relay).await?;
+    fleet.stop().await;
+    let hops = super::bench_hops::HOPS;
+    results.insert(
+        "hops".into(),
+        json!({"delegations": hops, "cycle_ms": wall / hops as f64,
+               "delegate_ms": {"p50": pct(&delegate, 0.5), "p99": pct(&delegate, 0.99)},
+               "settle_ms": {"p50": pct(&settle, 0.5), "p99": pct(&settle, 0.99)}}),
+    );
+    if !a.json {
+        crate::outln!(
+            "\nhop latency, zero-latency model, 1 worker, {hops} delegations one after another:"
+        )?;
+        crate::outln!(
+            "  Delegated → child's first model call: p50 {:.0} ms, p99 {:.0} ms",
+            pct(&delegate, 0.5),
+            pct(&delegate, 0.99)
+        )?;
+        crate::outln!(
+            "  child Completed → parent's next model call: p50 {:.0} ms, p99 {:.0} ms",
+            pct(&settle, 0.5),
+            pct(&settle, 0.99)
+        )?;
+        crate::outln!(
+            "  whole cycle (both hops and both model turns): {:.2} ms mean",
+            wall / hops as f64
+        )?;
+    }
 
     // Fan-out against its ideal.
     let ideal = 7.0 * a.latency_ms as f64;

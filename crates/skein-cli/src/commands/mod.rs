@@ -8,6 +8,7 @@ use crate::{Cli, Command};
 pub mod agents;
 pub mod audit;
 pub mod bench;
+pub mod bench_hops;
 pub mod bench_nats;
 pub mod cancel;
 pub mod cluster;
