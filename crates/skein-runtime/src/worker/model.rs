@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use serde_json::Value;
 use skein_core::event::{ModelCalled, ModelFailed};
-use skein_core::{AgentDef, Event, ModelRequest, RuntimeTool, SessionState};
+use skein_core::{AgentDef, Event, ModelRequest, RuntimeTool, SessionState, Step};
 
 use crate::ports::Job;
 use crate::runtime::{Runtime, TextDelta};
@@ -148,7 +148,17 @@ impl Runtime {
                     latency_ms,
                     worker: self.cfg.worker_id.clone(),
                 };
-                self.append(f, Event::ModelCalled(ev)).await
+                let answers = ev.response.tool_calls.is_empty();
+                let mut events = vec![Event::ModelCalled(ev)];
+                if answers {
+                    // A turn that answers usually ends the session. When the rules end it
+                    // at once (nothing else to run first), the end is recorded with the
+                    // turn, in one append, so it costs one durable write, not two.
+                    if let Some(end) = self.ending_after(f, def, &events[0]) {
+                        events.push(end);
+                    }
+                }
+                self.append_all(f, events).await
             }
             Err(e) => {
                 let retryable = e.is_retryable();
@@ -177,6 +187,27 @@ impl Runtime {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// The event that ends the session right after `turn`, when the rules decide so with
+    /// nothing in between: decided on a copy of the state with the turn folded in.
+    fn ending_after(&self, f: &Folded, def: &AgentDef, turn: &Event) -> Option<Event> {
+        let mut peek = f.state.clone();
+        let env = skein_core::Envelope::new(
+            f.id.clone(),
+            peek.last_seq + 1,
+            self.cfg.clock.now_ms(),
+            String::new(),
+            turn.clone(),
+        );
+        peek.apply(&env);
+        match peek.next(def, &self.cfg.limits, &*self.agents) {
+            Step::Complete { answer } => {
+                Some(Event::completed(answer, peek.usage_total(), peek.steps))
+            }
+            Step::Fail { error } => Some(Event::failed(error, peek.usage_total(), peek.steps)),
+            _ => None,
         }
     }
 

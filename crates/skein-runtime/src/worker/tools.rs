@@ -47,6 +47,14 @@ impl Runtime {
             }
         }
         self.append_all(f, events).await?;
+        let idempotent = |r: &ToolRun| {
+            self.tools.idempotent(&r.tool) || def.front.idempotent_tools.contains(&r.tool)
+        };
+        // A call of a tool that may not run twice is recorded before it runs (write-ahead),
+        // so a crash in between is reported, not repeated. When every call of the turn may
+        // run again, the calls are recorded with their results in one append: a crash
+        // before it leaves the step undone, and it runs again whole.
+        let write_ahead = fresh.iter().any(|r| !idempotent(r));
         let called: Vec<Event> = fresh
             .iter()
             .map(|r| {
@@ -58,7 +66,12 @@ impl Runtime {
                 })
             })
             .collect();
-        self.append_all(f, called).await?;
+        let mut pending = vec![];
+        if write_ahead {
+            self.append_all(f, called).await?;
+        } else {
+            pending = called;
+        }
         to_run.extend(fresh);
         if to_run.is_empty() {
             return Ok(());
@@ -78,7 +91,7 @@ impl Runtime {
             outs
         };
         let outs = self.with_heartbeat(job, work).await;
-        let mut returned = vec![];
+        let mut returned = pending;
         for o in outs {
             let o = o?;
             let tool = tools.get(&o.call).map_or("", String::as_str);
