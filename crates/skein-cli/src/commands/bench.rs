@@ -50,6 +50,10 @@ pub struct BenchArgs {
     /// on that server instead).
     #[arg(long)]
     pub nats_local: bool,
+    /// With `--nats-local`: the started server's JetStream `sync_interval` (`always`
+    /// fsyncs every write before acknowledging it; nats-server 2.10 and later).
+    #[arg(long)]
+    pub sync: Option<String>,
 }
 
 /// Writes the bench agents and scripts with the given model latency.

@@ -332,10 +332,17 @@ async fn delegation_latencies(rt: &Runtime, root: &SessionId) -> Result<Vec<f64>
 /// A nats-server started for the run: only in builds with the `nats-local` feature, so the
 /// production binary does not carry the test server launcher.
 #[cfg(feature = "nats-local")]
-fn local_server() -> Result<(Option<skein_testnats::NatsServer>, String, String)> {
-    let s = skein_testnats::NatsServer::start();
+fn local_server(
+    sync: Option<&str>,
+) -> Result<(Option<skein_testnats::NatsServer>, String, String)> {
+    let s = skein_testnats::NatsServer::start_with_sync(sync);
     let u = s.url();
-    Ok((Some(s), u, "default (JetStream sync_interval 2m; the publish ack means in the server's memory and page cache)".to_string()))
+    let said = match sync {
+        None => "default (JetStream sync_interval 2m; the publish ack means in the server's memory and page cache)".to_string(),
+        Some("always") => "sync_interval always (every write is fsynced before its publish ack)".to_string(),
+        Some(other) => format!("sync_interval {other}"),
+    };
+    Ok((Some(s), u, said))
 }
 
 /// Stands in for the server this build cannot start.
@@ -343,7 +350,7 @@ fn local_server() -> Result<(Option<skein_testnats::NatsServer>, String, String)
 struct NoServer;
 
 #[cfg(not(feature = "nats-local"))]
-fn local_server() -> Result<(Option<NoServer>, String, String)> {
+fn local_server(_sync: Option<&str>) -> Result<(Option<NoServer>, String, String)> {
     anyhow::bail!(
         "this skein was built without `bench --nats-local`: pass --nats URL of a running \
          nats-server, or build with `cargo build --release --features nats-local`"
@@ -353,7 +360,7 @@ fn local_server() -> Result<(Option<NoServer>, String, String)> {
 pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     let (server, url, sync) = match &app.global.nats {
         Some(u) => (None, u.clone(), "as configured on that server".to_string()),
-        None => local_server()?,
+        None => local_server(a.sync.as_deref())?,
     };
     let mut cfg = app.nats_config()?;
     cfg.urls = url.split(',').map(str::to_string).collect();
