@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use skein_core::SessionId;
+use tokio::sync::broadcast;
 
 use crate::runtime::{lock, Runtime, DEFAULT_POOL};
 use crate::session::Folded;
@@ -110,14 +111,24 @@ impl Runtime {
         const RECOUNT: Duration = Duration::from_millis(20);
         let result: Result<()> = async {
             let mut counted: Option<tokio::time::Instant> = None;
+            // The root's log is read again only when what woke this loop may have
+            // changed it: progress of the root, a timeout, or progress missed (lagged).
+            let elsewhere = |woke: &std::result::Result<
+                std::result::Result<crate::runtime::Progress, broadcast::error::RecvError>,
+                tokio::time::error::Elapsed,
+            >| matches!(woke, Ok(Ok(p)) if p.session != *root);
+            let mut check_root = true;
             loop {
-                let last = self.backend.log.last(root).await?;
-                if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
-                    return Ok(());
+                if check_root {
+                    let last = self.backend.log.last(root).await?;
+                    if last.as_ref().is_some_and(|r| r.env.body.is_terminal()) {
+                        return Ok(());
+                    }
                 }
+                check_root = true;
                 if let Some(left) = counted.and_then(|t| RECOUNT.checked_sub(t.elapsed())) {
                     // Counted a moment ago: wait for more progress, or until it is time.
-                    let _ = tokio::time::timeout(left, rx.recv()).await;
+                    check_root = !elsewhere(&tokio::time::timeout(left, rx.recv()).await);
                     continue;
                 }
                 counted = Some(tokio::time::Instant::now());
@@ -137,7 +148,8 @@ impl Runtime {
                     scope.extend(more);
                     continue;
                 }
-                let _ = tokio::time::timeout(Duration::from_millis(250), rx.recv()).await;
+                check_root =
+                    !elsewhere(&tokio::time::timeout(Duration::from_millis(250), rx.recv()).await);
             }
         }
         .await;
