@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use serde_json::Value;
+use skein_core::decide::ToolRun;
 use skein_core::event::{ModelCalled, ModelFailed};
 use skein_core::{AgentDef, Event, ModelRequest, RuntimeTool, SessionState, Step};
 
@@ -41,6 +42,12 @@ fn hide_tokens(shown: &[(String, String)], resp: &mut skein_core::ModelResponse)
     for call in &mut resp.tool_calls {
         map_strings(&mut call.args, &hide);
     }
+}
+
+/// What a model turn's append may also hold ([`Runtime::after_turn`]).
+enum Then {
+    End(Box<Event>),
+    Read(Vec<ToolRun>),
 }
 
 impl Runtime {
@@ -150,13 +157,19 @@ impl Runtime {
                 };
                 let answers = ev.response.tool_calls.is_empty();
                 let mut events = vec![Event::ModelCalled(ev)];
-                if answers {
+                match self.after_turn(f, def, &events[0], answers) {
                     // A turn that answers usually ends the session. When the rules end it
                     // at once (nothing else to run first), the end is recorded with the
                     // turn, in one append, so it costs one durable write, not two.
-                    if let Some(end) = self.ending_after(f, def, &events[0]) {
-                        events.push(end);
+                    Some(Then::End(end)) => events.push(*end),
+                    // A turn that only reads the workspace: the reads run now and the
+                    // turn is recorded with their calls and results, in one append. A
+                    // crash before it leaves the turn unrecorded, so the model is asked
+                    // again; the window is that of a local read.
+                    Some(Then::Read(runs)) => {
+                        return self.run_tools_after(f, def, runs, job, events).await
                     }
+                    None => {}
                 }
                 self.append_all(f, events).await
             }
@@ -190,9 +203,10 @@ impl Runtime {
         }
     }
 
-    /// The event that ends the session right after `turn`, when the rules decide so with
-    /// nothing in between: decided on a copy of the state with the turn folded in.
-    fn ending_after(&self, f: &Folded, def: &AgentDef, turn: &Event) -> Option<Event> {
+    /// What follows `turn` at once, when it can share the turn's append: the session's
+    /// end, or reads of the workspace (fresh calls of tools that are side-effect free and
+    /// idempotent). Decided on a copy of the state with the turn folded in.
+    fn after_turn(&self, f: &Folded, def: &AgentDef, turn: &Event, answers: bool) -> Option<Then> {
         let mut peek = f.state.clone();
         let env = skein_core::Envelope::new(
             f.id.clone(),
@@ -202,11 +216,24 @@ impl Runtime {
             turn.clone(),
         );
         peek.apply(&env);
+        let reads = |r: &ToolRun| {
+            !r.resumed
+                && skein_core::agent::SIDE_EFFECT_FREE_TOOLS.contains(&r.tool.as_str())
+                && self.tools.get(&r.tool).is_some()
+                && (self.tools.idempotent(&r.tool) || def.front.idempotent_tools.contains(&r.tool))
+        };
         match peek.next(def, &self.cfg.limits, &*self.agents) {
-            Step::Complete { answer } => {
-                Some(Event::completed(answer, peek.usage_total(), peek.steps))
-            }
-            Step::Fail { error } => Some(Event::failed(error, peek.usage_total(), peek.steps)),
+            Step::Complete { answer } if answers => Some(Then::End(Box::new(Event::completed(
+                answer,
+                peek.usage_total(),
+                peek.steps,
+            )))),
+            Step::Fail { error } if answers => Some(Then::End(Box::new(Event::failed(
+                error,
+                peek.usage_total(),
+                peek.steps,
+            )))),
+            Step::RunTools(runs) if !answers && runs.iter().all(reads) => Some(Then::Read(runs)),
             _ => None,
         }
     }

@@ -1,5 +1,6 @@
-//! `RunTools`: tool calls recorded before they run, run in parallel where the tool allows,
-//! large outputs kept as blobs with a preview in the log.
+//! `RunTools`: tool calls recorded before they run (or with their results, when all of the
+//! turn's calls may run again), run in parallel where the tool allows, large outputs kept as
+//! blobs with a preview in the log.
 
 use std::collections::HashMap;
 
@@ -22,6 +23,19 @@ impl Runtime {
         def: &AgentDef,
         runs: Vec<ToolRun>,
         job: &Job,
+    ) -> Result<()> {
+        self.run_tools_after(f, def, runs, job, vec![]).await
+    }
+
+    /// Runs `runs` as [`Runtime::run_tools`] does, with `turn` (the model turn that asked
+    /// for them, not yet recorded) recorded first, in the same append as the calls.
+    pub(crate) async fn run_tools_after(
+        &self,
+        f: &mut Folded,
+        def: &AgentDef,
+        runs: Vec<ToolRun>,
+        job: &Job,
+        turn: Vec<Event>,
     ) -> Result<()> {
         let ctx = ToolContext {
             session: f.id.clone(),
@@ -46,7 +60,11 @@ impl Runtime {
                 ));
             }
         }
-        self.append_all(f, events).await?;
+        if !events.is_empty() {
+            // Resumed calls come from a recorded turn: no turn is pending with them.
+            debug_assert!(turn.is_empty());
+            self.append_all(f, events).await?;
+        }
         let idempotent = |r: &ToolRun| {
             self.tools.idempotent(&r.tool) || def.front.idempotent_tools.contains(&r.tool)
         };
@@ -66,11 +84,10 @@ impl Runtime {
                 })
             })
             .collect();
-        let mut pending = vec![];
+        let mut pending = turn;
+        pending.extend(called);
         if write_ahead {
-            self.append_all(f, called).await?;
-        } else {
-            pending = called;
+            self.append_all(f, std::mem::take(&mut pending)).await?;
         }
         to_run.extend(fresh);
         if to_run.is_empty() {
