@@ -161,13 +161,26 @@ impl Runtime {
                     // A turn that answers usually ends the session. When the rules end it
                     // at once (nothing else to run first), the end is recorded with the
                     // turn, in one append, so it costs one durable write, not two.
-                    Some(Then::End(end)) => events.push(*end),
+                    // It is still a step of its own to logs and metrics.
+                    Some(Then::End(end)) => {
+                        let kind = if matches!(*end, Event::Completed(_)) {
+                            "complete"
+                        } else {
+                            "fail"
+                        };
+                        tracing::debug!(session = %f.id, step = kind, "step");
+                        let _timer = crate::metrics::StepTimer::start(kind);
+                        events.push(*end);
+                        return self.append_all(f, events).await;
+                    }
                     // A turn that only reads the workspace: the reads run now and the
                     // turn is recorded with their calls and results, in one append. A
                     // crash before it leaves the turn unrecorded, so the model is asked
                     // again; the window is that of a local read.
                     Some(Then::Read(runs)) => {
-                        return self.run_tools_after(f, def, runs, job, events).await
+                        tracing::debug!(session = %f.id, step = "run_tools", "step");
+                        let _timer = crate::metrics::StepTimer::start("run_tools");
+                        return self.run_tools_after(f, def, runs, job, events).await;
                     }
                     None => {}
                 }
