@@ -26,7 +26,6 @@ use skein_runtime::inspect::{summarize, tree_rows};
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
 
-use super::bench_hops::pct;
 use crate::app::{read_agent_files, App};
 
 #[derive(Args, Debug)]
@@ -454,29 +453,14 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     }
 
     let (relay_ms, delegate, settle) = run_relay(app).await.context("relay run")?;
-    let hops = super::bench_hops::HOPS;
-    results.insert(
-        "hops".into(),
-        json!({"delegations": hops, "cycle_ms": relay_ms / hops as f64,
-               "delegate_ms": {"p50": pct(&delegate, 0.5), "p99": pct(&delegate, 0.99)},
-               "settle_ms": {"p50": pct(&settle, 0.5), "p99": pct(&settle, 0.99)}}),
+    let title = format!(
+        "hop latency, zero-latency model, {} delegations one after another:",
+        super::bench_hops::HOPS
     );
+    let hops = super::bench_hops::report(&title, relay_ms, &delegate, &settle, a.json)?;
+    results.insert("hops".into(), hops);
     if !a.json {
-        crate::outln!("hop latency, zero-latency model, {hops} delegations one after another:")?;
-        crate::outln!(
-            "  Delegated → child's first model call: p50 {:.0} ms, p99 {:.0} ms",
-            pct(&delegate, 0.5),
-            pct(&delegate, 0.99)
-        )?;
-        crate::outln!(
-            "  child Completed → parent's next model call: p50 {:.0} ms, p99 {:.0} ms",
-            pct(&settle, 0.5),
-            pct(&settle, 0.99)
-        )?;
-        crate::outln!(
-            "  whole cycle (both hops and both model turns): {:.2} ms mean\n",
-            relay_ms / hops as f64
-        )?;
+        crate::outln!()?;
     }
 
     let (mem_ms, store_ms, verify_ms) = fold_bench(a.fold_events).await?;

@@ -83,6 +83,35 @@ pub(crate) async fn hops(b: &Backend, relay: &SessionId) -> Result<(Vec<f64>, Ve
     Ok((delegate, settle))
 }
 
+/// The hops of a relay that took `wall_ms`: as JSON, and printed under `title` unless
+/// `json` (then only the JSON is returned).
+pub(crate) fn report(
+    title: &str,
+    wall_ms: f64,
+    delegate: &[f64],
+    settle: &[f64],
+    json: bool,
+) -> Result<serde_json::Value> {
+    let cycle = wall_ms / HOPS as f64;
+    if !json {
+        crate::outln!("{title}")?;
+        crate::outln!(
+            "  Delegated → child's first model call: p50 {:.0} ms, p99 {:.0} ms",
+            pct(delegate, 0.5),
+            pct(delegate, 0.99)
+        )?;
+        crate::outln!(
+            "  child Completed → parent's next model call: p50 {:.0} ms, p99 {:.0} ms",
+            pct(settle, 0.5),
+            pct(settle, 0.99)
+        )?;
+        crate::outln!("  whole cycle (both hops and both model turns): {cycle:.2} ms mean")?;
+    }
+    Ok(serde_json::json!({"delegations": HOPS, "cycle_ms": cycle,
+        "delegate_ms": {"p50": pct(delegate, 0.5), "p99": pct(delegate, 0.99)},
+        "settle_ms": {"p50": pct(settle, 0.5), "p99": pct(settle, 0.99)}}))
+}
+
 /// The `p` quantile of sorted figures (0 when there are none).
 pub(crate) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

@@ -428,32 +428,12 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     let (relay, wall) = fleet.relay().await?;
     let (delegate, settle) = super::bench_hops::hops(&fleet.runtimes[0].backend, &relay).await?;
     fleet.stop().await;
-    let hops = super::bench_hops::HOPS;
-    results.insert(
-        "hops".into(),
-        json!({"delegations": hops, "cycle_ms": wall / hops as f64,
-               "delegate_ms": {"p50": pct(&delegate, 0.5), "p99": pct(&delegate, 0.99)},
-               "settle_ms": {"p50": pct(&settle, 0.5), "p99": pct(&settle, 0.99)}}),
+    let title = format!(
+        "\nhop latency, zero-latency model, 1 worker, {} delegations one after another:",
+        super::bench_hops::HOPS
     );
-    if !a.json {
-        crate::outln!(
-            "\nhop latency, zero-latency model, 1 worker, {hops} delegations one after another:"
-        )?;
-        crate::outln!(
-            "  Delegated → child's first model call: p50 {:.0} ms, p99 {:.0} ms",
-            pct(&delegate, 0.5),
-            pct(&delegate, 0.99)
-        )?;
-        crate::outln!(
-            "  child Completed → parent's next model call: p50 {:.0} ms, p99 {:.0} ms",
-            pct(&settle, 0.5),
-            pct(&settle, 0.99)
-        )?;
-        crate::outln!(
-            "  whole cycle (both hops and both model turns): {:.2} ms mean",
-            wall / hops as f64
-        )?;
-    }
+    let hops = super::bench_hops::report(&title, wall, &delegate, &settle, a.json)?;
+    results.insert("hops".into(), hops);
 
     // Fan-out against its ideal.
     let ideal = 7.0 * a.latency_ms as f64;
