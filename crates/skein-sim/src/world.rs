@@ -39,7 +39,7 @@ pub const AGENTS: &[(&str, &str, &str)] = &[
     ),
     (
         "helper",
-        "tools: [list_dir, append_note]\ncache: false\n",
+        "tools: [list_dir, append_note]\ncache: false\nlimits: {timeout: 8s}\n",
         r#"turns:
   - tool_calls:
       - tool: list_dir
