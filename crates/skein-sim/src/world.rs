@@ -33,7 +33,7 @@ pub const AGENTS: &[(&str, &str, &str)] = &[
         args: {agent: drafter, mission: "draft {{ mission }}"}
   - tool_calls:
       - tool: call_agent
-        args: {agent: manager, mission: "decide on {{ mission }}"}
+        args: {agent: manager, mission: "decide on the plan"}
   - answer: "done: {{ all_results | length }} results"
 "#,
     ),
