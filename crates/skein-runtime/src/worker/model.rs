@@ -233,7 +233,7 @@ impl Runtime {
             !r.resumed
                 && skein_core::agent::SIDE_EFFECT_FREE_TOOLS.contains(&r.tool.as_str())
                 && self.tools.get(&r.tool).is_some()
-                && (self.tools.idempotent(&r.tool) || def.front.idempotent_tools.contains(&r.tool))
+                && self.may_run_again(def, &r.tool)
         };
         match peek.next(def, &self.cfg.limits, &*self.agents) {
             Step::Complete { answer } if answers => Some(Then::End(Box::new(Event::completed(

@@ -46,7 +46,7 @@ impl Runtime {
         let mut to_run = vec![];
         let mut events = vec![];
         for r in resumed {
-            if self.tools.idempotent(&r.tool) || def.front.idempotent_tools.contains(&r.tool) {
+            if self.may_run_again(def, &r.tool) {
                 to_run.push(r);
             } else {
                 events.push(Event::tool_error(
@@ -65,14 +65,11 @@ impl Runtime {
             debug_assert!(turn.is_empty());
             self.append_all(f, events).await?;
         }
-        let idempotent = |r: &ToolRun| {
-            self.tools.idempotent(&r.tool) || def.front.idempotent_tools.contains(&r.tool)
-        };
         // A call of a tool that may not run twice is recorded before it runs (write-ahead),
         // so a crash in between is reported, not repeated. When every call of the turn may
         // run again, the calls are recorded with their results in one append: a crash
         // before it leaves the step undone, and it runs again whole.
-        let write_ahead = fresh.iter().any(|r| !idempotent(r));
+        let write_ahead = fresh.iter().any(|r| !self.may_run_again(def, &r.tool));
         let called: Vec<Event> = fresh
             .iter()
             .map(|r| {
@@ -116,6 +113,12 @@ impl Runtime {
             returned.push(Event::ToolReturned(o));
         }
         self.append_all(f, returned).await
+    }
+
+    /// Whether a call of `tool` may run again after a crash: the tool says it is
+    /// idempotent, or the agent lists it in `idempotent_tools`.
+    pub(crate) fn may_run_again(&self, def: &AgentDef, tool: &str) -> bool {
+        self.tools.idempotent(tool) || def.front.idempotent_tools.iter().any(|t| t == tool)
     }
 
     pub(crate) async fn run_one(&self, ctx: &ToolContext, r: &ToolRun) -> Result<ToolReturned> {
