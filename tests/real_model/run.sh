@@ -9,4 +9,4 @@ dir="$(bash tests/real_model/install.sh)"
 record=0
 [ "${1:-}" = "--record" ] && record=1
 SKEIN_REAL_MODEL_DIR="$dir" SKEIN_RECORD_CASSETTES="$record" \
-  cargo test --locked --test real_model -- --ignored --nocapture
+  cargo test --workspace --locked --test real_model -- --ignored --nocapture
