@@ -90,10 +90,16 @@ impl Fleet {
 
     /// Runs one fan-out tree of `n` children; returns (root, wall ms).
     async fn fanout(&self, n: usize) -> Result<(SessionId, f64)> {
-        self.fanout_with(n, true, "").await
+        self.fanout_with(n, true, "", || {}).await
     }
 
-    async fn fanout_with(&self, n: usize, no_cache: bool, tag: &str) -> Result<(SessionId, f64)> {
+    async fn fanout_with(
+        &self,
+        n: usize,
+        no_cache: bool,
+        tag: &str,
+        on_poll: impl FnMut(),
+    ) -> Result<(SessionId, f64)> {
         let rt = &self.runtimes[0];
         let started = Instant::now();
         let id = rt
@@ -111,7 +117,7 @@ impl Fleet {
             &id,
             &format!("fan-out {n}"),
             Duration::from_millis(5),
-            || {},
+            on_poll,
         )
         .await?;
         Ok((id, started.elapsed().as_secs_f64() * 1000.0))
@@ -215,11 +221,28 @@ impl Drop for Reaped {
     }
 }
 
+/// Resident memory, in KiB, of the worker process and of the server (when the bench
+/// started it, so its pid is known).
+struct MemoryFigures {
+    idle: u64,
+    idle_1100: u64,
+    peak: u64,
+    /// The server's before the 1,000 sessions were submitted, and its peak while they ran.
+    server: Option<(u64, u64)>,
+    /// The peak of worker and server together, sampled at the same moments.
+    together: u64,
+}
+
 /// Starts a real `skein worker` process (this binary) on a pool of its own and reads its
 /// resident memory once it is ready and idle; then another with 1,100 loops, idle, and
 /// while it runs a fan-out of 1,000 children with 2 s model calls (all in flight at
-/// once), sampling every 50 ms. Returns (idle, idle with 1,100 loops, peak) in KiB.
-async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result<(u64, u64, u64)> {
+/// once), sampling it (and the server, `server_pid`) every 50 ms.
+async fn worker_process_memory(
+    app: &App,
+    cfg: &NatsConfig,
+    url: &str,
+    server_pid: Option<u32>,
+) -> Result<MemoryFigures> {
     let tmp = tempfile::tempdir()?;
     let pool = format!("benchmem{}", &skein_runtime::new_root_id().as_str()[18..]);
     write_agents(tmp.path(), 2000, false, Some(&pool))?;
@@ -265,16 +288,31 @@ async fn worker_process_memory(app: &App, cfg: &NatsConfig, url: &str) -> Result
         })
         .await?;
     let mut peak = idle_1100;
+    let server_before = server_pid.map(rss_kib);
+    let mut server_peak = server_before.unwrap_or(0);
+    let mut together = 0;
     completed(
         &submitter,
         &id,
         "the memory run",
         Duration::from_millis(50),
-        || peak = peak.max(rss_kib(pid)),
+        || {
+            let w = rss_kib(pid);
+            let s = server_pid.map_or(0, rss_kib);
+            peak = peak.max(w);
+            server_peak = server_peak.max(s);
+            together = together.max(w + s);
+        },
     )
     .await?;
     drop(worker);
-    Ok((idle, idle_1100, peak))
+    Ok(MemoryFigures {
+        idle,
+        idle_1100,
+        peak,
+        server: server_before.map(|b| (b, server_peak)),
+        together,
+    })
 }
 
 /// Polls `id`'s log every `every` until it ends (calling `on_poll` each time); an error
@@ -345,9 +383,19 @@ fn local_server(
     Ok((Some(s), u, said))
 }
 
+#[cfg(feature = "nats-local")]
+fn server_pid(s: &Option<skein_testnats::NatsServer>) -> Option<u32> {
+    s.as_ref().and_then(|s| s.pid())
+}
+
 /// Stands in for the server this build cannot start.
 #[cfg(not(feature = "nats-local"))]
 struct NoServer;
+
+#[cfg(not(feature = "nats-local"))]
+fn server_pid(_: &Option<NoServer>) -> Option<u32> {
+    None
+}
 
 #[cfg(not(feature = "nats-local"))]
 fn local_server(_sync: Option<&str>) -> Result<(Option<NoServer>, String, String)> {
@@ -378,16 +426,28 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     }
 
     // Memory of one `skein worker` process: idle, then with 1,000 sessions in flight.
-    let (idle, idle_1100, peak) = worker_process_memory(app, &cfg, &url)
+    let m = worker_process_memory(app, &cfg, &url, server_pid(&server))
         .await
         .context("memory run")?;
+    let mib = |k: u64| k as f64 / 1024.0;
     results.insert(
         "worker_rss_kib".into(),
-        json!({"process": "skein worker", "idle": idle, "idle_1100_loops": idle_1100,
-               "peak_1000_in_flight": peak}),
+        json!({"process": "skein worker", "idle": m.idle, "idle_1100_loops": m.idle_1100,
+               "peak_1000_in_flight": m.peak}),
     );
     if !a.json {
-        crate::outln!("worker resident memory (a `skein worker` process): idle {:.1} MiB (default concurrency); with 1,100 loops idle {:.1} MiB, with 1,000 sessions in flight (2 s model calls) peak {:.1} MiB", idle as f64 / 1024.0, idle_1100 as f64 / 1024.0, peak as f64 / 1024.0)?;
+        crate::outln!("worker resident memory (a `skein worker` process): idle {:.1} MiB (default concurrency); with 1,100 loops idle {:.1} MiB, with 1,000 sessions in flight (2 s model calls) peak {:.1} MiB", mib(m.idle), mib(m.idle_1100), mib(m.peak))?;
+    }
+    if let Some((before, peak)) = m.server {
+        let per_session = peak.saturating_sub(before) as f64 / 1001.0;
+        results.insert(
+            "server_rss_kib".into(),
+            json!({"before": before, "peak_1000_in_flight": peak,
+                   "per_session_in_flight": per_session, "with_worker_peak": m.together}),
+        );
+        if !a.json {
+            crate::outln!("nats-server resident memory: {:.1} MiB before, peak {:.1} MiB with the same 1,000 sessions in flight ({per_session:.0} KiB per session); worker and server together peak {:.1} MiB", mib(before), mib(peak), mib(m.together))?;
+        }
     }
 
     // Throughput with a zero-latency model, 1 and 3 workers.
@@ -435,22 +495,27 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     let hops = super::bench_hops::report(&title, wall, &delegate, &settle, a.json)?;
     results.insert("hops".into(), hops);
 
-    // Fan-out against its ideal.
+    // Fan-out against its ideal, on one worker and on three (in this process), with the
+    // peak resident memory of the server and of this process, which hosts the workers.
     let ideal = 7.0 * a.latency_ms as f64;
     if !a.json {
         crate::outln!(
-            "\nfan-out, 3 workers, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms:",
+            "\nfan-out, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms; peak resident memory of nats-server and of the bench process (its workers):",
             a.latency_ms,
             a.latency_ms
         )?;
         crate::outln!(
-            "  {:>6} {:>10} {:>10} {:>8}",
+            "  {:>6} {:>8} {:>10} {:>10} {:>8} {:>11} {:>10}",
             "N",
+            "workers",
             "wall ms",
             "ideal ms",
-            "ratio"
+            "ratio",
+            "server MiB",
+            "bench MiB"
         )?;
     }
+    let spid = server_pid(&server);
     let mut fan = vec![];
     let widths: Vec<usize> = if a.fanout == vec![8, 256] {
         vec![8, 256, 1024]
@@ -458,26 +523,43 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         a.fanout.clone()
     };
     for n in widths {
-        let fleet = Fleet::start(app, &cfg, 3, n / 3 + 16, a.latency_ms).await?;
-        let (_, wall) = fleet.fanout(n).await?;
-        fleet.stop().await;
-        if !a.json {
-            crate::outln!(
-                "  {:>6} {:>10.0} {:>10.0} {:>8.2}",
-                n,
-                wall,
-                ideal,
-                wall / ideal
-            )?;
+        for workers in [1usize, 3] {
+            let fleet = Fleet::start(app, &cfg, workers, n / workers + 16, a.latency_ms).await?;
+            let (mut server_peak, mut own_peak) = (0, 0);
+            let (_, wall) = fleet
+                .fanout_with(n, true, "", || {
+                    server_peak = server_peak.max(spid.map_or(0, rss_kib));
+                    own_peak = own_peak.max(rss_kib(std::process::id()));
+                })
+                .await?;
+            fleet.stop().await;
+            let server_mib = spid.map(|_| server_peak as f64 / 1024.0);
+            let own_mib = own_peak as f64 / 1024.0;
+            if !a.json {
+                crate::outln!(
+                    "  {:>6} {:>8} {:>10.0} {:>10.0} {:>8.2} {:>11} {:>10.1}",
+                    n,
+                    workers,
+                    wall,
+                    ideal,
+                    wall / ideal,
+                    server_mib.map_or("-".to_string(), |m| format!("{m:.1}")),
+                    own_mib
+                )?;
+            }
+            fan.push(
+                json!({"n": n, "workers": workers, "wall_ms": wall, "ideal_ms": ideal,
+                            "ratio": wall / ideal, "server_peak_mib": server_mib,
+                            "bench_process_peak_mib": own_mib}),
+            );
         }
-        fan.push(json!({"n": n, "wall_ms": wall, "ideal_ms": ideal, "ratio": wall / ideal}));
     }
     results.insert("fanout".into(), json!(fan));
 
     // Cache hits: the same 200 delegations twice; the second time every one is a hit.
     let fleet = Fleet::start_with(app, &cfg, 1, 64, 0, true).await?;
-    fleet.fanout_with(200, false, " (warm-up)").await?;
-    let (root, _) = fleet.fanout_with(200, false, " (hits)").await?;
+    fleet.fanout_with(200, false, " (warm-up)", || {}).await?;
+    let (root, _) = fleet.fanout_with(200, false, " (hits)", || {}).await?;
     let records = fleet.runtimes[0].backend.log.read(&root, 1).await?;
     fleet.stop().await;
     let start = records
