@@ -155,6 +155,14 @@ async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
         .map(|e| e.name)
         .collect();
     assert_eq!(top, vec!["b.txt", "notes"]);
+    // A file of many chunks (the store cuts at 128 KiB) reads back whole.
+    let big: Vec<u8> = (0..1_300_000u32).map(|i| (i % 251) as u8).collect();
+    ws.write("notes/big.bin", &big).await.unwrap();
+    assert!(ws.read("notes/big.bin").await.unwrap() == big);
+    // Reads and listings leave nothing behind on the server: the consumer of a long read
+    // or of a listing is deleted when it ends.
+    let mut meta = store.js.get_stream("OBJ_skein_workspace").await.unwrap();
+    assert_eq!(meta.info().await.unwrap().state.consumer_count, 0);
     // Refused for the path itself, not merely missing: `../other/x` names no object, so
     // any error would do for a read; only a refusal shows the path was judged.
     use skein_tools::ToolError;

@@ -97,6 +97,8 @@ pub struct NatsStore {
     /// The stream under `blobs`, for reads that need no consumer.
     blobs_stream: stream::Stream,
     workspace: object_store::ObjectStore,
+    /// The stream under `workspace`, whose object descriptions a listing reads.
+    workspace_stream: stream::Stream,
     cfg: NatsConfig,
     /// Last known (our seq, stream seq) per session: appends need the stream seq.
     heads: Mutex<HashMap<SessionId, (u64, u64)>>,
@@ -156,6 +158,7 @@ impl NatsStore {
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
             workspace: o("skein_workspace").await?,
+            workspace_stream: s("OBJ_skein_workspace").await?,
             client,
             js,
             cfg: cfg.clone(),

@@ -12,154 +12,162 @@ use super::nats_err;
 use super::NatsStore;
 
 impl NatsStore {
-    /// Reads every message of one subject of a stream after stream seq `after`. The first
-    /// few come by direct get, one round trip each, which is all most reads need (the tail
-    /// of a log a worker has folded); a longer subject — a cold load of a parent with
-    /// hundreds of children, say — is streamed through a short-lived consumer instead, so
-    /// the cost is a few round trips rather than one per message. Where no consumer can
-    /// be made (a cluster electing leaders), direct gets read the rest.
+    /// Reads every message of one subject of a stream after stream seq `after`: see
+    /// [`read_subject`].
     pub(crate) async fn read_subject(
         &self,
         st: &stream::Stream,
         subject: &str,
         after: u64,
     ) -> Result<Vec<(u64, Bytes)>> {
-        const DIRECT_READS: usize = 8;
-        let mut out = vec![];
-        if self
-            .read_direct(st, subject, after + 1, Some(DIRECT_READS), &mut out)
-            .await?
+        read_subject(st, subject, after).await
+    }
+}
+
+/// Reads every message of one subject of a stream after stream seq `after`. The first
+/// few come by direct get, one round trip each, which is all most reads need (the tail
+/// of a log a worker has folded); a longer subject — a cold load of a parent with
+/// hundreds of children, say — is streamed through a short-lived consumer instead, so
+/// the cost is a few round trips rather than one per message. Where no consumer can
+/// be made (a cluster electing leaders), direct gets read the rest.
+pub(crate) async fn read_subject(
+    st: &stream::Stream,
+    subject: &str,
+    after: u64,
+) -> Result<Vec<(u64, Bytes)>> {
+    const DIRECT_READS: usize = 8;
+    let mut out = vec![];
+    if read_direct(st, subject, after + 1, Some(DIRECT_READS), &mut out).await? {
+        return Ok(out);
+    }
+    let next = out.last().map_or(after, |(seq, _)| *seq) + 1;
+    let streamed = read_through_consumer(
+        st,
+        subject,
+        consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: next,
+        },
+        &mut out,
+    )
+    .await;
+    match streamed {
+        Ok(true) => {}
+        // No consumer could be made, or it failed on the way (a leader lost while it
+        // delivered, say): direct gets read what it did not.
+        Ok(false) | Err(_) => {
+            if let Err(e) = &streamed {
+                tracing::debug!(subject, error = %e, "streamed read failed; reading the rest by direct gets");
+            }
+            let next = out.last().map_or(after, |(seq, _)| *seq) + 1;
+            read_direct(st, subject, next, None, &mut out).await?;
+        }
+    }
+    Ok(out)
+}
+
+/// Direct gets of `subject` from stream seq `from` on, at most `limit` of them; true
+/// when the subject was read to its end.
+async fn read_direct(
+    st: &stream::Stream,
+    subject: &str,
+    from: u64,
+    limit: Option<usize>,
+    out: &mut Vec<(u64, Bytes)>,
+) -> Result<bool> {
+    let mut next = from;
+    let mut n = 0;
+    while limit.is_none_or(|l| n < l) {
+        match st
+            .raw_message_builder()
+            .sequence(next)
+            .next_by_subject(subject)
+            .send()
+            .await
         {
-            return Ok(out);
-        }
-        let next = out.last().map_or(after, |(seq, _)| *seq) + 1;
-        let streamed = self
-            .read_subject_streamed(st, subject, next, &mut out)
-            .await;
-        match streamed {
-            Ok(true) => {}
-            // No consumer could be made, or it failed on the way (a leader lost while it
-            // delivered, say): direct gets read what it did not.
-            Ok(false) | Err(_) => {
-                if let Err(e) = &streamed {
-                    tracing::debug!(subject, error = %e, "streamed read failed; reading the rest by direct gets");
-                }
-                let next = out.last().map_or(after, |(seq, _)| *seq) + 1;
-                self.read_direct(st, subject, next, None, &mut out).await?;
+            Ok(m) => {
+                next = m.sequence + 1;
+                out.push((m.sequence, m.payload));
+                n += 1;
             }
+            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
+                return Ok(true)
+            }
+            Err(e) => return Err(nats_err("read", e)),
         }
-        Ok(out)
     }
+    Ok(false)
+}
 
-    /// Direct gets of `subject` from stream seq `from` on, at most `limit` of them; true
-    /// when the subject was read to its end.
-    pub(crate) async fn read_direct(
-        &self,
-        st: &stream::Stream,
-        subject: &str,
-        from: u64,
-        limit: Option<usize>,
-        out: &mut Vec<(u64, Bytes)>,
-    ) -> Result<bool> {
-        let mut next = from;
-        let mut n = 0;
-        while limit.is_none_or(|l| n < l) {
-            match st
-                .raw_message_builder()
-                .sequence(next)
-                .next_by_subject(subject)
-                .send()
+/// Appends to `out` the messages of `subject` (wildcards allowed) that `deliver` picks, as
+/// they stand when the read starts, through an ephemeral consumer that needs no acks and
+/// is deleted when the read ends (the server would keep it for its inactivity threshold).
+/// False (and nothing read) when no consumer could be made in time.
+pub(crate) async fn read_through_consumer(
+    st: &stream::Stream,
+    subject: &str,
+    deliver: consumer::DeliverPolicy,
+    out: &mut Vec<(u64, Bytes)>,
+) -> Result<bool> {
+    let made = tokio::time::timeout(
+        Duration::from_secs(2),
+        st.create_consumer(consumer::pull::Config {
+            filter_subject: subject.to_string(),
+            deliver_policy: deliver,
+            ack_policy: consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(30),
+            memory_storage: true,
+            ..Default::default()
+        }),
+    )
+    .await;
+    let cons: consumer::PullConsumer = match made {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(subject, error = %e, "no read consumer; reading by direct gets");
+            return Ok(false);
+        }
+        Err(_) => {
+            tracing::debug!(subject, "no read consumer in time; reading by direct gets");
+            return Ok(false);
+        }
+    };
+    let name = cons.cached_info().name.clone();
+    let mut left = cons.cached_info().num_pending;
+    let res = async {
+        while left > 0 {
+            let mut batch = cons
+                .fetch()
+                .max_messages(left.min(2048) as usize)
+                .expires(Duration::from_secs(5))
+                .messages()
                 .await
-            {
-                Ok(m) => {
-                    next = m.sequence + 1;
-                    out.push((m.sequence, m.payload));
-                    n += 1;
-                }
-                Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
-                    return Ok(true)
-                }
-                Err(e) => return Err(nats_err("read", e)),
-            }
-        }
-        Ok(false)
-    }
-
-    /// Appends to `out` the messages of `subject` from stream seq `from` on, as they stand
-    /// when the read starts, through an ephemeral consumer that needs no acks. False (and
-    /// nothing read) when no consumer could be made in time.
-    pub(crate) async fn read_subject_streamed(
-        &self,
-        st: &stream::Stream,
-        subject: &str,
-        from: u64,
-        out: &mut Vec<(u64, Bytes)>,
-    ) -> Result<bool> {
-        let made = tokio::time::timeout(
-            Duration::from_secs(2),
-            st.create_consumer(consumer::pull::Config {
-                filter_subject: subject.to_string(),
-                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-                ack_policy: consumer::AckPolicy::None,
-                inactive_threshold: Duration::from_secs(30),
-                memory_storage: true,
-                ..Default::default()
-            }),
-        )
-        .await;
-        let cons: consumer::PullConsumer = match made {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                tracing::debug!(subject, error = %e, "no read consumer; reading by direct gets");
-                return Ok(false);
-            }
-            Err(_) => {
-                tracing::debug!(subject, "no read consumer in time; reading by direct gets");
-                return Ok(false);
-            }
-        };
-        let name = cons.cached_info().name.clone();
-        let mut left = cons.cached_info().num_pending;
-        let res = async {
-            while left > 0 {
-                let mut batch = cons
-                    .fetch()
-                    .max_messages(left.min(2048) as usize)
-                    .expires(Duration::from_secs(5))
-                    .messages()
+                .map_err(|e| nats_err("read", e))?;
+            let mut got = 0;
+            loop {
+                // A delivery that stops mid-way (its consumer's leader lost) is given
+                // up; the caller reads the rest by direct gets.
+                let next = tokio::time::timeout(Duration::from_secs(10), batch.next())
                     .await
-                    .map_err(|e| nats_err("read", e))?;
-                let mut got = 0;
-                loop {
-                    // A delivery that stops mid-way (its consumer's leader lost) is given
-                    // up; the caller reads the rest by direct gets.
-                    let next = tokio::time::timeout(Duration::from_secs(10), batch.next())
-                        .await
-                        .map_err(|_| {
-                            Error::unavailable_because(format!(
-                                "read of {subject}: delivery stalled"
-                            ))
-                        })?;
-                    let Some(m) = next else { break };
-                    let m = m.map_err(|e| nats_err("read", e))?;
-                    let sseq = m.info().map_err(|e| nats_err("read", e))?.stream_sequence;
-                    out.push((sseq, m.payload.clone()));
-                    got += 1;
-                }
-                if got == 0 {
-                    return Err(Error::unavailable_because(format!(
-                        "read of {subject}: {left} messages announced but none delivered"
-                    )));
-                }
-                left = left.saturating_sub(got);
+                    .map_err(|_| {
+                        Error::unavailable_because(format!("read of {subject}: delivery stalled"))
+                    })?;
+                let Some(m) = next else { break };
+                let m = m.map_err(|e| nats_err("read", e))?;
+                let sseq = m.info().map_err(|e| nats_err("read", e))?.stream_sequence;
+                out.push((sseq, m.payload.clone()));
+                got += 1;
             }
-            Ok(true)
+            if got == 0 {
+                return Err(Error::unavailable_because(format!(
+                    "read of {subject}: {left} messages announced but none delivered"
+                )));
+            }
+            left = left.saturating_sub(got);
         }
-        .await;
-        // Done with it either way; the server drops it by itself if this is lost.
-        let _ = st.delete_consumer(&name).await;
-        res
+        Ok(true)
     }
+    .await;
+    // Done with it either way; the server drops it by itself if this is lost.
+    let _ = st.delete_consumer(&name).await;
+    res
 }

@@ -2,16 +2,22 @@
 
 use std::sync::Arc;
 
-use async_nats::jetstream::object_store;
+use async_nats::jetstream::object_store::{self, ObjectInfo};
+use async_nats::jetstream::{consumer, stream};
 use async_trait::async_trait;
-use futures::StreamExt;
+use base64::engine::general_purpose::URL_SAFE;
+use base64::Engine;
+use sha2::{Digest, Sha256};
 use skein_core::SessionId;
 use skein_runtime::ports::Workspaces;
 use skein_tools::workspace::DirEntry;
 use skein_tools::{ToolError, Usage, Workspace};
-use tokio::io::AsyncReadExt;
 
+use super::read::{read_subject, read_through_consumer};
 use super::NatsStore;
+
+/// The object store of the workspaces.
+const WORKSPACE: &str = "skein_workspace";
 
 impl Workspaces for NatsStore {
     fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace> {
@@ -22,6 +28,7 @@ impl Workspaces for NatsStore {
         }
         Arc::new(ObjectWorkspace {
             store: self.workspace.clone(),
+            meta: self.workspace_stream.clone(),
             root: root.to_string(),
         })
     }
@@ -31,7 +38,43 @@ impl Workspaces for NatsStore {
 /// worker writes is there for every other.
 pub struct ObjectWorkspace {
     store: object_store::ObjectStore,
+    meta: stream::Stream,
     root: String,
+}
+
+impl ObjectWorkspace {
+    /// The description of every object of this tree that is not deleted. The object store
+    /// keeps one description per object on a subject of its own, named by the object's
+    /// encoded name, so a tree's objects cannot be picked by subject: this reads the last
+    /// description of every object once, through one consumer that is deleted after the
+    /// read (the store's own listing left one per call on the server for 30 s).
+    async fn objects(&self) -> std::result::Result<Vec<ObjectInfo>, ToolError> {
+        let prefix = format!("{}/", self.root);
+        let mut raw = vec![];
+        let read = read_through_consumer(
+            &self.meta,
+            &format!("$O.{WORKSPACE}.M.>"),
+            consumer::DeliverPolicy::LastPerSubject,
+            &mut raw,
+        )
+        .await
+        .map_err(|e| ToolError::Failed(format!("listing the workspace: {e}")))?;
+        if !read {
+            return Err(ToolError::Failed(
+                "listing the workspace: the object store did not answer in time".into(),
+            ));
+        }
+        let mut out = vec![];
+        for (_, payload) in raw {
+            let info: ObjectInfo = serde_json::from_slice(&payload).map_err(|e| {
+                ToolError::Failed(format!("listing the workspace: an object description: {e}"))
+            })?;
+            if !info.deleted && info.name.starts_with(&prefix) {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Normalises a workspace path, refusing anything that could name another tree's files.
@@ -54,17 +97,36 @@ pub fn clean_path(path: &str) -> std::result::Result<String, ToolError> {
 
 #[async_trait]
 impl Workspace for ObjectWorkspace {
+    /// The object's description by a direct get, then its chunks as any subject is read
+    /// (direct gets, or a consumer deleted after a long read), checked against the size
+    /// and digest the description gives. The store's own reader left a consumer on the
+    /// server for 30 s after every read.
     async fn read(&self, path: &str) -> std::result::Result<Vec<u8>, ToolError> {
         let p = clean_path(path)?;
-        let mut obj = self
+        let failed = |e: &dyn std::fmt::Display| ToolError::Failed(format!("`{path}`: {e}"));
+        let info = self
             .store
-            .get(format!("{}/{p}", self.root))
+            .info(format!("{}/{p}", self.root))
             .await
-            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
-        let mut out = vec![];
-        obj.read_to_end(&mut out)
+            .map_err(|e| failed(&e))?;
+        if info.deleted {
+            return Err(failed(&"not found"));
+        }
+        let chunks = read_subject(&self.meta, &format!("$O.{WORKSPACE}.C.{}", info.nuid), 0)
             .await
-            .map_err(|e| ToolError::Failed(e.to_string()))?;
+            .map_err(|e| failed(&e))?;
+        let mut out = Vec::with_capacity(info.size);
+        for (_, chunk) in chunks {
+            out.extend_from_slice(&chunk);
+        }
+        let digest = format!("SHA-256={}", URL_SAFE.encode(Sha256::digest(&out)));
+        if out.len() != info.size || info.digest.as_ref().is_some_and(|d| *d != digest) {
+            return Err(failed(&format!(
+                "the stored object does not match its description ({} of {} bytes read)",
+                out.len(),
+                info.size
+            )));
+        }
         Ok(out)
     }
 
@@ -88,17 +150,8 @@ impl Workspace for ObjectWorkspace {
         } else {
             format!("{}/{p}/", self.root)
         };
-        let mut list = self
-            .store
-            .list()
-            .await
-            .map_err(|e| ToolError::Failed(e.to_string()))?;
         let mut out: Vec<DirEntry> = vec![];
-        while let Some(info) = list.next().await {
-            let info = info.map_err(|e| ToolError::Failed(e.to_string()))?;
-            if info.deleted {
-                continue;
-            }
+        for info in self.objects().await? {
             let Some(rest) = info.name.strip_prefix(&prefix) else {
                 continue;
             };
@@ -121,18 +174,8 @@ impl Workspace for ObjectWorkspace {
     /// One pass over the object list (the default lists directory by directory).
     async fn usage(&self, path: &str) -> std::result::Result<Usage, ToolError> {
         let target = format!("{}/{}", self.root, clean_path(path)?);
-        let prefix = format!("{}/", self.root);
-        let mut list = self
-            .store
-            .list()
-            .await
-            .map_err(|e| ToolError::Failed(e.to_string()))?;
         let mut u = Usage::default();
-        while let Some(info) = list.next().await {
-            let info = info.map_err(|e| ToolError::Failed(e.to_string()))?;
-            if info.deleted || !info.name.starts_with(&prefix) {
-                continue;
-            }
+        for info in self.objects().await? {
             u.total = u.total.saturating_add(info.size as u64);
             if info.name == target {
                 u.of_path = info.size as u64;
