@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use futures::future::join_all;
+use futures::StreamExt;
 use skein_core::decide::Delegation;
 use skein_core::event::{CacheHit, Delegated, InputProvided, ParentRef, Submitted};
 use skein_core::hash::{mission_hash, MissionKey};
@@ -175,10 +176,24 @@ impl Runtime {
         let delegated = crate::spans::delegated(&parent_events);
         self.append_all(f, parent_events).await?;
         crate::spans::delegations(&f.id, &f.state, started, &delegated);
-        for (pool, child) in jobs {
-            self.backend.jobs.push(&pool, &child).await?;
-        }
-        Ok(())
+        self.push_jobs(jobs).await
+    }
+
+    /// Publishes the jobs of children whose `Delegated` is recorded, many at a time: one
+    /// after another, a wide fan-out waited a round trip per child before its last child
+    /// could start. Their order does not matter (each is a session of its own), and a
+    /// crash among them is repaired as any crash after `Delegated` is: a cold load of the
+    /// parent pushes again every child still running.
+    pub(crate) async fn push_jobs(&self, jobs: Vec<(String, SessionId)>) -> Result<()> {
+        let backend = &self.backend;
+        let pushed = futures::stream::iter(
+            jobs.into_iter()
+                .map(|(pool, child)| async move { backend.jobs.push(&pool, &child).await }),
+        )
+        .buffer_unordered(64)
+        .collect::<Vec<Result<()>>>()
+        .await;
+        pushed.into_iter().collect()
     }
 
     /// Continues a paused child with the parent model's answers: checks the token against
@@ -352,10 +367,7 @@ impl Runtime {
             }));
         }
         self.append_all(f, events).await?;
-        for (pool, child) in jobs {
-            self.backend.jobs.push(&pool, &child).await?;
-        }
-        Ok(())
+        self.push_jobs(jobs).await
     }
 
     /// Claims the run of `hash` for `child`; returns the session to share instead when an

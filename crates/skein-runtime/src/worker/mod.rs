@@ -213,7 +213,7 @@ impl Runtime {
                     if ending {
                         self.end_team(f).await?;
                     }
-                    let settled = self.collect_settlements(f, cold || ending, &pushed).await?;
+                    let settled = self.collect_settlements(f, cold, ending, &pushed).await?;
                     cold = false;
                     if settled == 0 {
                         return Ok(());

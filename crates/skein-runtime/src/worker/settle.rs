@@ -39,11 +39,16 @@ impl Runtime {
     /// Records `ChildSettled` for every child of the turn that has ended. A cold load
     /// checks every outstanding child (healing a notice lost in a crash, and re-waking a
     /// child whose job was lost); afterwards the notices are read, and every outstanding
-    /// child is checked when a wake brings none.
+    /// child is checked when a wake brings none. Children whose jobs this drive pushed
+    /// (`pushed`) are left to their notices: each will post one when it ends or pauses, so
+    /// looking at them now would only read the logs of sessions still running (a parent
+    /// that had just delegated 1,024 children read all 1,024 and pushed every one again).
+    /// A team that is `ending` looks at all its members, which it has just cancelled.
     pub(crate) async fn collect_settlements(
         &self,
         f: &mut Folded,
         cold: bool,
+        ending: bool,
         pushed: &BTreeSet<SessionId>,
     ) -> Result<usize> {
         let mut outstanding: HashMap<SessionId, Vec<String>> = HashMap::new();
@@ -79,8 +84,13 @@ impl Runtime {
             .map(|(_, c)| c)
             .filter(|c| outstanding.contains_key(c))
             .collect();
-        let mut candidates: Vec<SessionId> = if cold || noticed.is_empty() {
-            outstanding.keys().cloned().collect()
+        let mut candidates: Vec<SessionId> = if cold || ending || noticed.is_empty() {
+            outstanding
+                .keys()
+                .filter(|c| ending || !pushed.contains(*c))
+                .cloned()
+                .chain(noticed)
+                .collect()
         } else {
             noticed
         };
@@ -132,7 +142,9 @@ impl Runtime {
                             }));
                         }
                     }
-                    None if cold && !pushed.contains(child) => repush.push(child.clone()),
+                    None if (cold || ending) && !pushed.contains(child) => {
+                        repush.push(child.clone())
+                    }
                     None => {}
                 },
                 None => tracing::warn!(session = %f.id, %child, "delegated child has no log"),
