@@ -9,6 +9,7 @@ use skein_core::{Record, SessionId};
 use skein_runtime::ports::EventLog;
 use skein_runtime::{Error, Result};
 
+use super::read::read_subject;
 use super::{events_subject, nats_err, NatsStore};
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
 
@@ -152,10 +153,7 @@ impl EventLog for NatsStore {
         };
         let mut out = vec![];
         let mut last = None;
-        for (sseq, payload) in self
-            .read_subject(&self.events, &events_subject(session), after)
-            .await?
-        {
+        for (sseq, payload) in read_subject(&self.events, &events_subject(session), after).await? {
             let r = Record::decode(payload.to_vec())
                 .map_err(|e| Error::corrupt(format!("record of {session}"), e))?;
             last = Some((r.env.seq, sseq));

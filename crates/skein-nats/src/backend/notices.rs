@@ -7,6 +7,7 @@ use skein_core::SessionId;
 use skein_runtime::ports::{Announcer, Notices, RootResult};
 use skein_runtime::{Error, Result};
 
+use super::read::read_subject;
 use super::{nats_err, trace_headers, NatsStore};
 
 #[async_trait]
@@ -26,7 +27,7 @@ impl Notices for NatsStore {
 
     async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>> {
         let subject = format!("skein.notices.{}", parent.as_str());
-        self.read_subject(&self.notices, &subject, after)
+        read_subject(&self.notices, &subject, after)
             .await?
             .into_iter()
             .map(|(s, p)| Ok((s, SessionId::parse(&String::from_utf8_lossy(&p))?)))
@@ -45,7 +46,7 @@ impl Notices for NatsStore {
     async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>> {
         let subject = format!("skein.watch.{}", target.as_str());
         let mut out = vec![];
-        for (_, p) in self.read_subject(&self.notices, &subject, 0).await? {
+        for (_, p) in read_subject(&self.notices, &subject, 0).await? {
             let v: serde_json::Value =
                 serde_json::from_slice(&p).map_err(|e| Error::corrupt("notice", e))?;
             let w = SessionId::parse(v["watcher"].as_str().unwrap_or_default())?;

@@ -9,20 +9,6 @@ use futures::StreamExt;
 use skein_runtime::{Error, Result};
 
 use super::nats_err;
-use super::NatsStore;
-
-impl NatsStore {
-    /// Reads every message of one subject of a stream after stream seq `after`: see
-    /// [`read_subject`].
-    pub(crate) async fn read_subject(
-        &self,
-        st: &stream::Stream,
-        subject: &str,
-        after: u64,
-    ) -> Result<Vec<(u64, Bytes)>> {
-        read_subject(st, subject, after).await
-    }
-}
 
 /// Reads every message of one subject of a stream after stream seq `after`. The first
 /// few come by direct get, one round trip each, which is all most reads need (the tail
