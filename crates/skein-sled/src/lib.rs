@@ -4,27 +4,31 @@
 //!
 //! | port | file | sled |
 //! | --- | --- | --- |
-//! | EventLog | `log.rs` | trees `events`, `sessions` |
+//! | EventLog | `log.rs`, `wal.rs` | none: its own file, `events.log` |
 //! | JobQueue | `jobs.rs` | tree `jobs` |
 //! | Cache, Blobs, Notices | `kv.rs` | trees `cache`, `inflight`, `blobs`, `notices`, `watchers` |
 //! | Workspaces | here | a directory per tree |
 //!
-//! Layout (one sled tree each):
-//! - `events`: `session \0 seq(u64 BE)` → record bytes; `sessions`: `session` → last seq.
-//!   An append checks and bumps `sessions` and inserts the record in one transaction.
+//! The event log is an append-only file of its own (`wal.rs`): one frame per append, one
+//! `fdatasync` per group of appends. Earlier versions kept it in the sled trees `events`
+//! and `sessions`; opening such a directory moves those records into the file once.
+//!
+//! Layout of the rest (one sled tree each):
 //! - `jobs`: `pool \0 session` → job state (ready / held with lease, attempt, dirty).
 //! - `cache`: mission hash → entry; `blobs`: blake3 hex → bytes;
 //!   `notices`: `parent \0 position(u64 BE)` → child id.
 //!
-//! Durability: an append returns only after a flush that covers it has completed. Appends
-//! of many sessions share one flush (group commit): each append takes a ticket after its
-//! write, and a single flusher task flushes and then releases every ticket it covered.
-//! Jobs and notices are not flushed per write: after a crash, `resume` derives every job
-//! from the logs, and a parent reconciles with its children's logs when it is first loaded.
+//! Durability: an append returns only after an `fdatasync` of the log that covers it.
+//! Appends of many sessions share one (group commit): each append takes a ticket after its
+//! write, and a single flusher task syncs and then releases every ticket it covered. Cache
+//! entries, blobs and watchers wait the same way for a flush of the sled database. Jobs and
+//! notices are not flushed per write: after a crash, `resume` derives every job from the
+//! logs, and a parent reconciles with its children's logs when it is first loaded.
 
 mod jobs;
 mod kv;
 mod log;
+mod wal;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,14 +50,6 @@ fn backend_err(e: impl Into<skein_runtime::error::BoxError>) -> Error {
     Error::unavailable("sled", e)
 }
 
-fn event_key(session: &SessionId, seq: u64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(session.as_str().len() + 9);
-    k.extend_from_slice(session.as_str().as_bytes());
-    k.push(0);
-    k.extend_from_slice(&seq.to_be_bytes());
-    k
-}
-
 fn prefix(s: &str) -> Vec<u8> {
     let mut k = s.as_bytes().to_vec();
     k.push(0);
@@ -67,7 +63,7 @@ fn u64_of(bytes: &[u8]) -> u64 {
     u64::from_be_bytes(b)
 }
 
-/// Group commit: appends wait for a flush that started after their write.
+/// Group commit: writers wait for a flush that started after their write.
 struct Flusher {
     requested: AtomicU64,
     kick: Notify,
@@ -76,7 +72,9 @@ struct Flusher {
 }
 
 impl Flusher {
-    fn start(db: sled::Db) -> Arc<Self> {
+    /// Starts the task that runs `flush` whenever a writer waits.
+    fn start(flush: impl Fn() -> std::io::Result<()> + Send + Sync + 'static) -> Arc<Self> {
+        let flush = Arc::new(flush);
         let (tx, rx) = watch::channel(0u64);
         let f = Arc::new(Self {
             requested: AtomicU64::new(0),
@@ -93,17 +91,17 @@ impl Flusher {
                     let _ = tokio::time::timeout(Duration::from_millis(200), kicked).await;
                     continue;
                 }
-                let db2 = db.clone();
-                match tokio::task::spawn_blocking(move || db2.flush()).await {
+                let f = flush.clone();
+                match tokio::task::spawn_blocking(move || f()).await {
                     Ok(Ok(_)) => {
                         let _ = tx.send(target);
                     }
                     Ok(Err(e)) => {
-                        tracing::error!(error = %e, "sled flush failed");
+                        tracing::error!(error = %e, "flush failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "sled flush task failed");
+                        tracing::error!(error = %e, "flush task failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
@@ -119,22 +117,27 @@ impl Flusher {
         rx.wait_for(|done| *done >= ticket)
             .await
             .map(|_| ())
-            .map_err(|_| Error::unavailable_because("sled flusher stopped"))
+            .map_err(|_| Error::unavailable_because("the store's flusher stopped"))
     }
 }
 
 /// The embedded store.
 pub struct SledStore {
     db: sled::Db,
-    events: sled::Tree,
-    sessions: sled::Tree,
+    wal: Arc<wal::Wal>,
+    /// Group commit of the event log.
+    wal_flusher: Arc<Flusher>,
     jobs: sled::Tree,
     cache: sled::Tree,
     blobs: sled::Tree,
     notices: sled::Tree,
     inflight: sled::Tree,
     watchers: sled::Tree,
+    /// Group commit of the sled database.
     flusher: Arc<Flusher>,
+    /// The database as the flusher's task holds it: emptied when the store is dropped, so
+    /// that the database (and its lock) closes then, not when that task next wakes.
+    flushed_db: Arc<std::sync::Mutex<Option<sled::Db>>>,
     job_ready: Notify,
     /// Every job by when it is due; see `jobs.rs`.
     job_index: std::sync::Mutex<jobs::JobIndex>,
@@ -171,16 +174,29 @@ impl SledStore {
             .open()
             .map_err(backend_err)?;
         let tree = |n: &str| db.open_tree(n).map_err(backend_err);
+        let wal = Arc::new(wal::Wal::open(&dir.join("events.log"))?);
+        migrate_sled_log(&db, &wal)?;
+        let w = wal.clone();
+        let flushed_db = Arc::new(std::sync::Mutex::new(Some(db.clone())));
         let store = Self {
-            events: tree("events")?,
-            sessions: tree("sessions")?,
+            wal_flusher: Flusher::start(move || w.sync()),
+            wal,
             jobs: tree("jobs")?,
             cache: tree("cache")?,
             blobs: tree("blobs")?,
             notices: tree("notices")?,
             inflight: tree("inflight")?,
             watchers: tree("watchers")?,
-            flusher: Flusher::start(db.clone()),
+            flusher: {
+                let slot = flushed_db.clone();
+                Flusher::start(
+                    move || match &*slot.lock().unwrap_or_else(|p| p.into_inner()) {
+                        Some(db) => db.flush().map(|_| ()).map_err(std::io::Error::other),
+                        None => Ok(()),
+                    },
+                )
+            },
+            flushed_db,
             db,
             job_ready: Notify::new(),
             job_index: Default::default(),
@@ -208,16 +224,70 @@ impl SledStore {
 
     /// Flushes everything (used at shutdown).
     pub async fn flush(&self) -> Result<()> {
+        self.wal.sync().map_err(backend_err)?;
         self.db.flush_async().await.map(|_| ()).map_err(backend_err)
     }
 }
 
 impl Drop for SledStore {
     fn drop(&mut self) {
-        self.flusher.stop.store(true, Ordering::SeqCst);
-        self.flusher.kick.notify_one();
+        for f in [&self.flusher, &self.wal_flusher] {
+            f.stop.store(true, Ordering::SeqCst);
+            f.kick.notify_one();
+        }
+        let _ = self.wal.sync();
         let _ = self.db.flush();
+        self.flushed_db
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
+}
+
+/// Moves the records an earlier version kept in the sled trees `events` and `sessions`
+/// into the event log file, once: they are synced there before the trees are emptied, and a
+/// crash in between finds them in both places and moves only the sessions the file lacks.
+fn migrate_sled_log(db: &sled::Db, wal: &wal::Wal) -> Result<()> {
+    let names = db.tree_names();
+    if !names.iter().any(|n| n.as_ref() == b"events") {
+        return Ok(());
+    }
+    let events = db.open_tree("events").map_err(backend_err)?;
+    if events.is_empty() {
+        return Ok(());
+    }
+    let sessions = db.open_tree("sessions").map_err(backend_err)?;
+    let mut moved = 0usize;
+    for item in sessions.iter() {
+        let (k, _) = item.map_err(backend_err)?;
+        let id = std::str::from_utf8(&k).map_err(|e| Error::corrupt("session key", e))?;
+        let session = SessionId::parse(id)?;
+        if !wal.sessions_from(id).iter().any(|s| s == id) {
+            let mut records = vec![];
+            for item in events.scan_prefix(prefix(id)) {
+                let (_, v) = item.map_err(backend_err)?;
+                records.push(
+                    skein_core::Record::decode(v.to_vec())
+                        .map_err(|e| Error::corrupt(format!("record of {session}"), e))?,
+                );
+            }
+            if wal.append(&session, 0, &records)?.is_err() {
+                return Err(Error::corrupt_because(format!(
+                    "moving {session}'s records into the event log: it has some already"
+                )));
+            }
+            moved += records.len();
+        }
+    }
+    wal.sync().map_err(backend_err)?;
+    events.clear().map_err(backend_err)?;
+    sessions.clear().map_err(backend_err)?;
+    db.flush().map_err(backend_err)?;
+    tracing::info!(
+        records = moved,
+        "moved the event log out of sled into its own file"
+    );
+    Ok(())
 }
 
 impl Workspaces for SledStore {

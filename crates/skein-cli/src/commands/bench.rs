@@ -475,7 +475,7 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     if !a.json {
         crate::outln!("fold a {}-event log:", a.fold_events)?;
         crate::outln!(
-            "  decode + fold {:.1} ms, median of 5 ({:.0} events/s); read from sled + fold {:.1} ms",
+            "  decode + fold {:.1} ms, median of 5 ({:.0} events/s); read from the log + fold {:.1} ms",
             mem_ms,
             a.fold_events as f64 / (mem_ms / 1000.0),
             store_ms

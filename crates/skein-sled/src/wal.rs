@@ -1,0 +1,354 @@
+//! The event log's own file: `events.log` in the data directory, append-only.
+//!
+//! Every `append_batch` writes one frame, so a batch is on disk whole or not at all:
+//!
+//! ```text
+//! frame  = magic "SKW1" | body length u32 LE | crc32 of body u32 LE | body
+//! body   = session length u16 LE | session | first seq u64 LE | count u32 LE
+//!          | count × (record length u32 LE | record bytes)
+//! ```
+//!
+//! An append checks the session's last seq, writes its frame at the end of the file and
+//! indexes it under one lock, then waits for a group commit: one `fdatasync` covers every
+//! append written before it started. The index (each session's record offsets) lives in
+//! memory and is rebuilt by reading the file when the store opens.
+//!
+//! A crash can leave the end of the file torn: a frame cut short, or pages of unsynced
+//! frames never written. Opening stops at the first frame that is cut short or whose crc
+//! does not match, keeps what follows it in `events.log.torn-<offset>` and truncates the log
+//! there. No acknowledged record is lost by that: an append is acknowledged only after an
+//! `fdatasync` that covered it and everything before it.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use skein_core::{Record, SessionId};
+use skein_runtime::{Error, Result};
+
+const MAGIC: &[u8; 4] = b"SKW1";
+const HEADER: usize = 12;
+/// A frame larger than this is not one skein wrote: the tail is torn or the file is not a log.
+const MAX_BODY: usize = 1 << 30;
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
+    Error::unavailable(format!("event log: {what} {}", path.display()), e)
+}
+
+/// A read takes the bytes between two records along when there are at most this many...
+const COALESCE_GAP: u64 = 16 << 10;
+/// ...and the whole read stays within this many.
+const COALESCE_SPAN: u64 = 4 << 20;
+
+fn end_of(a: At) -> u64 {
+    a.offset + u64::from(a.len)
+}
+
+/// Where one record's bytes are in the file.
+#[derive(Clone, Copy)]
+struct At {
+    offset: u64,
+    len: u32,
+}
+
+struct Index {
+    /// The file's length: where the next frame goes.
+    end: u64,
+    /// Each session's records in seq order (entry `i` is seq `i + 1`).
+    sessions: BTreeMap<String, Vec<At>>,
+}
+
+pub(crate) struct Wal {
+    path: PathBuf,
+    file: File,
+    index: Mutex<Index>,
+}
+
+/// One frame read back by [`scan`].
+struct Frame {
+    session: String,
+    first_seq: u64,
+    records: Vec<At>,
+}
+
+impl Wal {
+    /// Opens (or creates) the log at `path`, rebuilding the index and cutting a torn tail.
+    pub(crate) fn open(path: &Path) -> Result<Self> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| io_err("cannot open", path, e))?;
+        let (frames, good_end) = scan(&file, path)?;
+        let len = file
+            .metadata()
+            .map_err(|e| io_err("cannot stat", path, e))?
+            .len();
+        if good_end < len {
+            keep_torn_tail(&file, path, good_end, len)?;
+        }
+        let mut sessions: BTreeMap<String, Vec<At>> = BTreeMap::new();
+        for f in frames {
+            let recs = sessions.entry(f.session.clone()).or_default();
+            if recs.len() as u64 + 1 != f.first_seq {
+                return Err(Error::corrupt_because(format!(
+                    "event log {}: a frame of {} starts at seq {} after seq {}",
+                    path.display(),
+                    f.session,
+                    f.first_seq,
+                    recs.len()
+                )));
+            }
+            recs.extend(f.records);
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            index: Mutex::new(Index {
+                end: good_end,
+                sessions,
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes `records` as one frame if `session`'s last seq is `expected_last`; returns the
+    /// seq actually last when it is not. The caller makes the write durable.
+    pub(crate) fn append(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<std::result::Result<(), u64>> {
+        let sid = session.as_str();
+        let slen = u16::try_from(sid.len())
+            .map_err(|_| Error::corrupt_because(format!("session id of {} bytes", sid.len())))?;
+        let mut body = Vec::with_capacity(
+            2 + sid.len() + 12 + records.iter().map(|r| 4 + r.bytes.len()).sum::<usize>(),
+        );
+        body.extend_from_slice(&slen.to_le_bytes());
+        body.extend_from_slice(sid.as_bytes());
+        body.extend_from_slice(&(expected_last + 1).to_le_bytes());
+        body.extend_from_slice(&(records.len() as u32).to_le_bytes());
+        let mut at = Vec::with_capacity(records.len());
+        for r in records {
+            let len = u32::try_from(r.bytes.len()).map_err(|_| {
+                Error::corrupt_because(format!("a record of {} bytes", r.bytes.len()))
+            })?;
+            body.extend_from_slice(&len.to_le_bytes());
+            at.push((HEADER + body.len(), len));
+            body.extend_from_slice(&r.bytes);
+        }
+        if body.len() > MAX_BODY {
+            return Err(Error::corrupt_because(format!(
+                "a batch of {} bytes (at most {MAX_BODY})",
+                body.len()
+            )));
+        }
+        let mut frame = Vec::with_capacity(HEADER + body.len());
+        frame.extend_from_slice(MAGIC);
+        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        frame.extend_from_slice(&body);
+
+        let mut ix = self.lock();
+        let last = ix.sessions.get(sid).map_or(0, |v| v.len() as u64);
+        if last != expected_last {
+            return Ok(Err(last));
+        }
+        let start = ix.end;
+        self.file
+            .write_all_at(&frame, start)
+            .map_err(|e| io_err("cannot write", &self.path, e))?;
+        ix.end = start + frame.len() as u64;
+        let recs = ix.sessions.entry(sid.to_string()).or_default();
+        recs.extend(at.into_iter().map(|(off, len)| At {
+            offset: start + off as u64,
+            len,
+        }));
+        Ok(Ok(()))
+    }
+
+    /// Makes every write so far durable.
+    pub(crate) fn sync(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// `session`'s records from `from_seq` on.
+    pub(crate) fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
+        let at: Vec<At> = {
+            let ix = self.lock();
+            match ix.sessions.get(session.as_str()) {
+                None => return Ok(vec![]),
+                Some(v) => {
+                    let from = (from_seq.max(1) - 1) as usize;
+                    v.get(from..).map(<[At]>::to_vec).unwrap_or_default()
+                }
+            }
+        };
+        // Records close together in the file (a batch, or appends near in time) are read
+        // with one positioned read and cut apart.
+        let mut out = Vec::with_capacity(at.len());
+        let mut i = 0;
+        while i < at.len() {
+            let start = at[i].offset;
+            let mut j = i + 1;
+            while j < at.len()
+                && at[j].offset >= end_of(at[j - 1])
+                && at[j].offset - end_of(at[j - 1]) <= COALESCE_GAP
+                && end_of(at[j]) - start <= COALESCE_SPAN
+            {
+                j += 1;
+            }
+            if j == i + 1 {
+                out.push(self.record(session, at[i])?);
+            } else {
+                let mut buf = vec![0u8; (end_of(at[j - 1]) - start) as usize];
+                self.file
+                    .read_exact_at(&mut buf, start)
+                    .map_err(|e| io_err("cannot read", &self.path, e))?;
+                for a in &at[i..j] {
+                    let from = (a.offset - start) as usize;
+                    let bytes = buf[from..from + a.len as usize].to_vec();
+                    out.push(
+                        Record::decode(bytes)
+                            .map_err(|e| Error::corrupt(format!("record of {session}"), e))?,
+                    );
+                }
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
+    /// `session`'s last record.
+    pub(crate) fn last(&self, session: &SessionId) -> Result<Option<Record>> {
+        let at = self
+            .lock()
+            .sessions
+            .get(session.as_str())
+            .and_then(|v| v.last().copied());
+        at.map(|a| self.record(session, a)).transpose()
+    }
+
+    fn record(&self, session: &SessionId, a: At) -> Result<Record> {
+        let mut buf = vec![0u8; a.len as usize];
+        self.file
+            .read_exact_at(&mut buf, a.offset)
+            .map_err(|e| io_err("cannot read", &self.path, e))?;
+        Record::decode(buf).map_err(|e| Error::corrupt(format!("record of {session}"), e))
+    }
+
+    /// Every session whose id starts with `prefix`, in id order.
+    pub(crate) fn sessions_from(&self, prefix: &str) -> Vec<String> {
+        self.lock()
+            .sessions
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+/// Reads frames from the start; returns them and where the last whole one ends.
+fn scan(file: &File, path: &Path) -> Result<(Vec<Frame>, u64)> {
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut frames = vec![];
+    let mut pos = 0u64;
+    loop {
+        let mut head = [0u8; HEADER];
+        match read_full(&mut r, &mut head) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return Err(io_err("cannot read", path, e)),
+        }
+        if &head[..4] != MAGIC {
+            break;
+        }
+        let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+        let crc = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+        if len > MAX_BODY {
+            break;
+        }
+        let mut body = vec![0u8; len];
+        match read_full(&mut r, &mut body) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return Err(io_err("cannot read", path, e)),
+        }
+        if crc32fast::hash(&body) != crc {
+            break;
+        }
+        let Some(f) = parse_body(&body, pos + HEADER as u64) else {
+            break;
+        };
+        frames.push(f);
+        pos += (HEADER + len) as u64;
+    }
+    Ok((frames, pos))
+}
+
+/// Fills `buf`; `Ok(false)` when the file ends first.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..])? {
+            0 => return Ok(false),
+            k => n += k,
+        }
+    }
+    Ok(true)
+}
+
+fn parse_body(body: &[u8], body_offset: u64) -> Option<Frame> {
+    let mut p = 0usize;
+    let take = |p: &mut usize, n: usize| -> Option<&[u8]> {
+        let s = body.get(*p..p.checked_add(n)?)?;
+        *p += n;
+        Some(s)
+    };
+    let slen = u16::from_le_bytes(take(&mut p, 2)?.try_into().ok()?) as usize;
+    let session = std::str::from_utf8(take(&mut p, slen)?).ok()?.to_string();
+    let first_seq = u64::from_le_bytes(take(&mut p, 8)?.try_into().ok()?);
+    let count = u32::from_le_bytes(take(&mut p, 4)?.try_into().ok()?);
+    let mut records = Vec::with_capacity(count.min(1 << 16) as usize);
+    for _ in 0..count {
+        let len = u32::from_le_bytes(take(&mut p, 4)?.try_into().ok()?);
+        let offset = body_offset + p as u64;
+        take(&mut p, len as usize)?;
+        records.push(At { offset, len });
+    }
+    (p == body.len() && first_seq >= 1).then_some(Frame {
+        session,
+        first_seq,
+        records,
+    })
+}
+
+/// Copies the bytes past the last whole frame aside and cuts the log there.
+fn keep_torn_tail(file: &File, path: &Path, good_end: u64, len: u64) -> Result<()> {
+    let mut tail = vec![0u8; (len - good_end) as usize];
+    file.read_exact_at(&mut tail, good_end)
+        .map_err(|e| io_err("cannot read", path, e))?;
+    let aside = PathBuf::from(format!("{}.torn-{good_end}", path.display()));
+    std::fs::write(&aside, &tail).map_err(|e| io_err("cannot write", &aside, e))?;
+    file.set_len(good_end)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| io_err("cannot truncate", path, e))?;
+    tracing::warn!(
+        log = %path.display(),
+        kept = good_end,
+        cut = len - good_end,
+        aside = %aside.display(),
+        "the event log ended in a torn write; the bytes after the last whole frame are kept aside"
+    );
+    Ok(())
+}

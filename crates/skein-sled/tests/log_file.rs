@@ -1,0 +1,195 @@
+//! The event log file: a torn tail is cut (and kept aside) without losing an acknowledged
+//! record, a log kept in sled by an earlier version is moved into the file, and a wrong
+//! expected seq is refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use skein_core::event::{genesis_hash, Cancelled};
+use skein_core::{Envelope, Event, Record, SessionId};
+use skein_runtime::Error;
+use skein_sled::SledStore;
+
+fn records(session: &SessionId, from: u64, n: u64, prev: &mut String) -> Vec<Record> {
+    (from..from + n)
+        .map(|seq| {
+            let env = Envelope::new(
+                session.clone(),
+                seq,
+                1_700_000_000_000 + seq,
+                prev.clone(),
+                Event::Cancelled(Cancelled {
+                    reason: format!("r{seq} of {session}"),
+                }),
+            );
+            let r = Record::decode(env.encode().unwrap()).unwrap();
+            *prev = r.hash();
+            r
+        })
+        .collect()
+}
+
+fn reasons(rs: &[Record]) -> Vec<String> {
+    rs.iter()
+        .map(|r| match &r.env.body {
+            Event::Cancelled(c) => c.reason.clone(),
+            e => panic!("unexpected event {e:?}"),
+        })
+        .collect()
+}
+
+/// Two sessions, `a` with 5 records (one batch of 3, then 2 single appends), `b` with 2.
+async fn write_some(data: &Path, ws: &Path) -> (SessionId, SessionId, Vec<Record>, Vec<Record>) {
+    let a = SessionId::parse("t-log-a").unwrap();
+    let b = SessionId::parse("t-log-a.leaf-1").unwrap();
+    let (mut pa, mut pb) = (genesis_hash(&a), genesis_hash(&b));
+    let ra = records(&a, 1, 5, &mut pa);
+    let rb = records(&b, 1, 2, &mut pb);
+    let store = SledStore::open(data, ws).unwrap();
+    let be = store.backend();
+    be.log.append_batch(&a, 0, &ra[..3]).await.unwrap();
+    be.log.append_batch(&b, 0, &rb).await.unwrap();
+    be.log.append(&a, 3, &ra[3]).await.unwrap();
+    be.log.append(&a, 4, &ra[4]).await.unwrap();
+    drop(be);
+    drop(store);
+    (a, b, ra, rb)
+}
+
+#[tokio::test]
+async fn a_torn_tail_is_cut_and_kept_aside_and_every_acknowledged_record_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let (a, b, ra, rb) = write_some(&data, &ws).await;
+    let log = data.join("events.log");
+    let whole = std::fs::read(&log).unwrap();
+    // A frame cut short: the first 40 bytes of a copy of the log's first frame.
+    let mut torn = whole.clone();
+    torn.extend_from_slice(&whole[..40]);
+    std::fs::write(&log, &torn).unwrap();
+
+    let store = SledStore::open(&data, &ws).unwrap();
+    let be = store.backend();
+    assert_eq!(
+        reasons(&be.log.read(&a, 1).await.unwrap()),
+        reasons(&ra),
+        "every acknowledged record of a is read back"
+    );
+    assert_eq!(reasons(&be.log.read(&b, 1).await.unwrap()), reasons(&rb));
+    assert_eq!(
+        std::fs::metadata(&log).unwrap().len(),
+        whole.len() as u64,
+        "the log is cut where the last whole frame ends"
+    );
+    let aside = data.join(format!("events.log.torn-{}", whole.len()));
+    assert_eq!(std::fs::read(&aside).unwrap(), &whole[..40]);
+    // The log goes on from there.
+    let mut prev = ra[4].hash();
+    let more = records(&a, 6, 1, &mut prev);
+    be.log.append(&a, 5, &more[0]).await.unwrap();
+    drop(be);
+    drop(store);
+    let store = SledStore::open(&data, &ws).unwrap();
+    let read = store.backend().log.read(&a, 1).await.unwrap();
+    assert_eq!(read.len(), 6);
+    assert_eq!(read[5].env.seq, 6);
+}
+
+#[tokio::test]
+async fn a_last_frame_whose_crc_does_not_match_is_cut_with_nothing_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let (a, b, ra, rb) = write_some(&data, &ws).await;
+    let log = data.join("events.log");
+    let mut bytes = std::fs::read(&log).unwrap();
+    // Flip a byte inside the last frame (a's fifth record): its pages reached the disk
+    // only in part.
+    let n = bytes.len();
+    bytes[n - 3] ^= 0xff;
+    std::fs::write(&log, &bytes).unwrap();
+
+    let store = SledStore::open(&data, &ws).unwrap();
+    let be = store.backend();
+    assert_eq!(
+        reasons(&be.log.read(&a, 1).await.unwrap()),
+        reasons(&ra[..4]),
+        "the damaged frame is gone and only it"
+    );
+    assert_eq!(reasons(&be.log.read(&b, 1).await.unwrap()), reasons(&rb));
+    assert_eq!(be.log.last(&a).await.unwrap().unwrap().env.seq, 4);
+    // Appending seq 5 again is what a worker redoing the lost step does.
+    be.log.append(&a, 4, &ra[4]).await.unwrap();
+    assert_eq!(be.log.read(&a, 5).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_append_after_the_wrong_seq_is_a_conflict_naming_the_actual_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let (a, _, ra, _) = write_some(&data, &ws).await;
+    let store = SledStore::open(&data, &ws).unwrap();
+    let be = store.backend();
+    let mut prev = ra[2].hash();
+    let stale = records(&a, 4, 1, &mut prev);
+    match be.log.append(&a, 3, &stale[0]).await {
+        Err(Error::Conflict {
+            expected, actual, ..
+        }) => assert_eq!((expected, actual), (3, 5)),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(be.log.read(&a, 1).await.unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn a_log_kept_in_sled_by_an_earlier_version_is_moved_into_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let a = SessionId::parse("t-old-a").unwrap();
+    let b = SessionId::parse("t-old-a.leaf-2").unwrap();
+    let c = SessionId::parse("t-old-c").unwrap();
+    let mut written = vec![];
+    {
+        // The earlier layout: `events` holds `session \0 seq(u64 BE)` → record bytes and
+        // `sessions` each session's last seq.
+        std::fs::create_dir_all(&data).unwrap();
+        let db = sled::open(data.join("db")).unwrap();
+        let events = db.open_tree("events").unwrap();
+        let sessions = db.open_tree("sessions").unwrap();
+        for (s, n) in [(&a, 3u64), (&b, 2), (&c, 1)] {
+            let mut prev = genesis_hash(s);
+            let rs = records(s, 1, n, &mut prev);
+            for r in &rs {
+                let mut k = s.as_str().as_bytes().to_vec();
+                k.push(0);
+                k.extend_from_slice(&r.env.seq.to_be_bytes());
+                events.insert(k, r.bytes.as_slice()).unwrap();
+            }
+            sessions
+                .insert(s.as_str().as_bytes(), &n.to_be_bytes())
+                .unwrap();
+            written.push((s.clone(), rs));
+        }
+        db.flush().unwrap();
+    }
+    for round in 0..2 {
+        let store = SledStore::open(&data, &ws).unwrap();
+        let be = store.backend();
+        for (s, rs) in &written {
+            assert_eq!(
+                reasons(&be.log.read(s, 1).await.unwrap()),
+                reasons(rs),
+                "{s} after opening {} time(s)",
+                round + 1
+            );
+        }
+        let mut roots = be.log.roots().await.unwrap();
+        roots.sort();
+        assert_eq!(roots, vec![a.clone(), c.clone()]);
+        assert_eq!(be.log.tree(&a).await.unwrap(), vec![a.clone(), b.clone()]);
+    }
+    let db = sled::open(data.join("db")).unwrap();
+    assert!(
+        db.open_tree("events").unwrap().is_empty(),
+        "the old tree is emptied once its records are in the file"
+    );
+}
