@@ -5,7 +5,8 @@
 //! - the time to fold a 10,000-event log (decode + fold, from memory and from the store),
 //! - fan-out wall time against its ideal: the orchestrator delegates to N children in one
 //!   turn, each child makes 4 tool-calling turns and 1 answer, then the orchestrator
-//!   answers; with 50 ms model latency the critical path is 7 model turns = 350 ms.
+//!   answers; with 50 ms model latency the critical path is 7 model turns = 350 ms,
+//! - the fan-out of 8 at zero latency as a whole `skein run` process (start-up included).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -273,6 +274,60 @@ async fn cache_hit_bench(app: &App, n: usize) -> Result<(f64, f64)> {
     ))
 }
 
+/// Runs the fan-out of `n` at zero latency as a whole `skein run` process, five times, each
+/// on a fresh data directory: (wall ms of each process from spawn to exit, the tree's own
+/// wall ms as the run reports it), both sorted.
+async fn whole_process_fanout(n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let tmp = tempfile::tempdir()?;
+    write_agents(tmp.path(), 0, false, None)?;
+    let config = tmp.path().join("skein.toml");
+    std::fs::write(
+        &config,
+        "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n",
+    )?;
+    let exe = std::env::current_exe()?;
+    let (mut whole, mut inside) = (vec![], vec![]);
+    for k in 0..5 {
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--data")
+            .arg(tmp.path().join(format!("data-{k}")))
+            .args([
+                "run",
+                "--agent",
+                "fanout",
+                "--no-cache",
+                "--json",
+                "--inputs",
+            ])
+            .arg(json!({ "n": n }).to_string())
+            .arg(format!("whole-process fan-out {k}"))
+            .env_remove("SKEIN_LOG")
+            .stdin(std::process::Stdio::null());
+        let t = Instant::now();
+        let out = cmd.output().await.context("starting skein run")?;
+        whole.push(t.elapsed().as_secs_f64() * 1000.0);
+        anyhow::ensure!(
+            out.status.success(),
+            "skein run failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_slice(&out.stdout).context("reading skein run --json")?;
+        anyhow::ensure!(
+            v["answer"] == json!(format!("{n} parts done")),
+            "the whole-process fan-out did not complete: {}",
+            v["status"]
+        );
+        inside.push(v["summary"]["wall_ms"].as_f64().unwrap_or(f64::NAN));
+    }
+    whole.sort_by(f64::total_cmp);
+    inside.sort_by(f64::total_cmp);
+    Ok((whole, inside))
+}
+
 /// A synthetic log of `n` events: a submission, then turns of one tool call each.
 fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
     let id = SessionId::root("benchfold")?;
@@ -427,7 +482,7 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
             .unwrap_or(1)
     );
     if !a.json {
-        crate::outln!("skein bench — embedded (sled) backend, {machine}\n")?;
+        crate::outln!("skein bench — embedded backend (log file + sled), {machine}\n")?;
     }
 
     let tp = run_fanout(app, 0, a.throughput_children)
@@ -521,6 +576,21 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         );
     }
     results.insert("fanout".into(), json!(fan));
+    let (whole, inside) = whole_process_fanout(8).await.context("whole-process run")?;
+    results.insert(
+        "whole_process_l0_n8".into(),
+        json!({"runs_ms": whole, "median_ms": whole[whole.len() / 2],
+               "tree_ms": inside, "median_tree_ms": inside[inside.len() / 2]}),
+    );
+    if !a.json {
+        crate::outln!(
+            "\nfan-out of 8 at zero latency as a whole `skein run` process, median of {}: {:.1} ms \
+             (the tree itself {:.0} ms, as the run reports it)",
+            whole.len(),
+            whole[whole.len() / 2],
+            inside[inside.len() / 2]
+        )?;
+    }
     let (per_hit_ms, hits_per_s) = cache_hit_bench(app, 1000).await.context("cache-hit run")?;
     results.insert(
         "cache_hit".into(),
