@@ -151,14 +151,48 @@ pub struct ModelRequest {
 impl ModelRequest {
     /// blake3 of the request's canonical msgpack form, hex.
     pub fn digest(&self) -> String {
-        let bytes = rmp_serde::to_vec_named(self).unwrap_or_default();
-        blake3::hash(&bytes).to_hex().to_string()
+        // Encoded straight into the hasher: the same bytes as `to_vec_named`, without
+        // holding the whole conversation's encoding in memory once more each turn.
+        let mut h = blake3::Hasher::new();
+        if rmp_serde::encode::write_named(&mut h, self).is_err() {
+            return blake3::hash(&[]).to_hex().to_string();
+        }
+        h.finalize().to_hex().to_string()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Usage;
+    use super::{Message, ModelRequest, RequestMeta, Usage};
+
+    #[test]
+    fn a_requests_digest_is_the_blake3_of_its_msgpack_bytes() {
+        // Digests are kept in the log and compared by replay: hashing while encoding must
+        // give exactly what hashing the encoded bytes gave.
+        let req = ModelRequest {
+            model: "scripted:leaf".into(),
+            messages: vec![
+                Message::System {
+                    content: "Look around.".into(),
+                },
+                Message::User {
+                    content: "x".repeat(70_000),
+                },
+            ],
+            tools: vec![],
+            temperature: Some(0.25),
+            max_tokens: Some(512),
+            top_p: None,
+            top_k: Some(40),
+            prompt_cache: true,
+            meta: RequestMeta::default(),
+        };
+        let bytes = rmp_serde::to_vec_named(&req).expect("encode");
+        assert_eq!(req.digest(), blake3::hash(&bytes).to_hex().to_string());
+        let mut other = req.clone();
+        other.top_k = Some(41);
+        assert_ne!(req.digest(), other.digest());
+    }
 
     #[test]
     fn usage_sums_saturate_instead_of_overflowing() {
