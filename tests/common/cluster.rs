@@ -219,8 +219,29 @@ pub async fn chains(urls: &str, roots: &[SessionId]) {
     let b = st.backend();
     let mut workers = BTreeSet::new();
     for root in roots {
-        for s in b.log.tree(root).await.unwrap() {
-            check_log(&s, &b.log.read(&s, 1).await.unwrap(), &mut workers);
+        let sessions = settled(|| b.log.tree(root)).await;
+        for s in sessions {
+            check_log(&s, &settled(|| b.log.read(&s, 1)).await, &mut workers);
+        }
+    }
+}
+
+/// A read made right after a node loss, tried again while the cluster answers that it is
+/// unavailable (it is electing leaders), for at most 30 s; any other error fails the test.
+async fn settled<T, F, Fut>(mut read: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = skein_runtime::Result<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match read().await {
+            Ok(v) => return v,
+            Err(e @ skein_runtime::Error::Unavailable { .. }) if Instant::now() < deadline => {
+                eprintln!("read after the node loss, trying again: {e}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => panic!("read after the node loss: {e}"),
         }
     }
 }
