@@ -161,7 +161,30 @@ impl Runtime {
         if let Some(d) = lock(&self.sessions.defs).get(&sub.def_digest) {
             return Ok(d.clone());
         }
-        let text = self.backend.def_text(&sub.def_digest).await?;
+        // A definition of this worker's own catalogue with the same digest has the same
+        // text byte for byte (the digest is the text's blake3), so it is parsed from there
+        // without a read of the blob store.
+        let local = self
+            .agents
+            .agents
+            .values()
+            .find(|d| d.digest == sub.def_digest)
+            .map(|d| d.text.clone());
+        let text = match local {
+            Some(text) => text,
+            // The session's own `Submitted` names the definition, and it was stored before
+            // that was appended: a store that answers "not there" is one that cannot
+            // answer yet (a cluster still settling after a node loss), so the step is
+            // retried rather than counted as a failure of the session.
+            None => match self.backend.def_text(&sub.def_digest).await {
+                Err(Error::NotFound(what)) => {
+                    return Err(Error::unavailable_because(format!(
+                        "{what}, though the session's Submitted names it"
+                    )))
+                }
+                other => other?,
+            },
+        };
         let def = Arc::new(AgentDef::parse(
             &format!("stored definition {}", sub.def_digest),
             &text,

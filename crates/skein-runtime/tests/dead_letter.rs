@@ -119,3 +119,120 @@ async fn deliveries_that_ran_out_while_the_log_moves_do_not_fail_the_session() {
         last.env.body.kind()
     );
 }
+
+/// A runtime on its own store (no blob put in it) with `agents` as its catalogue.
+fn bare_runtime(
+    dir: &std::path::Path,
+    agents: skein_core::AgentSet,
+    cfg: RuntimeConfig,
+) -> std::sync::Arc<skein_runtime::worker::Runtime> {
+    let store = skein_sled::SledStore::open(&dir.join("data2"), &dir.join("ws2")).unwrap();
+    let mut models = skein_llm::Registry::new();
+    models.insert(
+        "scripted",
+        std::sync::Arc::new(skein_llm::scripted::ScriptedProvider::new(dir)),
+    );
+    skein_runtime::worker::Runtime::new(
+        store.backend(),
+        std::sync::Arc::new(agents),
+        models,
+        skein_tools::ToolBox::new(),
+        cfg,
+    )
+}
+
+/// Copies the session's log from `from` into `to` and queues its job there: `to` has the
+/// session but not the definition's blob.
+async fn move_session(
+    from: &skein_runtime::worker::Runtime,
+    to: &skein_runtime::worker::Runtime,
+    id: &skein_core::SessionId,
+) {
+    let records = from.backend.log.read(id, 1).await.unwrap();
+    to.backend.log.append_batch(id, 0, &records).await.unwrap();
+    to.backend.jobs.push("default", id).await.unwrap();
+    // The first store's copy of the job is taken, so only one store runs it.
+    let j = from
+        .backend
+        .jobs
+        .claim("default", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    from.backend.jobs.ack(&j).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_definition_missing_from_the_blob_store_is_read_from_the_worker_s_own_catalogue() {
+    let (dir, rt, id) = common::solo(RuntimeConfig::default()).await;
+    let other = bare_runtime(
+        dir.path(),
+        rt.agents.as_ref().clone(),
+        RuntimeConfig::default(),
+    );
+    move_session(&rt, &other, &id).await;
+    let digest = rt.agents.agents["solo"].digest.clone();
+    assert!(other.backend.blobs.get(&digest).await.unwrap().is_none());
+    let j = other
+        .backend
+        .jobs
+        .claim("default", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    other.process(&j).await.unwrap();
+    let last = other.backend.log.last(&id).await.unwrap().unwrap();
+    assert!(
+        matches!(last.env.body, Event::Completed(_)),
+        "expected Completed, got {}",
+        last.env.body.kind()
+    );
+}
+
+#[tokio::test]
+async fn a_definition_no_one_can_read_is_retried_then_fails_the_session_in_its_log() {
+    let (dir, rt, id) = common::solo(RuntimeConfig::default()).await;
+    // A worker that knows no agent, on a store without the definition.
+    let cfg = RuntimeConfig {
+        max_deliver: 2,
+        lease: Duration::from_millis(20),
+        ..RuntimeConfig::default()
+    };
+    let other = bare_runtime(dir.path(), skein_core::AgentSet::default(), cfg);
+    move_session(&rt, &other, &id).await;
+    let jobs = &other.backend.jobs;
+    for attempt in 1..=2 {
+        let j = jobs
+            .claim("default", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(j.attempt, attempt);
+        // Not a failure of the session: the store may not answer yet.
+        let e = other.process(&j).await.unwrap_err();
+        assert!(e.is_retryable(), "{}", e.report());
+        assert!(e.to_string().contains("not in the blob store"), "{e}");
+        jobs.retry(&j, Duration::ZERO).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let j = jobs
+        .claim("default", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(j.attempt, 3);
+    other.process(&j).await.unwrap();
+    let last = other.backend.log.last(&id).await.unwrap().unwrap();
+    match &last.env.body {
+        Event::Failed(f) => {
+            assert!(f.dead_letter, "{}", f.error);
+            assert!(
+                f.error.contains("its definition cannot be read")
+                    && f.error.contains("not in the blob store"),
+                "{}",
+                f.error
+            );
+        }
+        other => panic!("expected Failed, got {}", other.kind()),
+    }
+}

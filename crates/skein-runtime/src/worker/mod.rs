@@ -65,7 +65,18 @@ impl Runtime {
         // pushes lost, say): reconcile from the logs as on a cold load. Whether the fold
         // was cached says nothing of that: a parent reading its children keeps their folds.
         let cold = cold || retry || job.attempt > 1;
-        let Some(deadline) = self.deadline(&f.state).await? else {
+        let deadline = match self.deadline(&f.state).await {
+            Ok(d) => d,
+            // A definition that still cannot be read after max_deliver deliveries: the
+            // drive fails the session as dead-lettered once its log stood still long
+            // enough, so the loss is written in its log rather than its job dropped.
+            Err(e) if job.attempt > self.cfg.max_deliver => {
+                tracing::warn!(session = %f.id, error = %e.report(), "no deadline: the definition cannot be read");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(deadline) = deadline else {
             let res = self.drive(&mut f, cold, job).await;
             if res.is_ok() {
                 self.keep_state(f);
