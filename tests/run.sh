@@ -19,6 +19,18 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
 
+# The binary links jemalloc, whose build runs `make` (and the C compiler Rust links with).
+if ! command -v make >/dev/null 2>&1; then
+  if as_root; then
+    echo "make is missing: installing the Debian package make" >&2
+    apt_install make
+  else
+    echo "error: building skein needs make (for jemalloc), which is not installed." >&2
+    echo "       Install it with: sudo apt-get install make" >&2
+    exit 1
+  fi
+fi
+
 if ! command -v nats-server >/dev/null 2>&1; then
   if as_root; then
     echo "nats-server is missing: installing the Debian package nats-server" >&2
