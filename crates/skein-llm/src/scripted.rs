@@ -5,7 +5,7 @@
 //! in it — so a replayed or resumed session sees exactly the same answers. See
 //! `docs/scripts.md` for the format.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
@@ -198,6 +198,27 @@ fn template_context(req: &ModelRequest, turn: usize) -> Value {
     })
 }
 
+/// The variables a template sees, worked out at the first template that reads them: a
+/// turn of literal text needs none (and the tool results of the whole conversation are
+/// parsed to make them).
+struct Ctx<'a> {
+    make: Box<dyn Fn() -> Value + 'a>,
+    value: OnceCell<Value>,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(make: Box<dyn Fn() -> Value + 'a>) -> Self {
+        Self {
+            make,
+            value: OnceCell::new(),
+        }
+    }
+
+    fn value(&self) -> &Value {
+        self.value.get_or_init(|| (self.make)())
+    }
+}
+
 /// A template as an error message shows it: at most 80 characters.
 fn shown(template: &str) -> String {
     match template.char_indices().nth(80) {
@@ -230,7 +251,8 @@ impl io::Write for Capped {
 
 /// Renders the templates of one answer within one [`TemplateLimits`] budget.
 struct Renderer {
-    env: RefCell<Environment<'static>>,
+    /// Made at the first template: most turns of a script are literal text.
+    env: OnceCell<RefCell<Environment<'static>>>,
     limits: TemplateLimits,
     fuel: Cell<u64>,
     room: Cell<usize>,
@@ -238,11 +260,8 @@ struct Renderer {
 
 impl Renderer {
     fn new(limits: TemplateLimits) -> Self {
-        let mut env = Environment::new();
-        env.set_undefined_behavior(UndefinedBehavior::Lenient);
-        env.set_recursion_limit(limits.recursion);
         Self {
-            env: RefCell::new(env),
+            env: OnceCell::new(),
             limits,
             fuel: Cell::new(limits.fuel),
             room: Cell::new(limits.max_bytes),
@@ -267,9 +286,16 @@ impl Renderer {
         Ok(())
     }
 
-    /// Arms the engine with the fuel the answer has left.
-    fn arm(&self) {
-        self.env.borrow_mut().set_fuel(Some(self.fuel.get()));
+    /// The template engine, armed with the fuel the answer has left.
+    fn armed(&self) -> std::cell::Ref<'_, Environment<'static>> {
+        let env = self.env.get_or_init(|| {
+            let mut env = Environment::new();
+            env.set_undefined_behavior(UndefinedBehavior::Lenient);
+            env.set_recursion_limit(self.limits.recursion);
+            RefCell::new(env)
+        });
+        env.borrow_mut().set_fuel(Some(self.fuel.get()));
+        env.borrow()
     }
 
     /// A template error, with the budget that stopped it named.
@@ -290,14 +316,13 @@ impl Renderer {
         Error::Config(format!("{what}: {why}"))
     }
 
-    fn render(&self, template: &str, ctx: &Value) -> Result<String> {
+    fn render(&self, template: &str, ctx: &Ctx<'_>) -> Result<String> {
         if !template.contains("{{") && !template.contains("{%") {
             self.spend(template.len())?;
             return Ok(template.to_string());
         }
         let what = format!("template `{}`", shown(template));
-        self.arm();
-        let env = self.env.borrow();
+        let env = self.armed();
         let tmpl = env
             .template_from_str(template)
             .map_err(|e| self.failed(&what, e))?;
@@ -306,7 +331,7 @@ impl Renderer {
             room: self.room.get(),
             over: false,
         };
-        let done = tmpl.render_captured_to(ctx, &mut out);
+        let done = tmpl.render_captured_to(ctx.value(), &mut out);
         if out.over {
             return Err(self.over_bytes());
         }
@@ -318,7 +343,7 @@ impl Renderer {
         String::from_utf8(out.buf).map_err(|e| Error::Config(format!("{what}: {e}")))
     }
 
-    fn eval_bool(&self, expr: &str, ctx: &Value) -> Result<bool> {
+    fn eval_bool(&self, expr: &str, ctx: &Ctx<'_>) -> Result<bool> {
         let what = format!("condition `{}`", shown(expr));
         // minijinja's expression lexer panics on `}}` followed by more text ("empty lexer
         // stack"), so a condition may not hold it at all.
@@ -328,16 +353,15 @@ impl Renderer {
                  braces as `}} }}`"
             )));
         }
-        self.arm();
-        let env = self.env.borrow();
+        let env = self.armed();
         let e = env
             .compile_expression(expr)
             .map_err(|e| self.failed(&what, e))?;
-        let v = e.eval(ctx).map_err(|e| self.failed(&what, e))?;
+        let v = e.eval(ctx.value()).map_err(|e| self.failed(&what, e))?;
         Ok(v.is_true())
     }
 
-    fn render_value(&self, v: &Value, ctx: &Value) -> Result<Value> {
+    fn render_value(&self, v: &Value, ctx: &Ctx<'_>) -> Result<Value> {
         Ok(match v {
             Value::String(s) => Value::String(self.render(s, ctx)?),
             Value::Array(a) => Value::Array(
@@ -385,7 +409,7 @@ pub fn answer_within(
         ))
     })?;
     let r = Renderer::new(limits);
-    let ctx = template_context(req, turn_no);
+    let ctx = Ctx::new(Box::new(move || template_context(req, turn_no)));
     let turn = match entry {
         Entry::Turn(t) => t,
         Entry::Choose { choose } => {
@@ -439,8 +463,11 @@ pub fn answer_within(
             return Err(r.over_bytes());
         }
         for i in 0..n {
-            let mut ctx = ctx.clone();
-            ctx["i"] = Value::from(i);
+            let ctx = Ctx::new(Box::new(|| {
+                let mut ctx = ctx.value().clone();
+                ctx["i"] = Value::from(i);
+                ctx
+            }));
             let id = format!("call_{}_{}", turn_no + 1, calls.len() + 1);
             r.spend(id.len() + c.tool.len())?;
             calls.push(ToolCall {
