@@ -178,12 +178,32 @@ async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
             "{bad}: write gave {write:?}"
         );
     }
-    // Another tree does not see these files.
+    // Another tree does not see these files, and its files are not listed here.
     let other = store
         .backend()
         .workspaces
         .for_tree(&skein_runtime::new_root_id());
     assert!(other.read("b.txt").await.is_err());
+    assert!(other.list(".").await.unwrap().is_empty());
+    other.write("c.txt", b"z").await.unwrap();
+    let names = |ws: std::sync::Arc<dyn skein_tools::Workspace>| async move {
+        ws.list(".")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.size))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(other.clone()).await, vec![("c.txt".to_string(), 1)]);
+    assert_eq!(
+        names(ws.clone()).await,
+        vec![("b.txt".to_string(), 1), ("notes".to_string(), 0)]
+    );
+    // An object deleted through the store (as `nats object rm` does) is no longer listed.
+    let objects = store.js.get_object_store("skein_workspace").await.unwrap();
+    objects.delete(format!("{root}/b.txt")).await.unwrap();
+    assert_eq!(names(ws.clone()).await, vec![("notes".to_string(), 0)]);
+    assert_eq!(ws.usage("notes/a.txt").await.unwrap().total, 5 + 1_300_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::object_store::{self, ObjectInfo};
-use async_nats::jetstream::{consumer, stream};
+use async_nats::jetstream::stream;
 use async_trait::async_trait;
 use base64::engine::general_purpose::URL_SAFE;
 use base64::Engine;
@@ -13,7 +13,9 @@ use skein_runtime::ports::Workspaces;
 use skein_tools::workspace::DirEntry;
 use skein_tools::{ToolError, Usage, Workspace};
 
-use super::read::{read_subject, read_through_consumer};
+use futures::{StreamExt, TryStreamExt};
+
+use super::read::read_subject;
 use super::NatsStore;
 
 /// The object store of the workspaces.
@@ -45,32 +47,55 @@ pub struct ObjectWorkspace {
 impl ObjectWorkspace {
     /// The description of every object of this tree that is not deleted. The object store
     /// keeps one description per object on a subject of its own, named by the object's
-    /// encoded name, so a tree's objects cannot be picked by subject: this reads the last
-    /// description of every object once, through one consumer that is deleted after the
-    /// read (the store's own listing left one per call on the server for 30 s).
+    /// encoded name, so a tree's objects cannot be picked by a subject filter. The
+    /// stream's subject index can be: one stream-info request names every description
+    /// subject (the server answers it from memory, reading no message), and only the
+    /// descriptions of this tree's objects are then read, by direct gets. An earlier
+    /// version read every tree's descriptions through a consumer made and deleted for each
+    /// listing, which was most of the server's work in a run of `list_dir` calls.
     async fn objects(&self) -> std::result::Result<Vec<ObjectInfo>, ToolError> {
+        tokio::time::timeout(crate::deadline::OPERATION_LIMIT, self.objects_now())
+            .await
+            .map_err(|_| {
+                ToolError::Failed(
+                    "listing the workspace: the object store did not answer in time".into(),
+                )
+            })?
+    }
+
+    async fn objects_now(&self) -> std::result::Result<Vec<ObjectInfo>, ToolError> {
+        let failed =
+            |e: &dyn std::fmt::Display| ToolError::Failed(format!("listing the workspace: {e}"));
         let prefix = format!("{}/", self.root);
-        let mut raw = vec![];
-        let read = read_through_consumer(
-            &self.meta,
-            &format!("$O.{WORKSPACE}.M.>"),
-            consumer::DeliverPolicy::LastPerSubject,
-            &mut raw,
-        )
-        .await
-        .map_err(|e| ToolError::Failed(format!("listing the workspace: {e}")))?;
-        if !read {
-            return Err(ToolError::Failed(
-                "listing the workspace: the object store did not answer in time".into(),
-            ));
+        let meta = format!("$O.{WORKSPACE}.M.");
+        let mut subjects = self
+            .meta
+            .info_with_subjects(format!("{meta}>"))
+            .await
+            .map_err(|e| failed(&e))?;
+        let mut names = vec![];
+        while let Some((subject, _)) = subjects.try_next().await.map_err(|e| failed(&e))? {
+            let name = subject
+                .strip_prefix(&meta)
+                .and_then(|encoded| URL_SAFE.decode(encoded).ok())
+                .and_then(|bytes| String::from_utf8(bytes).ok());
+            if let Some(name) = name.filter(|n| n.starts_with(&prefix)) {
+                names.push(name);
+            }
         }
+        let infos: Vec<_> = futures::stream::iter(names)
+            .map(|name| async move { (self.store.info(&name).await, name) })
+            .buffer_unordered(16)
+            .collect()
+            .await;
         let mut out = vec![];
-        for (_, payload) in raw {
-            let info: ObjectInfo = serde_json::from_slice(&payload).map_err(|e| {
-                ToolError::Failed(format!("listing the workspace: an object description: {e}"))
-            })?;
-            if !info.deleted && info.name.starts_with(&prefix) {
-                out.push(info);
+        for (info, name) in infos {
+            match info {
+                Ok(info) if !info.deleted => out.push(info),
+                Ok(_) => {}
+                // Purged between the two reads.
+                Err(e) if e.kind() == object_store::InfoErrorKind::NotFound => {}
+                Err(e) => return Err(failed(&format!("`{name}`: {e}"))),
             }
         }
         Ok(out)
