@@ -9,6 +9,14 @@ use std::time::Duration;
 use skein_core::Event;
 use skein_runtime::worker::RuntimeConfig;
 
+/// The next job of the default pool (one must come within a second).
+async fn claim(jobs: &dyn skein_runtime::ports::JobQueue) -> skein_runtime::ports::Job {
+    jobs.claim("default", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("a job within a second")
+}
+
 #[tokio::test]
 async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
     // A short lease: the log must stand still for max_deliver leases before the session is
@@ -22,21 +30,13 @@ async fn a_job_past_max_deliver_fails_its_session_with_the_reason() {
     let jobs = &rt.backend.jobs;
     // Three deliveries that never finish (as if each worker died mid-step).
     for attempt in 1..=3 {
-        let j = jobs
-            .claim("default", Duration::from_secs(1))
-            .await
-            .unwrap()
-            .unwrap();
+        let j = claim(jobs.as_ref()).await;
         assert_eq!(j.attempt, attempt);
         jobs.retry(&j, Duration::ZERO).await.unwrap();
     }
     // The log stood still for 3 leases of 20 ms.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let j = jobs
-        .claim("default", Duration::from_secs(1))
-        .await
-        .unwrap()
-        .unwrap();
+    let j = claim(jobs.as_ref()).await;
     assert_eq!(j.attempt, 4);
     rt.process(&j).await.unwrap();
     jobs.ack(&j).await.unwrap();
@@ -96,19 +96,11 @@ async fn deliveries_that_ran_out_while_the_log_moves_do_not_fail_the_session() {
     let jobs = &rt.backend.jobs;
     // Three deliveries that never finish (as if each worker died mid-step).
     for attempt in 1..=3 {
-        let j = jobs
-            .claim("default", Duration::from_secs(1))
-            .await
-            .unwrap()
-            .unwrap();
+        let j = claim(jobs.as_ref()).await;
         assert_eq!(j.attempt, attempt);
         jobs.retry(&j, Duration::ZERO).await.unwrap();
     }
-    let j = jobs
-        .claim("default", Duration::from_secs(1))
-        .await
-        .unwrap()
-        .unwrap();
+    let j = claim(jobs.as_ref()).await;
     assert_eq!(j.attempt, 4);
     rt.process(&j).await.unwrap();
     jobs.ack(&j).await.unwrap();
@@ -152,13 +144,7 @@ async fn move_session(
     to.backend.log.append_batch(id, 0, &records).await.unwrap();
     to.backend.jobs.push("default", id).await.unwrap();
     // The first store's copy of the job is taken, so only one store runs it.
-    let j = from
-        .backend
-        .jobs
-        .claim("default", Duration::from_secs(1))
-        .await
-        .unwrap()
-        .unwrap();
+    let j = claim(from.backend.jobs.as_ref()).await;
     from.backend.jobs.ack(&j).await.unwrap();
 }
 
@@ -173,13 +159,7 @@ async fn a_definition_missing_from_the_blob_store_is_read_from_the_worker_s_own_
     move_session(&rt, &other, &id).await;
     let digest = rt.agents.agents["solo"].digest.clone();
     assert!(other.backend.blobs.get(&digest).await.unwrap().is_none());
-    let j = other
-        .backend
-        .jobs
-        .claim("default", Duration::from_secs(1))
-        .await
-        .unwrap()
-        .unwrap();
+    let j = claim(other.backend.jobs.as_ref()).await;
     other.process(&j).await.unwrap();
     let last = other.backend.log.last(&id).await.unwrap().unwrap();
     assert!(
@@ -202,11 +182,7 @@ async fn a_definition_no_one_can_read_is_retried_then_fails_the_session_in_its_l
     move_session(&rt, &other, &id).await;
     let jobs = &other.backend.jobs;
     for attempt in 1..=2 {
-        let j = jobs
-            .claim("default", Duration::from_secs(1))
-            .await
-            .unwrap()
-            .unwrap();
+        let j = claim(jobs.as_ref()).await;
         assert_eq!(j.attempt, attempt);
         // Not a failure of the session: the store may not answer yet.
         let e = other.process(&j).await.unwrap_err();
@@ -215,11 +191,7 @@ async fn a_definition_no_one_can_read_is_retried_then_fails_the_session_in_its_l
         jobs.retry(&j, Duration::ZERO).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let j = jobs
-        .claim("default", Duration::from_secs(1))
-        .await
-        .unwrap()
-        .unwrap();
+    let j = claim(jobs.as_ref()).await;
     assert_eq!(j.attempt, 3);
     other.process(&j).await.unwrap();
     let last = other.backend.log.last(&id).await.unwrap().unwrap();
