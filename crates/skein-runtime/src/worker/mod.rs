@@ -198,6 +198,8 @@ impl Runtime {
         }
         // Children whose jobs this drive published itself.
         let mut pushed = BTreeSet::new();
+        // Whether this drive looked for settled children already.
+        let mut looked = false;
         loop {
             if f.state.status.is_terminal() {
                 return self.on_terminal(f).await;
@@ -224,8 +226,11 @@ impl Runtime {
                     if ending {
                         self.end_team(f).await?;
                     }
-                    let settled = self.collect_settlements(f, cold, ending, &pushed).await?;
+                    let settled = self
+                        .collect_settlements(f, cold, ending, &pushed, !looked)
+                        .await?;
                     cold = false;
+                    looked = true;
                     if settled == 0 {
                         return Ok(());
                     }

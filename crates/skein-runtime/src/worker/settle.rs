@@ -44,12 +44,18 @@ impl Runtime {
     /// looking at them now would only read the logs of sessions still running (a parent
     /// that had just delegated 1,024 children read all 1,024 and pushed every one again).
     /// A team that is `ending` looks at all its members, which it has just cancelled.
+    /// Only the `first` look of a drive checks every outstanding child when no notice
+    /// came: a later look of the same drive follows one that read the notices (or checked
+    /// every child) a moment ago, and a child that ended since then posted a notice before
+    /// waking this session. (Each look after the first did check them all, so a wide
+    /// parent read every outstanding child's log once more per wake-up.)
     pub(crate) async fn collect_settlements(
         &self,
         f: &mut Folded,
         cold: bool,
         ending: bool,
         pushed: &BTreeSet<SessionId>,
+        first: bool,
     ) -> Result<usize> {
         let mut outstanding: HashMap<SessionId, Vec<String>> = HashMap::new();
         let mut shared = vec![];
@@ -84,7 +90,7 @@ impl Runtime {
             .map(|(_, c)| c)
             .filter(|c| outstanding.contains_key(c))
             .collect();
-        let mut candidates: Vec<SessionId> = if cold || ending || noticed.is_empty() {
+        let mut candidates: Vec<SessionId> = if cold || ending || (first && noticed.is_empty()) {
             outstanding
                 .keys()
                 .filter(|c| ending || !pushed.contains(*c))
