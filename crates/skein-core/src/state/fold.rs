@@ -5,7 +5,41 @@ use super::*;
 
 impl SessionState {
     fn slot_mut(&mut self, call: &str) -> Option<&mut Slot> {
-        self.turn.iter_mut().find(|s| s.call.id == call)
+        let i = self.slot_pos(call)?;
+        self.turn.get_mut(i)
+    }
+
+    /// Where the first slot of `call` is in the turn. A wide turn (a fan-out of hundreds
+    /// of children, each settling with an event of its own) is looked up through its
+    /// index, so folding its events is not quadratic in its width.
+    fn slot_pos(&mut self, call: &str) -> Option<usize> {
+        const INDEXED_FROM: usize = 16;
+        if self.turn.len() >= INDEXED_FROM {
+            let index = &mut self.slot_index.0;
+            if index.is_empty() {
+                for (i, s) in self.turn.iter().enumerate() {
+                    index.entry(s.call.id.clone()).or_insert(i);
+                }
+            }
+            if let Some(&i) = index.get(call) {
+                if self.turn.get(i).is_some_and(|s| s.call.id == call) {
+                    return Some(i);
+                }
+            }
+        }
+        // A narrow turn, a call that is not in it, or an index that no longer fits (the
+        // turn was replaced without `replace_turn`): read the turn through.
+        let found = self.turn.iter().position(|s| s.call.id == call);
+        if found.is_some() {
+            self.slot_index.0.clear();
+        }
+        found
+    }
+
+    /// Makes `slots` the turn, and returns the turn it replaces.
+    pub(super) fn replace_turn(&mut self, slots: Vec<Slot>) -> Vec<Slot> {
+        self.slot_index.0.clear();
+        std::mem::replace(&mut self.turn, slots)
     }
 
     fn finish_slot(&mut self, call: &str, output: String, error: bool) {
@@ -28,11 +62,11 @@ impl SessionState {
         }
         self.turn_over_budget = None;
         if let Some(kind) = self.pattern.take() {
-            let slots = std::mem::take(&mut self.turn);
+            let slots = self.replace_turn(vec![]);
             self.close_pattern(kind, slots);
             return;
         }
-        for slot in std::mem::take(&mut self.turn) {
+        for slot in self.replace_turn(vec![]) {
             if let SlotState::Done { output, error } = slot.state {
                 self.transcript.push(Message::Tool {
                     call_id: slot.call.id,
@@ -98,15 +132,16 @@ impl SessionState {
                 if m.response.tool_calls.is_empty() {
                     self.pending_answer = Some(m.response.content.clone().unwrap_or_default());
                 } else {
-                    self.turn = m
-                        .response
-                        .tool_calls
-                        .iter()
-                        .map(|c| Slot {
-                            call: c.clone(),
-                            state: SlotState::Pending,
-                        })
-                        .collect();
+                    self.replace_turn(
+                        m.response
+                            .tool_calls
+                            .iter()
+                            .map(|c| Slot {
+                                call: c.clone(),
+                                state: SlotState::Pending,
+                            })
+                            .collect(),
+                    );
                 }
             }
             Event::ModelFailed(f) => {
@@ -198,14 +233,19 @@ impl SessionState {
                 self.finish_slot(&h.call, output, error);
             }
             Event::ChildSettled(c) => {
-                let slot = self.turn.iter().find_map(|s| match &s.state {
+                let delegated = |s: &Slot| match &s.state {
                     SlotState::Delegated { child, shared, .. }
                         if s.call.id == c.call && *child == c.child =>
                     {
                         Some(*shared)
                     }
                     _ => None,
-                });
+                };
+                // The call's slot, or (a log that repeats a call id) a later one of it.
+                let slot = self
+                    .slot_pos(&c.call)
+                    .and_then(|i| delegated(&self.turn[i]))
+                    .or_else(|| self.turn.iter().find_map(delegated));
                 let Some(shared) = slot else { return };
                 match &c.outcome {
                     // A shared run was paid for by whoever started it: what it cost is
@@ -410,21 +450,28 @@ impl SessionState {
         if self.status.is_terminal() || self.status == Status::New {
             return;
         }
-        let any = |f: fn(&SlotState) -> bool| self.turn.iter().any(|s| f(&s.state));
+        // One pass over the turn, however wide.
+        let (mut asked, mut approval, mut delegated, mut only_delegated_or_done) =
+            (false, false, false, true);
+        for s in &self.turn {
+            match s.state {
+                SlotState::Asked { .. } => asked = true,
+                SlotState::AwaitingApproval { .. } => approval = true,
+                SlotState::Delegated { .. } => delegated = true,
+                SlotState::Done { .. } => {}
+                _ => only_delegated_or_done = false,
+            }
+            if asked {
+                break;
+            }
+        }
         self.status = if self.team_gated() {
             Status::Waiting
-        } else if any(|s| matches!(s, SlotState::Asked { .. })) {
+        } else if asked {
             Status::AwaitingInput
-        } else if any(|s| matches!(s, SlotState::AwaitingApproval { .. })) {
+        } else if approval {
             Status::AwaitingApproval
-        } else if any(|s| matches!(s, SlotState::Delegated { .. }))
-            && self.turn.iter().all(|s| {
-                matches!(
-                    s.state,
-                    SlotState::Delegated { .. } | SlotState::Done { .. }
-                )
-            })
-        {
+        } else if delegated && only_delegated_or_done {
             Status::Waiting
         } else {
             Status::Running

@@ -212,6 +212,22 @@ pub struct SessionState {
     pub team_seen: std::collections::BTreeSet<String>,
     /// Broadcasts received mid-turn, read once the turn's results are in.
     pub team_queue: Vec<String>,
+    /// Where each call of `turn` sits, by call id: a lookup, not state.
+    #[serde(skip)]
+    slot_index: SlotIndex,
+}
+
+/// The position in the turn of each call id (its first, should a log repeat one), so
+/// that folding an event of a wide turn finds its slot without reading the whole turn.
+/// Emptied whenever the turn is replaced, and filled again at the next lookup. Not part
+/// of the state: two folds are equal whatever their indexes hold.
+#[derive(Debug, Clone, Default)]
+struct SlotIndex(std::collections::HashMap<String, usize>);
+
+impl PartialEq for SlotIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// What stands for the call of a patch carried by a child's final answer.
@@ -272,6 +288,7 @@ impl Default for SessionState {
             team_exits: 0,
             team_seen: Default::default(),
             team_queue: vec![],
+            slot_index: SlotIndex::default(),
         }
     }
 }

@@ -159,19 +159,21 @@ impl SessionState {
         if kind == PatternKind::Team {
             self.team_ran = true;
         }
-        self.turn = calls
-            .iter()
-            .map(|c| Slot {
-                call: ToolCall {
-                    id: c.call.clone(),
-                    name: split_call(&c.call)
-                        .map_or(kind.call_name(), |(name, _)| name)
-                        .into(),
-                    args: json!({"agent": c.agent, "mission": c.mission}),
-                },
-                state: SlotState::Pending,
-            })
-            .collect();
+        self.replace_turn(
+            calls
+                .iter()
+                .map(|c| Slot {
+                    call: ToolCall {
+                        id: c.call.clone(),
+                        name: split_call(&c.call)
+                            .map_or(kind.call_name(), |(name, _)| name)
+                            .into(),
+                        args: json!({"agent": c.agent, "mission": c.mission}),
+                    },
+                    state: SlotState::Pending,
+                })
+                .collect(),
+        );
     }
 
     /// Every pattern call has its outcome: the turn closes into what the pattern means.
