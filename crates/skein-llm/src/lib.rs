@@ -46,6 +46,7 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use skein_core::{Message, ModelRequest, ModelResponse, Usage};
 
+mod alarm;
 pub mod anthropic;
 pub mod config;
 pub mod http;

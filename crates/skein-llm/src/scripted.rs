@@ -100,6 +100,7 @@ pub struct ScriptedProvider {
     dir: PathBuf,
     cache: Mutex<BTreeMap<String, Arc<Script>>>,
     limits: TemplateLimits,
+    tokio_clock: bool,
 }
 
 impl ScriptedProvider {
@@ -108,6 +109,25 @@ impl ScriptedProvider {
             dir: dir.into(),
             cache: Mutex::new(BTreeMap::new()),
             limits: TemplateLimits::default(),
+            tokio_clock: false,
+        }
+    }
+
+    /// The same provider sleeping its latencies on tokio's timer alone, which ends each a
+    /// millisecond or more late: what a paused tokio clock (a simulation) needs, where
+    /// the precise clock's real-time thread would not follow the paused time.
+    pub fn on_tokio_clock(mut self) -> Self {
+        self.tokio_clock = true;
+        self
+    }
+
+    /// Waits until `deadline`: on tokio's timer, or to within a fraction of a millisecond
+    /// (see `alarm.rs`).
+    async fn sleep_until(&self, deadline: tokio::time::Instant) {
+        if self.tokio_clock {
+            tokio::time::sleep_until(deadline).await;
+        } else {
+            crate::alarm::sleep_until(deadline).await;
         }
     }
 
@@ -527,11 +547,13 @@ fn usage(req: &ModelRequest, resp: &ModelResponse) -> Usage {
 #[async_trait]
 impl Provider for ScriptedProvider {
     async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion> {
+        let start = tokio::time::Instant::now();
         let script = self.load(model)?;
         let (response, latency) = answer_within(&script, req, self.limits)
             .map_err(|e| Error::Config(format!("scripted:{model}: {e}")))?;
         if latency > 0 {
-            tokio::time::sleep(Duration::from_millis(latency)).await;
+            self.sleep_until(start + Duration::from_millis(latency))
+                .await;
         }
         let usage = usage(req, &response);
         Ok(Completion { response, usage })
@@ -545,21 +567,21 @@ impl Provider for ScriptedProvider {
         req: &ModelRequest,
         on_text: crate::TextSink<'_>,
     ) -> Result<Completion> {
+        // Each piece is due at its share of the latency, counted from the start, so the
+        // whole answer takes the script's latency however many pieces it has.
+        let start = tokio::time::Instant::now();
         let script = self.load(model)?;
         let (response, latency) = answer_within(&script, req, self.limits)
             .map_err(|e| Error::Config(format!("scripted:{model}: {e}")))?;
         let pieces = stream_pieces(response.content.as_deref().unwrap_or(""));
-        // Each piece is due at its share of the latency, counted from the start, so the
-        // whole answer takes the script's latency however many pieces it has.
-        let start = tokio::time::Instant::now();
         let latency = Duration::from_millis(latency);
         let n = pieces.len().max(1) as u32;
         if pieces.is_empty() && !latency.is_zero() {
-            tokio::time::sleep(latency).await;
+            self.sleep_until(start + latency).await;
         }
         for (i, p) in pieces.iter().enumerate() {
             if !latency.is_zero() {
-                tokio::time::sleep_until(start + latency * (i as u32 + 1) / n).await;
+                self.sleep_until(start + latency * (i as u32 + 1) / n).await;
             }
             on_text(p);
         }

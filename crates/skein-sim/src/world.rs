@@ -298,7 +298,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         models.insert(
             "scripted",
             Arc::new(Flaky {
-                inner: ScriptedProvider::new(dir.path()),
+                inner: ScriptedProvider::new(dir.path()).on_tokio_clock(),
                 faults: faults.clone(),
                 lease: LEASE,
             }),

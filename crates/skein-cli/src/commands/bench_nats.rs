@@ -500,19 +500,20 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     let ideal = 7.0 * a.latency_ms as f64;
     if !a.json {
         crate::outln!(
-            "\nfan-out, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms; peak resident memory of nats-server and of the bench process (its workers):",
+            "\nfan-out, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms; peak resident memory of nats-server and of the bench process (its workers); the mean recorded time of the tree's model calls (whole ms, rounded down):",
             a.latency_ms,
             a.latency_ms
         )?;
         crate::outln!(
-            "  {:>6} {:>8} {:>10} {:>10} {:>8} {:>11} {:>10}",
+            "  {:>6} {:>8} {:>10} {:>10} {:>8} {:>11} {:>10} {:>14}",
             "N",
             "workers",
             "wall ms",
             "ideal ms",
             "ratio",
             "server MiB",
-            "bench MiB"
+            "bench MiB",
+            "model call ms"
         )?;
     }
     let spid = server_pid(&server);
@@ -526,31 +527,33 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         for workers in [1usize, 3] {
             let fleet = Fleet::start(app, &cfg, workers, n / workers + 16, a.latency_ms).await?;
             let (mut server_peak, mut own_peak) = (0, 0);
-            let (_, wall) = fleet
+            let (root, wall) = fleet
                 .fanout_with(n, true, "", || {
                     server_peak = server_peak.max(spid.map_or(0, rss_kib));
                     own_peak = own_peak.max(rss_kib(std::process::id()));
                 })
                 .await?;
+            let model_ms = super::bench::model_ms(&*fleet.runtimes[0].backend.log, &root).await?;
             fleet.stop().await;
             let server_mib = spid.map(|_| server_peak as f64 / 1024.0);
             let own_mib = own_peak as f64 / 1024.0;
             if !a.json {
                 crate::outln!(
-                    "  {:>6} {:>8} {:>10.0} {:>10.0} {:>8.2} {:>11} {:>10.1}",
+                    "  {:>6} {:>8} {:>10.0} {:>10.0} {:>8.2} {:>11} {:>10.1} {:>14.1}",
                     n,
                     workers,
                     wall,
                     ideal,
                     wall / ideal,
                     server_mib.map_or("-".to_string(), |m| format!("{m:.1}")),
-                    own_mib
+                    own_mib,
+                    model_ms
                 )?;
             }
             fan.push(
                 json!({"n": n, "workers": workers, "wall_ms": wall, "ideal_ms": ideal,
                             "ratio": wall / ideal, "server_peak_mib": server_mib,
-                            "bench_process_peak_mib": own_mib}),
+                            "bench_process_peak_mib": own_mib, "model_call_ms": model_ms}),
             );
         }
     }
