@@ -26,25 +26,39 @@ use crate::{Error, Result};
 const MAX_MESSAGE: usize = 400;
 
 /// A reqwest client with one provider's timeouts and retry policy.
+///
+/// The client itself (its TLS configuration, its connection pool) is made at the first
+/// request: every process builds the configured providers, and most never call them.
 #[derive(Debug, Clone)]
 pub struct HttpClient {
     provider: String,
-    client: reqwest::Client,
+    client: std::sync::OnceLock<reqwest::Client>,
     opts: HttpOptions,
 }
 
 impl HttpClient {
     pub fn new(provider: &str, opts: HttpOptions) -> Result<Self> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(opts.connect_timeout)
-            .timeout(opts.timeout)
-            .build()
-            .map_err(|e| Error::Config(format!("provider `{provider}`: HTTP client: {e}")))?;
         Ok(Self {
             provider: provider.to_string(),
-            client,
+            client: std::sync::OnceLock::new(),
             opts,
         })
+    }
+
+    /// The client, made on first use.
+    fn client(&self) -> Result<&reqwest::Client> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        let made = reqwest::Client::builder()
+            .connect_timeout(self.opts.connect_timeout)
+            .timeout(self.opts.timeout)
+            .build()
+            .map_err(|e| {
+                Error::Config(format!("provider `{}`: HTTP client: {e}", self.provider))
+            })?;
+        // Two first requests at once may both build one; the first stored is kept.
+        Ok(self.client.get_or_init(|| made))
     }
 
     pub fn options(&self) -> &HttpOptions {
@@ -146,7 +160,7 @@ impl HttpClient {
         secret: Option<&ApiKey>,
     ) -> Result<reqwest::Response> {
         let resp = self
-            .client
+            .client()?
             .post(url)
             .headers(headers.clone())
             .json(body)
