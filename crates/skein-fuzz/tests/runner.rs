@@ -72,6 +72,12 @@ fn a_hang_is_caught_and_its_input_written() {
 }
 
 #[test]
+fn an_input_that_blocks_without_using_cpu_is_caught_on_the_clock() {
+    // Twelve times the limit on the clock: 2.4 s here.
+    caught("selftest-block", "timeout", &["--timeout-ms", "200"]);
+}
+
+#[test]
 fn unbounded_memory_is_caught_and_its_input_written() {
     caught("selftest-memory", "memory", &["--rss-limit-mb", "300"]);
 }

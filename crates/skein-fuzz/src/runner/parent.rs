@@ -277,6 +277,18 @@ pub fn describe(c: &Crash) -> String {
 }
 
 /// Starts, watches and restarts the children of one target until its time is up.
+/// The CPU time (user and system) process `pid` has used, from `/proc`; None where that
+/// cannot be read.
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name (field 2) may hold spaces and parentheses: count from the last `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11); // fields 14 and 15: utime, stime
+    let ticks: u64 = fields.next()?.parse::<u64>().ok()? + fields.next()?.parse::<u64>().ok()?;
+    // /proc counts in USER_HZ, which Linux fixes at 100 for this interface.
+    Some(Duration::from_millis(ticks * 10))
+}
+
 pub fn fuzz_target(spec: &Spec, o: &Options) -> Result<TargetReport> {
     let exe = std::env::current_exe().map_err(Error::io("finding the fuzzer's executable"))?;
     let started = Instant::now();
@@ -334,6 +346,8 @@ pub fn fuzz_target(spec: &Spec, o: &Options) -> Result<TargetReport> {
         let mut stats: Option<ChildStats> = None;
         let mut ended_by_us = false;
         let mut panic_frames = 0u64;
+        // The input under way (by its number) and the child's CPU time when it was seen.
+        let mut running: (u64, Option<Duration>) = (u64::MAX, None);
         loop {
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(Msg::Panic(r, input, n)) => {
@@ -365,15 +379,37 @@ pub fn fuzz_target(spec: &Spec, o: &Options) -> Result<TargetReport> {
                 let s = lock(&shared);
                 (s.last_at, s.last_input.clone(), s.execs)
             };
+            if n != running.0 {
+                running = (n, cpu_time(child.id()));
+            }
             let hung = match last_at {
-                Some(t) => t.elapsed() > o.timeout,
+                // A hang is an input that kept the child busy for the limit. One that did
+                // not, but has not returned either, is one after twelve times the limit
+                // on the clock: a loaded machine can stall a process for seconds without
+                // it using any CPU, and that is no hang of the code.
+                Some(t) => {
+                    let busy = running
+                        .1
+                        .zip(cpu_time(child.id()))
+                        .map(|(then, now)| now.saturating_sub(then));
+                    if busy.map_or(t.elapsed() > o.timeout, |b| b > o.timeout) {
+                        Some(format!("an input ran longer than {:?}", o.timeout))
+                    } else if t.elapsed() > o.timeout * 12 {
+                        Some(format!(
+                            "an input did not return within {:?}",
+                            o.timeout * 12
+                        ))
+                    } else {
+                        None
+                    }
+                }
                 // Setting up (a store, a workspace) may take a while, but not forever.
-                None => spawned.elapsed() > o.timeout.max(Duration::from_secs(60)),
+                None => (spawned.elapsed() > o.timeout.max(Duration::from_secs(60)))
+                    .then(|| "the target did not start its first input".to_string()),
             };
-            if hung && stats.is_none() && !ended_by_us {
+            if let Some(msg) = hung.filter(|_| stats.is_none() && !ended_by_us) {
                 let _ = child.kill();
                 ended_by_us = true;
-                let msg = format!("an input ran longer than {:?}", o.timeout);
                 let n = c.report.execs + n.saturating_sub(1);
                 c.add(
                     Kind::Timeout,

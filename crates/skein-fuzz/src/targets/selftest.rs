@@ -1,5 +1,5 @@
 //! Targets that fail on purpose, one per kind of failure the fuzzer must catch: a
-//! panic, an abort, a hang and unbounded memory. Each fails only on inputs that start
+//! panic, an abort, a hang (busy, and blocked without using CPU) and unbounded memory. Each fails only on inputs that start
 //! with `!`, which the mutations reach from the empty seed within a few hundred runs.
 //! Run only when named (`--target selftest-panic`); the tests of the fuzzer use them.
 
@@ -25,6 +25,18 @@ fn aborts(data: &[u8]) -> bool {
 
 fn hangs(data: &[u8]) -> bool {
     if armed(data) {
+        // Busy, as a parser caught in a loop is.
+        let mut n = 0u64;
+        loop {
+            n = std::hint::black_box(n.wrapping_add(1));
+        }
+    }
+    true
+}
+
+fn blocks(data: &[u8]) -> bool {
+    if armed(data) {
+        // Never returns, and uses no CPU while it waits.
         loop {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
@@ -68,6 +80,14 @@ pub const SPECS: &[Spec] = &[
         about: ABOUT,
         max_len: 64,
         make: || Ok(Box::new(FnTarget(hangs))),
+        reshape: |_, _, _| None,
+        tokens: &["!"],
+    },
+    Spec {
+        name: "selftest-block",
+        about: ABOUT,
+        max_len: 64,
+        make: || Ok(Box::new(FnTarget(blocks))),
         reshape: |_, _, _| None,
         tokens: &["!"],
     },
