@@ -43,14 +43,13 @@ pub(crate) async fn sleep_until(deadline: tokio::time::Instant) {
 /// One alarm: wake `tx` at `at`.
 struct Due {
     at: Instant,
-    seq: u64,
     tx: oneshot::Sender<()>,
 }
 
-// Ordered so that the heap's top is the earliest alarm (the first set, on a tie).
+// Ordered by time alone, reversed, so that the heap's top is the earliest alarm.
 impl Ord for Due {
     fn cmp(&self, other: &Self) -> Ordering {
-        other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
+        other.at.cmp(&self.at)
     }
 }
 
@@ -62,22 +61,25 @@ impl PartialOrd for Due {
 
 impl PartialEq for Due {
     fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
+        self.at == other.at
     }
 }
 
 impl Eq for Due {}
 
-#[derive(Default)]
+/// The alarms set and not yet rung; None when the clock thread could not start.
 struct Alarms {
-    due: Mutex<(BinaryHeap<Due>, u64)>,
+    due: Mutex<Option<BinaryHeap<Due>>>,
     changed: Condvar,
 }
 
 fn alarms() -> &'static Alarms {
     static ALARMS: OnceLock<&'static Alarms> = OnceLock::new();
     ALARMS.get_or_init(|| {
-        let a: &'static Alarms = Box::leak(Box::default());
+        let a: &'static Alarms = Box::leak(Box::new(Alarms {
+            due: Mutex::new(Some(BinaryHeap::new())),
+            changed: Condvar::new(),
+        }));
         let spawned = std::thread::Builder::new()
             .name("scripted-model-clock".into())
             .spawn(move || a.run());
@@ -85,7 +87,7 @@ fn alarms() -> &'static Alarms {
             // Without the thread every alarm's sender is dropped at once: `sleep_until`
             // then falls back to tokio's timer.
             tracing::warn!(error = %e, "the scripted model's clock thread did not start");
-            a.due.lock().unwrap_or_else(|p| p.into_inner()).1 = u64::MAX;
+            *a.due.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         a
     })
@@ -94,14 +96,12 @@ fn alarms() -> &'static Alarms {
 impl Alarms {
     fn set(&self, at: Instant, tx: oneshot::Sender<()>) {
         let mut g = self.due.lock().unwrap_or_else(|p| p.into_inner());
-        if g.1 == u64::MAX {
-            return; // no clock thread: `tx` is dropped, and the caller falls back
+        // No clock thread: `tx` is dropped, and the caller falls back.
+        if let Some(heap) = g.as_mut() {
+            heap.push(Due { at, tx });
+            drop(g);
+            self.changed.notify_one();
         }
-        g.1 += 1;
-        let seq = g.1;
-        g.0.push(Due { at, seq, tx });
-        drop(g);
-        self.changed.notify_one();
     }
 
     /// The clock thread: wakes every alarm that is due, then sleeps until the next one or
@@ -110,13 +110,14 @@ impl Alarms {
         let mut g = self.due.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let now = Instant::now();
-            while g.0.peek().is_some_and(|d| d.at <= now) {
-                if let Some(d) = g.0.pop() {
+            let Some(heap) = g.as_mut() else { return };
+            while heap.peek().is_some_and(|d| d.at <= now) {
+                if let Some(d) = heap.pop() {
                     // A waiter that gave up (its call was abandoned) is not there to hear.
                     let _ = d.tx.send(());
                 }
             }
-            g = match g.0.peek().map(|d| d.at - now) {
+            g = match heap.peek().map(|d| d.at - now) {
                 Some(left) => {
                     self.changed
                         .wait_timeout(g, left)

@@ -6,9 +6,8 @@
 //! - fan-out wall time against its ideal: the orchestrator delegates to N children in one
 //!   turn, each child makes 4 tool-calling turns and 1 answer, then the orchestrator
 //!   answers; with 50 ms model latency the critical path is 7 model turns = 350 ms. Beside
-//!   it, how long the model calls really took on average (the scripted model sleeps on
-//!   tokio's millisecond timer, which wakes it a little after the latency it was given),
-//!   so that what the runtime adds can be told from what the model's own timer adds,
+//!   it, how long the model calls took on average as the workers recorded them (the
+//!   script's latency plus any wait for a free worker thread once the answer is due),
 //! - the fan-out of 8 at zero latency as a whole `skein run` process (start-up included).
 
 use std::path::Path;

@@ -276,7 +276,6 @@ pub fn describe(c: &Crash) -> String {
     )
 }
 
-/// Starts, watches and restarts the children of one target until its time is up.
 /// The CPU time (user and system) process `pid` has used, from `/proc`; None where that
 /// cannot be read.
 fn cpu_time(pid: u32) -> Option<Duration> {
@@ -289,6 +288,7 @@ fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
+/// Starts, watches and restarts the children of one target until its time is up.
 pub fn fuzz_target(spec: &Spec, o: &Options) -> Result<TargetReport> {
     let exe = std::env::current_exe().map_err(Error::io("finding the fuzzer's executable"))?;
     let started = Instant::now();

@@ -1,6 +1,7 @@
 //! Targets that fail on purpose, one per kind of failure the fuzzer must catch: a
-//! panic, an abort, a hang (busy, and blocked without using CPU) and unbounded memory. Each fails only on inputs that start
-//! with `!`, which the mutations reach from the empty seed within a few hundred runs.
+//! panic, an abort, a hang (busy, and blocked without using CPU) and unbounded memory.
+//! Each fails only on inputs that start with `!`, which the mutations reach from the
+//! empty seed within a few hundred runs.
 //! Run only when named (`--target selftest-panic`); the tests of the fuzzer use them.
 
 use super::{FnTarget, Spec};
