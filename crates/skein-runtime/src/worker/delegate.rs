@@ -165,13 +165,34 @@ impl Runtime {
         }
         // Children first (in parallel, so their flushes are shared), then the parent's
         // record of them, then the jobs: a crash anywhere leaves nothing dangling.
-        let created = join_all(creations.into_iter().map(|(id, def, sub)| async move {
-            self.backend.blobs.put(def.text.as_bytes()).await?;
-            self.create(&id, sub).await
-        }))
+        // Each definition's text is stored once (a wide turn's children mostly share
+        // one), before any child that names it exists.
+        let mut defs: Vec<&AgentDef> = vec![];
+        for (_, def, _) in &creations {
+            if !defs.iter().any(|d| d.digest == def.digest) {
+                defs.push(def);
+            }
+        }
+        for stored in join_all(
+            defs.iter()
+                .map(|d| self.backend.blobs.put(d.text.as_bytes())),
+        )
+        .await
+        {
+            stored?;
+        }
+        let created = join_all(
+            creations
+                .into_iter()
+                .map(|(id, _, sub)| async move { self.create(&id, sub).await }),
+        )
         .await;
+        // The children's folds are kept: the job that runs a child here reads only what
+        // follows its `Submitted` (one round trip on NATS rather than two).
         for c in created {
-            c?;
+            if let Some(child) = c? {
+                self.keep_state(child);
+            }
         }
         let delegated = crate::spans::delegated(&parent_events);
         self.append_all(f, parent_events).await?;

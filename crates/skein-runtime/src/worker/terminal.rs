@@ -43,12 +43,24 @@ impl Runtime {
                 self.backend.cache.put(&sub.mission_hash, &entry).await?;
             }
         }
-        self.backend
-            .cache
-            .release_inflight(&sub.mission_hash, &f.id)
-            .await?;
+        // Only a session created to be shared claims its mission's run (`delegate` claims
+        // for a child exactly when it is created without `no_cache`), and only the holder
+        // of such a claim is ever watched. A `no_cache` session has neither a claim to
+        // release nor watchers to tell: on NATS that saves two round trips on the way to
+        // its parent.
+        if !sub.no_cache {
+            self.backend
+                .cache
+                .release_inflight(&sub.mission_hash, &f.id)
+                .await?;
+        }
         self.member_exit(f).await?;
-        for (w, pool) in self.backend.notices.watchers(&f.id).await? {
+        let watchers = if sub.no_cache {
+            vec![]
+        } else {
+            self.backend.notices.watchers(&f.id).await?
+        };
+        for (w, pool) in watchers {
             self.backend.notices.post(&w, &f.id).await?;
             self.backend.jobs.push(&pool, &w).await?;
         }
