@@ -287,6 +287,10 @@ pub async fn notices_read_after_a_cursor(b: &Backend) -> Result<()> {
         "read after the first cursor",
     )?;
     ensure(
+        b.notices.read(&p, all[1].0).await?.is_empty(),
+        "nothing after the last cursor",
+    )?;
+    ensure(
         b.notices.read(&new_root_id(), 0).await?.is_empty(),
         "notices are per parent",
     )?;

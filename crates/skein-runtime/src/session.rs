@@ -21,6 +21,10 @@ pub struct Folded {
     pub last_hash: String,
     /// Position in the notice inbox already read.
     pub cursor: u64,
+    /// The notices after `cursor`, read together with the log's tail when a session
+    /// waiting on its children was loaded: its first look at them uses these instead of
+    /// a read of its own. Never kept between jobs.
+    pub(crate) notes: Option<Vec<(u64, SessionId)>>,
 }
 
 impl Folded {
@@ -31,6 +35,7 @@ impl Folded {
             state: SessionState::default(),
             last_hash,
             cursor: 0,
+            notes: None,
         }
     }
 
@@ -136,8 +141,34 @@ impl Runtime {
         Ok((f, cold))
     }
 
+    /// [`Runtime::load`], for the holder of the session's job: a cached fold that waits
+    /// on children has its notices read at the same time as its log's tail (on NATS, the
+    /// round trips of the two reads overlap rather than follow each other).
+    pub(crate) async fn load_for_job(&self, id: &SessionId) -> Result<(Folded, bool)> {
+        let waiting = lock(&self.sessions.states).get(id).map(|f| {
+            let delegated = f
+                .state
+                .turn
+                .iter()
+                .any(|s| matches!(s.state, skein_core::state::SlotState::Delegated { .. }));
+            (delegated, f.cursor)
+        });
+        let Some((true, cursor)) = waiting else {
+            return self.load(id).await;
+        };
+        let (loaded, notes) =
+            futures::future::join(self.load(id), self.backend.notices.read(id, cursor)).await;
+        let (mut f, cold) = loaded?;
+        // Read from where this fold's own cursor stands (a fold loaded cold has none).
+        if !cold && f.cursor == cursor {
+            f.notes = Some(notes?);
+        }
+        Ok((f, cold))
+    }
+
     /// Gives a fold back to the cache (after `load`).
-    pub fn keep_state(&self, f: Folded) {
+    pub fn keep_state(&self, mut f: Folded) {
+        f.notes = None;
         let mut states = lock(&self.sessions.states);
         if states.len() >= self.cfg.state_cache {
             // Drop finished sessions first; then anything.

@@ -7,7 +7,7 @@ use skein_core::SessionId;
 use skein_runtime::ports::{Announcer, Notices, RootResult};
 use skein_runtime::{Error, Result};
 
-use super::read::read_subject;
+use super::read::{read_subject, read_subject_expecting};
 use super::{nats_err, trace_headers, NatsStore};
 
 #[async_trait]
@@ -27,7 +27,7 @@ impl Notices for NatsStore {
 
     async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>> {
         let subject = format!("skein.notices.{}", parent.as_str());
-        read_subject(&self.notices, &subject, after)
+        read_subject_expecting(&self.notices, &subject, after)
             .await?
             .into_iter()
             .map(|(s, p)| Ok((s, SessionId::parse(&String::from_utf8_lossy(&p))?)))

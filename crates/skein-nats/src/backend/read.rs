@@ -51,6 +51,38 @@ pub(crate) async fn read_subject(
     Ok(out)
 }
 
+/// Reads what [`read_subject`] reads, for a subject where something new is likely (a
+/// parent woken to read the notices of its children): the first message after `after`
+/// and the subject's last message are asked for at once. When they are the same message,
+/// as for the one notice that woke the reader, that is the whole read, in one round trip
+/// rather than two (the second would only find nothing more).
+pub(crate) async fn read_subject_expecting(
+    st: &stream::Stream,
+    subject: &str,
+    after: u64,
+) -> Result<Vec<(u64, Bytes)>> {
+    let mut first = vec![];
+    let (read, last) = futures::join!(
+        read_direct(st, subject, after + 1, Some(1), &mut first),
+        st.get_last_raw_message_by_subject(subject)
+    );
+    let ended = read?;
+    let last = match last {
+        Ok(m) => m.sequence,
+        Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => 0,
+        Err(e) => return Err(nats_err("read last", e)),
+    };
+    match first.last() {
+        None if ended => Ok(first),
+        Some((seq, _)) if *seq >= last => Ok(first),
+        _ => {
+            let next = first.last().map_or(after, |(seq, _)| *seq);
+            first.extend(read_subject(st, subject, next).await?);
+            Ok(first)
+        }
+    }
+}
+
 /// Direct gets of `subject` from stream seq `from` on, at most `limit` of them; true
 /// when the subject was read to its end.
 async fn read_direct(

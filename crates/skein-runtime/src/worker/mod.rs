@@ -59,7 +59,7 @@ impl Runtime {
     /// As [`Runtime::process`]; `retry` says a step of this job failed before (and was
     /// not handed back), so the drive reconciles with the logs as a redelivery does.
     pub(crate) async fn process_again(&self, job: &Job, retry: bool) -> Result<()> {
-        let (mut f, cold) = self.load(&job.session).await?;
+        let (mut f, cold) = self.load_for_job(&job.session).await?;
         crate::spans::set_current(&f.id, &f.state);
         // A redelivered or retried job means a step may have stopped half way (its job
         // pushes lost, say): reconcile from the logs as on a cold load. Whether the fold

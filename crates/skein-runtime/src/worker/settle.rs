@@ -76,7 +76,10 @@ impl Runtime {
         if outstanding.is_empty() {
             return Ok(0);
         }
-        let notes = self.backend.notices.read(&f.id, f.cursor).await?;
+        let notes = match f.notes.take() {
+            Some(read_with_the_log) => read_with_the_log,
+            None => self.backend.notices.read(&f.id, f.cursor).await?,
+        };
         if let Some((pos, _)) = notes.last() {
             f.cursor = *pos;
         }
