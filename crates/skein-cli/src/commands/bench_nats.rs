@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use futures::StreamExt;
 use serde_json::json;
 use skein_core::{AgentSet, Budget, Event, Limits, SessionId};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_nats::{NatsConfig, NatsStore};
+use skein_runtime::ports::RootResult;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use tokio::sync::watch;
 
@@ -27,6 +29,8 @@ use crate::app::{read_agent_files, App};
 
 struct Fleet {
     runtimes: Vec<Arc<Runtime>>,
+    /// The first worker's connection, on which results are awaited.
+    client: Option<async_nats::Client>,
     stops: Vec<watch::Sender<bool>>,
     handles: Vec<tokio::task::JoinHandle<()>>,
     _tmp: tempfile::TempDir,
@@ -60,12 +64,14 @@ impl Fleet {
         )?);
         let mut fleet = Fleet {
             runtimes: vec![],
+            client: None,
             stops: vec![],
             handles: vec![],
             _tmp: tmp,
         };
         for i in 0..workers {
             let store = NatsStore::connect(cfg, Duration::from_secs(30)).await?;
+            fleet.client.get_or_insert_with(|| store.client.clone());
             let mut models = Registry::new();
             models.insert(
                 "scripted",
@@ -100,9 +106,8 @@ impl Fleet {
         tag: &str,
         on_poll: impl FnMut(),
     ) -> Result<(SessionId, f64)> {
-        let rt = &self.runtimes[0];
         let started = Instant::now();
-        let id = rt
+        let (id, results) = self
             .submit(Submission {
                 agent: "fanout".into(),
                 mission: format!("nats fan-out of {n}{tag}"),
@@ -113,9 +118,10 @@ impl Fleet {
             })
             .await?;
         completed(
-            rt,
+            &self.runtimes[0],
             &id,
             &format!("fan-out {n}"),
+            results,
             Duration::from_millis(5),
             on_poll,
         )
@@ -125,9 +131,8 @@ impl Fleet {
 
     /// Runs one relay of delegations in a row; returns (root, wall ms).
     async fn relay(&self) -> Result<(SessionId, f64)> {
-        let rt = &self.runtimes[0];
         let started = Instant::now();
-        let id = rt
+        let (id, results) = self
             .submit(Submission {
                 agent: "relay".into(),
                 mission: "nats relay".into(),
@@ -135,8 +140,22 @@ impl Fleet {
                 ..Default::default()
             })
             .await?;
-        completed(rt, &id, "relay", Duration::from_millis(2), || {}).await?;
+        completed(
+            &self.runtimes[0],
+            &id,
+            "relay",
+            results,
+            Duration::from_millis(5),
+            || {},
+        )
+        .await?;
         Ok((id, started.elapsed().as_secs_f64() * 1000.0))
+    }
+
+    /// Submits through the first worker, listening first for the tree's result.
+    async fn submit(&self, sub: Submission) -> Result<(SessionId, async_nats::Subscriber)> {
+        let client = self.client.as_ref().context("a fleet without workers")?;
+        submit_listening(&self.runtimes[0], client, sub).await
     }
 
     async fn stop(self) {
@@ -277,16 +296,19 @@ async fn worker_process_memory(
         app.tools()?,
         RuntimeConfig::default(),
     );
-    let id = submitter
-        .submit(Submission {
+    let (id, results) = submit_listening(
+        &submitter,
+        &store.client,
+        Submission {
             agent: "fanout".into(),
             mission: "memory of a worker with 1000 sessions in flight".into(),
             inputs: json!({ "n": 1000 }),
             budget: Some(Budget::default()),
             no_cache: true,
             ..Default::default()
-        })
-        .await?;
+        },
+    )
+    .await?;
     let mut peak = idle_1100;
     let server_before = server_pid.map(rss_kib);
     let mut server_peak = server_before.unwrap_or(0);
@@ -295,6 +317,7 @@ async fn worker_process_memory(
         &submitter,
         &id,
         "the memory run",
+        results,
         Duration::from_millis(50),
         || {
             let w = rss_kib(pid);
@@ -315,33 +338,67 @@ async fn worker_process_memory(
     })
 }
 
-/// Polls `id`'s log every `every` until it ends (calling `on_poll` each time); an error
-/// unless it completed within 10 minutes.
+/// Submits `sub` under a new root id, subscribed beforehand to the tree's result on
+/// `skein.results.<root>`, as a client waiting for it would be.
+async fn submit_listening(
+    rt: &Runtime,
+    client: &async_nats::Client,
+    mut sub: Submission,
+) -> Result<(SessionId, async_nats::Subscriber)> {
+    let id = skein_runtime::new_root_id();
+    let results = client.subscribe(format!("skein.results.{id}")).await?;
+    sub.id = Some(id.to_string());
+    let submitted = rt.submit(sub).await?;
+    anyhow::ensure!(submitted == id, "submitted as {submitted}, not {id}");
+    Ok((id, results))
+}
+
+/// Waits until `id` ends, calling `on_poll` every `every` meanwhile; an error unless it
+/// completed within 10 minutes. The end is heard as a client hears it, on the result
+/// subject. The log is read only once a second, in case that announcement (core NATS,
+/// at most once) was lost: reading it every few milliseconds, as this once did, put the
+/// bench's own requests in the server's queue beside the tree's.
 async fn completed(
     rt: &Runtime,
     id: &SessionId,
     what: &str,
+    mut results: async_nats::Subscriber,
     every: Duration,
     mut on_poll: impl FnMut(),
 ) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
+    let mut looked = Instant::now();
     loop {
         on_poll();
-        if let Some(r) = rt.backend.log.last(id).await? {
-            if r.env.body.is_terminal() {
-                anyhow::ensure!(
-                    matches!(r.env.body, Event::Completed(_)),
-                    "{what} ended with {}",
-                    r.env.body.kind()
-                );
-                return Ok(());
+        let status = match tokio::time::timeout(every, results.next()).await {
+            Ok(Some(m)) => {
+                let r: RootResult = serde_json::from_slice(&m.payload)
+                    .with_context(|| format!("the result of {what}"))?;
+                Some(r.status)
             }
+            Ok(None) => anyhow::bail!("the result subscription of {what} ended"),
+            Err(_) if looked.elapsed() >= Duration::from_secs(1) => {
+                looked = Instant::now();
+                rt.backend
+                    .log
+                    .last(id)
+                    .await?
+                    .filter(|r| r.env.body.is_terminal())
+                    .map(|r| match r.env.body {
+                        Event::Completed(_) => "completed".to_string(),
+                        ref other => other.kind().to_string(),
+                    })
+            }
+            Err(_) => None,
+        };
+        if let Some(status) = status {
+            anyhow::ensure!(status == "completed", "{what} ended {status}");
+            return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < deadline,
             "{what} did not finish in 10 minutes"
         );
-        tokio::time::sleep(every).await;
     }
 }
 
