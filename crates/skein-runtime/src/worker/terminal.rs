@@ -44,8 +44,8 @@ impl Runtime {
             }
         }
         // Only a session created to be shared claims its mission's run (`delegate` claims
-        // for a child exactly when it is created without `no_cache`), and only the holder
-        // of such a claim is ever watched. A `no_cache` session has neither a claim to
+        // only for a child it creates without `no_cache`), and only the holder of such a
+        // claim is ever watched. A `no_cache` session has neither a claim to
         // release nor watchers to tell: on NATS that saves two round trips on the way to
         // its parent.
         if !sub.no_cache {
