@@ -42,10 +42,15 @@ impl Write for Stdout {
     }
 }
 
-/// Writes to stderr; what cannot be written is dropped.
+/// Writes to stderr; what cannot be written is dropped. The line is formatted first and
+/// written whole: stderr is unbuffered, and formatting straight into it makes one `write`
+/// per piece of the format (each padding character among them), dozens per progress line.
 pub fn err(args: std::fmt::Arguments<'_>) {
-    let mut e = io::stderr().lock();
-    let _ = e.write_fmt(args);
+    let line = match args.as_str() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(std::fmt::format(args)),
+    };
+    let _ = io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// `println!` that returns an [`io::Result`] instead of panicking.
