@@ -111,12 +111,18 @@ impl Runtime {
         const RECOUNT: Duration = Duration::from_millis(20);
         let result: Result<()> = async {
             let mut counted: Option<tokio::time::Instant> = None;
-            // The root's log is read again only when what woke this loop may have
-            // changed it: progress of the root, a timeout, or progress missed (lagged).
+            // The root's log is read again only when what woke this loop may have ended
+            // the root: progress of the root into an end, a timeout, or progress missed
+            // (lagged). Progress that leaves the root running says so itself (its status
+            // is the root's fold after that record), and each later record of the root
+            // sends progress of its own: a wide root sends two per child, and reading its
+            // last record for each was a read and a decode per settled child.
             let elsewhere = |woke: &std::result::Result<
                 std::result::Result<crate::runtime::Progress, broadcast::error::RecvError>,
                 tokio::time::error::Elapsed,
-            >| matches!(woke, Ok(Ok(p)) if p.session != *root);
+            >| {
+                matches!(woke, Ok(Ok(p)) if p.session != *root || !p.status.is_terminal())
+            };
             let mut check_root = true;
             loop {
                 if check_root {
