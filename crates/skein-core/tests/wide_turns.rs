@@ -8,7 +8,10 @@
 #[allow(dead_code)]
 mod kit;
 
-use kit::{agents, answered, call, child_completed, delegated, given, root, submitted, turn};
+use kit::{
+    agents, answered, call, child_completed, child_failed, delegated, given, returned, root,
+    submitted, turn,
+};
 use skein_core::state::Status;
 use skein_core::{Event, Message, SessionId, SessionState};
 
@@ -178,4 +181,77 @@ fn a_wide_turn_after_another_with_the_same_ids_in_another_order_finds_the_new_sl
     want.extend((0..n).rev().map(|i| format!("c{i}")));
     assert_eq!(results(&s), want);
     assert_eq!(s.pending_answer.as_deref(), Some("all done"));
+}
+
+/// What the session's status is, read from the turn slot by slot (as the fold once did
+/// for every event) rather than from the fold's running count.
+fn status_by_reading_the_turn(s: &SessionState) -> Status {
+    use skein_core::state::SlotState;
+    if s.status.is_terminal() || s.status == Status::New {
+        return s.status;
+    }
+    let any = |f: fn(&SlotState) -> bool| s.turn.iter().any(|x| f(&x.state));
+    if any(|x| matches!(x, SlotState::Asked { .. })) {
+        Status::AwaitingInput
+    } else if any(|x| matches!(x, SlotState::AwaitingApproval { .. })) {
+        Status::AwaitingApproval
+    } else if any(|x| matches!(x, SlotState::Delegated { .. }))
+        && !any(|x| {
+            matches!(
+                x,
+                SlotState::Pending | SlotState::Running | SlotState::Approved
+            )
+        })
+    {
+        Status::Waiting
+    } else {
+        Status::Running
+    }
+}
+
+#[test]
+fn a_wide_mixed_turn_has_the_status_a_slot_by_slot_reading_gives_after_every_event() {
+    // 30 delegations and 10 plain tool calls in one turn; the tool calls return between
+    // the delegations and the settlements (one child fails), then a second turn follows.
+    let (n, tools) = (30, 10);
+    let mut calls: Vec<(String, String, serde_json::Value)> = (0..n)
+        .map(|i| (format!("c{i}"), "call_agent".into(), call("expert", "part")))
+        .collect();
+    calls.extend((0..tools).map(|i| (format!("t{i}"), "list_dir".into(), serde_json::json!({}))));
+    let refs: Vec<(&str, &str, serde_json::Value)> = calls
+        .iter()
+        .map(|(id, name, args)| (id.as_str(), name.as_str(), args.clone()))
+        .collect();
+    let mut events = vec![submitted("boss"), turn(&refs, 1)];
+    for i in 0..n {
+        events.push(delegated(&format!("c{i}"), &kid(i + 1), "expert", &[]));
+        if i % 3 == 0 {
+            events.push(returned(&format!("t{}", i / 3), "a.txt"));
+        }
+    }
+    for i in (0..n).rev() {
+        events.push(if i == 7 {
+            child_failed(&format!("c{i}"), &kid(i + 1), "no")
+        } else {
+            child_completed(&format!("c{i}"), &kid(i + 1), "ok")
+        });
+    }
+    events.extend(wide(20, "d"));
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 1..=events.len() {
+        let s = fold(events[..k].to_vec());
+        assert_eq!(
+            s.status,
+            status_by_reading_the_turn(&s),
+            "after {k} of {} events",
+            events.len()
+        );
+        seen.insert(format!("{:?}", s.status));
+    }
+    // The run went through each of the states the count decides between.
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["Running", "Waiting"],
+        "statuses seen"
+    );
 }

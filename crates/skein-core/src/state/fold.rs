@@ -39,25 +39,41 @@ impl SessionState {
     /// Makes `slots` the turn, and returns the turn it replaces.
     pub(super) fn replace_turn(&mut self, slots: Vec<Slot>) -> Vec<Slot> {
         self.slot_index.0.clear();
+        self.slot_tally = SlotTally::count(&slots);
         std::mem::replace(&mut self.turn, slots)
     }
 
-    fn finish_slot(&mut self, call: &str, output: String, error: bool) {
-        if let Some(slot) = self.slot_mut(call) {
-            slot.state = SlotState::Done { output, error };
+    /// The turn's tally, counted again if it is not known to fit the turn.
+    fn tally(&mut self) -> &SlotTally {
+        if !self.slot_tally.fits(&self.turn) {
+            self.slot_tally = SlotTally::count(&self.turn);
         }
+        &self.slot_tally
+    }
+
+    /// Puts the first slot of `call` in `state` (and counts it there); none if the call
+    /// is not in the turn.
+    fn set_slot(&mut self, call: &str, state: SlotState) {
+        let Some(i) = self.slot_pos(call) else {
+            return;
+        };
+        let to = SlotTally::kind(&state);
+        let from = SlotTally::kind(&self.turn[i].state);
+        self.turn[i].state = state;
+        if self.slot_tally.fits(&self.turn) {
+            self.slot_tally.moved(from, to);
+        }
+    }
+
+    fn finish_slot(&mut self, call: &str, output: String, error: bool) {
+        self.set_slot(call, SlotState::Done { output, error });
         self.close_turn_if_done();
     }
 
     /// When every call of the turn has its outcome, the results join the transcript in
     /// the model's order and the next model call may be made.
     fn close_turn_if_done(&mut self) {
-        if self.turn.is_empty()
-            || !self
-                .turn
-                .iter()
-                .all(|s| matches!(s.state, SlotState::Done { .. }))
-        {
+        if self.turn.is_empty() || self.tally().of(SlotTally::DONE) != self.turn.len() {
             return;
         }
         self.turn_over_budget = None;
@@ -149,11 +165,7 @@ impl SessionState {
                 self.last_model_error = Some(f.error.clone());
                 self.model_failure_fatal = !f.retryable;
             }
-            Event::ToolCalled(t) => {
-                if let Some(slot) = self.slot_mut(&t.call) {
-                    slot.state = SlotState::Running;
-                }
-            }
+            Event::ToolCalled(t) => self.set_slot(&t.call, SlotState::Running),
             Event::ToolReturned(t) => {
                 let of_delegation = self
                     .slot_mut(&t.call)
@@ -171,13 +183,14 @@ impl SessionState {
                     self.plan
                         .grant(&d.owns_tasks, &d.agent, &d.child.to_string());
                 }
-                if let Some(slot) = self.slot_mut(&d.call) {
-                    slot.state = SlotState::Delegated {
+                self.set_slot(
+                    &d.call,
+                    SlotState::Delegated {
                         child: d.child.clone(),
                         allotted: d.allotted_tokens,
                         shared: d.shared,
-                    };
-                }
+                    },
+                );
                 self.children.insert(
                     d.call.clone(),
                     ChildInfo {
@@ -292,11 +305,12 @@ impl SessionState {
             }
             Event::InputRequested(q) => {
                 let call = q.call.clone().unwrap_or_default();
-                if let Some(slot) = self.slot_mut(&call) {
-                    slot.state = SlotState::Asked {
+                self.set_slot(
+                    &call,
+                    SlotState::Asked {
                         token_id: q.token_id.clone(),
-                    };
-                }
+                    },
+                );
                 self.pending_inputs.push(PendingInput {
                     call,
                     seq: env.seq,
@@ -320,11 +334,12 @@ impl SessionState {
                 }
             }
             Event::ApprovalRequested(r) => {
-                if let Some(slot) = self.slot_mut(&r.call) {
-                    slot.state = SlotState::AwaitingApproval {
+                self.set_slot(
+                    &r.call,
+                    SlotState::AwaitingApproval {
                         token_id: r.token_id.clone(),
-                    };
-                }
+                    },
+                );
                 self.pending_approvals.push(PendingApproval {
                     call: r.call.clone(),
                     seq: env.seq,
@@ -342,9 +357,7 @@ impl SessionState {
                 {
                     let p = self.pending_approvals.remove(i);
                     if g.approved {
-                        if let Some(slot) = self.slot_mut(&p.call) {
-                            slot.state = SlotState::Approved;
-                        }
+                        self.set_slot(&p.call, SlotState::Approved);
                     } else {
                         let who = g.by.as_deref().unwrap_or("a person");
                         let why = g
@@ -450,21 +463,12 @@ impl SessionState {
         if self.status.is_terminal() || self.status == Status::New {
             return;
         }
-        // One pass over the turn, however wide.
-        let (mut asked, mut approval, mut delegated, mut only_delegated_or_done) =
-            (false, false, false, true);
-        for s in &self.turn {
-            match s.state {
-                SlotState::Asked { .. } => asked = true,
-                SlotState::AwaitingApproval { .. } => approval = true,
-                SlotState::Delegated { .. } => delegated = true,
-                SlotState::Done { .. } => {}
-                _ => only_delegated_or_done = false,
-            }
-            if asked {
-                break;
-            }
-        }
+        // From the turn's tally: no pass over the turn, however wide.
+        let t = self.tally();
+        let asked = t.of(SlotTally::ASKED) > 0;
+        let approval = t.of(SlotTally::APPROVAL) > 0;
+        let delegated = t.of(SlotTally::DELEGATED) > 0;
+        let only_delegated_or_done = t.of(SlotTally::OTHER) == 0;
         self.status = if self.team_gated() {
             Status::Waiting
         } else if asked {

@@ -215,6 +215,9 @@ pub struct SessionState {
     /// Where each call of `turn` sits, by call id: a lookup, not state.
     #[serde(skip)]
     slot_index: SlotIndex,
+    /// How many calls of `turn` are in each state: a count kept beside it, not state.
+    #[serde(skip)]
+    slot_tally: SlotTally,
 }
 
 /// The position in the turn of each call id (its first, should a log repeat one), so
@@ -227,6 +230,74 @@ struct SlotIndex(std::collections::HashMap<String, usize>);
 impl PartialEq for SlotIndex {
     fn eq(&self, _: &Self) -> bool {
         true
+    }
+}
+
+/// How many slots of the turn are in each state, so that folding an event of a wide turn
+/// learns whether the session now waits (or whether the turn is over) without reading
+/// the whole turn: a fan-out of 1,024 children read all 1,024 slots twice per child.
+/// Kept up to date by the fold's own changes to a slot; counted again from the turn when
+/// it is not known to fit it (a state built another way, a turn of another length). Not
+/// part of the state: two folds are equal whatever their tallies hold.
+#[derive(Debug, Clone, Default)]
+pub(super) struct SlotTally {
+    /// Whether the counts below are those of the turn (of `len` slots).
+    known: bool,
+    len: usize,
+    /// Slots per [`SlotTally::kind`].
+    by_kind: [usize; 5],
+}
+
+impl PartialEq for SlotTally {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl SlotTally {
+    pub(super) const ASKED: usize = 0;
+    pub(super) const APPROVAL: usize = 1;
+    pub(super) const DELEGATED: usize = 2;
+    pub(super) const DONE: usize = 3;
+    /// Pending, running or approved: a call that still has work of its own to do.
+    pub(super) const OTHER: usize = 4;
+
+    pub(super) fn kind(s: &SlotState) -> usize {
+        match s {
+            SlotState::Asked { .. } => Self::ASKED,
+            SlotState::AwaitingApproval { .. } => Self::APPROVAL,
+            SlotState::Delegated { .. } => Self::DELEGATED,
+            SlotState::Done { .. } => Self::DONE,
+            SlotState::Pending | SlotState::Running | SlotState::Approved => Self::OTHER,
+        }
+    }
+
+    pub(super) fn count(turn: &[Slot]) -> Self {
+        let mut by_kind = [0; 5];
+        for s in turn {
+            by_kind[Self::kind(&s.state)] += 1;
+        }
+        Self {
+            known: true,
+            len: turn.len(),
+            by_kind,
+        }
+    }
+
+    pub(super) fn fits(&self, turn: &[Slot]) -> bool {
+        self.known && self.len == turn.len()
+    }
+
+    pub(super) fn of(&self, kind: usize) -> usize {
+        self.by_kind[kind]
+    }
+
+    /// One slot went from `from` to `to` (kinds).
+    pub(super) fn moved(&mut self, from: usize, to: usize) {
+        if self.known {
+            self.by_kind[from] -= 1;
+            self.by_kind[to] += 1;
+        }
     }
 }
 
@@ -289,6 +360,7 @@ impl Default for SessionState {
             team_seen: Default::default(),
             team_queue: vec![],
             slot_index: SlotIndex::default(),
+            slot_tally: SlotTally::default(),
         }
     }
 }
