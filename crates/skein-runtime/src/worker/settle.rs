@@ -93,7 +93,15 @@ impl Runtime {
             .map(|(_, c)| c)
             .filter(|c| outstanding.contains_key(c))
             .collect();
-        let mut candidates: Vec<SessionId> = if cold || ending || (first && noticed.is_empty()) {
+        let every = cold || ending || (first && noticed.is_empty());
+        tracing::debug!(
+            session = %f.id,
+            outstanding = outstanding.len(),
+            noticed = noticed.len(),
+            every,
+            "settle look"
+        );
+        let mut candidates: Vec<SessionId> = if every {
             outstanding
                 .keys()
                 .filter(|c| ending || !pushed.contains(*c))
