@@ -8,7 +8,8 @@
 //!   answers; with 50 ms model latency the critical path is 7 model turns = 350 ms. Beside
 //!   it, how long the model calls took on average as the workers recorded them (the
 //!   script's latency plus any wait for a free worker thread once the answer is due),
-//! - the fan-out of 8 at zero latency as a whole `skein run` process (start-up included).
+//! - the fan-out of 8 at zero latency as a whole `skein run` process (start-up included),
+//!   and the fan-out of 1,024 as a whole process printing its progress, with its CPU time.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -350,6 +351,71 @@ async fn whole_process_fanout(n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     Ok((whole, inside))
 }
 
+/// The CPU time (user + system) of this process's waited-for children so far, ms, from
+/// `/proc/self/stat` (clock ticks, 10 ms on Linux); `None` where that cannot be read.
+fn children_cpu_ms() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces), from field 3 on.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // cutime and cstime are fields 16 and 17 of the line, 14 and 15 after the name.
+    let ticks = f.get(13)?.parse::<u64>().ok()? + f.get(14)?.parse::<u64>().ok()?;
+    Some(ticks as f64 * 10.0)
+}
+
+/// Runs the fan-out of `n` at zero latency as a whole `skein run` process, `runs` times,
+/// each on a fresh data directory, as a person runs it with its output kept: progress lines
+/// on stderr (a pipe, not a terminal), the answer on stdout. Returns (wall ms of each process
+/// from spawn to exit, the CPU ms each used), both sorted.
+async fn whole_process_with_progress(n: usize, runs: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let tmp = tempfile::tempdir()?;
+    write_agents(tmp.path(), 0, false, None)?;
+    let config = tmp.path().join("skein.toml");
+    std::fs::write(
+        &config,
+        "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n",
+    )?;
+    let exe = std::env::current_exe()?;
+    let (mut wall, mut cpu) = (vec![], vec![]);
+    for k in 0..runs {
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--data")
+            .arg(tmp.path().join(format!("data-{k}")))
+            .args(["run", "--agent", "fanout", "--no-cache", "--inputs"])
+            .arg(json!({ "n": n }).to_string())
+            .arg(format!("whole-process fan-out {k}"))
+            .env_remove("SKEIN_LOG")
+            .stdin(std::process::Stdio::null());
+        let cpu_before = children_cpu_ms();
+        let t = Instant::now();
+        let out = cmd.output().await.context("starting skein run")?;
+        wall.push(t.elapsed().as_secs_f64() * 1000.0);
+        if let (Some(a), Some(b)) = (cpu_before, children_cpu_ms()) {
+            cpu.push(b - a);
+        }
+        anyhow::ensure!(
+            out.status.success(),
+            "skein run failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let answer = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(
+            answer.trim() == format!("{n} parts done"),
+            "the whole-process fan-out did not complete: {answer}"
+        );
+        anyhow::ensure!(
+            !out.stderr.is_empty(),
+            "the whole-process fan-out printed no progress"
+        );
+    }
+    wall.sort_by(f64::total_cmp);
+    cpu.sort_by(f64::total_cmp);
+    Ok((wall, cpu))
+}
+
 /// A synthetic log of `n` events: a submission, then turns of one tool call each.
 fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
     let id = SessionId::root("benchfold")?;
@@ -612,6 +678,27 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
             whole.len(),
             whole[whole.len() / 2],
             inside[inside.len() / 2]
+        )?;
+    }
+    const WIDE: usize = 1024;
+    let (wall, cpu) = whole_process_with_progress(WIDE, 3)
+        .await
+        .context("whole-process run with progress")?;
+    let median = |v: &[f64]| v.get(v.len() / 2).copied();
+    results.insert(
+        "whole_process_l0_n1024_progress".into(),
+        json!({"runs_ms": wall, "median_ms": median(&wall),
+               "cpu_ms": cpu, "median_cpu_ms": median(&cpu)}),
+    );
+    if !a.json {
+        crate::outln!(
+            "fan-out of {WIDE} at zero latency as a whole `skein run` process printing its \
+             progress lines (stderr a pipe), median of {}: {:.0} ms, {} of CPU",
+            wall.len(),
+            median(&wall).unwrap_or(f64::NAN),
+            median(&cpu)
+                .map(|c| format!("{c:.0} ms"))
+                .unwrap_or_else(|| "an unknown amount".into())
         )?;
     }
     let (per_hit_ms, hits_per_s) = cache_hit_bench(app, 1000).await.context("cache-hit run")?;
