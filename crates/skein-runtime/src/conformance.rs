@@ -297,6 +297,30 @@ pub async fn notices_read_after_a_cursor(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+/// A notice posted before a wake-up is read by whoever claims that wake-up: what a parent
+/// relies on when it settles the children named by its notices (and, on a backend whose
+/// notices are in step with its wake-ups, on them alone).
+pub async fn a_notice_is_read_by_the_claimer_of_its_wake(b: &Backend) -> Result<()> {
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let p = new_root_id();
+    let c = p.child("a", 1);
+    b.notices.post(&p, &c).await?;
+    b.jobs.push(&pool, &p).await?;
+    let j = b
+        .jobs
+        .claim(&pool, Duration::from_secs(3))
+        .await?
+        .ok_or_else(|| Failure::Broken("no job claimed".into()))?;
+    ensure(j.session == p, format!("claimed {j:?}"))?;
+    let read = b.notices.read(&p, 0).await?;
+    ensure(
+        read.iter().map(|(_, x)| x).eq([&c]),
+        format!("the notice read by the claimer: {read:?}"),
+    )?;
+    b.jobs.ack(&j).await?;
+    Ok(())
+}
+
 /// Long logs and many notices read whole and in order, from the start or from the middle
 /// (a backend may read a long tail differently from a short one).
 pub async fn long_reads_are_whole_and_ordered(b: &Backend) -> Result<()> {
@@ -401,6 +425,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(cache_gets_puts_and_expires);
     check!(blobs_are_content_addressed);
     check!(notices_read_after_a_cursor);
+    check!(a_notice_is_read_by_the_claimer_of_its_wake);
     check!(long_reads_are_whole_and_ordered);
     check!(inflight_is_single_flight);
     check!(watchers_are_listed);
@@ -413,7 +438,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, long_reads_are_whole_and_ordered, inflight_is_single_flight, watchers_are_listed);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, inflight_is_single_flight, watchers_are_listed);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(

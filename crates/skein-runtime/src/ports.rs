@@ -159,6 +159,17 @@ pub trait Notices: Send + Sync {
 
     /// Everyone watching `target`, as (watcher, pool).
     async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>>;
+
+    /// Whether a notice posted before a wake-up is always there for the session it wakes,
+    /// for as long as the process that posted it lives: no notice is lost or late while
+    /// the woken session's fold stays cached. Where this holds, a parent woken with no new
+    /// notice knows that no child of its own has ended unheard, and does not read every
+    /// outstanding child's log to make sure (it still does when it is loaded cold, the
+    /// only way a crash that lost notices shows). False unless a backend can promise it:
+    /// one whose notices and jobs live in separate stores of a cluster cannot.
+    fn in_step_with_wakes(&self) -> bool {
+        false
+    }
 }
 
 /// Where a finished root is announced (`skein.results.ROOT` on NATS).

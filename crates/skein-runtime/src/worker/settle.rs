@@ -87,13 +87,17 @@ impl Runtime {
         // look at them directly. A wake that brings no notice of an outstanding child
         // (a notice lost, or one not yet readable) looks at every outstanding child too:
         // a child that ended always wakes its parent, so the parent never waits on a
-        // notice alone.
+        // notice alone. Not on a backend whose notices are in step with its wake-ups:
+        // there such a wake only follows a run that read its notice already (on one
+        // process, a 1,000-wide fan-out had 35 of them, 18,000 reads of children's logs).
         let noticed: Vec<SessionId> = notes
             .into_iter()
             .map(|(_, c)| c)
             .filter(|c| outstanding.contains_key(c))
             .collect();
-        let every = cold || ending || (first && noticed.is_empty());
+        let every = cold
+            || ending
+            || (first && noticed.is_empty() && !self.backend.notices.in_step_with_wakes());
         tracing::debug!(
             session = %f.id,
             outstanding = outstanding.len(),
