@@ -103,6 +103,8 @@ pub(crate) fn write_agents(
 
 struct TreeRun {
     wall_ms: f64,
+    /// The CPU this process used while the tree ran (every worker thread), ms.
+    cpu_ms: Option<f64>,
     model_ms: f64,
     sessions: usize,
     model_turns: u32,
@@ -163,6 +165,7 @@ async fn run_relay(app: &App) -> Result<(f64, Vec<f64>, Vec<f64>)> {
 async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     let (_tmp, rt) = embedded(app, latency)?;
     let backend = rt.backend.clone();
+    let cpu_before = own_cpu_ms();
     let started = Instant::now();
     let id = rt
         .submit(Submission {
@@ -176,6 +179,7 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
         .await?;
     let root = rt.run_tree(&id, n + 8).await?;
     let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let cpu_ms = cpu_before.zip(own_cpu_ms()).map(|(a, b)| b - a);
     if root.state.answer.as_deref() != Some(&format!("{n} parts done")) {
         anyhow::bail!(
             "fan-out of {n} did not complete: {:?} {:?}",
@@ -196,6 +200,7 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     }
     Ok(TreeRun {
         wall_ms,
+        cpu_ms,
         model_ms: model_ms(&*backend.log, &id).await?,
         sessions: s.sessions,
         model_turns: s.steps,
@@ -351,16 +356,25 @@ async fn whole_process_fanout(n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     Ok((whole, inside))
 }
 
-/// The CPU time (user + system) of this process's waited-for children so far, ms, from
-/// `/proc/self/stat` (clock ticks, 10 ms on Linux); `None` where that cannot be read.
-fn children_cpu_ms() -> Option<f64> {
+/// Two fields of `/proc/self/stat` (numbered as in proc(5)) summed, as ms of CPU (clock
+/// ticks, 10 ms on Linux); `None` where they cannot be read.
+fn stat_cpu_ms(first: usize) -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces), from field 3 on.
+    // The fields after the command name (which may hold spaces) start at field 3.
     let rest = stat.rsplit_once(')')?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
-    // cutime and cstime are fields 16 and 17 of the line, 14 and 15 after the name.
-    let ticks = f.get(13)?.parse::<u64>().ok()? + f.get(14)?.parse::<u64>().ok()?;
-    Some(ticks as f64 * 10.0)
+    let at = |n: usize| f.get(n - 3).and_then(|v| v.parse::<u64>().ok());
+    Some((at(first)? + at(first + 1)?) as f64 * 10.0)
+}
+
+/// The CPU time (user + system) of this process so far, ms.
+fn own_cpu_ms() -> Option<f64> {
+    stat_cpu_ms(14)
+}
+
+/// The CPU time (user + system) of this process's waited-for children so far, ms.
+fn children_cpu_ms() -> Option<f64> {
+    stat_cpu_ms(16)
 }
 
 /// Runs the fan-out of `n` at zero latency as a whole `skein run` process, `runs` times,
@@ -578,11 +592,16 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         .context("throughput run")?;
     let steps_per_s = tp.model_turns as f64 / (tp.wall_ms / 1000.0);
     let events_per_s = tp.events as f64 / (tp.wall_ms / 1000.0);
+    let cpu_per_step = tp
+        .cpu_ms
+        .filter(|_| tp.model_turns > 0)
+        .map(|c| c * 1000.0 / f64::from(tp.model_turns));
     results.insert(
         "throughput".into(),
         json!({"children": a.throughput_children, "sessions": tp.sessions,
                "model_turns": tp.model_turns, "tool_calls": tp.tool_calls, "events": tp.events,
-               "wall_ms": tp.wall_ms, "steps_per_s": steps_per_s, "events_per_s": events_per_s}),
+               "wall_ms": tp.wall_ms, "steps_per_s": steps_per_s, "events_per_s": events_per_s,
+               "cpu_ms": tp.cpu_ms, "cpu_us_per_step": cpu_per_step}),
     );
     if !a.json {
         crate::outln!(
@@ -590,9 +609,15 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
             a.throughput_children
         )?;
         crate::outln!(
-            "  {:.0} steps/s (model turns), {:.0} events/s — {} turns, {} tool calls, {} events in {:.0} ms\n",
+            "  {:.0} steps/s (model turns), {:.0} events/s — {} turns, {} tool calls, {} events in {:.0} ms",
             steps_per_s, events_per_s, tp.model_turns, tp.tool_calls, tp.events, tp.wall_ms
         )?;
+        if let (Some(cpu), Some(per)) = (tp.cpu_ms, cpu_per_step) {
+            crate::outln!(
+                "  CPU of the run, all threads: {cpu:.0} ms, {per:.0} µs per model turn"
+            )?;
+        }
+        crate::outln!()?;
     }
 
     let (relay_ms, delegate, settle) = run_relay(app).await.context("relay run")?;
