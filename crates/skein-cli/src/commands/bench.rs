@@ -302,37 +302,58 @@ async fn cache_hit_bench(app: &App, n: usize) -> Result<(f64, f64)> {
     ))
 }
 
-/// Runs the fan-out of `n` at zero latency as a whole `skein run` process, five times, each
-/// on a fresh data directory: (wall ms of each process from spawn to exit, the tree's own
-/// wall ms as the run reports it), both sorted.
-async fn whole_process_fanout(n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
-    let tmp = tempfile::tempdir()?;
-    write_agents(tmp.path(), 0, false, None)?;
-    let config = tmp.path().join("skein.toml");
-    std::fs::write(
-        &config,
-        "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n",
-    )?;
-    let exe = std::env::current_exe()?;
-    let (mut whole, mut inside) = (vec![], vec![]);
-    for k in 0..5 {
-        let mut cmd = tokio::process::Command::new(&exe);
+/// Whole `skein run` processes of the zero-latency fan-out, each on a data directory of its
+/// own in one temporary directory that holds the bench agents and a config naming them.
+struct WholeRuns {
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    exe: std::path::PathBuf,
+}
+
+impl WholeRuns {
+    fn new() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        write_agents(dir.path(), 0, false, None)?;
+        let config = dir.path().join("skein.toml");
+        std::fs::write(
+            &config,
+            "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n",
+        )?;
+        Ok(Self {
+            dir,
+            config,
+            exe: std::env::current_exe()?,
+        })
+    }
+
+    /// Run `k` of the fan-out of `n`: with `--json` (no progress), or as a person runs it.
+    fn command(&self, n: usize, k: usize, json: bool) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.exe);
         cmd.arg("--config")
-            .arg(&config)
+            .arg(&self.config)
             .arg("--data")
-            .arg(tmp.path().join(format!("data-{k}")))
-            .args([
-                "run",
-                "--agent",
-                "fanout",
-                "--no-cache",
-                "--json",
-                "--inputs",
-            ])
+            .arg(self.dir.path().join(format!("data-{k}")))
+            .args(["run", "--agent", "fanout", "--no-cache"]);
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.arg("--inputs")
             .arg(json!({ "n": n }).to_string())
             .arg(format!("whole-process fan-out {k}"))
             .env_remove("SKEIN_LOG")
             .stdin(std::process::Stdio::null());
+        cmd
+    }
+}
+
+/// Runs the fan-out of `n` at zero latency as a whole `skein run` process, five times, each
+/// on a fresh data directory: (wall ms of each process from spawn to exit, the tree's own
+/// wall ms as the run reports it), both sorted.
+async fn whole_process_fanout(n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let runs = WholeRuns::new()?;
+    let (mut whole, mut inside) = (vec![], vec![]);
+    for k in 0..5 {
+        let mut cmd = runs.command(n, k, true);
         let t = Instant::now();
         let out = cmd.output().await.context("starting skein run")?;
         whole.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -382,26 +403,10 @@ fn children_cpu_ms() -> Option<f64> {
 /// on stderr (a pipe, not a terminal), the answer on stdout. Returns (wall ms of each process
 /// from spawn to exit, the CPU ms each used), both sorted.
 async fn whole_process_with_progress(n: usize, runs: usize) -> Result<(Vec<f64>, Vec<f64>)> {
-    let tmp = tempfile::tempdir()?;
-    write_agents(tmp.path(), 0, false, None)?;
-    let config = tmp.path().join("skein.toml");
-    std::fs::write(
-        &config,
-        "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n",
-    )?;
-    let exe = std::env::current_exe()?;
+    let whole = WholeRuns::new()?;
     let (mut wall, mut cpu) = (vec![], vec![]);
     for k in 0..runs {
-        let mut cmd = tokio::process::Command::new(&exe);
-        cmd.arg("--config")
-            .arg(&config)
-            .arg("--data")
-            .arg(tmp.path().join(format!("data-{k}")))
-            .args(["run", "--agent", "fanout", "--no-cache", "--inputs"])
-            .arg(json!({ "n": n }).to_string())
-            .arg(format!("whole-process fan-out {k}"))
-            .env_remove("SKEIN_LOG")
-            .stdin(std::process::Stdio::null());
+        let mut cmd = whole.command(n, k, false);
         let cpu_before = children_cpu_ms();
         let t = Instant::now();
         let out = cmd.output().await.context("starting skein run")?;
