@@ -58,19 +58,44 @@ impl Cache for SledStore {
 
 #[async_trait]
 impl Blobs for SledStore {
+    /// Returns once the blob is durable, also when another writer stored it a moment ago:
+    /// a caller records the hash next, and the log's `fdatasync` must not land before the
+    /// blob's flush (a crash between would leave a log naming a blob the store lost).
     async fn put(&self, data: &[u8]) -> Result<String> {
         let hash = blake3::hash(data).to_hex().to_string();
-        if !self
-            .blobs
-            .contains_key(hash.as_bytes())
-            .map_err(backend_err)?
+        let lock = || {
+            self.unflushed_blobs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        };
         {
-            self.blobs
-                .insert(hash.as_bytes(), data)
+            // Written and marked under one lock: a writer who finds the blob in the tree
+            // finds the mark too, until a flush after the write has ended.
+            let mut unflushed = lock();
+            let present = self
+                .blobs
+                .contains_key(hash.as_bytes())
                 .map_err(backend_err)?;
-            self.flusher.durable().await?;
+            if present && !unflushed.contains_key(&hash) {
+                return Ok(hash);
+            }
+            if !present {
+                self.blobs
+                    .insert(hash.as_bytes(), data)
+                    .map_err(backend_err)?;
+            }
+            *unflushed.entry(hash.clone()).or_insert(0) += 1;
         }
-        Ok(hash)
+        // A flush asked for now covers the write, whoever made it.
+        let flushed = self.flusher.durable().await;
+        let mut unflushed = lock();
+        if let Some(waiting) = unflushed.get_mut(&hash) {
+            *waiting -= 1;
+            if *waiting == 0 && flushed.is_ok() {
+                unflushed.remove(&hash);
+            }
+        }
+        flushed.map(|()| hash)
     }
 
     async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>> {
@@ -140,5 +165,62 @@ impl Notices for SledStore {
     /// every outstanding child.
     fn in_step_with_wakes(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use skein_runtime::ports::Blobs;
+
+    use crate::SledStore;
+
+    fn flushes_asked(s: &SledStore) -> u64 {
+        s.flusher.requested.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_blob_another_writer_has_not_seen_flushed_is_waited_for_and_one_flushed_is_not() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let s = SledStore::open(&dir.path().join("data"), &dir.path().join("ws"))
+            .expect("the store opens");
+        let data = b"an agent definition";
+        let hash = blake3::hash(data).to_hex().to_string();
+
+        // A writer that has put the blob in the tree and waits for its flush: the blob is
+        // there, and so is its mark.
+        s.blobs.insert(hash.as_bytes(), &data[..]).expect("insert");
+        s.unflushed_blobs
+            .lock()
+            .expect("lock")
+            .insert(hash.clone(), 1);
+        let before = flushes_asked(&s);
+        assert_eq!(s.put(data).await.expect("put"), hash);
+        assert_eq!(
+            flushes_asked(&s),
+            before + 1,
+            "a second writer returned before a flush covered the first one's write"
+        );
+        // The first writer's flush ends: the blob is durable, and a later put of it
+        // neither writes nor flushes.
+        s.unflushed_blobs.lock().expect("lock").clear();
+        let before = flushes_asked(&s);
+        assert_eq!(s.put(data).await.expect("put"), hash);
+        assert_eq!(
+            flushes_asked(&s),
+            before,
+            "a durable blob was flushed again"
+        );
+
+        // A new blob is written, flushed, and then known durable.
+        let before = flushes_asked(&s);
+        let other = s.put(b"another").await.expect("put");
+        assert_eq!(flushes_asked(&s), before + 1);
+        assert!(s.unflushed_blobs.lock().expect("lock").is_empty());
+        assert_eq!(
+            s.get(&other).await.expect("get").as_deref(),
+            Some(&b"another"[..])
+        );
     }
 }

@@ -144,6 +144,10 @@ pub struct SledStore {
     /// Makes "take a position, insert the notice" atomic, so a reader that has seen
     /// position p can never later miss a notice below p.
     notice_order: std::sync::Mutex<()>,
+    /// Blobs written by this process whose flush has not been seen to end, with how many
+    /// writers wait for it. A blob in the tree and not here is durable: it was there when
+    /// the store opened, or its flush ended.
+    unflushed_blobs: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     workspace_root: PathBuf,
     /// How long a claimed job is held without a heartbeat; a heartbeat extends it by as
     /// much again.
@@ -201,6 +205,7 @@ impl SledStore {
             job_ready: Notify::new(),
             job_index: Default::default(),
             notice_order: std::sync::Mutex::new(()),
+            unflushed_blobs: Default::default(),
             workspace_root: workspace_root.to_path_buf(),
             lease,
             _lock: lock,
