@@ -127,7 +127,7 @@ impl Runtime {
         // its whole log tells: those logs are read together too (a look at every child of
         // a wide turn read them one after the other, one round trip or more each on NATS:
         // 64 running children of a 256-wide fan-out held a settlement for 0.6 s).
-        let paused: HashMap<SessionId, Option<Outcome>> = {
+        let paused: HashMap<SessionId, Outcome> = {
             let running: Vec<SessionId> = candidates
                 .iter()
                 .zip(&lasts)
@@ -139,15 +139,16 @@ impl Runtime {
                 })
                 .map(|(c, _)| c.clone())
                 .collect();
-            futures::stream::iter(running.into_iter().map(|child| async move {
-                let o = self.needs_input(&child).await?;
-                Ok((child, o))
+            let asked = futures::stream::iter(running.into_iter().map(|child| async move {
+                Ok(self.needs_input(&child).await?.map(|o| (child, o)))
             }))
             .buffer_unordered(32)
-            .collect::<Vec<Result<(SessionId, Option<Outcome>)>>>()
-            .await
-            .into_iter()
-            .collect::<Result<_>>()?
+            .collect::<Vec<Result<Option<(SessionId, Outcome)>>>>()
+            .await;
+            asked
+                .into_iter()
+                .filter_map(Result::transpose)
+                .collect::<Result<_>>()?
         };
         let mut events = vec![];
         let mut repush = vec![];
@@ -174,7 +175,7 @@ impl Runtime {
                         Some(o)
                     }
                     Some(o) => Some(o),
-                    None => paused.get(child).cloned().flatten(),
+                    None => paused.get(child).cloned(),
                 } {
                     // A handoff target or a route's destination paused on a question
                     // keeps this session waiting until it is answered and ends.
