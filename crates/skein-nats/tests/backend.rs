@@ -331,3 +331,102 @@ async fn an_old_job_stream_is_upgraded_and_jobs_still_coalesce() {
         .expect("woken again after the ack");
     assert_eq!(again.session, id);
 }
+
+/// An event stream made without atomic batches (by an earlier version) is allowed them
+/// when a store connects to a server that takes them (2.12 and later), and a long run of
+/// records (a wide turn's delegations) then goes in as one batch: the stored messages
+/// carry the batch's headers. On an older server the stream stays as it is and the
+/// records go one by one, with the message ids that make a retried publish a duplicate.
+/// Either way the log reads back whole, and a batch after another writer's record is
+/// refused whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_turns_records_go_in_one_atomic_batch_where_the_server_takes_them() {
+    use async_nats::jetstream::stream;
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let version = client.server_info().version;
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let takes = (parts.next().unwrap(), parts.next().unwrap()) >= (2, 12);
+    let js = async_nats::jetstream::new(client);
+    js.create_stream(stream::Config {
+        name: "SKEIN_EVENTS".into(),
+        subjects: vec!["skein.events.>".into()],
+        allow_direct: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut events = js.get_stream("SKEIN_EVENTS").await.unwrap();
+    let config = events.info().await.unwrap().config.clone();
+    assert_eq!(config.allow_atomic_publish, takes, "server {version}");
+    assert!(config.allow_direct, "other settings are kept: {config:?}");
+
+    let b = store.backend();
+    let s = skein_runtime::new_root_id();
+    let mut prev = genesis_hash(&s);
+    let mut records = vec![];
+    for seq in 1..=41 {
+        let r = rec(&s, seq, prev);
+        prev = r.hash();
+        records.push(r);
+    }
+    b.log.append(&s, 0, &records[0]).await.unwrap();
+    b.log.append_batch(&s, 1, &records[1..]).await.unwrap();
+    let read = b.log.read(&s, 1).await.unwrap();
+    assert_eq!(read.len(), 41);
+    for (w, r) in records.iter().zip(&read) {
+        assert_eq!(w.bytes, r.bytes);
+    }
+    let subject = format!("skein.events.{}", s.as_str());
+    let last = events
+        .get_last_raw_message_by_subject(&subject)
+        .await
+        .unwrap();
+    let header = |m: &async_nats::jetstream::message::StreamMessage, name: &str| {
+        m.headers.get(name).map(|v| v.as_str().to_string())
+    };
+    // Another writer (a worker that took over the session) appends: this store's head
+    // is stale, so the refusal comes from the server's check of the batch's first record.
+    let other = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let theirs = rec(&s, 42, prev.clone());
+    other.backend().log.append(&s, 41, &theirs).await.unwrap();
+    // Ours differ from theirs from the first record on (another reason).
+    let mut ours = vec![];
+    let mut before = prev;
+    for seq in 42..82 {
+        let env = Envelope::new(
+            s.clone(),
+            seq,
+            seq,
+            before,
+            Event::Cancelled(Cancelled {
+                reason: format!("ours {seq}"),
+            }),
+        );
+        let r = Record::decode(env.encode().unwrap()).unwrap();
+        before = r.hash();
+        ours.push(r);
+    }
+    match b.log.append_batch(&s, 41, &ours).await {
+        Err(skein_runtime::Error::Conflict { actual, .. }) => assert_eq!(actual, 42),
+        other => panic!("a batch after another writer: {other:?}"),
+    }
+    let read = b.log.read(&s, 1).await.unwrap();
+    assert_eq!(read.len(), 42, "nothing of the refused batch is stored");
+    assert_eq!(read[41].bytes, theirs.bytes);
+    if takes {
+        assert_eq!(header(&last, "Nats-Batch-Sequence").as_deref(), Some("40"));
+        assert_eq!(header(&last, "Nats-Msg-Id"), None);
+    } else {
+        assert_eq!(header(&last, "Nats-Batch-Id"), None);
+        assert_eq!(
+            header(&last, "Nats-Msg-Id"),
+            Some(format!("{}:41", s.as_str()))
+        );
+    }
+}

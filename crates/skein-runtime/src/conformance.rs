@@ -130,6 +130,61 @@ pub async fn log_refuses_a_stale_append(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+/// Records chained after `prev`, seqs `first..first + n`.
+fn chain(s: &SessionId, first: u64, n: u64, mut prev: String) -> Result<Vec<Record>> {
+    let mut out = vec![];
+    for seq in first..first + n {
+        let r = record(s, seq, prev, &format!("b{seq}"))?;
+        prev = r.hash();
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// A batch longer than one NATS atomic batch (1,000 messages) lands whole and in order;
+/// a batch after it follows on; a stale batch is refused and changes nothing.
+pub async fn log_appends_batches(b: &Backend) -> Result<()> {
+    let s = new_root_id();
+    let first = fill(b, &s, 1).await?;
+    let long = chain(&s, 2, 1_100, first[0].hash())?;
+    b.log.append_batch(&s, 1, &long).await?;
+    let next = chain(&s, 1_102, 2, long[long.len() - 1].hash())?;
+    b.log.append_batch(&s, 1_101, &next).await?;
+    let read = b.log.read(&s, 1).await?;
+    ensure(
+        read.len() == 1_103,
+        format!("read back {} of 1,103 records", read.len()),
+    )?;
+    for (w, r) in first.iter().chain(&long).chain(&next).zip(&read) {
+        ensure(
+            w.bytes == r.bytes,
+            format!("record {} differs after a batch", w.env.seq),
+        )?;
+    }
+    skein_core::event::verify_chain(&s, &read)
+        .map_err(|e| Failure::Broken(format!("chain: {e:?}")))?;
+    let stale = chain(&s, 1_102, 3, long[long.len() - 1].hash())?;
+    match b.log.append_batch(&s, 1_101, &stale).await {
+        Err(Error::Conflict { actual, .. }) => ensure(
+            actual == 1_103,
+            format!("conflict reports seq {actual}, not 1,103"),
+        )?,
+        other => {
+            return Err(Failure::Broken(format!(
+                "a stale batch: expected a conflict, got {other:?}"
+            )))
+        }
+    }
+    let after = b.log.read(&s, 1_100).await?;
+    ensure(
+        after.iter().map(|r| r.env.seq).collect::<Vec<_>>() == vec![1_100, 1_101, 1_102, 1_103]
+            && after[2].bytes == next[0].bytes
+            && after[3].bytes == next[1].bytes,
+        "a refused batch changes nothing",
+    )?;
+    Ok(())
+}
+
 pub async fn log_lists_trees_and_roots(b: &Backend) -> Result<()> {
     let root = new_root_id();
     let a = root.child("researcher", 1);
@@ -419,6 +474,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     }
     check!(log_appends_and_reads);
     check!(log_refuses_a_stale_append);
+    check!(log_appends_batches);
     check!(log_lists_trees_and_roots);
     check!(jobs_claim_ack_and_coalesce);
     check!(jobs_redeliver_after_lease_and_retry);
@@ -438,7 +494,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, inflight_is_single_flight, watchers_are_listed);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, inflight_is_single_flight, watchers_are_listed);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(
