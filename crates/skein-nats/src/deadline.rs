@@ -221,6 +221,10 @@ impl Notices for Deadline {
         self.run("watchers on SKEIN_NOTICES", self.store.watchers(target))
             .await
     }
+
+    fn outlive_workers(&self) -> bool {
+        self.store.outlive_workers()
+    }
 }
 
 #[async_trait]

@@ -170,6 +170,19 @@ pub trait Notices: Send + Sync {
     fn in_step_with_wakes(&self) -> bool {
         false
     }
+
+    /// Whether the notices live apart from every worker process, so that no worker's
+    /// crash loses one (a cluster's stream holds them). Where this holds, a fold missing
+    /// from a worker's cache (the session's last job ran on another worker, or this one
+    /// restarted) says nothing of lost notices or lost job pushes: such a load reads the
+    /// notices from the start, as its fold has no cursor, and checks every outstanding
+    /// child only when no notice came, as a cached fold does. A crash in the middle of a
+    /// job shows as a redelivery, which still checks every child. False unless a backend
+    /// can promise it: on one process a crash loses notices and cached folds together,
+    /// and a cold load is how that shows.
+    fn outlive_workers(&self) -> bool {
+        false
+    }
 }
 
 /// Where a finished root is announced (`skein.results.ROOT` on NATS).

@@ -64,7 +64,11 @@ impl Runtime {
         // A redelivered or retried job means a step may have stopped half way (its job
         // pushes lost, say): reconcile from the logs as on a cold load. Whether the fold
         // was cached says nothing of that: a parent reading its children keeps their folds.
-        let cold = cold || retry || job.attempt > 1;
+        // Nor, where notices outlive workers, does a fold missing from the cache say that
+        // anything was lost: the last job ran on another worker. (With three NATS workers
+        // a wide parent's job moves at most wake-ups, and each move read every
+        // outstanding child's log twice and pushed its job again.)
+        let cold = (cold && !self.backend.notices.outlive_workers()) || retry || job.attempt > 1;
         let deadline = match self.deadline(&f.state).await {
             Ok(d) => d,
             // A definition that still cannot be read after max_deliver deliveries: the

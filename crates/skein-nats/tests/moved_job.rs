@@ -1,0 +1,211 @@
+//! A parent's job that moves to another worker: NATS keeps the notices whatever happens
+//! to a worker, so the worker that loads the parent without a cached fold reads the
+//! parent's notices and settles the children they name, and reads no log of a child
+//! still running (nor pushes its job again).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use skein_core::{AgentSet, Event, Record, SessionId};
+use skein_llm::scripted::ScriptedProvider;
+use skein_llm::Registry;
+use skein_nats::{NatsConfig, NatsStore};
+use skein_runtime::ports::{Backend, EventLog, Job};
+use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_runtime::Result;
+use skein_testnats::NatsServer;
+use skein_tools::ToolBox;
+
+/// The log port of one worker, noting which sessions it read.
+struct Watched {
+    inner: Arc<dyn EventLog>,
+    read: Mutex<Vec<SessionId>>,
+}
+
+#[async_trait]
+impl EventLog for Watched {
+    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
+        self.inner.append(session, expected_last, record).await
+    }
+    async fn append_batch(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        self.inner
+            .append_batch(session, expected_last, records)
+            .await
+    }
+    async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
+        self.read.lock().unwrap().push(session.clone());
+        self.inner.read(session, from_seq).await
+    }
+    async fn last(&self, session: &SessionId) -> Result<Option<Record>> {
+        self.read.lock().unwrap().push(session.clone());
+        self.inner.last(session).await
+    }
+    async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
+        self.inner.tree(root).await
+    }
+    async fn roots(&self) -> Result<Vec<SessionId>> {
+        self.inner.roots().await
+    }
+}
+
+fn runtime(backend: Backend, dir: &std::path::Path) -> Arc<Runtime> {
+    let agents = AgentSet::load(
+        &[
+            (
+                "fanout.md".into(),
+                "---\nname: fanout\nmodel: scripted:fanout\nagents: [leaf]\ncache: false\n---\nFan out.\n"
+                    .into(),
+            ),
+            (
+                "leaf.md".into(),
+                "---\nname: leaf\nmodel: scripted:leaf\ncache: false\n---\nAnswer.\n".into(),
+            ),
+        ],
+        &[],
+    )
+    .unwrap();
+    let mut models = Registry::new();
+    models.insert("scripted", Arc::new(ScriptedProvider::new(dir)));
+    Runtime::new(
+        backend,
+        Arc::new(agents),
+        models,
+        ToolBox::new(),
+        RuntimeConfig::default(),
+    )
+}
+
+async fn claim(rt: &Runtime) -> Job {
+    rt.backend
+        .jobs
+        .claim("default", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("a job within 10 s")
+}
+
+async fn run(rt: &Runtime, job: &Job) {
+    rt.process(job).await.unwrap();
+    rt.backend.jobs.ack(job).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_loaded_by_another_worker_reads_its_notices_not_every_child() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("fanout.yaml"),
+        "turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: 4\n        args: {agent: leaf, mission: \"part {{ i }}\"}\n  - answer: \"{{ results | length }} parts done\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("leaf.yaml"), "turns:\n  - answer: done\n").unwrap();
+    let server = NatsServer::start();
+    let cfg = NatsConfig {
+        urls: vec![server.url()],
+        ..NatsConfig::default()
+    };
+    let lease = Duration::from_secs(30);
+    let a = runtime(
+        NatsStore::connect(&cfg, lease).await.unwrap().backend(),
+        dir.path(),
+    );
+    let mut b_backend = NatsStore::connect(&cfg, lease).await.unwrap().backend();
+    let watched = Arc::new(Watched {
+        inner: b_backend.log.clone(),
+        read: Mutex::new(vec![]),
+    });
+    b_backend.log = watched.clone();
+    let b = runtime(b_backend, dir.path());
+
+    let root = a
+        .submit(Submission {
+            agent: "fanout".into(),
+            mission: "four parts".into(),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // Worker A runs the root's first turn (four delegations), then two of the children;
+    // the other two are handed back to wait, still running.
+    let job = claim(&a).await;
+    assert_eq!(job.session, root);
+    run(&a, &job).await;
+    let mut ended = vec![];
+    let mut running = vec![];
+    let moved = loop {
+        let job = claim(&a).await;
+        if job.session == root {
+            break job;
+        }
+        if ended.len() < 2 {
+            run(&a, &job).await;
+            ended.push(job.session);
+        } else {
+            a.backend
+                .jobs
+                .retry(&job, Duration::from_secs(3))
+                .await
+                .unwrap();
+            running.push(job.session);
+        }
+    };
+    assert_eq!(
+        (ended.len(), running.len()),
+        (2, 2),
+        "{ended:?} {running:?}"
+    );
+    // The root's wake-up goes to worker B, which has never seen the root.
+    run(&b, &moved).await;
+    let read = watched.read.lock().unwrap().clone();
+    for child in &running {
+        assert!(
+            !read.contains(child),
+            "worker B read the log of {child}, still running: {read:?}"
+        );
+    }
+    for child in &ended {
+        assert!(read.contains(child), "{child} was settled unread: {read:?}");
+    }
+    let settled: Vec<SessionId> = b
+        .backend
+        .read_all(&root)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r.env.body {
+            Event::ChildSettled(s) => Some(s.child),
+            _ => None,
+        })
+        .collect();
+    let mut want = ended.clone();
+    want.sort();
+    let mut got = settled.clone();
+    got.sort();
+    assert_eq!(got, want);
+
+    // The two left run on either worker and the tree ends with all four parts.
+    while !b
+        .backend
+        .log
+        .last(&root)
+        .await
+        .unwrap()
+        .is_some_and(|r| r.env.body.is_terminal())
+    {
+        let job = claim(&b).await;
+        run(&b, &job).await;
+    }
+    let last = b.backend.log.last(&root).await.unwrap().unwrap();
+    assert!(
+        matches!(&last.env.body, Event::Completed(c) if c.answer.to_string().contains("4 parts done")),
+        "{:?}",
+        last.env.body
+    );
+}
