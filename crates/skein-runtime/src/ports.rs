@@ -30,10 +30,7 @@ pub trait EventLog: Send + Sync {
         expected_last: u64,
         records: &[Record],
     ) -> Result<()> {
-        for (i, r) in records.iter().enumerate() {
-            self.append(session, expected_last + i as u64, r).await?;
-        }
-        Ok(())
+        append_each(self, session, expected_last, records).await
     }
 
     /// Records with seq ≥ `from_seq`, in order.
@@ -47,6 +44,35 @@ pub trait EventLog: Send + Sync {
 
     /// Every root session, sorted.
     async fn roots(&self) -> Result<Vec<SessionId>>;
+}
+
+/// Appends records one `append` after another: what [`EventLog::append_batch`] does
+/// unless a backend does better, and what a backend falls back to where it cannot.
+pub async fn append_each<L: EventLog + ?Sized>(
+    log: &L,
+    session: &SessionId,
+    expected_last: u64,
+    records: &[Record],
+) -> Result<()> {
+    for (i, r) in records.iter().enumerate() {
+        log.append(session, expected_last + i as u64, r).await?;
+    }
+    Ok(())
+}
+
+/// Refuses records that are not the session's next ones after `expected_last`, in order
+/// (a caller's bug, which no backend should write).
+pub fn check_numbering(session: &SessionId, expected_last: u64, records: &[Record]) -> Result<()> {
+    for (i, r) in records.iter().enumerate() {
+        let seq = expected_last + 1 + i as u64;
+        if r.env.seq != seq || &r.env.session != session {
+            return Err(Error::corrupt_because(format!(
+                "record {}#{} appended as {session}#{seq}",
+                r.env.session, r.env.seq
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A claimed job: "advance this session". Carries no state.

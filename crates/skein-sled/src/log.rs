@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
-use skein_runtime::ports::EventLog;
+use skein_runtime::ports::{check_numbering, EventLog};
 use skein_runtime::{Error, Result};
 
 use crate::SledStore;
@@ -21,15 +21,7 @@ impl EventLog for SledStore {
         expected_last: u64,
         records: &[Record],
     ) -> Result<()> {
-        for (i, r) in records.iter().enumerate() {
-            let seq = expected_last + 1 + i as u64;
-            if r.env.seq != seq || &r.env.session != session {
-                return Err(Error::corrupt_because(format!(
-                    "record {}#{} appended as {session}#{seq}",
-                    r.env.session, r.env.seq
-                )));
-            }
-        }
+        check_numbering(session, expected_last, records)?;
         if records.is_empty() {
             return Ok(());
         }

@@ -1,18 +1,19 @@
 //! The EventLog on stream `SKEIN_EVENTS`: appends conditional on the subject's last
-//! sequence, with a message id that makes a retried publish a duplicate.
+//! sequence, with a message id that makes a retried publish a duplicate; a long run of
+//! records as one atomic batch where the server takes them.
+
+use std::sync::atomic::Ordering;
 
 use async_nats::jetstream::{self, stream};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use skein_core::{Record, SessionId};
-use skein_runtime::ports::EventLog;
+use skein_runtime::ports::{append_each, check_numbering, EventLog};
 use skein_runtime::{Error, Result};
 
 use super::read::read_subject;
 use super::{events_subject, nats_err, NatsStore};
-use std::sync::atomic::Ordering;
-
 use async_nats::header::{
     HeaderMap, NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE,
     NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID,
@@ -92,22 +93,9 @@ impl NatsStore {
         }
     }
 
-    /// Appends records one publish (and one ack) each.
-    async fn append_each(
-        &self,
-        session: &SessionId,
-        expected_last: u64,
-        records: &[Record],
-    ) -> Result<()> {
-        for (i, r) in records.iter().enumerate() {
-            self.append(session, expected_last + i as u64, r).await?;
-        }
-        Ok(())
-    }
-
-    /// Appends [`BATCH_MIN`] to [`BATCH_MAX`] records as one atomic batch: the first carries the
-    /// expected last subject sequence, every one but the last goes out without waiting,
-    /// and the last commits; the server stores all of them or none. A batch has no
+    /// Appends [`BATCH_MIN`] to [`BATCH_MAX`] records as one atomic batch: the first
+    /// carries the expected last subject sequence, every one but the last goes out without
+    /// waiting, and the last commits; the server stores all of them or none. A batch has no
     /// message ids (the server refuses them there), so a commit whose answer is lost is
     /// not retried here: as for any append whose outcome is unknown, the job fails and
     /// the next load reads what the log holds. Returns `Ok(false)` when the server
@@ -218,12 +206,7 @@ struct ApiError {
 impl EventLog for NatsStore {
     async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
         let seq = expected_last + 1;
-        if record.env.seq != seq || &record.env.session != session {
-            return Err(Error::corrupt_because(format!(
-                "record {}#{} appended as {session}#{seq}",
-                record.env.session, record.env.seq
-            )));
-        }
+        check_numbering(session, expected_last, std::slice::from_ref(record))?;
         let expected_sseq = self.expected_sseq(session, expected_last).await?;
         let mut h = HeaderMap::new();
         h.insert(
@@ -287,15 +270,7 @@ impl EventLog for NatsStore {
         expected_last: u64,
         records: &[Record],
     ) -> Result<()> {
-        for (i, r) in records.iter().enumerate() {
-            let seq = expected_last + 1 + i as u64;
-            if r.env.seq != seq || &r.env.session != session {
-                return Err(Error::corrupt_because(format!(
-                    "record {}#{} appended as {session}#{seq}",
-                    r.env.session, r.env.seq
-                )));
-            }
-        }
+        check_numbering(session, expected_last, records)?;
         let mut last = expected_last;
         for chunk in records.chunks(BATCH_MAX) {
             // The server holds a few dozen open batches per stream; past this process's
@@ -305,7 +280,7 @@ impl EventLog for NatsStore {
                 .flatten();
             let batched = permit.is_some() && self.append_atomic(session, last, chunk).await?;
             if !batched {
-                self.append_each(session, last, chunk).await?;
+                append_each(self, session, last, chunk).await?;
             }
             last += chunk.len() as u64;
         }
