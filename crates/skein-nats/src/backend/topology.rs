@@ -149,8 +149,8 @@ fn takes_atomic_batches(version: &str) -> bool {
 }
 
 /// The event stream is allowed atomic batches (a stream just made, or one made by an
-/// earlier version or on an older server), its other settings kept. A refusal (a cluster whose other servers are
-/// older) leaves it appending record by record.
+/// earlier version or on an older server), its other settings kept. A refusal (a cluster
+/// whose other servers are older) leaves it appending record by record.
 async fn allow_atomic_batches(js: &Context) {
     let Ok(mut s) = js.get_stream(EVENTS).await else {
         return;
@@ -168,10 +168,10 @@ async fn allow_atomic_batches(js: &Context) {
     match js.update_stream(cfg).await {
         Ok(_) => tracing::info!(
             stream = EVENTS,
-            "event stream now takes atomic batches: a turn's records are appended in one round trip"
+            "event stream now takes atomic batches: a long run of one session's records is appended in one round trip"
         ),
         Err(e) => tracing::warn!(stream = EVENTS, error = %e,
-            "event stream does not take atomic batches; a turn's records are appended one by one"),
+            "event stream does not take atomic batches; every record is appended on its own"),
     }
 }
 
