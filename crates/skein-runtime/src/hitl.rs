@@ -271,57 +271,65 @@ pub async fn inbox(rt: &Runtime, roots: &[SessionId]) -> Result<Vec<InboxItem>> 
             let records = rt.backend.log.read(&id, 1).await?;
             let mut f = Folded::new(id.clone());
             f.absorb(&records)?;
-            // A session that ended (cancelled, say) waits for no one.
-            if f.state.status.is_terminal() {
-                continue;
-            }
-            let agent = f
-                .state
-                .submitted
-                .as_ref()
-                .map(|s| s.agent.clone())
-                .unwrap_or_default();
-            if id.is_root() {
-                for p in &f.state.pending_inputs {
-                    out.push(InboxItem {
-                        session: id.display(),
-                        agent: agent.clone(),
-                        kind: "question".into(),
-                        token: input_token(&rt.cfg.token_secret, &id, p),
-                        questions: expected_keys(&p.questions)
-                            .into_iter()
-                            .map(|(k, q)| serde_json::json!({"key": k, "question": q}))
-                            .collect(),
-                        context: p.context.clone(),
-                        proposed_defaults: p.defaults.clone(),
-                        tool: None,
-                        preview: None,
-                    });
-                }
-            }
-            for p in &f.state.pending_approvals {
-                // The arguments that will run if approved, whole: the call's own, not the
-                // preview recorded with the request (older logs cut it at 500 bytes).
-                let args = f
-                    .state
-                    .turn
-                    .iter()
-                    .find(|s| s.call.id == p.call)
-                    .map(|s| s.call.args.to_string())
-                    .unwrap_or_else(|| p.preview.clone());
-                out.push(InboxItem {
-                    session: id.display(),
-                    agent: agent.clone(),
-                    kind: "approval".into(),
-                    token: approval_token(&rt.cfg.token_secret, &id, p),
-                    questions: vec![],
-                    context: None,
-                    proposed_defaults: Value::Null,
-                    tool: Some(p.tool.clone()),
-                    preview: Some(args),
-                });
-            }
+            out.extend(waiting_in(&rt.cfg.token_secret, &f));
         }
     }
     Ok(out)
+}
+
+/// What one folded session waits for from a person: its questions, if it is a root, and
+/// its approvals. Nothing for a session that ended (cancelled, say).
+pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
+    let mut out = vec![];
+    let id = &f.id;
+    if f.state.status.is_terminal() {
+        return out;
+    }
+    let agent = f
+        .state
+        .submitted
+        .as_ref()
+        .map(|s| s.agent.clone())
+        .unwrap_or_default();
+    if id.is_root() {
+        for p in &f.state.pending_inputs {
+            out.push(InboxItem {
+                session: id.display(),
+                agent: agent.clone(),
+                kind: "question".into(),
+                token: input_token(secret, id, p),
+                questions: expected_keys(&p.questions)
+                    .into_iter()
+                    .map(|(k, q)| serde_json::json!({"key": k, "question": q}))
+                    .collect(),
+                context: p.context.clone(),
+                proposed_defaults: p.defaults.clone(),
+                tool: None,
+                preview: None,
+            });
+        }
+    }
+    for p in &f.state.pending_approvals {
+        // The arguments that will run if approved, whole: the call's own, not the
+        // preview recorded with the request (older logs cut it at 500 bytes).
+        let args = f
+            .state
+            .turn
+            .iter()
+            .find(|s| s.call.id == p.call)
+            .map(|s| s.call.args.to_string())
+            .unwrap_or_else(|| p.preview.clone());
+        out.push(InboxItem {
+            session: id.display(),
+            agent: agent.clone(),
+            kind: "approval".into(),
+            token: approval_token(secret, id, p),
+            questions: vec![],
+            context: None,
+            proposed_defaults: Value::Null,
+            tool: Some(p.tool.clone()),
+            preview: Some(args),
+        });
+    }
+    out
 }

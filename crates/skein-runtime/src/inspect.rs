@@ -100,14 +100,48 @@ pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionR
 
 /// Every session of a tree, parents before children, siblings in id order.
 pub async fn tree_rows(b: &Backend, root: &SessionId) -> Result<Vec<SessionRow>> {
-    let mut out = vec![];
-    for id in b.log.tree(root).await? {
-        let records = b.log.read(&id, 1).await?;
-        let f = fold_records(&id, &records)?;
-        out.push(row(&id, &records, &f.state));
-    }
+    let read = tree_folds(b, root).await?;
+    Ok(rows_of(&read))
+}
+
+/// The rows of sessions read by [`tree_folds`], parents before children, siblings in id
+/// order.
+pub fn rows_of(read: &[(Vec<Record>, Folded)]) -> Vec<SessionRow> {
+    let mut out: Vec<SessionRow> = read
+        .iter()
+        .map(|(records, f)| row(&f.id, records, &f.state))
+        .collect();
     // Sort by path so that children follow their parent, numbering naturally.
     out.sort_by_key(|r| natural_key(&r.session));
+    out
+}
+
+/// How many logs [`tree_folds`] reads at once.
+const READERS: usize = 8;
+
+/// Every session of a tree: its whole log, and that log folded (its chain checked). Logs
+/// are read and folded on up to [`READERS`] tasks at once, so that a wide tree's report
+/// (decoding and hashing every record) uses every core; the order is that of
+/// [`EventLog::tree`](crate::ports::EventLog::tree).
+pub async fn tree_folds(b: &Backend, root: &SessionId) -> Result<Vec<(Vec<Record>, Folded)>> {
+    use futures::StreamExt;
+    let ids = b.log.tree(root).await?;
+    let mut out = Vec::with_capacity(ids.len());
+    let mut reads = futures::stream::iter(ids.into_iter().map(|id| {
+        let log = b.log.clone();
+        tokio::spawn(async move {
+            let records = log.read(&id, 1).await?;
+            let f = fold_records(&id, &records)?;
+            Ok::<_, crate::Error>((records, f))
+        })
+    }))
+    .buffered(READERS);
+    while let Some(read) = reads.next().await {
+        out.push(read.map_err(|e| crate::Error::Unavailable {
+            what: format!("reading a log of the tree of {root}: {e}"),
+            source: None,
+        })??);
+    }
     Ok(out)
 }
 

@@ -11,7 +11,8 @@ use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use skein_core::{AgentDef, AgentSet, SessionId, Status};
 use skein_llm::Registry;
-use skein_runtime::inspect::{summarize, tree_rows};
+use skein_runtime::hitl::{waiting_in, InboxItem};
+use skein_runtime::inspect::{rows_of, summarize, tree_folds};
 use skein_runtime::worker::{Folded, Progress, Runtime, Submission, TextDelta};
 use skein_sled::SledStore;
 use tokio::sync::broadcast;
@@ -196,11 +197,18 @@ pub async fn drive(
 }
 
 async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Result<ExitCode> {
-    let rows = tree_rows(&rt.backend, &root.id).await?;
+    // Every log of the tree is read once, for the rows and for what waits for a person.
+    let read = tree_folds(&rt.backend, &root.id).await?;
+    let rows = rows_of(&read);
     let summary = summarize(&rows);
+    let waiting = || -> Vec<InboxItem> {
+        read.iter()
+            .flat_map(|(_, f)| waiting_in(&rt.cfg.token_secret, f))
+            .collect()
+    };
     let st = &root.state;
     if json {
-        let inbox = skein_runtime::hitl::inbox(rt, std::slice::from_ref(&root.id)).await?;
+        let inbox = waiting();
         let v = serde_json::json!({
             "session": root.id.to_string(),
             "status": st.status.as_str(),
@@ -222,7 +230,7 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
             )?,
             other => {
                 crate::outln!("paused ({}): waiting for you:", other.as_str())?;
-                for it in skein_runtime::hitl::inbox(rt, std::slice::from_ref(&root.id)).await? {
+                for it in waiting() {
                     match it.kind.as_str() {
                         "question" => {
                             for q in &it.questions {
@@ -302,15 +310,29 @@ async fn show_progress(
     let mut bars: HashMap<SessionId, ProgressBar> = HashMap::new();
     let mut lines = Lines::default();
     let t0 = Instant::now();
-    let text_line = |t0: &Instant, session: &SessionId, line: &str| {
-        crate::errln!(
+    // Plain lines are gathered and written when nothing more is queued (or a good deal
+    // is gathered): one write per line was a system call per record of a wide tree.
+    let mut plain = String::new();
+    let text_line = |plain: &mut String, t0: &Instant, session: &SessionId, line: &str| {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            plain,
             "[{:>7}] {:<32} │ {}",
             render::ms(t0.elapsed().as_millis() as u64),
             label(session),
             render::safe_line(line)
         );
     };
+    let flush = |plain: &mut String,
+                 rx: &broadcast::Receiver<Progress>,
+                 text_rx: &broadcast::Receiver<TextDelta>| {
+        if !plain.is_empty() && ((rx.is_empty() && text_rx.is_empty()) || plain.len() >= 1 << 16) {
+            crate::out::err(format_args!("{plain}"));
+            plain.clear();
+        }
+    };
     loop {
+        flush(&mut plain, &rx, &text_rx);
         // Text first: a turn's pieces are all sent before its event, so draining them
         // first keeps them ahead of it.
         let p = tokio::select! {
@@ -327,7 +349,7 @@ async fn show_progress(
                     }
                 } else {
                     for l in done {
-                        text_line(&t0, &d.session, &l);
+                        text_line(&mut plain, &t0, &d.session, &l);
                     }
                 }
                 continue;
@@ -345,7 +367,7 @@ async fn show_progress(
             "ModelCalled" => {
                 if let Some(rest) = lines.recorded(&p.session) {
                     if !tty {
-                        text_line(&t0, &p.session, &rest);
+                        text_line(&mut plain, &t0, &p.session, &rest);
                     }
                 }
             }
@@ -373,12 +395,17 @@ async fn show_progress(
                 bar.set_message(msg);
             }
         } else {
-            crate::errln!(
+            use std::fmt::Write as _;
+            let _ = writeln!(
+                plain,
                 "[{:>7}] {:<32} {}",
                 render::ms(t0.elapsed().as_millis() as u64),
                 label(&p.session),
                 msg
             );
         }
+    }
+    if !plain.is_empty() {
+        crate::out::err(format_args!("{plain}"));
     }
 }
