@@ -103,6 +103,11 @@ pub struct Runtime {
     pub(crate) sessions: FoldCache,
     pub(crate) progress: broadcast::Sender<Progress>,
     pub(crate) text: broadcast::Sender<TextDelta>,
+    /// What [`Runtime::run_tree`] waits on: the session of every terminal record this
+    /// runtime appends, and a count of all the records it appends. Waiting on
+    /// [`Runtime::subscribe`] instead woke the waiting thread for every record.
+    pub(crate) ends: broadcast::Sender<SessionId>,
+    pub(crate) appended: std::sync::atomic::AtomicU64,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -125,6 +130,7 @@ impl Runtime {
         }
         let (progress, _) = broadcast::channel(4096);
         let (text, _) = broadcast::channel(4096);
+        let (ends, _) = broadcast::channel(1024);
         Arc::new(Self {
             backend,
             agents,
@@ -135,6 +141,8 @@ impl Runtime {
             sessions: FoldCache::default(),
             progress,
             text,
+            ends,
+            appended: Default::default(),
         })
     }
 

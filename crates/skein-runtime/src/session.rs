@@ -113,10 +113,13 @@ impl Runtime {
                 return Err(e);
             }
         }
+        self.appended
+            .fetch_add(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
         for r in &records {
             f.state.apply(&r.env);
             if r.env.body.is_terminal() {
                 crate::spans::session_ended(&f.id, &f.state, r.env.at);
+                let _ = self.ends.send(f.id.clone());
             }
             let _ = self.progress.send(Progress {
                 session: f.id.clone(),

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use skein_core::SessionId;
-use tokio::sync::broadcast;
 
 use crate::runtime::{lock, Runtime, DEFAULT_POOL};
 use crate::session::Folded;
@@ -104,25 +103,18 @@ impl Runtime {
         let pools = self.pools();
         let scope = Arc::new(Scope::new(root));
         let (stop, handles) = self.spawn_in(pools.clone(), concurrency, Some(scope.clone()));
-        let mut rx = self.subscribe();
-        // Watch the root's last record (not the fold cache the workers use). Whether any
-        // job is left is asked at most every `RECOUNT` while progress streams in: the
-        // count reads the whole queue, and a wide tree makes progress thousands of times.
+        let mut ends = self.ends.subscribe();
+        // Watch the root's last record (not the fold cache the workers use): it is read
+        // again when a session ends (the root's own end is one), or when waiting timed
+        // out. Whether any job is left is asked at most every `RECOUNT` while records are
+        // appended, and every `IDLE` when none are: the count reads the whole queue, and
+        // a wide tree appends thousands of records.
         const RECOUNT: Duration = Duration::from_millis(20);
+        const IDLE: Duration = Duration::from_millis(250);
+        let appended = || self.appended.load(std::sync::atomic::Ordering::Relaxed);
         let result: Result<()> = async {
-            let mut counted: Option<tokio::time::Instant> = None;
-            // The root's log is read again only when what woke this loop may have ended
-            // the root: progress of the root into an end, a timeout, or progress missed
-            // (lagged). Progress that leaves the root running says so itself (its status
-            // is the root's fold after that record), and each later record of the root
-            // sends progress of its own: a wide root sends two per child, and reading its
-            // last record for each was a read and a decode per settled child.
-            let elsewhere = |woke: &std::result::Result<
-                std::result::Result<crate::runtime::Progress, broadcast::error::RecvError>,
-                tokio::time::error::Elapsed,
-            >| {
-                matches!(woke, Ok(Ok(p)) if p.session != *root || !p.status.is_terminal())
-            };
+            // When the queue was last counted, and how many records had been appended then.
+            let mut counted: Option<(tokio::time::Instant, u64)> = None;
             let mut check_root = true;
             loop {
                 if check_root {
@@ -131,31 +123,36 @@ impl Runtime {
                         return Ok(());
                     }
                 }
-                check_root = true;
-                if let Some(left) = counted.and_then(|t| RECOUNT.checked_sub(t.elapsed())) {
-                    // Counted a moment ago: wait for more progress, or until it is time.
-                    check_root = !elsewhere(&tokio::time::timeout(left, rx.recv()).await);
-                    continue;
-                }
-                counted = Some(tokio::time::Instant::now());
-                let mut pending = 0;
-                let s = scope.clone();
-                let want = move |id: &SessionId| s.wants(id);
-                for p in &pools {
-                    pending += self.backend.jobs.depth_matching(p, &want).await?;
-                }
-                if pending == 0 {
-                    // Nothing left here: unless a session waits on a run in another
-                    // tree, which then joins the scope, the tree is paused or stuck.
-                    let more = self.shared_trees(&scope).await?;
-                    if more.is_empty() {
-                        return Ok(());
+                let due = counted.is_none_or(|(at, seen)| {
+                    let since = at.elapsed();
+                    since >= IDLE || (since >= RECOUNT && appended() != seen)
+                });
+                if due {
+                    counted = Some((tokio::time::Instant::now(), appended()));
+                    let mut pending = 0;
+                    let s = scope.clone();
+                    let want = move |id: &SessionId| s.wants(id);
+                    for p in &pools {
+                        pending += self.backend.jobs.depth_matching(p, &want).await?;
                     }
-                    scope.extend(more);
-                    continue;
+                    if pending == 0 {
+                        // Nothing left here: unless a session waits on a run in another
+                        // tree, which then joins the scope, the tree is paused or stuck.
+                        let more = self.shared_trees(&scope).await?;
+                        if more.is_empty() {
+                            return Ok(());
+                        }
+                        scope.extend(more);
+                        check_root = true;
+                        continue;
+                    }
                 }
-                check_root =
-                    !elsewhere(&tokio::time::timeout(Duration::from_millis(250), rx.recv()).await);
+                // Another session's end leaves the root as it was; the root's own end, a
+                // missed end (lagged) or the time up has it read again.
+                check_root = match tokio::time::timeout(RECOUNT, ends.recv()).await {
+                    Ok(Ok(ended)) => ended == *root,
+                    Ok(Err(_)) | Err(_) => true,
+                };
             }
         }
         .await;
