@@ -151,12 +151,17 @@ pub struct ModelRequest {
 impl ModelRequest {
     /// blake3 of the request's canonical msgpack form, hex.
     pub fn digest(&self) -> String {
-        // Encoded straight into the hasher: the same bytes as `to_vec_named`, without
-        // holding the whole conversation's encoding in memory once more each turn.
+        // Encoded into the hasher through a small buffer: the same bytes as
+        // `to_vec_named`, without holding the whole conversation's encoding in memory
+        // once more each turn, and without handing the hasher each of the encoding's
+        // many small pieces one by one (which cost more than the hashing).
+        use std::io::Write as _;
         let mut h = blake3::Hasher::new();
-        if rmp_serde::encode::write_named(&mut h, self).is_err() {
+        let mut w = std::io::BufWriter::with_capacity(8 << 10, &mut h);
+        if rmp_serde::encode::write_named(&mut w, self).is_err() || w.flush().is_err() {
             return blake3::hash(&[]).to_hex().to_string();
         }
+        drop(w);
         h.finalize().to_hex().to_string()
     }
 }
