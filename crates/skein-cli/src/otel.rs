@@ -69,6 +69,7 @@ pub fn install() -> Result<Option<SdkTracerProvider>> {
         .with_resource(resource)
         .build();
     opentelemetry::global::set_tracer_provider(provider.clone());
+    skein_runtime::spans::record_spans(true);
     Ok(Some(provider))
 }
 
