@@ -205,12 +205,19 @@ impl LocalWorkspace {
         let root = self.root.clone();
         let shown = path.to_string();
         let work = move || {
-            std::fs::create_dir_all(&root).map_err(|e| {
+            let unavailable = |e: io::Error| {
                 ToolError::Failed(format!("the workspace directory is not available: {e}"))
-            })?;
-            let dir = Dir::open_ambient_dir(&root, ambient_authority()).map_err(|e| {
-                ToolError::Failed(format!("the workspace directory is not available: {e}"))
-            })?;
+            };
+            // Made on first use: opened first, since after that it is there (creating it
+            // each time was a failed `mkdir` per tool call).
+            let dir = match Dir::open_ambient_dir(&root, ambient_authority()) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    std::fs::create_dir_all(&root).map_err(unavailable)?;
+                    Dir::open_ambient_dir(&root, ambient_authority())
+                }
+                opened => opened,
+            }
+            .map_err(unavailable)?;
             op(&dir, &rel).map_err(|e| io_error(&shown, e))
         };
         if self.inline {
