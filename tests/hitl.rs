@@ -162,6 +162,8 @@ fn a_child_question_bubbles_up_pauses_the_root_and_an_answer_finishes_the_tree()
         1,
         "only the root's question is for the person: {items:?}"
     );
+    // `run` reports what waits from its own read of the tree: the same as the inbox.
+    assert_eq!(paused["waiting"], serde_json::json!(items), "{paused}");
     assert_eq!(items[0]["session"], root.as_str());
     assert_eq!(items[0]["questions"][0]["key"], "version");
     assert_eq!(
@@ -415,6 +417,7 @@ fn an_approved_tool_runs_and_a_denied_one_never_does() {
         let root = v["session"].as_str().unwrap().to_string();
         let items = inbox(&sb);
         assert_eq!(items.len(), 1);
+        assert_eq!(v["waiting"], serde_json::json!(items), "{v}");
         assert_eq!(items[0]["kind"], "approval");
         assert_eq!(items[0]["tool"], "write_file");
         assert!(items[0]["preview"].as_str().unwrap().contains("notes.txt"));
