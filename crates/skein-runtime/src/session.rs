@@ -25,6 +25,9 @@ pub struct Folded {
     /// waiting on its children was loaded: its first look at them uses these instead of
     /// a read of its own. Never kept between jobs.
     pub(crate) notes: Option<Vec<(u64, SessionId)>>,
+    /// Records were folded in ([`Runtime::stage`]) that the log does not hold yet: set
+    /// until their [`Runtime::commit`] succeeds. Such a fold is never cached.
+    ahead: bool,
 }
 
 impl Folded {
@@ -36,6 +39,7 @@ impl Folded {
             last_hash,
             cursor: 0,
             notes: None,
+            ahead: false,
         }
     }
 
@@ -55,6 +59,14 @@ impl Folded {
         }
         Ok(())
     }
+}
+
+/// Records sealed and folded by [`Runtime::stage`], not yet written, with the status and
+/// step count after each (what its progress notice tells).
+#[derive(Default)]
+pub(crate) struct Staged {
+    records: Vec<Record>,
+    marks: Vec<(skein_core::Status, u32)>,
 }
 
 /// The folds and agent definitions a runtime keeps in memory between jobs.
@@ -91,32 +103,54 @@ impl Runtime {
     }
 
     /// Appends events in order (one durable batch where the backend can), and folds them.
+    /// On an error the fold is ahead of the log: the caller drops it (a failed step's fold
+    /// is never kept) or replaces it with a fresh load.
     pub async fn append_all(&self, f: &mut Folded, bodies: Vec<Event>) -> Result<()> {
-        if bodies.is_empty() {
+        let mut staged = Staged::default();
+        for body in bodies {
+            self.stage(f, body, &mut staged)?;
+        }
+        self.commit(f, staged).await
+    }
+
+    /// Seals `body` as the next record of `f` and folds it in at once, ahead of the log;
+    /// [`Runtime::commit`] writes it. A step that decides on the state with its own record
+    /// folded in (what follows a model turn) stages the record rather than folding a copy
+    /// of the whole state.
+    pub(crate) fn stage(&self, f: &mut Folded, body: Event, staged: &mut Staged) -> Result<()> {
+        let r = self.seal(f, f.state.last_seq + 1, f.last_hash.clone(), body)?;
+        f.ahead = true;
+        f.state.apply(&r.env);
+        f.last_hash = r.hash();
+        staged.marks.push((f.state.status, f.state.steps));
+        staged.records.push(r);
+        Ok(())
+    }
+
+    /// Writes the records staged on `f` (one durable batch where the backend can), and
+    /// tells the listeners of each.
+    pub(crate) async fn commit(&self, f: &mut Folded, staged: Staged) -> Result<()> {
+        let Some(first) = staged.records.first().map(|r| r.env.seq - 1) else {
             return Ok(());
-        }
-        let first = f.state.last_seq;
-        let mut prev = f.last_hash.clone();
-        let mut records = Vec::with_capacity(bodies.len());
-        for (i, body) in bodies.into_iter().enumerate() {
-            let r = self.seal(f, first + 1 + i as u64, prev, body)?;
-            prev = r.hash();
-            records.push(r);
-        }
-        match self.backend.log.append_batch(&f.id, first, &records).await {
-            Ok(()) => {}
-            Err(e) => {
-                if matches!(e, Error::Conflict { .. }) {
-                    // Someone else wrote: forget the cached fold so the next load rereads.
-                    lock(&self.sessions.states).remove(&f.id);
-                }
-                return Err(e);
+        };
+        if let Err(e) = self
+            .backend
+            .log
+            .append_batch(&f.id, first, &staged.records)
+            .await
+        {
+            if matches!(e, Error::Conflict { .. }) {
+                // Someone else wrote: forget the cached fold so the next load rereads.
+                lock(&self.sessions.states).remove(&f.id);
             }
+            return Err(e);
         }
-        self.appended
-            .fetch_add(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        for r in &records {
-            f.state.apply(&r.env);
+        f.ahead = false;
+        self.appended.fetch_add(
+            staged.records.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        for (r, (status, steps)) in staged.records.iter().zip(staged.marks) {
             if r.env.body.is_terminal() {
                 crate::spans::session_ended(&f.id, &f.state, r.env.at);
                 let _ = self.ends.send(f.id.clone());
@@ -125,11 +159,10 @@ impl Runtime {
                 session: f.id.clone(),
                 seq: r.env.seq,
                 kind: r.env.body.kind().to_string(),
-                status: f.state.status,
-                steps: f.state.steps,
+                status,
+                steps,
             });
         }
-        f.last_hash = prev;
         Ok(())
     }
 
@@ -171,6 +204,11 @@ impl Runtime {
 
     /// Gives a fold back to the cache (after `load`).
     pub fn keep_state(&self, mut f: Folded) {
+        if f.ahead {
+            // Folded records its log does not hold: the next load reads the log afresh.
+            tracing::debug!(session = %f.id, "a fold ahead of its log is not kept");
+            return;
+        }
         f.notes = None;
         let mut states = lock(&self.sessions.states);
         if states.len() >= self.cfg.state_cache {

@@ -12,7 +12,7 @@ use skein_core::{AgentDef, Event, ModelRequest, RuntimeTool, SessionState, Step}
 
 use crate::ports::Job;
 use crate::runtime::{Runtime, TextDelta};
-use crate::session::Folded;
+use crate::session::{Folded, Staged};
 use crate::{runtime_tools, Error, Result};
 
 /// Every string in `v` (keys aside) through `f`.
@@ -156,8 +156,11 @@ impl Runtime {
                     worker: self.cfg.worker_id.clone(),
                 };
                 let answers = ev.response.tool_calls.is_empty();
-                let mut events = vec![Event::ModelCalled(ev)];
-                match self.after_turn(f, def, &events[0], answers) {
+                // The turn is folded in before it is written, to decide what follows it;
+                // a failed write fails the step, and its fold is dropped.
+                let mut staged = Staged::default();
+                self.stage(f, Event::ModelCalled(ev), &mut staged)?;
+                match self.after_turn(f, def, answers) {
                     // A turn that answers usually ends the session. When the rules end it
                     // at once (nothing else to run first), the end is recorded with the
                     // turn, in one append, so it costs one durable write, not two.
@@ -170,8 +173,8 @@ impl Runtime {
                         };
                         tracing::debug!(session = %f.id, step = kind, "step");
                         let _timer = crate::metrics::StepTimer::start(kind);
-                        events.push(*end);
-                        return self.append_all(f, events).await;
+                        self.stage(f, *end, &mut staged)?;
+                        return self.commit(f, staged).await;
                     }
                     // A turn that only reads the workspace: the reads run now and the
                     // turn is recorded with their calls and results, in one append. A
@@ -180,11 +183,11 @@ impl Runtime {
                     Some(Then::Read(runs)) => {
                         tracing::debug!(session = %f.id, step = "run_tools", "step");
                         let _timer = crate::metrics::StepTimer::start("run_tools");
-                        return self.run_tools_after(f, def, runs, job, events).await;
+                        return self.run_tools_after(f, def, runs, job, staged).await;
                     }
                     None => {}
                 }
-                self.append_all(f, events).await
+                self.commit(f, staged).await
             }
             Err(e) => {
                 let retryable = e.is_retryable();
@@ -216,35 +219,27 @@ impl Runtime {
         }
     }
 
-    /// What follows `turn` at once, when it can share the turn's append: the session's
-    /// end, or reads of the workspace (fresh calls of tools that are side-effect free and
-    /// idempotent). Decided on a copy of the state with the turn folded in.
-    fn after_turn(&self, f: &Folded, def: &AgentDef, turn: &Event, answers: bool) -> Option<Then> {
-        let mut peek = f.state.clone();
-        let env = skein_core::Envelope::new(
-            f.id.clone(),
-            peek.last_seq + 1,
-            self.cfg.clock.now_ms(),
-            String::new(),
-            turn.clone(),
-        );
-        peek.apply(&env);
+    /// What follows a model turn at once, when it can share the turn's append: the
+    /// session's end, or reads of the workspace (fresh calls of tools that are side-effect
+    /// free and idempotent). Decided on the state with the turn folded in (staged).
+    fn after_turn(&self, f: &Folded, def: &AgentDef, answers: bool) -> Option<Then> {
+        let st = &f.state;
         let reads = |r: &ToolRun| {
             !r.resumed
                 && skein_core::agent::SIDE_EFFECT_FREE_TOOLS.contains(&r.tool.as_str())
                 && self.tools.get(&r.tool).is_some()
                 && self.may_run_again(def, &r.tool)
         };
-        match peek.next(def, &self.cfg.limits, &*self.agents) {
+        match st.next(def, &self.cfg.limits, &*self.agents) {
             Step::Complete { answer } if answers => Some(Then::End(Box::new(Event::completed(
                 answer,
-                peek.usage_total(),
-                peek.steps,
+                st.usage_total(),
+                st.steps,
             )))),
             Step::Fail { error } if answers => Some(Then::End(Box::new(Event::failed(
                 error,
-                peek.usage_total(),
-                peek.steps,
+                st.usage_total(),
+                st.steps,
             )))),
             Step::RunTools(runs) if !answers && runs.iter().all(reads) => Some(Then::Read(runs)),
             _ => None,

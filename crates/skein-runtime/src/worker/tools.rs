@@ -13,7 +13,7 @@ use skein_tools::ToolContext;
 
 use crate::ports::Job;
 use crate::runtime::Runtime;
-use crate::session::Folded;
+use crate::session::{Folded, Staged};
 use crate::Result;
 
 impl Runtime {
@@ -24,18 +24,20 @@ impl Runtime {
         runs: Vec<ToolRun>,
         job: &Job,
     ) -> Result<()> {
-        self.run_tools_after(f, def, runs, job, vec![]).await
+        self.run_tools_after(f, def, runs, job, Staged::default())
+            .await
     }
 
     /// Runs `runs` as [`Runtime::run_tools`] does, with `turn` (the model turn that asked
-    /// for them, not yet recorded) recorded first, in the same append as the calls.
+    /// for them, staged but not yet written) recorded first, in the same append as the
+    /// calls.
     pub(crate) async fn run_tools_after(
         &self,
         f: &mut Folded,
         def: &AgentDef,
         runs: Vec<ToolRun>,
         job: &Job,
-        turn: Vec<Event>,
+        turn: Staged,
     ) -> Result<()> {
         let ctx = ToolContext {
             session: f.id.clone(),
@@ -44,12 +46,14 @@ impl Runtime {
         let (resumed, fresh): (Vec<ToolRun>, Vec<ToolRun>) =
             runs.into_iter().partition(|r| r.resumed);
         let mut to_run = vec![];
-        let mut events = vec![];
+        let mut pending = turn;
+        let mut refused = false;
         for r in resumed {
             if self.may_run_again(def, &r.tool) {
                 to_run.push(r);
             } else {
-                events.push(Event::tool_error(
+                refused = true;
+                let body = Event::tool_error(
                     r.call,
                     format!(
                         "the outcome of this `{}` call is unknown: the worker running it \
@@ -57,38 +61,33 @@ impl Runtime {
                          is not idempotent; check its effects before calling it again.",
                         r.tool
                     ),
-                ));
+                );
+                self.stage(f, body, &mut pending)?;
             }
         }
-        if !events.is_empty() {
-            // Resumed calls come from a recorded turn: no turn is pending with them.
-            debug_assert!(turn.is_empty());
-            self.append_all(f, events).await?;
+        if refused {
+            self.commit(f, std::mem::take(&mut pending)).await?;
         }
         // A call of a tool that may not run twice is recorded before it runs (write-ahead),
         // so a crash in between is reported, not repeated. When every call of the turn may
         // run again, the calls are recorded with their results in one append: a crash
         // before it leaves the step undone, and it runs again whole.
         let write_ahead = fresh.iter().any(|r| !self.may_run_again(def, &r.tool));
-        let called: Vec<Event> = fresh
-            .iter()
-            .map(|r| {
-                Event::ToolCalled(ToolCalled {
-                    call: r.call.clone(),
-                    tool: r.tool.clone(),
-                    args: r.args.clone(),
-                    worker: self.cfg.worker_id.clone(),
-                })
-            })
-            .collect();
-        let mut pending = turn;
-        pending.extend(called);
+        for r in &fresh {
+            let body = Event::ToolCalled(ToolCalled {
+                call: r.call.clone(),
+                tool: r.tool.clone(),
+                args: r.args.clone(),
+                worker: self.cfg.worker_id.clone(),
+            });
+            self.stage(f, body, &mut pending)?;
+        }
         if write_ahead {
-            self.append_all(f, std::mem::take(&mut pending)).await?;
+            self.commit(f, std::mem::take(&mut pending)).await?;
         }
         to_run.extend(fresh);
         if to_run.is_empty() {
-            return Ok(());
+            return self.commit(f, pending).await;
         }
         let tools: HashMap<String, String> = to_run
             .iter()
@@ -105,14 +104,13 @@ impl Runtime {
             outs
         };
         let outs = self.with_heartbeat(job, work).await;
-        let mut returned = pending;
         for o in outs {
             let o = o?;
             let tool = tools.get(&o.call).map_or("", String::as_str);
             crate::spans::tool_call(&f.id, &f.state, tool, &o.call, o.ms, o.error);
-            returned.push(Event::ToolReturned(o));
+            self.stage(f, Event::ToolReturned(o), &mut pending)?;
         }
-        self.append_all(f, returned).await
+        self.commit(f, pending).await
     }
 
     /// Whether a call of `tool` may run again after a crash: the tool says it is
