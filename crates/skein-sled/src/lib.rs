@@ -149,6 +149,9 @@ pub struct SledStore {
     /// the store opened, or its flush ended.
     unflushed_blobs: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     workspace_root: PathBuf,
+    /// Whether `workspace_root` lies on a local disk: small file operations of the tools
+    /// then run on the calling task ([`LocalWorkspace::quick`]).
+    workspace_local: bool,
     /// How long a claimed job is held without a heartbeat; a heartbeat extends it by as
     /// much again.
     lease: Duration,
@@ -207,6 +210,7 @@ impl SledStore {
             notice_order: std::sync::Mutex::new(()),
             unflushed_blobs: Default::default(),
             workspace_root: workspace_root.to_path_buf(),
+            workspace_local: skein_tools::workspace::on_local_disk(workspace_root),
             lease,
             _lock: lock,
         };
@@ -297,7 +301,10 @@ fn migrate_sled_log(db: &sled::Db, wal: &wal::Wal) -> Result<()> {
 
 impl Workspaces for SledStore {
     fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace> {
-        Arc::new(LocalWorkspace::new(self.workspace_root.join(root.as_str())))
+        Arc::new(
+            LocalWorkspace::new(self.workspace_root.join(root.as_str()))
+                .quick(self.workspace_local),
+        )
     }
 }
 

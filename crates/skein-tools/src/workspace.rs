@@ -171,6 +171,45 @@ fn join(dir: &str, name: &str) -> String {
 pub struct LocalWorkspace {
     root: PathBuf,
     inline: bool,
+    quick: bool,
+}
+
+/// The most a read may ask for and still run on the calling task ([`LocalWorkspace::quick`]).
+pub const QUICK_READ_BYTES: usize = 256 * 1024;
+
+/// The largest directory (as its filesystem reports its size) that is listed on the calling
+/// task ([`LocalWorkspace::quick`]); a larger one is listed on the blocking pool.
+pub const QUICK_DIR_BYTES: u64 = 64 * 1024;
+
+/// Filesystems whose data lies on this machine's own disks or in its memory, by the magic
+/// number `statfs` reports: ext2/3/4, xfs, btrfs, tmpfs, ramfs, overlayfs, zfs, f2fs and
+/// bcachefs. A network or FUSE filesystem is none of them: a call there can wait on
+/// another machine for as long as that takes.
+const LOCAL_FILESYSTEMS: [u64; 9] = [
+    0xEF53,      // ext2, ext3, ext4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0x0102_1994, // tmpfs
+    0x8584_58F6, // ramfs
+    0x794C_7630, // overlayfs
+    0x2FC1_2FC1, // zfs
+    0xF2F5_2010, // f2fs
+    0xCA45_1A4E, // bcachefs
+];
+
+/// Whether `path` (or, while it does not exist yet, its nearest existing ancestor) lies on
+/// a filesystem of this machine's own disks or memory ([`LOCAL_FILESYSTEMS`]).
+pub fn on_local_disk(path: &Path) -> bool {
+    let mut at = Some(path);
+    while let Some(p) = at {
+        match rustix::fs::statfs(p) {
+            // The magic numbers are 32 bits; the field is signed on some targets.
+            #[allow(clippy::unnecessary_cast)]
+            Ok(s) => return LOCAL_FILESYSTEMS.contains(&((s.f_type as u64) & 0xFFFF_FFFF)),
+            Err(_) => at = p.parent().filter(|q| !q.as_os_str().is_empty()),
+        }
+    }
+    false
 }
 
 impl LocalWorkspace {
@@ -178,6 +217,7 @@ impl LocalWorkspace {
         Self {
             root: root.into(),
             inline: false,
+            quick: false,
         }
     }
 
@@ -189,44 +229,74 @@ impl LocalWorkspace {
         self
     }
 
+    /// With `yes`, small operations run on the calling task: the listing of a directory
+    /// of at most [`QUICK_DIR_BYTES`], a read of at most [`QUICK_READ_BYTES`]. For a
+    /// workspace on a local disk ([`on_local_disk`]): there such a call takes microseconds,
+    /// less than handing it to the blocking pool and back (two thread wake-ups and the
+    /// pool's lock; most of the context switches of a run of many `list_dir` calls).
+    /// Writes, walks and whole-file reads always go to the pool.
+    pub fn quick(mut self, yes: bool) -> Self {
+        self.quick = yes;
+        self
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    /// Runs `op` on a blocking thread (or inline, see [`LocalWorkspace::inline`]) with the
-    /// root opened as a capability and `path` normalized; maps I/O errors to tool errors
-    /// that name `path`.
-    async fn with_root<T, F>(&self, path: &str, op: F) -> Result<T, ToolError>
+    /// Runs `op` with the root opened as a capability and `path` normalized, on a blocking
+    /// thread, or on the calling task when the workspace is [`LocalWorkspace::inline`], or
+    /// [`LocalWorkspace::quick`] and `small` says the operation is (given the open root and
+    /// the path). Maps I/O errors to tool errors that name `path`.
+    async fn with_root<T, F, S>(&self, path: &str, small: S, op: F) -> Result<T, ToolError>
     where
         T: Send + 'static,
         F: FnOnce(&Dir, &str) -> io::Result<T> + Send + 'static,
+        S: FnOnce(&Dir, &str) -> bool,
     {
         let rel = normalize(path)?;
-        let root = self.root.clone();
         let shown = path.to_string();
-        let work = move || {
-            let unavailable = |e: io::Error| {
-                ToolError::Failed(format!("the workspace directory is not available: {e}"))
-            };
-            // Made on first use: opened first, since after that it is there (creating it
-            // each time was a failed `mkdir` per tool call).
-            let dir = match Dir::open_ambient_dir(&root, ambient_authority()) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    std::fs::create_dir_all(&root).map_err(unavailable)?;
-                    Dir::open_ambient_dir(&root, ambient_authority())
-                }
-                opened => opened,
+        if self.inline || self.quick {
+            let dir = open_root(&self.root)?;
+            if self.inline || small(&dir, &rel) {
+                return op(&dir, &rel).map_err(|e| io_error(&shown, e));
             }
-            .map_err(unavailable)?;
-            op(&dir, &rel).map_err(|e| io_error(&shown, e))
-        };
-        if self.inline {
-            return work();
-        }
-        tokio::task::spawn_blocking(work)
+            // Too big to run here: the open root goes to the pool.
+            return tokio::task::spawn_blocking(move || {
+                op(&dir, &rel).map_err(|e| io_error(&shown, e))
+            })
             .await
-            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?
+            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+        }
+        let root = self.root.clone();
+        tokio::task::spawn_blocking(move || {
+            let dir = open_root(&root)?;
+            op(&dir, &rel).map_err(|e| io_error(&shown, e))
+        })
+        .await
+        .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?
     }
+}
+
+/// Opens a workspace's root directory as a capability, making it on first use: opened
+/// first, since after that it is there (creating it each time was a failed `mkdir` per
+/// tool call).
+fn open_root(root: &Path) -> Result<Dir, ToolError> {
+    let unavailable =
+        |e: io::Error| ToolError::Failed(format!("the workspace directory is not available: {e}"));
+    match Dir::open_ambient_dir(root, ambient_authority()) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(root).map_err(unavailable)?;
+            Dir::open_ambient_dir(root, ambient_authority())
+        }
+        opened => opened,
+    }
+    .map_err(unavailable)
+}
+
+/// An operation that never runs on the calling task of a quick workspace.
+fn never(_: &Dir, _: &str) -> bool {
+    false
 }
 
 /// A regular file with more than one name: another name may lie outside the workspace
@@ -315,16 +385,19 @@ fn followed(dir: &Dir, rel: &str) -> Option<cap_std::fs::Metadata> {
 #[async_trait]
 impl Workspace for LocalWorkspace {
     async fn read(&self, path: &str) -> Result<Vec<u8>, ToolError> {
-        self.with_root(path, |dir, rel| {
+        self.with_root(path, never, |dir, rel| {
             read_range(dir, rel, 0, u64::MAX).map(|p| p.data)
         })
         .await
     }
 
     async fn read_part(&self, path: &str, offset: u64, max: usize) -> Result<FilePart, ToolError> {
+        let small = |_: &Dir, _: &str| max <= QUICK_READ_BYTES;
         let max = u64::try_from(max).unwrap_or(u64::MAX);
-        self.with_root(path, move |dir, rel| read_range(dir, rel, offset, max))
-            .await
+        self.with_root(path, small, move |dir, rel| {
+            read_range(dir, rel, offset, max)
+        })
+        .await
     }
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<(), ToolError> {
@@ -332,7 +405,7 @@ impl Workspace for LocalWorkspace {
             return Err(ToolError::Refused("a file needs a name".into()));
         }
         let data = data.to_vec();
-        self.with_root(path, move |dir, rel| {
+        self.with_root(path, never, move |dir, rel| {
             if let Some((parent, _)) = rel.rsplit_once('/') {
                 // Opening first tells "leaves the workspace" apart from "missing".
                 match dir.open_dir(parent) {
@@ -361,7 +434,13 @@ impl Workspace for LocalWorkspace {
     }
 
     async fn list(&self, path: &str) -> Result<Vec<DirEntry>, ToolError> {
-        self.with_root(path, |dir, rel| {
+        // A directory that cannot be looked at fails on its listing, here as well.
+        let small = |dir: &Dir, rel: &str| {
+            let at = if rel.is_empty() { "." } else { rel };
+            dir.metadata(at)
+                .map_or(true, |m| m.len() <= QUICK_DIR_BYTES)
+        };
+        self.with_root(path, small, |dir, rel| {
             let entries = if rel.is_empty() {
                 dir.entries()?
             } else {
@@ -393,7 +472,7 @@ impl Workspace for LocalWorkspace {
     /// Like the default walk, but directories reached through symlinks are not entered
     /// (no loops), and symlinked files count only when they resolve inside.
     async fn walk(&self, path: &str, max_files: usize) -> Result<Walk, ToolError> {
-        self.with_root(path, move |dir, rel| {
+        self.with_root(path, never, move |dir, rel| {
             let mut out = Walk::default();
             let mut dirs = VecDeque::from([rel.to_string()]);
             let mut first = true;
@@ -443,7 +522,7 @@ impl Workspace for LocalWorkspace {
     /// Sums the regular files under the root without following symlinks (a link to a
     /// file inside is not counted twice).
     async fn usage(&self, path: &str) -> Result<Usage, ToolError> {
-        self.with_root(path, |dir, rel| {
+        self.with_root(path, never, |dir, rel| {
             let mut total = 0u64;
             let mut dirs = vec![String::new()];
             while let Some(d) = dirs.pop() {

@@ -113,6 +113,9 @@ pub struct NatsStore {
     /// Atomic batches this process may have open at once (the server's default limit is
     /// 50 per stream, shared by every writer).
     batch_slots: tokio::sync::Semaphore,
+    /// Whether `workspace_dir` lies on a local disk (looked at on the first tool call): its
+    /// small file operations then run on the calling task.
+    workspace_local: std::sync::OnceLock<bool>,
 }
 
 impl NatsStore {
@@ -177,6 +180,7 @@ impl NatsStore {
             lease,
             atomic_batches,
             batch_slots: tokio::sync::Semaphore::new(16),
+            workspace_local: std::sync::OnceLock::new(),
         }))
     }
 

@@ -24,9 +24,12 @@ const WORKSPACE: &str = "skein_workspace";
 impl Workspaces for NatsStore {
     fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace> {
         if let Some(dir) = &self.cfg.workspace_dir {
-            return Arc::new(skein_tools::workspace::LocalWorkspace::new(
-                dir.join(root.as_str()),
-            ));
+            let local = *self
+                .workspace_local
+                .get_or_init(|| skein_tools::workspace::on_local_disk(dir));
+            return Arc::new(
+                skein_tools::workspace::LocalWorkspace::new(dir.join(root.as_str())).quick(local),
+            );
         }
         Arc::new(ObjectWorkspace {
             store: self.workspace.clone(),
