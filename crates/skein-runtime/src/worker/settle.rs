@@ -1,7 +1,7 @@
 //! `Wait`: the children of a turn that have ended (or paused on a question) are recorded
 //! as `ChildSettled`, from the notices or, on a cold load, from the children's logs.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use futures::future::join_all;
 use futures::StreamExt;
@@ -57,23 +57,13 @@ impl Runtime {
         pushed: &BTreeSet<SessionId>,
         first: bool,
     ) -> Result<usize> {
-        let mut outstanding: HashMap<SessionId, Vec<String>> = HashMap::new();
-        let mut shared = vec![];
-        for slot in &f.state.turn {
-            if let skein_core::state::SlotState::Delegated {
-                child, shared: s, ..
-            } = &slot.state
-            {
-                outstanding
-                    .entry(child.clone())
-                    .or_default()
-                    .push(slot.call.id.clone());
-                if *s {
-                    shared.push(child.clone());
-                }
-            }
-        }
-        if outstanding.is_empty() {
+        use skein_core::state::SlotState;
+        let any_out = f
+            .state
+            .turn
+            .iter()
+            .any(|slot| matches!(slot.state, SlotState::Delegated { .. }));
+        if !any_out {
             return Ok(0);
         }
         let notes = match f.notes.take() {
@@ -83,6 +73,34 @@ impl Runtime {
         if let Some((pos, _)) = notes.last() {
             f.cursor = *pos;
         }
+        let told: HashSet<SessionId> = notes.into_iter().map(|(_, c)| c).collect();
+        // The outstanding calls of the children told of, and of shared runs: a wake of a
+        // wide turn usually brings a few notices, and mapping every outstanding child
+        // (1,024 of them, on each of some 250 wakes of a 1,024-wide fan-out) cost more
+        // than the look itself. Every outstanding child is mapped only when all are
+        // looked at.
+        let map = |all: bool| {
+            let mut out: HashMap<SessionId, Vec<String>> = HashMap::new();
+            let mut shared = vec![];
+            for slot in &f.state.turn {
+                let SlotState::Delegated {
+                    child, shared: s, ..
+                } = &slot.state
+                else {
+                    continue;
+                };
+                if *s {
+                    shared.push(child.clone());
+                } else if !all && !told.contains(child) {
+                    continue;
+                }
+                out.entry(child.clone())
+                    .or_default()
+                    .push(slot.call.id.clone());
+            }
+            (out, shared)
+        };
+        let (mut outstanding, mut shared) = map(false);
         // Shared runs are few and may have ended before we started watching them: always
         // look at them directly. A wake that brings no notice of an outstanding child
         // (a notice lost, or one not yet readable) looks at every outstanding child too:
@@ -90,14 +108,17 @@ impl Runtime {
         // notice alone. Not on a backend whose notices are in step with its wake-ups:
         // there such a wake only follows a run that read its notice already (on one
         // process, a 1,000-wide fan-out had 35 of them, 18,000 reads of children's logs).
-        let noticed: Vec<SessionId> = notes
-            .into_iter()
-            .map(|(_, c)| c)
-            .filter(|c| outstanding.contains_key(c))
+        let noticed: Vec<SessionId> = told
+            .iter()
+            .filter(|c| outstanding.contains_key(*c))
+            .cloned()
             .collect();
         let every = cold
             || ending
             || (first && noticed.is_empty() && !self.backend.notices.in_step_with_wakes());
+        if every {
+            (outstanding, shared) = map(true);
+        }
         tracing::debug!(
             session = %f.id,
             outstanding = outstanding.len(),
