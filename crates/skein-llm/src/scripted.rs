@@ -170,8 +170,10 @@ pub fn parse_script(origin: &str, text: &str) -> Result<Script> {
     Ok(s)
 }
 
-/// The variables a template sees.
-fn template_context(req: &ModelRequest, turn: usize) -> Value {
+/// The tool results of a conversation as templates see them: every one (`all_results`),
+/// and those of the last assistant turn (`results`). A result that is JSON (an object or
+/// an array) is seen as that value, any other as its text.
+fn tool_results(req: &ModelRequest, turn: usize) -> (Vec<Value>, Vec<Value>) {
     let mut all = vec![];
     let mut last_turn = vec![];
     let mut seen_assistant = 0;
@@ -194,48 +196,83 @@ fn template_context(req: &ModelRequest, turn: usize) -> Value {
             _ => {}
         }
     }
+    (all, last_turn)
+}
+
+/// The variable `name` of the template context, if there is one by that name.
+fn variable(
+    req: &ModelRequest,
+    turn: usize,
+    results: &OnceCell<(Vec<Value>, Vec<Value>)>,
+    name: &str,
+) -> Option<Value> {
     // The request as the model first read it: the mission with whatever the runtime put
-    // around it (the advisors' notes, a handoff's blocks, handed plan tasks).
+    // around it (the advisors' notes, a handoff's blocks, handed plan tasks); every later
+    // user message: teammates' broadcasts, follow-up questions.
     let mut users = req.messages.iter().filter_map(|m| match m {
-        Message::User { content } => Some(content.clone()),
+        Message::User { content } => Some(content),
         _ => None,
     });
-    let prompt = users.next();
-    // Every later user message: teammates' broadcasts, follow-up questions.
-    let user_messages: Vec<String> = users.collect();
-    serde_json::json!({
-        "mission": req.meta.mission,
-        "prompt": prompt,
-        "user_messages": user_messages,
-        "context": req.meta.context,
-        "inputs": req.meta.inputs,
-        "plan": req.meta.plan,
-        "agent": req.meta.agent,
-        "session": req.meta.session,
-        "turn": turn,
-        "results": last_turn,
-        "all_results": all,
+    Some(match name {
+        "mission" => Value::from(req.meta.mission.as_str()),
+        "prompt" => users
+            .next()
+            .map_or(Value::Null, |u| Value::from(u.as_str())),
+        "user_messages" => users.skip(1).map(|u| Value::from(u.as_str())).collect(),
+        "context" => req.meta.context.as_deref().map_or(Value::Null, Value::from),
+        "inputs" => req.meta.inputs.clone(),
+        "plan" => req.meta.plan.clone(),
+        "agent" => Value::from(req.meta.agent.as_str()),
+        "session" => Value::from(req.meta.session.as_str()),
+        "turn" => Value::from(turn),
+        "results" => Value::Array(results.get_or_init(|| tool_results(req, turn)).1.clone()),
+        "all_results" => Value::Array(results.get_or_init(|| tool_results(req, turn)).0.clone()),
+        _ => return None,
     })
 }
 
-/// The variables a template sees, worked out at the first template that reads them: a
-/// turn of literal text needs none (and the tool results of the whole conversation are
-/// parsed to make them).
+/// The variables a template sees (see `docs/scripts.md`), each worked out only for a
+/// template that reads it: a turn of literal text needs none, and the tool results of the
+/// whole conversation are parsed only for a template that reads `results` or
+/// `all_results`. Inside a `repeat`, `i` is the call's index.
 struct Ctx<'a> {
-    make: Box<dyn Fn() -> Value + 'a>,
-    value: OnceCell<Value>,
+    req: &'a ModelRequest,
+    turn: usize,
+    results: OnceCell<(Vec<Value>, Vec<Value>)>,
+    /// Variables worked out so far, as the template engine holds them.
+    known: RefCell<BTreeMap<String, Option<minijinja::Value>>>,
 }
 
 impl<'a> Ctx<'a> {
-    fn new(make: Box<dyn Fn() -> Value + 'a>) -> Self {
+    fn new(req: &'a ModelRequest, turn: usize) -> Self {
         Self {
-            make,
-            value: OnceCell::new(),
+            req,
+            turn,
+            results: OnceCell::new(),
+            known: RefCell::new(BTreeMap::new()),
         }
     }
 
-    fn value(&self) -> &Value {
-        self.value.get_or_init(|| (self.make)())
+    /// The context holding `names` (those that exist), and `i` when given.
+    fn with(&self, names: &[String], i: Option<u64>) -> minijinja::Value {
+        let mut known = self.known.borrow_mut();
+        let mut vars: BTreeMap<String, minijinja::Value> = BTreeMap::new();
+        for name in names {
+            if name == "i" {
+                continue;
+            }
+            let v = known.entry(name.clone()).or_insert_with(|| {
+                variable(self.req, self.turn, &self.results, name)
+                    .map(|v| minijinja::Value::from_serialize(&v))
+            });
+            if let Some(v) = v {
+                vars.insert(name.clone(), v.clone());
+            }
+        }
+        if let Some(i) = i {
+            vars.insert("i".into(), minijinja::Value::from(i));
+        }
+        minijinja::Value::from(vars)
     }
 }
 
@@ -273,6 +310,9 @@ impl io::Write for Capped {
 struct Renderer {
     /// Made at the first template: most turns of a script are literal text.
     env: OnceCell<RefCell<Environment<'static>>>,
+    /// Templates compiled into `env` so far, by their text, with the variables each
+    /// reads: a `repeat` renders the same argument templates once per call.
+    compiled: RefCell<std::collections::HashMap<String, (String, Vec<String>)>>,
     limits: TemplateLimits,
     fuel: Cell<u64>,
     room: Cell<usize>,
@@ -282,6 +322,7 @@ impl Renderer {
     fn new(limits: TemplateLimits) -> Self {
         Self {
             env: OnceCell::new(),
+            compiled: RefCell::new(std::collections::HashMap::new()),
             limits,
             fuel: Cell::new(limits.fuel),
             room: Cell::new(limits.max_bytes),
@@ -308,12 +349,7 @@ impl Renderer {
 
     /// The template engine, armed with the fuel the answer has left.
     fn armed(&self) -> std::cell::Ref<'_, Environment<'static>> {
-        let env = self.env.get_or_init(|| {
-            let mut env = Environment::new();
-            env.set_undefined_behavior(UndefinedBehavior::Lenient);
-            env.set_recursion_limit(self.limits.recursion);
-            RefCell::new(env)
-        });
+        let env = self.env();
         env.borrow_mut().set_fuel(Some(self.fuel.get()));
         env.borrow()
     }
@@ -336,22 +372,51 @@ impl Renderer {
         Error::Config(format!("{what}: {why}"))
     }
 
-    fn render(&self, template: &str, ctx: &Ctx<'_>) -> Result<String> {
+    /// The engine, made on first use.
+    fn env(&self) -> &RefCell<Environment<'static>> {
+        self.env.get_or_init(|| {
+            let mut env = Environment::new();
+            env.set_undefined_behavior(UndefinedBehavior::Lenient);
+            env.set_recursion_limit(self.limits.recursion);
+            RefCell::new(env)
+        })
+    }
+
+    /// The name `template` is compiled under in the engine, and the variables it reads;
+    /// compiled at its first use in this answer.
+    fn compile(&self, template: &str, what: &str) -> Result<(String, Vec<String>)> {
+        if let Some(c) = self.compiled.borrow().get(template) {
+            return Ok(c.clone());
+        }
+        let name = format!("template {}", self.compiled.borrow().len() + 1);
+        let mut env = self.env().borrow_mut();
+        env.add_template_owned(name.clone(), template.to_string())
+            .map_err(|e| self.failed(what, e))?;
+        let tmpl = env.get_template(&name).map_err(|e| self.failed(what, e))?;
+        let names: Vec<String> = tmpl.undeclared_variables(false).into_iter().collect();
+        let c = (name, names);
+        self.compiled
+            .borrow_mut()
+            .insert(template.to_string(), c.clone());
+        Ok(c)
+    }
+
+    fn render(&self, template: &str, ctx: &Ctx<'_>, i: Option<u64>) -> Result<String> {
         if !template.contains("{{") && !template.contains("{%") {
             self.spend(template.len())?;
             return Ok(template.to_string());
         }
         let what = format!("template `{}`", shown(template));
+        let (name, names) = self.compile(template, &what)?;
+        let vars = ctx.with(&names, i);
         let env = self.armed();
-        let tmpl = env
-            .template_from_str(template)
-            .map_err(|e| self.failed(&what, e))?;
+        let tmpl = env.get_template(&name).map_err(|e| self.failed(&what, e))?;
         let mut out = Capped {
             buf: vec![],
             room: self.room.get(),
             over: false,
         };
-        let done = tmpl.render_captured_to(ctx.value(), &mut out);
+        let done = tmpl.render_captured_to(vars, &mut out);
         if out.over {
             return Err(self.over_bytes());
         }
@@ -377,23 +442,26 @@ impl Renderer {
         let e = env
             .compile_expression(expr)
             .map_err(|e| self.failed(&what, e))?;
-        let v = e.eval(ctx.value()).map_err(|e| self.failed(&what, e))?;
+        let names: Vec<String> = e.undeclared_variables(false).into_iter().collect();
+        let v = e
+            .eval(ctx.with(&names, None))
+            .map_err(|e| self.failed(&what, e))?;
         Ok(v.is_true())
     }
 
-    fn render_value(&self, v: &Value, ctx: &Ctx<'_>) -> Result<Value> {
+    fn render_value(&self, v: &Value, ctx: &Ctx<'_>, i: Option<u64>) -> Result<Value> {
         Ok(match v {
-            Value::String(s) => Value::String(self.render(s, ctx)?),
+            Value::String(s) => Value::String(self.render(s, ctx, i)?),
             Value::Array(a) => Value::Array(
                 a.iter()
-                    .map(|x| self.render_value(x, ctx))
+                    .map(|x| self.render_value(x, ctx, i))
                     .collect::<Result<_>>()?,
             ),
             Value::Object(o) => Value::Object(
                 o.iter()
                     .map(|(k, x)| {
                         self.spend(k.len())?;
-                        Ok((k.clone(), self.render_value(x, ctx)?))
+                        Ok((k.clone(), self.render_value(x, ctx, i)?))
                     })
                     .collect::<Result<_>>()?,
             ),
@@ -429,7 +497,7 @@ pub fn answer_within(
         ))
     })?;
     let r = Renderer::new(limits);
-    let ctx = Ctx::new(Box::new(move || template_context(req, turn_no)));
+    let ctx = Ctx::new(req, turn_no);
     let turn = match entry {
         Entry::Turn(t) => t,
         Entry::Choose { choose } => {
@@ -454,7 +522,7 @@ pub fn answer_within(
     };
     let latency = turn.latency_ms.unwrap_or(script.latency_ms);
     if let Some(a) = &turn.answer {
-        let content = r.render(a, &ctx)?;
+        let content = r.render(a, &ctx, None)?;
         return Ok((
             ModelResponse {
                 content: Some(content),
@@ -469,11 +537,11 @@ pub fn answer_within(
         let n = match &c.repeat {
             None => 1,
             Some(Value::Number(n)) => n.as_u64().unwrap_or(1),
-            Some(Value::String(s)) => {
-                r.render(s, &ctx)?.trim().parse::<u64>().map_err(|_| {
-                    Error::Config(format!("repeat `{s}` did not render to a number"))
-                })?
-            }
+            Some(Value::String(s)) => r
+                .render(s, &ctx, None)?
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| Error::Config(format!("repeat `{s}` did not render to a number")))?,
             Some(other) => return Err(Error::Config(format!("repeat: {other} is not a number"))),
         };
         // Every call takes at least its name and id of the answer's room: refuse a count
@@ -483,21 +551,20 @@ pub fn answer_within(
             return Err(r.over_bytes());
         }
         for i in 0..n {
-            let ctx = Ctx::new(Box::new(|| {
-                let mut ctx = ctx.value().clone();
-                ctx["i"] = Value::from(i);
-                ctx
-            }));
             let id = format!("call_{}_{}", turn_no + 1, calls.len() + 1);
             r.spend(id.len() + c.tool.len())?;
             calls.push(ToolCall {
                 id,
                 name: c.tool.clone(),
-                args: r.render_value(&c.args, &ctx)?,
+                args: r.render_value(&c.args, &ctx, Some(i))?,
             });
         }
     }
-    let say = turn.say.as_ref().map(|s| r.render(s, &ctx)).transpose()?;
+    let say = turn
+        .say
+        .as_ref()
+        .map(|s| r.render(s, &ctx, None))
+        .transpose()?;
     Ok((
         ModelResponse {
             content: say,

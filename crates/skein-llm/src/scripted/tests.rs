@@ -227,3 +227,91 @@ fn bad_script_is_named() {
         .to_string()
         .contains("no turns"));
 }
+
+/// Each variable is worked out only for a template that reads it; wherever a template
+/// reads one (a macro, a loop, a `set`, a condition, a repeated call's arguments), it
+/// sees the same value as every other.
+#[test]
+fn every_way_of_reading_a_variable_sees_it() {
+    let cases = [
+        ("{{ mission }}", "Brief on X"),
+        (
+            "{% macro m() %}{{ mission }}/{{ agent }}{% endmacro %}{{ m() }}",
+            "Brief on X/a",
+        ),
+        ("{% set x = inputs.n %}{{ x * 2 }}", "6"),
+        (
+            "{% for r in results %}{{ r.k }}{% endfor %}|{{ all_results | length }}",
+            "12|3",
+        ),
+        (
+            "{{ prompt }}+{{ user_messages | join(',') }}",
+            "first+second,third",
+        ),
+        (
+            "{{ session }} {{ turn }} {{ context is none }} {{ plan is none }}",
+            "s 2 True True",
+        ),
+        ("{{ nothing_by_this_name }}.", "."),
+        (
+            "{% filter upper %}{{ mission }}{% endfilter %}",
+            "BRIEF ON X",
+        ),
+        ("{% if results %}{{ results[1].k }}{% endif %}", "2"),
+    ];
+    let msgs = vec![
+        Message::System {
+            content: "p".into(),
+        },
+        Message::User {
+            content: "first".into(),
+        },
+        Message::Assistant {
+            content: None,
+            tool_calls: vec![],
+        },
+        Message::Tool {
+            call_id: "a".into(),
+            name: "t".into(),
+            content: "{\"k\": 0}".into(),
+            is_error: false,
+        },
+        Message::User {
+            content: "second".into(),
+        },
+        Message::User {
+            content: "third".into(),
+        },
+        Message::Assistant {
+            content: None,
+            tool_calls: vec![],
+        },
+        Message::Tool {
+            call_id: "b".into(),
+            name: "t".into(),
+            content: "{\"k\": 1}".into(),
+            is_error: false,
+        },
+        Message::Tool {
+            call_id: "c".into(),
+            name: "t".into(),
+            content: "{\"k\": 2}".into(),
+            is_error: false,
+        },
+    ];
+    let mut r = req(msgs);
+    r.meta.plan = serde_json::Value::Null;
+    for (template, want) in cases {
+        let text = format!(
+            "turns:\n  - answer: x\n  - answer: x\n  - answer: {}\n",
+            serde_json::to_string(template).unwrap()
+        );
+        let s = parse_script("t", &text).unwrap();
+        let (resp, _) = answer(&s, &r).unwrap();
+        assert_eq!(resp.content.as_deref(), Some(want), "{template}");
+    }
+    // A condition reads them the same way.
+    let text = "turns:\n  - answer: x\n  - answer: x\n  - choose:\n      - when: \"results | length == 2 and mission == 'Brief on X'\"\n        answer: yes\n      - answer: no\n";
+    let (resp, _) = answer(&parse_script("t", text).unwrap(), &r).unwrap();
+    assert_eq!(resp.content.as_deref(), Some("yes"));
+}
