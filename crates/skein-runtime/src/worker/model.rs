@@ -156,11 +156,26 @@ impl Runtime {
                     worker: self.cfg.worker_id.clone(),
                 };
                 let answers = ev.response.tool_calls.is_empty();
+                // Reads can share the turn's append only when every call of the turn is
+                // one; any other turn (one that delegates, say) is decided once, by the
+                // drive, not here as well (for a turn of 1,000 delegations that took
+                // longer than recording it).
+                let may_read = !answers
+                    && ev
+                        .response
+                        .tool_calls
+                        .iter()
+                        .all(|c| self.is_read(def, &c.name));
                 // The turn is folded in before it is written, to decide what follows it;
                 // a failed write fails the step, and its fold is dropped.
                 let mut staged = Staged::default();
                 self.stage(f, Event::ModelCalled(ev), &mut staged)?;
-                match self.after_turn(f, def, answers) {
+                let then = if answers || may_read {
+                    self.after_turn(f, def, answers)
+                } else {
+                    None
+                };
+                match then {
                     // A turn that answers usually ends the session. When the rules end it
                     // at once (nothing else to run first), the end is recorded with the
                     // turn, in one append, so it costs one durable write, not two.
@@ -224,12 +239,7 @@ impl Runtime {
     /// free and idempotent). Decided on the state with the turn folded in (staged).
     fn after_turn(&self, f: &Folded, def: &AgentDef, answers: bool) -> Option<Then> {
         let st = &f.state;
-        let reads = |r: &ToolRun| {
-            !r.resumed
-                && skein_core::agent::SIDE_EFFECT_FREE_TOOLS.contains(&r.tool.as_str())
-                && self.tools.get(&r.tool).is_some()
-                && self.may_run_again(def, &r.tool)
-        };
+        let reads = |r: &ToolRun| !r.resumed && self.is_read(def, &r.tool);
         match st.next(def, &self.cfg.limits, &*self.agents) {
             Step::Complete { answer } if answers => Some(Then::End(Box::new(Event::completed(
                 answer,
@@ -244,6 +254,14 @@ impl Runtime {
             Step::RunTools(runs) if !answers && runs.iter().all(reads) => Some(Then::Read(runs)),
             _ => None,
         }
+    }
+
+    /// Whether a call of `tool` only reads the workspace, and may run again: such calls
+    /// are run and recorded with the turn that asked for them.
+    fn is_read(&self, def: &AgentDef, tool: &str) -> bool {
+        skein_core::agent::SIDE_EFFECT_FREE_TOOLS.contains(&tool)
+            && self.tools.get(tool).is_some()
+            && self.may_run_again(def, tool)
     }
 
     /// Replaces, in every message of `request`, the references to resume tokens this
