@@ -150,10 +150,15 @@ impl Runtime {
             staged.records.len() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
+        // Nobody may listen (a worker, a bench): then no notice is made.
+        let told = self.progress.receiver_count() > 0;
         for (r, (status, steps)) in staged.records.iter().zip(staged.marks) {
             if r.env.body.is_terminal() {
                 crate::spans::session_ended(&f.id, &f.state, r.env.at);
                 let _ = self.ends.send(f.id.clone());
+            }
+            if !told {
+                continue;
             }
             let _ = self.progress.send(Progress {
                 session: f.id.clone(),
