@@ -436,9 +436,13 @@ impl Workspace for LocalWorkspace {
     async fn list(&self, path: &str) -> Result<Vec<DirEntry>, ToolError> {
         // A directory that cannot be looked at fails on its listing, here as well.
         let small = |dir: &Dir, rel: &str| {
-            let at = if rel.is_empty() { "." } else { rel };
-            dir.metadata(at)
-                .map_or(true, |m| m.len() <= QUICK_DIR_BYTES)
+            // The root's own size is a stat of the open handle, not a path lookup.
+            let md = if rel.is_empty() {
+                dir.dir_metadata()
+            } else {
+                dir.metadata(rel)
+            };
+            md.map_or(true, |m| m.len() <= QUICK_DIR_BYTES)
         };
         self.with_root(path, small, |dir, rel| {
             let entries = if rel.is_empty() {

@@ -122,6 +122,15 @@ async fn a_quick_workspace_answers_as_the_pool_does_for_small_and_big() {
         assert_eq!(a, b, "listing of `{dir}`");
     }
     assert_eq!(fast.list("big").await.unwrap().len(), n);
+    // A workspace whose root itself is big: its size is read from the open root.
+    let (pool_big, fast_big) = (
+        LocalWorkspace::new(&big),
+        LocalWorkspace::new(&big).quick(true),
+    );
+    assert_eq!(
+        pool_big.list("").await.unwrap(),
+        fast_big.list("").await.unwrap()
+    );
     // A read within the quick size, and one over it.
     let data: Vec<u8> = (0..QUICK_READ_BYTES * 2).map(|i| (i % 251) as u8).collect();
     std::fs::write(s.root().join("data.bin"), &data).unwrap();
