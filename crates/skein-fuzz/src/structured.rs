@@ -234,7 +234,39 @@ pub fn reshape_json(rng: &mut Rng, seed: &[u8], dict: &Dict) -> Option<Vec<u8>> 
     if rng.gen_bool(0.8) {
         serde_json::to_vec(&v).ok()
     } else {
-        serde_json::to_vec_pretty(&v).ok()
+        pretty_or_compact(&v)
+    }
+}
+
+/// `v` pretty-printed, or compact when that would pass [`PRETTY_MAX`] bytes. Pretty
+/// printing indents every line by its depth: a wide array wrapped a thousand levels deep
+/// prints to tens of megabytes, which the byte mutations then scanned (seconds of CPU
+/// between two inputs, reported as a hang of the input before them).
+fn pretty_or_compact(v: &Value) -> Option<Vec<u8>> {
+    let mut out = Capped(Vec::new());
+    match serde_json::to_writer_pretty(&mut out, v) {
+        Ok(()) => Some(out.0),
+        Err(_) => serde_json::to_vec(v).ok(),
+    }
+}
+
+/// The most bytes a pretty-printed reshape may take (see [`reshape_json`]).
+pub const PRETTY_MAX: usize = 1 << 20;
+
+/// A writer that refuses to grow past [`PRETTY_MAX`].
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > PRETTY_MAX {
+            return Err(std::io::Error::other("over the cap"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -324,6 +356,34 @@ mod tests {
             differ += usize::from(out != seed);
         }
         assert!(differ > 400, "{differ}");
+    }
+
+    /// A wide value wrapped deep would pretty-print to tens of megabytes: it is printed
+    /// compact instead, and a small one still pretty.
+    #[test]
+    fn a_wide_value_nested_deep_is_not_pretty_printed() {
+        with_stack(|| {
+            let mut v = Value::Array((0..8000).map(Value::from).collect());
+            for _ in 0..1025 {
+                v = Value::Array(vec![v]);
+            }
+            let out = pretty_or_compact(&v).unwrap();
+            assert_eq!(out, serde_json::to_vec(&v).unwrap());
+            assert!(out.len() <= PRETTY_MAX);
+            drop_deep(v);
+            let small = serde_json::json!({"answers": [1, 2]});
+            assert_eq!(
+                pretty_or_compact(&small).unwrap(),
+                serde_json::to_vec_pretty(&small).unwrap()
+            );
+        });
+    }
+
+    /// Drops a deeply nested value without recursing once per level.
+    fn drop_deep(mut v: Value) {
+        while let Value::Array(mut a) = v {
+            v = a.pop().unwrap_or(Value::Null);
+        }
     }
 
     #[test]

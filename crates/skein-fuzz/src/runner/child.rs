@@ -95,6 +95,9 @@ pub fn next_input(
     } else {
         base.clone()
     };
+    // A reshaped value may be far longer than an input may be; the byte edits below
+    // scan what they edit, so they get the cut input.
+    input.truncate(spec.max_len);
     if input == *base || rng.gen_bool(0.4) {
         mutate_bytes(rng, &mut input, seeds, dict, spec.max_len);
     }
