@@ -61,11 +61,23 @@ impl SessionId {
 
     /// Parses the dotted or slashed form.
     pub fn parse(s: &str) -> Result<Self> {
-        let s = s.trim().replace('/', ".");
+        let t = s.trim();
+        if t.len() == s.len() && !s.contains('/') {
+            Self::check(s)?;
+            return Ok(Self(s.to_string()));
+        }
+        let s = t.replace('/', ".");
+        Self::check(&s)?;
+        Ok(Self(s))
+    }
+
+    /// Checks the dotted form: its length, every token, and the `AGENT-N` shape of every
+    /// child token.
+    fn check(s: &str) -> Result<()> {
         if s.len() > MAX_ID_LEN {
             return Err(Error::InvalidId(format!(
                 "id `{}…` is {} bytes; at most {MAX_ID_LEN} are allowed",
-                prefix_chars(&s, 16).escape_debug(),
+                prefix_chars(s, 16).escape_debug(),
                 s.len()
             )));
         }
@@ -77,7 +89,7 @@ impl SessionId {
                 )));
             }
         }
-        Ok(Self(s))
+        Ok(())
     }
 
     /// The child this session creates for its `n`-th delegation (1-based) to `agent`.
@@ -144,7 +156,13 @@ impl fmt::Display for SessionId {
 
 impl TryFrom<String> for SessionId {
     type Error = Error;
+    /// Every stored record names its session, so this is on the path of every decode: an
+    /// id already in the dotted form (as every stored one is) keeps its string.
     fn try_from(s: String) -> Result<Self> {
+        if s.trim().len() == s.len() && !s.contains('/') {
+            Self::check(&s)?;
+            return Ok(Self(s));
+        }
         Self::parse(&s)
     }
 }
@@ -209,6 +227,36 @@ mod tests {
         }
         let e = SessionId::parse(&"€".repeat(200)).unwrap_err().to_string();
         assert!(e.contains("at most 512"), "{e}");
+    }
+
+    #[test]
+    fn an_owned_string_reads_as_the_same_id_or_error_as_parsing_it() {
+        let long = format!("{}.w-1", "a".repeat(64));
+        let deep = format!("r{}", ".w-1".repeat(200));
+        for s in [
+            "01jd8x.researcher-2.writer-1",
+            "01jd8x/researcher-2/writer-1",
+            " 01jd8x.researcher-2 ",
+            "01jd8x\t",
+            "01jd8x.",
+            ".w-1",
+            "abc.notachild",
+            "abc..x-1",
+            "ABC",
+            "",
+            " ",
+            long.as_str(),
+            deep.as_str(),
+        ] {
+            let owned = SessionId::try_from(s.to_string()).map_err(|e| e.to_string());
+            let parsed = SessionId::parse(s).map_err(|e| e.to_string());
+            assert_eq!(owned, parsed, "{s:?}");
+        }
+        // And through a decode, as every stored record's session is read.
+        let id: SessionId = serde_json::from_str("\"r.w-1\"").unwrap();
+        assert_eq!(id.as_str(), "r.w-1");
+        let e = serde_json::from_str::<SessionId>("\"r.w\"").unwrap_err();
+        assert!(e.to_string().contains("AGENT-N"), "{e}");
     }
 
     #[test]
