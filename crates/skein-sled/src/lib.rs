@@ -175,11 +175,7 @@ impl SledStore {
     ) -> Result<Arc<Self>> {
         std::fs::create_dir_all(dir).map_err(backend_err)?;
         let lock = lock_dir(dir)?;
-        let db = sled::Config::new()
-            .path(dir.join("db"))
-            .flush_every_ms(None)
-            .open()
-            .map_err(backend_err)?;
+        let db = open_db(&dir.join("db"))?;
         let tree = |n: &str| db.open_tree(n).map_err(backend_err);
         let wal = Arc::new(wal::Wal::open(&dir.join("events.log"))?);
         migrate_sled_log(&db, &wal)?;
@@ -250,6 +246,29 @@ impl Drop for SledStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+    }
+}
+
+/// How long [`open_db`] waits for a handle of this process that is closing.
+const DB_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens the sled database. The data directory's own lock is held by then, so no other
+/// process has the database open; a sled lock still taken is this process's previous
+/// handle, whose last background write (sled runs it on a thread of its own) can outlive
+/// the handle's drop by a moment. That is waited for, up to [`DB_LOCK_WAIT`], rather than
+/// failing an open that follows a close.
+fn open_db(path: &Path) -> Result<sled::Db> {
+    let started = std::time::Instant::now();
+    loop {
+        match sled::Config::new().path(path).flush_every_ms(None).open() {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && started.elapsed() < DB_LOCK_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            r => return r.map_err(backend_err),
+        }
     }
 }
 
