@@ -61,12 +61,17 @@ impl SessionId {
 
     /// Parses the dotted or slashed form.
     pub fn parse(s: &str) -> Result<Self> {
-        let t = s.trim();
-        if t.len() == s.len() && !s.contains('/') {
-            Self::check(s)?;
-            return Ok(Self(s.to_string()));
-        }
-        let s = t.replace('/', ".");
+        Self::from_text(std::borrow::Cow::Borrowed(s))
+    }
+
+    /// Parses `s`, keeping its string when it is already in the dotted form (as every
+    /// stored id is): the session of every decoded record is read here.
+    fn from_text(s: std::borrow::Cow<'_, str>) -> Result<Self> {
+        let s = if s.trim().len() == s.len() && !s.contains('/') {
+            s.into_owned()
+        } else {
+            s.trim().replace('/', ".")
+        };
         Self::check(&s)?;
         Ok(Self(s))
     }
@@ -156,14 +161,8 @@ impl fmt::Display for SessionId {
 
 impl TryFrom<String> for SessionId {
     type Error = Error;
-    /// Every stored record names its session, so this is on the path of every decode: an
-    /// id already in the dotted form (as every stored one is) keeps its string.
     fn try_from(s: String) -> Result<Self> {
-        if s.trim().len() == s.len() && !s.contains('/') {
-            Self::check(&s)?;
-            return Ok(Self(s));
-        }
-        Self::parse(&s)
+        Self::from_text(std::borrow::Cow::Owned(s))
     }
 }
 
