@@ -50,6 +50,26 @@ enum Then {
     Read(Vec<ToolRun>),
 }
 
+/// Runs `fut` to its end, calling `beat` every `every` while it runs; the first beat one
+/// period after the start. (An interval's immediate first tick is not free: awaiting it
+/// registers a timer that fires only on the timer's next whole millisecond, which once put
+/// up to a millisecond before every model and tool call.)
+async fn beating<T, B: std::future::Future<Output = ()>>(
+    fut: impl std::future::Future<Output = T>,
+    every: Duration,
+    mut beat: impl FnMut() -> B,
+) -> T {
+    tokio::pin!(fut);
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut fut => return out,
+            _ = tick.tick() => beat().await,
+        }
+    }
+}
+
 impl Runtime {
     /// Keeps a job's lease alive while `fut` runs.
     pub(crate) async fn with_heartbeat<T>(
@@ -58,20 +78,12 @@ impl Runtime {
         fut: impl std::future::Future<Output = T>,
     ) -> T {
         let every = (self.cfg.lease / 3).max(Duration::from_millis(200));
-        tokio::pin!(fut);
-        let mut tick = tokio::time::interval(every);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                biased;
-                out = &mut fut => return out,
-                _ = tick.tick() => {
-                    if let Err(e) = self.backend.jobs.heartbeat(job).await {
-                        tracing::warn!(session = %job.session, error = %e.report(), "heartbeat failed");
-                    }
-                }
+        beating(fut, every, || async {
+            if let Err(e) = self.backend.jobs.heartbeat(job).await {
+                tracing::warn!(session = %job.session, error = %e.report(), "heartbeat failed");
             }
-        }
+        })
+        .await
     }
 
     pub(crate) async fn call_model(
@@ -324,6 +336,52 @@ impl Runtime {
                 c.id = format!("t{}_{}", state.steps + 1, k + 1);
             }
             used.insert(c.id.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::time::Duration;
+
+    use futures::FutureExt;
+    use tokio::time::Instant;
+
+    use super::beating;
+
+    #[tokio::test]
+    async fn work_that_is_ready_is_not_held_back_by_the_first_beat() {
+        // Polled once: no timer stands before the work.
+        let out = beating(async { 7 }, Duration::from_secs(10), || async {
+            panic!("no beat is due")
+        })
+        .now_or_never();
+        assert_eq!(out, Some(7));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn beats_come_one_period_apart_from_one_period_after_the_start() {
+        tokio::time::pause();
+        let start = Instant::now();
+        let every = Duration::from_millis(200);
+        let beats = RefCell::new(vec![]);
+        beating(tokio::time::sleep(every * 5 / 2), every, || {
+            beats.borrow_mut().push(start.elapsed());
+            async {}
+        })
+        .await;
+        assert!(start.elapsed() >= every * 5 / 2);
+        // tokio's timer ends a wait on a whole millisecond, so a beat may come up to one
+        // late.
+        let beats = beats.into_inner();
+        assert_eq!(beats.len(), 2, "{beats:?}");
+        for (k, at) in beats.into_iter().enumerate() {
+            let due = every * (k as u32 + 1);
+            assert!(
+                at >= due && at <= due + Duration::from_millis(1),
+                "beat {k} at {at:?}"
+            );
         }
     }
 }
