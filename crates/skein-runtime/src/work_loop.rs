@@ -251,7 +251,9 @@ impl Runtime {
                         health.ok(pool);
                         crate::metrics::job_claimed(pool, job.attempt);
                         got = true;
-                        self.handle(job).await;
+                        // Boxed: a job's future is some 30 KB, and a loop that held it
+                        // inline would carry that much while it waits for a job.
+                        Box::pin(self.handle(job)).await;
                     }
                     Ok(None) => health.ok(pool),
                     Err(e) => {
@@ -403,8 +405,7 @@ impl Runtime {
                     rx.clone(),
                     scope.clone(),
                 );
-                // About 30 KB: boxed once here rather than copied into the task.
-                tokio::spawn(Box::pin(fut))
+                tokio::spawn(fut)
             })
             .collect();
         handles.push(tokio::spawn(self.clone().sweeper(rx)));
