@@ -544,13 +544,31 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     let fleet = Fleet::start(app, &cfg, 1, 64, 0).await?;
     let (relay, wall) = fleet.relay().await?;
     let (delegate, settle) = super::bench_hops::hops(&fleet.runtimes[0].backend, &relay).await?;
+    // The fan-out of 8 at zero latency on the same warm worker, submitted and awaited as
+    // a client does (the result heard on its subject): the L = 0, N = 8 figure.
+    let mut small = vec![];
+    for _ in 0..5 {
+        small.push(fleet.fanout(8).await?.1);
+    }
     fleet.stop().await;
+    small.sort_by(f64::total_cmp);
     let title = format!(
         "\nhop latency, zero-latency model, 1 worker, {} delegations one after another:",
         super::bench_hops::HOPS
     );
     let hops = super::bench_hops::report(&title, wall, &delegate, &settle, a.json)?;
     results.insert("hops".into(), hops);
+    results.insert(
+        "fanout_l0_n8".into(),
+        json!({"runs_ms": small, "median_ms": small[small.len() / 2]}),
+    );
+    if !a.json {
+        crate::outln!(
+            "fan-out of 8 at zero latency on that worker, from submission to the result heard on its subject, median of {}: {:.1} ms",
+            small.len(),
+            small[small.len() / 2]
+        )?;
+    }
 
     // Fan-out against its ideal, on one worker and on three (in this process), with the
     // peak resident memory of the server and of this process, which hosts the workers.
