@@ -24,6 +24,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use skein_core::{Record, SessionId};
@@ -65,6 +66,11 @@ pub(crate) struct Wal {
     path: PathBuf,
     file: File,
     index: Mutex<Index>,
+    /// How much of the file an `fdatasync` has covered in this process (0 until the
+    /// first: what was in the file at open may not have reached the disk yet).
+    synced: AtomicU64,
+    /// `fdatasync` calls made.
+    syncs: AtomicU64,
 }
 
 /// One frame read back by [`scan`].
@@ -113,6 +119,8 @@ impl Wal {
                 end: good_end,
                 sessions,
             }),
+            synced: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
         })
     }
 
@@ -178,8 +186,18 @@ impl Wal {
     }
 
     /// Makes every write so far durable.
+    /// A sync with nothing written since the last one returns at once: the end of a run
+    /// asked for one after its last group commit, and again when the store closed.
     pub(crate) fn sync(&self) -> std::io::Result<()> {
-        self.file.sync_data()
+        // Every write below `end` has completed: a frame is written before `end` moves.
+        let end = self.lock().end;
+        if end == 0 || end <= self.synced.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.file.sync_data()?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.synced.fetch_max(end, Ordering::AcqRel);
+        Ok(())
     }
 
     /// `session`'s records from `from_seq` on.
@@ -351,4 +369,57 @@ fn keep_torn_tail(file: &File, path: &Path, good_end: u64, len: u64) -> Result<(
         "the event log ended in a torn write; the bytes after the last whole frame are kept aside"
     );
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use skein_core::event::{genesis_hash, Completed};
+    use skein_core::{Envelope, Event, Record, SessionId};
+
+    use super::Wal;
+
+    fn record(id: &SessionId, seq: u64) -> Record {
+        let env = Envelope::new(
+            id.clone(),
+            seq,
+            1_700_000_000_000,
+            genesis_hash(id),
+            Event::Completed(Completed {
+                answer: format!("answer {seq}"),
+                usage_total: Default::default(),
+                steps: 1,
+            }),
+        );
+        let bytes = env.encode().unwrap();
+        Record { env, bytes }
+    }
+
+    fn syncs(w: &Wal) -> u64 {
+        w.syncs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_sync_with_nothing_new_written_makes_no_fdatasync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.log");
+        let id = SessionId::root("walsync").unwrap();
+        let w = Wal::open(&path).unwrap();
+        w.sync().unwrap();
+        assert_eq!(syncs(&w), 0, "an empty log has nothing to sync");
+        w.append(&id, 0, &[record(&id, 1)]).unwrap().unwrap();
+        w.sync().unwrap();
+        w.sync().unwrap();
+        assert_eq!(syncs(&w), 1);
+        w.append(&id, 1, &[record(&id, 2)]).unwrap().unwrap();
+        w.sync().unwrap();
+        assert_eq!(syncs(&w), 2);
+        drop(w);
+        // Reopened: what the file holds is synced once more before it counts as durable.
+        let w = Wal::open(&path).unwrap();
+        w.sync().unwrap();
+        w.sync().unwrap();
+        assert_eq!(syncs(&w), 1);
+        assert_eq!(w.read(&id, 1).unwrap().len(), 2);
+    }
 }

@@ -25,7 +25,7 @@ async fn an_open_waits_for_a_database_handle_of_this_process_that_is_closing() {
     let dir = tempfile::tempdir().unwrap();
     let held = sled::open(dir.path().join("db")).unwrap();
     // The contention is real: sled refuses a second handle while this one lives.
-    let second = sled::open(dir.path().join("db")).err().expect("refused");
+    let second = sled::open(dir.path().join("db")).expect_err("refused");
     assert!(
         second.to_string().contains("could not acquire lock"),
         "{second}"
