@@ -186,6 +186,7 @@ impl Wal {
     }
 
     /// Makes every write so far durable.
+    ///
     /// A sync with nothing written since the last one returns at once: the end of a run
     /// asked for one after its last group commit, and again when the store closed.
     pub(crate) fn sync(&self) -> std::io::Result<()> {
