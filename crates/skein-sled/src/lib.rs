@@ -256,13 +256,15 @@ const DB_LOCK_WAIT: Duration = Duration::from_secs(5);
 /// process has the database open; a sled lock still taken is this process's previous
 /// handle, whose last background write (sled runs it on a thread of its own) can outlive
 /// the handle's drop by a moment. That is waited for, up to [`DB_LOCK_WAIT`], rather than
-/// failing an open that follows a close.
+/// failing an open that follows a close. sled reports a taken lock only in the text of an
+/// I/O error of kind `Other`, so that text is what is matched here.
 fn open_db(path: &Path) -> Result<sled::Db> {
     let started = std::time::Instant::now();
     loop {
         match sled::Config::new().path(path).flush_every_ms(None).open() {
             Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
+                if e.kind() == std::io::ErrorKind::Other
+                    && e.to_string().contains("could not acquire lock")
                     && started.elapsed() < DB_LOCK_WAIT =>
             {
                 std::thread::sleep(Duration::from_millis(5));
