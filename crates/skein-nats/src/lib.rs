@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod config;
 pub mod deadline;
+pub mod frame;
 pub mod health;
 
 pub use backend::{ensure_topology, NatsStore};

@@ -332,40 +332,22 @@ async fn an_old_job_stream_is_upgraded_and_jobs_still_coalesce() {
     assert_eq!(again.session, id);
 }
 
-/// An event stream made without atomic batches (by an earlier version) is allowed them
-/// when a store connects to a server that takes them (2.12 and later), and a long run of
-/// records (a wide turn's delegations) then goes in as one batch: the stored messages
-/// carry the batch's headers. On an older server the stream stays as it is and the
-/// records go one by one, with the message ids that make a retried publish a duplicate.
-/// Either way the log reads back whole, and a batch after another writer's record is
-/// refused whole.
+/// Records appended together (a turn's model answer, read-only tool calls and results; a
+/// wide turn's delegations) go as one message of several records, and read back one by
+/// one, from any seq, after a log written one record per message. A run larger than a
+/// message carries goes as several. A message after another writer's record is refused
+/// whole, and a publish retried after a lost ack (the same bytes) is taken as done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wide_turns_records_go_in_one_atomic_batch_where_the_server_takes_them() {
-    use async_nats::jetstream::stream;
+async fn records_appended_together_go_as_one_message_and_are_stored_whole_or_not_at_all() {
     let server = NatsServer::start();
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let version = client.server_info().version;
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let takes = (parts.next().unwrap(), parts.next().unwrap()) >= (2, 12);
-    let js = async_nats::jetstream::new(client);
-    js.create_stream(stream::Config {
-        name: "SKEIN_EVENTS".into(),
-        subjects: vec!["skein.events.>".into()],
-        allow_direct: true,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
     let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(5))
         .await
         .unwrap();
-    let mut events = js.get_stream("SKEIN_EVENTS").await.unwrap();
-    let config = events.info().await.unwrap().config.clone();
-    assert_eq!(config.allow_atomic_publish, takes, "server {version}");
-    assert!(config.allow_direct, "other settings are kept: {config:?}");
-
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    let events = js.get_stream("SKEIN_EVENTS").await.unwrap();
     let b = store.backend();
     let s = skein_runtime::new_root_id();
+    let subject = format!("skein.events.{}", s.as_str());
     let mut prev = genesis_hash(&s);
     let mut records = vec![];
     for seq in 1..=41 {
@@ -374,31 +356,60 @@ async fn a_wide_turns_records_go_in_one_atomic_batch_where_the_server_takes_them
         records.push(r);
     }
     b.log.append(&s, 0, &records[0]).await.unwrap();
-    b.log.append_batch(&s, 1, &records[1..]).await.unwrap();
-    let read = b.log.read(&s, 1).await.unwrap();
-    assert_eq!(read.len(), 41);
-    for (w, r) in records.iter().zip(&read) {
-        assert_eq!(w.bytes, r.bytes);
+    b.log.append_batch(&s, 1, &records[1..4]).await.unwrap();
+    b.log.append_batch(&s, 4, &records[4..]).await.unwrap();
+    assert_eq!(
+        messages_on(&js, &subject).await,
+        3,
+        "one message per append"
+    );
+    for from in [1, 2, 3, 4, 5, 30, 41] {
+        let read = b.log.read(&s, from).await.unwrap();
+        assert_eq!(read.len() as u64, 42 - from, "read from {from}");
+        for (w, r) in records[from as usize - 1..].iter().zip(&read) {
+            assert_eq!(w.bytes, r.bytes, "read from {from}");
+        }
     }
-    let subject = format!("skein.events.{}", s.as_str());
+    // Another store knows no head: it finds the last record inside the last message.
+    let other = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let ob = other.backend();
+    assert_eq!(
+        ob.log.last(&s).await.unwrap().unwrap().bytes,
+        records[40].bytes
+    );
     let last = events
         .get_last_raw_message_by_subject(&subject)
         .await
         .unwrap();
-    let header = |m: &async_nats::jetstream::message::StreamMessage, name: &str| {
-        m.headers.get(name).map(|v| v.as_str().to_string())
-    };
-    // Another writer (a worker that took over the session) appends: this store's head
-    // is stale, so the refusal comes from the server's check of the batch's first record.
-    let other = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(5))
+    assert_eq!(
+        last.headers
+            .get("Nats-Msg-Id")
+            .map(|v| v.as_str().to_string()),
+        Some(format!("{}:5", s.as_str())),
+        "a message's id names its first record"
+    );
+    // The same message published again, as a retry after a lost ack would, is a
+    // duplicate the server drops, and the append counts as done.
+    let mut h = async_nats::HeaderMap::new();
+    h.insert("Nats-Msg-Id", format!("{}:5", s.as_str()).as_str());
+    let ack = js
+        .publish_with_headers(subject.clone(), h, last.payload.clone())
+        .await
+        .unwrap()
         .await
         .unwrap();
+    assert!(ack.duplicate);
+    assert_eq!(messages_on(&js, &subject).await, 3);
+
+    // The other store (a worker that took over the session) appends: this store's head
+    // is stale, so the refusal comes from the server's check of the message's condition.
     let theirs = rec(&s, 42, prev.clone());
-    other.backend().log.append(&s, 41, &theirs).await.unwrap();
-    // Ours differ from theirs from the first record on (another reason).
+    ob.log.append(&s, 41, &theirs).await.unwrap();
     let mut ours = vec![];
     let mut before = prev;
-    for seq in 42..82 {
+    for seq in 42..50 {
         let env = Envelope::new(
             s.clone(),
             seq,
@@ -414,19 +425,49 @@ async fn a_wide_turns_records_go_in_one_atomic_batch_where_the_server_takes_them
     }
     match b.log.append_batch(&s, 41, &ours).await {
         Err(skein_runtime::Error::Conflict { actual, .. }) => assert_eq!(actual, 42),
-        other => panic!("a batch after another writer: {other:?}"),
+        other => panic!("a message after another writer: {other:?}"),
     }
     let read = b.log.read(&s, 1).await.unwrap();
-    assert_eq!(read.len(), 42, "nothing of the refused batch is stored");
+    assert_eq!(read.len(), 42, "nothing of the refused message is stored");
     assert_eq!(read[41].bytes, theirs.bytes);
-    if takes {
-        assert_eq!(header(&last, "Nats-Batch-Sequence").as_deref(), Some("40"));
-        assert_eq!(header(&last, "Nats-Msg-Id"), None);
-    } else {
-        assert_eq!(header(&last, "Nats-Batch-Id"), None);
-        assert_eq!(
-            header(&last, "Nats-Msg-Id"),
-            Some(format!("{}:41", s.as_str()))
+
+    // Records too large to share one message go as several, all read back.
+    let t = skein_runtime::new_root_id();
+    let mut before = genesis_hash(&t);
+    let mut big = vec![];
+    for seq in 1..=3 {
+        let env = Envelope::new(
+            t.clone(),
+            seq,
+            seq,
+            before,
+            Event::Cancelled(Cancelled {
+                reason: "x".repeat(100_000),
+            }),
         );
+        let r = Record::decode(env.encode().unwrap()).unwrap();
+        before = r.hash();
+        big.push(r);
     }
+    b.log.append_batch(&t, 0, &big).await.unwrap();
+    let read = b.log.read(&t, 1).await.unwrap();
+    assert_eq!(read.len(), 3);
+    let n = messages_on(&js, &format!("skein.events.{}", t.as_str())).await;
+    assert_eq!(
+        n, 2,
+        "two records of 100 kB in one message, the third in another"
+    );
+}
+
+/// How many messages the event stream holds on `subject`.
+async fn messages_on(js: &async_nats::jetstream::Context, subject: &str) -> u64 {
+    let stream = js.get_stream("SKEIN_EVENTS").await.unwrap();
+    let subjects = stream.info_with_subjects(subject).await.unwrap();
+    futures::StreamExt::collect::<Vec<_>>(subjects)
+        .await
+        .into_iter()
+        .map(|x| x.unwrap())
+        .filter(|(s, _)| s == subject)
+        .map(|(_, n)| n as u64)
+        .sum()
 }

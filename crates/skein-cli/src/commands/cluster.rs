@@ -410,22 +410,25 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
             }
             _ = tokio::time::sleep(Duration::from_secs(3600)) => continue,
         };
-        let Ok(r) = Record::decode(m.payload.to_vec()) else {
+        // A message may hold several records of one session.
+        let Ok(records) = skein_nats::frame::decode(&m.payload) else {
             continue;
         };
-        match &r.env.body {
-            skein_core::Event::ModelCalled(m) => {
-                let content = m.response.content.as_deref().unwrap_or("");
-                for rest in lines.recorded_as(&r.env.session, r.env.seq, content) {
-                    text_line(&r.env.session, &rest)?;
+        for r in records {
+            match &r.env.body {
+                skein_core::Event::ModelCalled(m) => {
+                    let content = m.response.content.as_deref().unwrap_or("");
+                    for rest in lines.recorded_as(&r.env.session, r.env.seq, content) {
+                        text_line(&r.env.session, &rest)?;
+                    }
                 }
+                skein_core::Event::ModelFailed(_) => lines.failed(&r.env.session),
+                _ => {}
             }
-            skein_core::Event::ModelFailed(_) => lines.failed(&r.env.session),
-            _ => {}
-        }
-        show(&r)?;
-        if r.env.session == root && r.env.body.is_terminal() {
-            return Ok(ExitCode::SUCCESS);
+            show(&r)?;
+            if r.env.session == root && r.env.body.is_terminal() {
+                return Ok(ExitCode::SUCCESS);
+            }
         }
     }
 }

@@ -142,6 +142,21 @@ pub(super) async fn runs(corpus: &Path) -> Result<()> {
         .map(|r| r.bytes.clone())
         .collect();
     if fz_log.len() > 4 {
+        // As the JetStream log stores a turn: records appended together in one message.
+        let mut messages = vec![fz_log[0].clone()];
+        for turn in fz_log[1..].chunks(3) {
+            let parts: Vec<&[u8]> = turn.iter().map(Vec::as_slice).collect();
+            messages.push(match parts.as_slice() {
+                [one] => one.to_vec(),
+                _ => skein_nats::frame::encode_parts(&parts),
+            });
+        }
+        write(
+            corpus,
+            "event",
+            "log-fuzzer-in-messages",
+            &event::join(&messages),
+        )?;
         let mut reordered = fz_log.clone();
         reordered.swap(2, 3);
         write(corpus, "event", "bad-reordered", &event::join(&reordered))?;

@@ -3,12 +3,14 @@
 //! as JSON and re-encoded; the log folded with its chain checked; every decision
 //! re-derived from its prefix.
 //!
-//! Input: one or more records, separated by [`SEPARATOR`].
+//! Input: one or more messages of the event stream, separated by [`SEPARATOR`]: each one
+//! record, or several consecutive records in one message (`skein_nats::frame`), which is
+//! how the JetStream log and its live readers take them apart.
 
 use rand::seq::SliceRandom;
 use rand::Rng as _;
 use skein_core::replay::verify;
-use skein_core::{AgentSet, Envelope, Event, Limits, Record, SessionState};
+use skein_core::{AgentSet, Envelope, Event, Limits, SessionState};
 use skein_runtime::inspect::{fold_records, row};
 
 use super::{Spec, Target};
@@ -107,11 +109,25 @@ impl Target for Events {
     fn run(&mut self, data: &[u8]) -> bool {
         let mut records = vec![];
         let mut all = true;
-        for bytes in split(data) {
-            let Ok(r) = Record::decode(bytes.to_vec()) else {
-                all = false;
-                continue;
-            };
+        let mut decoded = vec![];
+        for message in split(data) {
+            match skein_nats::frame::decode(message) {
+                Ok(rs) => {
+                    // What a message held goes back into one the same.
+                    let again = skein_nats::frame::decode(&skein_nats::frame::encode(&rs));
+                    assert!(
+                        again.is_ok_and(|a| a
+                            .iter()
+                            .map(|r| &r.bytes)
+                            .eq(rs.iter().map(|r| &r.bytes))),
+                        "a message's records do not survive re-framing"
+                    );
+                    decoded.extend(rs);
+                }
+                Err(_) => all = false,
+            }
+        }
+        for r in decoded {
             let _ = r.env.body.to_json();
             // What this build reads, it writes back to the same envelope (an unknown
             // body included).
@@ -154,9 +170,17 @@ fn reshape(rng: &mut Rng, seed: &[u8], dict: &Dict) -> Option<Vec<u8>> {
         return None;
     }
     let i = rng.gen_range(0..recs.len());
-    match rng.gen_range(0..8) {
+    match rng.gen_range(0..9) {
         0 if recs.len() > 1 => {
             recs.remove(i);
+        }
+        // Neighbours into one message, as a turn's records are appended together.
+        8 if recs.len() > 1 => {
+            let start = i.min(recs.len() - 2);
+            let end = rng.gen_range(start + 2..=recs.len());
+            let parts: Vec<&[u8]> = recs[start..end].iter().map(Vec::as_slice).collect();
+            let framed = skein_nats::frame::encode_parts(&parts);
+            recs.splice(start..end, [framed]);
         }
         1 => {
             let r = recs[i].clone();

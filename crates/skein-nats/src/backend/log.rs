@@ -1,23 +1,19 @@
 //! The EventLog on stream `SKEIN_EVENTS`: appends conditional on the subject's last
-//! sequence, with a message id that makes a retried publish a duplicate; a long run of
-//! records as one atomic batch where the server takes them.
-
-use std::sync::atomic::Ordering;
+//! sequence, with a message id that makes a retried publish a duplicate; records appended
+//! together go as one message (see [`crate::frame`]).
 
 use async_nats::jetstream::{self, stream};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use skein_core::{Record, SessionId};
-use skein_runtime::ports::{append_each, check_numbering, EventLog};
+use skein_runtime::ports::{check_numbering, EventLog};
 use skein_runtime::{Error, Result};
 
 use super::read::read_subject;
 use super::{events_subject, nats_err, NatsStore};
-use async_nats::header::{
-    HeaderMap, NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE,
-    NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID,
-};
+use crate::frame;
+use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
 
 impl NatsStore {
     pub(crate) fn head(&self, s: &SessionId) -> Option<(u64, u64)> {
@@ -44,9 +40,11 @@ impl NatsStore {
             .await
         {
             Ok(m) => {
-                let r = Record::decode(m.payload.to_vec()).map_err(|e| {
-                    Error::corrupt(format!("last record of {}", events_subject(s)), e)
-                })?;
+                let what = || format!("last record of {}", events_subject(s));
+                let r = frame::decode(&m.payload)
+                    .map_err(|e| Error::corrupt(what(), e))?
+                    .pop()
+                    .ok_or_else(|| Error::corrupt_because(what()))?;
                 Ok(Some((r, m.sequence)))
             }
             Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
@@ -93,134 +91,29 @@ impl NatsStore {
         }
     }
 
-    /// Appends [`BATCH_MIN`] to [`BATCH_MAX`] records as one atomic batch: the first
-    /// carries the expected last subject sequence, every one but the last goes out without
-    /// waiting, and the last commits; the server stores all of them or none. A batch has no
-    /// message ids (the server refuses them there), so a commit whose answer is lost is
-    /// not retried here: as for any append whose outcome is unknown, the job fails and
-    /// the next load reads what the log holds. Returns `Ok(false)` when the server
-    /// refused the batch as a batch (atomic publish turned off, too many batches in
-    /// flight, a message lost on the way): nothing was stored, and the caller appends
-    /// the records one by one.
-    async fn append_atomic(
+    /// Appends `records` (one, or several consecutive ones) as one message, conditional on
+    /// the subject's last sequence being that of record `expected_last`: stored whole or
+    /// not at all. Its message id names the first record, so a publish retried after a
+    /// lost ack is dropped as a duplicate, and is ours only if the stored bytes are the same.
+    async fn append_message(
         &self,
         session: &SessionId,
         expected_last: u64,
         records: &[Record],
-    ) -> Result<bool> {
-        let expected_sseq = self.expected_sseq(session, expected_last).await?;
-        let subject = events_subject(session);
-        // The batch id names one attempt only: a unique token from the client.
-        let inbox = self.client.new_inbox();
-        let id = inbox.rsplit('.').next().unwrap_or(inbox.as_str());
-        let n = records.len();
-        let headers = |i: usize| {
-            let mut h = HeaderMap::new();
-            h.insert(NATS_BATCH_ID, id);
-            h.insert(NATS_BATCH_SEQUENCE, (i + 1).to_string().as_str());
-            if i == 0 {
-                h.insert(
-                    NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
-                    expected_sseq.to_string().as_str(),
-                );
-            }
-            h
-        };
-        let (last, rest) = records.split_last().ok_or_else(|| {
-            Error::corrupt_because(format!("an empty batch appended to {subject}"))
-        })?;
-        for (i, r) in rest.iter().enumerate() {
-            self.client
-                .publish_with_headers(subject.clone(), headers(i), Bytes::from(r.bytes.clone()))
-                .await
-                .map_err(|e| nats_err("append batch", e))?;
-        }
-        let mut h = headers(n - 1);
-        h.insert(NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL);
-        let answer = self
-            .client
-            .request_with_headers(subject.clone(), h, Bytes::from(last.bytes.clone()))
-            .await
-            .map_err(|e| nats_err("commit batch", e))?;
-        let ack: BatchAck = serde_json::from_slice(&answer.payload)
-            .map_err(|e| Error::corrupt(format!("answer to a batch commit on {subject}"), e))?;
-        match ack.error {
-            None if ack.count == n as u64 => {
-                self.set_head(session, expected_last + n as u64, ack.seq);
-                Ok(true)
-            }
-            None => Err(Error::corrupt_because(format!(
-                "a batch of {n} records to {subject} was acked as {} records",
-                ack.count
-            ))),
-            Some(e) if e.err_code == WRONG_LAST_SEQUENCE => {
-                Err(self.moved_on(session, expected_last).await)
-            }
-            Some(e) => {
-                if e.err_code == ATOMIC_PUBLISH_DISABLED {
-                    self.atomic_batches.store(false, Ordering::Relaxed);
-                }
-                tracing::debug!(
-                    code = e.err_code,
-                    error = %e.description,
-                    records = n,
-                    "batch refused; appending its records one by one"
-                );
-                Ok(false)
-            }
-        }
-    }
-}
-
-/// The most records the server takes in one atomic batch.
-pub(crate) const BATCH_MAX: usize = 1000;
-/// The fewest records worth a batch. A commit costs about 4 ms on a single server of
-/// 2.15 (as much as 10 to 16 records appended one by one on loopback), so a turn's few
-/// records go one by one and only wide delegations are batched: 1,000 records took 21 ms
-/// as a batch and 157 ms one by one.
-pub(crate) const BATCH_MIN: usize = 32;
-/// JetStream's error codes: the subject's last sequence is not the expected one; atomic
-/// publish is not allowed on the stream.
-const WRONG_LAST_SEQUENCE: u64 = 10071;
-const ATOMIC_PUBLISH_DISABLED: u64 = 10174;
-
-/// The server's answer to a batch's commit.
-#[derive(serde::Deserialize)]
-struct BatchAck {
-    #[serde(default)]
-    seq: u64,
-    #[serde(default)]
-    count: u64,
-    error: Option<ApiError>,
-}
-
-#[derive(serde::Deserialize)]
-struct ApiError {
-    #[serde(default)]
-    err_code: u64,
-    #[serde(default)]
-    description: String,
-}
-
-#[async_trait]
-impl EventLog for NatsStore {
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        let seq = expected_last + 1;
-        check_numbering(session, expected_last, std::slice::from_ref(record))?;
+    ) -> Result<()> {
+        let first = expected_last + 1;
+        let last = expected_last + records.len() as u64;
+        let payload = frame::encode(records);
         let expected_sseq = self.expected_sseq(session, expected_last).await?;
         let mut h = HeaderMap::new();
         h.insert(
             NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
             expected_sseq.to_string().as_str(),
         );
-        h.insert(NATS_MESSAGE_ID, format!("{session}:{seq}").as_str());
+        h.insert(NATS_MESSAGE_ID, format!("{session}:{first}").as_str());
         let res = async {
             self.js
-                .publish_with_headers(
-                    events_subject(session),
-                    h,
-                    Bytes::from(record.bytes.clone()),
-                )
+                .publish_with_headers(events_subject(session), h, Bytes::from(payload.clone()))
                 .await?
                 .await
         }
@@ -234,7 +127,7 @@ impl EventLog for NatsStore {
                         .get_raw_message(ack.sequence)
                         .await
                         .map_err(|e| nats_err("read dup", e))?;
-                    if stored.payload.as_ref() != record.bytes.as_slice() {
+                    if stored.payload.as_ref() != payload.as_slice() {
                         self.heads
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -242,11 +135,11 @@ impl EventLog for NatsStore {
                         return Err(Error::Conflict {
                             session: session.to_string(),
                             expected: expected_last,
-                            actual: seq,
+                            actual: first,
                         });
                     }
                 }
-                self.set_head(session, seq, ack.sequence);
+                self.set_head(session, last, ack.sequence);
                 Ok(())
             }
             Err(e)
@@ -261,9 +154,52 @@ impl EventLog for NatsStore {
         }
     }
 
-    /// Where the stream allows atomic batches (servers 2.12 and later), long runs of
-    /// records (a wide turn's `Delegated` records) go in batches of up to [`BATCH_MAX`]:
-    /// one round trip each, not one per record.
+    /// The most bytes of records one message carries: a quarter of what the server takes
+    /// in a message, at most [`FRAME_BYTES`]. A record larger than that goes alone.
+    fn frame_bytes(&self) -> usize {
+        (self.client.server_info().max_payload / 4).clamp(1, FRAME_BYTES)
+    }
+}
+
+/// The most bytes of records one message of several carries.
+const FRAME_BYTES: usize = 256 * 1024;
+
+/// `records` cut into runs that each go as one message: as many as fit in `max_bytes`
+/// (counting what framing adds), at least one.
+fn runs(records: &[Record], max_bytes: usize) -> Vec<&[Record]> {
+    let mut out = vec![];
+    let mut start = 0;
+    let mut size = 0;
+    for (i, r) in records.iter().enumerate() {
+        let add = r.bytes.len() + FRAMING_PER_RECORD;
+        if i > start && size + add > max_bytes {
+            out.push(&records[start..i]);
+            start = i;
+            size = 0;
+        }
+        size += add;
+    }
+    if start < records.len() {
+        out.push(&records[start..]);
+    }
+    out
+}
+
+/// What a record adds to a message of several beyond its bytes, at most (the binary's
+/// header), and the array's own header.
+const FRAMING_PER_RECORD: usize = 5;
+
+#[async_trait]
+impl EventLog for NatsStore {
+    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
+        check_numbering(session, expected_last, std::slice::from_ref(record))?;
+        self.append_message(session, expected_last, std::slice::from_ref(record))
+            .await
+    }
+
+    /// Consecutive records go as few messages as they fit in (see [`crate::frame`]): a
+    /// turn's records are one publish and one ack, each message stored whole or not at
+    /// all.
     async fn append_batch(
         &self,
         session: &SessionId,
@@ -272,17 +208,9 @@ impl EventLog for NatsStore {
     ) -> Result<()> {
         check_numbering(session, expected_last, records)?;
         let mut last = expected_last;
-        for chunk in records.chunks(BATCH_MAX) {
-            // The server holds a few dozen open batches per stream; past this process's
-            // share of them, records go one by one rather than be refused as a batch.
-            let permit = (chunk.len() >= BATCH_MIN && self.atomic_batches.load(Ordering::Relaxed))
-                .then(|| self.batch_slots.try_acquire().ok())
-                .flatten();
-            let batched = permit.is_some() && self.append_atomic(session, last, chunk).await?;
-            if !batched {
-                append_each(self, session, last, chunk).await?;
-            }
-            last += chunk.len() as u64;
+        for run in runs(records, self.frame_bytes()) {
+            self.append_message(session, last, run).await?;
+            last += run.len() as u64;
         }
         Ok(())
     }
@@ -296,11 +224,13 @@ impl EventLog for NatsStore {
         let mut out = vec![];
         let mut last = None;
         for (sseq, payload) in read_subject(&self.events, &events_subject(session), after).await? {
-            let r = Record::decode(payload.to_vec())
+            let records = frame::decode(&payload)
                 .map_err(|e| Error::corrupt(format!("record of {session}"), e))?;
-            last = Some((r.env.seq, sseq));
-            if r.env.seq >= from_seq {
-                out.push(r);
+            for r in records {
+                last = Some((r.env.seq, sseq));
+                if r.env.seq >= from_seq {
+                    out.push(r);
+                }
             }
         }
         if let Some((s, sseq)) = last {

@@ -14,7 +14,7 @@
 //!
 //! | port | NATS |
 //! | --- | --- |
-//! | EventLog | stream `SKEIN_EVENTS`, subject `skein.events.<session>`; appends carry `Nats-Expected-Last-Subject-Sequence` (one writer per session) and `Nats-Msg-Id = <session>:<seq>` (a retried publish is dropped as a duplicate); a long run of records goes as one atomic batch where the server takes them |
+//! | EventLog | stream `SKEIN_EVENTS`, subject `skein.events.<session>`; appends carry `Nats-Expected-Last-Subject-Sequence` (one writer per session) and `Nats-Msg-Id = <session>:<seq>` (a retried publish is dropped as a duplicate); records appended together go as one message (`frame.rs`) |
 //! | JobQueue | stream `SKEIN_JOBS` (work queue), subject `skein.jobs.<pool>.<session>`, one durable pull consumer per pool |
 //! | Cache | KV `skein_cache`; single-flight claims in KV `skein_inflight` |
 //! | Blobs | object store `skein_blobs`, named by blake3 hash |
@@ -35,7 +35,6 @@ mod topology;
 mod workspace;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -107,12 +106,6 @@ pub struct NatsStore {
     held: Mutex<HashMap<String, Arc<jetstream::message::Acker>>>,
     /// Lease given to pool consumers (their ack wait).
     lease: Duration,
-    /// `SKEIN_EVENTS` takes atomic batches (see `log.rs`); turned off if the server says
-    /// otherwise.
-    atomic_batches: AtomicBool,
-    /// Atomic batches this process may have open at once (the server's default limit is
-    /// 50 per stream, shared by every writer).
-    batch_slots: tokio::sync::Semaphore,
     /// Whether `workspace_dir` lies on a local disk (looked at on the first tool call): its
     /// small file operations then run on the calling task.
     workspace_local: std::sync::OnceLock<bool>,
@@ -159,7 +152,6 @@ impl NatsStore {
             async move { js.get_object_store(n).await.map_err(|e| nats_err(n, e)) }
         };
         let events = s(EVENTS).await?;
-        let atomic_batches = AtomicBool::new(events.cached_info().config.allow_atomic_publish);
         Ok(Arc::new(Self {
             events,
             jobs_stream: s(JOBS).await?,
@@ -178,8 +170,6 @@ impl NatsStore {
             consumers: tokio::sync::Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             lease,
-            atomic_batches,
-            batch_slots: tokio::sync::Semaphore::new(16),
             workspace_local: std::sync::OnceLock::new(),
         }))
     }

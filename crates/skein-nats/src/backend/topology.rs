@@ -1,6 +1,5 @@
 //! The streams and buckets, created when missing; existing ones are left alone, but for
-//! two upgrades: a job stream of an earlier version is brought to the current settings,
-//! and the event stream is allowed atomic batches where the server takes them.
+//! one upgrade: a job stream of an earlier version is brought to the current settings.
 
 use std::time::Duration;
 
@@ -43,11 +42,6 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         ..Default::default()
     })
     .await?;
-    // Asked after a request has gone through: the client knows the server only once its
-    // connection is up.
-    if takes_atomic_batches(&js.client().server_info().version) {
-        allow_atomic_batches(js).await;
-    }
     // Limits retention, not a work queue: on a work queue each replica deletes an acked
     // job through the consumer, in its own order, so replicas judge the conditional
     // publish of the next job differently (servers before 2.11 then reset the stream for
@@ -135,46 +129,6 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
     Ok(())
 }
 
-/// Servers from 2.12 on take atomic batches (all of a batch's messages stored or none).
-fn takes_atomic_batches(version: &str) -> bool {
-    let mut parts = version.split('.').map(|p| {
-        p.chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse::<u32>()
-            .unwrap_or(0)
-    });
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (2, 12)
-}
-
-/// The event stream is allowed atomic batches (a stream just made, or one made by an
-/// earlier version or on an older server), its other settings kept. A refusal (a cluster
-/// whose other servers are older) leaves it appending record by record.
-async fn allow_atomic_batches(js: &Context) {
-    let Ok(mut s) = js.get_stream(EVENTS).await else {
-        return;
-    };
-    let Ok(info) = s.info().await else {
-        return;
-    };
-    if info.config.allow_atomic_publish {
-        return;
-    }
-    let cfg = stream::Config {
-        allow_atomic_publish: true,
-        ..info.config.clone()
-    };
-    match js.update_stream(cfg).await {
-        Ok(_) => tracing::info!(
-            stream = EVENTS,
-            "event stream now takes atomic batches: a long run of one session's records is appended in one round trip"
-        ),
-        Err(e) => tracing::warn!(stream = EVENTS, error = %e,
-            "event stream does not take atomic batches; every record is appended on its own"),
-    }
-}
-
 /// Earlier versions made `SKEIN_JOBS` refuse a second message per subject in the stream
 /// itself (`max_messages_per_subject: 1` with `discard_new_per_subject`). A replica that
 /// restarts on servers before 2.10 cannot catch up on such a stream ("maximum messages per
@@ -213,20 +167,5 @@ async fn upgrade_jobs_stream(js: &Context, want: stream::Config) {
         Err(e) => tracing::warn!(stream = JOBS, error = %e,
             "job stream keeps its per-subject limit; a replica of a server before 2.11 may \
              fail to catch up on it after a restart"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::takes_atomic_batches;
-
-    #[test]
-    fn atomic_batches_need_a_server_from_2_12() {
-        for v in ["2.12.0", "2.15.1", "2.12.0-RC.3", "3.0.0"] {
-            assert!(takes_atomic_batches(v), "{v}");
-        }
-        for v in ["2.9.10", "2.11.8", "2.1.12", "", "garbage"] {
-            assert!(!takes_atomic_batches(v), "{v}");
-        }
     }
 }

@@ -10,7 +10,7 @@ use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
-use skein_core::{Record, SessionId};
+use skein_core::SessionId;
 use skein_runtime::worker::{Runtime, TextDelta};
 use tokio::sync::{broadcast, watch};
 use utoipa::{IntoParams, ToSchema};
@@ -105,19 +105,23 @@ pub async fn follow_nats(
     let mut stop = stop;
     tokio::spawn(async move {
         loop {
-            let item = tokio::select! {
+            let items = tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
                 m = events.next() => {
                     let Some(m) = m else { return };
-                    // Anyone may publish here: what does not decode is not shown.
-                    let Ok(r) = Record::decode(m.payload.to_vec()) else { continue };
-                    Live::Event {
-                        session: r.env.session.display(),
-                        root: r.env.session.root_id().to_string(),
-                        seq: r.env.seq,
-                        kind: r.env.body.kind().to_string(),
-                        status: None,
-                    }
+                    // Anyone may publish here: what does not decode is not shown. A
+                    // message may hold several records of one session.
+                    let Ok(records) = skein_nats::frame::decode(&m.payload) else { continue };
+                    records
+                        .iter()
+                        .map(|r| Live::Event {
+                            session: r.env.session.display(),
+                            root: r.env.session.root_id().to_string(),
+                            seq: r.env.seq,
+                            kind: r.env.body.kind().to_string(),
+                            status: None,
+                        })
+                        .collect::<Vec<_>>()
                 }
                 m = text.next() => {
                     let Some(m) = m else { return };
@@ -125,10 +129,12 @@ pub async fn follow_nats(
                     if SessionId::parse(d.session.as_str()).is_err() {
                         continue;
                     }
-                    Live::text(&d)
+                    vec![Live::text(&d)]
                 }
             };
-            let _ = tx.send(item);
+            for item in items {
+                let _ = tx.send(item);
+            }
         }
     });
     Ok(())
