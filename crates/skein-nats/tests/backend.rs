@@ -206,6 +206,81 @@ async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
     assert_eq!(ws.usage("notes/a.txt").await.unwrap().total, 5 + 1_300_000);
 }
 
+/// Listings that run at once share their requests to the server, and each still sees every
+/// write acknowledged before it began: in four trees, writers on one worker's store list
+/// through another's right after each write, while that one lists all the time, and find
+/// every file they wrote; then 64 listings at once cost a few requests, not 64.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_at_once_share_requests_and_see_every_write_before_them() {
+    use futures::StreamExt;
+    let server = NatsServer::start();
+    let c = cfg(&server.url(), 1);
+    let one = NatsStore::connect(&c, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let two = NatsStore::connect(&c, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let roots: Vec<_> = (0..4).map(|_| skein_runtime::new_root_id()).collect();
+    // Listings through `one` all the time, so that a request is nearly always under way
+    // when a writer's listing begins.
+    let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let spin = {
+        let (ws, busy) = (one.backend().workspaces.for_tree(&roots[0]), busy.clone());
+        tokio::spawn(async move {
+            while busy.load(std::sync::atomic::Ordering::Relaxed) {
+                ws.list(".").await.unwrap();
+            }
+        })
+    };
+    let mut tasks = vec![];
+    for root in &roots {
+        let (w, r) = (
+            two.backend().workspaces.for_tree(root),
+            one.backend().workspaces.for_tree(root),
+        );
+        tasks.push(tokio::spawn(async move {
+            for i in 0..16 {
+                let name = format!("f{i}.txt");
+                w.write(&name, b"x").await.unwrap();
+                let listed = r.list(".").await.unwrap();
+                assert!(
+                    listed.iter().any(|e| e.name == name),
+                    "{name}, written before the listing began, is not in it: {listed:?}"
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    busy.store(false, std::sync::atomic::Ordering::Relaxed);
+    spin.await.unwrap();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let mut requests = client
+        .subscribe("$JS.API.STREAM.INFO.OBJ_skein_workspace")
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let ws = one.backend().workspaces.for_tree(&roots[0]);
+    let listings = (0..64).map(|_| {
+        let ws = ws.clone();
+        async move { ws.list(".").await }
+    });
+    for listed in futures::future::join_all(listings).await {
+        assert_eq!(listed.unwrap().len(), 16, "each tree has its 16 files");
+    }
+    let mut n = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), requests.next()).await
+    {
+        n += 1;
+    }
+    assert!(
+        (1..=4).contains(&n),
+        "64 listings at once sent {n} requests"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_object_store_workspace_is_capped_as_a_whole() {
     use skein_tools::{FilesConfig, ToolBox, ToolContext, ToolError, ToolsConfig};

@@ -99,6 +99,8 @@ pub struct NatsStore {
     workspace: object_store::ObjectStore,
     /// The stream under `workspace`, whose object descriptions a listing reads.
     workspace_stream: stream::Stream,
+    /// The names of the workspace's objects, listed once for every listing waiting.
+    workspace_names: Arc<workspace::Names>,
     cfg: NatsConfig,
     /// Last known (our seq, stream seq) per session: appends need the stream seq.
     heads: Mutex<HashMap<SessionId, (u64, u64)>>,
@@ -152,6 +154,7 @@ impl NatsStore {
             async move { js.get_object_store(n).await.map_err(|e| nats_err(n, e)) }
         };
         let events = s(EVENTS).await?;
+        let workspace_stream = s("OBJ_skein_workspace").await?;
         Ok(Arc::new(Self {
             events,
             jobs_stream: s(JOBS).await?,
@@ -162,7 +165,8 @@ impl NatsStore {
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
             workspace: o("skein_workspace").await?,
-            workspace_stream: s("OBJ_skein_workspace").await?,
+            workspace_stream: workspace_stream.clone(),
+            workspace_names: workspace::Names::new(workspace_stream),
             client,
             js,
             cfg: cfg.clone(),

@@ -1,6 +1,6 @@
 //! Workspaces in the object store `skein_workspace`, objects `<root>/<path>`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream::object_store::{self, ObjectInfo};
 use async_nats::jetstream::stream;
@@ -14,6 +14,7 @@ use skein_tools::workspace::DirEntry;
 use skein_tools::{ToolError, Usage, Workspace};
 
 use futures::{StreamExt, TryStreamExt};
+use tokio::sync::oneshot;
 
 use super::read::read_subject;
 use super::NatsStore;
@@ -34,6 +35,7 @@ impl Workspaces for NatsStore {
         Arc::new(ObjectWorkspace {
             store: self.workspace.clone(),
             meta: self.workspace_stream.clone(),
+            names: self.workspace_names.clone(),
             root: root.to_string(),
         })
     }
@@ -44,18 +46,120 @@ impl Workspaces for NatsStore {
 pub struct ObjectWorkspace {
     store: object_store::ObjectStore,
     meta: stream::Stream,
+    names: Arc<Names>,
     root: String,
 }
 
+/// The names of every object of the store, all trees together, for one process: read by
+/// one stream-info request at a time, which the listings of every tree share. A caller is
+/// answered by a request sent after it asked, so it sees every write acknowledged before
+/// that (the request goes to the stream's leader); callers that ask while a request is
+/// under way are answered together by the next one. A wide tree's sessions list the
+/// workspace at the same moments (their turns run in step), and each asked the server on
+/// its own, one request waiting behind another.
+pub(crate) struct Names {
+    meta: stream::Stream,
+    queue: Mutex<Queue>,
+}
+
+type Answer = std::result::Result<Arc<Vec<String>>, String>;
+
+#[derive(Default)]
+struct Queue {
+    /// A task is sending requests (and answering what it took from `waiting`).
+    running: bool,
+    waiting: Vec<oneshot::Sender<Answer>>,
+}
+
+impl Names {
+    pub(crate) fn new(meta: stream::Stream) -> Arc<Self> {
+        Arc::new(Self {
+            meta,
+            queue: Mutex::new(Queue::default()),
+        })
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every object's name, from a request sent after this call began.
+    async fn all(self: &Arc<Self>) -> Answer {
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut q = self.queue();
+            q.waiting.push(tx);
+            !std::mem::replace(&mut q.running, true)
+        };
+        if start {
+            tokio::spawn(self.clone().serve());
+        }
+        rx.await
+            .map_err(|_| "the listing stopped before it answered".to_string())?
+    }
+
+    /// Sends requests while callers wait: each answers everyone who asked before it was
+    /// sent.
+    async fn serve(self: Arc<Self>) {
+        // Should this task end any other way than below (a panic), the callers it holds
+        // are told so, and the next caller starts another.
+        struct Stop(Arc<Names>);
+        impl Drop for Stop {
+            fn drop(&mut self) {
+                let mut q = self.0.queue();
+                q.running = false;
+                q.waiting.clear();
+            }
+        }
+        let _stop = Stop(self.clone());
+        loop {
+            let batch = {
+                let mut q = self.queue();
+                if q.waiting.is_empty() {
+                    q.running = false;
+                    return;
+                }
+                std::mem::take(&mut q.waiting)
+            };
+            let answer = tokio::time::timeout(crate::deadline::OPERATION_LIMIT, self.list())
+                .await
+                .unwrap_or_else(|_| Err("the object store did not answer in time".into()))
+                .map(Arc::new);
+            for tx in batch {
+                let _ = tx.send(answer.clone());
+            }
+        }
+    }
+
+    /// One stream-info request naming every description subject. The object store keeps
+    /// one description per object on a subject of its own, named by the object's encoded
+    /// name, so a tree's objects cannot be picked by a subject filter; the stream's subject
+    /// index names them all (the server answers from memory, reading no message).
+    async fn list(&self) -> std::result::Result<Vec<String>, String> {
+        let meta = format!("$O.{WORKSPACE}.M.");
+        let mut subjects = self
+            .meta
+            .info_with_subjects(format!("{meta}>"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut names = vec![];
+        while let Some((subject, _)) = subjects.try_next().await.map_err(|e| e.to_string())? {
+            let name = subject
+                .strip_prefix(&meta)
+                .and_then(|encoded| URL_SAFE.decode(encoded).ok())
+                .and_then(|bytes| String::from_utf8(bytes).ok());
+            names.extend(name);
+        }
+        Ok(names)
+    }
+}
+
 impl ObjectWorkspace {
-    /// The description of every object of this tree that is not deleted. The object store
-    /// keeps one description per object on a subject of its own, named by the object's
-    /// encoded name, so a tree's objects cannot be picked by a subject filter. The
-    /// stream's subject index can be: one stream-info request names every description
-    /// subject (the server answers it from memory, reading no message), and only the
-    /// descriptions of this tree's objects are then read, by direct gets. An earlier
-    /// version read every tree's descriptions through a consumer made and deleted for each
-    /// listing, which was most of the server's work in a run of `list_dir` calls.
+    /// The description of every object of this tree that is not deleted: the names of
+    /// every tree's objects (see [`Names`]), then the descriptions of this tree's, by
+    /// direct gets. An earlier version read every tree's descriptions through a consumer
+    /// made and deleted for each listing, which was most of the server's work in a run of
+    /// `list_dir` calls.
     async fn objects(&self) -> std::result::Result<Vec<ObjectInfo>, ToolError> {
         tokio::time::timeout(crate::deadline::OPERATION_LIMIT, self.objects_now())
             .await
@@ -70,22 +174,12 @@ impl ObjectWorkspace {
         let failed =
             |e: &dyn std::fmt::Display| ToolError::Failed(format!("listing the workspace: {e}"));
         let prefix = format!("{}/", self.root);
-        let meta = format!("$O.{WORKSPACE}.M.");
-        let mut subjects = self
-            .meta
-            .info_with_subjects(format!("{meta}>"))
-            .await
-            .map_err(|e| failed(&e))?;
-        let mut names = vec![];
-        while let Some((subject, _)) = subjects.try_next().await.map_err(|e| failed(&e))? {
-            let name = subject
-                .strip_prefix(&meta)
-                .and_then(|encoded| URL_SAFE.decode(encoded).ok())
-                .and_then(|bytes| String::from_utf8(bytes).ok());
-            if let Some(name) = name.filter(|n| n.starts_with(&prefix)) {
-                names.push(name);
-            }
-        }
+        let all = self.names.all().await.map_err(|e| failed(&e))?;
+        let names: Vec<String> = all
+            .iter()
+            .filter(|n| n.starts_with(&prefix))
+            .cloned()
+            .collect();
         let infos: Vec<_> = futures::stream::iter(names)
             .map(|name| async move { (self.store.info(&name).await, name) })
             .buffer_unordered(16)
