@@ -280,3 +280,69 @@ impl EventLog for NatsStore {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::{runs, FRAMING_PER_RECORD};
+    use skein_core::event::{genesis_hash, Cancelled};
+    use skein_core::{Envelope, Event, Record, SessionId};
+
+    /// Records of one session whose bytes grow from about 60 to about 3,000.
+    fn records() -> Vec<Record> {
+        let s = SessionId::parse("01jd0000000000000000000000").unwrap();
+        let mut prev = genesis_hash(&s);
+        (1..=40u64)
+            .map(|seq| {
+                let env = Envelope::new(
+                    s.clone(),
+                    seq,
+                    seq,
+                    prev.clone(),
+                    Event::Cancelled(Cancelled {
+                        reason: "r".repeat((seq * seq * 2) as usize),
+                    }),
+                );
+                let r = Record::decode(env.encode().unwrap()).unwrap();
+                prev = r.hash();
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn runs_are_in_order_fit_the_limit_and_take_all_that_fits() {
+        let rs = records();
+        let cost = |run: &[Record]| -> usize {
+            run.iter().map(|r| r.bytes.len() + FRAMING_PER_RECORD).sum()
+        };
+        for max in [1, 100, 500, 1_000, 4_000, 10_000, 1 << 20] {
+            let cut = runs(&rs, max);
+            let again: Vec<&[u8]> = cut
+                .iter()
+                .flat_map(|r| r.iter())
+                .map(|r| &r.bytes[..])
+                .collect();
+            let all: Vec<&[u8]> = rs.iter().map(|r| &r.bytes[..]).collect();
+            assert_eq!(again, all, "max {max}: every record once, in order");
+            for (i, run) in cut.iter().enumerate() {
+                assert!(!run.is_empty(), "max {max}: an empty run");
+                assert!(
+                    run.len() == 1 || cost(run) <= max,
+                    "max {max}: run {i} of {} bytes",
+                    cost(run)
+                );
+                if let Some(next) = cut.get(i + 1) {
+                    assert!(
+                        cost(run) + cost(&next[..1]) > max,
+                        "max {max}: run {i} could have taken the next record"
+                    );
+                }
+            }
+        }
+        assert_eq!(runs(&rs, 1 << 20).len(), 1);
+        assert_eq!(runs(&rs, 1).len(), rs.len());
+        assert!(runs(&[], 100).is_empty());
+    }
+}
