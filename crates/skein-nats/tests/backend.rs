@@ -279,6 +279,22 @@ async fn listings_at_once_share_requests_and_see_every_write_before_them() {
         (1..=4).contains(&n),
         "64 listings at once sent {n} requests"
     );
+
+    // Listings that come and go, so that the task sending the requests keeps stopping and
+    // starting again: none of them is lost between the two.
+    let mut tasks = vec![];
+    for _ in 0..8 {
+        let ws = one.backend().workspaces.for_tree(&roots[1]);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..100 {
+                assert_eq!(ws.list(".").await.unwrap().len(), 16);
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -102,21 +102,26 @@ impl Names {
     /// sent.
     async fn serve(self: Arc<Self>) {
         // Should this task end any other way than below (a panic), the callers it holds
-        // are told so, and the next caller starts another.
-        struct Stop(Arc<Names>);
+        // are told so, and the next caller starts another. Below, the task says it has
+        // stopped in the same hold of the lock in which it finds no caller, so that a
+        // caller who comes just after starts a task of its own and is not dropped.
+        struct Stop(Option<Arc<Names>>);
         impl Drop for Stop {
             fn drop(&mut self) {
-                let mut q = self.0.queue();
-                q.running = false;
-                q.waiting.clear();
+                if let Some(names) = self.0.take() {
+                    let mut q = names.queue();
+                    q.running = false;
+                    q.waiting.clear();
+                }
             }
         }
-        let _stop = Stop(self.clone());
+        let mut stop = Stop(Some(self.clone()));
         loop {
             let batch = {
                 let mut q = self.queue();
                 if q.waiting.is_empty() {
                     q.running = false;
+                    stop.0 = None;
                     return;
                 }
                 std::mem::take(&mut q.waiting)
