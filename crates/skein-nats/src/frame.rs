@@ -121,14 +121,19 @@ fn follows(session: &SessionId, seq: u64, r: &Record) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::{decode, encode};
     use skein_core::event::{genesis_hash, Cancelled};
     use skein_core::{Envelope, Event, Record, SessionId};
 
-    fn records(s: &SessionId, seqs: std::ops::RangeInclusive<u64>) -> Vec<Record> {
+    /// A chain of `Cancelled` records of `s`, whose reasons are `reason_len(seq)` bytes long.
+    pub(crate) fn chain(
+        s: &SessionId,
+        seqs: std::ops::RangeInclusive<u64>,
+        reason_len: impl Fn(u64) -> usize,
+    ) -> Vec<Record> {
         let mut prev = genesis_hash(s);
         let mut out = vec![];
         for seq in seqs {
@@ -138,7 +143,7 @@ mod tests {
                 seq,
                 prev,
                 Event::Cancelled(Cancelled {
-                    reason: "r".repeat(seq as usize * 40),
+                    reason: "r".repeat(reason_len(seq)),
                 }),
             );
             let r = Record::decode(env.encode().unwrap()).unwrap();
@@ -146,6 +151,10 @@ mod tests {
             out.push(r);
         }
         out
+    }
+
+    fn records(s: &SessionId, seqs: std::ops::RangeInclusive<u64>) -> Vec<Record> {
+        chain(s, seqs, |seq| seq as usize * 40)
     }
 
     fn bytes(rs: &[Record]) -> Vec<Vec<u8>> {

@@ -286,29 +286,13 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::{runs, FRAMING_PER_RECORD};
-    use skein_core::event::{genesis_hash, Cancelled};
-    use skein_core::{Envelope, Event, Record, SessionId};
+    use crate::frame::tests::chain;
+    use skein_core::{Record, SessionId};
 
     /// Records of one session whose bytes grow from about 60 to about 3,000.
     fn records() -> Vec<Record> {
         let s = SessionId::parse("01jd0000000000000000000000").unwrap();
-        let mut prev = genesis_hash(&s);
-        (1..=40u64)
-            .map(|seq| {
-                let env = Envelope::new(
-                    s.clone(),
-                    seq,
-                    seq,
-                    prev.clone(),
-                    Event::Cancelled(Cancelled {
-                        reason: "r".repeat((seq * seq * 2) as usize),
-                    }),
-                );
-                let r = Record::decode(env.encode().unwrap()).unwrap();
-                prev = r.hash();
-                r
-            })
-            .collect()
+        chain(&s, 1..=40, |seq| (seq * seq * 2) as usize)
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //!
 //! | port | NATS |
 //! | --- | --- |
-//! | EventLog | stream `SKEIN_EVENTS`, subject `skein.events.<session>`; appends carry `Nats-Expected-Last-Subject-Sequence` (one writer per session) and `Nats-Msg-Id = <session>:<seq>` (a retried publish is dropped as a duplicate); records appended together go as one message (`frame.rs`) |
+//! | EventLog | stream `SKEIN_EVENTS`, subject `skein.events.<session>`; appends carry `Nats-Expected-Last-Subject-Sequence` (one writer per session) and `Nats-Msg-Id = <session>:<seq>`, the seq of the message's first record (a retried publish is dropped as a duplicate); records appended together go as one message (`frame.rs`) |
 //! | JobQueue | stream `SKEIN_JOBS` (work queue), subject `skein.jobs.<pool>.<session>`, one durable pull consumer per pool |
 //! | Cache | KV `skein_cache`; single-flight claims in KV `skein_inflight` |
 //! | Blobs | object store `skein_blobs`, named by blake3 hash |
