@@ -417,6 +417,47 @@ pub async fn long_reads_are_whole_and_ordered(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+/// Notices of one parent posted among another's, in runs of different lengths, read whole
+/// and in order from every cursor: a backend may read the notices between the first new
+/// one and the last differently when few stream positions lie between them (children that
+/// ended together) than when many do.
+pub async fn notices_among_others_read_whole_from_every_cursor(b: &Backend) -> Result<()> {
+    let (p, q) = (new_root_id(), new_root_id());
+    let mut mine = vec![];
+    for i in 1..=40u32 {
+        let c = p.child("c", i);
+        b.notices.post(&p, &c).await?;
+        mine.push(c);
+        // Between two of the parent's notices: none, one, or a run long enough that the
+        // gap alone is wider than a read that gets each position at once would take.
+        let others = match i % 7 {
+            0 => 20,
+            k => k % 3,
+        };
+        for j in 0..others {
+            b.notices.post(&q, &q.child("o", i * 100 + j)).await?;
+        }
+    }
+    let all = b.notices.read(&p, 0).await?;
+    ensure(
+        all.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>() == mine,
+        format!("40 notices in order among others, read {}", all.len()),
+    )?;
+    for (k, (cursor, _)) in all.iter().enumerate() {
+        let after = b.notices.read(&p, *cursor).await?;
+        ensure(
+            after == all[k + 1..],
+            format!(
+                "after the notice at {cursor} (the {}th): {} of {} read, in order and once each",
+                k + 1,
+                after.len(),
+                all.len() - k - 1
+            ),
+        )?;
+    }
+    Ok(())
+}
+
 pub async fn inflight_is_single_flight(b: &Backend) -> Result<()> {
     let h = blake3::hash(new_root_id().as_str().as_bytes())
         .to_hex()
@@ -483,6 +524,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(notices_read_after_a_cursor);
     check!(a_notice_is_read_by_the_claimer_of_its_wake);
     check!(long_reads_are_whole_and_ordered);
+    check!(notices_among_others_read_whole_from_every_cursor);
     check!(inflight_is_single_flight);
     check!(watchers_are_listed);
     Ok(())
@@ -494,7 +536,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, inflight_is_single_flight, watchers_are_listed);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(

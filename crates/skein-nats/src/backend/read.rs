@@ -55,7 +55,12 @@ pub(crate) async fn read_subject(
 /// parent woken to read the notices of its children): the first message after `after`
 /// and the subject's last message are asked for at once. When they are the same message,
 /// as for the one notice that woke the reader, that is the whole read, in one round trip
-/// rather than two (the second would only find nothing more).
+/// rather than two (the second would only find nothing more). When they are not (children
+/// that ended together, each with its notice) and at most [`PROBES`] stream sequences lie
+/// between them, one get starts at each of those sequences, all at once: each message of
+/// the subject in between is the first one at or after its own sequence, so this one round
+/// finds them all, where reading one after the other took a round trip each (eight
+/// children that ended together held their parent's settlement for about 3 ms).
 pub(crate) async fn read_subject_expecting(
     st: &stream::Stream,
     subject: &str,
@@ -68,20 +73,41 @@ pub(crate) async fn read_subject_expecting(
     );
     let ended = read?;
     let last = match last {
-        Ok(m) => m.sequence,
-        Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => 0,
+        Ok(m) => Some((m.sequence, m.payload)),
+        Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => None,
         Err(e) => return Err(nats_err("read last", e)),
     };
-    match first.last() {
-        None if ended => Ok(first),
-        Some((seq, _)) if *seq >= last => Ok(first),
-        _ => {
-            let next = first.last().map_or(after, |(seq, _)| *seq);
-            first.extend(read_subject(st, subject, next).await?);
-            Ok(first)
+    let from = match (first.last(), last) {
+        (None, _) if ended => return Ok(first),
+        (Some((seq, _)), Some((last, _))) if *seq >= last => return Ok(first),
+        (Some(&(seq, _)), Some((last, payload))) if last - seq - 1 <= PROBES => {
+            let probes = futures::future::join_all((seq + 1..last).map(|s| async move {
+                let mut got = vec![];
+                read_direct(st, subject, s, Some(1), &mut got).await?;
+                Ok::<_, Error>(got)
+            }))
+            .await;
+            let mut between = vec![];
+            for got in probes {
+                between.extend(got?.into_iter().filter(|(s, _)| *s < last));
+            }
+            between.sort_by_key(|(s, _)| *s);
+            between.dedup_by_key(|(s, _)| *s);
+            first.extend(between);
+            first.push((last, payload));
+            return Ok(first);
         }
-    }
+        (seen, _) => seen.map_or(after, |(seq, _)| *seq),
+    };
+    first.extend(read_subject(st, subject, from).await?);
+    Ok(first)
 }
+
+/// How many stream sequences may lie between the first new message and the last one of a
+/// subject for [`read_subject_expecting`] to read them with one get each, all at once.
+/// Beyond that the gets would mostly find messages of other subjects, and the subject is
+/// read in order as [`read_subject`] reads it.
+const PROBES: u64 = 16;
 
 /// Direct gets of `subject` from stream seq `from` on, at most `limit` of them; true
 /// when the subject was read to its end.
