@@ -562,3 +562,53 @@ async fn messages_on(js: &async_nats::jetstream::Context, subject: &str) -> u64 
         .map(|(_, n)| n as u64)
         .sum()
 }
+
+/// A blob is stored once; a process that has seen it stored puts it again without a
+/// request, and one that has not asks the server before writing (and writes no copy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_seen_stored_is_put_again_without_a_request() {
+    use std::sync::atomic::Ordering;
+    let server = NatsServer::start();
+    let c = cfg(&server.url(), 1);
+    let a = NatsStore::connect(&c, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let b = NatsStore::connect(&c, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let sent = |s: &NatsStore| s.client.statistics().out_messages.load(Ordering::SeqCst);
+    let data = b"a definition, stored by its hash".as_slice();
+
+    let before = sent(&a);
+    let hash = a.backend().blobs.put(data).await.unwrap();
+    assert!(sent(&a) > before, "the first put writes to the server");
+    let before = sent(&a);
+    assert_eq!(a.backend().blobs.put(data).await.unwrap(), hash);
+    assert_eq!(
+        sent(&a),
+        before,
+        "a blob this process stored is not asked about again"
+    );
+
+    // Another process learns from the server that the blob is there, and stores no copy.
+    let before = sent(&b);
+    assert_eq!(b.backend().blobs.put(data).await.unwrap(), hash);
+    assert!(
+        sent(&b) > before,
+        "a process that never saw the blob asks the server"
+    );
+    let before = sent(&b);
+    assert_eq!(b.backend().blobs.put(data).await.unwrap(), hash);
+    assert_eq!(sent(&b), before);
+    let js = async_nats::jetstream::new(a.client.clone());
+    let stream = js.get_stream("OBJ_skein_blobs").await.unwrap();
+    assert_eq!(
+        stream.cached_info().state.messages,
+        2,
+        "one chunk and one description: the blob was written once"
+    );
+    assert_eq!(
+        b.backend().blobs.get(&hash).await.unwrap().as_deref(),
+        Some(data)
+    );
+}

@@ -1,5 +1,7 @@
 //! Blobs in the object store `skein_blobs`, named by their blake3 hash.
 
+use std::collections::HashSet;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_nats::jetstream::{object_store, stream};
@@ -64,11 +66,44 @@ impl NatsStore {
     }
 }
 
+/// The names of blobs this process has seen stored: a put of one of them asks the server
+/// nothing. A blob's name is the hash of its content and the bucket keeps every object (no
+/// age limit, and skein deletes none), so a blob once stored stays what it was. Every turn
+/// that delegates stores its children's definitions; without this, each such turn waited
+/// one round trip to learn that the definition was there already. Bounded: when full, it
+/// starts again empty.
+#[derive(Default)]
+pub(crate) struct Known(Mutex<HashSet<String>>);
+
+impl Known {
+    const MAX: usize = 4096;
+
+    fn contains(&self, hash: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(hash)
+    }
+
+    /// Called only once the server has said the blob is stored.
+    fn insert(&self, hash: &str) {
+        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() >= Self::MAX {
+            known.clear();
+        }
+        known.insert(hash.to_string());
+    }
+}
+
 #[async_trait]
 impl Blobs for NatsStore {
     async fn put(&self, data: &[u8]) -> Result<String> {
         let hash = blake3::hash(data).to_hex().to_string();
+        if self.blobs_known.contains(&hash) {
+            return Ok(hash);
+        }
         if self.blobs.info(&hash).await.is_ok() {
+            self.blobs_known.insert(&hash);
             return Ok(hash);
         }
         // As for reads: a cluster that lost a node answers "no responders" for a moment.
@@ -76,7 +111,10 @@ impl Blobs for NatsStore {
         loop {
             let mut r = data;
             match self.blobs.put(hash.as_str(), &mut r).await {
-                Ok(_) => return Ok(hash),
+                Ok(_) => {
+                    self.blobs_known.insert(&hash);
+                    return Ok(hash);
+                }
                 Err(e) if tries < 10 => {
                     tries += 1;
                     tracing::debug!(hash, error = %e, "blob put failed; retrying");

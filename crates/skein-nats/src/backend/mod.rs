@@ -96,6 +96,8 @@ pub struct NatsStore {
     blobs: object_store::ObjectStore,
     /// The stream under `blobs`, for reads that need no consumer.
     blobs_stream: stream::Stream,
+    /// Blobs this process has seen stored (see [`Blobs::put`] here).
+    blobs_known: blobs::Known,
     workspace: object_store::ObjectStore,
     /// The stream under `workspace`, whose object descriptions a listing reads.
     workspace_stream: stream::Stream,
@@ -164,6 +166,7 @@ impl NatsStore {
             wake: k("skein_wake").await?,
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
+            blobs_known: blobs::Known::default(),
             workspace: o("skein_workspace").await?,
             workspace_stream: workspace_stream.clone(),
             workspace_names: workspace::Names::new(workspace_stream),
