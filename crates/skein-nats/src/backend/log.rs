@@ -10,7 +10,7 @@ use skein_core::{Record, SessionId};
 use skein_runtime::ports::{check_numbering, EventLog};
 use skein_runtime::{Error, Result};
 
-use super::read::read_subject;
+use super::read::{read_subject, read_subject_expecting};
 use super::{events_subject, nats_err, NatsStore};
 use crate::frame;
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
@@ -221,9 +221,19 @@ impl EventLog for NatsStore {
             Some((s, sseq)) if s + 1 == from_seq => sseq,
             _ => 0,
         };
+        // Without a known position (a session this process has not read or written: a
+        // root's first claim, a child created by another worker, any cold load), its
+        // first and last messages are asked for at once: a log of one message (a session
+        // just submitted) is read in one round trip, not two.
+        let subject = events_subject(session);
+        let messages = if after == 0 {
+            read_subject_expecting(&self.events, &subject, 0).await?
+        } else {
+            read_subject(&self.events, &subject, after).await?
+        };
         let mut out = vec![];
         let mut last = None;
-        for (sseq, payload) in read_subject(&self.events, &events_subject(session), after).await? {
+        for (sseq, payload) in messages {
             let records = frame::decode(&payload)
                 .map_err(|e| Error::corrupt(format!("record of {session}"), e))?;
             for r in records {
