@@ -1,7 +1,9 @@
 //! A parent's job that moves to another worker: NATS keeps the notices whatever happens
 //! to a worker, so the worker that loads the parent without a cached fold reads the
 //! parent's notices and settles the children they name, and reads no log of a child
-//! still running (nor pushes its job again).
+//! still running (nor pushes its job again). A parent whose job stays on the worker that
+//! kept its fold reads its few children's last records with its notices, and reads again
+//! a child whose record read so was not its end.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::{Arc, Mutex};
@@ -208,4 +210,129 @@ async fn a_parent_loaded_by_another_worker_reads_its_notices_not_every_child() {
         "{:?}",
         last.env.body
     );
+}
+
+/// The log port of one worker that answers one `last` of one session with the record
+/// before its last: what a read served a moment before that session's end returns.
+struct OneStaleLast {
+    inner: Arc<dyn EventLog>,
+    stale: Mutex<Option<SessionId>>,
+}
+
+#[async_trait]
+impl EventLog for OneStaleLast {
+    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
+        self.inner.append(session, expected_last, record).await
+    }
+    async fn append_batch(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        self.inner
+            .append_batch(session, expected_last, records)
+            .await
+    }
+    async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
+        self.inner.read(session, from_seq).await
+    }
+    async fn last(&self, session: &SessionId) -> Result<Option<Record>> {
+        let stale = {
+            let mut s = self.stale.lock().unwrap();
+            (s.as_ref() == Some(session)).then(|| s.take())
+        };
+        if stale.is_some() {
+            let mut all = self.inner.read(session, 1).await?;
+            all.pop();
+            return Ok(all.pop());
+        }
+        self.inner.last(session).await
+    }
+    async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
+        self.inner.tree(root).await
+    }
+    async fn roots(&self) -> Result<Vec<SessionId>> {
+        self.inner.roots().await
+    }
+}
+
+/// A parent whose fold its worker kept reads the last records of its few children with
+/// its notices, before it knows which have ended. A child whose record read so was not yet
+/// its end (the read was served just before the child ended) is read again once its
+/// notice is seen, and settled: the parent does not wait for ever on a child that ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_read_just_before_its_end_is_read_again_and_settled() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("fanout.yaml"),
+        "turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: 2\n        args: {agent: leaf, mission: \"part {{ i }}\"}\n  - answer: \"{{ results | length }} parts done\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("leaf.yaml"), "turns:\n  - answer: done\n").unwrap();
+    let server = NatsServer::start();
+    let cfg = NatsConfig {
+        urls: vec![server.url()],
+        ..NatsConfig::default()
+    };
+    let mut backend = NatsStore::connect(&cfg, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .backend();
+    let log = Arc::new(OneStaleLast {
+        inner: backend.log.clone(),
+        stale: Mutex::new(None),
+    });
+    backend.log = log.clone();
+    let a = runtime(backend, dir.path());
+    let root = a
+        .submit(Submission {
+            agent: "fanout".into(),
+            mission: "two parts".into(),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let job = claim(&a).await;
+    assert_eq!(job.session, root);
+    run(&a, &job).await;
+    // One child ends (its notice posted, the root woken); the other is handed back.
+    let (mut ended, mut held) = (None, None);
+    let wake = loop {
+        let job = claim(&a).await;
+        if job.session == root {
+            break job;
+        }
+        if ended.is_none() {
+            run(&a, &job).await;
+            ended = Some(job.session);
+        } else {
+            a.backend
+                .jobs
+                .retry(&job, Duration::from_secs(3))
+                .await
+                .unwrap();
+            held = Some(job.session);
+        }
+    };
+    let (ended, held) = (ended.unwrap(), held.unwrap());
+    *log.stale.lock().unwrap() = Some(ended.clone());
+    run(&a, &wake).await;
+    assert!(
+        log.stale.lock().unwrap().is_none(),
+        "the ended child's last record was not read with the notices"
+    );
+    let settled: Vec<SessionId> = a
+        .backend
+        .read_all(&root)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r.env.body {
+            Event::ChildSettled(s) => Some(s.child),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(settled, vec![ended], "{held} is still running");
 }

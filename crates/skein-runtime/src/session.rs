@@ -25,6 +25,11 @@ pub struct Folded {
     /// waiting on its children was loaded: its first look at them uses these instead of
     /// a read of its own. Never kept between jobs.
     pub(crate) notes: Option<Vec<(u64, SessionId)>>,
+    /// The ends of the children it waits on, read with `notes` when they are few
+    /// ([`Runtime::children_ends`]); `Some` for the whole job when this worker had the
+    /// fold cached, and then the later looks of the job read them too. Never kept between
+    /// jobs.
+    pub(crate) ends: Option<HashMap<SessionId, Record>>,
     /// Records were folded in ([`Runtime::stage`]) that the log does not hold yet: set
     /// until their [`Runtime::commit`] succeeds. Such a fold is never cached.
     ahead: bool,
@@ -39,6 +44,7 @@ impl Folded {
             last_hash,
             cursor: 0,
             notes: None,
+            ends: None,
             ahead: false,
         }
     }
@@ -59,6 +65,33 @@ impl Folded {
         }
         Ok(())
     }
+}
+
+/// How many children a waiting session may wait on for their last records to be read
+/// with its notices ([`Runtime::children_ends`]). A wider turn is woken many times while
+/// most of its children still run: those reads would mostly find turns in progress.
+const PREFETCH_ENDS: usize = 16;
+
+/// The children (not shared runs) `state`'s turn waits on, when there are at most
+/// [`PREFETCH_ENDS`] of them; none otherwise.
+pub(crate) fn few_children_waited_on(state: &SessionState) -> Vec<SessionId> {
+    let mut children: Vec<SessionId> = vec![];
+    for slot in &state.turn {
+        if let skein_core::state::SlotState::Delegated {
+            child,
+            shared: false,
+            ..
+        } = &slot.state
+        {
+            if !children.contains(child) {
+                if children.len() == PREFETCH_ENDS {
+                    return vec![];
+                }
+                children.push(child.clone());
+            }
+        }
+    }
+    children
 }
 
 /// Records sealed and folded by [`Runtime::stage`], not yet written, with the status and
@@ -184,7 +217,8 @@ impl Runtime {
 
     /// [`Runtime::load`], for the holder of the session's job: a cached fold that waits
     /// on children has its notices read at the same time as its log's tail (on NATS, the
-    /// round trips of the two reads overlap rather than follow each other).
+    /// round trips of the two reads overlap rather than follow each other), and the last
+    /// records of the children it waits on too ([`Runtime::children_ends`]).
     pub(crate) async fn load_for_job(&self, id: &SessionId) -> Result<(Folded, bool)> {
         let waiting = lock(&self.sessions.states).get(id).map(|f| {
             let delegated = f
@@ -192,19 +226,40 @@ impl Runtime {
                 .turn
                 .iter()
                 .any(|s| matches!(s.state, skein_core::state::SlotState::Delegated { .. }));
-            (delegated, f.cursor)
+            (delegated, f.cursor, few_children_waited_on(&f.state))
         });
-        let Some((true, cursor)) = waiting else {
+        let Some((true, cursor, children)) = waiting else {
             return self.load(id).await;
         };
-        let (loaded, notes) =
-            futures::future::join(self.load(id), self.backend.notices.read(id, cursor)).await;
+        let (loaded, notes, ends) = futures::future::join3(
+            self.load(id),
+            self.backend.notices.read(id, cursor),
+            self.children_ends(&children),
+        )
+        .await;
         let (mut f, cold) = loaded?;
         // Read from where this fold's own cursor stands (a fold loaded cold has none).
         if !cold && f.cursor == cursor {
             f.notes = Some(notes?);
+            f.ends = Some(ends);
         }
         Ok((f, cold))
+    }
+
+    /// The last records of `children` that are ends (a read that fails is left out, and
+    /// made again where it is needed). Read with a waiting session's notices: a child that
+    /// woke it has ended, and its settlement needs its end, which would otherwise be read
+    /// only after the notices (one more round trip on NATS).
+    pub(crate) async fn children_ends(&self, children: &[SessionId]) -> HashMap<SessionId, Record> {
+        let lasts = futures::future::join_all(children.iter().map(|c| self.backend.log.last(c)));
+        children
+            .iter()
+            .zip(lasts.await)
+            .filter_map(|(c, last)| match last {
+                Ok(Some(r)) if r.env.body.is_terminal() => Some((c.clone(), r)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Gives a fold back to the cache (after `load`).
@@ -215,6 +270,7 @@ impl Runtime {
             return;
         }
         f.notes = None;
+        f.ends = None;
         let mut states = lock(&self.sessions.states);
         if states.len() >= self.cfg.state_cache {
             // Drop finished sessions first; then anything.

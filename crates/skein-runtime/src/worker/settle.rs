@@ -66,9 +66,28 @@ impl Runtime {
         if !any_out {
             return Ok(0);
         }
-        let notes = match f.notes.take() {
-            Some(read_with_the_log) => read_with_the_log,
-            None => self.backend.notices.read(&f.id, f.cursor).await?,
+        // The ends of the children waited on (when few) are read with the notices, where
+        // this worker kept the session's fold: on the first look, with the log
+        // (`load_for_job`); on a later look of the same job, here. (A session whose job
+        // moved here from another worker reads only what its notices name.)
+        let (notes, ends) = match f.notes.take() {
+            Some(read_with_the_log) => (
+                read_with_the_log,
+                f.ends.replace(HashMap::new()).unwrap_or_default(),
+            ),
+            None if f.ends.is_none() => (
+                self.backend.notices.read(&f.id, f.cursor).await?,
+                HashMap::new(),
+            ),
+            None => {
+                let children = crate::session::few_children_waited_on(&f.state);
+                let (notes, ends) = futures::future::join(
+                    self.backend.notices.read(&f.id, f.cursor),
+                    self.children_ends(&children),
+                )
+                .await;
+                (notes?, ends)
+            }
         };
         if let Some((pos, _)) = notes.last() {
             f.cursor = *pos;
@@ -139,11 +158,23 @@ impl Runtime {
         candidates.extend(shared);
         candidates.sort();
         candidates.dedup();
-        let lasts: Vec<Option<skein_core::Record>> =
-            join_all(candidates.iter().map(|c| self.backend.log.last(c)))
-                .await
-                .into_iter()
-                .collect::<Result<_>>()?;
+        // The ends read with the notices stand for these reads. Nothing follows a session's
+        // end but what its parent writes first (a follow-up question's `InputProvided`,
+        // written before this wait began), so an end read at any moment of the wait is
+        // still the child's end. A child whose last record was not an end is read again:
+        // it may have ended since.
+        let lasts: Vec<Option<skein_core::Record>> = join_all(candidates.iter().map(|c| {
+            let end = ends.get(c).cloned();
+            async move {
+                match end {
+                    Some(r) => Ok(Some(r)),
+                    None => self.backend.log.last(c).await,
+                }
+            }
+        }))
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
         // A child whose last record is not an end may be paused on a question, which only
         // its whole log tells: those logs are read together too (a look at every child of
         // a wide turn read them one after the other, one round trip or more each on NATS:
