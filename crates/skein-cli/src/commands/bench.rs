@@ -705,7 +705,7 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         let r = &runs[runs.len() / 2];
         if !a.json {
             crate::outln!(
-                "  {:>6} {:>10.0} {:>10.0} {:>8.2} {:>9} {:>14.1}",
+                "  {:>6} {:>10.0} {:>10.0} {:>8.3} {:>9} {:>14.1}",
                 n,
                 r.wall_ms,
                 ideal,

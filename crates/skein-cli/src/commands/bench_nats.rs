@@ -575,7 +575,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     let ideal = 7.0 * a.latency_ms as f64;
     if !a.json {
         crate::outln!(
-            "\nfan-out, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms; median of {} trees run one after another on the same workers; peak resident memory of nats-server and of the bench process (its workers) over them; the mean recorded time of the median tree's model calls (whole ms, rounded down):",
+            "\nfan-out, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms; median of {} trees (the first of each row on fresh workers, in a first round over the rows, the others one after another on fresh workers again); peak resident memory of nats-server and of the bench process (its workers) during the first; the mean recorded time of the median tree's model calls (whole ms, rounded down):",
             a.latency_ms,
             a.latency_ms,
             a.fanout_runs
@@ -599,48 +599,59 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     } else {
         a.fanout.clone()
     };
-    for n in widths {
-        for workers in [1usize, 3] {
-            let fleet = Fleet::start(app, &cfg, workers, n / workers + 16, a.latency_ms).await?;
-            let (mut server_peak, mut own_peak) = (0, 0);
-            let mut trees = vec![];
-            for k in 0..a.fanout_runs {
-                trees.push(
-                    fleet
-                        .fanout_with(n, true, &format!(" ({k})"), || {
-                            server_peak = server_peak.max(spid.map_or(0, rss_kib));
-                            own_peak = own_peak.max(rss_kib(std::process::id()));
-                        })
-                        .await?,
-                );
-            }
-            trees.sort_by(|x, y| x.1.total_cmp(&y.1));
-            let runs_ms: Vec<f64> = trees.iter().map(|t| t.1).collect();
-            let (root, wall) = trees.swap_remove(trees.len() / 2);
-            let model_ms = super::bench::model_ms(&*fleet.runtimes[0].backend.log, &root).await?;
-            fleet.stop().await;
-            let server_mib = spid.map(|_| server_peak as f64 / 1024.0);
-            let own_mib = own_peak as f64 / 1024.0;
-            if !a.json {
-                crate::outln!(
-                    "  {:>6} {:>8} {:>10.0} {:>10.0} {:>8.2} {:>11} {:>10.1} {:>14.1}",
-                    n,
-                    workers,
-                    wall,
-                    ideal,
-                    wall / ideal,
-                    server_mib.map_or("-".to_string(), |m| format!("{m:.1}")),
-                    own_mib,
-                    model_ms
-                )?;
-            }
-            fan.push(
-                json!({"n": n, "workers": workers, "wall_ms": wall, "ideal_ms": ideal,
-                            "ratio": wall / ideal, "server_peak_mib": server_mib,
-                            "bench_process_peak_mib": own_mib, "model_call_ms": model_ms,
-                            "runs_ms": runs_ms}),
+    let rows: Vec<(usize, usize)> = widths.iter().flat_map(|&n| [(n, 1usize), (n, 3)]).collect();
+    // First one tree per row, in order, with the memory watched: the server keeps every
+    // tree's records, so a peak taken after more trees would hold theirs too. Then the
+    // rest of each row's trees, for the median of the wall times.
+    let mut first = vec![];
+    for &(n, workers) in &rows {
+        let fleet = Fleet::start(app, &cfg, workers, n / workers + 16, a.latency_ms).await?;
+        let (mut server_peak, mut own_peak) = (0, 0);
+        let tree = fleet
+            .fanout_with(n, true, " (0)", || {
+                server_peak = server_peak.max(spid.map_or(0, rss_kib));
+                own_peak = own_peak.max(rss_kib(std::process::id()));
+            })
+            .await?;
+        fleet.stop().await;
+        first.push((tree, server_peak, own_peak));
+    }
+    for (&(n, workers), (tree, server_peak, own_peak)) in rows.iter().zip(first) {
+        let fleet = Fleet::start(app, &cfg, workers, n / workers + 16, a.latency_ms).await?;
+        let mut trees = vec![tree];
+        for k in 1..a.fanout_runs {
+            trees.push(
+                fleet
+                    .fanout_with(n, true, &format!(" ({k})"), || {})
+                    .await?,
             );
         }
+        trees.sort_by(|x, y| x.1.total_cmp(&y.1));
+        let runs_ms: Vec<f64> = trees.iter().map(|t| t.1).collect();
+        let (root, wall) = trees.swap_remove(trees.len() / 2);
+        let model_ms = super::bench::model_ms(&*fleet.runtimes[0].backend.log, &root).await?;
+        fleet.stop().await;
+        let server_mib = spid.map(|_| server_peak as f64 / 1024.0);
+        let own_mib = own_peak as f64 / 1024.0;
+        if !a.json {
+            crate::outln!(
+                "  {:>6} {:>8} {:>10.0} {:>10.0} {:>8.3} {:>11} {:>10.1} {:>14.1}",
+                n,
+                workers,
+                wall,
+                ideal,
+                wall / ideal,
+                server_mib.map_or("-".to_string(), |m| format!("{m:.1}")),
+                own_mib,
+                model_ms
+            )?;
+        }
+        fan.push(
+            json!({"n": n, "workers": workers, "wall_ms": wall, "ideal_ms": ideal,
+                        "ratio": wall / ideal, "server_peak_mib": server_mib,
+                        "bench_process_peak_mib": own_mib, "model_call_ms": model_ms,
+                        "runs_ms": runs_ms}),
+        );
     }
     results.insert("fanout".into(), json!(fan));
 
