@@ -20,10 +20,13 @@ use skein_runtime::Result;
 use skein_testnats::NatsServer;
 use skein_tools::ToolBox;
 
-/// The log port of one worker, noting which sessions it read.
+/// The log port of one worker, noting which sessions it read; when `stale` names a
+/// session, its next `last` answers with the record before its last (what a read served a
+/// moment before that session's end returns).
 struct Watched {
     inner: Arc<dyn EventLog>,
     read: Mutex<Vec<SessionId>>,
+    stale: Mutex<Option<SessionId>>,
 }
 
 #[async_trait]
@@ -47,6 +50,15 @@ impl EventLog for Watched {
     }
     async fn last(&self, session: &SessionId) -> Result<Option<Record>> {
         self.read.lock().unwrap().push(session.clone());
+        let stale = {
+            let mut s = self.stale.lock().unwrap();
+            (s.as_ref() == Some(session)).then(|| s.take())
+        };
+        if stale.is_some() {
+            let mut all = self.inner.read(session, 1).await?;
+            all.pop();
+            return Ok(all.pop());
+        }
         self.inner.last(session).await
     }
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
@@ -98,15 +110,85 @@ async fn run(rt: &Runtime, job: &Job) {
     rt.backend.jobs.ack(job).await.unwrap();
 }
 
+/// Scripts in `dir` for a root that delegates `children` one-turn children.
+fn scripts(dir: &std::path::Path, children: usize) {
+    std::fs::write(
+        dir.join("fanout.yaml"),
+        format!("turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: {children}\n        args: {{agent: leaf, mission: \"part {{{{ i }}}}\"}}\n  - answer: \"{{{{ results | length }}}} parts done\"\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("leaf.yaml"), "turns:\n  - answer: done\n").unwrap();
+}
+
+/// `backend` with its log port watched.
+fn watched(mut backend: Backend) -> (Backend, Arc<Watched>) {
+    let w = Arc::new(Watched {
+        inner: backend.log.clone(),
+        read: Mutex::new(vec![]),
+        stale: Mutex::new(None),
+    });
+    backend.log = w.clone();
+    (backend, w)
+}
+
+/// Submits the root on `rt` and runs its first turn there, then `ending` of its children;
+/// the others are handed back to wait, still running. Returns the root, the root's wake-up
+/// job (claimed, not run), the children that ended and those still running.
+async fn until_the_root_wakes(
+    rt: &Runtime,
+    ending: usize,
+) -> (SessionId, Job, Vec<SessionId>, Vec<SessionId>) {
+    let root = rt
+        .submit(Submission {
+            agent: "fanout".into(),
+            mission: "parts".into(),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let job = claim(rt).await;
+    assert_eq!(job.session, root);
+    run(rt, &job).await;
+    let (mut ended, mut running) = (vec![], vec![]);
+    let wake = loop {
+        let job = claim(rt).await;
+        if job.session == root {
+            break job;
+        }
+        if ended.len() < ending {
+            run(rt, &job).await;
+            ended.push(job.session);
+        } else {
+            rt.backend
+                .jobs
+                .retry(&job, Duration::from_secs(3))
+                .await
+                .unwrap();
+            running.push(job.session);
+        }
+    };
+    (root, wake, ended, running)
+}
+
+/// The children `root` has recorded as settled, in log order.
+async fn settled(rt: &Runtime, root: &SessionId) -> Vec<SessionId> {
+    rt.backend
+        .read_all(root)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r.env.body {
+            Event::ChildSettled(s) => Some(s.child),
+            _ => None,
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_loaded_by_another_worker_reads_its_notices_not_every_child() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("fanout.yaml"),
-        "turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: 4\n        args: {agent: leaf, mission: \"part {{ i }}\"}\n  - answer: \"{{ results | length }} parts done\"\n",
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("leaf.yaml"), "turns:\n  - answer: done\n").unwrap();
+    scripts(dir.path(), 4);
     let server = NatsServer::start();
     let cfg = NatsConfig {
         urls: vec![server.url()],
@@ -117,47 +199,11 @@ async fn a_parent_loaded_by_another_worker_reads_its_notices_not_every_child() {
         NatsStore::connect(&cfg, lease).await.unwrap().backend(),
         dir.path(),
     );
-    let mut b_backend = NatsStore::connect(&cfg, lease).await.unwrap().backend();
-    let watched = Arc::new(Watched {
-        inner: b_backend.log.clone(),
-        read: Mutex::new(vec![]),
-    });
-    b_backend.log = watched.clone();
+    let (b_backend, watched) = watched(NatsStore::connect(&cfg, lease).await.unwrap().backend());
     let b = runtime(b_backend, dir.path());
-
-    let root = a
-        .submit(Submission {
-            agent: "fanout".into(),
-            mission: "four parts".into(),
-            no_cache: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
     // Worker A runs the root's first turn (four delegations), then two of the children;
     // the other two are handed back to wait, still running.
-    let job = claim(&a).await;
-    assert_eq!(job.session, root);
-    run(&a, &job).await;
-    let mut ended = vec![];
-    let mut running = vec![];
-    let moved = loop {
-        let job = claim(&a).await;
-        if job.session == root {
-            break job;
-        }
-        if ended.len() < 2 {
-            run(&a, &job).await;
-            ended.push(job.session);
-        } else {
-            a.backend
-                .jobs
-                .retry(&job, Duration::from_secs(3))
-                .await
-                .unwrap();
-            running.push(job.session);
-        }
-    };
+    let (root, moved, ended, running) = until_the_root_wakes(&a, 2).await;
     assert_eq!(
         (ended.len(), running.len()),
         (2, 2),
@@ -175,20 +221,9 @@ async fn a_parent_loaded_by_another_worker_reads_its_notices_not_every_child() {
     for child in &ended {
         assert!(read.contains(child), "{child} was settled unread: {read:?}");
     }
-    let settled: Vec<SessionId> = b
-        .backend
-        .read_all(&root)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r.env.body {
-            Event::ChildSettled(s) => Some(s.child),
-            _ => None,
-        })
-        .collect();
     let mut want = ended.clone();
     want.sort();
-    let mut got = settled.clone();
+    let mut got = settled(&b, &root).await;
     got.sort();
     assert_eq!(got, want);
 
@@ -212,51 +247,6 @@ async fn a_parent_loaded_by_another_worker_reads_its_notices_not_every_child() {
     );
 }
 
-/// The log port of one worker that answers one `last` of one session with the record
-/// before its last: what a read served a moment before that session's end returns.
-struct OneStaleLast {
-    inner: Arc<dyn EventLog>,
-    stale: Mutex<Option<SessionId>>,
-}
-
-#[async_trait]
-impl EventLog for OneStaleLast {
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        self.inner.append(session, expected_last, record).await
-    }
-    async fn append_batch(
-        &self,
-        session: &SessionId,
-        expected_last: u64,
-        records: &[Record],
-    ) -> Result<()> {
-        self.inner
-            .append_batch(session, expected_last, records)
-            .await
-    }
-    async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
-        self.inner.read(session, from_seq).await
-    }
-    async fn last(&self, session: &SessionId) -> Result<Option<Record>> {
-        let stale = {
-            let mut s = self.stale.lock().unwrap();
-            (s.as_ref() == Some(session)).then(|| s.take())
-        };
-        if stale.is_some() {
-            let mut all = self.inner.read(session, 1).await?;
-            all.pop();
-            return Ok(all.pop());
-        }
-        self.inner.last(session).await
-    }
-    async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
-        self.inner.tree(root).await
-    }
-    async fn roots(&self) -> Result<Vec<SessionId>> {
-        self.inner.roots().await
-    }
-}
-
 /// A parent whose fold its worker kept reads the last records of its few children with
 /// its notices, before it knows which have ended. A child whose record read so was not yet
 /// its end (the read was served just before the child ended) is read again once its
@@ -264,75 +254,29 @@ impl EventLog for OneStaleLast {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_read_just_before_its_end_is_read_again_and_settled() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("fanout.yaml"),
-        "turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: 2\n        args: {agent: leaf, mission: \"part {{ i }}\"}\n  - answer: \"{{ results | length }} parts done\"\n",
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("leaf.yaml"), "turns:\n  - answer: done\n").unwrap();
+    scripts(dir.path(), 2);
     let server = NatsServer::start();
     let cfg = NatsConfig {
         urls: vec![server.url()],
         ..NatsConfig::default()
     };
-    let mut backend = NatsStore::connect(&cfg, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .backend();
-    let log = Arc::new(OneStaleLast {
-        inner: backend.log.clone(),
-        stale: Mutex::new(None),
-    });
-    backend.log = log.clone();
-    let a = runtime(backend, dir.path());
-    let root = a
-        .submit(Submission {
-            agent: "fanout".into(),
-            mission: "two parts".into(),
-            no_cache: true,
-            ..Default::default()
-        })
+    let store = NatsStore::connect(&cfg, Duration::from_secs(30))
         .await
         .unwrap();
-    let job = claim(&a).await;
-    assert_eq!(job.session, root);
-    run(&a, &job).await;
+    let (backend, log) = watched(store.backend());
+    let a = runtime(backend, dir.path());
     // One child ends (its notice posted, the root woken); the other is handed back.
-    let (mut ended, mut held) = (None, None);
-    let wake = loop {
-        let job = claim(&a).await;
-        if job.session == root {
-            break job;
-        }
-        if ended.is_none() {
-            run(&a, &job).await;
-            ended = Some(job.session);
-        } else {
-            a.backend
-                .jobs
-                .retry(&job, Duration::from_secs(3))
-                .await
-                .unwrap();
-            held = Some(job.session);
-        }
-    };
-    let (ended, held) = (ended.unwrap(), held.unwrap());
+    let (root, wake, ended, running) = until_the_root_wakes(&a, 1).await;
+    let (ended, held) = (ended[0].clone(), running[0].clone());
     *log.stale.lock().unwrap() = Some(ended.clone());
     run(&a, &wake).await;
     assert!(
         log.stale.lock().unwrap().is_none(),
         "the ended child's last record was not read with the notices"
     );
-    let settled: Vec<SessionId> = a
-        .backend
-        .read_all(&root)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r.env.body {
-            Event::ChildSettled(s) => Some(s.child),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(settled, vec![ended], "{held} is still running");
+    assert_eq!(
+        settled(&a, &root).await,
+        vec![ended],
+        "{held} is still running"
+    );
 }
