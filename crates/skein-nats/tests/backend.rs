@@ -611,4 +611,21 @@ async fn a_blob_seen_stored_is_put_again_without_a_request() {
         b.backend().blobs.get(&hash).await.unwrap().as_deref(),
         Some(data)
     );
+
+    // A blob deleted from outside is stored again by a process that has not seen it.
+    js.get_object_store("skein_blobs")
+        .await
+        .unwrap()
+        .delete(&hash)
+        .await
+        .unwrap();
+    assert_eq!(b.backend().blobs.get(&hash).await.unwrap(), None);
+    let c = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(c.backend().blobs.put(data).await.unwrap(), hash);
+    assert_eq!(
+        c.backend().blobs.get(&hash).await.unwrap().as_deref(),
+        Some(data)
+    );
 }

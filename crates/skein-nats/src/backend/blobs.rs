@@ -70,8 +70,9 @@ impl NatsStore {
 /// nothing. A blob's name is the hash of its content and the bucket keeps every object (no
 /// age limit, and skein deletes none), so a blob once stored stays what it was. Every turn
 /// that delegates stores its children's definitions; without this, each such turn waited
-/// one round trip to learn that the definition was there already. Bounded: when full, it
-/// starts again empty.
+/// one round trip to learn that the definition was there already. (A blob deleted from
+/// outside skein stays known to a process that saw it stored; any other stores it again.)
+/// Bounded: when full, it starts again empty.
 #[derive(Default)]
 pub(crate) struct Known(Mutex<HashSet<String>>);
 
@@ -102,7 +103,8 @@ impl Blobs for NatsStore {
         if self.blobs_known.contains(&hash) {
             return Ok(hash);
         }
-        if self.blobs.info(&hash).await.is_ok() {
+        // A description marked deleted (a blob removed from outside skein) is no blob.
+        if self.blobs.info(&hash).await.is_ok_and(|info| !info.deleted) {
             self.blobs_known.insert(&hash);
             return Ok(hash);
         }
