@@ -53,8 +53,7 @@ pub(crate) async fn read_subject(
 
 /// Reads what [`read_subject`] reads, for a subject where something new is likely (a
 /// parent woken to read the notices of its children, a log read from its start): the first
-/// message after `after`
-/// and the subject's last message are asked for at once. When they are the same message,
+/// message after `after` and the subject's last message are asked for at once. When they are the same message,
 /// as for the one notice that woke the reader, that is the whole read, in one round trip
 /// rather than two (the second would only find nothing more). When they are not (children
 /// that ended together, each with its notice) and at most [`PROBES`] stream sequences lie

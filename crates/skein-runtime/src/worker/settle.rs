@@ -80,7 +80,9 @@ impl Runtime {
                 HashMap::new(),
             ),
             None => {
-                let children = crate::session::few_children_waited_on(&f.state);
+                // Not those whose jobs this drive pushed: they have only just started.
+                let mut children = crate::session::few_children_waited_on(&f.state);
+                children.retain(|c| !pushed.contains(c));
                 let (notes, ends) = futures::future::join(
                     self.backend.notices.read(&f.id, f.cursor),
                     self.children_ends(&children),
