@@ -23,13 +23,18 @@ mod conformance {
 
     async fn nats() -> (NatsServer, skein_runtime::ports::Backend) {
         let server = NatsServer::start();
-        let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
-            .await
-            .unwrap();
+        let store = store_on(&server).await;
         (server, store.backend())
     }
 
     skein_runtime::conformance_tests!(nats);
+}
+
+/// A store on `server` (one replica) with the one-second lease the suite expects.
+async fn store_on(server: &NatsServer) -> std::sync::Arc<NatsStore> {
+    NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
+        .await
+        .unwrap()
 }
 
 fn rec(s: &skein_core::SessionId, seq: u64, prev: String) -> Record {
@@ -48,9 +53,7 @@ fn rec(s: &skein_core::SessionId, seq: u64, prev: String) -> Record {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_survive_a_server_restart() {
     let mut server = NatsServer::start();
-    let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
-        .await
-        .unwrap();
+    let store = store_on(&server).await;
     let b = store.backend();
     let s = skein_runtime::new_root_id();
     let r1 = rec(&s, 1, genesis_hash(&s));
@@ -138,9 +141,7 @@ async fn a_three_node_cluster_keeps_working_with_a_node_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
     let server = NatsServer::start();
-    let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
-        .await
-        .unwrap();
+    let store = store_on(&server).await;
     let root = skein_runtime::new_root_id();
     let ws = store.backend().workspaces.for_tree(&root);
     ws.write("notes/a.txt", b"hello").await.unwrap();
@@ -214,13 +215,8 @@ async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
 async fn listings_at_once_share_requests_and_see_every_write_before_them() {
     use futures::StreamExt;
     let server = NatsServer::start();
-    let c = cfg(&server.url(), 1);
-    let one = NatsStore::connect(&c, Duration::from_secs(1))
-        .await
-        .unwrap();
-    let two = NatsStore::connect(&c, Duration::from_secs(1))
-        .await
-        .unwrap();
+    let one = store_on(&server).await;
+    let two = store_on(&server).await;
     let roots: Vec<_> = (0..4).map(|_| skein_runtime::new_root_id()).collect();
     // Listings through `one` all the time, so that a request is nearly always under way
     // when a writer's listing begins.
@@ -301,9 +297,7 @@ async fn listings_at_once_share_requests_and_see_every_write_before_them() {
 async fn the_object_store_workspace_is_capped_as_a_whole() {
     use skein_tools::{FilesConfig, ToolBox, ToolContext, ToolError, ToolsConfig};
     let server = NatsServer::start();
-    let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
-        .await
-        .unwrap();
+    let store = store_on(&server).await;
     let root = skein_runtime::new_root_id();
     let ctx = ToolContext {
         session: root.clone(),
@@ -569,13 +563,8 @@ async fn messages_on(js: &async_nats::jetstream::Context, subject: &str) -> u64 
 async fn a_blob_seen_stored_is_put_again_without_a_request() {
     use std::sync::atomic::Ordering;
     let server = NatsServer::start();
-    let c = cfg(&server.url(), 1);
-    let a = NatsStore::connect(&c, Duration::from_secs(1))
-        .await
-        .unwrap();
-    let b = NatsStore::connect(&c, Duration::from_secs(1))
-        .await
-        .unwrap();
+    let a = store_on(&server).await;
+    let b = store_on(&server).await;
     let sent = |s: &NatsStore| s.client.statistics().out_messages.load(Ordering::SeqCst);
     let data = b"a definition, stored by its hash".as_slice();
 
@@ -620,9 +609,7 @@ async fn a_blob_seen_stored_is_put_again_without_a_request() {
         .await
         .unwrap();
     assert_eq!(b.backend().blobs.get(&hash).await.unwrap(), None);
-    let c = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))
-        .await
-        .unwrap();
+    let c = store_on(&server).await;
     assert_eq!(c.backend().blobs.put(data).await.unwrap(), hash);
     assert_eq!(
         c.backend().blobs.get(&hash).await.unwrap().as_deref(),

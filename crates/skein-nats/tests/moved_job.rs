@@ -110,6 +110,13 @@ async fn run(rt: &Runtime, job: &Job) {
     rt.backend.jobs.ack(job).await.unwrap();
 }
 
+fn cfg_of(server: &NatsServer) -> NatsConfig {
+    NatsConfig {
+        urls: vec![server.url()],
+        ..NatsConfig::default()
+    }
+}
+
 /// Scripts in `dir` for a root that delegates `children` one-turn children.
 fn scripts(dir: &std::path::Path, children: usize) {
     std::fs::write(
@@ -190,10 +197,7 @@ async fn a_parent_loaded_by_another_worker_reads_its_notices_not_every_child() {
     let dir = tempfile::tempdir().unwrap();
     scripts(dir.path(), 4);
     let server = NatsServer::start();
-    let cfg = NatsConfig {
-        urls: vec![server.url()],
-        ..NatsConfig::default()
-    };
+    let cfg = cfg_of(&server);
     let lease = Duration::from_secs(30);
     let a = runtime(
         NatsStore::connect(&cfg, lease).await.unwrap().backend(),
@@ -256,10 +260,7 @@ async fn a_child_read_just_before_its_end_is_read_again_and_settled() {
     let dir = tempfile::tempdir().unwrap();
     scripts(dir.path(), 2);
     let server = NatsServer::start();
-    let cfg = NatsConfig {
-        urls: vec![server.url()],
-        ..NatsConfig::default()
-    };
+    let cfg = cfg_of(&server);
     let store = NatsStore::connect(&cfg, Duration::from_secs(30))
         .await
         .unwrap();
