@@ -166,7 +166,10 @@ pub trait Cache: Send + Sync {
 /// Content-addressed payloads (agent definitions by digest, large tool outputs).
 #[async_trait]
 pub trait Blobs: Send + Sync {
-    /// Stores `data` under its hex blake3 hash, which is returned.
+    /// Stores `data` under its hex blake3 hash, which is returned. Once it returns, a
+    /// record appended to any log may name the blob: the blob is durable by the time that
+    /// record is (JetStream acks the object first; the embedded store writes the blob to
+    /// its log file ahead of the record, and one sync covers both).
     async fn put(&self, data: &[u8]) -> Result<String>;
     async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>>;
 }

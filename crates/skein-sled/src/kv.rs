@@ -58,53 +58,43 @@ impl Cache for SledStore {
 
 #[async_trait]
 impl Blobs for SledStore {
-    /// Returns once the blob is durable, also when another writer stored it a moment ago:
-    /// a caller records the hash next, and the log's `fdatasync` must not land before the
-    /// blob's flush (a crash between would leave a log naming a blob the store lost).
+    /// Writes the blob into the event log file and returns without a sync of its own: a
+    /// caller names the blob only in a record it appends next, that record's frame comes
+    /// after the blob's in the file, and the `fdatasync` its append waits for covers both.
+    /// A crash before that sync can lose the blob, but then the record too: opening cuts
+    /// the file at its first damaged frame, so what survives is always a prefix of what was
+    /// written. A blob in the sled tree `blobs` was stored by an earlier version, which
+    /// flushed it before returning.
     async fn put(&self, data: &[u8]) -> Result<String> {
-        let hash = blake3::hash(data).to_hex().to_string();
-        let lock = || {
-            self.unflushed_blobs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-        };
+        let hash = blake3::hash(data);
+        let hex = hash.to_hex().to_string();
+        if !self
+            .blobs
+            .contains_key(hex.as_bytes())
+            .map_err(backend_err)?
         {
-            // Written and marked under one lock: a writer who finds the blob in the tree
-            // finds the mark too, until a flush after the write has ended.
-            let mut unflushed = lock();
-            let present = self
-                .blobs
-                .contains_key(hash.as_bytes())
-                .map_err(backend_err)?;
-            if present && !unflushed.contains_key(&hash) {
-                return Ok(hash);
-            }
-            if !present {
-                self.blobs
-                    .insert(hash.as_bytes(), data)
-                    .map_err(backend_err)?;
-            }
-            *unflushed.entry(hash.clone()).or_insert(0) += 1;
+            self.wal.put_blob(hash.as_bytes(), data)?;
         }
-        // A flush asked for now covers the write, whoever made it.
-        let flushed = self.flusher.durable().await;
-        let mut unflushed = lock();
-        if let Some(waiting) = unflushed.get_mut(&hash) {
-            *waiting -= 1;
-            if *waiting == 0 && flushed.is_ok() {
-                unflushed.remove(&hash);
-            }
-        }
-        flushed.map(|()| hash)
+        Ok(hex)
     }
 
     async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>> {
+        if let Some(raw) = raw_hash(hash) {
+            if let Some(data) = self.wal.blob(&raw)? {
+                return Ok(Some(data));
+            }
+        }
         Ok(self
             .blobs
             .get(hash.as_bytes())
             .map_err(backend_err)?
             .map(|v| v.to_vec()))
     }
+}
+
+/// The 32 bytes a blob's name spells in hex, if it is one.
+fn raw_hash(hex: &str) -> Option<[u8; 32]> {
+    blake3::Hash::from_hex(hex).ok().map(|h| *h.as_bytes())
 }
 
 #[async_trait]
@@ -170,57 +160,70 @@ impl Notices for SledStore {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
-
     use skein_runtime::ports::Blobs;
 
     use crate::SledStore;
 
-    fn flushes_asked(s: &SledStore) -> u64 {
-        s.flusher.requested.load(Ordering::SeqCst)
+    fn open(dir: &std::path::Path) -> std::sync::Arc<SledStore> {
+        SledStore::open(&dir.join("data"), &dir.join("ws")).expect("the store opens")
     }
 
     #[tokio::test]
-    async fn a_blob_another_writer_has_not_seen_flushed_is_waited_for_and_one_flushed_is_not() {
+    async fn a_blob_is_written_once_into_the_log_and_read_after_a_reopen() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let s = SledStore::open(&dir.path().join("data"), &dir.path().join("ws"))
-            .expect("the store opens");
+        let s = open(dir.path());
+        let log = dir.path().join("data/events.log");
+        let size = || std::fs::metadata(&log).expect("the log").len();
         let data = b"an agent definition";
-        let hash = blake3::hash(data).to_hex().to_string();
-
-        // A writer that has put the blob in the tree and waits for its flush: the blob is
-        // there, and so is its mark.
-        s.blobs.insert(hash.as_bytes(), &data[..]).expect("insert");
-        s.unflushed_blobs
-            .lock()
-            .expect("lock")
-            .insert(hash.clone(), 1);
-        let before = flushes_asked(&s);
+        let hash = s.put(data).await.expect("put");
+        assert_eq!(hash, blake3::hash(data).to_hex().as_str());
+        let after_one = size();
+        assert!(after_one > data.len() as u64);
+        // Stored again: neither written again nor synced, and no sled flush for either.
         assert_eq!(s.put(data).await.expect("put"), hash);
-        assert_eq!(
-            flushes_asked(&s),
-            before + 1,
-            "a second writer returned before a flush covered the first one's write"
-        );
-        // The first writer's flush ends: the blob is durable, and a later put of it
-        // neither writes nor flushes.
-        s.unflushed_blobs.lock().expect("lock").clear();
-        let before = flushes_asked(&s);
-        assert_eq!(s.put(data).await.expect("put"), hash);
-        assert_eq!(
-            flushes_asked(&s),
-            before,
-            "a durable blob was flushed again"
-        );
-
-        // A new blob is written, flushed, and then known durable.
-        let before = flushes_asked(&s);
         let other = s.put(b"another").await.expect("put");
-        assert_eq!(flushes_asked(&s), before + 1);
-        assert!(s.unflushed_blobs.lock().expect("lock").is_empty());
+        assert_eq!(
+            size(),
+            after_one + (12 + 32 + b"another".len()) as u64,
+            "a stored blob was written again"
+        );
+        assert_eq!(s.log_syncs(), 0, "a put synced on its own");
+        assert_eq!(
+            s.flusher
+                .requested
+                .load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
+        drop(s);
+
+        let s = open(dir.path());
+        assert_eq!(s.get(&hash).await.expect("get").as_deref(), Some(&data[..]));
         assert_eq!(
             s.get(&other).await.expect("get").as_deref(),
             Some(&b"another"[..])
+        );
+        assert_eq!(s.get(&"0".repeat(64)).await.expect("get"), None);
+        assert_eq!(s.get("not a hash").await.expect("get"), None);
+    }
+
+    #[tokio::test]
+    async fn a_blob_an_earlier_version_kept_in_sled_is_read_and_not_stored_again() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let s = open(dir.path());
+        let data = b"stored by an earlier version";
+        let hash = blake3::hash(data).to_hex().to_string();
+        s.blobs.insert(hash.as_bytes(), &data[..]).expect("insert");
+        s.db.flush().expect("flush");
+        drop(s);
+
+        let s = open(dir.path());
+        assert_eq!(s.get(&hash).await.expect("get").as_deref(), Some(&data[..]));
+        assert_eq!(s.put(data).await.expect("put"), hash);
+        assert_eq!(
+            std::fs::metadata(dir.path().join("data/events.log"))
+                .expect("the log")
+                .len(),
+            0
         );
     }
 }

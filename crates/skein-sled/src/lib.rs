@@ -5,18 +5,20 @@
 //! | port | file | sled |
 //! | --- | --- | --- |
 //! | EventLog | `log.rs`, `wal.rs` | none: its own file, `events.log` |
+//! | Blobs | `kv.rs`, `wal.rs` | none: frames of `events.log` (tree `blobs` read for older ones) |
 //! | JobQueue | `jobs.rs` | tree `jobs` |
-//! | Cache, Blobs, Notices | `kv.rs` | trees `cache`, `inflight`, `blobs`, `notices`, `watchers` |
+//! | Cache, Notices | `kv.rs` | trees `cache`, `inflight`, `notices`, `watchers` |
 //! | Workspaces | here | a directory per tree |
 //!
 //! The event log is an append-only file of its own (`wal.rs`): one frame per append, one
-//! `fdatasync` per group of appends. Earlier versions kept it in the sled trees `events`
-//! and `sessions`; opening such a directory moves those records into the file once.
+//! `fdatasync` per group of appends. Blobs are frames of the same file. Earlier versions
+//! kept the log in the sled trees `events` and `sessions`; opening such a directory moves
+//! those records into the file once. Blobs they kept in the tree `blobs` are read there.
 //!
 //! Layout of the rest (one sled tree each):
 //! - `jobs`: `pool \0 session` → job state (ready / held with lease, attempt, dirty).
-//! - `cache`: mission hash → entry; `blobs`: blake3 hex → bytes;
-//!   `notices`: `parent \0 position(u64 BE)` → child id.
+//! - `cache`: mission hash → entry; `notices`: `parent \0 position(u64 BE)` → child id;
+//!   `blobs` (written by earlier versions only): blake3 hex → bytes.
 //!
 //! Durability: an append returns only after an `fdatasync` of the log that covers it.
 //! Appends of many sessions share one (group commit): each append takes a ticket after its
@@ -24,8 +26,9 @@
 //! each sync it lets the tasks that are ready run first: the writers the last sync released
 //! (a wide turn's children, stepping together) then share the next one, where the first of
 //! them used to get a sync of its own and the rest the one after (a zero-latency fan-out of
-//! 64 made 26–36 syncs, now 14–15). Cache
-//! entries, blobs and watchers wait the same way for a flush of the sled database. Jobs and
+//! 64 made 26–36 syncs, now 14–15). A blob is written ahead of the record that names it,
+//! whose sync covers it (see `kv.rs`). Cache
+//! entries and watchers wait the same way for a flush of the sled database. Jobs and
 //! notices are not flushed per write: after a crash, `resume` derives every job from the
 //! logs, and a parent reconciles with its children's logs when it is first loaded.
 
@@ -153,10 +156,6 @@ pub struct SledStore {
     /// Makes "take a position, insert the notice" atomic, so a reader that has seen
     /// position p can never later miss a notice below p.
     notice_order: std::sync::Mutex<()>,
-    /// Blobs written by this process whose flush has not been seen to end, with how many
-    /// writers wait for it. A blob in the tree and not here is durable: it was there when
-    /// the store opened, or its flush ended.
-    unflushed_blobs: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     workspace_root: PathBuf,
     /// Whether `workspace_root` lies on a local disk: small file operations of the tools
     /// then run on the calling task ([`LocalWorkspace::quick`]).
@@ -213,7 +212,6 @@ impl SledStore {
             job_ready: Notify::new(),
             job_index: Default::default(),
             notice_order: std::sync::Mutex::new(()),
-            unflushed_blobs: Default::default(),
             workspace_root: workspace_root.to_path_buf(),
             workspace_local: skein_tools::workspace::on_local_disk(workspace_root),
             lease,

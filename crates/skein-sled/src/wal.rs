@@ -1,12 +1,21 @@
 //! The event log's own file: `events.log` in the data directory, append-only.
 //!
-//! Every `append_batch` writes one frame, so a batch is on disk whole or not at all:
+//! Every `append_batch` writes one frame, so a batch is on disk whole or not at all. Blobs
+//! (agent definitions, large tool outputs) are frames of the same file, under a magic of
+//! their own:
 //!
 //! ```text
-//! frame  = magic "SKW1" | body length u32 LE | crc32 of body u32 LE | body
-//! body   = session length u16 LE | session | first seq u64 LE | count u32 LE
-//!          | count × (record length u32 LE | record bytes)
+//! frame  = magic | body length u32 LE | crc32 of body u32 LE | body
+//! "SKW1" body = session length u16 LE | session | first seq u64 LE | count u32 LE
+//!               | count × (record length u32 LE | record bytes)
+//! "SKB1" body = blake3 of the blob (32 bytes) | the blob
 //! ```
+//!
+//! A blob is made durable by the `fdatasync` of the record that names it, which is
+//! written after it: storing one costs neither a sync of its own nor a flush of the sled
+//! database (whose first flush in a process also starts sled's pool of I/O threads). A
+//! file with blob frames is not read by versions before them: they stop at the first one
+//! as at a torn tail.
 //!
 //! An append checks the session's last seq, writes its frame at the end of the file and
 //! indexes it under one lock, then waits for a group commit: one `fdatasync` covers every
@@ -19,7 +28,7 @@
 //! there. No acknowledged record is lost by that: an append is acknowledged only after an
 //! `fdatasync` that covered it and everything before it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
@@ -31,6 +40,7 @@ use skein_core::{Record, SessionId};
 use skein_runtime::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"SKW1";
+const BLOB_MAGIC: &[u8; 4] = b"SKB1";
 const HEADER: usize = 12;
 /// A frame larger than this is not one skein wrote: the tail is torn or the file is not a log.
 const MAX_BODY: usize = 1 << 30;
@@ -60,6 +70,8 @@ struct Index {
     end: u64,
     /// Each session's records in seq order (entry `i` is seq `i + 1`).
     sessions: BTreeMap<String, Vec<At>>,
+    /// Each blob's bytes, by its blake3 hash.
+    blobs: HashMap<[u8; 32], At>,
 }
 
 pub(crate) struct Wal {
@@ -74,10 +86,16 @@ pub(crate) struct Wal {
 }
 
 /// One frame read back by [`scan`].
-struct Frame {
-    session: String,
-    first_seq: u64,
-    records: Vec<At>,
+enum Frame {
+    Records {
+        session: String,
+        first_seq: u64,
+        records: Vec<At>,
+    },
+    Blob {
+        hash: [u8; 32],
+        data: At,
+    },
 }
 
 impl Wal {
@@ -99,18 +117,30 @@ impl Wal {
             keep_torn_tail(&file, path, good_end, len)?;
         }
         let mut sessions: BTreeMap<String, Vec<At>> = BTreeMap::new();
+        let mut blobs = HashMap::new();
         for f in frames {
-            let recs = sessions.entry(f.session.clone()).or_default();
-            if recs.len() as u64 + 1 != f.first_seq {
+            let (session, first_seq, records) = match f {
+                Frame::Blob { hash, data } => {
+                    blobs.insert(hash, data);
+                    continue;
+                }
+                Frame::Records {
+                    session,
+                    first_seq,
+                    records,
+                } => (session, first_seq, records),
+            };
+            let recs = sessions.entry(session.clone()).or_default();
+            if recs.len() as u64 + 1 != first_seq {
                 return Err(Error::corrupt_because(format!(
                     "event log {}: a frame of {} starts at seq {} after seq {}",
                     path.display(),
-                    f.session,
-                    f.first_seq,
+                    session,
+                    first_seq,
                     recs.len()
                 )));
             }
-            recs.extend(f.records);
+            recs.extend(records);
         }
         Ok(Self {
             path: path.to_path_buf(),
@@ -118,6 +148,7 @@ impl Wal {
             index: Mutex::new(Index {
                 end: good_end,
                 sessions,
+                blobs,
             }),
             synced: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
@@ -161,11 +192,7 @@ impl Wal {
                 body.len()
             )));
         }
-        let mut frame = Vec::with_capacity(HEADER + body.len());
-        frame.extend_from_slice(MAGIC);
-        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-        frame.extend_from_slice(&body);
+        let frame = framed(MAGIC, &body);
 
         let mut ix = self.lock();
         let last = ix.sessions.get(sid).map_or(0, |v| v.len() as u64);
@@ -183,6 +210,56 @@ impl Wal {
             len,
         }));
         Ok(Ok(()))
+    }
+
+    /// Writes `data` as a blob frame unless the log holds it already. A sync of anything
+    /// written later makes it durable.
+    pub(crate) fn put_blob(&self, hash: &[u8; 32], data: &[u8]) -> Result<()> {
+        if data.len() + 32 > MAX_BODY {
+            return Err(Error::corrupt_because(format!(
+                "a blob of {} bytes (at most {} in the event log)",
+                data.len(),
+                MAX_BODY - 32
+            )));
+        }
+        if self.lock().blobs.contains_key(hash) {
+            return Ok(());
+        }
+        let mut body = Vec::with_capacity(32 + data.len());
+        body.extend_from_slice(hash);
+        body.extend_from_slice(data);
+        let frame = framed(BLOB_MAGIC, &body);
+        let mut ix = self.lock();
+        if ix.blobs.contains_key(hash) {
+            return Ok(());
+        }
+        let start = ix.end;
+        self.file
+            .write_all_at(&frame, start)
+            .map_err(|e| io_err("cannot write", &self.path, e))?;
+        ix.end = start + frame.len() as u64;
+        let len = u32::try_from(data.len())
+            .map_err(|_| Error::corrupt_because(format!("a blob of {} bytes", data.len())))?;
+        ix.blobs.insert(
+            *hash,
+            At {
+                offset: start + (HEADER + 32) as u64,
+                len,
+            },
+        );
+        Ok(())
+    }
+
+    /// The blob stored under `hash`, if the log holds it.
+    pub(crate) fn blob(&self, hash: &[u8; 32]) -> Result<Option<Vec<u8>>> {
+        let Some(a) = self.lock().blobs.get(hash).copied() else {
+            return Ok(None);
+        };
+        let mut buf = vec![0u8; a.len as usize];
+        self.file
+            .read_exact_at(&mut buf, a.offset)
+            .map_err(|e| io_err("cannot read", &self.path, e))?;
+        Ok(Some(buf))
     }
 
     /// Makes every write so far durable.
@@ -294,7 +371,8 @@ fn scan(file: &File, path: &Path) -> Result<(Vec<Frame>, u64)> {
             Ok(false) => break,
             Err(e) => return Err(io_err("cannot read", path, e)),
         }
-        if &head[..4] != MAGIC {
+        let blob = &head[..4] == BLOB_MAGIC;
+        if !blob && &head[..4] != MAGIC {
             break;
         }
         let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
@@ -311,7 +389,12 @@ fn scan(file: &File, path: &Path) -> Result<(Vec<Frame>, u64)> {
         if crc32fast::hash(&body) != crc {
             break;
         }
-        let Some(f) = parse_body(&body, pos + HEADER as u64) else {
+        let parsed = if blob {
+            parse_blob(&body, pos + HEADER as u64)
+        } else {
+            parse_body(&body, pos + HEADER as u64)
+        };
+        let Some(f) = parsed else {
             break;
         };
         frames.push(f);
@@ -350,11 +433,33 @@ fn parse_body(body: &[u8], body_offset: u64) -> Option<Frame> {
         take(&mut p, len as usize)?;
         records.push(At { offset, len });
     }
-    (p == body.len() && first_seq >= 1).then_some(Frame {
+    (p == body.len() && first_seq >= 1).then_some(Frame::Records {
         session,
         first_seq,
         records,
     })
+}
+
+fn parse_blob(body: &[u8], body_offset: u64) -> Option<Frame> {
+    let hash: [u8; 32] = body.get(..32)?.try_into().ok()?;
+    let len = u32::try_from(body.len() - 32).ok()?;
+    Some(Frame::Blob {
+        hash,
+        data: At {
+            offset: body_offset + 32,
+            len,
+        },
+    })
+}
+
+/// `body` behind a frame header with `magic`.
+fn framed(magic: &[u8; 4], body: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(HEADER + body.len());
+    frame.extend_from_slice(magic);
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    frame.extend_from_slice(body);
+    frame
 }
 
 /// Copies the bytes past the last whole frame aside and cuts the log there.

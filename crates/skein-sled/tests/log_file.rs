@@ -1,6 +1,6 @@
 //! The event log file: a torn tail is cut (and kept aside) without losing an acknowledged
-//! record, a log kept in sled by an earlier version is moved into the file, and a wrong
-//! expected seq is refused.
+//! record or blob, a log kept in sled by an earlier version is moved into the file, and a
+//! wrong expected seq is refused.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -120,6 +120,99 @@ async fn a_last_frame_whose_crc_does_not_match_is_cut_with_nothing_before_it() {
     // Appending seq 5 again is what a worker redoing the lost step does.
     be.log.append(&a, 4, &ra[4]).await.unwrap();
     assert_eq!(be.log.read(&a, 5).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn blobs_among_the_records_are_read_back_and_a_torn_one_at_the_end_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let a = SessionId::parse("t-blob-a").unwrap();
+    let mut prev = genesis_hash(&a);
+    let ra = records(&a, 1, 3, &mut prev);
+    let big = vec![7u8; 100_000];
+    let (h1, h2, h3) = {
+        let store = SledStore::open(&data, &ws).unwrap();
+        let be = store.backend();
+        let h1 = be.blobs.put(b"a definition").await.unwrap();
+        be.log.append(&a, 0, &ra[0]).await.unwrap();
+        let h2 = be.blobs.put(&big).await.unwrap();
+        be.log.append_batch(&a, 1, &ra[1..]).await.unwrap();
+        let h3 = be.blobs.put(b"the last one").await.unwrap();
+        (h1, h2, h3)
+    };
+    let log = data.join("events.log");
+    let whole = std::fs::read(&log).unwrap();
+    // The last blob's frame reached the disk only in part.
+    let cut = whole.len() - 5;
+    std::fs::write(&log, &whole[..cut]).unwrap();
+
+    let store = SledStore::open(&data, &ws).unwrap();
+    let be = store.backend();
+    assert_eq!(reasons(&be.log.read(&a, 1).await.unwrap()), reasons(&ra));
+    assert_eq!(
+        be.blobs.get(&h1).await.unwrap().as_deref(),
+        Some(&b"a definition"[..])
+    );
+    assert_eq!(be.blobs.get(&h2).await.unwrap(), Some(big));
+    assert_eq!(
+        be.blobs.get(&h3).await.unwrap(),
+        None,
+        "a blob whose frame is torn is not read"
+    );
+    let frame_start = whole.len() - (12 + 32 + b"the last one".len());
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), frame_start as u64);
+    // Stored again, it is whole after the next open.
+    assert_eq!(be.blobs.put(b"the last one").await.unwrap(), h3);
+    drop(be);
+    drop(store);
+    let store = SledStore::open(&data, &ws).unwrap();
+    assert_eq!(
+        store.backend().blobs.get(&h3).await.unwrap().as_deref(),
+        Some(&b"the last one"[..])
+    );
+}
+
+#[tokio::test]
+async fn a_record_written_after_a_blob_that_did_not_reach_the_disk_is_cut_with_it() {
+    // A blob's put does not sync: the append of the record naming it does, and covers the
+    // blob. Were the blob's pages lost and the record's kept (the kernel writes pages back
+    // in any order), opening cuts at the damaged blob, so no record names a lost blob.
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let a = SessionId::parse("t-blob-b").unwrap();
+    let mut prev = genesis_hash(&a);
+    let ra = records(&a, 1, 2, &mut prev);
+    let blob_at;
+    let h = {
+        let store = SledStore::open(&data, &ws).unwrap();
+        let be = store.backend();
+        be.log.append(&a, 0, &ra[0]).await.unwrap();
+        blob_at = std::fs::metadata(data.join("events.log")).unwrap().len() as usize;
+        let h = be.blobs.put(b"named by the next record").await.unwrap();
+        be.log.append(&a, 1, &ra[1]).await.unwrap();
+        h
+    };
+    let log = data.join("events.log");
+    let mut bytes = std::fs::read(&log).unwrap();
+    // A page of the blob's frame never written: zeros where its bytes were.
+    for b in &mut bytes[blob_at + 20..blob_at + 30] {
+        *b = 0;
+    }
+    std::fs::write(&log, &bytes).unwrap();
+
+    let store = SledStore::open(&data, &ws).unwrap();
+    let be = store.backend();
+    assert_eq!(be.blobs.get(&h).await.unwrap(), None);
+    assert_eq!(
+        reasons(&be.log.read(&a, 1).await.unwrap()),
+        reasons(&ra[..1]),
+        "the record after the damaged blob is cut with it"
+    );
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), blob_at as u64);
+    assert_eq!(
+        std::fs::read(data.join(format!("events.log.torn-{blob_at}"))).unwrap(),
+        &bytes[blob_at..]
+    );
 }
 
 #[tokio::test]
