@@ -152,6 +152,57 @@ fn kill9_while_the_writer_works_then_resume() {
     kill_and_resume("writer-4");
 }
 
+/// A `skein run` leaves sled unflushed (its first flush would start sled's I/O threads):
+/// definitions are stored in the event log file, and what sled holds of the run is rebuilt
+/// from the logs. The next processes find every definition and record, resume finds the
+/// tree finished, and another run in the same directory completes.
+#[test]
+fn a_run_flushes_nothing_into_sled_and_the_next_process_misses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut c = skein(&demo_config(), &data);
+    c.args(["run", "--no-cache", "--json", "Brief on group commit"]);
+    let out = json_of(&run_ok(c));
+    assert_eq!(out["status"], "completed", "{out}");
+    let root = out["session"].as_str().unwrap().to_string();
+    let sled_file = std::fs::metadata(data.join("db/db")).unwrap().len();
+    assert_eq!(
+        sled_file, 0,
+        "the run wrote into sled's file: it flushed sled"
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let n = rt.block_on(audit_tree(
+        &data,
+        &SessionId::parse(&root).unwrap(),
+        &repo().join("config/agents"),
+    ));
+    assert_eq!(n, 5, "orchestrator, three researchers and the writer");
+    rt.block_on(async {
+        let store = skein_sled::SledStore::open(&data, &data.join("workspaces")).unwrap();
+        let be = store.backend();
+        let root = SessionId::parse(&root).unwrap();
+        for id in be.log.tree(&root).await.unwrap() {
+            let records = be.log.read(&id, 1).await.unwrap();
+            let skein_core::Event::Submitted(sub) = &records[0].env.body else {
+                panic!("{id} does not start with its submission");
+            };
+            let def = be.blobs.get(&sub.def_digest).await.unwrap();
+            assert!(def.is_some(), "the definition of {id} is not stored");
+        }
+    });
+
+    let mut c = skein(&demo_config(), &data);
+    c.args(["resume", &root, "--json"]);
+    let again = json_of(&run_ok(c));
+    assert_eq!(again["status"], "completed", "{again}");
+    assert_eq!(again["answer"], out["answer"]);
+    let mut c = skein(&demo_config(), &data);
+    c.args(["run", "--no-cache", "--json", "Brief on torn writes"]);
+    let next = json_of(&run_ok(c));
+    assert_eq!(next["status"], "completed", "{next}");
+}
+
 #[test]
 fn refusals_are_tool_errors_the_model_reads() {
     let sb = Sandbox::new();
