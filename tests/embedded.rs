@@ -203,6 +203,64 @@ fn a_run_flushes_nothing_into_sled_and_the_next_process_misses_nothing() {
     assert_eq!(next["status"], "completed", "{next}");
 }
 
+/// A run interrupted (Ctrl-C) leaves jobs for sessions that have not ended: those are
+/// flushed on the way out, for the next process (`skein ui`, `resume`) to take.
+#[test]
+fn an_interrupted_run_keeps_its_unfinished_jobs_for_the_next_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut c = skein(&demo_config(), &data);
+    c.args(["run", "--no-cache", "Brief on interruptions"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut root = None;
+    let mut lines = stderr.lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(id) = line.strip_prefix("root ") {
+            root = Some(id.trim().to_string());
+        }
+        if line.contains("researcher-2") {
+            break;
+        }
+    }
+    let root = SessionId::parse(&root.expect("the run printed its root id")).unwrap();
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{rest:?}");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = skein_sled::SledStore::open(&data, &data.join("workspaces")).unwrap();
+        let be = store.backend();
+        let unfinished = {
+            let mut n = 0;
+            for id in be.log.tree(&root).await.unwrap() {
+                let last = be.log.last(&id).await.unwrap().unwrap();
+                n += usize::from(!last.env.body.is_terminal());
+            }
+            n
+        };
+        assert!(unfinished > 0, "the tree ended before the interruption");
+        assert!(
+            be.jobs.depth("default").await.unwrap() > 0,
+            "the interrupted run's jobs were not kept"
+        );
+    });
+
+    let mut c = skein(&demo_config(), &data);
+    c.args(["resume", root.as_str(), "--json"]);
+    let out = json_of(&run_ok(c));
+    assert_eq!(out["status"], "completed", "{out}");
+}
+
 #[test]
 fn refusals_are_tool_errors_the_model_reads() {
     let sb = Sandbox::new();

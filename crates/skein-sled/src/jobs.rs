@@ -91,6 +91,15 @@ impl SledStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Every session with a job in any pool.
+    pub(crate) fn queued_sessions(&self) -> Vec<SessionId> {
+        self.job_index()
+            .pools
+            .values()
+            .flat_map(|p| p.due.keys().cloned())
+            .collect()
+    }
+
     /// Builds the index from the records. sled allows one process per database, so any
     /// lease found at open belongs to a process that is gone: it is released.
     pub(crate) fn index_jobs(&self) -> Result<()> {

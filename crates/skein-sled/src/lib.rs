@@ -241,19 +241,31 @@ impl SledStore {
     }
 
     /// Ends this process's use of the store just before the process exits: syncs the log
-    /// and keeps the sled database open until the process is gone, so that it is not
-    /// flushed on the way out. Every sled write that must last was flushed when it was
-    /// made (cache entries, watchers); what is left unflushed — job states, notices,
-    /// single-flight marks — is what a crash leaves too, and is rebuilt from the logs as
-    /// after one (`resume` re-enqueues an unfinished tree, a parent reads its children's
-    /// logs when it is first loaded, a single-flight mark whose holder failed is
-    /// replaced). sled's first flush in a process starts its pool of I/O threads, which
-    /// cost a short `skein run` several milliseconds of CPU on the way out.
+    /// and, when no job is left for a session that has not ended, keeps the sled database
+    /// open until the process is gone, so that it is not flushed on the way out. Every
+    /// sled write that must last was flushed when it was made (cache entries, watchers);
+    /// what is left unflushed — job states of ended sessions, notices, single-flight
+    /// marks — is what a crash leaves too, and is rebuilt from the logs as after one (a
+    /// parent reads its children's logs when it is first loaded, a single-flight mark
+    /// whose holder failed is replaced, `resume` re-enqueues an unfinished tree). A job
+    /// still waiting for a session that has not ended (a run interrupted, a paused
+    /// session's deadline) is flushed as before, for the next process to take. sled's
+    /// first flush in a process starts its pool of I/O threads, which cost a short
+    /// `skein run` several milliseconds of CPU on the way out.
     ///
     /// For a process that exits next; one that goes on using the data directory (a test,
     /// a server) drops the store instead, which flushes and closes it.
-    pub fn leave(self: Arc<Self>) -> Result<()> {
+    pub async fn leave(self: Arc<Self>) -> Result<()> {
         self.wal.sync().map_err(backend_err)?;
+        for session in self.queued_sessions() {
+            let ended = self
+                .wal
+                .last(&session)?
+                .is_none_or(|r| r.env.body.is_terminal());
+            if !ended {
+                return self.flush().await;
+            }
+        }
         std::mem::forget(self);
         Ok(())
     }

@@ -89,7 +89,7 @@ pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
     }
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
     let code = drive(&rt, &id, conc, a.json).await;
-    store.leave()?;
+    store.leave().await?;
     code
 }
 
@@ -164,7 +164,7 @@ pub async fn resume(app: &App, a: ResumeArgs) -> Result<ExitCode> {
     }
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
     let code = drive(&rt, &id, conc, a.json).await;
-    store.leave()?;
+    store.leave().await?;
     code
 }
 
