@@ -128,13 +128,7 @@ fn kill_and_resume(trigger: &str) {
         "{out}"
     );
 
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let n = rt.block_on(audit_tree(
-        &data,
-        &SessionId::parse(&root).unwrap(),
-        &repo().join("config/agents"),
-    ));
-    assert_eq!(n, 5, "orchestrator, three researchers and the writer");
+    audits_as_the_demo_tree(&data, &root);
 }
 
 #[test]
@@ -150,6 +144,18 @@ fn kill9_while_researchers_call_tools_then_resume() {
 #[test]
 fn kill9_while_the_writer_works_then_resume() {
     kill_and_resume("writer-4");
+}
+
+/// Every log of the demo tree under `root` passes the audit: the orchestrator, three
+/// researchers and the writer.
+fn audits_as_the_demo_tree(data: &std::path::Path, root: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let n = rt.block_on(audit_tree(
+        data,
+        &SessionId::parse(root).unwrap(),
+        &repo().join("config/agents"),
+    ));
+    assert_eq!(n, 5, "orchestrator, three researchers and the writer");
 }
 
 /// A `skein run` leaves sled unflushed (its first flush would start sled's I/O threads):
@@ -171,13 +177,8 @@ fn a_run_flushes_nothing_into_sled_and_the_next_process_misses_nothing() {
         "the run wrote into sled's file: it flushed sled"
     );
 
+    audits_as_the_demo_tree(&data, &root);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let n = rt.block_on(audit_tree(
-        &data,
-        &SessionId::parse(&root).unwrap(),
-        &repo().join("config/agents"),
-    ));
-    assert_eq!(n, 5, "orchestrator, three researchers and the writer");
     rt.block_on(async {
         let store = skein_sled::SledStore::open(&data, &data.join("workspaces")).unwrap();
         let be = store.backend();
