@@ -258,10 +258,11 @@ impl SledStore {
     pub async fn leave(self: Arc<Self>) -> Result<()> {
         self.wal.sync().map_err(backend_err)?;
         for session in self.queued_sessions() {
+            // A log that cannot be read counts as not ended: its job is kept.
             let ended = self
                 .wal
-                .last(&session)?
-                .is_none_or(|r| r.env.body.is_terminal());
+                .last(&session)
+                .is_ok_and(|last| last.is_none_or(|r| r.env.body.is_terminal()));
             if !ended {
                 return self.flush().await;
             }
