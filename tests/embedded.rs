@@ -81,20 +81,28 @@ fn demo_brief_runs_researchers_in_parallel_then_the_writer() {
     assert_eq!(audit_all(&data, &repo().join("config/agents")), 5);
 }
 
-/// Runs the demo, kills the process with SIGKILL when `trigger` first shows in its
-/// progress output, resumes, and checks that the tree completes with clean logs.
-fn kill_and_resume(trigger: &str) {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    let mut c = skein(&demo_config(), &data);
-    c.args(["run", "--no-cache", "Brief on crash safety"])
+/// A demo run started with its progress lines on a pipe, read up to a trigger.
+struct Started {
+    child: std::process::Child,
+    root: String,
+    /// The progress lines read, the trigger's last.
+    seen: Vec<String>,
+    /// The progress lines still to come.
+    rest: std::io::Lines<BufReader<std::process::ChildStderr>>,
+}
+
+/// Starts the demo tree on `mission` in `data` and reads its progress until a line
+/// contains `trigger`.
+fn start_until(data: &std::path::Path, mission: &str, trigger: &str) -> Started {
+    let mut c = skein(&demo_config(), data);
+    c.args(["run", "--no-cache", mission])
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut rest = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut root = None;
     let mut seen = vec![];
-    for line in stderr.lines() {
+    for line in rest.by_ref() {
         let line = line.unwrap();
         if let Some(id) = line.strip_prefix("root ") {
             root = Some(id.trim().to_string());
@@ -104,17 +112,41 @@ fn kill_and_resume(trigger: &str) {
             break;
         }
     }
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &child.id().to_string()])
+    let root = root.expect("the run printed its root id");
+    Started {
+        child,
+        root,
+        seen,
+        rest,
+    }
+}
+
+/// Sends `child` the signal `sig` (`-9`, `-INT`).
+fn signal(child: &std::process::Child, sig: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([sig, &child.id().to_string()])
         .status()
         .unwrap();
-    assert!(killed.success());
+    assert!(sent.success());
+}
+
+/// Runs the demo, kills the process with SIGKILL when `trigger` first shows in its
+/// progress output, resumes, and checks that the tree completes with clean logs.
+fn kill_and_resume(trigger: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let Started {
+        mut child,
+        root,
+        seen,
+        ..
+    } = start_until(&data, "Brief on crash safety", trigger);
+    signal(&child, "-9");
     let status = child.wait().unwrap();
     assert!(
         !status.success(),
         "the run finished before the kill; saw {seen:?}"
     );
-    let root = root.expect("the run printed its root id");
 
     let mut c = skein(&demo_config(), &data);
     c.args(["resume", &root, "--json"]);
@@ -210,30 +242,15 @@ fn a_run_flushes_nothing_into_sled_and_the_next_process_misses_nothing() {
 fn an_interrupted_run_keeps_its_unfinished_jobs_for_the_next_process() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let mut c = skein(&demo_config(), &data);
-    c.args(["run", "--no-cache", "Brief on interruptions"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut root = None;
-    let mut lines = stderr.lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(id) = line.strip_prefix("root ") {
-            root = Some(id.trim().to_string());
-        }
-        if line.contains("researcher-2") {
-            break;
-        }
-    }
-    let root = SessionId::parse(&root.expect("the run printed its root id")).unwrap();
-    let sent = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let Started {
+        mut child,
+        root,
+        rest,
+        ..
+    } = start_until(&data, "Brief on interruptions", "researcher-2");
+    let root = SessionId::parse(&root).unwrap();
+    signal(&child, "-INT");
+    let rest: Vec<String> = rest.map(|l| l.unwrap()).collect();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130), "{rest:?}");
 
