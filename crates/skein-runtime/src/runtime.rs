@@ -101,13 +101,48 @@ pub struct Runtime {
     pub loops: crate::work_loop::Loops,
     /// The folds and definitions kept between jobs (see [`crate::session`]).
     pub(crate) sessions: FoldCache,
-    pub(crate) progress: broadcast::Sender<Progress>,
-    pub(crate) text: broadcast::Sender<TextDelta>,
+    pub(crate) progress: Broadcast<Progress>,
+    pub(crate) text: Broadcast<TextDelta>,
     /// What [`Runtime::run_tree`] waits on: the session of every terminal record this
     /// runtime appends, and a count of all the records it appends. Waiting on
     /// [`Runtime::subscribe`] instead woke the waiting thread for every record.
-    pub(crate) ends: broadcast::Sender<SessionId>,
+    pub(crate) ends: Broadcast<SessionId>,
     pub(crate) appended: std::sync::atomic::AtomicU64,
+}
+
+/// A broadcast channel made when it is first subscribed to. Nothing is sent while nobody
+/// has subscribed, as a channel without receivers drops what it is sent; making the
+/// channel up front cost a short command half a millisecond (a slot of each of its
+/// thousands is written when it is made), and most runtimes never subscribe to one.
+pub(crate) struct Broadcast<T> {
+    capacity: usize,
+    tx: std::sync::OnceLock<broadcast::Sender<T>>,
+}
+
+impl<T: Clone> Broadcast<T> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            tx: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<T> {
+        self.tx
+            .get_or_init(|| broadcast::channel(self.capacity).0)
+            .subscribe()
+    }
+
+    pub(crate) fn receiver_count(&self) -> usize {
+        self.tx.get().map_or(0, |tx| tx.receiver_count())
+    }
+
+    /// Sends to whoever listens now; with nobody listening, `value` is dropped.
+    pub(crate) fn send(&self, value: T) {
+        if let Some(tx) = self.tx.get() {
+            let _ = tx.send(value);
+        }
+    }
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -128,9 +163,6 @@ impl Runtime {
                 cfg.limits.approval_required.push(name);
             }
         }
-        let (progress, _) = broadcast::channel(4096);
-        let (text, _) = broadcast::channel(4096);
-        let (ends, _) = broadcast::channel(1024);
         Arc::new(Self {
             backend,
             agents,
@@ -139,9 +171,9 @@ impl Runtime {
             cfg,
             loops: Default::default(),
             sessions: FoldCache::default(),
-            progress,
-            text,
-            ends,
+            progress: Broadcast::new(4096),
+            text: Broadcast::new(4096),
+            ends: Broadcast::new(1024),
             appended: Default::default(),
         })
     }

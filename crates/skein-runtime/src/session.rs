@@ -188,12 +188,12 @@ impl Runtime {
         for (r, (status, steps)) in staged.records.iter().zip(staged.marks) {
             if r.env.body.is_terminal() {
                 crate::spans::session_ended(&f.id, &f.state, r.env.at);
-                let _ = self.ends.send(f.id.clone());
+                self.ends.send(f.id.clone());
             }
             if !told {
                 continue;
             }
-            let _ = self.progress.send(Progress {
+            self.progress.send(Progress {
                 session: f.id.clone(),
                 seq: r.env.seq,
                 kind: r.env.body.kind().to_string(),

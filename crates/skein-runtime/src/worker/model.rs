@@ -125,7 +125,7 @@ impl Runtime {
             if !shown.is_empty() || self.text.receiver_count() == 0 {
                 return;
             }
-            let _ = self.text.send(TextDelta {
+            self.text.send(TextDelta {
                 session: session.clone(),
                 seq,
                 attempt,
