@@ -295,33 +295,35 @@ impl Runtime {
             return Ok(d.clone());
         }
         // A definition of this worker's own catalogue with the same digest has the same
-        // text byte for byte (the digest is the text's blake3), so it is parsed from there
-        // without a read of the blob store.
+        // text byte for byte (the digest is the text's blake3), and a definition is what
+        // its text parses to: the catalogue's copy is taken as it is, without a read of
+        // the blob store or a second parse.
         let local = self
             .agents
             .agents
             .values()
-            .find(|d| d.digest == sub.def_digest)
-            .map(|d| d.text.clone());
-        let text = match local {
-            Some(text) => text,
+            .find(|d| d.digest == sub.def_digest);
+        let def = match local {
+            Some(d) => Arc::new(d.clone()),
             // The session's own `Submitted` names the definition, and it was stored before
             // that was appended: a store that answers "not there" is one that cannot
             // answer yet (a cluster still settling after a node loss), so the step is
             // retried rather than counted as a failure of the session.
-            None => match self.backend.def_text(&sub.def_digest).await {
-                Err(Error::NotFound(what)) => {
-                    return Err(Error::unavailable_because(format!(
-                        "{what}, though the session's Submitted names it"
-                    )))
-                }
-                other => other?,
-            },
+            None => {
+                let text = match self.backend.def_text(&sub.def_digest).await {
+                    Err(Error::NotFound(what)) => {
+                        return Err(Error::unavailable_because(format!(
+                            "{what}, though the session's Submitted names it"
+                        )))
+                    }
+                    other => other?,
+                };
+                Arc::new(AgentDef::parse(
+                    &format!("stored definition {}", sub.def_digest),
+                    &text,
+                )?)
+            }
         };
-        let def = Arc::new(AgentDef::parse(
-            &format!("stored definition {}", sub.def_digest),
-            &text,
-        )?);
         lock(&self.sessions.defs).insert(sub.def_digest.clone(), def.clone());
         Ok(def)
     }
