@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::app::App;
-use crate::{Cli, Command};
+use crate::{Cli, Command, Deferred};
 
 pub mod agents;
 pub mod audit;
@@ -25,25 +25,25 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     match cli.cmd {
-        Command::Run(a) => run::run(&app, a).await,
-        Command::Resume(a) => run::resume(&app, a).await,
-        Command::Sessions(a) => show::sessions(&app, a).await,
-        Command::Tree(a) => show::tree(&app, a).await,
-        Command::Events(a) => show::events(&app, a).await,
-        Command::Plan(a) => show::plan(&app, a).await,
+        Command::Run(Deferred(a)) => run::run(&app, a).await,
+        Command::Resume(Deferred(a)) => run::resume(&app, a).await,
+        Command::Sessions(Deferred(a)) => show::sessions(&app, a).await,
+        Command::Tree(Deferred(a)) => show::tree(&app, a).await,
+        Command::Events(Deferred(a)) => show::events(&app, a).await,
+        Command::Plan(Deferred(a)) => show::plan(&app, a).await,
         Command::Agents(a) => agents::run(&app, a).await,
-        Command::Bench(a) => bench::run(&app, a).await,
-        Command::Replay(a) => replay::replay(&app, a).await,
-        Command::Fork(a) => replay::fork_cmd(&app, a).await,
+        Command::Bench(Deferred(a)) => bench::run(&app, a).await,
+        Command::Replay(Deferred(a)) => replay::replay(&app, a).await,
+        Command::Fork(Deferred(a)) => replay::fork_cmd(&app, a).await,
         Command::Audit(a) => audit::run(&app, a).await,
-        Command::Inbox(a) => hitl::inbox(&app, a).await,
-        Command::Worker(a) => cluster::worker(&app, a).await,
-        Command::Submit(a) => cluster::submit(&app, a).await,
-        Command::Watch(a) => cluster::watch(&app, a).await,
-        Command::Answer(a) => hitl::answer(&app, a).await,
-        Command::Approve(a) => hitl::approve(&app, a, true).await,
-        Command::Deny(a) => hitl::approve(&app, a, false).await,
-        Command::Cancel(a) => cancel::cancel(&app, a).await,
-        Command::Ui(a) => ui::ui(&app, a).await,
+        Command::Inbox(Deferred(a)) => hitl::inbox(&app, a).await,
+        Command::Worker(Deferred(a)) => cluster::worker(&app, a).await,
+        Command::Submit(Deferred(a)) => cluster::submit(&app, a).await,
+        Command::Watch(Deferred(a)) => cluster::watch(&app, a).await,
+        Command::Answer(Deferred(a)) => hitl::answer(&app, a).await,
+        Command::Approve(Deferred(a)) => hitl::approve(&app, a, true).await,
+        Command::Deny(Deferred(a)) => hitl::approve(&app, a, false).await,
+        Command::Cancel(Deferred(a)) => cancel::cancel(&app, a).await,
+        Command::Ui(Deferred(a)) => ui::ui(&app, a).await,
     }
 }
