@@ -201,3 +201,39 @@ impl Runtime {
         p.into_iter().collect()
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::Broadcast;
+
+    #[test]
+    fn a_broadcast_is_made_by_its_first_subscriber_and_drops_what_nobody_hears() {
+        let b = Broadcast::new(4);
+        assert_eq!(b.receiver_count(), 0);
+        b.send(1);
+        assert!(b.tx.get().is_none(), "a send alone made the channel");
+        let mut first = b.subscribe();
+        let mut second = b.subscribe();
+        assert_eq!(b.receiver_count(), 2);
+        b.send(2);
+        b.send(3);
+        for rx in [&mut first, &mut second] {
+            assert_eq!(
+                rx.try_recv().unwrap(),
+                2,
+                "the send before any subscriber was dropped"
+            );
+            assert_eq!(rx.try_recv().unwrap(), 3);
+            assert!(rx.try_recv().is_err());
+        }
+        drop((first, second));
+        assert_eq!(b.receiver_count(), 0);
+        b.send(4);
+        let mut late = b.subscribe();
+        assert!(
+            late.try_recv().is_err(),
+            "a late subscriber hears only what follows"
+        );
+    }
+}
