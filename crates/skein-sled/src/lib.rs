@@ -221,6 +221,12 @@ impl SledStore {
         Ok(Arc::new(store))
     }
 
+    /// Bytes of `events.log` that hold frames: the file goes on past them with the zeros
+    /// of its reserve.
+    pub fn log_len(&self) -> u64 {
+        self.wal.end()
+    }
+
     /// How many `fdatasync` calls the event log has made since the store was opened (one
     /// per group of appends that share it).
     pub fn log_syncs(&self) -> u64 {

@@ -22,10 +22,16 @@
 //! append written before it started. The index (each session's record offsets) lives in
 //! memory and is rebuilt by reading the file when the store opens.
 //!
+//! The file is kept 64–128 KiB longer than its frames, with zeros: an append writes into
+//! that reserve, and writes the reserve anew past itself when it reaches the end, so most
+//! syncs do not change the file's length (which would make `fdatasync` write the inode
+//! too). Zeros are no frame: reading stops at them, as an older version also does.
+//!
 //! A crash can leave the end of the file torn: a frame cut short, or pages of unsynced
 //! frames never written. Opening stops at the first frame that is cut short or whose crc
-//! does not match, keeps what follows it in `events.log.torn-<offset>` and truncates the log
-//! there. No acknowledged record is lost by that: an append is acknowledged only after an
+//! does not match. If nothing but zeros follows, that is the reserve, kept as it is;
+//! otherwise opening keeps what follows in `events.log.torn-<offset>` and truncates the
+//! log there, so that no frame written before the crash can turn up behind a later one. No acknowledged record is lost by that: an append is acknowledged only after an
 //! `fdatasync` that covered it and everything before it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -44,6 +50,10 @@ const BLOB_MAGIC: &[u8; 4] = b"SKB1";
 const HEADER: usize = 12;
 /// A frame larger than this is not one skein wrote: the tail is torn or the file is not a log.
 const MAX_BODY: usize = 1 << 30;
+/// Zero bytes kept written past the last frame, at least this many and fewer than twice
+/// as many: an `fdatasync` of a file whose length is unchanged writes only its data pages,
+/// where one that grew the file writes its inode too.
+const RESERVE: u64 = 64 << 10;
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
     Error::unavailable(format!("event log: {what} {}", path.display()), e)
@@ -66,8 +76,10 @@ struct At {
 }
 
 struct Index {
-    /// The file's length: where the next frame goes.
+    /// Where the next frame goes.
     end: u64,
+    /// The file's length: zeros from `end` on.
+    reserved: u64,
     /// Each session's records in seq order (entry `i` is seq `i + 1`).
     sessions: BTreeMap<String, Vec<At>>,
     /// Each blob's bytes, by its blake3 hash.
@@ -113,8 +125,11 @@ impl Wal {
             .metadata()
             .map_err(|e| io_err("cannot stat", path, e))?
             .len();
-        if good_end < len {
+        // Past the last whole frame: the zeros of the reserve, or a torn tail.
+        let mut reserved = len;
+        if good_end < len && !zeros_from(&file, path, good_end, len)? {
             keep_torn_tail(&file, path, good_end, len)?;
+            reserved = good_end;
         }
         let mut sessions: BTreeMap<String, Vec<At>> = BTreeMap::new();
         let mut blobs = HashMap::new();
@@ -147,6 +162,7 @@ impl Wal {
             file,
             index: Mutex::new(Index {
                 end: good_end,
+                reserved,
                 sessions,
                 blobs,
             }),
@@ -199,17 +215,35 @@ impl Wal {
         if last != expected_last {
             return Ok(Err(last));
         }
-        let start = ix.end;
-        self.file
-            .write_all_at(&frame, start)
-            .map_err(|e| io_err("cannot write", &self.path, e))?;
-        ix.end = start + frame.len() as u64;
+        let start = self.write_frame(&mut ix, &frame)?;
         let recs = ix.sessions.entry(sid.to_string()).or_default();
         recs.extend(at.into_iter().map(|(off, len)| At {
             offset: start + off as u64,
             len,
         }));
         Ok(Ok(()))
+    }
+
+    /// Writes `frame` at the end of the log; returns where it starts. When the frame
+    /// reaches past the reserve, the reserve is written anew behind it, so that the sync
+    /// following this write grows the file, and the syncs of the next [`RESERVE`] bytes
+    /// of frames do not.
+    fn write_frame(&self, ix: &mut Index, frame: &[u8]) -> Result<u64> {
+        let start = ix.end;
+        let end = start + frame.len() as u64;
+        self.file
+            .write_all_at(frame, start)
+            .map_err(|e| io_err("cannot write", &self.path, e))?;
+        if end > ix.reserved {
+            let to = (end + RESERVE).next_multiple_of(RESERVE);
+            let zeros = vec![0u8; (to - end) as usize];
+            self.file
+                .write_all_at(&zeros, end)
+                .map_err(|e| io_err("cannot write", &self.path, e))?;
+            ix.reserved = to;
+        }
+        ix.end = end;
+        Ok(start)
     }
 
     /// Writes `data` as a blob frame unless the log holds it already. A sync of anything
@@ -233,11 +267,7 @@ impl Wal {
         if ix.blobs.contains_key(hash) {
             return Ok(());
         }
-        let start = ix.end;
-        self.file
-            .write_all_at(&frame, start)
-            .map_err(|e| io_err("cannot write", &self.path, e))?;
-        ix.end = start + frame.len() as u64;
+        let start = self.write_frame(&mut ix, &frame)?;
         let len = u32::try_from(data.len())
             .map_err(|_| Error::corrupt_because(format!("a blob of {} bytes", data.len())))?;
         ix.blobs.insert(
@@ -276,6 +306,11 @@ impl Wal {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced.fetch_max(end, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// Where the last frame ends.
+    pub(crate) fn end(&self) -> u64 {
+        self.lock().end
     }
 
     /// How many `fdatasync` calls the log has made since it was opened.
@@ -460,6 +495,22 @@ fn framed(magic: &[u8; 4], body: &[u8]) -> Vec<u8> {
     frame.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     frame.extend_from_slice(body);
     frame
+}
+
+/// Whether the file holds only zero bytes from `from` to `to`.
+fn zeros_from(file: &File, path: &Path, from: u64, to: u64) -> Result<bool> {
+    let mut buf = vec![0u8; (to - from).min(1 << 20) as usize];
+    let mut at = from;
+    while at < to {
+        let n = buf.len().min((to - at) as usize);
+        file.read_exact_at(&mut buf[..n], at)
+            .map_err(|e| io_err("cannot read", path, e))?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
 }
 
 /// Copies the bytes past the last whole frame aside and cuts the log there.

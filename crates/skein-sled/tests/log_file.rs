@@ -39,7 +39,11 @@ fn reasons(rs: &[Record]) -> Vec<String> {
 }
 
 /// Two sessions, `a` with 5 records (one batch of 3, then 2 single appends), `b` with 2.
-async fn write_some(data: &Path, ws: &Path) -> (SessionId, SessionId, Vec<Record>, Vec<Record>) {
+/// The last is where the frames end in `events.log`.
+async fn write_some(
+    data: &Path,
+    ws: &Path,
+) -> (SessionId, SessionId, Vec<Record>, Vec<Record>, usize) {
     let a = SessionId::parse("t-log-a").unwrap();
     let b = SessionId::parse("t-log-a.leaf-1").unwrap();
     let (mut pa, mut pb) = (genesis_hash(&a), genesis_hash(&b));
@@ -51,19 +55,21 @@ async fn write_some(data: &Path, ws: &Path) -> (SessionId, SessionId, Vec<Record
     be.log.append_batch(&b, 0, &rb).await.unwrap();
     be.log.append(&a, 3, &ra[3]).await.unwrap();
     be.log.append(&a, 4, &ra[4]).await.unwrap();
+    let end = store.log_len() as usize;
     drop(be);
     drop(store);
-    (a, b, ra, rb)
+    (a, b, ra, rb, end)
 }
 
 #[tokio::test]
 async fn a_torn_tail_is_cut_and_kept_aside_and_every_acknowledged_record_stays() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
-    let (a, b, ra, rb) = write_some(&data, &ws).await;
+    let (a, b, ra, rb, end) = write_some(&data, &ws).await;
     let log = data.join("events.log");
-    let whole = std::fs::read(&log).unwrap();
-    // A frame cut short: the first 40 bytes of a copy of the log's first frame.
+    let whole = std::fs::read(&log).unwrap()[..end].to_vec();
+    // A frame cut short: the first 40 bytes of a copy of the log's first frame, where the
+    // file ends (as a version without the zero reserve left it).
     let mut torn = whole.clone();
     torn.extend_from_slice(&whole[..40]);
     std::fs::write(&log, &torn).unwrap();
@@ -96,16 +102,78 @@ async fn a_torn_tail_is_cut_and_kept_aside_and_every_acknowledged_record_stays()
 }
 
 #[tokio::test]
+async fn the_zeros_past_the_last_frame_are_kept_and_a_frame_found_behind_them_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let (a, b, ra, rb, end) = write_some(&data, &ws).await;
+    let log = data.join("events.log");
+    let bytes = std::fs::read(&log).unwrap();
+    assert!(
+        bytes.len() >= end + (64 << 10),
+        "the file is {} bytes, its frames {end}: no reserve",
+        bytes.len()
+    );
+    assert!(bytes[end..].iter().all(|&x| x == 0), "the reserve is zeros");
+
+    // Opened again, the reserve is no torn tail: nothing is set aside or cut.
+    let store = SledStore::open(&data, &ws).unwrap();
+    assert_eq!(store.log_len() as usize, end);
+    assert_eq!(std::fs::metadata(&log).unwrap().len() as usize, bytes.len());
+    let leftovers: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("events.log."))
+        .collect();
+    assert!(leftovers.is_empty(), "set aside: {leftovers:?}");
+    // The next frame goes where the last one ended, into the reserve.
+    let mut prev = ra[4].hash();
+    let sixth = records(&a, 6, 1, &mut prev);
+    let be = store.backend();
+    be.log.append(&a, 5, &sixth[0]).await.unwrap();
+    let end6 = store.log_len() as usize;
+    drop(be);
+    drop(store);
+    let with_sixth = std::fs::read(&log).unwrap();
+    assert_eq!(
+        with_sixth.len(),
+        bytes.len(),
+        "an append inside the reserve grew the file"
+    );
+    let store = SledStore::open(&data, &ws).unwrap();
+    assert_eq!(store.backend().log.read(&a, 1).await.unwrap().len(), 6);
+    drop(store);
+
+    // The sixth record's frame found a page further on, behind zeros, where it would be
+    // if its first page had not reached the disk before a crash: opening must not read
+    // it, and must not leave it where a later frame could end just before it.
+    let frame = &with_sixth[end..end6];
+    let mut crashed = bytes.clone();
+    crashed[end + 4096..end + 4096 + frame.len()].copy_from_slice(frame);
+    std::fs::write(&log, &crashed).unwrap();
+    let store = SledStore::open(&data, &ws).unwrap();
+    let be = store.backend();
+    assert_eq!(reasons(&be.log.read(&a, 1).await.unwrap()), reasons(&ra));
+    assert_eq!(reasons(&be.log.read(&b, 1).await.unwrap()), reasons(&rb));
+    assert_eq!(std::fs::metadata(&log).unwrap().len() as usize, end);
+    assert_eq!(
+        std::fs::read(data.join(format!("events.log.torn-{end}"))).unwrap(),
+        &crashed[end..]
+    );
+    // The log goes on from there and grows a reserve again.
+    be.log.append(&a, 5, &sixth[0]).await.unwrap();
+    assert!(std::fs::metadata(&log).unwrap().len() as usize >= end6 + (64 << 10));
+}
+
+#[tokio::test]
 async fn a_last_frame_whose_crc_does_not_match_is_cut_with_nothing_before_it() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
-    let (a, b, ra, rb) = write_some(&data, &ws).await;
+    let (a, b, ra, rb, end) = write_some(&data, &ws).await;
     let log = data.join("events.log");
     let mut bytes = std::fs::read(&log).unwrap();
     // Flip a byte inside the last frame (a's fifth record): its pages reached the disk
     // only in part.
-    let n = bytes.len();
-    bytes[n - 3] ^= 0xff;
+    bytes[end - 3] ^= 0xff;
     std::fs::write(&log, &bytes).unwrap();
 
     let store = SledStore::open(&data, &ws).unwrap();
@@ -130,7 +198,7 @@ async fn blobs_among_the_records_are_read_back_and_a_torn_one_at_the_end_is_cut(
     let mut prev = genesis_hash(&a);
     let ra = records(&a, 1, 3, &mut prev);
     let big = vec![7u8; 100_000];
-    let (h1, h2, h3) = {
+    let (h1, h2, h3, end) = {
         let store = SledStore::open(&data, &ws).unwrap();
         let be = store.backend();
         let h1 = be.blobs.put(b"a definition").await.unwrap();
@@ -138,10 +206,10 @@ async fn blobs_among_the_records_are_read_back_and_a_torn_one_at_the_end_is_cut(
         let h2 = be.blobs.put(&big).await.unwrap();
         be.log.append_batch(&a, 1, &ra[1..]).await.unwrap();
         let h3 = be.blobs.put(b"the last one").await.unwrap();
-        (h1, h2, h3)
+        (h1, h2, h3, store.log_len() as usize)
     };
     let log = data.join("events.log");
-    let whole = std::fs::read(&log).unwrap();
+    let whole = std::fs::read(&log).unwrap()[..end].to_vec();
     // The last blob's frame reached the disk only in part.
     let cut = whole.len() - 5;
     std::fs::write(&log, &whole[..cut]).unwrap();
@@ -187,7 +255,7 @@ async fn a_record_written_after_a_blob_that_did_not_reach_the_disk_is_cut_with_i
         let store = SledStore::open(&data, &ws).unwrap();
         let be = store.backend();
         be.log.append(&a, 0, &ra[0]).await.unwrap();
-        blob_at = std::fs::metadata(data.join("events.log")).unwrap().len() as usize;
+        blob_at = store.log_len() as usize;
         let h = be.blobs.put(b"named by the next record").await.unwrap();
         be.log.append(&a, 1, &ra[1]).await.unwrap();
         h
@@ -219,7 +287,7 @@ async fn a_record_written_after_a_blob_that_did_not_reach_the_disk_is_cut_with_i
 async fn an_append_after_the_wrong_seq_is_a_conflict_naming_the_actual_one() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
-    let (a, _, ra, _) = write_some(&data, &ws).await;
+    let (a, _, ra, _, _) = write_some(&data, &ws).await;
     let store = SledStore::open(&data, &ws).unwrap();
     let be = store.backend();
     let mut prev = ra[2].hash();
