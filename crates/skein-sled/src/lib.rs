@@ -83,6 +83,7 @@ impl Flusher {
     fn start(flush: impl Fn() -> std::io::Result<()> + Send + Sync + 'static) -> Arc<Self> {
         let flush = Arc::new(flush);
         let (tx, rx) = watch::channel(0u64);
+        let tx = Arc::new(tx);
         let f = Arc::new(Self {
             requested: AtomicU64::new(0),
             kick: Notify::new(),
@@ -104,10 +105,16 @@ impl Flusher {
                 tokio::task::yield_now().await;
                 let target = me.requested.load(Ordering::SeqCst);
                 let f = flush.clone();
-                match tokio::task::spawn_blocking(move || f()).await {
-                    Ok(Ok(_)) => {
-                        let _ = tx.send(target);
-                    }
+                // The writers are released from the flush's own thread, as soon as it is
+                // done: not after this task has been woken and polled in turn.
+                let done = tx.clone();
+                let flushed = tokio::task::spawn_blocking(move || {
+                    f()?;
+                    done.send_replace(target);
+                    Ok::<_, std::io::Error>(())
+                });
+                match flushed.await {
+                    Ok(Ok(())) => {}
                     Ok(Err(e)) => {
                         tracing::error!(error = %e, "flush failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
