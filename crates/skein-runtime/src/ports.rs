@@ -33,6 +33,21 @@ pub trait EventLog: Send + Sync {
         append_each(self, session, expected_last, records).await
     }
 
+    /// [`append_batch`](Self::append_batch) for records that an append made after this
+    /// one returns will make durable with its own: what a crash leaves is then either
+    /// neither, these alone, or both. A backend whose log is one file written in order
+    /// (whatever survives a crash is a prefix of what was written) returns once they are
+    /// written; the default waits for them, as `append_batch` does. A read sees them at
+    /// once either way.
+    async fn append_batch_ahead(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        self.append_batch(session, expected_last, records).await
+    }
+
     /// Records with seq ≥ `from_seq`, in order.
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>>;
 

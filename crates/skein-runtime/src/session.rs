@@ -116,8 +116,31 @@ impl Runtime {
         id: &SessionId,
         submitted: Submitted,
     ) -> Result<Option<Folded>> {
+        self.create_as(id, submitted, false).await
+    }
+
+    /// [`Runtime::create`] for a child its parent records next: the child's `Submitted` is
+    /// appended ahead ([`EventLog::append_batch_ahead`](crate::ports::EventLog)), and the
+    /// parent's append, which must return before the child's job is pushed, makes it
+    /// durable.
+    pub(crate) async fn create_ahead(
+        &self,
+        id: &SessionId,
+        submitted: Submitted,
+    ) -> Result<Option<Folded>> {
+        self.create_as(id, submitted, true).await
+    }
+
+    async fn create_as(
+        &self,
+        id: &SessionId,
+        submitted: Submitted,
+        ahead: bool,
+    ) -> Result<Option<Folded>> {
         let mut f = Folded::new(id.clone());
-        match self.append(&mut f, Event::Submitted(submitted)).await {
+        let mut staged = Staged::default();
+        self.stage(&mut f, Event::Submitted(submitted), &mut staged)?;
+        match self.commit_as(&mut f, staged, ahead).await {
             Ok(()) => Ok(Some(f)),
             Err(Error::Conflict { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -163,15 +186,21 @@ impl Runtime {
     /// Writes the records staged on `f` (one durable batch where the backend can), and
     /// tells the listeners of each.
     pub(crate) async fn commit(&self, f: &mut Folded, staged: Staged) -> Result<()> {
+        self.commit_as(f, staged, false).await
+    }
+
+    /// [`Runtime::commit`], appending ahead of a later append when `ahead`.
+    async fn commit_as(&self, f: &mut Folded, staged: Staged, ahead: bool) -> Result<()> {
         let Some(first) = staged.records.first().map(|r| r.env.seq - 1) else {
             return Ok(());
         };
-        if let Err(e) = self
-            .backend
-            .log
-            .append_batch(&f.id, first, &staged.records)
-            .await
-        {
+        let log = &self.backend.log;
+        let written = if ahead {
+            log.append_batch_ahead(&f.id, first, &staged.records).await
+        } else {
+            log.append_batch(&f.id, first, &staged.records).await
+        };
+        if let Err(e) = written {
             if matches!(e, Error::Conflict { .. }) {
                 // Someone else wrote: forget the cached fold so the next load rereads.
                 lock(&self.sessions.states).remove(&f.id);

@@ -1,5 +1,6 @@
 //! The event log port on the log file (`wal.rs`): an append checks the session's last seq
-//! and writes its records as one frame, and returns once an `fdatasync` covers it.
+//! and writes its records as one frame, and returns once an `fdatasync` covers it (an
+//! append ahead, once it is written).
 
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
@@ -21,18 +22,33 @@ impl EventLog for SledStore {
         expected_last: u64,
         records: &[Record],
     ) -> Result<()> {
+        self.append_batch_ahead(session, expected_last, records)
+            .await?;
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.wal_flusher.durable().await
+    }
+
+    /// The frame is written and not synced: the sync of any frame written after it
+    /// covers it too.
+    async fn append_batch_ahead(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
         check_numbering(session, expected_last, records)?;
         if records.is_empty() {
             return Ok(());
         }
-        match self.wal.append(session, expected_last, records)? {
-            Ok(()) => self.wal_flusher.durable().await,
-            Err(actual) => Err(Error::Conflict {
+        self.wal
+            .append(session, expected_last, records)?
+            .map_err(|actual| Error::Conflict {
                 session: session.to_string(),
                 expected: expected_last,
                 actual,
-            }),
-        }
+            })
     }
 
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {

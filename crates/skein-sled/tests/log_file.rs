@@ -284,6 +284,47 @@ async fn a_record_written_after_a_blob_that_did_not_reach_the_disk_is_cut_with_i
 }
 
 #[tokio::test]
+async fn an_append_ahead_is_written_without_a_sync_and_the_next_append_syncs_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let child = SessionId::parse("t-ahead.leaf-1").unwrap();
+    let parent = SessionId::parse("t-ahead").unwrap();
+    let (mut pc, mut pp) = (genesis_hash(&child), genesis_hash(&parent));
+    let rc = records(&child, 1, 2, &mut pc);
+    let rp = records(&parent, 1, 1, &mut pp);
+    {
+        let store = SledStore::open(&data, &ws).unwrap();
+        let be = store.backend();
+        be.log.append_batch_ahead(&child, 0, &rc).await.unwrap();
+        assert_eq!(store.log_syncs(), 0, "an append ahead synced");
+        assert_eq!(
+            reasons(&be.log.read(&child, 1).await.unwrap()),
+            reasons(&rc),
+            "an append ahead is read at once"
+        );
+        // Numbered as any append: a wrong expected seq changes nothing.
+        match be.log.append_batch_ahead(&child, 1, &rc[1..]).await {
+            Err(Error::Conflict {
+                expected, actual, ..
+            }) => assert_eq!((expected, actual), (1, 2)),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        be.log.append(&parent, 0, &rp[0]).await.unwrap();
+        assert_eq!(store.log_syncs(), 1, "the next append waits for one sync");
+    }
+    let store = SledStore::open(&data, &ws).unwrap();
+    let be = store.backend();
+    assert_eq!(
+        reasons(&be.log.read(&child, 1).await.unwrap()),
+        reasons(&rc)
+    );
+    assert_eq!(
+        reasons(&be.log.read(&parent, 1).await.unwrap()),
+        reasons(&rp)
+    );
+}
+
+#[tokio::test]
 async fn an_append_after_the_wrong_seq_is_a_conflict_naming_the_actual_one() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));

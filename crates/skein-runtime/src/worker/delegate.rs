@@ -163,8 +163,11 @@ impl Runtime {
                     .unwrap_or_default(),
             }));
         }
-        // Children first (in parallel, so their flushes are shared), then the parent's
-        // record of them, then the jobs: a crash anywhere leaves nothing dangling.
+        // Children first, then the parent's record of them, then the jobs: a crash
+        // anywhere leaves nothing dangling. The children are appended ahead of the
+        // parent's record, whose durability covers theirs where the log is written in
+        // order (one sync for the delegation); elsewhere in parallel, so that their flushes
+        // are shared.
         // Each definition's text is stored once (a wide turn's children mostly share
         // one), before any child that names it exists.
         let mut defs: Vec<&AgentDef> = vec![];
@@ -184,7 +187,7 @@ impl Runtime {
         let created = join_all(
             creations
                 .into_iter()
-                .map(|(id, _, sub)| async move { self.create(&id, sub).await }),
+                .map(|(id, _, sub)| async move { self.create_ahead(&id, sub).await }),
         )
         .await;
         // The children's folds are kept: the job that runs a child here reads only what
