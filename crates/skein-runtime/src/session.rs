@@ -190,7 +190,12 @@ impl Runtime {
     }
 
     /// [`Runtime::commit`], appending ahead of a later append when `ahead`.
-    async fn commit_as(&self, f: &mut Folded, staged: Staged, ahead: bool) -> Result<()> {
+    pub(crate) async fn commit_as(
+        &self,
+        f: &mut Folded,
+        staged: Staged,
+        ahead: bool,
+    ) -> Result<()> {
         let Some(first) = staged.records.first().map(|r| r.env.seq - 1) else {
             return Ok(());
         };

@@ -231,7 +231,7 @@ impl Runtime {
                         self.end_team(f).await?;
                     }
                     let settled = self
-                        .collect_settlements(f, cold, ending, &pushed, !looked)
+                        .collect_settlements(f, &def, cold, ending, &pushed, !looked)
                         .await?;
                     cold = false;
                     looked = true;

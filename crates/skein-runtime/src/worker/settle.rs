@@ -7,10 +7,10 @@ use futures::future::join_all;
 use futures::StreamExt;
 use skein_core::event::{ChildSettled, Outcome};
 use skein_core::state::PatternKind;
-use skein_core::{Event, SessionId, Status};
+use skein_core::{AgentDef, Event, SessionId, Status, Step};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
-use crate::session::Folded;
+use crate::session::{Folded, Staged};
 use crate::Result;
 
 pub(crate) fn outcome_of(terminal: &Event) -> Option<Outcome> {
@@ -52,6 +52,7 @@ impl Runtime {
     pub(crate) async fn collect_settlements(
         &self,
         f: &mut Folded,
+        def: &AgentDef,
         cold: bool,
         ending: bool,
         pushed: &BTreeSet<SessionId>,
@@ -277,7 +278,20 @@ impl Runtime {
             p?;
         }
         let n = events.len();
-        self.append_all(f, events).await?;
+        let mut staged = Staged::default();
+        for e in events {
+            self.stage(f, e, &mut staged)?;
+        }
+        // When the turn is settled and the model is called next, nothing acts on these
+        // records before that call's own, whose append makes them durable with it (on
+        // the embedded store; see `EventLog::append_batch_ahead`). A crash in between
+        // repeats the model call, as any crash before its record is durable does.
+        let ahead = n > 0
+            && matches!(
+                f.state.next(def, &self.cfg.limits, &*self.agents),
+                Step::CallModel { .. }
+            );
+        self.commit_as(f, staged, ahead).await?;
         Ok(n)
     }
 
