@@ -354,13 +354,19 @@ impl WholeRuns {
     }
 }
 
-/// Runs the fan-out of `n` at zero latency as a whole `skein run` process, five times, each
-/// on a fresh data directory: (wall ms of each process from spawn to exit, the tree's own
-/// wall ms as the run reports it), both sorted.
+/// How many whole-process runs of the fan-out of 8 the bench makes. A run takes about as
+/// long as a context switch or two under load takes on a small machine, so its figure
+/// is the median of many: a median of five moved by a millisecond and more between runs
+/// of the bench.
+const WHOLE_RUNS: usize = 21;
+
+/// Runs the fan-out of `n` at zero latency as a whole `skein run` process [`WHOLE_RUNS`]
+/// times, each on a fresh data directory: (wall ms of each process from spawn to exit, the
+/// tree's own wall ms as the run reports it), both sorted.
 async fn whole_process_fanout(n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     let runs = WholeRuns::new()?;
     let (mut whole, mut inside) = (vec![], vec![]);
-    for k in 0..5 {
+    for k in 0..WHOLE_RUNS {
         let mut cmd = runs.command(n, k, true);
         let t = Instant::now();
         let out = cmd.output().await.context("starting skein run")?;
@@ -728,9 +734,11 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     if !a.json {
         crate::outln!(
             "\nfan-out of 8 at zero latency as a whole `skein run` process, median of {}: {:.1} ms \
-             (the tree itself {:.0} ms, as the run reports it)",
+             (quartiles {:.1}–{:.1}; the tree itself {:.0} ms, as the run reports it)",
             whole.len(),
             whole[whole.len() / 2],
+            whole[whole.len() / 4],
+            whole[whole.len() * 3 / 4],
             inside[inside.len() / 2]
         )?;
     }
