@@ -286,7 +286,14 @@ impl Runtime {
         // records before that call's own, whose append makes them durable with it (on
         // the embedded store; see `EventLog::append_batch_ahead`). A crash in between
         // repeats the model call, as any crash before its record is durable does.
+        // (A turn with children still out waits: the step need not be worked out, which
+        // for a wide turn costs more than a look at its slots.)
         let ahead = n > 0
+            && !f
+                .state
+                .turn
+                .iter()
+                .any(|slot| matches!(slot.state, SlotState::Delegated { .. }))
             && matches!(
                 f.state.next(def, &self.cfg.limits, &*self.agents),
                 Step::CallModel { .. }
