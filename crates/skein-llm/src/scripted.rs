@@ -138,8 +138,11 @@ impl ScriptedProvider {
     }
 
     pub fn load(&self, name: &str) -> Result<Arc<Script>> {
-        if let Some(s) = self.cache.lock().ok().and_then(|c| c.get(name).cloned()) {
-            return Ok(s);
+        // Held while the script is read and parsed: the children of a fan-out ask for the
+        // same script at once, and one of them parses it.
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = cache.get(name) {
+            return Ok(s.clone());
         }
         if name.contains('/') || name.contains('\\') || name.starts_with('.') {
             return Err(Error::Config(format!(
@@ -154,9 +157,7 @@ impl ScriptedProvider {
             ))
         })?;
         let script = Arc::new(parse_script(&path.display().to_string(), &text)?);
-        if let Ok(mut c) = self.cache.lock() {
-            c.insert(name.to_string(), script.clone());
-        }
+        cache.insert(name.to_string(), script.clone());
         Ok(script)
     }
 }

@@ -315,3 +315,28 @@ fn every_way_of_reading_a_variable_sees_it() {
     let (resp, _) = answer(&parse_script("t", text).unwrap(), &r).unwrap();
     assert_eq!(resp.content.as_deref(), Some("yes"));
 }
+
+#[test]
+fn a_script_asked_for_by_many_at_once_is_parsed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.yaml"), SCRIPT).unwrap();
+    let p = ScriptedProvider::new(dir.path());
+    let start = std::sync::Barrier::new(8);
+    let loaded: Vec<Arc<Script>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    p.load("t").unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for l in &loaded[1..] {
+        assert!(
+            Arc::ptr_eq(&loaded[0], l),
+            "the script was parsed more than once"
+        );
+    }
+}
