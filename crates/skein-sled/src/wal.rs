@@ -31,7 +31,8 @@
 //! frames never written. Opening stops at the first frame that is cut short or whose crc
 //! does not match. If nothing but zeros follows, that is the reserve, kept as it is;
 //! otherwise opening keeps what follows in `events.log.torn-<offset>` and truncates the
-//! log there, so that no frame written before the crash can turn up behind a later one. No acknowledged record is lost by that: an append is acknowledged only after an
+//! log there, so that no frame written before the crash can turn up behind a later one.
+//! No acknowledged record is lost by that: an append is acknowledged only after an
 //! `fdatasync` that covered it and everything before it.
 
 use std::collections::{BTreeMap, HashMap};
