@@ -75,6 +75,20 @@ impl EventLog for Deadline {
         .await
     }
 
+    async fn append_batch_pipelined(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        self.run(
+            "append to SKEIN_EVENTS",
+            self.store
+                .append_batch_pipelined(session, expected_last, records),
+        )
+        .await
+    }
+
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
         self.run(
             "read from SKEIN_EVENTS",

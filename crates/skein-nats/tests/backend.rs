@@ -616,3 +616,103 @@ async fn a_blob_seen_stored_is_put_again_without_a_request() {
         Some(data)
     );
 }
+
+/// A pipelined append the server refuses (another store wrote the session's next record
+/// meanwhile) returns before its ack, and its writer hears the refusal: the ack of the
+/// session's job fails and leaves the job held, and so does the next append; a read meanwhile
+/// takes nothing from the writer. The log holds the other store's record alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() {
+    let server = NatsServer::start();
+    let (ours, theirs) = (store_on(&server).await, store_on(&server).await);
+    let (a, b) = (ours.backend(), theirs.backend());
+    let s = skein_runtime::new_root_id();
+    let r1 = rec(&s, 1, genesis_hash(&s));
+    a.log.append(&s, 0, &r1).await.unwrap();
+    // Theirs: record 2, which our store's head does not know of.
+    let their2 = Record::decode(
+        Envelope::new(
+            s.clone(),
+            2,
+            99,
+            r1.hash(),
+            Event::Cancelled(Cancelled {
+                reason: "theirs".into(),
+            }),
+        )
+        .encode()
+        .unwrap(),
+    )
+    .unwrap();
+    b.log.append(&s, 1, &their2).await.unwrap();
+
+    let our2 = rec(&s, 2, r1.hash());
+    a.log
+        .append_batch_pipelined(&s, 1, std::slice::from_ref(&our2))
+        .await
+        .expect("a pipelined append returns before the server has answered");
+    // A read waits for the answer without taking it.
+    let read = a.log.read(&s, 1).await.unwrap();
+    assert_eq!(read.len(), 2);
+    assert_eq!(read[1].bytes, their2.bytes, "the server kept their record");
+
+    a.jobs.push("default", &s).await.unwrap();
+    let job = a
+        .jobs
+        .claim("default", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the pushed job");
+    match a.jobs.ack(&job).await {
+        Err(skein_runtime::Error::Conflict {
+            expected, actual, ..
+        }) => assert_eq!((expected, actual), (1, 2)),
+        other => panic!("the job's ack: expected the refusal, got {other:?}"),
+    }
+    // Not acked: the job is still held, and comes back once its lease runs out.
+    let again = a
+        .jobs
+        .claim("default", Duration::from_secs(4))
+        .await
+        .unwrap()
+        .expect("the job delivered again after its lease");
+    assert_eq!(again.session, s);
+    assert!(again.attempt > 1, "delivered again, not anew");
+
+    // Our store reads the log (its head is their record 2), and they write record 3: a
+    // pipelined record 3 of ours is sent after their record 2, and refused; the writer's
+    // next append hears it.
+    assert_eq!(a.log.read(&s, 1).await.unwrap().len(), 2);
+    let our3 = rec(&s, 3, their2.hash());
+    let their3 = Record::decode(
+        Envelope::new(
+            s.clone(),
+            3,
+            99,
+            their2.hash(),
+            Event::Cancelled(Cancelled {
+                reason: "theirs".into(),
+            }),
+        )
+        .encode()
+        .unwrap(),
+    )
+    .unwrap();
+    b.log.append(&s, 2, &their3).await.unwrap();
+    a.log
+        .append_batch_pipelined(&s, 2, std::slice::from_ref(&our3))
+        .await
+        .unwrap();
+    let our4 = rec(&s, 4, our3.hash());
+    match a.log.append(&s, 3, &our4).await {
+        Err(skein_runtime::Error::Conflict { expected, .. }) => assert_eq!(expected, 2),
+        other => panic!("the next append: expected the refusal, got {other:?}"),
+    }
+    let read = b.log.read(&s, 1).await.unwrap();
+    assert_eq!(
+        read.iter().map(|r| r.bytes.clone()).collect::<Vec<_>>(),
+        vec![r1.bytes.clone(), their2.bytes.clone(), their3.bytes.clone()],
+        "nothing of ours after record 1"
+    );
+    skein_core::event::verify_chain(&s, &read).unwrap();
+}

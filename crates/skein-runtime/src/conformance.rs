@@ -185,6 +185,67 @@ pub async fn log_appends_batches(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+/// Pipelined appends are read at once, follow on from each other and from durable
+/// appends in order, and are numbered as any append: a stale one fails, at once or at the
+/// session's next append, and changes nothing.
+pub async fn log_pipelines_appends(b: &Backend) -> Result<()> {
+    let s = new_root_id();
+    let first = fill(b, &s, 1).await?;
+    let piped = chain(&s, 2, 2, first[0].hash())?;
+    b.log.append_batch_pipelined(&s, 1, &piped).await?;
+    let read = b.log.read(&s, 1).await?;
+    ensure(
+        read.len() == 3 && read[1].bytes == piped[0].bytes && read[2].bytes == piped[1].bytes,
+        format!(
+            "read {} records after a pipelined append, not 3",
+            read.len()
+        ),
+    )?;
+    let again = chain(&s, 4, 1, piped[1].hash())?;
+    b.log.append_batch_pipelined(&s, 3, &again).await?;
+    let then = chain(&s, 5, 2, again[0].hash())?;
+    b.log.append_batch_pipelined(&s, 4, &then[..1]).await?;
+    b.log.append_batch(&s, 5, &then[1..]).await?;
+    let read = b.log.read(&s, 1).await?;
+    ensure(
+        read.len() == 6,
+        format!("read {} records, not 6", read.len()),
+    )?;
+    for (w, r) in first
+        .iter()
+        .chain(&piped)
+        .chain(&again)
+        .chain(&then)
+        .zip(&read)
+    {
+        ensure(
+            w.bytes == r.bytes,
+            format!("record {} differs after pipelined appends", w.env.seq),
+        )?;
+    }
+    skein_core::event::verify_chain(&s, &read)
+        .map_err(|e| Failure::Broken(format!("chain: {e:?}")))?;
+    // Stale: seq 6 exists.
+    let stale = chain(&s, 6, 1, then[0].hash())?;
+    let refused = match b.log.append_batch_pipelined(&s, 5, &stale).await {
+        Err(e) => Err(e),
+        Ok(()) => {
+            let next = chain(&s, 7, 1, stale[0].hash())?;
+            b.log.append(&s, 6, &next[0]).await
+        }
+    };
+    ensure(
+        matches!(refused, Err(Error::Conflict { .. })),
+        format!("a stale pipelined append: expected a conflict, got {refused:?}"),
+    )?;
+    let after = b.log.read(&s, 1).await?;
+    ensure(
+        after.len() == 6 && after[5].bytes == then[1].bytes,
+        "a refused pipelined append changes nothing",
+    )?;
+    Ok(())
+}
+
 pub async fn log_lists_trees_and_roots(b: &Backend) -> Result<()> {
     let root = new_root_id();
     let a = root.child("researcher", 1);
@@ -516,6 +577,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(log_appends_and_reads);
     check!(log_refuses_a_stale_append);
     check!(log_appends_batches);
+    check!(log_pipelines_appends);
     check!(log_lists_trees_and_roots);
     check!(jobs_claim_ack_and_coalesce);
     check!(jobs_redeliver_after_lease_and_retry);
@@ -536,7 +598,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(

@@ -48,6 +48,22 @@ pub trait EventLog: Send + Sync {
         self.append_batch(session, expected_last, records).await
     }
 
+    /// [`append_batch`](Self::append_batch) for records of `session` that the session's
+    /// next append covers: the caller goes on (calls a model) while they become durable,
+    /// and acts on them only through that append. A backend may return before they are
+    /// durable, if the session's next append, read, or the ack of its job first makes
+    /// sure of them and fails if they failed, and if at most one such batch of a session
+    /// is unsure at a time (so a crash loses at most these and the work since). The
+    /// default waits, as `append_batch` does.
+    async fn append_batch_pipelined(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        self.append_batch(session, expected_last, records).await
+    }
+
     /// Records with seq ≥ `from_seq`, in order.
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>>;
 

@@ -1,6 +1,6 @@
 //! The event log port on the log file (`wal.rs`): an append checks the session's last seq
 //! and writes its records as one frame, and returns once an `fdatasync` covers it (an
-//! append ahead, once it is written).
+//! append ahead, or one pipelined after a durable one, once it is written).
 
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
@@ -49,6 +49,23 @@ impl EventLog for SledStore {
                 expected: expected_last,
                 actual,
             })
+    }
+
+    /// Written without a sync while the session's earlier records are durable (the sync
+    /// of any frame written later covers them); else appended durably, covering the
+    /// batch before it too. So at most one batch of a session waits for a sync.
+    async fn append_batch_pipelined(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        if self.wal.last_synced(session) {
+            self.append_batch_ahead(session, expected_last, records)
+                .await
+        } else {
+            self.append_batch(session, expected_last, records).await
+        }
     }
 
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {

@@ -309,6 +309,17 @@ impl Wal {
         Ok(())
     }
 
+    /// Whether a sync of this process covers `session`'s last record (so for a session
+    /// without records).
+    pub(crate) fn last_synced(&self, session: &SessionId) -> bool {
+        let synced = self.synced.load(Ordering::Acquire);
+        self.lock()
+            .sessions
+            .get(session.as_str())
+            .and_then(|v| v.last())
+            .is_none_or(|at| at.offset + u64::from(at.len) <= synced)
+    }
+
     /// Where the last frame ends.
     pub(crate) fn end(&self) -> u64 {
         self.lock().end

@@ -325,6 +325,65 @@ async fn an_append_ahead_is_written_without_a_sync_and_the_next_append_syncs_bot
 }
 
 #[tokio::test]
+async fn a_pipelined_append_waits_for_no_sync_unless_the_one_before_it_still_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let s = SessionId::parse("t-piped").unwrap();
+    let mut prev = genesis_hash(&s);
+    let r = records(&s, 1, 5, &mut prev);
+    {
+        let store = SledStore::open(&data, &ws).unwrap();
+        let be = store.backend();
+        be.log.append(&s, 0, &r[0]).await.unwrap();
+        assert_eq!(store.log_syncs(), 1);
+        // After a durable record: written, not synced, and read at once.
+        be.log
+            .append_batch_pipelined(&s, 1, &r[1..3])
+            .await
+            .unwrap();
+        assert_eq!(
+            store.log_syncs(),
+            1,
+            "a pipelined append after a durable one synced"
+        );
+        assert_eq!(
+            reasons(&be.log.read(&s, 1).await.unwrap()),
+            reasons(&r[..3])
+        );
+        // The batch before it still unsynced: this one waits for a sync covering both.
+        be.log
+            .append_batch_pipelined(&s, 3, &r[3..4])
+            .await
+            .unwrap();
+        assert_eq!(
+            store.log_syncs(),
+            2,
+            "two pipelined appends of a session were left unsynced"
+        );
+        // Numbered as any append: a wrong expected seq changes nothing.
+        match be.log.append_batch_pipelined(&s, 3, &r[3..4]).await {
+            Err(Error::Conflict {
+                expected, actual, ..
+            }) => assert_eq!((expected, actual), (3, 4)),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        be.log.append_batch_pipelined(&s, 4, &r[4..]).await.unwrap();
+        assert_eq!(store.log_syncs(), 2);
+    }
+    // Closed with the last batch unsynced: a close syncs it; what an open finds is the
+    // whole log.
+    let store = SledStore::open(&data, &ws).unwrap();
+    let be = store.backend();
+    assert_eq!(reasons(&be.log.read(&s, 1).await.unwrap()), reasons(&r));
+    // Nothing this process synced covers what it found at open: the first pipelined
+    // append after an open syncs.
+    let mut more = r[4].hash();
+    let r6 = records(&s, 6, 1, &mut more);
+    be.log.append_batch_pipelined(&s, 5, &r6).await.unwrap();
+    assert_eq!(store.log_syncs(), 1);
+}
+
+#[tokio::test]
 async fn an_append_after_the_wrong_seq_is_a_conflict_naming_the_actual_one() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));

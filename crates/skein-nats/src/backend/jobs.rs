@@ -252,6 +252,9 @@ impl JobQueue for NatsStore {
     }
 
     async fn ack(&self, job: &Job) -> Result<()> {
+        // What the job appended is stored before the job is done; if it was not, the
+        // job is not acked and its delivery comes back.
+        self.make_sure(&job.session).await?;
         let acker = self
             .held
             .lock()
@@ -299,6 +302,10 @@ impl JobQueue for NatsStore {
     }
 
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
+        // Whatever the job appended, stored or not, is the next holder's to find.
+        if let Err(e) = self.make_sure(&job.session).await {
+            tracing::debug!(session = %job.session, error = %e, "a pipelined append failed");
+        }
         let acker = self
             .held
             .lock()

@@ -5,10 +5,13 @@
 use async_nats::jetstream::{self, stream};
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
 use skein_core::{Record, SessionId};
 use skein_runtime::ports::{check_numbering, EventLog};
 use skein_runtime::{Error, Result};
+use std::future::IntoFuture;
+use std::sync::Arc;
 
 use super::read::{read_subject, read_subject_expecting};
 use super::{events_subject, nats_err, NatsStore};
@@ -101,6 +104,17 @@ impl NatsStore {
         expected_last: u64,
         records: &[Record],
     ) -> Result<()> {
+        let sent = self.send_message(session, expected_last, records).await?;
+        self.settle(session, sent).await
+    }
+
+    /// Publishes what [`Self::append_message`] appends, without waiting for its ack.
+    async fn send_message(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<Sent> {
         let first = expected_last + 1;
         let last = expected_last + records.len() as u64;
         let payload = frame::encode(records);
@@ -111,46 +125,105 @@ impl NatsStore {
             expected_sseq.to_string().as_str(),
         );
         h.insert(NATS_MESSAGE_ID, format!("{session}:{first}").as_str());
-        let res = async {
-            self.js
-                .publish_with_headers(events_subject(session), h, Bytes::from(payload.clone()))
-                .await?
-                .await
+        match self
+            .js
+            .publish_with_headers(events_subject(session), h, Bytes::from(payload.clone()))
+            .await
+        {
+            Ok(ack) => Ok(Sent {
+                ack: ack
+                    .into_future()
+                    .map(|r| r.map_err(Arc::new))
+                    .boxed()
+                    .shared(),
+                expected_last,
+                last,
+                payload,
+            }),
+            Err(e) => Err(self.refused(session, expected_last, &e).await),
         }
-        .await;
-        match res {
-            Ok(ack) => {
-                if ack.duplicate {
-                    // Someone already wrote this seq: ours only if the bytes are the same.
-                    let stored = self
-                        .events
-                        .get_raw_message(ack.sequence)
-                        .await
-                        .map_err(|e| nats_err("read dup", e))?;
-                    if stored.payload.as_ref() != payload.as_slice() {
-                        self.heads
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .remove(session);
-                        return Err(Error::Conflict {
-                            session: session.to_string(),
-                            expected: expected_last,
-                            actual: first,
-                        });
-                    }
-                }
-                self.set_head(session, last, ack.sequence);
-                Ok(())
+    }
+
+    /// Waits for the ack of a message [`Self::send_message`] published: a duplicate is
+    /// ours only if the stored bytes are the same, and the session's head moves on.
+    async fn settle(&self, session: &SessionId, sent: Sent) -> Result<()> {
+        let Sent {
+            ack,
+            expected_last,
+            last,
+            payload,
+        } = sent;
+        let ack = match ack.await {
+            Ok(ack) => ack,
+            Err(e) => return Err(self.refused(session, expected_last, &e).await),
+        };
+        if ack.duplicate {
+            // Someone already wrote this seq: ours only if the bytes are the same.
+            let stored = self
+                .events
+                .get_raw_message(ack.sequence)
+                .await
+                .map_err(|e| nats_err("read dup", e))?;
+            if stored.payload.as_ref() != payload.as_slice() {
+                self.heads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(session);
+                return Err(Error::Conflict {
+                    session: session.to_string(),
+                    expected: expected_last,
+                    actual: expected_last + 1,
+                });
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    jetstream::context::PublishErrorKind::WrongLastSequence
-                ) =>
-            {
-                Err(self.moved_on(session, expected_last).await)
-            }
-            Err(e) => Err(nats_err("append", e)),
+        }
+        self.set_head(session, last, ack.sequence);
+        Ok(())
+    }
+
+    /// The error of a publish to the log the server refused or that failed.
+    async fn refused(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        e: &jetstream::context::PublishError,
+    ) -> Error {
+        if matches!(
+            e.kind(),
+            jetstream::context::PublishErrorKind::WrongLastSequence
+        ) {
+            self.moved_on(session, expected_last).await
+        } else {
+            nats_err("append", e.to_string())
+        }
+    }
+
+    /// Waits for the ack of the session's pipelined append, if one is out, without taking
+    /// its outcome, which is the writer's ([`Self::make_sure`]): a read waits so that it
+    /// sees the records.
+    async fn stored(&self, session: &SessionId) {
+        let ack = self
+            .pipelined
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .map(|sent| sent.ack.clone());
+        if let Some(ack) = ack {
+            let _ = ack.await;
+        }
+    }
+
+    /// Waits for the ack of the session's pipelined append, if one is out
+    /// ([`EventLog::append_batch_pipelined`]); its error, if it failed. For the session's
+    /// writer alone: the next append, and the ack of its job.
+    pub(crate) async fn make_sure(&self, session: &SessionId) -> Result<()> {
+        let sent = self
+            .pipelined
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session);
+        match sent {
+            Some(sent) => self.settle(session, sent).await,
+            None => Ok(()),
         }
     }
 
@@ -159,6 +232,22 @@ impl NatsStore {
     fn frame_bytes(&self) -> usize {
         (self.client.server_info().max_payload / 4).clamp(1, FRAME_BYTES)
     }
+}
+
+/// The ack of a publish, which several may wait for.
+type SharedAck = Shared<
+    BoxFuture<
+        'static,
+        std::result::Result<jetstream::publish::PublishAck, Arc<jetstream::context::PublishError>>,
+    >,
+>;
+
+/// A message of records published and not yet acknowledged.
+pub(crate) struct Sent {
+    ack: SharedAck,
+    expected_last: u64,
+    last: u64,
+    payload: Vec<u8>,
 }
 
 /// The most bytes of records one message of several carries.
@@ -193,6 +282,7 @@ const FRAMING_PER_RECORD: usize = 5;
 impl EventLog for NatsStore {
     async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
         check_numbering(session, expected_last, std::slice::from_ref(record))?;
+        self.make_sure(session).await?;
         self.append_message(session, expected_last, std::slice::from_ref(record))
             .await
     }
@@ -207,6 +297,7 @@ impl EventLog for NatsStore {
         records: &[Record],
     ) -> Result<()> {
         check_numbering(session, expected_last, records)?;
+        self.make_sure(session).await?;
         let mut last = expected_last;
         for run in runs(records, self.frame_bytes()) {
             self.append_message(session, last, run).await?;
@@ -215,7 +306,38 @@ impl EventLog for NatsStore {
         Ok(())
     }
 
+    /// Published, and its ack left to the session's next append, read or job ack (which
+    /// fail if it failed; the next append's condition on the subject's last sequence
+    /// would refuse it anyway). Records too many for one message wait as `append_batch`.
+    async fn append_batch_pipelined(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        check_numbering(session, expected_last, records)?;
+        self.make_sure(session).await?;
+        if records.is_empty() {
+            return Ok(());
+        }
+        if runs(records, self.frame_bytes()).len() > 1 {
+            return self.append_batch(session, expected_last, records).await;
+        }
+        let sent = self.send_message(session, expected_last, records).await?;
+        let mut out = self.pipelined.lock().unwrap_or_else(|p| p.into_inner());
+        if out.len() > 100_000 {
+            // Left by sessions whose holder went away (their acks unread): the next
+            // append of each reads its head from the server.
+            out.clear();
+        }
+        out.insert(session.clone(), sent);
+        Ok(())
+    }
+
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
+        // A pipelined append of this process is read once it is stored (its outcome is
+        // its writer's).
+        self.stored(session).await;
         // Start after the stream seq of the record before `from_seq` when we know it.
         let after = match self.head(session) {
             Some((s, sseq)) if s + 1 == from_seq => sseq,
@@ -250,6 +372,7 @@ impl EventLog for NatsStore {
     }
 
     async fn last(&self, session: &SessionId) -> Result<Option<Record>> {
+        self.stored(session).await;
         Ok(self.last_with_seq(session).await?.map(|(r, _)| r))
     }
 

@@ -106,6 +106,8 @@ pub struct NatsStore {
     cfg: NatsConfig,
     /// Last known (our seq, stream seq) per session: appends need the stream seq.
     heads: Mutex<HashMap<SessionId, (u64, u64)>>,
+    /// Each session's pipelined append whose ack nobody has read yet.
+    pipelined: Mutex<HashMap<SessionId, log::Sent>>,
     consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
     held: Mutex<HashMap<String, Arc<jetstream::message::Acker>>>,
     /// Lease given to pool consumers (their ack wait).
@@ -174,6 +176,7 @@ impl NatsStore {
             js,
             cfg: cfg.clone(),
             heads: Mutex::new(HashMap::new()),
+            pipelined: Mutex::new(HashMap::new()),
             consumers: tokio::sync::Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             lease,
