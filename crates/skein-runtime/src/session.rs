@@ -13,6 +13,19 @@ use skein_core::{AgentDef, Envelope, Event, Record, SessionId, SessionState};
 use crate::runtime::{lock, Progress, Runtime};
 use crate::{Error, Result};
 
+/// When [`Runtime::commit_as`] returns, as the log's port names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// Durable ([`EventLog::append_batch`](crate::ports::EventLog::append_batch)).
+    Durable,
+    /// Made durable by the next append of the store
+    /// ([`EventLog::append_batch_ahead`](crate::ports::EventLog::append_batch_ahead)).
+    Ahead,
+    /// Made sure of by the session's next append
+    /// ([`EventLog::append_batch_pipelined`](crate::ports::EventLog::append_batch_pipelined)).
+    Pipelined,
+}
+
 /// A session's folded state and what the worker needs to append to it.
 #[derive(Debug, Clone)]
 pub struct Folded {
@@ -109,6 +122,13 @@ pub(crate) struct FoldCache {
     defs: Mutex<HashMap<String, Arc<AgentDef>>>,
 }
 
+impl FoldCache {
+    /// Drops the session's fold, if one is kept: its next load reads the log.
+    pub(crate) fn forget(&self, id: &SessionId) {
+        lock(&self.states).remove(id);
+    }
+}
+
 impl Runtime {
     /// Appends `Submitted` as the first record of `id`; none if the session existed.
     pub(crate) async fn create(
@@ -116,7 +136,7 @@ impl Runtime {
         id: &SessionId,
         submitted: Submitted,
     ) -> Result<Option<Folded>> {
-        self.create_as(id, submitted, false).await
+        self.create_as(id, submitted, Written::Durable).await
     }
 
     /// [`Runtime::create`] for a child its parent records next: the child's `Submitted` is
@@ -128,19 +148,19 @@ impl Runtime {
         id: &SessionId,
         submitted: Submitted,
     ) -> Result<Option<Folded>> {
-        self.create_as(id, submitted, true).await
+        self.create_as(id, submitted, Written::Ahead).await
     }
 
     async fn create_as(
         &self,
         id: &SessionId,
         submitted: Submitted,
-        ahead: bool,
+        how: Written,
     ) -> Result<Option<Folded>> {
         let mut f = Folded::new(id.clone());
         let mut staged = Staged::default();
         self.stage(&mut f, Event::Submitted(submitted), &mut staged)?;
-        match self.commit_as(&mut f, staged, ahead).await {
+        match self.commit_as(&mut f, staged, how).await {
             Ok(()) => Ok(Some(f)),
             Err(Error::Conflict { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -186,29 +206,33 @@ impl Runtime {
     /// Writes the records staged on `f` (one durable batch where the backend can), and
     /// tells the listeners of each.
     pub(crate) async fn commit(&self, f: &mut Folded, staged: Staged) -> Result<()> {
-        self.commit_as(f, staged, false).await
+        self.commit_as(f, staged, Written::Durable).await
     }
 
-    /// [`Runtime::commit`], appending ahead of a later append when `ahead`.
+    /// [`Runtime::commit`], returning when the records are durable, or written ahead of a
+    /// later append, or pipelined ahead of the session's next append (see [`Written`]).
     pub(crate) async fn commit_as(
         &self,
         f: &mut Folded,
         staged: Staged,
-        ahead: bool,
+        how: Written,
     ) -> Result<()> {
         let Some(first) = staged.records.first().map(|r| r.env.seq - 1) else {
             return Ok(());
         };
         let log = &self.backend.log;
-        let written = if ahead {
-            log.append_batch_ahead(&f.id, first, &staged.records).await
-        } else {
-            log.append_batch(&f.id, first, &staged.records).await
+        let written = match how {
+            Written::Durable => log.append_batch(&f.id, first, &staged.records).await,
+            Written::Ahead => log.append_batch_ahead(&f.id, first, &staged.records).await,
+            Written::Pipelined => {
+                log.append_batch_pipelined(&f.id, first, &staged.records)
+                    .await
+            }
         };
         if let Err(e) = written {
             if matches!(e, Error::Conflict { .. }) {
                 // Someone else wrote: forget the cached fold so the next load rereads.
-                lock(&self.sessions.states).remove(&f.id);
+                self.sessions.forget(&f.id);
             }
             return Err(e);
         }

@@ -337,7 +337,12 @@ impl Runtime {
         match res {
             Ok(()) => match self.backend.jobs.ack(&job).await {
                 Ok(()) => crate::metrics::job_acked(&job.pool),
-                Err(e) => tracing::warn!(session = %job.session, error = %e.report(), "ack failed"),
+                Err(e) => {
+                    // The job comes back; what it appended may not have been stored (a
+                    // pipelined append the ack found refused), so its fold is not kept.
+                    self.sessions.forget(&job.session);
+                    tracing::warn!(session = %job.session, error = %e.report(), "ack failed")
+                }
             },
             // The worker drains: the job goes back at once, for another worker to take.
             Err(crate::Error::Interrupted(why)) => {

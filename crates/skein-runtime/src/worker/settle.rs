@@ -10,7 +10,7 @@ use skein_core::state::PatternKind;
 use skein_core::{AgentDef, Event, SessionId, Status, Step};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
-use crate::session::{Folded, Staged};
+use crate::session::{Folded, Staged, Written};
 use crate::Result;
 
 pub(crate) fn outcome_of(terminal: &Event) -> Option<Outcome> {
@@ -283,12 +283,14 @@ impl Runtime {
             self.stage(f, e, &mut staged)?;
         }
         // When the turn is settled and the model is called next, nothing acts on these
-        // records before that call's own, whose append makes them durable with it (on
-        // the embedded store; see `EventLog::append_batch_ahead`). A crash in between
-        // repeats the model call, as any crash before its record is durable does.
-        // (A turn with children still out waits: the step need not be worked out, which
-        // for a wide turn costs more than a look at its slots.)
-        let ahead = n > 0
+        // records before that call's own, whose append makes sure of them first (see
+        // `EventLog::append_batch_pipelined`: the embedded store writes them without a
+        // sync, NATS leaves their ack to that append). A crash in between repeats the
+        // model call, as any crash before its record is durable does, and a cold load
+        // settles the children again. (A turn with children still out waits: the step
+        // need not be worked out, which for a wide turn costs more than a look at its
+        // slots.)
+        let pipelined = n > 0
             && !f
                 .state
                 .turn
@@ -298,7 +300,12 @@ impl Runtime {
                 f.state.next(def, &self.cfg.limits, &*self.agents),
                 Step::CallModel { .. }
             );
-        self.commit_as(f, staged, ahead).await?;
+        let how = if pipelined {
+            Written::Pipelined
+        } else {
+            Written::Durable
+        };
+        self.commit_as(f, staged, how).await?;
         Ok(n)
     }
 

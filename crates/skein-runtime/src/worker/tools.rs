@@ -8,12 +8,12 @@ use futures::future::join_all;
 use serde_json::Value;
 use skein_core::decide::ToolRun;
 use skein_core::event::{BlobRef, ToolCalled, ToolReturned};
-use skein_core::{AgentDef, Event};
+use skein_core::{AgentDef, Event, Step};
 use skein_tools::ToolContext;
 
 use crate::ports::Job;
 use crate::runtime::Runtime;
-use crate::session::{Folded, Staged};
+use crate::session::{Folded, Staged, Written};
 use crate::Result;
 
 impl Runtime {
@@ -110,7 +110,21 @@ impl Runtime {
             crate::spans::tool_call(&f.id, &f.state, tool, &o.call, o.ms, o.error);
             self.stage(f, Event::ToolReturned(o), &mut pending)?;
         }
-        self.commit(f, pending).await
+        // Calls that may run again, whose results the model is asked about next: nothing
+        // acts on their records before that call's own append, which makes sure of them
+        // first (`EventLog::append_batch_pipelined`), so the model call need not wait
+        // for them. A crash before then runs the step again whole, as above.
+        let how = if !write_ahead
+            && !refused
+            && matches!(
+                f.state.next(def, &self.cfg.limits, &*self.agents),
+                Step::CallModel { .. }
+            ) {
+            Written::Pipelined
+        } else {
+            Written::Durable
+        };
+        self.commit_as(f, pending, how).await
     }
 
     /// Whether a call of `tool` may run again after a crash: the tool says it is
