@@ -620,7 +620,8 @@ async fn a_blob_seen_stored_is_put_again_without_a_request() {
 /// A pipelined append the server refuses (another store wrote the session's next record
 /// meanwhile) returns before its ack, and its writer hears the refusal: the ack of the
 /// session's job fails and leaves the job held, and so does the next append; a read meanwhile
-/// takes nothing from the writer. The log holds the other store's record alone.
+/// takes nothing from the writer, and an append that follows on from the refused record is
+/// refused though the log ends at its seq. The log holds the other store's records alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() {
     let server = NatsServer::start();
@@ -668,6 +669,13 @@ async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() 
             expected, actual, ..
         }) => assert_eq!((expected, actual), (1, 2)),
         other => panic!("the job's ack: expected the refusal, got {other:?}"),
+    }
+    // The ack heard the refusal, not the writer: an append that follows on from our
+    // record 2 is refused all the same, though the log does end at seq 2.
+    let after_ours = rec(&s, 3, our2.hash());
+    match a.log.append(&s, 2, &after_ours).await {
+        Err(skein_runtime::Error::Conflict { .. }) => {}
+        other => panic!("an append after a record the log lacks: got {other:?}"),
     }
     // Not acked: the job is still held, and comes back once its lease runs out.
     let again = a

@@ -19,7 +19,7 @@ use crate::frame;
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
 
 impl NatsStore {
-    pub(crate) fn head(&self, s: &SessionId) -> Option<(u64, u64)> {
+    pub(crate) fn head(&self, s: &SessionId) -> Option<Head> {
         self.heads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -27,12 +27,21 @@ impl NatsStore {
             .copied()
     }
 
-    pub(crate) fn set_head(&self, s: &SessionId, seq: u64, sseq: u64) {
+    /// Records that the session's log is known to end with record `seq` (whose hash is
+    /// `hash`), stored at stream sequence `sseq`.
+    pub(crate) fn set_head(&self, s: &SessionId, seq: u64, sseq: u64, hash: &str) {
         let mut h = self.heads.lock().unwrap_or_else(|p| p.into_inner());
         if h.len() > 100_000 {
             h.clear();
         }
-        h.insert(s.clone(), (seq, sseq));
+        h.insert(
+            s.clone(),
+            Head {
+                seq,
+                sseq,
+                tag: tag(hash),
+            },
+        );
     }
 
     /// The last record and its stream sequence.
@@ -59,15 +68,22 @@ impl NatsStore {
 
     /// The stream sequence of the session's record `expected_last` (0 for none), which an
     /// append after it names as the subject's last: from the head when it is known, else
-    /// read. A log that does not end at `expected_last` is a conflict.
-    async fn expected_sseq(&self, session: &SessionId, expected_last: u64) -> Result<u64> {
+    /// read. A log that does not end at `expected_last`, or ends with another record than
+    /// the one whose hash is `prev` (a writer that took a refused pipelined append of its
+    /// own for written), is a conflict.
+    async fn expected_sseq(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        prev: &str,
+    ) -> Result<u64> {
         if expected_last == 0 {
             return Ok(0);
         }
         match self.head(session) {
-            Some((s, sseq)) if s == expected_last => Ok(sseq),
+            Some(h) if h.seq == expected_last && h.tag == tag(prev) => Ok(h.sseq),
             _ => match self.last_with_seq(session).await? {
-                Some((r, sseq)) if r.env.seq == expected_last => Ok(sseq),
+                Some((r, sseq)) if r.env.seq == expected_last && r.hash() == prev => Ok(sseq),
                 other => Err(Error::Conflict {
                     session: session.to_string(),
                     expected: expected_last,
@@ -118,7 +134,8 @@ impl NatsStore {
         let first = expected_last + 1;
         let last = expected_last + records.len() as u64;
         let payload = frame::encode(records);
-        let expected_sseq = self.expected_sseq(session, expected_last).await?;
+        let prev = records.first().map_or("", |r| r.env.prev.as_str());
+        let expected_sseq = self.expected_sseq(session, expected_last, prev).await?;
         let mut h = HeaderMap::new();
         h.insert(
             NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
@@ -138,6 +155,7 @@ impl NatsStore {
                     .shared(),
                 expected_last,
                 last,
+                last_hash: records.last().map(Record::hash).unwrap_or_default(),
                 payload,
             }),
             Err(e) => Err(self.refused(session, expected_last, &e).await),
@@ -151,6 +169,7 @@ impl NatsStore {
             ack,
             expected_last,
             last,
+            last_hash,
             payload,
         } = sent;
         let ack = match ack.await {
@@ -176,7 +195,7 @@ impl NatsStore {
                 });
             }
         }
-        self.set_head(session, last, ack.sequence);
+        self.set_head(session, last, ack.sequence, &last_hash);
         Ok(())
     }
 
@@ -242,11 +261,28 @@ type SharedAck = Shared<
     >,
 >;
 
+/// Where a session's log is known to end: its last record's seq, the stream sequence of
+/// its message, and a tag of its hash.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Head {
+    seq: u64,
+    sseq: u64,
+    tag: u64,
+}
+
+/// A record hash's first 16 hex digits, enough to tell two records at one seq apart.
+fn tag(hash: &str) -> u64 {
+    hash.get(..16)
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .unwrap_or(0)
+}
+
 /// A message of records published and not yet acknowledged.
 pub(crate) struct Sent {
     ack: SharedAck,
     expected_last: u64,
     last: u64,
+    last_hash: String,
     payload: Vec<u8>,
 }
 
@@ -340,7 +376,7 @@ impl EventLog for NatsStore {
         self.stored(session).await;
         // Start after the stream seq of the record before `from_seq` when we know it.
         let after = match self.head(session) {
-            Some((s, sseq)) if s + 1 == from_seq => sseq,
+            Some(h) if h.seq + 1 == from_seq => h.sseq,
             _ => 0,
         };
         // Without a known position (a session this process has not read or written: a
@@ -355,18 +391,17 @@ impl EventLog for NatsStore {
         };
         let mut out = vec![];
         let mut last = None;
-        for (sseq, payload) in messages {
+        let n = messages.len();
+        for (i, (sseq, payload)) in messages.into_iter().enumerate() {
             let records = frame::decode(&payload)
                 .map_err(|e| Error::corrupt(format!("record of {session}"), e))?;
-            for r in records {
-                last = Some((r.env.seq, sseq));
-                if r.env.seq >= from_seq {
-                    out.push(r);
-                }
+            if i + 1 == n {
+                last = records.last().map(|r| (r.env.seq, sseq, r.hash()));
             }
+            out.extend(records.into_iter().filter(|r| r.env.seq >= from_seq));
         }
-        if let Some((s, sseq)) = last {
-            self.set_head(session, s, sseq);
+        if let Some((s, sseq, hash)) = last {
+            self.set_head(session, s, sseq, &hash);
         }
         Ok(out)
     }

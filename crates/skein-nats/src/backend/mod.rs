@@ -105,7 +105,7 @@ pub struct NatsStore {
     workspace_names: Arc<workspace::Names>,
     cfg: NatsConfig,
     /// Last known (our seq, stream seq) per session: appends need the stream seq.
-    heads: Mutex<HashMap<SessionId, (u64, u64)>>,
+    heads: Mutex<HashMap<SessionId, log::Head>>,
     /// Each session's pipelined append whose ack nobody has read yet.
     pipelined: Mutex<HashMap<SessionId, log::Sent>>,
     consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
