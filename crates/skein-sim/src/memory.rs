@@ -1,7 +1,8 @@
 //! Every port in memory, on a virtual clock: the simulation's backend. Same contracts as
 //! the sled and JetStream backends (the conformance suite runs against it), plus faults
 //! a seed chooses: appends whose acknowledgement is lost (the write is made, the writer
-//! sees a conflict), a backend that is unreachable, notices lost or posted twice.
+//! sees a conflict), pipelined appends refused (the writer hears it at its next append
+//! or job ack), a backend that is unreachable, notices lost or posted twice.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -45,6 +46,9 @@ struct Inner {
     blobs: HashMap<String, Vec<u8>>,
     notices: HashMap<SessionId, Vec<(u64, SessionId)>>,
     watchers: HashMap<SessionId, Vec<(SessionId, String)>>,
+    /// Sessions whose last pipelined append was refused, and the seq its writer expects
+    /// to follow on from: their writer has not heard yet.
+    refused: HashMap<SessionId, u64>,
 }
 
 /// The in-memory store. Time is `tokio::time`'s, which a paused runtime advances only
@@ -244,9 +248,18 @@ impl EventLog for MemStore {
     ) -> Result<()> {
         self.reach("append")?;
         let mut g = self.lock();
+        g.refused.remove(session);
         let log = g.logs.entry(session.clone()).or_default();
         let actual = log.len() as u64;
-        if actual != expected_last {
+        // As on NATS, whose condition names the stream sequence of the writer's own last
+        // message: the log must end with the record the batch follows, not merely at its
+        // seq (a writer whose pipelined append was refused, and whose refusal another
+        // holder's ack heard, expects a record that is not there).
+        let follows = match (log.last(), records.first()) {
+            (Some(last), Some(first)) => first.env.prev == last.hash(),
+            _ => true,
+        };
+        if actual != expected_last || !follows {
             if log.is_empty() {
                 g.logs.remove(session);
             }
@@ -268,6 +281,24 @@ impl EventLog for MemStore {
             });
         }
         Ok(())
+    }
+
+    /// As on NATS: written at once, or (a seeded fault, drawn as a conflict: the publish
+    /// was refused or lost) not at all, which the writer hears at the session's next
+    /// append (whose expected seq the log does not end at) or at its job's ack.
+    async fn append_batch_pipelined(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        if !records.is_empty() && self.faults.conflict() {
+            let mut g = self.lock();
+            g.refused
+                .insert(session.clone(), expected_last + records.len() as u64);
+            return Ok(());
+        }
+        self.append_batch(session, expected_last, records).await
     }
 
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
@@ -372,6 +403,20 @@ impl JobQueue for MemStore {
 
     async fn ack(&self, job: &Job) -> Result<()> {
         self.reach("ack")?;
+        // A job whose pipelined append was refused is not acked: its lease runs out.
+        let refused = self.lock().refused.remove(&job.session);
+        if let Some(expected) = refused {
+            let actual = self
+                .lock()
+                .logs
+                .get(&job.session)
+                .map_or(0, |l| l.len() as u64);
+            return Err(Error::Conflict {
+                session: job.session.to_string(),
+                expected,
+                actual,
+            });
+        }
         self.update_held(job, |r| {
             if !r.dirty {
                 return false;
@@ -390,6 +435,7 @@ impl JobQueue for MemStore {
 
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
         self.reach("retry")?;
+        self.lock().refused.remove(&job.session);
         let at = self.now() + delay.as_millis() as u64;
         self.update_held(job, |r| {
             r.held_until = None;

@@ -5,7 +5,10 @@
 //! any tool of its turn; `ToolCalled` before its tool runs; the children's `Submitted` and
 //! the parent's `Delegated` before any child job is published. Only the holder of a
 //! session's job writes its log; a finished child posts a notice to its parent and wakes
-//! it, and the parent's worker records `ChildSettled` itself.
+//! it, and the parent's worker records `ChildSettled` itself. Records whose only effect is
+//! the next model call (settlements that let a turn go on, a turn of calls that may run
+//! again with their results) are pipelined ahead of it: that call's append makes sure of
+//! them first.
 //!
 //! [`Runtime::process`] loads a session and [`Runtime::drive`]s it: each step the core
 //! decides is performed by the file of its kind —
