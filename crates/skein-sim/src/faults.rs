@@ -110,6 +110,8 @@ impl Rates {
 pub struct Faults {
     pub rates: Rates,
     rng: Mutex<Rng>,
+    /// The draws of [`Faults::pipelined_refused`].
+    refusals: Mutex<Rng>,
     pub conflicts: AtomicU64,
     pub unreachable: AtomicU64,
     pub notices_lost: AtomicU64,
@@ -125,9 +127,13 @@ pub struct Faults {
 
 impl Faults {
     pub fn new(rates: Rates, rng: Rng) -> Self {
+        // Its own stream, so that the other faults of a seed fall where they did before
+        // pipelined appends were drawn.
+        let refusals = Rng(rng.0 ^ 0x7069_7065_6c69_6e65);
         Faults {
             rates,
             rng: Mutex::new(rng),
+            refusals: Mutex::new(refusals),
             conflicts: AtomicU64::new(0),
             unreachable: AtomicU64::new(0),
             notices_lost: AtomicU64::new(0),
@@ -162,6 +168,24 @@ impl Faults {
 
     pub fn conflict(&self) -> bool {
         self.roll(self.rates.conflict, &self.conflicts)
+    }
+
+    /// A pipelined append is refused (as often as an append meets a concurrent writer),
+    /// drawn from a stream of its own.
+    pub fn pipelined_refused(&self) -> bool {
+        let p = self.rates.conflict;
+        if !self.on.load(Ordering::Relaxed) || p <= 0.0 {
+            return false;
+        }
+        let hit = self
+            .refusals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .chance(p);
+        if hit {
+            self.conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        hit
     }
 
     pub fn unreachable(&self) -> bool {

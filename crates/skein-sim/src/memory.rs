@@ -292,7 +292,7 @@ impl EventLog for MemStore {
         expected_last: u64,
         records: &[Record],
     ) -> Result<()> {
-        if !records.is_empty() && self.faults.conflict() {
+        if !records.is_empty() && self.faults.pipelined_refused() {
             let mut g = self.lock();
             g.refused
                 .insert(session.clone(), expected_last + records.len() as u64);
