@@ -638,7 +638,7 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
             )?;
         }
         crate::outln!(
-            "  event log: {} fdatasyncs, {:.2} per model turn (every append waits for one; appends made together share it)",
+            "  event log: {} fdatasyncs, {:.2} per model turn (an append waits for one unless a later append's covers it; appends made together share it)",
             tp.log_syncs,
             tp.log_syncs as f64 / f64::from(tp.model_turns.max(1))
         )?;
