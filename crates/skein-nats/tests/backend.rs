@@ -617,6 +617,19 @@ async fn a_blob_seen_stored_is_put_again_without_a_request() {
     );
 }
 
+/// A record of another writer: not the bytes of [`rec`] at the same seq.
+fn their_record(s: &skein_core::SessionId, seq: u64, prev: String) -> Record {
+    let body = Event::Cancelled(Cancelled {
+        reason: "theirs".into(),
+    });
+    Record::decode(
+        Envelope::new(s.clone(), seq, 99, prev, body)
+            .encode()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
 /// A pipelined append the server refuses (another store wrote the session's next record
 /// meanwhile) returns before its ack, and its writer hears the refusal: the ack of the
 /// session's job fails and leaves the job held, and so does the next append; a read meanwhile
@@ -631,20 +644,7 @@ async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() 
     let r1 = rec(&s, 1, genesis_hash(&s));
     a.log.append(&s, 0, &r1).await.unwrap();
     // Theirs: record 2, which our store's head does not know of.
-    let their2 = Record::decode(
-        Envelope::new(
-            s.clone(),
-            2,
-            99,
-            r1.hash(),
-            Event::Cancelled(Cancelled {
-                reason: "theirs".into(),
-            }),
-        )
-        .encode()
-        .unwrap(),
-    )
-    .unwrap();
+    let their2 = their_record(&s, 2, r1.hash());
     b.log.append(&s, 1, &their2).await.unwrap();
 
     let our2 = rec(&s, 2, r1.hash());
@@ -692,20 +692,7 @@ async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() 
     // next append hears it.
     assert_eq!(a.log.read(&s, 1).await.unwrap().len(), 2);
     let our3 = rec(&s, 3, their2.hash());
-    let their3 = Record::decode(
-        Envelope::new(
-            s.clone(),
-            3,
-            99,
-            their2.hash(),
-            Event::Cancelled(Cancelled {
-                reason: "theirs".into(),
-            }),
-        )
-        .encode()
-        .unwrap(),
-    )
-    .unwrap();
+    let their3 = their_record(&s, 3, their2.hash());
     b.log.append(&s, 2, &their3).await.unwrap();
     a.log
         .append_batch_pipelined(&s, 2, std::slice::from_ref(&our3))

@@ -152,11 +152,14 @@ impl Faults {
     }
 
     fn roll(&self, p: f64, count: &AtomicU64) -> bool {
+        self.roll_on(&self.rng, p, count)
+    }
+
+    fn roll_on(&self, rng: &Mutex<Rng>, p: f64, count: &AtomicU64) -> bool {
         if !self.on.load(Ordering::Relaxed) || p <= 0.0 {
             return false;
         }
-        let hit = self
-            .rng
+        let hit = rng
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .chance(p);
@@ -173,19 +176,7 @@ impl Faults {
     /// A pipelined append is refused (as often as an append meets a concurrent writer),
     /// drawn from a stream of its own.
     pub fn pipelined_refused(&self) -> bool {
-        let p = self.rates.conflict;
-        if !self.on.load(Ordering::Relaxed) || p <= 0.0 {
-            return false;
-        }
-        let hit = self
-            .refusals
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .chance(p);
-        if hit {
-            self.conflicts.fetch_add(1, Ordering::Relaxed);
-        }
-        hit
+        self.roll_on(&self.refusals, self.rates.conflict, &self.conflicts)
     }
 
     pub fn unreachable(&self) -> bool {
