@@ -27,21 +27,14 @@ impl NatsStore {
             .copied()
     }
 
-    /// Records that the session's log is known to end with record `seq` (whose hash is
-    /// `hash`), stored at stream sequence `sseq`.
-    pub(crate) fn set_head(&self, s: &SessionId, seq: u64, sseq: u64, hash: &str) {
+    /// Records that the session's log is known to end with record `seq` (whose hash has
+    /// the [`tag`] `tag`), stored at stream sequence `sseq`.
+    pub(crate) fn set_head(&self, s: &SessionId, seq: u64, sseq: u64, tag: u64) {
         let mut h = self.heads.lock().unwrap_or_else(|p| p.into_inner());
         if h.len() > 100_000 {
             h.clear();
         }
-        h.insert(
-            s.clone(),
-            Head {
-                seq,
-                sseq,
-                tag: tag(hash),
-            },
-        );
+        h.insert(s.clone(), Head { seq, sseq, tag });
     }
 
     /// The last record and its stream sequence.
@@ -155,7 +148,7 @@ impl NatsStore {
                     .shared(),
                 expected_last,
                 last,
-                last_hash: records.last().map(Record::hash).unwrap_or_default(),
+                last_tag: records.last().map_or(0, |r| tag(&r.hash())),
                 payload,
             }),
             Err(e) => Err(self.refused(session, expected_last, &e).await),
@@ -169,7 +162,7 @@ impl NatsStore {
             ack,
             expected_last,
             last,
-            last_hash,
+            last_tag,
             payload,
         } = sent;
         let ack = match ack.await {
@@ -195,7 +188,7 @@ impl NatsStore {
                 });
             }
         }
-        self.set_head(session, last, ack.sequence, &last_hash);
+        self.set_head(session, last, ack.sequence, last_tag);
         Ok(())
     }
 
@@ -246,6 +239,21 @@ impl NatsStore {
         }
     }
 
+    /// Appends consecutive runs of records, one message each, in order.
+    async fn append_runs(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        runs: &[&[Record]],
+    ) -> Result<()> {
+        let mut last = expected_last;
+        for run in runs {
+            self.append_message(session, last, run).await?;
+            last += run.len() as u64;
+        }
+        Ok(())
+    }
+
     /// The most bytes of records one message carries: a quarter of what the server takes
     /// in a message, at most [`FRAME_BYTES`]. A record larger than that goes alone.
     fn frame_bytes(&self) -> usize {
@@ -282,7 +290,8 @@ pub(crate) struct Sent {
     ack: SharedAck,
     expected_last: u64,
     last: u64,
-    last_hash: String,
+    /// The [`tag`] of the last record's hash.
+    last_tag: u64,
     payload: Vec<u8>,
 }
 
@@ -334,12 +343,8 @@ impl EventLog for NatsStore {
     ) -> Result<()> {
         check_numbering(session, expected_last, records)?;
         self.make_sure(session).await?;
-        let mut last = expected_last;
-        for run in runs(records, self.frame_bytes()) {
-            self.append_message(session, last, run).await?;
-            last += run.len() as u64;
-        }
-        Ok(())
+        self.append_runs(session, expected_last, &runs(records, self.frame_bytes()))
+            .await
     }
 
     /// Published, and its ack left to the session's next append, read or job ack (which
@@ -353,13 +358,11 @@ impl EventLog for NatsStore {
     ) -> Result<()> {
         check_numbering(session, expected_last, records)?;
         self.make_sure(session).await?;
-        if records.is_empty() {
-            return Ok(());
-        }
-        if runs(records, self.frame_bytes()).len() > 1 {
-            return self.append_batch(session, expected_last, records).await;
-        }
-        let sent = self.send_message(session, expected_last, records).await?;
+        let sent = match runs(records, self.frame_bytes()).as_slice() {
+            [] => return Ok(()),
+            [one] => self.send_message(session, expected_last, one).await?,
+            more => return self.append_runs(session, expected_last, more).await,
+        };
         let mut out = self.pipelined.lock().unwrap_or_else(|p| p.into_inner());
         if out.len() > 100_000 {
             // Left by sessions whose holder went away (their acks unread): the next
@@ -396,12 +399,12 @@ impl EventLog for NatsStore {
             let records = frame::decode(&payload)
                 .map_err(|e| Error::corrupt(format!("record of {session}"), e))?;
             if i + 1 == n {
-                last = records.last().map(|r| (r.env.seq, sseq, r.hash()));
+                last = records.last().map(|r| (r.env.seq, sseq, tag(&r.hash())));
             }
             out.extend(records.into_iter().filter(|r| r.env.seq >= from_seq));
         }
-        if let Some((s, sseq, hash)) = last {
-            self.set_head(session, s, sseq, &hash);
+        if let Some((s, sseq, tag)) = last {
+            self.set_head(session, s, sseq, tag);
         }
         Ok(out)
     }
