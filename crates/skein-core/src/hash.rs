@@ -6,8 +6,72 @@
 //! little-endian length followed by the field's UTF-8 bytes. `context` and `strategy` are
 //! the empty string when absent; `inputs` is canonical JSON (object keys sorted by their
 //! UTF-8 bytes, no whitespace, `null` when absent).
+//!
+//! Version 2 adds one more field after those six: the [`RunShape`] as canonical JSON,
+//! everything besides the mission that can change a run's answer (the tools left after
+//! every narrowing, how much deeper it may delegate, its budget, the limits in force, the
+//! agents its path forbids it to start, the request a pattern passes on). Every key the
+//! runtime computes now has it; a key without it is a version 1 key.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::limits::{Budget, Limits};
+
+/// What shapes a run besides its mission, definition and model: two runs of one agent on
+/// one mission whose shapes differ may answer differently (a tool narrowed away, a
+/// delegation refused for depth or budget, an agent already on the path), so they never
+/// share a cache entry or a single-flight run. Recorded with a cache hit, so that a person
+/// can see why it hit.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunShape {
+    /// The tools the run may call, after its definition, `allowed_tools` and any grant.
+    pub tools: Vec<String>,
+    /// Delegation levels left under it (`max_depth` minus its depth).
+    pub depth_left: u32,
+    /// What it may spend.
+    pub budget: Budget,
+    /// Digest of the runtime's `[limits]` (canonical JSON, blake3, 16 hex digits).
+    pub limits: String,
+    /// Agents on its path that it could start (directly or through its own children)
+    /// and that the ancestry rule therefore refuses, sorted.
+    pub on_path: Vec<String>,
+    /// Digest of the request a pattern passes on, if it is a pattern's child.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+}
+
+impl RunShape {
+    /// The digest of `limits` as [`RunShape::limits`] holds it.
+    pub fn limits_digest(limits: &Limits) -> String {
+        let v = serde_json::to_value(limits).unwrap_or(Value::Null);
+        blake3::hash(canonical_json(&v).as_bytes()).to_hex()[..16].to_string()
+    }
+
+    /// The digest of a pattern's request as [`RunShape::request`] holds it.
+    pub fn request_digest(request: &str) -> String {
+        blake3::hash(request.as_bytes()).to_hex()[..16].to_string()
+    }
+
+    fn canonical(&self) -> String {
+        canonical_json(&serde_json::to_value(self).unwrap_or(Value::Null))
+    }
+}
+
+/// The parts of a cache key a person reads: everything the hash covers, the long texts
+/// (mission, context, inputs) as one digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyParts {
+    pub def_digest: String,
+    pub model: String,
+    /// blake3 of mission, context and inputs (16 hex digits).
+    pub input_digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<String>,
+    #[serde(flatten)]
+    pub shape: RunShape,
+}
 
 #[derive(Debug, Clone, Copy)]
 pub struct MissionKey<'a> {
@@ -17,6 +81,30 @@ pub struct MissionKey<'a> {
     pub context: Option<&'a str>,
     pub inputs: &'a Value,
     pub strategy: Option<&'a str>,
+    /// Version 2: the shape of the run. None only for version 1 keys.
+    pub shape: Option<&'a RunShape>,
+}
+
+impl MissionKey<'_> {
+    /// The key's parts, for a person to read.
+    pub fn parts(&self) -> KeyParts {
+        let mut h = blake3::Hasher::new();
+        for field in [
+            self.mission,
+            self.context.unwrap_or(""),
+            canonical_json(self.inputs).as_str(),
+        ] {
+            h.update(&(field.len() as u64).to_le_bytes());
+            h.update(field.as_bytes());
+        }
+        KeyParts {
+            def_digest: self.def_digest.to_string(),
+            model: self.model.to_string(),
+            input_digest: h.finalize().to_hex()[..16].to_string(),
+            strategy: self.strategy.map(str::to_string),
+            shape: self.shape.cloned().unwrap_or_default(),
+        }
+    }
 }
 
 pub fn mission_hash(k: &MissionKey<'_>) -> String {
@@ -31,6 +119,11 @@ pub fn mission_hash(k: &MissionKey<'_>) -> String {
         inputs.as_str(),
         k.strategy.unwrap_or(""),
     ] {
+        h.update(&(field.len() as u64).to_le_bytes());
+        h.update(field.as_bytes());
+    }
+    if let Some(shape) = k.shape {
+        let field = shape.canonical();
         h.update(&(field.len() as u64).to_le_bytes());
         h.update(field.as_bytes());
     }
@@ -89,6 +182,7 @@ mod tests {
             context: Some("for a brief"),
             inputs: &inputs,
             strategy: None,
+            shape: None,
         };
         assert_eq!(
             canonical_json(&inputs),
@@ -111,6 +205,7 @@ mod tests {
             context: None,
             inputs: &i,
             strategy: None,
+            shape: None,
         };
         let h = mission_hash(&base);
         assert_ne!(
@@ -162,5 +257,77 @@ mod tests {
             ..base
         };
         assert_ne!(mission_hash(&a), mission_hash(&b));
+    }
+
+    #[test]
+    fn every_part_of_the_shape_matters() {
+        let i = json!({});
+        let shape = RunShape {
+            tools: vec!["list_dir".into(), "read_file".into()],
+            depth_left: 2,
+            budget: Budget::default(),
+            limits: RunShape::limits_digest(&Limits::default()),
+            on_path: vec![],
+            request: None,
+        };
+        let key = |s: &RunShape| {
+            mission_hash(&MissionKey {
+                def_digest: "d",
+                model: "m",
+                mission: "x",
+                context: None,
+                inputs: &i,
+                strategy: None,
+                shape: Some(s),
+            })
+        };
+        let h = key(&shape);
+        let v1 = mission_hash(&MissionKey {
+            def_digest: "d",
+            model: "m",
+            mission: "x",
+            context: None,
+            inputs: &i,
+            strategy: None,
+            shape: None,
+        });
+        assert_ne!(h, v1, "a shaped key is never a version 1 key");
+        let narrowed = RunShape {
+            tools: vec!["list_dir".into()],
+            ..shape.clone()
+        };
+        assert_ne!(h, key(&narrowed));
+        let shallower = RunShape {
+            depth_left: 0,
+            ..shape.clone()
+        };
+        assert_ne!(h, key(&shallower));
+        let budgeted = RunShape {
+            budget: Budget {
+                tokens: Some(10),
+                max_steps: None,
+            },
+            ..shape.clone()
+        };
+        assert_ne!(h, key(&budgeted));
+        let limits = RunShape {
+            limits: RunShape::limits_digest(&Limits {
+                max_steps: 3,
+                ..Limits::default()
+            }),
+            ..shape.clone()
+        };
+        assert_ne!(h, key(&limits));
+        let on_path = RunShape {
+            on_path: vec!["writer".into()],
+            ..shape.clone()
+        };
+        assert_ne!(h, key(&on_path));
+        let request = RunShape {
+            request: Some(RunShape::request_digest("r")),
+            ..shape.clone()
+        };
+        assert_ne!(h, key(&request));
+        assert_eq!(h, key(&shape.clone()), "the same shape, the same key");
     }
 }

@@ -76,7 +76,9 @@ fn an_answer_goes_on_to_the_handoff_agent_with_the_request_and_the_response_in_t
     assert_eq!(ds[0].child, root().child("reviewer", 1));
     assert_eq!(ds[0].mission, h.next.mission);
     assert_eq!(ds[0].request.as_deref(), Some("the mission"));
-    assert_eq!(ds[0].depth, 1);
+    // A handoff is a transfer: the next agent runs at the depth of the session that
+    // started the chain (the root's, here), not one level under it.
+    assert_eq!(ds[0].depth, 0);
     assert_eq!(ds[0].ancestry, vec!["drafter".to_string()]);
     // Its answer is the session's answer, not summarised or handed on again.
     let child = root().child("reviewer", 1);
@@ -147,21 +149,31 @@ fn a_failed_handoff_fails_the_session_and_names_the_agent() {
 }
 
 #[test]
-fn a_handoff_past_the_depth_limit_is_refused_and_the_session_fails() {
+fn a_handoff_is_a_transfer_that_the_depth_limit_does_not_stop() {
+    // A session at the deepest level allowed hands its answer on: the next agent takes
+    // over at that same depth, so a chain of any length fits wherever it starts.
     let limits = Limits {
         max_depth: 1,
         ..Limits::default()
     };
-    let g = given(patterns(), "reviewer").limits(limits).events([
-        submitted_with("reviewer", 1, &["drafter"], None),
-        answered("reviewed"),
-    ]);
+    let g = given(patterns(), "reviewer")
+        .limits(limits.clone())
+        .events([
+            submitted_with("reviewer", 1, &["drafter"], None),
+            answered("reviewed"),
+        ]);
     let h = g.when_deciding().then_orchestrates();
     let g = g.events([h]);
-    let r = g.when_deciding().then_refused("handoff.1", "depth limit");
-    let g = g.events([Event::refusal(r.call, r.error, None)]);
-    g.when_deciding()
-        .then_fails("the handoff to `publisher` failed: handoff: depth limit");
+    let ds = g.when_deciding().then_delegates(&["handoff.1"]);
+    assert_eq!(ds[0].agent, "publisher");
+    assert_eq!(ds[0].depth, 1);
+    // Advisors still work one level down: past the limit they are refused.
+    let g = given(patterns(), "manager")
+        .limits(limits)
+        .events([submitted_with("manager", 1, &["boss"], None)]);
+    let a = g.when_deciding().then_orchestrates();
+    let g = g.events([a]);
+    g.when_deciding().then_refused("advisor.1", "depth limit");
 }
 
 // ---- router -------------------------------------------------------------------------
@@ -355,6 +367,7 @@ fn an_advisor_answered_from_the_cache_gives_its_answer_as_advice() {
             answer: "cached advice".into(),
             saved: Default::default(),
             steps: 1,
+            key: None,
         }),
         Event::CacheHit(skein_core::event::CacheHit {
             call: "advisor.2".into(),
@@ -363,6 +376,7 @@ fn an_advisor_answered_from_the_cache_gives_its_answer_as_advice() {
             answer: "more advice".into(),
             saved: Default::default(),
             steps: 1,
+            key: None,
         }),
     ]);
     let advice = g.state().advice.expect("advice");

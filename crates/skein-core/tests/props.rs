@@ -245,6 +245,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                                 answer: "cached".into(),
                                 saved: Usage::default(),
                                 steps: 2,
+                                key: None,
                             }),
                             &mut log,
                             &mut state,

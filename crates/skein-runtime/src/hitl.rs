@@ -83,6 +83,22 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: &str) -> Result<(Claim
             format!("no session {}", claims.session.display()),
         ));
     }
+    // A session that ended (cancelled, failed, completed) takes no answer and no decision,
+    // whatever it was waiting for when it ended.
+    if f.state.status.is_terminal() {
+        let why = match f
+            .state
+            .admits_from_outside(&Event::InputProvided(InputProvided {
+                answers: Value::Null,
+                token_id: String::new(),
+                by: None,
+            })) {
+            Err(why) => why,
+            Ok(()) => format!("session {} has ended", claims.session.display()),
+        };
+        rt.keep_state(f);
+        return Err(Error::refused(RefusalKind::Token, why));
+    }
     let open_now = match kind {
         "input" => f
             .state
@@ -148,8 +164,10 @@ fn pool_of(f: &Folded) -> String {
         .unwrap_or_else(|| DEFAULT_POOL.into())
 }
 
-/// A person's answer to a root's question. Child questions go to their parent's model
-/// (which resumes the child with `call_agent {resume_token, answers}`), never to a person.
+/// A person's answer to a question of the inbox: a root's, or one of a session a pattern
+/// started (a handoff's target, a route's destination, a team's member), at any depth.
+/// Questions of a `call_agent` child go to its parent's model (which resumes the child
+/// with `call_agent {resume_token, answers}`), never to a person.
 pub async fn answer(
     rt: &Runtime,
     token: &str,
@@ -158,11 +176,11 @@ pub async fn answer(
 ) -> Result<SessionId> {
     check_answer_size("the answer", answers.to_string().len())?;
     let (claims, f) = check_token(rt, token, "input").await?;
-    if !claims.session.is_root() {
+    if !f.state.asks_a_person() {
         rt.keep_state(f);
         return Err(Error::invalid(format!(
             "this token belongs to sub-agent {}: its question goes to its parent agent, which \
-             answers it or asks you itself; answer the root's question instead",
+             answers it or asks you itself; answer the question in your inbox instead",
             claims.session.display()
         )));
     }
@@ -263,7 +281,10 @@ pub struct InboxItem {
     pub preview: Option<String>,
 }
 
-/// Every question for a person (the roots') and every approval in the trees of `roots`.
+/// Every question for a person (see [`SessionState::asks_a_person`]) and every approval
+/// in the trees of `roots`.
+///
+/// [`SessionState::asks_a_person`]: skein_core::state::SessionState::asks_a_person
 pub async fn inbox(rt: &Runtime, roots: &[SessionId]) -> Result<Vec<InboxItem>> {
     let mut out = vec![];
     for root in roots {
@@ -277,8 +298,9 @@ pub async fn inbox(rt: &Runtime, roots: &[SessionId]) -> Result<Vec<InboxItem>> 
     Ok(out)
 }
 
-/// What one folded session waits for from a person: its questions, if it is a root, and
-/// its approvals. Nothing for a session that ended (cancelled, say).
+/// What one folded session waits for from a person: its questions, if a person answers
+/// them (a root's, a pattern child's), and its approvals. Nothing for a session that
+/// ended (cancelled, say).
 pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
     let mut out = vec![];
     let id = &f.id;
@@ -291,7 +313,7 @@ pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
         .as_ref()
         .map(|s| s.agent.clone())
         .unwrap_or_default();
-    if id.is_root() {
+    if f.state.asks_a_person() {
         for p in &f.state.pending_inputs {
             out.push(InboxItem {
                 session: id.display(),

@@ -37,6 +37,23 @@ pub struct SessionRow {
     /// The pattern that started this session (`handoff`, `route`, `advisor`), if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<String>,
+    /// This session's delegations answered from the cache, each with what its key
+    /// covered: why it hit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hits: Vec<HitRow>,
+}
+
+/// A delegation (or a root) answered from the cache.
+#[derive(Debug, Clone, Serialize)]
+pub struct HitRow {
+    /// The call it answered (empty for a root answered whole).
+    pub call: String,
+    /// The session whose answer it is.
+    pub source: String,
+    pub mission_hash: String,
+    /// What the key covered (absent for hits recorded before keys were shown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<skein_core::hash::KeyParts>,
 }
 
 /// Folds a whole log (checking its chain).
@@ -50,8 +67,18 @@ pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionR
     let mut workers: Vec<String> = vec![];
     let mut tool_calls = 0;
     let mut ended_at = None;
+    let mut hits = vec![];
     for r in records {
         let w = match &r.env.body {
+            Event::CacheHit(h) => {
+                hits.push(HitRow {
+                    call: h.call.clone(),
+                    source: h.source.display(),
+                    mission_hash: h.mission_hash.clone(),
+                    key: h.key.as_deref().cloned(),
+                });
+                None
+            }
             Event::ModelCalled(m) => Some(&m.worker),
             Event::ToolCalled(t) => {
                 tool_calls += 1;
@@ -95,6 +122,7 @@ pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionR
             .filter(|p| skein_core::state::PatternKind::of_call(&p.call).is_some())
             .and_then(|p| skein_core::state::split_call(&p.call))
             .map(|(name, _)| name.to_string()),
+        hits,
     }
 }
 

@@ -396,6 +396,10 @@ impl Runtime {
         still_valid: impl Fn(&Folded) -> bool,
     ) -> Result<Folded> {
         for _ in 0..5 {
+            if let Err(why) = f.state.admits_from_outside(&body) {
+                self.keep_state(f);
+                return Err(Error::refused(crate::RefusalKind::Token, why));
+            }
             match self.append(&mut f, body.clone()).await {
                 Ok(()) => return Ok(f),
                 Err(Error::Conflict { .. }) => {

@@ -207,9 +207,12 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
             .collect()
     };
     let st = &root.state;
+    // A tree that is neither ended nor waiting for a person, once nothing is left to run,
+    // can never move on: a fault of skein's, reported as such rather than as a pause.
+    let stalled = !st.status.is_terminal() && waiting().is_empty();
     if json {
         let inbox = waiting();
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "session": root.id.to_string(),
             "status": st.status.as_str(),
             "answer": st.answer,
@@ -218,6 +221,9 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
             "tree": rows,
             "waiting": inbox,
         });
+        if stalled {
+            v["stalled"] = serde_json::Value::Bool(true);
+        }
         crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         match st.status {
@@ -228,6 +234,17 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
                 "failed: {}",
                 render::safe(st.error.as_deref().unwrap_or("unknown error"))
             )?,
+            _ if stalled => {
+                crate::outln!(
+                    "stalled: no session of this tree can move on (nothing waits for you, \
+                     no job is queued); this is a fault in skein, please report it with \
+                     `skein audit export {}`. Open sessions:",
+                    root.id
+                )?;
+                for r in rows.iter().filter(|r| !is_ended(&r.status)) {
+                    crate::outln!("  {} ({}): {}", r.session, r.agent, r.status)?;
+                }
+            }
             other => {
                 crate::outln!("paused ({}): waiting for you:", other.as_str())?;
                 for it in waiting() {
@@ -271,8 +288,13 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
     Ok(match st.status {
         Status::Completed => ExitCode::SUCCESS,
         Status::Failed | Status::Cancelled => ExitCode::FAILURE,
+        _ if stalled => ExitCode::from(4),
         _ => ExitCode::from(3),
     })
+}
+
+fn is_ended(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled")
 }
 
 /// The last `n` characters of `s`.

@@ -104,6 +104,19 @@ impl AgentSet {
         None
     }
 
+    /// Every agent a session of `name` may start, directly or through the sessions it
+    /// starts (by `call_agent` or a pattern), `name` itself only if it can come back to it.
+    pub fn reachable(&self, name: &str) -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo: Vec<&str> = self.edges(name).into_iter().map(|(n, _)| n).collect();
+        while let Some(n) = todo.pop() {
+            if seen.insert(n.to_string()) {
+                todo.extend(self.edges(n).into_iter().map(|(m, _)| m));
+            }
+        }
+        seen
+    }
+
     fn origin(&self, name: &str) -> &str {
         self.origins.get(name).map(String::as_str).unwrap_or("?")
     }

@@ -223,10 +223,19 @@ impl Turn<'_> {
                 self.path.join(" → ")
             ));
         }
-        if self.depth >= self.limits.max_depth {
+        // A handoff or a route is a transfer, not a nesting: the next agent takes over at
+        // the depth of the session that started the chain, so a chain of any length (its
+        // cycles are refused at load) runs wherever its first agent may run. Advisors and
+        // a team's participants work under this session, one level down.
+        let transfer = matches!(kind, PatternKind::Handoff | PatternKind::Route);
+        let depth = if transfer {
+            self.depth
+        } else {
+            self.depth.saturating_add(1)
+        };
+        if depth > self.limits.max_depth {
             return Err(format!(
-                "{what}: depth limit: `{agent}` would run at depth {}, the limit is {}",
-                self.depth.saturating_add(1),
+                "{what}: depth limit: `{agent}` would run at depth {depth}, the limit is {}",
                 self.limits.max_depth
             ));
         }
@@ -287,7 +296,7 @@ impl Turn<'_> {
                 .map(|s| s.inputs.clone())
                 .unwrap_or_default(),
             custom: None,
-            depth: self.depth.saturating_add(1),
+            depth,
             budget: Budget {
                 tokens: target.front.limits.max_tokens,
                 max_steps,

@@ -229,6 +229,9 @@ pub struct CacheHit {
     pub saved: Usage,
     #[serde(default)]
     pub steps: u32,
+    /// What the key covered, so that a person can see why it hit (absent in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Box<crate::hash::KeyParts>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

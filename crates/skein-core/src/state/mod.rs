@@ -410,6 +410,65 @@ impl SessionState {
         p
     }
 
+    /// Whether a person answers this session's questions (the inbox lists them), rather
+    /// than its parent's model: a root's, and those of a session that a pattern started in
+    /// its parent's place (a handoff's target, a route's destination, a team's member or
+    /// supervisor). Such a parent has no model turn to read a question in: it waits while
+    /// the question waits, at any depth of the tree.
+    pub fn asks_a_person(&self) -> bool {
+        let Some(sub) = &self.submitted else {
+            return self.id.as_ref().is_some_and(SessionId::is_root);
+        };
+        match &sub.parent {
+            None => true,
+            Some(p) => matches!(
+                PatternKind::of_call(&p.call),
+                Some(PatternKind::Handoff | PatternKind::Route | PatternKind::Team)
+            ),
+        }
+    }
+
+    /// Whether `body`, written by someone other than this session's own step (a person's
+    /// answer, an approval, a cancel, a teammate's broadcast, a follow-up question), may
+    /// still join its log; if not, why. Nothing joins a log after its terminal record but a
+    /// follow-up question to a completed session, which reopens it.
+    pub fn admits_from_outside(&self, body: &Event) -> Result<(), String> {
+        if !self.status.is_terminal() {
+            return Ok(());
+        }
+        if self.status == Status::Completed && matches!(body, Event::ClarificationRequested(_)) {
+            return Ok(());
+        }
+        let id = self.id.as_ref().map(SessionId::display).unwrap_or_default();
+        let why = self
+            .error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        Err(format!(
+            "session {id} has ended ({}{why}); nothing more is recorded in its log, and its \
+             tokens no longer answer",
+            self.status.as_str()
+        ))
+    }
+
+    /// Children this session started that are still open although it has ended: a child
+    /// whose question its parent's model left unanswered, or one still running when its
+    /// parent failed or was cancelled. Nobody will read their outcome: they are to be
+    /// cancelled. Runs shared with another tree and cache hits are not this session's.
+    pub fn abandoned_children(&self) -> Vec<SessionId> {
+        if !self.status.is_terminal() {
+            return vec![];
+        }
+        let own = self.id.as_ref();
+        self.children
+            .values()
+            .filter(|c| !c.cached && !c.shared && matches!(c.outcome, None | Some("needs_input")))
+            .filter(|c| own.is_some_and(|p| p.contains(&c.child) && *p != c.child))
+            .map(|c| c.child.clone())
+            .collect()
+    }
+
     /// The children of the current turn that have not settled.
     pub fn outstanding_children(&self) -> Vec<(String, SessionId)> {
         self.turn

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use futures::StreamExt;
 use skein_core::decide::Delegation;
 use skein_core::event::{CacheHit, Delegated, InputProvided, ParentRef, Submitted};
-use skein_core::hash::{mission_hash, MissionKey};
+use skein_core::hash::{mission_hash, MissionKey, RunShape};
 use skein_core::{AgentDef, Event, SessionId, Status};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
@@ -54,14 +54,17 @@ impl Runtime {
                 },
             };
             let def_digest = child_def.digest.clone();
-            let hash = mission_hash(&MissionKey {
+            let shape = self.run_shape(&child_def, &d);
+            let key = MissionKey {
                 def_digest: &def_digest,
                 model: &child_def.front.model,
                 mission: &d.mission,
                 context: d.context.as_deref(),
                 inputs: &d.inputs,
                 strategy: child_def.front.strategy.as_deref(),
-            });
+                shape: Some(&shape),
+            };
+            let hash = mission_hash(&key);
             // A child handed tasks of the plan writes to it: its run is never shared.
             // An agent that may have side effects is neither answered from the cache nor
             // shared: its effects must happen in this tree.
@@ -88,12 +91,22 @@ impl Runtime {
                         answer: hit.answer,
                         saved: hit.usage,
                         steps: hit.steps,
+                        key: Some(Box::new(key.parts())),
                     }));
                     continue;
                 }
             }
+            // Joining an identical run under way can never close a circle of waits: the
+            // key holds the depth left, so a run only joins one at its own depth, never an
+            // ancestor; a child is one level down, and the steps that keep the depth (a
+            // handoff, a route) follow the pattern graph, which has no cycles. The check
+            // below says the first half of that outright.
             if caching {
-                if let Some(running) = self.single_flight(&hash, &d.child).await? {
+                if let Some(running) = self
+                    .single_flight(&hash, &d.child)
+                    .await?
+                    .filter(|r| !r.contains(&f.id))
+                {
                     // An identical mission is running: wait for it instead of a new run.
                     // Watch before recording, so its end cannot slip past unheard.
                     let my_pool = parent_sub
@@ -201,6 +214,66 @@ impl Runtime {
         self.append_all(f, parent_events).await?;
         crate::spans::delegations(&f.id, &f.state, started, &delegated);
         self.push_jobs(jobs).await
+    }
+
+    /// What shapes the run of a child besides its mission (see [`RunShape`]).
+    pub(crate) fn run_shape(&self, child_def: &AgentDef, d: &Delegation) -> RunShape {
+        let mut extra = vec![];
+        if d.grant.is_some() {
+            extra.push(skein_core::RuntimeTool::ProposePatch.as_str());
+        }
+        if d.team.is_some() {
+            extra.push(skein_core::RuntimeTool::TeamBroadcast.as_str());
+        }
+        self.shape_of(
+            child_def,
+            &d.agent,
+            d.allowed_tools.as_deref(),
+            &extra,
+            &d.ancestry,
+            d.depth,
+            d.budget,
+            d.request.as_deref(),
+        )
+    }
+
+    /// What shapes a run of `def` (as agent `agent`) besides its mission: its tools after
+    /// `narrowed` (plus `extra`), the depth and budget it runs with, the agents of its
+    /// path it could start and may not, the request a pattern passed on.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn shape_of(
+        &self,
+        def: &AgentDef,
+        agent: &str,
+        narrowed: Option<&[String]>,
+        extra: &[&str],
+        ancestry: &[String],
+        depth: u32,
+        budget: skein_core::limits::Budget,
+        request: Option<&str>,
+    ) -> RunShape {
+        let mut tools = def.allowed_tools();
+        if let Some(only) = narrowed {
+            tools.retain(|t| only.contains(t));
+        }
+        tools.extend(extra.iter().map(|t| t.to_string()));
+        let reachable = self.agents.reachable(agent);
+        let on_path: std::collections::BTreeSet<String> = ancestry
+            .iter()
+            .map(String::as_str)
+            .chain(std::iter::once(agent))
+            .filter(|a| reachable.contains(*a))
+            .filter(|a| !self.agents.get(a).is_some_and(|x| x.front.recursive))
+            .map(str::to_string)
+            .collect();
+        RunShape {
+            tools: tools.into_iter().collect(),
+            depth_left: self.cfg.limits.max_depth.saturating_sub(depth),
+            budget,
+            limits: RunShape::limits_digest(&self.cfg.limits),
+            on_path: on_path.into_iter().collect(),
+            request: request.map(RunShape::request_digest),
+        }
     }
 
     /// Publishes the jobs of children whose `Delegated` is recorded, many at a time: one

@@ -90,14 +90,6 @@ impl Runtime {
             None => new_root_id(),
         };
         let def_digest = self.backend.blobs.put(def.text.as_bytes()).await?;
-        let hash = mission_hash(&MissionKey {
-            def_digest: &def_digest,
-            model: &def.front.model,
-            mission: &sub.mission,
-            context: sub.context.as_deref(),
-            inputs: &sub.inputs,
-            strategy: def.front.strategy.as_deref(),
-        });
         let asked_budget = sub.budget;
         let budget = Budget {
             tokens: sub
@@ -107,6 +99,18 @@ impl Runtime {
                 .or(self.cfg.limits.max_tokens),
             max_steps: sub.budget.and_then(|b| b.max_steps),
         };
+        let shape = self.shape_of(def, def.name(), None, &[], &[], 0, budget, None);
+        let key = MissionKey {
+            def_digest: &def_digest,
+            model: &def.front.model,
+            mission: &sub.mission,
+            context: sub.context.as_deref(),
+            inputs: &sub.inputs,
+            strategy: def.front.strategy.as_deref(),
+            shape: Some(&shape),
+        };
+        let hash = mission_hash(&key);
+        let key = key.parts();
         let submitted = Submitted {
             agent: def.name().to_string(),
             def_digest,
@@ -173,6 +177,7 @@ impl Runtime {
                     answer: hit.answer,
                     saved: hit.usage,
                     steps: hit.steps,
+                    key: Some(Box::new(key)),
                 };
                 self.append(&mut f, Event::CacheHit(ev)).await?;
             }

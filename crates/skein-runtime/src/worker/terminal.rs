@@ -55,6 +55,22 @@ impl Runtime {
                 .await?;
         }
         self.member_exit(f).await?;
+        // Children nobody will read any more (a question the model left unanswered, a run
+        // its failed or cancelled parent no longer waits for) would wait for ever: they
+        // end with their parent.
+        for child in f.state.abandoned_children() {
+            let (cf, _) = self.load(&child).await?;
+            let open = cf.state.submitted.is_some() && !cf.state.status.is_terminal();
+            self.keep_state(cf);
+            if open {
+                let reason = format!(
+                    "its parent {} ended ({}) without waiting for it",
+                    f.id.display(),
+                    f.state.status.as_str()
+                );
+                crate::control::cancel(self, &child, &reason).await?;
+            }
+        }
         let watchers = if sub.no_cache {
             vec![]
         } else {
