@@ -1,0 +1,442 @@
+//! Where features meet, with the real binary on both backends: a question asked by a
+//! handoff's target, a route's destination or a team's member reaches the inbox and its
+//! answer runs the tree on; two recursive agents delegating one mission to each other end;
+//! a child run under narrowed tools never answers a call with its full tools from the
+//! cache; a handoff chain longer than the depth limit runs; and a cancelled session's
+//! tokens no longer answer. Every tree is checked with `replay --tree --verify`.
+
+mod common;
+
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use skein_testnats::NatsServer;
+
+const SECRET: &str = "combinations-secret-for-tests-only";
+
+/// Where the commands run: the embedded store, or a real nats-server with two workers.
+enum Mode {
+    Embedded,
+    Nats { url: String, _workers: Workers },
+}
+
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct World {
+    sb: Sandbox,
+    mode: Mode,
+    _server: Option<NatsServer>,
+}
+
+impl World {
+    fn embedded(sb: Sandbox) -> Self {
+        World {
+            sb,
+            mode: Mode::Embedded,
+            _server: None,
+        }
+    }
+
+    fn nats(sb: Sandbox) -> Self {
+        let server = NatsServer::start();
+        let url = server.url();
+        let workers = Workers(
+            ["w1", "w2"]
+                .iter()
+                .map(|name| {
+                    let mut c = skein(&sb.config(), &sb.data());
+                    c.args(["--nats", &url, "worker", "--concurrency", "8"])
+                        .env("SKEIN_TOKEN_SECRET", SECRET)
+                        .env("SKEIN__RUNTIME__WORKER_ID", name);
+                    start_worker(c, name)
+                })
+                .collect(),
+        );
+        World {
+            sb,
+            mode: Mode::Nats {
+                url,
+                _workers: workers,
+            },
+            _server: Some(server),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self.mode {
+            Mode::Embedded => "embedded",
+            Mode::Nats { .. } => "nats",
+        }
+    }
+
+    /// `skein ARGS…` against this world's backend.
+    fn cli(&self, args: &[&str]) -> Output {
+        let mut c = skein(&self.sb.config(), &self.sb.data());
+        if let Mode::Nats { url, .. } = &self.mode {
+            c.args(["--nats", url]);
+        }
+        c.args(args).env("SKEIN_TOKEN_SECRET", SECRET);
+        c.output().expect("skein runs")
+    }
+
+    /// Starts a tree of `agent` under the root id `id` and returns once it has ended or
+    /// paused (a person must act), with the root's status.
+    fn start(&self, agent: &str, id: &str, mission: &str) -> String {
+        match &self.mode {
+            Mode::Embedded => {
+                let out = self.cli(&["run", "--agent", agent, "--id", id, "--json", mission]);
+                let v = json_of(&out);
+                assert_ne!(
+                    v["stalled"],
+                    Value::Bool(true),
+                    "{id} stalled: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+                v["status"].as_str().unwrap_or_default().to_string()
+            }
+            Mode::Nats { .. } => {
+                let out = self.cli(&["submit", "--agent", agent, "--id", id, mission]);
+                assert!(
+                    out.status.success(),
+                    "submit: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                self.settle(id)
+            }
+        }
+    }
+
+    /// The root's status once the tree has ended or waits for a person (NATS: polled).
+    fn settle(&self, id: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = self.status(id);
+            let ended = matches!(status.as_str(), "completed" | "failed" | "cancelled");
+            if ended || !self.inbox(id).is_empty() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: {id} neither ended nor asked anything within 60 s (status {status}): {}",
+                self.name(),
+                self.tree(id)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn tree(&self, id: &str) -> Value {
+        let out = self.cli(&["tree", id, "--json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    fn status(&self, id: &str) -> String {
+        self.tree(id)["sessions"][0]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn inbox(&self, id: &str) -> Vec<Value> {
+        let out = self.cli(&["inbox", id, "--json"]);
+        match serde_json::from_slice(&out.stdout) {
+            Ok(Value::Array(items)) => items,
+            _ => vec![],
+        }
+    }
+
+    /// Answers a question (or decides an approval) and returns once the tree has ended
+    /// or paused again, with the root's status. The command's own output is returned too.
+    fn act(&self, id: &str, args: &[&str]) -> (Output, String) {
+        let mut all = args.to_vec();
+        if matches!(self.mode, Mode::Embedded) {
+            all.push("--no-run");
+        }
+        let out = self.cli(&all);
+        if !out.status.success() {
+            return (out, self.status(id));
+        }
+        if matches!(self.mode, Mode::Embedded) {
+            let resumed = self.cli(&["resume", id, "--json"]);
+            assert_ne!(
+                json_of(&resumed)["stalled"],
+                Value::Bool(true),
+                "{id} stalled"
+            );
+        }
+        (out, self.settle(id))
+    }
+
+    fn verify(&self, id: &str) {
+        let out = self.cli(&["replay", id, "--tree", "--verify"]);
+        assert!(
+            out.status.success(),
+            "{}: replay --verify of {id}: {}{}",
+            self.name(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn answer_of(&self, id: &str) -> String {
+        self.tree(id)["sessions"][0]["answer"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+fn both(sandbox: impl Fn() -> Sandbox, check: impl Fn(&World)) {
+    check(&World::embedded(sandbox()));
+    check(&World::nats(sandbox()));
+}
+
+const ASKS: &str = r#"turns:
+  - tool_calls:
+      - tool: ask_user
+        args: {questions: [{key: year, question: "Which year?"}]}
+  - answer: "clerk used {{ results[0].answers.year }}"
+"#;
+
+fn pattern_askers() -> Sandbox {
+    let sb = Sandbox::new();
+    sb.agent(
+        "front",
+        "handoff: clerk\n",
+        "turns:\n  - answer: \"front's note\"\n",
+    )
+    .agent(
+        "desk",
+        "router: {destinations: [clerk]}\n",
+        "turns:\n  - tool_calls:\n      - tool: handoff_to\n        args: {agent: clerk}\n",
+    )
+    .agent(
+        "crew",
+        "team: {members: [clerk], supervisor: lead}\n",
+        "turns:\n  - answer: \"unused\"\n",
+    )
+    .agent(
+        "lead",
+        "",
+        "turns:\n  - answer: \"lead heard: {{ user_messages | join(' / ') }}\"\n",
+    )
+    .agent("clerk", "tools: [ask_user]\n", ASKS);
+    sb
+}
+
+#[test]
+fn a_question_of_a_handoff_target_a_route_destination_or_a_team_member_reaches_the_inbox() {
+    both(pattern_askers, |w| {
+        for (agent, expect) in [
+            ("front", "clerk used 2024"),
+            ("desk", "clerk used 2024"),
+            ("crew", "lead heard"),
+        ] {
+            let id = format!("ask-{agent}");
+            let status = w.start(agent, &id, "file the report");
+            assert_eq!(status, "waiting", "{}: {agent}: {}", w.name(), w.tree(&id));
+            let items = w.inbox(&id);
+            assert_eq!(items.len(), 1, "{}: {agent}: {items:?}", w.name());
+            assert_eq!(items[0]["kind"], "question");
+            assert_eq!(items[0]["agent"], "clerk");
+            let token = items[0]["token"].as_str().unwrap().to_string();
+            let (out, status) = w.act(&id, &["answer", &token, "--set", "year=2024"]);
+            assert!(
+                out.status.success(),
+                "{}: {agent}: {}",
+                w.name(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                status,
+                "completed",
+                "{}: {agent}: {}",
+                w.name(),
+                w.tree(&id)
+            );
+            let answer = w.answer_of(&id);
+            assert!(answer.contains(expect), "{}: {agent}: {answer}", w.name());
+            if agent == "crew" {
+                assert!(answer.contains("clerk used 2024"), "{answer}");
+            }
+            w.verify(&id);
+        }
+    });
+}
+
+#[test]
+fn two_recursive_agents_delegating_one_mission_to_each_other_end() {
+    let sandbox = || {
+        let sb = Sandbox::new();
+        let script = |other: &str| {
+            format!(
+                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {{agent: {other}, mission: \"{{{{ mission }}}}\"}}\n  - answer: \"{{{{ agent }}}} < {{{{ results[0].result or results[0] }}}}\"\n"
+            )
+        };
+        sb.agent("orch", "agents: [ping]\n", &script("ping"))
+            .agent("ping", "recursive: true\nagents: [pong]\n", &script("pong"))
+            .agent("pong", "recursive: true\nagents: [ping]\n", &script("ping"));
+        sb
+    };
+    both(sandbox, |w| {
+        let status = w.start("orch", "recursive", "the same mission");
+        assert_eq!(status, "completed", "{}: {}", w.name(), w.tree("recursive"));
+        // The depth limit (3) is the backstop: the deepest call is refused for it.
+        let answer = w.answer_of("recursive");
+        assert!(answer.contains("depth limit"), "{}: {answer}", w.name());
+        let sessions = w.tree("recursive")["sessions"].as_array().unwrap().len();
+        assert_eq!(sessions, 4, "{}: orch, ping, pong, ping", w.name());
+        w.verify("recursive");
+    });
+}
+
+#[test]
+fn a_child_run_under_narrowed_tools_never_answers_a_call_with_its_full_tools() {
+    let sandbox = || {
+        let sb = Sandbox::new();
+        let call = |narrow: &str| {
+            format!(
+                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {{agent: reader, mission: \"read the notes\"{narrow}}}\n  - answer: \"{{{{ results[0].result }}}}\"\n"
+            )
+        };
+        sb.agent("narrow", "agents: [reader]\n", &call(", allowed_tools: [list_dir]"))
+            .agent("full", "agents: [reader]\n", &call(""))
+            .agent(
+                "reader",
+                "tools: [list_dir, read_file]\n",
+                "turns:\n  - tool_calls:\n      - tool: read_file\n        args: {path: notes.txt}\n  - answer: \"reader saw: {{ results[0] }}\"\n",
+            );
+        sb
+    };
+    both(sandbox, |w| {
+        assert_eq!(w.start("narrow", "narrow-1", "go"), "completed");
+        let narrowed = w.answer_of("narrow-1");
+        assert!(narrowed.contains("not allowed"), "{}: {narrowed}", w.name());
+        assert_eq!(w.start("full", "full-1", "go"), "completed");
+        let full = w.answer_of("full-1");
+        assert!(
+            !full.contains("not allowed"),
+            "{}: a narrowed run answered: {full}",
+            w.name()
+        );
+        let t = w.tree("full-1");
+        assert_eq!(t["sessions"][0]["cache_hits"], 0, "{}: {t}", w.name());
+        // The same call again (from a root that is not itself a hit) is a hit, and the
+        // tree shows what its key covered.
+        assert_eq!(w.start("full", "full-2", "go again"), "completed");
+        assert_eq!(w.answer_of("full-2"), full);
+        let t = w.tree("full-2");
+        let hit = &t["sessions"][0]["hits"][0];
+        assert_eq!(hit["source"], "full-1/reader-1", "{}: {t}", w.name());
+        assert_eq!(
+            hit["key"]["tools"],
+            serde_json::json!(["list_dir", "read_file"]),
+            "{}: {t}",
+            w.name()
+        );
+        assert_eq!(hit["key"]["depth_left"], 2, "{}: {t}", w.name());
+        for id in ["narrow-1", "full-1", "full-2"] {
+            w.verify(id);
+        }
+    });
+}
+
+#[test]
+fn a_handoff_chain_longer_than_the_depth_limit_runs_to_its_end() {
+    let sandbox = || {
+        let sb = Sandbox::new();
+        for i in 1..=5 {
+            let front = if i < 5 {
+                format!("handoff: c{}\n", i + 1)
+            } else {
+                String::new()
+            };
+            sb.agent(
+                &format!("c{i}"),
+                &front,
+                &format!("turns:\n  - answer: \"c{i} was here\"\n"),
+            );
+        }
+        sb
+    };
+    both(sandbox, |w| {
+        assert_eq!(
+            w.start("c1", "chain", "pass it on"),
+            "completed",
+            "{}",
+            w.tree("chain")
+        );
+        assert_eq!(w.answer_of("chain"), "c5 was here");
+        let t = w.tree("chain");
+        let sessions = t["sessions"].as_array().unwrap();
+        assert_eq!(sessions.len(), 5, "{}: {t}", w.name());
+        w.verify("chain");
+    });
+}
+
+#[test]
+fn a_cancelled_sessions_tokens_no_longer_answer_from_any_entry_point() {
+    let sandbox = || {
+        let sb = Sandbox::new();
+        sb.agent(
+            "asker",
+            "tools: [ask_user, write_file]\n",
+            "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [{key: name, question: \"Which name?\"}]}\n      - tool: write_file\n        args: {path: out.txt, content: hello}\n  - answer: done\n",
+        );
+        sb
+    };
+    both(sandbox, |w| {
+        let status = w.start("asker", "cancelled", "ask then write");
+        assert_eq!(
+            status,
+            "awaiting_input",
+            "{}: {}",
+            w.name(),
+            w.tree("cancelled")
+        );
+        let items = w.inbox("cancelled");
+        let token = |kind: &str| {
+            items
+                .iter()
+                .find(|i| i["kind"] == kind)
+                .and_then(|i| i["token"].as_str())
+                .unwrap_or_else(|| panic!("{}: no {kind} in {items:?}", w.name()))
+                .to_string()
+        };
+        let (question, approval) = (token("question"), token("approval"));
+        let out = w.cli(&["cancel", "cancelled", "--reason", "changed my mind"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(w.settle("cancelled"), "cancelled");
+        for args in [
+            vec!["answer", question.as_str(), "--set", "name=x"],
+            vec!["approve", approval.as_str()],
+            vec!["deny", approval.as_str()],
+        ] {
+            let out = w.cli(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{}: {args:?} was accepted", w.name());
+            assert!(
+                err.contains("has ended (cancelled: changed my mind)"),
+                "{}: {args:?}: {err}",
+                w.name()
+            );
+        }
+        assert!(w.inbox("cancelled").is_empty());
+        w.verify("cancelled");
+    });
+}
