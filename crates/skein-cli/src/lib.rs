@@ -234,7 +234,7 @@ pub enum Command {
     Watch(Deferred<commands::cluster::WatchArgs>),
     /// Every pending question and approval, with its token.
     Inbox(Deferred<commands::hitl::InboxArgs>),
-    /// Answer a paused root's question, then run the tree on.
+    /// Answer a question of the inbox (a root's, a pattern child's), then run the tree on.
     Answer(Deferred<commands::hitl::AnswerArgs>),
     /// Approve a tool call waiting for approval, then run the tree on.
     Approve(Deferred<commands::hitl::ApproveArgs>),

@@ -1,6 +1,6 @@
 //! The `skein.api` micro service (request/reply; discoverable with `nats micro ls`):
 //! `skein.api.submit`, `.status`, `.cancel`, `.answer`, `.approve`. Also `skein.answers`:
-//! `nats pub skein.answers '{"token": …, "answers": {…}}'` answers a root's question.
+//! `nats pub skein.answers '{"token": …, "answers": {…}}'` answers a question of the inbox.
 
 use std::sync::Arc;
 
@@ -48,7 +48,7 @@ struct SessionReq {
     reason: Option<String>,
 }
 
-/// An answer to a root's question: the body of `skein.answers` and `skein.api.answer`.
+/// An answer to a question of the inbox: the body of `skein.answers` and `skein.api.answer`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnswerReq {

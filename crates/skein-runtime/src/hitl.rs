@@ -96,6 +96,11 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: &str) -> Result<(Claim
             Err(why) => why,
             Ok(()) => format!("session {} has ended", claims.session.display()),
         };
+        let why = if f.state.used_tokens.contains(&claims.nonce) {
+            format!("reused token: it was already answered, and {why}")
+        } else {
+            why
+        };
         rt.keep_state(f);
         return Err(Error::refused(RefusalKind::Token, why));
     }
