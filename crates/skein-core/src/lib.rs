@@ -27,7 +27,7 @@ pub use event::{Envelope, Event, Record};
 pub use id::SessionId;
 pub use limits::{Budget, Limits};
 pub use message::{Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage};
-pub use runtime_tool::RuntimeTool;
+pub use runtime_tool::{RuntimeTool, DELEGATE_TO_AGENT};
 pub use state::{SessionState, Status};
 
 #[derive(Debug, thiserror::Error)]

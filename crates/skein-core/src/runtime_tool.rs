@@ -3,6 +3,12 @@
 
 use std::fmt;
 
+/// The name other systems give `call_agent` (references 002-004:
+/// `delegate_to_agent(agent | agent_name | skill_name, task, context)`). An agent whose
+/// `tools` list it delegates under that name: its model sees the tool by the name its file
+/// uses, with those argument names; the runtime treats it as `call_agent`.
+pub const DELEGATE_TO_AGENT: &str = "delegate_to_agent";
+
 /// A tool the runtime handles itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RuntimeTool {
@@ -46,14 +52,17 @@ impl RuntimeTool {
         }
     }
 
-    /// The runtime tool named `name`, if it is one.
+    /// The runtime tool named `name`, if it is one (`delegate_to_agent` is `call_agent`).
     pub fn parse(name: &str) -> Option<RuntimeTool> {
+        if name == DELEGATE_TO_AGENT {
+            return Some(RuntimeTool::CallAgent);
+        }
         RuntimeTool::ALL.into_iter().find(|t| t.as_str() == name)
     }
 
-    /// Whether `name` is this tool's name.
+    /// Whether `name` is this tool's name (or, for `call_agent`, its other name).
     pub fn is(self, name: &str) -> bool {
-        name == self.as_str()
+        name == self.as_str() || (self == RuntimeTool::CallAgent && name == DELEGATE_TO_AGENT)
     }
 }
 
@@ -86,6 +95,12 @@ mod tests {
                 "team_broadcast"
             ]
         );
+        assert_eq!(
+            RuntimeTool::parse("delegate_to_agent"),
+            Some(RuntimeTool::CallAgent)
+        );
+        assert!(RuntimeTool::CallAgent.is("delegate_to_agent"));
+        assert!(!RuntimeTool::AskUser.is("delegate_to_agent"));
         for other in ["read_file", "Call_Agent", "call_agent ", ""] {
             assert_eq!(RuntimeTool::parse(other), None, "{other:?}");
         }

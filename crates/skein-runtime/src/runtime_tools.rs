@@ -12,6 +12,9 @@ pub fn call_agent_spec(def: &AgentDef) -> ToolSpec {
     if !def.front.agents.is_empty() {
         agent["enum"] = Value::from(def.front.agents.clone());
     }
+    if def.delegation_tool() == skein_core::DELEGATE_TO_AGENT {
+        return delegate_to_agent_spec(agent);
+    }
     ToolSpec {
         name: RuntimeTool::CallAgent.as_str().into(),
         description: "Delegate a sub-mission to a specialist agent. It runs in its own \
@@ -56,6 +59,48 @@ pub fn call_agent_spec(def: &AgentDef) -> ToolSpec {
                 "answers": {"type": "object"},
                 "owns_tasks": {"type": "array", "items": {"type": "string"}}
             },
+            "additionalProperties": false
+        }),
+    }
+}
+
+/// `call_agent` under the name and argument names of references 002-004:
+/// `delegate_to_agent(agent, task, context)` (also read: `agent_name`, `skill_name`; and
+/// every other `call_agent` argument).
+fn delegate_to_agent_spec(agent: Value) -> ToolSpec {
+    ToolSpec {
+        name: skein_core::DELEGATE_TO_AGENT.into(),
+        description: "Delegate a task to a specialist agent. It runs in its own session \
+                      and returns {success, result, agent_name, depth, session_id, \
+                      steps_taken, usage, error?, error_type?}. Several calls in one turn \
+                      run in parallel."
+            .into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "agent": agent,
+                "task": {"type": "string", "description": "What the specialist must do."},
+                "context": {
+                    "description": "Background it needs: text, or an object.",
+                    "anyOf": [{"type": "string"}, {"type": "object"}]
+                },
+                "inputs": {"type": "object", "description": "Structured inputs."},
+                "allowed_tools": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Only these of the specialist's tools (narrows, never widens)."
+                },
+                "budget": {
+                    "type": "object",
+                    "properties": {
+                        "tokens": {"type": "integer", "minimum": 0},
+                        "max_steps": {"type": "integer", "minimum": 1}
+                    }
+                },
+                "resume_token": {"type": "string"},
+                "answers": {"type": "object"}
+            },
+            "required": ["agent", "task"],
             "additionalProperties": false
         }),
     }

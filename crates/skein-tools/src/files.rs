@@ -1,4 +1,5 @@
-//! Workspace file tools: `read_file`, `write_file`, `list_dir`. They work on any
+//! Workspace file tools: `read_file`, `write_file`, `list_dir` (also as `list_directory`),
+//! `get_file_info`. They work on any
 //! [`Workspace`](crate::Workspace) backend; the backend keeps paths inside the tree's files.
 
 use async_trait::async_trait;
@@ -14,14 +15,23 @@ pub(crate) fn args<T: for<'de> Deserialize<'de>>(args: Value) -> Result<T, ToolE
     serde_json::from_value(args).map_err(|e| ToolError::InvalidArgs(e.to_string()))
 }
 
-/// `list_dir`.
+/// `list_dir`, and the same tool under the planner reference's name `list_directory`.
 pub struct ListDir {
     cfg: FilesConfig,
+    name: &'static str,
 }
 
 impl ListDir {
     pub fn new(cfg: FilesConfig) -> Self {
-        Self { cfg }
+        Self {
+            cfg,
+            name: "list_dir",
+        }
+    }
+
+    /// The same tool under another name (`list_directory`).
+    pub fn named(cfg: FilesConfig, name: &'static str) -> Self {
+        Self { cfg, name }
     }
 }
 
@@ -34,7 +44,7 @@ struct ListArgs {
 #[async_trait]
 impl Tool for ListDir {
     fn name(&self) -> &str {
-        "list_dir"
+        self.name
     }
     fn description(&self) -> &str {
         "List a directory of the workspace: one entry a line, directories ending in `/`, \
@@ -80,6 +90,97 @@ impl Tool for ListDir {
             ));
         }
         Ok(out.join("\n"))
+    }
+}
+
+/// `get_file_info`: what an entry of the workspace is, without reading it whole into the
+/// conversation: its kind, size, time of last change (where the backend keeps it) and,
+/// for a text file, its line count.
+pub struct GetFileInfo {
+    cfg: FilesConfig,
+}
+
+impl GetFileInfo {
+    pub fn new(cfg: FilesConfig) -> Self {
+        Self { cfg }
+    }
+}
+
+/// Files larger than this are not read to count their lines.
+const MAX_COUNTED_BYTES: u64 = 16 * 1024 * 1024;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InfoArgs {
+    path: String,
+}
+
+#[async_trait]
+impl Tool for GetFileInfo {
+    fn name(&self) -> &str {
+        "get_file_info"
+    }
+    fn description(&self) -> &str {
+        "Facts about a file or directory of the workspace: kind, size in bytes, time of \
+         last modification and, for a file, its number of lines."
+    }
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "description": "File or directory relative to the workspace root."
+                }
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        })
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+    async fn call(&self, ctx: &ToolContext, a: Value) -> Result<String, ToolError> {
+        let a: InfoArgs = args(a)?;
+        let path = crate::workspace::normalize(&a.path)?;
+        let (parent, name) = match path.rsplit_once('/') {
+            Some((p, n)) => (p.to_string(), n.to_string()),
+            None => (String::new(), path.clone()),
+        };
+        let (kind, size) = if path.is_empty() {
+            ("directory", 0)
+        } else {
+            let entries = ctx.workspace.list(&parent).await?;
+            let Some(e) = entries.into_iter().find(|e| e.name == name) else {
+                return Err(ToolError::Failed(format!(
+                    "`{path}`: no such file or directory"
+                )));
+            };
+            (if e.is_dir { "directory" } else { "file" }, e.size)
+        };
+        let modified = ctx.workspace.modified(&path).await?;
+        let mut v = json!({
+            "path": if path.is_empty() { "." } else { path.as_str() },
+            "kind": kind,
+            "size": size,
+            "modified": modified.map(|ms| {
+                let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+                humantime::format_rfc3339_seconds(t).to_string()
+            }),
+        });
+        if kind == "file" {
+            v["lines"] = if size <= MAX_COUNTED_BYTES.min(self.cfg.max_read_bytes as u64 * 64) {
+                let bytes = ctx.workspace.read(&path).await?;
+                let mut n = bytes.iter().filter(|b| **b == b'\n').count();
+                if bytes.last().is_some_and(|b| *b != b'\n') {
+                    n += 1;
+                }
+                json!(n)
+            } else {
+                Value::Null
+            };
+        }
+        Ok(v.to_string())
     }
 }
 

@@ -109,6 +109,11 @@ impl ToolBox {
     pub fn builtin(cfg: &ToolsConfig) -> Self {
         let mut b = Self::new();
         b.insert(Arc::new(files::ListDir::new(cfg.files.clone())));
+        b.insert(Arc::new(files::ListDir::named(
+            cfg.files.clone(),
+            "list_directory",
+        )));
+        b.insert(Arc::new(files::GetFileInfo::new(cfg.files.clone())));
         b.insert(Arc::new(files::ReadFile::new(cfg.files.clone())));
         b.insert(Arc::new(files::WriteFile::new(cfg.files.clone())));
         b.insert(Arc::new(search::SearchFiles::new(cfg.search.clone())));

@@ -129,6 +129,13 @@ pub trait Workspace: Send + Sync {
     fn local_root(&self) -> Option<&Path> {
         None
     }
+
+    /// When the entry at `path` was last modified (ms since the epoch), where the backend
+    /// keeps that; None where it does not.
+    async fn modified(&self, path: &str) -> Result<Option<u64>, ToolError> {
+        normalize(path)?;
+        Ok(None)
+    }
 }
 
 /// A workspace path in canonical form: no leading `/` (refused), no `.` or empty
@@ -558,5 +565,28 @@ impl Workspace for LocalWorkspace {
 
     fn local_root(&self) -> Option<&Path> {
         Some(&self.root)
+    }
+
+    async fn modified(&self, path: &str) -> Result<Option<u64>, ToolError> {
+        self.with_root(
+            path,
+            |_: &Dir, _: &str| true,
+            |dir, rel| {
+                let md = if rel.is_empty() {
+                    dir.dir_metadata()?
+                } else {
+                    followed(dir, rel).ok_or_else(|| {
+                        io::Error::new(io::ErrorKind::NotFound, "no such file or directory")
+                    })?
+                };
+                Ok(md
+                    .modified()
+                    .ok()
+                    .map(|t| t.into_std())
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_millis() as u64))
+            },
+        )
+        .await
     }
 }

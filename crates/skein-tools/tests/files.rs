@@ -513,3 +513,51 @@ async fn the_files_of_a_workspace_are_capped_together() {
     .await;
     assert!(refused(&e).contains("131 bytes"), "{e}");
 }
+
+#[tokio::test]
+async fn get_file_info_tells_kind_size_time_and_lines_and_list_directory_is_list_dir() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    std::fs::create_dir_all(s.root().join("src")).unwrap();
+    std::fs::write(s.root().join("src/main.rs"), "fn main() {\n    run();\n}").unwrap();
+    let info: serde_json::Value = serde_json::from_str(
+        &ok(&tb, &s.ctx, "get_file_info", json!({"path": "src/main.rs"})).await,
+    )
+    .unwrap();
+    assert_eq!(info["kind"], "file");
+    assert_eq!(info["size"], 24);
+    assert_eq!(
+        info["lines"], 3,
+        "the last line has no newline and still counts"
+    );
+    let modified = info["modified"].as_str().unwrap();
+    assert!(
+        modified.starts_with("20") && modified.ends_with('Z'),
+        "{modified}"
+    );
+    let dir: serde_json::Value =
+        serde_json::from_str(&ok(&tb, &s.ctx, "get_file_info", json!({"path": "src"})).await)
+            .unwrap();
+    assert_eq!(dir["kind"], "directory");
+    assert!(dir.get("lines").is_none());
+    let missing = err(&tb, &s.ctx, "get_file_info", json!({"path": "src/nope.rs"})).await;
+    assert!(
+        format!("{missing:?}").contains("no such file"),
+        "{missing:?}"
+    );
+    // Sandboxed like every file tool.
+    let out = err(
+        &tb,
+        &s.ctx,
+        "get_file_info",
+        json!({"path": "../etc/passwd"}),
+    )
+    .await;
+    assert!(refused(&out).contains("`..` is refused"));
+    let out = err(&tb, &s.ctx, "get_file_info", json!({"path": "/etc/passwd"})).await;
+    assert!(refused(&out).contains("absolute paths are refused"));
+    assert_eq!(
+        ok(&tb, &s.ctx, "list_directory", json!({"path": "src"})).await,
+        ok(&tb, &s.ctx, "list_dir", json!({"path": "src"})).await
+    );
+}

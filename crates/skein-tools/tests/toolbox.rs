@@ -147,7 +147,7 @@ fn every_builtin_schema_uses_only_what_the_validator_enforces() {
     let mut cfg = ToolsConfig::default();
     cfg.shell.enabled = true;
     let tb = ToolBox::builtin(&cfg);
-    assert_eq!(tb.specs().len(), 6);
+    assert_eq!(tb.specs().len(), 8);
     for spec in tb.specs() {
         check_schema(&spec.parameters).unwrap_or_else(|e| panic!("{}: {e}", spec.name));
         assert_eq!(spec.parameters["type"], "object", "{}", spec.name);
@@ -246,8 +246,10 @@ fn the_config_decides_what_is_registered() {
     assert_eq!(
         tb.names(),
         vec![
+            "get_file_info",
             "http_fetch",
             "list_dir",
+            "list_directory",
             "read_file",
             "search_files",
             "write_file"

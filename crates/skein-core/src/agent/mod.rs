@@ -18,6 +18,7 @@ pub use set::AgentSet;
 /// The tools every agent may be given by name.
 pub const BUILTIN_TOOLS: &[&str] = &[
     RuntimeTool::CallAgent.as_str(),
+    crate::runtime_tool::DELEGATE_TO_AGENT,
     RuntimeTool::AskUser.as_str(),
     RuntimeTool::ProposePatch.as_str(),
     RuntimeTool::UpdatePlan.as_str(),
@@ -27,6 +28,8 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "read_file",
     "write_file",
     "list_dir",
+    "list_directory",
+    "get_file_info",
     "search_files",
     "http_fetch",
     "shell",
@@ -91,6 +94,8 @@ pub fn validate_pool(pool: &str) -> std::result::Result<(), String> {
 pub const SIDE_EFFECT_FREE_TOOLS: &[&str] = &[
     "read_file",
     "list_dir",
+    "list_directory",
+    "get_file_info",
     "search_files",
     RuntimeTool::AskClarification.as_str(),
     RuntimeTool::UpdatePlan.as_str(),
@@ -377,12 +382,27 @@ impl AgentDef {
     pub fn allowed_tools(&self) -> BTreeSet<String> {
         let mut t: BTreeSet<String> = self.front.tools.iter().cloned().collect();
         if !self.front.agents.is_empty() {
-            t.insert(RuntimeTool::CallAgent.as_str().into());
+            t.insert(self.delegation_tool().into());
         }
         if self.front.router.is_some() {
             t.insert(RuntimeTool::HandoffTo.as_str().into());
         }
         t
+    }
+
+    /// The name this agent's model knows delegation by: `delegate_to_agent` when its
+    /// `tools` list that name, else `call_agent`. Either is the same tool.
+    pub fn delegation_tool(&self) -> &'static str {
+        if self
+            .front
+            .tools
+            .iter()
+            .any(|t| t == crate::runtime_tool::DELEGATE_TO_AGENT)
+        {
+            crate::runtime_tool::DELEGATE_TO_AGENT
+        } else {
+            RuntimeTool::CallAgent.as_str()
+        }
     }
 
     /// Whether the file disables caching (`cache: false`). Whether a session of this agent

@@ -145,6 +145,24 @@ impl AgentSet {
                      has no `router: {{destinations}}`"
                 ));
             }
+            if f.tools.iter().any(|t| RuntimeTool::CallAgent.is(t)) && f.agents.is_empty() {
+                out.push(format!(
+                    "{origin}: agent `{name}` lists `{}` but no `agents:`; name the agents it \
+                     may delegate to (`agents: [planner, reviewer]`): an agent delegates only \
+                     to those",
+                    def.delegation_tool()
+                ));
+            }
+            if f.tools.iter().any(|t| t == RuntimeTool::CallAgent.as_str())
+                && f.tools
+                    .iter()
+                    .any(|t| t == crate::runtime_tool::DELEGATE_TO_AGENT)
+            {
+                out.push(format!(
+                    "{origin}: agent `{name}` lists both `call_agent` and `delegate_to_agent`, \
+                     two names of one tool; keep the one its prompt uses"
+                ));
+            }
             if f.tools.iter().any(|t| RuntimeTool::TeamBroadcast.is(t)) {
                 out.push(format!(
                     "{origin}: agent `{name}` lists `team_broadcast`, which the runtime gives \

@@ -74,6 +74,15 @@ impl Turn<'_> {
                     .into(),
             );
         }
+        if args.shared_context.is_some() {
+            return Err(
+                "call_agent: `shared_context` is not supported: a sub-agent reads only what \
+                 its own call gives it. Put what it needs in this call's `context` (text, or \
+                 an object shown to it as JSON); what every session of the tree needs \
+                 belongs in the root submission's `context`, which you can pass on"
+                    .into(),
+            );
+        }
         let mission = args
             .mission
             .filter(|m| !m.trim().is_empty())

@@ -74,6 +74,10 @@ pub struct CallAgentArgs {
     /// Named by other systems; refused with the alternatives (see `delegate`).
     #[serde(default)]
     pub planning_strategy: Option<Value>,
+    /// Reference 002's context shared by every child of a tree; refused with the
+    /// alternative (see `delegate`).
+    #[serde(default)]
+    pub shared_context: Option<Value>,
 }
 
 /// `context` as text: a string as it is, an object or a list as canonical JSON.
@@ -469,6 +473,16 @@ impl SessionState {
             }
             if let Some(summary) = &self.summary {
                 let full = self.full_answer.as_deref().unwrap_or(answer);
+                // `max_chars` is a limit: a summary model that wrote more is cut to it (a
+                // chain's answer, which was never summarised, is not).
+                let cut;
+                let summary = match (&def.front.summarize, &self.full_answer) {
+                    (Some(sz), Some(_)) if summary.chars().count() > sz.max_chars => {
+                        cut = cut_chars(summary, sz.max_chars);
+                        &cut
+                    }
+                    _ => summary,
+                };
                 let answer = if full == summary {
                     summary.clone()
                 } else {
@@ -668,4 +682,14 @@ pub(crate) fn join(set: &BTreeSet<String>) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// The first `max` characters of `text`, the last of them an ellipsis when it was cut.
+fn cut_chars(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
 }

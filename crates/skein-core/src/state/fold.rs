@@ -1,6 +1,6 @@
 //! The fold: one event applied to a session's state.
 
-use super::outcome::usage_since;
+use super::outcome::{usage_since, Answerer};
 use super::*;
 
 impl SessionState {
@@ -221,16 +221,25 @@ impl SessionState {
                     usage: Usage::default(),
                     steps: h.steps,
                 };
+                let agent = self
+                    .slot_mut(&h.call)
+                    .and_then(|s| {
+                        let a = &s.call.args;
+                        ["agent", "agent_name", "skill_name", "specialist"]
+                            .iter()
+                            .find_map(|k| a.get(*k).and_then(Value::as_str))
+                    })
+                    .unwrap_or("custom")
+                    .to_string();
                 let (output, error) = if self.pattern.is_some() {
                     (h.answer.clone(), false)
                 } else {
-                    call_agent_result(&h.source, &outcome, true)
+                    let by = Answerer {
+                        agent: &agent,
+                        depth: self.child_depth(),
+                    };
+                    call_agent_result(&h.source, &outcome, true, by)
                 };
-                let agent = self
-                    .slot_mut(&h.call)
-                    .and_then(|s| s.call.args.get("agent").and_then(Value::as_str))
-                    .unwrap_or("custom")
-                    .to_string();
                 self.children.insert(
                     h.call.clone(),
                     ChildInfo {
@@ -286,8 +295,17 @@ impl SessionState {
                         Outcome::NeedsInput { .. } => "needs_input",
                     });
                 }
+                let agent = self
+                    .children
+                    .get(&c.call)
+                    .map(|i| i.agent.clone())
+                    .unwrap_or_default();
+                let by = Answerer {
+                    agent: &agent,
+                    depth: self.child_depth(),
+                };
                 let (output, error) = match (self.pattern, &c.outcome) {
-                    (None, _) => call_agent_result(&c.child, &c.outcome, false),
+                    (None, _) => call_agent_result(&c.child, &c.outcome, false, by),
                     (Some(_), Outcome::Completed { answer, .. }) => (answer.clone(), false),
                     (Some(_), Outcome::Failed { error, .. }) => (error.clone(), true),
                     (Some(PatternKind::Advisors), Outcome::NeedsInput { questions, .. }) => (
@@ -457,6 +475,13 @@ impl SessionState {
             Event::Unknown { .. } => self.unknown_events += 1,
         }
         self.refresh_waiting();
+    }
+
+    /// The depth a `call_agent` child of this session runs at.
+    fn child_depth(&self) -> u32 {
+        self.submitted
+            .as_ref()
+            .map_or(1, |s| s.depth.saturating_add(1))
     }
 
     fn refresh_waiting(&mut self) {

@@ -23,9 +23,59 @@ pub(super) fn usage_since(now: &Usage, before: &Usage) -> Usage {
     }
 }
 
+/// The category of a child's failure, as the references name them: `cancelled`,
+/// `timeout`, `budget` (tokens or model turns), `depth`, `denied`, `model`, `tool`,
+/// `dead_letter` (the worker gave up on its job), or `error`. Read from the failure's text,
+/// which skein's own rules write (a pattern's failure names its child's, so the innermost
+/// cause decides).
+pub fn error_type(error: &str) -> &'static str {
+    // The innermost cause of a chain of pattern failures ("the handoff to `b` failed: …").
+    let cause = error.rsplit(" failed: ").next().unwrap_or(error);
+    let cause = cause
+        .trim_start_matches("handoff: ")
+        .trim_start_matches("route: ");
+    if error.starts_with(crate::event::DEAD_LETTER_PREFIX) {
+        "dead_letter"
+    } else if cause.starts_with("cancelled: timed out") || cause.starts_with("timed out") {
+        "timeout"
+    } else if cause.starts_with("cancelled") {
+        "cancelled"
+    } else if cause.starts_with("token budget exhausted")
+        || cause.starts_with("step limit reached")
+        || cause.starts_with("budget:")
+    {
+        "budget"
+    } else if cause.starts_with("depth limit") {
+        "depth"
+    } else if cause.contains("was denied by") {
+        "denied"
+    } else if cause.starts_with("model call failed")
+        || cause.starts_with("the model's tool calls could not be read")
+    {
+        "model"
+    } else if cause.starts_with("tool ") || cause.contains("tool `") {
+        "tool"
+    } else {
+        "error"
+    }
+}
+
+/// Who answered a `call_agent` call, shown with every result: the agent's name and the
+/// depth its session ran at.
+#[derive(Debug, Clone, Copy)]
+pub struct Answerer<'a> {
+    pub agent: &'a str,
+    pub depth: u32,
+}
+
 /// The JSON a parent's model is shown for a `call_agent` call.
-pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> (String, bool) {
-    let v = match outcome {
+pub fn call_agent_result(
+    child: &SessionId,
+    outcome: &Outcome,
+    cached: bool,
+    by: Answerer<'_>,
+) -> (String, bool) {
+    let mut v = match outcome {
         Outcome::Completed {
             answer,
             usage,
@@ -45,6 +95,7 @@ pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> 
             if let Some(p) = patch {
                 v["patch"] = p.clone();
             }
+            structured_fields(answer, &mut v);
             v
         }
         Outcome::Failed {
@@ -58,6 +109,7 @@ pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> 
             "steps_taken": steps,
             "usage": usage_json(usage),
             "error": error,
+            "error_type": error_type(error),
         }),
         Outcome::NeedsInput {
             questions,
@@ -75,8 +127,23 @@ pub fn call_agent_result(child: &SessionId, outcome: &Outcome, cached: bool) -> 
             "resume_token": resume_reference(child, outcome),
         }),
     };
+    v["agent_name"] = Value::String(by.agent.to_string());
+    v["depth"] = json!(by.depth);
     let error = !matches!(outcome, Outcome::Completed { .. });
     (v.to_string(), error)
+}
+
+/// A child whose final answer is a JSON object with `new_facts` or `suggested_next_action`
+/// (reference 002's finished child) has them passed on beside its `result`.
+fn structured_fields(answer: &str, v: &mut Value) {
+    let Ok(Value::Object(o)) = serde_json::from_str::<Value>(answer.trim()) else {
+        return;
+    };
+    for key in ["new_facts", "suggested_next_action"] {
+        if let Some(x) = o.get(key).filter(|x| !x.is_null()) {
+            v[key] = x.clone();
+        }
+    }
 }
 
 /// What a log shows of a paused child's resume token: a reference to it
