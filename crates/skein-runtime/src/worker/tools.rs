@@ -201,7 +201,10 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 3, "read_file, list_dir and search_files");
+        assert_eq!(
+            checked, 5,
+            "read_file, list_dir, list_directory, get_file_info and search_files"
+        );
         for name in tools.names() {
             if !tools.idempotent(&name) {
                 assert!(
