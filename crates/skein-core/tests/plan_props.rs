@@ -153,6 +153,7 @@ fn run(actions: &[Action], policy: UnlinkPolicy) -> (Plan, Vec<Envelope>, u32) {
                     shared: false,
                     resumed: false,
                     owns_tasks: vec![id],
+                    max_steps: None,
                 }));
             }
             Action::Patch { who, base, ops } => {

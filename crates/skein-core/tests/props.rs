@@ -261,6 +261,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                                 shared: false,
                                 resumed: false,
                                 owns_tasks: vec![],
+                                max_steps: None,
                             }),
                             &mut log,
                             &mut state,

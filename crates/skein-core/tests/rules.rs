@@ -633,3 +633,80 @@ fn replay_admits_the_workers_dead_letter_by_its_flag_and_old_records_by_their_te
     let d = verify_with_last(skein_core::Event::failed("gave up", usage, 0)).unwrap_err();
     assert_eq!(d.seq, 2, "any other failure must be decided: {d:?}");
 }
+
+#[test]
+fn a_follow_up_to_a_sub_agent_with_no_turns_left_is_refused_up_front() {
+    let child = expert_child();
+    let asked = |max_steps: u64| {
+        given(team(), "boss").events([
+            submitted("boss"),
+            turn(
+                &[(
+                    "c1",
+                    "call_agent",
+                    json!({"agent": "expert", "mission": "estimate", "budget": {"max_steps": max_steps}}),
+                )],
+                10,
+            ),
+            delegated("c1", &child, "expert", &[]),
+            // It made one model turn of the `max_steps` it was given.
+            child_completed("c1", &child, "42"),
+            turn(
+                &[(
+                    "c2",
+                    "ask_clarification",
+                    json!({"session_id": child.display(), "question": "error bars?"}),
+                )],
+                10,
+            ),
+        ])
+    };
+    let r = asked(1)
+        .when_deciding()
+        .then_refused("c2", "has no turns left: it made 1 of its 1 model turns");
+    assert!(r.error.contains("clarification_no_turns"), "{}", r.error);
+    let c = asked(3).when_deciding().then_clarifies("c2");
+    assert_eq!(c.max_steps, 3);
+}
+
+#[test]
+fn the_answer_to_a_follow_up_carries_its_clarification_id_and_the_turns_left() {
+    let child = expert_child();
+    let g = follow_up_after("expert", true);
+    let c = g.when_deciding().then_clarifies("c2");
+    let g = g.events([
+        skein_core::Event::Delegated(skein_core::event::Delegated {
+            call: "c2".into(),
+            child: child.clone(),
+            agent: "expert".into(),
+            mission_hash: String::new(),
+            allotted_tokens: None,
+            shared: false,
+            resumed: true,
+            owns_tasks: vec![],
+            max_steps: Some(c.max_steps),
+        }),
+        skein_core::Event::ChildSettled(skein_core::event::ChildSettled {
+            call: "c2".into(),
+            child: child.clone(),
+            outcome: skein_core::event::Outcome::Completed {
+                answer: "± 2".into(),
+                patch: None,
+                usage: Default::default(),
+                steps: 2,
+            },
+        }),
+    ]);
+    let st = g.state();
+    let Some(skein_core::Message::Tool { content, .. }) = st.transcript.last() else {
+        panic!(
+            "the follow-up's result is in the transcript: {:?}",
+            st.transcript.last()
+        )
+    };
+    let v: serde_json::Value = serde_json::from_str(content).unwrap();
+    assert_eq!(v["result"], "± 2");
+    assert_eq!(v["clarification_id"], "c2");
+    assert_eq!(v["turns_remaining"], c.max_steps - 2);
+    assert_eq!(v["agent_name"], "expert");
+}

@@ -105,6 +105,7 @@ fn delegated(call: &str, resumed: bool) -> Event {
         shared: false,
         resumed,
         owns_tasks: vec![],
+        max_steps: None,
     })
 }
 

@@ -160,7 +160,13 @@ pub fn team_broadcast_spec() -> ToolSpec {
 }
 
 /// `ask_clarification`: a follow-up question to a finished `chat: true` sub-agent.
-pub fn ask_clarification_spec() -> ToolSpec {
+/// `children`: the session ids that can take one now (finished, `chat: true`), offered
+/// as an enum when there are any.
+pub fn ask_clarification_spec(children: &[String]) -> ToolSpec {
+    let mut session_id = json!({"type": "string", "description": "The sub-agent's session id."});
+    if !children.is_empty() {
+        session_id["enum"] = Value::from(children.to_vec());
+    }
     ToolSpec {
         name: RuntimeTool::AskClarification.as_str().into(),
         description: "Ask a sub-agent that already answered (one whose definition says \
@@ -170,7 +176,7 @@ pub fn ask_clarification_spec() -> ToolSpec {
         parameters: json!({
             "type": "object",
             "properties": {
-                "session_id": {"type": "string", "description": "The sub-agent's session id."},
+                "session_id": session_id,
                 "question": {"type": "string"}
             },
             "required": ["session_id", "question"],

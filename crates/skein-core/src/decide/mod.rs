@@ -234,6 +234,8 @@ pub struct Clarify {
     pub child: SessionId,
     pub agent: String,
     pub question: String,
+    /// The model turns the child may make in all.
+    pub max_steps: u32,
 }
 
 /// An ordinary tool call to run. `resumed` means `ToolCalled` is already in the log: a

@@ -421,12 +421,50 @@ impl<'a> Turn<'a> {
                 info.agent
             ));
         }
+        // A follow-up is at least one more model turn of the child: one with none left is
+        // refused here, and its answer stays the completed answer it was.
+        let max_steps = self.child_max_steps(&info.call, &info.agent);
+        if info.steps >= max_steps {
+            return Err(format!(
+                "ask_clarification: {} (`{}`) has no turns left: it made {} of its {} model \
+                 turns (clarification_no_turns); its answer stands. Start a new `call_agent` \
+                 for more",
+                child.display(),
+                info.agent,
+                info.steps,
+                max_steps
+            ));
+        }
         Ok(Clarify {
             call: call.id.clone(),
             child,
             agent: info.agent.clone(),
             question: question.to_string(),
+            max_steps,
         })
+    }
+
+    /// The model turns a child started for `call` may make in all: its agent's limit,
+    /// or the runtime's, within the call's `budget.max_steps`.
+    fn child_max_steps(&self, call: &str, agent: &str) -> u32 {
+        let own = self
+            .catalog
+            .agent(agent)
+            .and_then(|d| d.front.limits.max_steps)
+            .unwrap_or(self.limits.max_steps);
+        let asked = self
+            .state
+            .transcript
+            .iter()
+            .filter_map(|m| match m {
+                crate::message::Message::Assistant { tool_calls, .. } => Some(tool_calls),
+                _ => None,
+            })
+            .flatten()
+            .find(|c| c.id == call)
+            .and_then(|c| c.args.get("budget")?.get("max_steps")?.as_u64())
+            .map_or(u32::MAX, |m| u32::try_from(m).unwrap_or(u32::MAX));
+        own.min(asked)
     }
 }
 

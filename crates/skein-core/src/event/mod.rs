@@ -216,6 +216,10 @@ pub struct Delegated {
     /// Tasks of this session's plan handed to the child (it may write only those).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owns_tasks: Vec<String>,
+    /// A follow-up question's: the model turns the child may make in all, so that its
+    /// answer can tell how many are left (`turns_remaining`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

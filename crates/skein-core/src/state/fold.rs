@@ -191,6 +191,14 @@ impl SessionState {
                         shared: d.shared,
                     },
                 );
+                // A child asked again keeps the turns it had made.
+                let steps = self
+                    .children
+                    .values()
+                    .filter(|c| c.child == d.child)
+                    .map(|c| c.steps)
+                    .max()
+                    .unwrap_or(0);
                 self.children.insert(
                     d.call.clone(),
                     ChildInfo {
@@ -201,6 +209,8 @@ impl SessionState {
                         outcome: None,
                         cached: false,
                         shared: d.shared,
+                        steps,
+                        max_steps: d.max_steps,
                     },
                 );
             }
@@ -250,6 +260,8 @@ impl SessionState {
                         outcome: Some("completed"),
                         cached: true,
                         shared: false,
+                        steps: h.steps,
+                        max_steps: None,
                     },
                 );
                 self.finish_slot(&h.call, output, error);
@@ -288,12 +300,19 @@ impl SessionState {
                         }
                     }
                 }
+                let mut follow_up = None;
                 if let Some(info) = self.children.get_mut(&c.call) {
                     info.outcome = Some(match &c.outcome {
                         Outcome::Completed { .. } => "completed",
                         Outcome::Failed { .. } => "failed",
                         Outcome::NeedsInput { .. } => "needs_input",
                     });
+                    if let Outcome::Completed { steps, .. } | Outcome::Failed { steps, .. } =
+                        &c.outcome
+                    {
+                        info.steps = *steps;
+                    }
+                    follow_up = info.max_steps.map(|m| m.saturating_sub(info.steps));
                 }
                 let agent = self
                     .children
@@ -305,7 +324,20 @@ impl SessionState {
                     depth: self.child_depth(),
                 };
                 let (output, error) = match (self.pattern, &c.outcome) {
-                    (None, _) => call_agent_result(&c.child, &c.outcome, false, by),
+                    (None, _) => {
+                        let (out, error) = call_agent_result(&c.child, &c.outcome, false, by);
+                        match follow_up {
+                            // The answer to a follow-up question (reference 001's reply).
+                            Some(left) => {
+                                let mut v: Value =
+                                    serde_json::from_str(&out).unwrap_or(Value::Null);
+                                v["clarification_id"] = Value::String(c.call.clone());
+                                v["turns_remaining"] = Value::from(left);
+                                (v.to_string(), error)
+                            }
+                            None => (out, error),
+                        }
+                    }
                     (Some(_), Outcome::Completed { answer, .. }) => (answer.clone(), false),
                     (Some(_), Outcome::Failed { error, .. }) => (error.clone(), true),
                     (Some(PatternKind::Advisors), Outcome::NeedsInput { questions, .. }) => (

@@ -119,6 +119,10 @@ pub struct ChildInfo {
     pub cached: bool,
     /// Answered by an identical run someone else started (single-flight).
     pub shared: bool,
+    /// Model turns the child had made when it last settled.
+    pub steps: u32,
+    /// For a follow-up question: the model turns the child may make in all.
+    pub max_steps: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -334,6 +334,7 @@ pub fn delegated(call: &str, child: &SessionId, agent: &str, owns_tasks: &[&str]
         shared: false,
         resumed: false,
         owns_tasks: owns_tasks.iter().map(|t| t.to_string()).collect(),
+        max_steps: None,
     })
 }
 

@@ -190,6 +190,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
             shared: false,
             resumed: false,
             owns_tasks: vec![],
+            max_steps: None,
         }),
         Event::Delegated(Delegated {
             call: "call_1_2".into(),
@@ -200,6 +201,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
             shared: false,
             resumed: false,
             owns_tasks: vec![],
+            max_steps: None,
         }),
         Event::ChildSettled(ChildSettled {
             call: "call_1_1".into(),

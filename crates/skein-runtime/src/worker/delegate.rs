@@ -126,6 +126,7 @@ impl Runtime {
                         shared: true,
                         resumed: false,
                         owns_tasks: vec![],
+                        max_steps: None,
                     }));
                     continue;
                 }
@@ -174,6 +175,7 @@ impl Runtime {
                     .as_ref()
                     .map(|g| g.tasks.iter().map(|t| t.id.clone()).collect())
                     .unwrap_or_default(),
+                max_steps: None,
             }));
         }
         // Children first, then the parent's record of them, then the jobs: a crash
@@ -400,6 +402,7 @@ impl Runtime {
             shared: false,
             resumed: true,
             owns_tasks: vec![],
+            max_steps: None,
         }))
     }
 
@@ -461,6 +464,7 @@ impl Runtime {
                 shared: false,
                 resumed: true,
                 owns_tasks: vec![],
+                max_steps: Some(c.max_steps),
             }));
         }
         self.append_all(f, events).await?;

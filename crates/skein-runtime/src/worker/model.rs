@@ -99,7 +99,17 @@ impl Runtime {
             .filter_map(|n| match RuntimeTool::parse(n) {
                 Some(RuntimeTool::CallAgent) => Some(runtime_tools::call_agent_spec(def)),
                 Some(RuntimeTool::AskClarification) => {
-                    Some(runtime_tools::ask_clarification_spec())
+                    let open: Vec<String> = f
+                        .state
+                        .children
+                        .values()
+                        .filter(|c| !c.cached && !c.shared && c.outcome == Some("completed"))
+                        .filter(|c| self.agents.get(&c.agent).is_some_and(|d| d.front.chat))
+                        .map(|c| c.child.display())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    Some(runtime_tools::ask_clarification_spec(&open))
                 }
                 Some(RuntimeTool::AskUser) => Some(runtime_tools::ask_user_spec()),
                 Some(RuntimeTool::UpdatePlan) => Some(runtime_tools::update_plan_spec()),
@@ -109,6 +119,7 @@ impl Runtime {
                 None => self.tools.spec(n),
             })
             .collect();
+        expand_tool_descriptions(&mut request);
         // The model is shown the resume tokens its log holds references to; a token it
         // sends back is recorded as its reference again.
         let shown = self.reveal_tokens(&f.state, &mut request);
@@ -350,6 +361,39 @@ mod tests {
 
     use super::beating;
 
+    #[test]
+    fn the_system_prompt_s_tool_descriptions_become_the_agent_s_tools() {
+        let spec = |name: &str, d: &str| skein_core::ToolSpec {
+            name: name.into(),
+            description: d.into(),
+            parameters: serde_json::json!({}),
+        };
+        let mut req = skein_core::ModelRequest {
+            model: "scripted:planner".into(),
+            messages: vec![skein_core::Message::System {
+                content: "Plan.\n\n## Available Tools\n\n{{tool_descriptions}}\n\nUse them.".into(),
+            }],
+            tools: vec![
+                spec("read_file", "Read a file."),
+                spec("get_file_info", "Facts."),
+            ],
+            temperature: None,
+            max_tokens: None,
+            top_p: None,
+            top_k: None,
+            prompt_cache: false,
+            meta: Default::default(),
+        };
+        super::expand_tool_descriptions(&mut req);
+        let skein_core::Message::System { content } = &req.messages[0] else {
+            panic!("system prompt")
+        };
+        assert_eq!(
+            content,
+            "Plan.\n\n## Available Tools\n\n- `read_file`: Read a file.\n- `get_file_info`: Facts.\n\nUse them."
+        );
+    }
+
     #[tokio::test]
     async fn work_that_is_ready_is_not_held_back_by_the_first_beat() {
         // Polled once: no timer stands before the work.
@@ -384,4 +428,30 @@ mod tests {
             );
         }
     }
+}
+
+/// The placeholder a system prompt may hold for the tools it can call (the planner
+/// reference's `{{tool_descriptions}}`).
+pub const TOOL_DESCRIPTIONS: &str = "{{tool_descriptions}}";
+
+/// Puts the request's tools, a line each (name and description), where the system prompt
+/// says `{{tool_descriptions}}`.
+fn expand_tool_descriptions(request: &mut ModelRequest) {
+    let Some(skein_core::Message::System { content }) = request.messages.first_mut() else {
+        return;
+    };
+    if !content.contains(TOOL_DESCRIPTIONS) {
+        return;
+    }
+    let list = if request.tools.is_empty() {
+        "(no tools)".to_string()
+    } else {
+        request
+            .tools
+            .iter()
+            .map(|t| format!("- `{}`: {}", t.name, t.description))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    *content = content.replace(TOOL_DESCRIPTIONS, &list);
 }
