@@ -351,6 +351,32 @@ impl Runtime {
     }
 }
 
+/// The placeholder a system prompt may hold for the tools it can call (the planner
+/// reference's `{{tool_descriptions}}`).
+pub const TOOL_DESCRIPTIONS: &str = "{{tool_descriptions}}";
+
+/// Puts the request's tools, a line each (name and description), where the system prompt
+/// says `{{tool_descriptions}}`.
+fn expand_tool_descriptions(request: &mut ModelRequest) {
+    let Some(skein_core::Message::System { content }) = request.messages.first_mut() else {
+        return;
+    };
+    if !content.contains(TOOL_DESCRIPTIONS) {
+        return;
+    }
+    let list = if request.tools.is_empty() {
+        "(no tools)".to_string()
+    } else {
+        request
+            .tools
+            .iter()
+            .map(|t| format!("- `{}`: {}", t.name, t.description))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    *content = content.replace(TOOL_DESCRIPTIONS, &list);
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
@@ -428,30 +454,4 @@ mod tests {
             );
         }
     }
-}
-
-/// The placeholder a system prompt may hold for the tools it can call (the planner
-/// reference's `{{tool_descriptions}}`).
-pub const TOOL_DESCRIPTIONS: &str = "{{tool_descriptions}}";
-
-/// Puts the request's tools, a line each (name and description), where the system prompt
-/// says `{{tool_descriptions}}`.
-fn expand_tool_descriptions(request: &mut ModelRequest) {
-    let Some(skein_core::Message::System { content }) = request.messages.first_mut() else {
-        return;
-    };
-    if !content.contains(TOOL_DESCRIPTIONS) {
-        return;
-    }
-    let list = if request.tools.is_empty() {
-        "(no tools)".to_string()
-    } else {
-        request
-            .tools
-            .iter()
-            .map(|t| format!("- `{}`: {}", t.name, t.description))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    *content = content.replace(TOOL_DESCRIPTIONS, &list);
 }
