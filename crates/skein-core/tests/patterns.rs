@@ -530,6 +530,7 @@ fn heard(from: &SessionId, agent: &str, call: &str, kind: BroadcastKind, message
         call: call.into(),
         kind,
         message: message.into(),
+        turns: None,
     })
 }
 

@@ -16,7 +16,7 @@ mod record;
 
 pub use pattern::{
     AdvisorsConsulted, BroadcastKind, HandedOff, PatternCall, Routed, TeamBroadcast, TeamRole,
-    TeamSeat, TeamStarted,
+    TeamSeat, TeamStarted, EXIT_CALL,
 };
 
 pub use record::{genesis_hash, record_hash, verify_chain, ChainBreak, Envelope, Record};

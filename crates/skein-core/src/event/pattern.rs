@@ -99,11 +99,24 @@ pub struct TeamBroadcast {
     pub call: String,
     pub kind: BroadcastKind,
     pub message: String,
+    /// Model turns the sender had made when it sent this (absent in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<u32>,
 }
+
+/// The call id of a member's last word, sent as it leaves the team.
+pub const EXIT_CALL: &str = "exit";
 
 impl TeamBroadcast {
     /// The key a receiving session remembers the broadcast by.
     pub fn key(&self) -> String {
         format!("{}/{}", self.from, self.call)
+    }
+
+    /// Whether this is a member's last word: its answer (`exit`), or the news that it
+    /// failed (`failure`), sent as it leaves the team.
+    pub fn is_leaving(&self) -> bool {
+        self.kind == BroadcastKind::Exit
+            || (self.call == EXIT_CALL && self.kind == BroadcastKind::Failure)
     }
 }

@@ -64,8 +64,12 @@ pub fn split_call(call: &str) -> Option<(&str, u32)> {
 
 /// How a teammate's broadcast reads in the receiving model's conversation.
 pub fn broadcast_text(b: &crate::event::TeamBroadcast) -> String {
+    let turns = b
+        .turns
+        .map(|t| format!(", after {t} turn{}", if t == 1 { "" } else { "s" }))
+        .unwrap_or_default();
     format!(
-        "## Team broadcast from `{}` ({})\n\n{}",
+        "## Team broadcast from `{}` ({}{turns})\n\n{}",
         b.agent,
         b.kind.as_str(),
         b.message
@@ -247,7 +251,7 @@ impl SessionState {
             return;
         }
         self.team_unread += 1;
-        if b.kind == crate::event::BroadcastKind::Exit {
+        if b.is_leaving() {
             self.team_exits += 1;
         }
         let text = broadcast_text(b);

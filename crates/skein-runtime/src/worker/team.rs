@@ -10,8 +10,7 @@ use crate::runtime::{Runtime, DEFAULT_POOL};
 use crate::session::Folded;
 use crate::{Error, Result};
 
-/// The call that stands for a member's last word (its answer, or why it ended).
-const EXIT_CALL: &str = "exit";
+use skein_core::event::EXIT_CALL;
 
 impl Runtime {
     /// `Broadcast`: each message goes into every teammate's log that is still open, then
@@ -34,6 +33,7 @@ impl Runtime {
                 call: b.call.clone(),
                 kind: b.kind,
                 message: b.message,
+                turns: Some(f.state.steps),
             };
             let reached = self.deliver(&peers, &msg).await?;
             let left = peers.len() - reached;
@@ -55,10 +55,20 @@ impl Runtime {
         let Some(seat) = sub.team.as_ref().filter(|t| t.role == TeamRole::Member) else {
             return Ok(());
         };
+        // A member that failed is announced as a failure, apart from a member's own exit
+        // (reference 001); either way it has left, and the supervisor counts it gone.
         let (kind, message) = match f.state.status {
             Status::Completed => (
                 BroadcastKind::Exit,
                 f.state.answer.clone().unwrap_or_default(),
+            ),
+            Status::Failed => (
+                BroadcastKind::Failure,
+                format!(
+                    "member `{}` failed and is no longer in the team. Reason: {}",
+                    sub.agent,
+                    f.state.error.as_deref().unwrap_or("unknown")
+                ),
             ),
             _ => (
                 BroadcastKind::Exit,
@@ -75,6 +85,7 @@ impl Runtime {
             call: EXIT_CALL.into(),
             kind,
             message,
+            turns: Some(f.state.steps),
         };
         self.deliver(&seat.peers, &msg).await?;
         Ok(())
@@ -131,8 +142,21 @@ impl Runtime {
             .and_then(|s| s.call.args.get("agent").and_then(|a| a.as_str()))
             .unwrap_or("supervisor")
             .to_string();
+        // The supervisor's slot says how it ended: an answer, or a failure.
+        let failed = f.state.turn.iter().find_map(|s| match &s.state {
+            skein_core::state::SlotState::Done {
+                output,
+                error: true,
+            } if s.call.name == skein_core::state::SUPERVISOR => Some(output.clone()),
+            _ => None,
+        });
+        let reason = match failed {
+            Some(why) => {
+                format!("the team's supervisor `{supervisor}` failed ({why}); the team is over")
+            }
+            None => format!("the team's supervisor `{supervisor}` has answered"),
+        };
         for member in f.state.team_leftovers() {
-            let reason = format!("the team's supervisor `{supervisor}` has answered");
             crate::control::cancel(self, &member, &reason).await?;
         }
         Ok(())
