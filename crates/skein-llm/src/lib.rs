@@ -265,10 +265,21 @@ pub fn build_provider(settings: ProviderSettings) -> Result<Arc<dyn Provider>> {
 /// and the price table. Keys are not read here but at each call, so a provider whose key
 /// is missing fails only when used.
 pub fn registry_from_config(models: &ModelsConfig, scripts_dir: &Path) -> Result<Registry> {
+    registry_with_scripts(
+        models,
+        scripted::ScriptSource::Dir(scripts_dir.to_path_buf()),
+    )
+}
+
+/// [`registry_from_config`] with the `scripted` provider's scripts from `scripts`.
+pub fn registry_with_scripts(
+    models: &ModelsConfig,
+    scripts: scripted::ScriptSource,
+) -> Result<Registry> {
     let mut r = Registry::new();
     r.insert(
         "scripted",
-        Arc::new(scripted::ScriptedProvider::new(scripts_dir)),
+        Arc::new(scripted::ScriptedProvider::from_source(scripts)),
     );
     let mut providers = models.providers.clone();
     for default in ["openai", "anthropic"] {
