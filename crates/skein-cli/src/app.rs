@@ -83,7 +83,10 @@ impl App {
             .clone()
             .try_into()
             .context("[models] configuration")?;
-        Ok(skein_llm::registry_with_scripts(&models, self.scripts())?)
+        let registry = skein_llm::registry_with_scripts(&models, self.scripts())?;
+        // Errors and diagnostics are scrubbed of the keys, as recorded events are.
+        config::register_secrets(registry.known_secrets());
+        Ok(registry)
     }
 
     /// Where the `scripted` model reads its scripts: `scripts_dir`, or the built-in demo's.

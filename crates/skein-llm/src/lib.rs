@@ -161,6 +161,12 @@ pub trait Provider: Send + Sync {
         let _ = on_text;
         self.complete(model, req).await
     }
+
+    /// The secret values this provider sends (its API key as it reads now), so that
+    /// whatever is recorded or shown can be scrubbed of them.
+    fn known_secrets(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Splits `provider:model`.
@@ -195,6 +201,14 @@ impl Registry {
 
     pub fn has(&self, name: &str) -> bool {
         self.providers.contains_key(name)
+    }
+
+    /// Every provider's [`Provider::known_secrets`].
+    pub fn known_secrets(&self) -> Vec<String> {
+        self.providers
+            .values()
+            .flat_map(|p| p.known_secrets())
+            .collect()
     }
 
     /// Prices `model` (`provider:model`, or `provider:*` for all of a provider's models).
