@@ -177,10 +177,26 @@ fn a_child_question_bubbles_up_pauses_the_root_and_an_answer_finishes_the_tree()
     let token = items[0]["token"].as_str().unwrap().to_string();
 
     // Missing keys are reported, not guessed from the proposed defaults.
-    let out = run(&sb, &["answer", &token, "--set", "other=1"]);
+    let out = run(&sb, &["answer", &token, "--json", "{}"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("missing answers: `version` (Which Python version?)"));
+    // Keys no question asked for are refused with the expected keys named, even beside a
+    // complete answer, and nothing is recorded.
+    for (answers, unasked) in [
+        (r#"{"other":"1"}"#, "`other`"),
+        (r#"{"version":"3.11","__proto__":{"x":1}}"#, "`__proto__`"),
+    ] {
+        let out = run(&sb, &["answer", &token, "--json", answers]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "answers for questions that were not asked: {unasked}"
+            )) && err.contains("the questions expect `version`"),
+            "{err}"
+        );
+    }
 
     let out = run(&sb, &["answer", &token, "--set", "version=3.11"]);
     assert!(

@@ -807,26 +807,45 @@ fn cancel_works_on_the_embedded_store() {
     );
 }
 
+type Spans = Arc<Mutex<Vec<(String, opentelemetry_proto::tonic::trace::v1::Span)>>>;
+
 /// Spans an in-test OTLP/HTTP receiver got: each decoded from the protobuf body of an
-/// export request, with the `service.instance.id` of the process that sent it.
+/// export request, with the `service.instance.id` of the process that sent it; and every
+/// request header line it was sent.
 #[derive(Clone, Default)]
 struct Receiver {
-    spans: Arc<Mutex<Vec<(String, opentelemetry_proto::tonic::trace::v1::Span)>>>,
+    spans: Spans,
+    headers: Arc<Mutex<Vec<String>>>,
     port: u16,
 }
 
 impl Receiver {
+    /// Plain HTTP.
     fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// HTTP over TLS with `tls`, or plain HTTP without.
+    fn start_with(tls: Option<Arc<rustls::ServerConfig>>) -> Self {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let r = Receiver {
-            spans: Arc::default(),
             port: listener.local_addr().unwrap().port(),
+            ..Receiver::default()
         };
-        let spans = r.spans.clone();
+        let rx = r.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming().map_while(Result::ok) {
-                let spans = spans.clone();
-                std::thread::spawn(move || serve_otlp(conn, spans));
+                let rx = rx.clone();
+                let tls = tls.clone();
+                std::thread::spawn(move || match tls {
+                    None => serve_otlp(conn, &rx),
+                    Some(cfg) => {
+                        let Ok(server) = rustls::ServerConnection::new(cfg) else {
+                            return;
+                        };
+                        serve_otlp(rustls::StreamOwned::new(server, conn), &rx)
+                    }
+                });
             }
         });
         r
@@ -835,17 +854,18 @@ impl Receiver {
     fn spans(&self) -> Vec<(String, opentelemetry_proto::tonic::trace::v1::Span)> {
         self.spans.lock().unwrap().clone()
     }
+
+    fn headers(&self) -> Vec<String> {
+        self.headers.lock().unwrap().clone()
+    }
 }
 
-/// Answers OTLP/HTTP export requests on one connection (keep-alive) until it closes.
-fn serve_otlp(
-    conn: TcpStream,
-    spans: Arc<Mutex<Vec<(String, opentelemetry_proto::tonic::trace::v1::Span)>>>,
-) {
+/// Answers OTLP/HTTP export requests on one connection (keep-alive) until it closes or
+/// fails (a TLS handshake the client gave up on).
+fn serve_otlp(conn: impl Read + Write, rx: &Receiver) {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::any_value::Value;
     use prost::Message;
-    let mut w = conn.try_clone().unwrap();
     let mut r = BufReader::new(conn);
     loop {
         let mut len = 0usize;
@@ -862,6 +882,7 @@ fn serve_otlp(
             if path.is_empty() {
                 path = l.to_string();
             }
+            rx.headers.lock().unwrap().push(l.to_string());
             if let Some((k, v)) = l.split_once(':') {
                 if k.eq_ignore_ascii_case("content-length") {
                     len = v.trim().parse().unwrap();
@@ -890,14 +911,123 @@ fn serve_otlp(
                 .unwrap_or_default();
             for ss in rs.scope_spans {
                 for s in ss.spans {
-                    spans.lock().unwrap().push((instance.clone(), s));
+                    rx.spans.lock().unwrap().push((instance.clone(), s));
                 }
             }
         }
+        let w = r.get_mut();
         let _ = w.write_all(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n",
         );
+        let _ = w.flush();
     }
+}
+
+/// A TLS configuration for 127.0.0.1 with a certificate made here, and that certificate
+/// as PEM (the CA a client must be given to trust it).
+fn self_signed_tls() -> (Arc<rustls::ServerConfig>, String) {
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![made.cert.der().clone()], key)
+    .unwrap();
+    (Arc::new(cfg), made.cert.pem())
+}
+
+/// Spans reach a collector behind TLS whose certificate only the CA named by
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE` vouches for, with the headers of
+/// `OTEL_EXPORTER_OTLP_HEADERS`; without that CA nothing is sent, and a CA file that is
+/// not there stops the command with the variable named. The header's value is never
+/// in the command's output.
+#[test]
+fn spans_go_to_a_collector_over_tls_with_the_configured_headers() {
+    const AUTH: &str = "Bearer otlp-test-token-5f2c";
+    let sb = Sandbox::new();
+    sb.agent(
+        "solo",
+        "tools: [list_dir]\n",
+        "turns:\n  - tool_calls:\n      - tool: list_dir\n        args: {path: \".\"}\n  - answer: \"seen\"\n",
+    );
+    let (tls, ca) = self_signed_tls();
+    let ca_file = sb.dir.path().join("collector-ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let rx = Receiver::start_with(Some(tls));
+    let run = |ca: Option<&Path>| {
+        let mut c = skein(&sb.config(), &sb.data());
+        c.args(["run", "--agent", "solo", "--json", "look"])
+            .env(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("https://127.0.0.1:{}", rx.port),
+            )
+            .env(
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                format!("authorization={AUTH},x-tenant=t1"),
+            )
+            .env("OTEL_EXPORTER_OTLP_TIMEOUT", "5000")
+            .env("SKEIN_LOG", "info")
+            .env_remove("OTEL_EXPORTER_OTLP_CERTIFICATE");
+        if let Some(ca) = ca {
+            c.env("OTEL_EXPORTER_OTLP_CERTIFICATE", ca);
+        }
+        c.output().unwrap()
+    };
+
+    // Not trusted without the CA: the run completes, and no span arrives.
+    let out = run(None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(rx.spans().is_empty(), "sent without trusting the collector");
+
+    // With it: the run's spans arrive, sent with the headers. The process sends what it
+    // buffered before it exits.
+    let out = run(Some(&ca_file));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spans = rx.spans();
+    assert!(
+        spans.iter().any(|(_, s)| s.name.contains("solo")),
+        "{:?}",
+        spans.iter().map(|(_, s)| &s.name).collect::<Vec<_>>()
+    );
+    let headers = rx.headers();
+    assert!(
+        headers
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(&format!("authorization: {AUTH}"))),
+        "{headers:?}"
+    );
+    assert!(
+        headers
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case("x-tenant: t1")),
+        "{headers:?}"
+    );
+    for o in [&out.stdout, &out.stderr] {
+        assert!(
+            !String::from_utf8_lossy(o).contains("otlp-test-token"),
+            "leaked"
+        );
+    }
+
+    // A CA file that is not there is named, before anything runs.
+    let out = run(Some(&sb.dir.path().join("missing.pem")));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("OTEL_EXPORTER_OTLP_CERTIFICATE") && err.contains("missing.pem"),
+        "{err}"
+    );
 }
 
 fn attr(s: &opentelemetry_proto::tonic::trace::v1::Span, key: &str) -> Option<String> {

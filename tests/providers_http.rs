@@ -1116,6 +1116,56 @@ fn unknown_tool_is_shown_to_the_model_as_a_tool_error() {
     assert_replays(&site, &root_of(&run), 1);
 }
 
+#[test]
+fn a_key_echoed_in_an_answer_or_a_tool_output_is_recorded_scrubbed() {
+    let wire = Wire::OpenAi;
+    // A 200 answer that repeats the key in its text and reads a file holding it; the final
+    // answer repeats it again.
+    let mut first = openai_calls(&[(
+        "call_Read1",
+        "read_file",
+        json!({"path": "notes.txt"}).to_string(),
+    )]);
+    first["choices"][0]["message"]["content"] = json!(format!("Using the key {FAKE_KEY}."));
+    let site = Site::new(wire, "", "", move |req: &Seen| {
+        match wire.results(&req.body).as_slice() {
+            [] => Reply::ok(first.clone()),
+            [(call, content)] if call == "call_Read1" => {
+                // The tool's output reaches the model scrubbed, as it is recorded.
+                if content.contains(FAKE_KEY) || !content.contains("the key: ***") {
+                    return Reply::unexpected(content);
+                }
+                Reply::ok(wire.text(&format!("The key was {FAKE_KEY}.")))
+            }
+            other => Reply::unexpected(&format!("{other:?}")),
+        }
+    });
+    site.agent(
+        "orchestrator",
+        "model: local:test-model\ntools: [read_file]\n",
+        "Read notes.txt.",
+    );
+    // The tree's files outside the store, whose every byte is checked below.
+    let config = site.dir.path().join("skein.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("workspace_dir = \"ws\"\n{text}")).unwrap();
+    let ws = site.dir.path().join("ws/leaky");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("notes.txt"), format!("the key: {FAKE_KEY}\n")).unwrap();
+    let (out, run) = site.run(&["--id", "leaky"]);
+    assert!(out.status.success(), "{run:#}");
+    assert_eq!(run["answer"], "The key was ***.", "{run:#}");
+    let events = site.events("leaky");
+    let called = events
+        .iter()
+        .find(|e| e["kind"] == "ModelCalled")
+        .expect("ModelCalled");
+    let response = &called["body"]["data"]["response"];
+    assert_eq!(response["content"], "Using the key ***.", "{called:#}");
+    site.assert_key_kept_secret("leaky", &[&out]);
+    assert_replays(&site, "leaky", 1);
+}
+
 // ---- d. `run --model` ----------------------------------------------------------------------
 
 #[test]

@@ -42,7 +42,7 @@ fn another_address_than_loopback_needs_a_token() {
     let sb = Sandbox::new();
     asking(&sb);
     let out = skein(&sb.config(), &sb.data())
-        .args(["ui", "--addr", "0.0.0.0:0"])
+        .args(["ui", "--addr", "0.0.0.0:0", "--no-auth"])
         .env_remove("SKEIN_UI_TOKEN")
         .output()
         .expect("runs");
@@ -51,6 +51,17 @@ fn another_address_than_loopback_needs_a_token() {
     assert!(
         err.contains("not a loopback address") && err.contains("--auth-token"),
         "{err}"
+    );
+    // A token and --no-auth contradict each other.
+    let out = skein(&sb.config(), &sb.data())
+        .args(["ui", "--no-auth", "--auth-token", "a-long-enough-ui-token"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot be used with"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     let out = skein(&sb.config(), &sb.data())
         .args(["ui", "--addr", "0.0.0.0:0"])
@@ -134,6 +145,52 @@ async fn with_a_token_every_api_call_needs_it_and_the_login_cookie_works() {
         !ui.stderr().contains(token),
         "the token was written to the log"
     );
+}
+
+/// Started as a person starts it, on loopback without a token: the server makes one, prints
+/// it in its URL, and wants it on every API call; `--no-auth` is an explicit choice, and
+/// says what it gives away.
+#[tokio::test(flavor = "multi_thread")]
+async fn by_default_the_server_makes_a_token_and_prints_it_in_its_url() {
+    let sb = Sandbox::new();
+    asking(&sb);
+    let ui = UiServer::start_default(&sb.config(), &sb.data(), &[], &[]);
+    let token = ui
+        .printed
+        .split_once("/?token=")
+        .map(|(_, t)| t.to_string())
+        .unwrap_or_else(|| panic!("no token in {}", ui.printed));
+    assert!(token.len() >= 32, "{token}");
+    let http = reqwest::Client::new();
+    let r = http
+        .get(format!("{}/api/inbox", ui.url))
+        .send()
+        .await
+        .expect("inbox");
+    assert_eq!(r.status(), 401, "another local account, without the token");
+    let r = http
+        .get(format!("{}/api/inbox", ui.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("inbox");
+    assert_eq!(r.status(), 200);
+    drop(ui);
+
+    let ui = UiServer::start(&sb.config(), &sb.data(), &[]);
+    assert!(!ui.printed.contains("token"), "{}", ui.printed);
+    assert!(
+        ui.stderr()
+            .contains("warning: --no-auth: every account on this machine"),
+        "{}",
+        ui.stderr()
+    );
+    let r = http
+        .get(format!("{}/api/inbox", ui.url))
+        .send()
+        .await
+        .expect("inbox");
+    assert_eq!(r.status(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -596,6 +596,129 @@ async fn a_model_answer_with_markup_renders_as_text_and_never_runs() {
     b.close().await;
 }
 
+/// Starts `agent` as tree `id` through the API, with `token` when the server wants one.
+async fn start_tree(ui: &UiServer, token: Option<&str>, agent: &str, id: &str) {
+    let http = reqwest::Client::new();
+    let with = |r: reqwest::RequestBuilder| match token {
+        Some(t) => r.bearer_auth(t),
+        None => r,
+    };
+    let info: Value = with(http.get(format!("{}/api/info", ui.url)))
+        .send()
+        .await
+        .expect("info")
+        .json()
+        .await
+        .expect("json");
+    let r = with(http.post(format!("{}/api/sessions", ui.url)))
+        .header("x-skein-csrf", info["csrf"].as_str().expect("csrf"))
+        .json(&json!({"agent": agent, "mission": "go", "id": id}))
+        .send()
+        .await
+        .expect("start");
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+}
+
+/// On the tree page of `id`, waits for its question, presses "Cancel the tree" (and
+/// agrees to the confirmation), and waits until the page shows the tree cancelled.
+async fn cancel_from_the_page(b: &Browser, base: &str, id: &str) {
+    b.client
+        .goto(&format!("{base}/#/tree/{id}"))
+        .await
+        .expect("page");
+    b.until(
+        "the question waiting and the cancel button",
+        "document.querySelector('#tree .node .badge') && \
+         /awaiting/.test(document.querySelector('#tree .node .badge').textContent) && \
+         document.getElementById('cancel')",
+    )
+    .await;
+    b.js("(window.confirm = () => true, 1)").await;
+    b.client
+        .find(Locator::Id("cancel"))
+        .await
+        .expect("cancel button")
+        .click()
+        .await
+        .expect("click");
+    b.until(
+        "the tree cancelled",
+        "document.querySelector('#tree .node .badge').textContent === 'cancelled' && \
+         !document.getElementById('cancel')",
+    )
+    .await;
+}
+
+/// Started without a token, the server makes one and prints it in its URL: the page
+/// without it asks for it, the printed URL logs in (and the token leaves the address
+/// bar), and a waiting tree is cancelled from its page.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_printed_url_logs_in_and_a_waiting_tree_is_cancelled_from_its_page() {
+    let sb = Sandbox::new();
+    asking(&sb);
+    let ui = UiServer::start_default(&sb.config(), &sb.data(), &[], &[]);
+    let token = ui
+        .printed
+        .split_once("?token=")
+        .map(|(_, t)| t.to_string())
+        .expect("a token in the URL");
+    start_tree(&ui, Some(&token), "asker", "waits").await;
+    let b = Browser::start().await;
+    b.client
+        .goto(&format!("{}/#/", ui.url))
+        .await
+        .expect("page");
+    b.until("the login form", "document.getElementById('token')")
+        .await;
+    b.client.goto(&ui.printed).await.expect("page");
+    b.until(
+        "the trees, logged in",
+        "document.getElementById('backend').textContent.startsWith('embedded') && \
+         document.querySelector('a[href=\"#/tree/waits\"]')",
+    )
+    .await;
+    assert_eq!(
+        b.js("location.search").await,
+        json!(""),
+        "the token stayed in the address bar"
+    );
+    cancel_from_the_page(&b, &ui.url, "waits").await;
+    b.close().await;
+}
+
+/// The page on a cluster (`--nats`, a real nats-server and a worker): a tree the
+/// cluster's worker runs shows live, waiting for its question, and is cancelled from
+/// its page.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_a_cluster_the_page_follows_a_tree_and_cancels_it() {
+    let sb = Sandbox::new();
+    asking(&sb);
+    let server = skein_testnats::NatsServer::start();
+    let url = server.url();
+    let mut w = common::cluster::worker_on(&sb.config(), &url, "ui-browser-w1", 1, None);
+    let ui = UiServer::start_env(
+        &sb.config(),
+        &sb.data(),
+        &["--nats", &url],
+        &[("SKEIN_TOKEN_SECRET", common::cluster::SECRET)],
+    );
+    start_tree(&ui, None, "asker", "onnats").await;
+    let b = Browser::start().await;
+    b.client
+        .goto(&format!("{}/#/", ui.url))
+        .await
+        .expect("page");
+    b.until(
+        "the cluster's page",
+        "document.getElementById('backend').textContent.startsWith('nats')",
+    )
+    .await;
+    cancel_from_the_page(&b, &ui.url, "onnats").await;
+    b.close().await;
+    let _ = w.kill();
+    let _ = w.wait();
+}
+
 /// Screenshots for the docs: `cargo test --test ui_browser -- --ignored screenshots`
 /// writes docs/ui-tree.png, docs/ui-session.png and docs/ui-phone.png.
 #[tokio::test(flavor = "multi_thread")]

@@ -24,9 +24,20 @@ pub type LogLines = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
 /// [`worker`], keeping what it logs after "ready" in `log` when one is given.
 pub fn worker_logged(urls: &str, name: &str, replicas: usize, log: Option<LogLines>) -> Child {
+    worker_on(&demo_config(), urls, name, replicas, log)
+}
+
+/// [`worker_logged`] with the agents of `config`.
+pub fn worker_on(
+    config: &std::path::Path,
+    urls: &str,
+    name: &str,
+    replicas: usize,
+    log: Option<LogLines>,
+) -> Child {
     let mut c = std::process::Command::new(bin());
     c.args(["--config"])
-        .arg(demo_config())
+        .arg(config)
         .args(["--nats", urls, "worker", "--concurrency", "32"])
         .env("SKEIN_TOKEN_SECRET", SECRET)
         .env("SKEIN__RUNTIME__LEASE", "3s")

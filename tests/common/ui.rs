@@ -10,18 +10,43 @@ pub struct UiServer {
     pub child: Child,
     /// `http://127.0.0.1:PORT`
     pub url: String,
+    /// The whole URL printed, with its `?token=…` when the server made one.
+    pub printed: String,
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl UiServer {
     /// Starts `skein --config <config> --data <data> ui --addr 127.0.0.1:0 <extra…>` and
-    /// waits for the address it prints.
+    /// waits for the address it prints. Without `--auth-token` in `extra` it is started
+    /// with `--no-auth`, so that the suites' clients need no token; [`UiServer::start_default`]
+    /// starts it as a person would.
     pub fn start(config: &Path, data: &Path, extra: &[&str]) -> Self {
         Self::start_env(config, data, extra, &[])
     }
 
     /// [`UiServer::start`] with these environment variables set.
     pub fn start_env(config: &Path, data: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Self {
+        let given =
+            extra.contains(&"--auth-token") || envs.iter().any(|(k, _)| *k == "SKEIN_UI_TOKEN");
+        let mut all: Vec<&str> = extra.to_vec();
+        if !given {
+            all.push("--no-auth");
+        }
+        Self::launch(config, data, &all, envs)
+    }
+
+    /// `skein ui` with neither a token nor `--no-auth`: it makes a token and prints it in
+    /// its URL.
+    pub fn start_default(
+        config: &Path,
+        data: &Path,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
+        Self::launch(config, data, extra, envs)
+    }
+
+    fn launch(config: &Path, data: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Self {
         let mut c = super::skein(config, data);
         c.env_remove("SKEIN_TOKEN_SECRET")
             .envs(envs.iter().copied());
@@ -38,15 +63,16 @@ impl UiServer {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.strip_prefix("skein ui on ") {
+                    let printed = rest.split(' ').next().unwrap_or(rest).to_string();
                     let url = rest.split('/').take(3).collect::<Vec<_>>().join("/");
-                    let _ = tx.send(url);
+                    let _ = tx.send((url, printed));
                 }
                 let mut s = keep.lock().unwrap_or_else(|p| p.into_inner());
                 s.push_str(&line);
                 s.push('\n');
             }
         });
-        let url = match rx.recv_timeout(Duration::from_secs(30)) {
+        let (url, printed) = match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(u) => u,
             Err(_) => {
                 let _ = child.kill();
@@ -59,6 +85,7 @@ impl UiServer {
         Self {
             child,
             url,
+            printed,
             stderr: seen,
         }
     }

@@ -60,8 +60,8 @@ pub fn read_agent_file(p: &Path) -> Result<String> {
 
 impl App {
     pub fn new(global: GlobalArgs) -> Result<Self> {
-        let file = global.config.clone().or_else(config::default_config_path);
-        let mut cfg = config::load(file.as_deref())?;
+        let source = config::Source::locate(global.config.clone());
+        let mut cfg = config::load_from(&source)?;
         config::apply_nats_flags(&mut cfg.nats, &global);
         Ok(Self { global, cfg })
     }
@@ -83,14 +83,33 @@ impl App {
             .clone()
             .try_into()
             .context("[models] configuration")?;
-        Ok(skein_llm::registry_from_config(
-            &models,
-            &self.cfg.scripts_dir,
-        )?)
+        let registry = skein_llm::registry_with_scripts(&models, self.scripts())?;
+        // Errors and diagnostics are scrubbed of the keys, as recorded events are.
+        config::register_secrets(registry.known_secrets());
+        Ok(registry)
+    }
+
+    /// Where the `scripted` model reads its scripts: `scripts_dir`, or the built-in demo's.
+    pub fn scripts(&self) -> skein_llm::scripted::ScriptSource {
+        use skein_llm::scripted::ScriptSource;
+        if self.cfg.builtin_scripts {
+            ScriptSource::Texts(crate::builtin::scripts())
+        } else {
+            ScriptSource::Dir(self.cfg.scripts_dir.clone())
+        }
+    }
+
+    /// The agent definitions as (origin, text): every `*.md` of `agents_dir`, or the
+    /// built-in demo's.
+    pub fn agent_files(&self) -> Result<Vec<(String, String)>> {
+        if self.cfg.builtin_agents {
+            return Ok(crate::builtin::agent_files());
+        }
+        read_agent_files(&self.cfg.agents_dir)
     }
 
     pub fn agents(&self) -> Result<AgentSet> {
-        let files = read_agent_files(&self.cfg.agents_dir)?;
+        let files = self.agent_files()?;
         if files.is_empty() {
             anyhow::bail!(
                 "no agent definitions (*.md) in {}",

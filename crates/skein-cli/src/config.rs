@@ -74,6 +74,12 @@ pub struct SkeinConfig {
     pub tools: toml::Table,
     /// NATS connection and topology (see docs/nats.md).
     pub nats: toml::Table,
+    /// The agents are the binary's built-in demo, not `agents_dir` (see [`crate::builtin`]).
+    #[serde(skip)]
+    pub builtin_agents: bool,
+    /// The scripts are the binary's built-in demo, not `scripts_dir`.
+    #[serde(skip)]
+    pub builtin_scripts: bool,
 }
 
 impl Default for SkeinConfig {
@@ -88,31 +94,85 @@ impl Default for SkeinConfig {
             models: toml::Table::new(),
             tools: toml::Table::new(),
             nats: toml::Table::new(),
+            builtin_agents: false,
+            builtin_scripts: false,
         }
     }
 }
 
-/// The config file used when none is named: `config/skein.toml` under the current
-/// directory, if it exists.
-pub fn default_config_path() -> Option<PathBuf> {
-    let p = PathBuf::from("config/skein.toml");
-    p.exists().then_some(p)
+/// Where the configuration comes from (see [`crate::builtin`] for the order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A file: named by `--config`, or `config/skein.toml` under the current directory.
+    File(PathBuf),
+    /// No file, with `config/agents` and `config/scripts` under the current directory.
+    Defaults,
+    /// The binary's built-in demo.
+    BuiltIn,
 }
 
+impl Source {
+    /// `explicit` (`--config`), else `config/skein.toml`, else `config/agents` with the
+    /// defaults, else the built-in demo, all under the current directory.
+    pub fn locate(explicit: Option<PathBuf>) -> Self {
+        if let Some(f) = explicit {
+            return Self::File(f);
+        }
+        let p = PathBuf::from("config/skein.toml");
+        if p.exists() {
+            Self::File(p)
+        } else if Path::new("config/agents").is_dir() {
+            Self::Defaults
+        } else {
+            Self::BuiltIn
+        }
+    }
+}
+
+/// The configuration of `file`, or of the defaults when `None` (see [`load_from`]).
 pub fn load(file: Option<&Path>) -> Result<SkeinConfig> {
+    match file {
+        Some(f) => load_from(&Source::File(f.to_path_buf())),
+        None => load_from(&Source::Defaults),
+    }
+}
+
+pub fn load_from(source: &Source) -> Result<SkeinConfig> {
     let mut fig = Figment::from(Serialized::defaults(SkeinConfig::default()));
-    let base = match file {
-        Some(f) => {
+    let file = match source {
+        Source::File(f) => Some(f.as_path()),
+        _ => None,
+    };
+    let base = match source {
+        Source::File(f) => {
             if !f.exists() {
                 anyhow::bail!("config file {} does not exist", f.display());
             }
             fig = fig.merge(Toml::file(f));
             f.parent().map(Path::to_path_buf).unwrap_or_default()
         }
-        None => PathBuf::new(),
+        Source::Defaults => PathBuf::new(),
+        Source::BuiltIn => {
+            fig = fig.merge(Toml::string(crate::builtin::CONFIG));
+            PathBuf::new()
+        }
     };
     fig = fig.merge(Env::prefixed("SKEIN__").split("__"));
     let mut cfg: SkeinConfig = fig.extract().context("configuration")?;
+    if *source == Source::BuiltIn {
+        let from_env = |key: &str| {
+            fig.find_metadata(key)
+                .is_some_and(|m| m.name.contains("environment"))
+        };
+        cfg.builtin_agents = !from_env("agents_dir");
+        cfg.builtin_scripts = !from_env("scripts_dir");
+        if cfg.builtin_agents {
+            cfg.agents_dir = PathBuf::from(format!("{}/agents", crate::builtin::ORIGIN));
+        }
+        if cfg.builtin_scripts {
+            cfg.scripts_dir = PathBuf::from(format!("{}/scripts", crate::builtin::ORIGIN));
+        }
+    }
     let file_set = |key: &str| {
         file.is_some()
             && fig
@@ -259,7 +319,15 @@ pub fn dump(cfg: &SkeinConfig) -> Result<String> {
     redact(&mut c.models);
     redact(&mut c.tools);
     redact(&mut c.nats);
-    Ok(scrub(&toml::to_string_pretty(&c)?))
+    let mut out = String::new();
+    if cfg.builtin_agents || cfg.builtin_scripts {
+        out.push_str(
+            "# No config/skein.toml here: the binary's built-in demo is in force \
+             (`skein init` writes a project).\n",
+        );
+    }
+    out.push_str(&toml::to_string_pretty(&c)?);
+    Ok(scrub(&out))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 pub mod app;
+pub mod builtin;
 pub mod commands;
 pub mod config;
 pub mod http;
@@ -247,6 +248,12 @@ pub enum Command {
     Audit(commands::audit::AuditCmd),
     /// Serve a web view of the trees: live, replayable, answerable (see docs/ui.md).
     Ui(Deferred<commands::ui::UiArgs>),
+    /// Write a starting project (config, an agent, a script, a README) into DIR.
+    Init(Deferred<commands::init::InitArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(Deferred<commands::docs::CompletionsArgs>),
+    /// Print the manual page, or write one per subcommand with --dir.
+    Man(Deferred<commands::docs::ManArgs>),
 }
 
 /// A subcommand's arguments, added to the definition of the command line only when that
@@ -365,8 +372,8 @@ mod tests {
             panic!("not `run`: {:?}", cli.cmd);
         };
         assert_eq!(
-            (a.agent.as_str(), a.json, a.mission.as_str()),
-            ("lead", true, "find it")
+            (a.agent.as_deref(), a.json, a.mission.as_str()),
+            (Some("lead"), true, "find it")
         );
         let e = Cli::try_parse_from(["skein", "resume", "--agent", "x"]).expect_err("refused");
         assert!(e.to_string().contains("--agent"), "{e}");

@@ -164,6 +164,10 @@ impl AnthropicProvider {
 
 #[async_trait]
 impl Provider for AnthropicProvider {
+    fn known_secrets(&self) -> Vec<String> {
+        self.settings.current_key().into_iter().collect()
+    }
+
     async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion> {
         let (headers, key) = self.headers()?;
         let body = self.request_body(model, req);

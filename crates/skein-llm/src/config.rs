@@ -275,6 +275,15 @@ pub struct ProviderSettings {
 }
 
 impl ProviderSettings {
+    /// The API key as it reads now, when there is one (for scrubbing, never for display).
+    pub fn current_key(&self) -> Option<String> {
+        self.key
+            .resolve(&self.name)
+            .ok()
+            .flatten()
+            .map(|k| k.expose().to_string())
+    }
+
     /// Settings with defaults and no key.
     pub fn new(name: impl Into<String>, kind: ProviderKind, base_url: impl Into<String>) -> Self {
         Self {

@@ -161,6 +161,12 @@ pub trait Provider: Send + Sync {
         let _ = on_text;
         self.complete(model, req).await
     }
+
+    /// The secret values this provider sends (its API key as it reads now), so that
+    /// whatever is recorded or shown can be scrubbed of them.
+    fn known_secrets(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Splits `provider:model`.
@@ -195,6 +201,14 @@ impl Registry {
 
     pub fn has(&self, name: &str) -> bool {
         self.providers.contains_key(name)
+    }
+
+    /// Every provider's [`Provider::known_secrets`].
+    pub fn known_secrets(&self) -> Vec<String> {
+        self.providers
+            .values()
+            .flat_map(|p| p.known_secrets())
+            .collect()
     }
 
     /// Prices `model` (`provider:model`, or `provider:*` for all of a provider's models).
@@ -265,10 +279,21 @@ pub fn build_provider(settings: ProviderSettings) -> Result<Arc<dyn Provider>> {
 /// and the price table. Keys are not read here but at each call, so a provider whose key
 /// is missing fails only when used.
 pub fn registry_from_config(models: &ModelsConfig, scripts_dir: &Path) -> Result<Registry> {
+    registry_with_scripts(
+        models,
+        scripted::ScriptSource::Dir(scripts_dir.to_path_buf()),
+    )
+}
+
+/// [`registry_from_config`] with the `scripted` provider's scripts from `scripts`.
+pub fn registry_with_scripts(
+    models: &ModelsConfig,
+    scripts: scripted::ScriptSource,
+) -> Result<Registry> {
     let mut r = Registry::new();
     r.insert(
         "scripted",
-        Arc::new(scripted::ScriptedProvider::new(scripts_dir)),
+        Arc::new(scripted::ScriptedProvider::from_source(scripts)),
     );
     let mut providers = models.providers.clone();
     for default in ["openai", "anthropic"] {

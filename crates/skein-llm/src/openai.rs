@@ -119,6 +119,10 @@ impl OpenAiProvider {
 
 #[async_trait]
 impl Provider for OpenAiProvider {
+    fn known_secrets(&self) -> Vec<String> {
+        self.settings.current_key().into_iter().collect()
+    }
+
     async fn complete(&self, model: &str, req: &ModelRequest) -> Result<Completion> {
         let s = &self.settings;
         let (headers, key) = self.headers()?;

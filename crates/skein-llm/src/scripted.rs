@@ -95,9 +95,17 @@ impl Default for TemplateLimits {
     }
 }
 
-/// Scripts loaded from one directory, parsed once.
+/// Where a provider's scripts come from: a directory of `NAME.yaml` files, or texts the
+/// program carries (the binary's built-in demo), keyed by `NAME`.
+#[derive(Debug, Clone)]
+pub enum ScriptSource {
+    Dir(PathBuf),
+    Texts(BTreeMap<String, String>),
+}
+
+/// Scripts loaded from one directory (or a set of texts), parsed once.
 pub struct ScriptedProvider {
-    dir: PathBuf,
+    source: ScriptSource,
     cache: Mutex<BTreeMap<String, Arc<Script>>>,
     limits: TemplateLimits,
     tokio_clock: bool,
@@ -105,8 +113,13 @@ pub struct ScriptedProvider {
 
 impl ScriptedProvider {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self::from_source(ScriptSource::Dir(dir.into()))
+    }
+
+    /// A provider reading its scripts from `source`.
+    pub fn from_source(source: ScriptSource) -> Self {
         Self {
-            dir: dir.into(),
+            source,
             cache: Mutex::new(BTreeMap::new()),
             limits: TemplateLimits::default(),
             tokio_clock: false,
@@ -149,14 +162,28 @@ impl ScriptedProvider {
                 "scripted model name `{name}` is not a file name"
             )));
         }
-        let path = self.dir.join(format!("{name}.yaml"));
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            Error::Config(format!(
-                "scripted model `{name}`: cannot read {}: {e}",
-                path.display()
-            ))
-        })?;
-        let script = Arc::new(parse_script(&path.display().to_string(), &text)?);
+        let (origin, text) = match &self.source {
+            ScriptSource::Dir(dir) => {
+                let path = dir.join(format!("{name}.yaml"));
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    Error::Config(format!(
+                        "scripted model `{name}`: cannot read {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                (path.display().to_string(), text)
+            }
+            ScriptSource::Texts(texts) => {
+                let text = texts.get(name).ok_or_else(|| {
+                    Error::Config(format!(
+                        "scripted model `{name}`: no built-in script of that name (built in: {})",
+                        texts.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ))
+                })?;
+                (format!("(built in)/scripts/{name}.yaml"), text.clone())
+            }
+        };
+        let script = Arc::new(parse_script(&origin, &text)?);
         cache.insert(name.to_string(), script.clone());
         Ok(script)
     }

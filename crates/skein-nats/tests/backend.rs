@@ -167,7 +167,17 @@ async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
     // Refused for the path itself, not merely missing: `../other/x` names no object, so
     // any error would do for a read; only a refusal shows the path was judged.
     use skein_tools::ToolError;
-    for bad in ["../other/x", "/etc/passwd", "a/../../b", "c:\\x"] {
+    for bad in [
+        "../other/x",
+        "/etc/passwd",
+        "a/../../b",
+        "c:\\x",
+        "nul\0.txt",
+        "line\nbreak.txt",
+        "esc\u{1b}[2J.txt",
+        "del\u{7f}",
+        "c1\u{85}",
+    ] {
         let read = ws.read(bad).await;
         assert!(
             matches!(&read, Err(ToolError::Refused(m)) if m.contains("refused")),

@@ -142,10 +142,27 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: &str) -> Result<(Claim
     Ok((claims, f))
 }
 
-/// Missing keys as a readable refusal.
+/// Missing keys, and keys no question asked for, as a readable refusal.
 pub fn check_answers(questions: &Value, answers: &Value) -> Result<()> {
-    if !answers.is_object() {
+    let Some(given) = answers.as_object() else {
         return Err(Error::invalid("answers must be a JSON object"));
+    };
+    let expected = expected_keys(questions);
+    let unasked: Vec<String> = given
+        .keys()
+        .filter(|k| !expected.iter().any(|(e, _)| e == *k))
+        .map(|k| format!("`{}`", k.escape_debug()))
+        .collect();
+    if !unasked.is_empty() {
+        return Err(Error::invalid(format!(
+            "answers for questions that were not asked: {}; the questions expect {}",
+            unasked.join(", "),
+            expected
+                .iter()
+                .map(|(k, _)| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
     }
     let missing = missing_answers(questions, answers);
     if missing.is_empty() {

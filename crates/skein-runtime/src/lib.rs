@@ -19,6 +19,7 @@ pub mod ports;
 pub mod replay;
 pub mod runtime;
 pub mod runtime_tools;
+pub mod scrub;
 pub mod secret;
 pub mod session;
 pub mod spans;

@@ -97,6 +97,8 @@ pub struct Runtime {
     pub models: Registry,
     pub tools: ToolBox,
     pub cfg: RuntimeConfig,
+    /// The secrets (provider keys, the token secret) no recorded event may hold.
+    pub(crate) scrubber: crate::scrub::Scrubber,
     /// Shared by the work loops: claim health, the drain switch, held jobs.
     pub loops: crate::work_loop::Loops,
     /// The folds and definitions kept between jobs (see [`crate::session`]).
@@ -163,7 +165,12 @@ impl Runtime {
                 cfg.limits.approval_required.push(name);
             }
         }
+        let mut secrets = models.known_secrets();
+        if let Ok(t) = std::str::from_utf8(&cfg.token_secret.0) {
+            secrets.push(t.to_string());
+        }
         Arc::new(Self {
+            scrubber: crate::scrub::Scrubber::new(secrets),
             backend,
             agents,
             models,

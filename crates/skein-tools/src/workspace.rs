@@ -138,6 +138,24 @@ pub trait Workspace: Send + Sync {
     }
 }
 
+/// Refuses a path holding NUL or any other control character (newline, tab, ESC, DEL, the
+/// C1 range): no file a tool makes may have a name that breaks a listing, a log line or a
+/// terminal. Every workspace, local or in an object store, checks this first.
+pub fn check_path_chars(path: &str) -> Result<(), ToolError> {
+    match path.chars().find(|c| c.is_control()) {
+        None => Ok(()),
+        Some(c) => Err(ToolError::Refused(format!(
+            "`{}`: a path holding a control character ({}) is refused",
+            path.escape_debug(),
+            if c == '\0' {
+                "NUL".to_string()
+            } else {
+                format!("U+{:04X}", c as u32)
+            }
+        ))),
+    }
+}
+
 /// A workspace path in canonical form: no leading `/` (refused), no `.` or empty
 /// segments, no `..` (refused); `""` is the root.
 pub fn normalize(path: &str) -> Result<String, ToolError> {
@@ -146,11 +164,7 @@ pub fn normalize(path: &str) -> Result<String, ToolError> {
             "`{path}`: absolute paths are refused; paths are relative to the workspace"
         )));
     }
-    if path.contains('\0') {
-        return Err(ToolError::Refused(format!(
-            "`{path}`: a path cannot hold NUL"
-        )));
-    }
+    check_path_chars(path)?;
     let mut parts = vec![];
     for seg in path.split('/') {
         match seg {

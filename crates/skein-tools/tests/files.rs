@@ -77,6 +77,32 @@ async fn parent_dir_is_refused_everywhere() {
 }
 
 #[tokio::test]
+async fn control_characters_in_paths_are_refused() {
+    let s = Sandbox::new();
+    let tb = builtin();
+    for bad in [
+        "nul\0.txt",
+        "a/line\nbreak.txt",
+        "tab\there",
+        "esc\u{1b}[2J",
+        "c1\u{9b}x",
+    ] {
+        for (tool, args) in [
+            ("read_file", json!({"path": bad})),
+            ("write_file", json!({"path": bad, "content": "x"})),
+            ("list_dir", json!({"path": bad})),
+        ] {
+            let e = err(&tb, &s.ctx, tool, args).await;
+            assert!(
+                refused(&e).contains("control character"),
+                "{tool} {bad:?}: {e}"
+            );
+        }
+    }
+    assert_eq!(std::fs::read_dir(s.root()).unwrap().count(), 0);
+}
+
+#[tokio::test]
 async fn absolute_paths_are_refused() {
     let s = Sandbox::new();
     let tb = builtin();

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use skein_core::AgentSet;
 
-use crate::app::{read_agent_files, App};
+use crate::app::App;
 use crate::render;
 
 #[derive(Subcommand, Debug)]
@@ -20,7 +20,7 @@ pub enum AgentsCmd {
 
 pub async fn run(app: &App, cmd: AgentsCmd) -> Result<ExitCode> {
     let AgentsCmd::Check { json } = cmd;
-    let files = read_agent_files(&app.cfg.agents_dir)?;
+    let files = app.agent_files()?;
     let mut problems = vec![];
     let set = match AgentSet::load(&files, &[]) {
         Ok(s) => Some(s),
@@ -32,7 +32,7 @@ pub async fn run(app: &App, cmd: AgentsCmd) -> Result<ExitCode> {
     };
     if let Some(set) = &set {
         let models = app.models()?;
-        let scripted = skein_llm::scripted::ScriptedProvider::new(&app.cfg.scripts_dir);
+        let scripted = skein_llm::scripted::ScriptedProvider::from_source(app.scripts());
         for (name, def) in &set.agents {
             let origin = &set.origins[name];
             match skein_llm::split_model(&def.front.model) {

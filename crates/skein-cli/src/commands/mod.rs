@@ -12,19 +12,31 @@ pub mod bench_hops;
 pub mod bench_nats;
 pub mod cancel;
 pub mod cluster;
+pub mod docs;
 pub mod hitl;
+pub mod init;
 pub mod replay;
 pub mod run;
 pub mod show;
 pub mod ui;
 
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
-    let app = App::new(cli.global)?;
+    // What needs no configuration runs without it.
+    match cli.cmd {
+        Command::Init(Deferred(a)) => init::init(a),
+        Command::Completions(Deferred(a)) => docs::completions(a),
+        Command::Man(Deferred(a)) => docs::man(a),
+        cmd => with_config(cli.global, cmd).await,
+    }
+}
+
+async fn with_config(global: crate::GlobalArgs, cmd: Command) -> Result<ExitCode> {
+    let app = App::new(global)?;
     if app.global.dump_config {
         crate::out!("{}", crate::config::dump(&app.cfg)?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    match cli.cmd {
+    match cmd {
         Command::Run(Deferred(a)) => run::run(&app, a).await,
         Command::Resume(Deferred(a)) => run::resume(&app, a).await,
         Command::Sessions(Deferred(a)) => show::sessions(&app, a).await,
@@ -45,5 +57,8 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Deny(Deferred(a)) => hitl::approve(&app, a, false).await,
         Command::Cancel(Deferred(a)) => cancel::cancel(&app, a).await,
         Command::Ui(Deferred(a)) => ui::ui(&app, a).await,
+        Command::Init(Deferred(a)) => init::init(a),
+        Command::Completions(Deferred(a)) => docs::completions(a),
+        Command::Man(Deferred(a)) => docs::man(a),
     }
 }

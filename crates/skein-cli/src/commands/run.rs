@@ -23,9 +23,9 @@ use crate::streamed::Lines;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The root agent.
-    #[arg(long, default_value = "orchestrator")]
-    pub agent: String,
+    /// The root agent (default: `orchestrator`, or the only agent of a catalogue of one).
+    #[arg(long)]
+    pub agent: Option<String>,
     /// Root session id (a token: a-z, 0-9, `-`, `_`); running the same id again is a no-op.
     #[arg(long)]
     pub id: Option<String>,
@@ -72,9 +72,10 @@ pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
         Some(s) => serde_json::from_str(s).context("--inputs must be a JSON object")?,
         None => serde_json::Value::Null,
     };
+    let agent = root_agent(&rt.agents, a.agent.as_deref())?;
     let id = rt
         .submit(Submission {
-            agent: a.agent.clone(),
+            agent,
             mission: a.mission.clone(),
             id: a.id.clone(),
             context: a.context.clone(),
@@ -91,6 +92,17 @@ pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
     let code = drive(&rt, &id, conc, a.json).await;
     store.leave().await?;
     code
+}
+
+/// The agent a run starts: the one named, else `orchestrator`, else the only agent there is.
+fn root_agent(agents: &AgentSet, named: Option<&str>) -> Result<String> {
+    if let Some(a) = named {
+        return Ok(a.to_string());
+    }
+    if agents.agents.contains_key("orchestrator") || agents.agents.len() != 1 {
+        return Ok("orchestrator".into());
+    }
+    Ok(agents.agents.keys().next().cloned().unwrap_or_default())
 }
 
 /// The embedded store and a runtime on it; with `model`, every agent runs on that model

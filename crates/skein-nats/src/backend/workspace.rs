@@ -206,6 +206,7 @@ impl ObjectWorkspace {
 
 /// Normalises a workspace path, refusing anything that could name another tree's files.
 pub fn clean_path(path: &str) -> std::result::Result<String, ToolError> {
+    skein_tools::workspace::check_path_chars(path)?;
     if path.starts_with('/') || path.contains('\\') {
         return Err(ToolError::Refused(format!(
             "`{path}`: absolute paths are refused"

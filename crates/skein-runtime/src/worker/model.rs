@@ -136,11 +136,16 @@ impl Runtime {
             if !shown.is_empty() || self.text.receiver_count() == 0 {
                 return;
             }
+            // A secret cut across two pieces passes here; the answer recorded is whole
+            // and scrubbed below.
             self.text.send(TextDelta {
                 session: session.clone(),
                 seq,
                 attempt,
-                text: piece.to_string(),
+                text: self
+                    .scrubber
+                    .scrubbed(piece)
+                    .unwrap_or_else(|| piece.to_string()),
             });
         };
         // A worker that drains abandons the call: nothing of it is recorded yet, and the
@@ -169,6 +174,7 @@ impl Runtime {
         match result {
             Ok(mut c) => {
                 hide_tokens(&shown, &mut c.response);
+                self.scrubber.response(&mut c.response);
                 self.fix_call_ids(&f.state, &mut c.response);
                 let ev = ModelCalled {
                     model: request.model.clone(),
@@ -233,7 +239,11 @@ impl Runtime {
                 tracing::warn!(session = %f.id, attempt, retryable, error = %e, "model call failed");
                 let ev = ModelFailed {
                     model: request.model.clone(),
-                    error: e.to_string(),
+                    error: {
+                        let mut text = e.to_string();
+                        self.scrubber.text(&mut text);
+                        text
+                    },
                     retryable,
                     attempt,
                     worker: self.cfg.worker_id.clone(),

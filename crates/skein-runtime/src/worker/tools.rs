@@ -134,7 +134,7 @@ impl Runtime {
     }
 
     pub(crate) async fn run_one(&self, ctx: &ToolContext, r: &ToolRun) -> Result<ToolReturned> {
-        let out = if self.tools.get(&r.tool).is_some() {
+        let mut out = if self.tools.get(&r.tool).is_some() {
             self.tools.run(ctx, &r.tool, &r.args).await
         } else {
             skein_tools::ToolOutcome {
@@ -143,6 +143,7 @@ impl Runtime {
                 ms: 0,
             }
         };
+        self.scrubber.text(&mut out.output);
         let (output, blob) = if out.output.len() > self.cfg.blob_threshold {
             let hash = self.backend.blobs.put(out.output.as_bytes()).await?;
             let mut cut = self.cfg.blob_threshold;

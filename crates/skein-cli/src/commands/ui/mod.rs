@@ -10,11 +10,14 @@
 //! With `--nats` it reads the cluster and hands work to the cluster's workers.
 //!
 //! Security:
-//! - it binds to loopback unless told otherwise, and then only with a token
-//!   (`--auth-token` or `SKEIN_UI_TOKEN`), asked as `Authorization: Bearer …` or the
-//!   cookie `/api/login` sets;
-//! - on loopback without a token, a request must name a loopback host (`Host`), so a page
-//!   of another site cannot reach the API through a DNS name rebound to 127.0.0.1;
+//! - every `/api` call needs a token, asked as `Authorization: Bearer …` or the cookie
+//!   `/api/login` sets: the one given (`--auth-token` or `SKEIN_UI_TOKEN`), else a random
+//!   one made at start and printed in the URL the page is opened with (the page logs in
+//!   with it and drops it from the address bar), so another account on a shared machine
+//!   cannot read the inbox or answer for you;
+//! - `--no-auth` serves without a token, on loopback only, with a warning;
+//! - without a token, a request must name a loopback host (`Host`), so a page of another
+//!   site cannot reach the API through a DNS name rebound to 127.0.0.1;
 //! - every request that changes something carries the per-process token of `/api/info` in
 //!   `X-Skein-Csrf` (a header another site's page cannot set without a CORS preflight this
 //!   server never grants), and an `Origin`, when sent, must be this server's;
@@ -54,8 +57,7 @@ pub const MIN_AUTH_TOKEN: usize = 16;
 
 #[derive(Args, Debug)]
 pub struct UiArgs {
-    /// Address to serve on. Anything but loopback needs --auth-token. Port 0 picks a free
-    /// port (the address is printed on stderr).
+    /// Address to serve on. Port 0 picks a free port (the address is printed on stderr).
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub addr: SocketAddr,
     /// Token a browser or script must present (16+ characters); required when --addr is
@@ -68,6 +70,11 @@ pub struct UiArgs {
         value_name = "TOKEN"
     )]
     pub auth_token: Option<String>,
+    /// Serve without a token (loopback only): every account on this machine can then read
+    /// the trees and answer or approve for you. Without it and without --auth-token, a
+    /// random token is made and printed in the URL.
+    #[arg(long, conflicts_with = "auth_token")]
+    pub no_auth: bool,
     /// Jobs worked on at once on the embedded store (default from config).
     #[arg(long)]
     pub concurrency: Option<usize>,
@@ -102,8 +109,8 @@ pub fn check_binding(addr: &SocketAddr, token: Option<&str>) -> Result<()> {
         ),
         None if !addr.ip().is_loopback() => anyhow::bail!(
             "--addr {addr} is not a loopback address: anyone who reaches it could read every \
-             tree and answer for you; pass --auth-token (or set SKEIN_UI_TOKEN, 16+ \
-             characters), or serve on 127.0.0.1"
+             tree and answer for you; drop --no-auth (a token is then made and printed), \
+             pass --auth-token (or set SKEIN_UI_TOKEN, 16+ characters), or serve on 127.0.0.1"
         ),
         _ => Ok(()),
     }
@@ -125,8 +132,37 @@ pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// How the server is guarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Auth {
+    /// `--auth-token` / `SKEIN_UI_TOKEN`: known to whoever gave it, never printed.
+    Given(String),
+    /// Made here and printed in the URL.
+    Made(String),
+    /// `--no-auth`.
+    Off,
+}
+
+impl Auth {
+    fn of(a: &UiArgs) -> Self {
+        match a.auth_token.clone().filter(|t| !t.is_empty()) {
+            Some(t) => Auth::Given(t),
+            None if a.no_auth => Auth::Off,
+            None => Auth::Made(format!("{}{}", random_token(), random_token())),
+        }
+    }
+
+    fn token(&self) -> Option<&str> {
+        match self {
+            Auth::Given(t) | Auth::Made(t) => Some(t),
+            Auth::Off => None,
+        }
+    }
+}
+
 pub async fn ui(app: &App, a: UiArgs) -> Result<ExitCode> {
-    let auth = a.auth_token.clone().filter(|t| !t.is_empty());
+    let how = Auth::of(&a);
+    let auth = how.token().map(str::to_string);
     check_binding(&a.addr, auth.as_deref())?;
     if let Some(t) = &auth {
         crate::config::register_secrets(vec![t.clone()]);
@@ -170,7 +206,21 @@ pub async fn ui(app: &App, a: UiArgs) -> Result<ExitCode> {
         .await
         .with_context(|| format!("cannot listen on {}", a.addr))?;
     let local = listener.local_addr()?;
-    crate::errln!("skein ui on http://{local}/ ({kind})");
+    match &how {
+        // The URL carries the token, as a notebook server's does: the page logs in with it.
+        Auth::Made(t) => crate::errln!("skein ui on http://{local}/?token={t} ({kind})"),
+        Auth::Given(_) => crate::errln!(
+            "skein ui on http://{local}/ ({kind}); log in with the token given \
+             (--auth-token / SKEIN_UI_TOKEN)"
+        ),
+        Auth::Off => {
+            crate::errln!(
+                "warning: --no-auth: every account on this machine can read the trees and \
+                 the inbox, and answer or approve as you"
+            );
+            crate::errln!("skein ui on http://{local}/ ({kind})");
+        }
+    }
     let served = axum::serve(listener, router(ui))
         .with_graceful_shutdown(async move {
             super::cluster::terminated().await;
@@ -303,7 +353,7 @@ mod tests {
         assert!(check_binding(&lo, None).is_ok());
         let e = check_binding(&any, None).err().map(|e| e.to_string());
         assert!(
-            e.as_deref().is_some_and(|e| e.contains("--auth-token")),
+            e.as_deref().is_some_and(|e| e.contains("--no-auth")),
             "{e:?}"
         );
         let e = check_binding(&any, Some("short"))

@@ -125,6 +125,7 @@ pub fn routes() -> Router<Arc<Ui>> {
         .route("/api/trees/{root}", get(tree))
         .route("/api/trees/{root}/timeline", get(timeline))
         .route("/api/trees/{root}/audit", get(audit))
+        .route("/api/trees/{root}/cancel", post(cancel_tree))
         .route("/api/sessions/{id}/events", get(events))
         .route("/api/sessions/{id}/state", get(state))
         .route("/api/sessions/{id}/verify", get(verify))
@@ -155,6 +156,7 @@ pub fn routes() -> Router<Arc<Ui>> {
         tree,
         timeline,
         audit,
+        cancel_tree,
         events,
         state,
         verify,
@@ -181,6 +183,8 @@ pub fn routes() -> Router<Arc<Ui>> {
         PlanView,
         PlanChange,
         Fork,
+        Cancel,
+        Cancelled,
         Answer,
         Decision,
         super::Live

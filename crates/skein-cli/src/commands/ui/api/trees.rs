@@ -298,3 +298,50 @@ pub(super) async fn audit(
     )
         .into_response())
 }
+
+#[derive(Deserialize, ToSchema)]
+pub struct Cancel {
+    /// Why (recorded in the log of every session cancelled).
+    pub reason: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Cancelled {
+    pub session: String,
+    /// Sessions cancelled (0: every one had ended already).
+    pub cancelled: usize,
+}
+
+/// Cancels a tree: its root and every session under it still running or waiting (as
+/// `skein cancel ROOT`).
+#[utoipa::path(post, path = "/api/trees/{root}/cancel", tag = "actions",
+    params(("root" = String, Path, description = "root session id")),
+    request_body = Cancel,
+    responses((status = 200, body = Cancelled), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+pub(super) async fn cancel_tree(
+    State(ui): State<Arc<Ui>>,
+    Path(root): Path<String>,
+    Json(c): Json<Cancel>,
+) -> ApiResult<Cancelled> {
+    let rt = ui.runtime()?;
+    let id = session_id(&root)?;
+    if !id.is_root() {
+        return Err(bad(format!("{} is not a root session", id.display())));
+    }
+    hitl::check_answer_size("the reason", c.reason.as_deref().map_or(0, str::len))?;
+    let reason = c
+        .reason
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| {
+            format!(
+                "cancelled from the web view by {}",
+                who().unwrap_or_default()
+            )
+        });
+    let n = skein_runtime::control::cancel(rt, &id, &reason).await?;
+    Ok(Json(Cancelled {
+        session: id.display(),
+        cancelled: n,
+    }))
+}

@@ -242,8 +242,17 @@ async function treeView(root) {
     const rows = t.sessions;
     const r0 = rows[0];
     const s = t.summary;
+    const ended = ["completed", "failed", "cancelled"].includes(r0.status);
+    const cancelMsg = el("span", { class: "error", id: "cancel-msg" });
+    const cancelBtn = !ended && S.info.writable ? el("button", {
+      class: "deny", id: "cancel", type: "button", onclick: async () => {
+        if (!confirm(`Cancel ${t.root} and every session under it?`)) return;
+        cancelBtn.disabled = true;
+        try { await api(`/trees/${enc(root)}/cancel`, {}); await load(); } catch (err) { cancelMsg.textContent = err.message; cancelBtn.disabled = false; }
+      },
+    }, "Cancel the tree") : null;
     head.replaceChildren(
-      el("h1", {}, "Tree ", el("code", {}, t.root), " ", badge(r0.status)),
+      el("h1", {}, "Tree ", el("code", {}, t.root), " ", badge(r0.status), " ", cancelBtn, cancelMsg),
       el("p", { class: "mission" }, r0.mission),
       el("p", { class: "summary" },
         `${s.sessions} sessions · ${s.steps} model turns · ${s.tool_calls} tool calls · ${tokens(s.usage)} tokens · ${cost(s.usage)} · ${s.cache_hits} cache hits · ${fmtMs(s.wall_ms)}`),
@@ -464,6 +473,13 @@ async function route() {
 }
 
 async function boot() {
+  // Opened with the URL the server printed (`/?token=…`): log in with the token, then take
+  // it out of the address bar and the history.
+  const given = new URLSearchParams(location.search).get("token");
+  if (given) {
+    history.replaceState(null, "", location.pathname + location.hash);
+    try { await api("/login", { token: given }); } catch (err) { showLogin(); return; }
+  }
   S.info = await api("/info");
   S.csrf = S.info.csrf;
   document.getElementById("backend").textContent = `${S.info.backend}${S.info.writable ? "" : " · read-only"}`;
