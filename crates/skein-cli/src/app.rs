@@ -20,16 +20,38 @@ pub struct App {
     pub cfg: SkeinConfig,
 }
 
-/// Reads every `*.md` under `dir` as (file name, text), sorted. A file larger than an
-/// agent definition may be ([`skein_core::agent::MAX_DEFINITION_BYTES`]) is refused
-/// without being read whole.
+/// Reads every agent definition under `dir` as (file name, text), sorted: each `*.md` in
+/// it, and each `NAME/agent.md` (the layout of the planner reference, one directory per
+/// agent). A subdirectory holding Markdown files but no `agent.md` is refused with the
+/// layout it should have, never skipped in silence. A file larger than an agent
+/// definition may be ([`skein_core::agent::MAX_DEFINITION_BYTES`]) is refused without
+/// being read whole.
 pub fn read_agent_files(dir: &Path) -> Result<Vec<(String, String)>> {
     let mut files = vec![];
     let entries = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read the agents directory {}", dir.display()))?;
     for e in entries {
         let p = e?.path();
-        if p.extension().is_some_and(|x| x == "md") {
+        if p.is_dir() {
+            let inner = p.join("agent.md");
+            if inner.is_file() {
+                files.push((inner.display().to_string(), read_agent_file(&inner)?));
+                continue;
+            }
+            let has_md = std::fs::read_dir(&p)
+                .with_context(|| format!("cannot read {}", p.display()))?
+                .filter_map(|e| e.ok())
+                .any(|e| e.path().extension().is_some_and(|x| x == "md"));
+            if has_md {
+                anyhow::bail!(
+                    "{}: an agent's directory holds its definition as `agent.md` (the layout \
+                     `agents/NAME/agent.md`); rename the definition to agent.md, or move it \
+                     up to {}/NAME.md",
+                    p.display(),
+                    dir.display()
+                );
+            }
+        } else if p.extension().is_some_and(|x| x == "md") {
             files.push((p.display().to_string(), read_agent_file(&p)?));
         }
     }

@@ -36,6 +36,10 @@ pub struct ModelsConfig {
     /// `[models.prices."provider:model"]` (or `"provider:*"` for every model of one
     /// provider).
     pub prices: BTreeMap<String, Price>,
+    /// The provider of a model named without one (`model: gemini-flash-latest`, as agent
+    /// files written for other systems name models). None: such a name is refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_provider: Option<String>,
 }
 
 /// Which wire format a provider speaks.

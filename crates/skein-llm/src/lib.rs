@@ -100,7 +100,10 @@ pub enum Error {
         model: String,
         known: String,
     },
-    #[error("model `{model}` is not of the form `provider:model`")]
+    #[error(
+        "model `{model}` is not of the form `provider:model` (a bare model name needs \
+         `[models] default_provider`)"
+    )]
     BadModelName { model: String },
     /// The provider's configuration is unusable (missing key, bad script …).
     #[error("{0}")]
@@ -184,6 +187,8 @@ pub fn split_model(model: &str) -> Result<(&str, &str)> {
 pub struct Registry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
     prices: BTreeMap<String, Price>,
+    /// `[models] default_provider`: the provider of a model named without one.
+    default_provider: Option<String>,
 }
 
 impl Registry {
@@ -201,6 +206,21 @@ impl Registry {
 
     pub fn has(&self, name: &str) -> bool {
         self.providers.contains_key(name)
+    }
+
+    /// The provider and model a model name stands for: `provider:model`, or a bare model
+    /// name under `[models] default_provider`.
+    pub fn resolve<'m>(&'m self, model: &'m str) -> Result<(&'m str, &'m str)> {
+        match (split_model(model), &self.default_provider) {
+            (Ok(pm), _) => Ok(pm),
+            (Err(_), Some(p)) if !model.trim().is_empty() => Ok((p.as_str(), model)),
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    /// Sets `[models] default_provider`.
+    pub fn set_default_provider(&mut self, provider: Option<String>) {
+        self.default_provider = provider;
     }
 
     /// Every provider's [`Provider::known_secrets`].
@@ -221,7 +241,10 @@ impl Registry {
         if let Some(p) = self.prices.get(model) {
             return Some(*p);
         }
-        let (provider, _) = split_model(model).ok()?;
+        let (provider, bare) = self.resolve(model).ok()?;
+        if let Some(p) = self.prices.get(&format!("{provider}:{bare}")) {
+            return Some(*p);
+        }
         self.prices.get(&format!("{provider}:*")).copied()
     }
 
@@ -245,8 +268,8 @@ impl Registry {
         Ok(self.priced(req, c))
     }
 
-    fn route<'r>(&self, req: &'r ModelRequest) -> Result<(&Arc<dyn Provider>, &'r str)> {
-        let (provider, model) = split_model(&req.model)?;
+    fn route<'r>(&'r self, req: &'r ModelRequest) -> Result<(&'r Arc<dyn Provider>, &'r str)> {
+        let (provider, model) = self.resolve(&req.model)?;
         let p = self
             .providers
             .get(provider)
@@ -326,6 +349,15 @@ pub fn registry_with_scripts(
         }
         r.set_price(model.clone(), *price);
     }
+    if let Some(p) = &models.default_provider {
+        if !r.has(p) {
+            return Err(Error::Config(format!(
+                "[models] default_provider: `{p}` is not a provider (known: {})",
+                r.names().join(", ")
+            )));
+        }
+    }
+    r.set_default_provider(models.default_provider.clone());
     Ok(r)
 }
 

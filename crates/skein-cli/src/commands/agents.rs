@@ -35,7 +35,7 @@ pub async fn run(app: &App, cmd: AgentsCmd) -> Result<ExitCode> {
         let scripted = skein_llm::scripted::ScriptedProvider::from_source(app.scripts());
         for (name, def) in &set.agents {
             let origin = &set.origins[name];
-            match skein_llm::split_model(&def.front.model) {
+            match models.resolve(&def.front.model) {
                 Ok(("scripted", script)) => {
                     if let Err(e) = scripted.load(script) {
                         problems.push(format!("{origin}: {e}"));

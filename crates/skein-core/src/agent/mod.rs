@@ -298,12 +298,19 @@ impl AgentDef {
                 reason: format!("agent `{}`: {e}", front.name),
             })?;
         }
-        if !front.model.contains(':') {
+        // `provider:model`, or a bare model name that `[models] default_provider` places
+        // (the registry resolves it; `skein agents check` says when nothing does).
+        let bad = match front.model.split_once(':') {
+            Some((p, m)) => p.trim().is_empty() || m.trim().is_empty(),
+            None => front.model.trim().is_empty(),
+        };
+        if bad {
             return Err(Error::AgentDef {
                 origin: origin.into(),
                 reason: format!(
                     "model `{}` must be `provider:model`, e.g. `scripted:writer` or \
-                     `openai:gpt-4o-mini`",
+                     `openai:gpt-4o-mini` (or a bare model name with `[models] \
+                     default_provider` set)",
                     front.model
                 ),
             });
