@@ -86,6 +86,28 @@ pub struct Limits {
     /// Whether a sub-agent may remove a dependency link of its parent's plan: `owner`
     /// (only from a task it owns), `any`, or `never`.
     pub plan_unlink: crate::plan::UnlinkPolicy,
+    /// Reference 000's global bound on sub-agents' tools: a session below the root may
+    /// use only the tools listed here (besides `propose_patch` and `team_broadcast`, which
+    /// the runtime gives it), whatever its agent file lists. None: no global bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sub_agent_tool_allowlist: Option<Vec<String>>,
+}
+
+impl Limits {
+    /// Whether the global sub-agent bound lets a session at `depth` use `tool`.
+    pub fn sub_agent_may_use(&self, depth: u32, tool: &str) -> bool {
+        match &self.sub_agent_tool_allowlist {
+            Some(only) if depth > 0 => {
+                only.iter().any(|t| {
+                    t == tool
+                        || (crate::RuntimeTool::CallAgent.is(t)
+                            && crate::RuntimeTool::CallAgent.is(tool))
+                }) || crate::RuntimeTool::ProposePatch.is(tool)
+                    || crate::RuntimeTool::TeamBroadcast.is(tool)
+            }
+            _ => true,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -99,6 +121,7 @@ impl Default for Limits {
             max_tokens: None,
             approval_required: vec!["shell".into(), "write_file".into()],
             plan_unlink: crate::plan::UnlinkPolicy::Owner,
+            sub_agent_tool_allowlist: None,
         }
     }
 }

@@ -138,3 +138,87 @@ fn a_failed_childs_result_names_its_error_type_and_every_result_its_agent_and_de
     assert_eq!(v["agent_name"], "planner");
     assert!(v.get("error_type").is_none());
 }
+
+fn approved(call: &str) -> skein_core::Event {
+    skein_core::Event::ApprovalGiven(skein_core::event::ApprovalGiven {
+        call: call.into(),
+        approved: true,
+        by: None,
+        reason: None,
+        token_id: format!("t-{call}"),
+    })
+}
+
+fn approval_requested(call: &str, tool: &str) -> skein_core::Event {
+    skein_core::Event::ApprovalRequested(skein_core::event::ApprovalRequested {
+        call: call.into(),
+        tool: tool.into(),
+        preview: String::new(),
+        token_id: format!("t-{call}"),
+    })
+}
+
+#[test]
+fn requires_approval_holds_for_handoff_to_and_for_the_children_a_pattern_starts() {
+    let set = agents(&[
+        (
+            "desk",
+            "router: {destinations: [billing]}\nrequires_approval: [handoff_to]\n",
+        ),
+        ("billing", ""),
+        (
+            "drafter",
+            "handoff: billing\nrequires_approval: [call_agent]\n",
+        ),
+    ]);
+    // A router's exit waits for approval, then hands the request on.
+    let g = given(set.clone(), "desk").events([
+        submitted("desk"),
+        turn(&[("c1", "handoff_to", json!({"agent": "billing"}))], 10),
+    ]);
+    g.when_deciding()
+        .then_asks_approval(&[("c1", "handoff_to")]);
+    let g = g.events([approval_requested("c1", "handoff_to"), approved("c1")]);
+    let routed = g.when_deciding().then_orchestrates();
+    assert!(matches!(routed, skein_core::Event::Routed(_)), "{routed:?}");
+    // An agent whose delegations need approval: its handoff's child waits for it too.
+    let g = given(set, "drafter").events([submitted("drafter"), answered("draft")]);
+    let h = g.when_deciding().then_orchestrates();
+    let g = g.events([h]);
+    g.when_deciding()
+        .then_asks_approval(&[("handoff.1", "handoff")]);
+    let g = g.events([
+        approval_requested("handoff.1", "handoff"),
+        approved("handoff.1"),
+    ]);
+    let ds = g.when_deciding().then_delegates(&["handoff.1"]);
+    assert_eq!(ds[0].agent, "billing");
+}
+
+#[test]
+fn a_global_sub_agent_tool_allowlist_bounds_every_sub_agents_tools() {
+    let set = agents(&[("reader", "tools: [read_file, write_file, list_dir]\n")]);
+    let limits = skein_core::Limits {
+        sub_agent_tool_allowlist: Some(vec!["read_file".into(), "list_dir".into()]),
+        ..Default::default()
+    };
+    let def = set.get("reader").unwrap().clone();
+    let def = &def;
+    let root = given(set.clone(), "reader")
+        .events([submitted("reader")])
+        .state();
+    assert!(
+        root.allowed_tools(def, &limits).contains("write_file"),
+        "the root is not bounded"
+    );
+    let g = given(set, "reader").limits(limits.clone()).events([
+        submitted_with("reader", 1, &["boss"], None),
+        turn(
+            &[("c1", "write_file", json!({"path": "x", "content": "y"}))],
+            10,
+        ),
+    ]);
+    assert!(!g.state().allowed_tools(def, &limits).contains("write_file"));
+    g.when_deciding()
+        .then_refused("c1", "not allowed: tool `write_file`");
+}

@@ -564,14 +564,16 @@ impl SessionState {
         }
         Step::CallModel {
             model: def.front.model.clone(),
-            tool_names: self.allowed_tools(def).into_iter().collect(),
+            tool_names: self.allowed_tools(def, limits).into_iter().collect(),
         }
     }
 
-    /// The tools this session may use: its definition's, plus `propose_patch` when it was
-    /// handed tasks of its parent's plan.
-    pub fn allowed_tools(&self, def: &AgentDef) -> BTreeSet<String> {
+    /// The tools this session may use: its definition's (within the limits' global bound
+    /// on sub-agents), plus `propose_patch` when it was handed tasks of its parent's plan.
+    pub fn allowed_tools(&self, def: &AgentDef, limits: &Limits) -> BTreeSet<String> {
         let mut t = def.allowed_tools();
+        let depth = self.submitted.as_ref().map_or(0, |s| s.depth);
+        t.retain(|x| limits.sub_agent_may_use(depth, x));
         if let Some(only) = self
             .submitted
             .as_ref()

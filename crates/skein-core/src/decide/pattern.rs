@@ -179,8 +179,21 @@ impl Turn<'_> {
         let mut refusals = vec![];
         let mut delegations = vec![];
         let st = self.state;
+        let mut approvals = vec![];
+        // A child a pattern starts passes the gate a `call_agent` child passes: when its
+        // agent's delegations wait for approval, so do these.
+        let gated = self.needs_approval(RuntimeTool::CallAgent.as_str());
         for slot in &st.turn {
-            if !matches!(slot.state, SlotState::Pending) {
+            let approved = matches!(slot.state, SlotState::Approved);
+            if !matches!(slot.state, SlotState::Pending) && !approved {
+                continue;
+            }
+            if gated && !approved {
+                approvals.push(super::ApprovalAsk {
+                    call: slot.call.id.clone(),
+                    tool: slot.call.name.clone(),
+                    preview: slot.call.args.to_string(),
+                });
                 continue;
             }
             match self.pattern_child(kind, &slot.call) {
@@ -197,6 +210,9 @@ impl Turn<'_> {
             return Step::Refuse(refusals);
         }
         if delegations.is_empty() {
+            if !approvals.is_empty() {
+                return Step::RequestApproval(approvals);
+            }
             return Step::Wait;
         }
         st.share_budget(&mut delegations);

@@ -114,7 +114,7 @@ impl<'a> Turn<'a> {
             def,
             limits,
             catalog,
-            allowed: state.allowed_tools(def),
+            allowed: state.allowed_tools(def, limits),
             max_calls: front
                 .max_tool_calls_per_turn
                 .unwrap_or(limits.max_tool_calls_per_turn) as usize,
@@ -176,8 +176,9 @@ impl<'a> Turn<'a> {
             let call = &slot.call;
             match &slot.state {
                 SlotState::Running => out.resumed.push(run_of(call, true)),
-                // An approved delegation is started like any other (below).
-                SlotState::Approved if !RuntimeTool::CallAgent.is(&call.name) => {
+                // An approved call of a runtime tool (a delegation, a router's `handoff_to`,
+                // …) is decided like any other (below); an approved ordinary tool runs.
+                SlotState::Approved if RuntimeTool::parse(&call.name).is_none() => {
                     out.runs.push(run_of(call, false))
                 }
                 SlotState::Pending | SlotState::Approved => {
@@ -247,6 +248,18 @@ impl<'a> Turn<'a> {
             return;
         }
         let tool = RuntimeTool::parse(&call.name);
+        // Every tool the model can call waits for a person's approval when its agent or
+        // the limits say so, the runtime's own as well (`handoff_to` hands the request on,
+        // `call_agent` starts a session); only a question to the person has nothing to
+        // approve.
+        if !approved && tool != Some(RuntimeTool::AskUser) && self.needs_approval(&call.name) {
+            out.approvals.push(ApprovalAsk {
+                call: call.id.clone(),
+                tool: call.name.clone(),
+                preview: call.args.to_string(),
+            });
+            return;
+        }
         match tool {
             Some(RuntimeTool::AskClarification) => match self.clarify_of(call) {
                 Ok(c) => out.clarifications.push(c),
@@ -273,15 +286,6 @@ impl<'a> Turn<'a> {
                 Ok(a) => out.asks.push(a),
                 Err(e) => out.refusals.push(refusal(call, e)),
             },
-            _ if !approved && self.needs_approval(&call.name) => {
-                // The approver is shown every byte that would run: the whole arguments,
-                // never a cut of them.
-                out.approvals.push(ApprovalAsk {
-                    call: call.id.clone(),
-                    tool: call.name.clone(),
-                    preview: call.args.to_string(),
-                })
-            }
             Some(RuntimeTool::CallAgent) => match self.delegate(call) {
                 Ok(d) => out.delegations.push(d),
                 Err(e) => out.refusals.push(refusal(call, e)),
@@ -290,10 +294,16 @@ impl<'a> Turn<'a> {
         }
     }
 
-    fn needs_approval(&self, tool: &str) -> bool {
+    /// Whether a call of `tool` waits for a person's approval (the approver is shown every
+    /// byte that would run: the whole arguments, never a cut of them). `call_agent` and
+    /// `delegate_to_agent` are one tool: naming either asks for both.
+    pub(super) fn needs_approval(&self, tool: &str) -> bool {
+        let named = |t: &String| {
+            t == tool || (RuntimeTool::CallAgent.is(t) && RuntimeTool::CallAgent.is(tool))
+        };
         crate::agent::ALWAYS_APPROVED.contains(&tool)
-            || self.def.front.requires_approval.iter().any(|t| t == tool)
-            || self.limits.approval_required.iter().any(|t| t == tool)
+            || self.def.front.requires_approval.iter().any(named)
+            || self.limits.approval_required.iter().any(named)
     }
 
     /// One step for the turn, in a fixed order: refusals, delegations (refused whole when

@@ -255,6 +255,7 @@ impl Runtime {
         request: Option<&str>,
     ) -> RunShape {
         let mut tools = def.allowed_tools();
+        tools.retain(|t| self.cfg.limits.sub_agent_may_use(depth, t));
         if let Some(only) = narrowed {
             tools.retain(|t| only.contains(t));
         }
