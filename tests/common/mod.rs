@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod ui;
 pub mod wire;
+pub mod world;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
