@@ -255,6 +255,11 @@ pub trait Announcer: Send + Sync {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RootResult {
     pub session: String,
+    /// The seq of the root's record that ended it: one ending of a tree, announced once.
+    /// A root reopened by a follow-up question ends again at a later seq. Absent (0) in
+    /// the results of earlier versions.
+    #[serde(default)]
+    pub seq: u64,
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
