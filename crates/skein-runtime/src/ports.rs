@@ -245,7 +245,9 @@ pub trait Notices: Send + Sync {
     }
 }
 
-/// Where a finished root is announced (`skein.results.ROOT` on NATS).
+/// Where a finished root is announced (`skein.results.ROOT` on NATS). The worker calls
+/// it every time it finds a root ended (a job run again calls it again), so an
+/// implementation announces each ending, named by the root and [`RootResult::seq`], once.
 #[async_trait]
 pub trait Announcer: Send + Sync {
     async fn root_finished(&self, notice: &RootResult) -> Result<()>;
