@@ -440,8 +440,6 @@ async fn paused(
     json: bool,
 ) -> Result<Option<ExitCode>> {
     let b = store.backend();
-    // Only the token secret is needed to name what waits: no catalogue, no models.
-    let secret = app.runtime_config()?.token_secret;
     let read = skein_runtime::inspect::tree_folds(&b, root).await?;
     let Some((_, top)) = read.iter().find(|(_, f)| f.id == *root) else {
         return Ok(None);
@@ -449,6 +447,29 @@ async fn paused(
     if top.state.status.is_terminal() {
         return Ok(None);
     }
+    // What waits for a person: the root's questions and any session's approvals (as the
+    // inbox lists them), looked at before the token secret is needed.
+    let waits = read.iter().any(|(_, f)| {
+        !f.state.status.is_terminal()
+            && (!f.state.pending_approvals.is_empty()
+                || (f.id.is_root() && !f.state.pending_inputs.is_empty()))
+    });
+    if !waits {
+        return Ok(None);
+    }
+    let status = top.state.status.as_str();
+    // Only the token secret is needed to name what waits: no catalogue, no models.
+    let secret = match app.runtime_config() {
+        Ok(rc) => rc.token_secret,
+        Err(e) => {
+            crate::outln!("paused ({status}): waiting for you")?;
+            crate::errln!(
+                "cannot show the tokens that answer it: {e:#}; `skein inbox {root}` with \
+                 the workers' SKEIN_TOKEN_SECRET lists them"
+            );
+            return Ok(Some(ExitCode::from(3)));
+        }
+    };
     let items: Vec<_> = read
         .iter()
         .flat_map(|(_, f)| skein_runtime::hitl::waiting_in(&secret, f))
@@ -456,7 +477,6 @@ async fn paused(
     if items.is_empty() {
         return Ok(None);
     }
-    let status = top.state.status.as_str();
     if json {
         let v =
             serde_json::json!({"session": root.to_string(), "status": status, "waiting": items});
