@@ -714,8 +714,8 @@ async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() 
 
 /// Each ending of a tree reaches a core subscriber of `skein.results.>` once: announced
 /// again by the same worker, by another worker, and again once the duplicate window is
-/// over (here one second), it is neither stored nor heard twice. A tree reopened by a
-/// follow-up question ends again at a later seq, and that ending is heard once too; an
+/// over (here one second), it is neither stored nor heard twice. A root whose log went on
+/// past its end and ended again at a later seq has that ending heard once too; an
 /// announcement of the earlier ending made after it changes nothing. A late reader finds
 /// the last ending in the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -751,7 +751,7 @@ async fn each_ending_of_a_tree_is_announced_once_whoever_announces_it_and_when()
     b.root_finished(&ending(7, "first")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     b.root_finished(&ending(7, "first")).await.unwrap();
-    // Reopened and ended again; then a late announcement of the first ending.
+    // Ended again at a later seq; then a late announcement of the first ending.
     b.root_finished(&ending(12, "second")).await.unwrap();
     a.root_finished(&ending(12, "second")).await.unwrap();
     a.root_finished(&ending(7, "first")).await.unwrap();

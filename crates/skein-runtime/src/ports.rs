@@ -258,8 +258,8 @@ pub trait Announcer: Send + Sync {
 pub struct RootResult {
     pub session: String,
     /// The seq of the root's record that ended it: one ending of a tree, announced once.
-    /// A root reopened by a follow-up question ends again at a later seq. Absent (0) in
-    /// the results of earlier versions.
+    /// A root whose log went on past its end would end again at a later seq. Absent (0)
+    /// in the results of earlier versions.
     #[serde(default)]
     pub seq: u64,
     pub status: String,

@@ -397,8 +397,8 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
     }
 }
 
-/// The tree's last announced result, if it is that of the root's current end (a tree
-/// reopened by a follow-up question runs on past its earlier result).
+/// The tree's last announced result, if it is that of the root's current end (a root
+/// whose log went on past an earlier end is not done with it).
 async fn current_result(
     store: &std::sync::Arc<skein_nats::NatsStore>,
     root: &SessionId,
