@@ -1,8 +1,9 @@
 //! End to end on NATS JetStream with real processes: nats-server(s), several `skein worker`
 //! processes, and submissions made with the NATS text protocol over a plain TCP socket
 //! (not skein's client code). Faults: a worker killed with SIGKILL, the server restarted.
-//! Afterwards every log is audited. The tests take a lock so that their worker processes
-//! do not compete for the same two cores.
+//! Afterwards every log is audited, and an independent subscriber of `skein.results.>`
+//! (the text protocol again) has heard no tree's result twice. The tests take a lock so
+//! that their worker processes do not compete for the same two cores.
 
 mod common;
 
@@ -20,6 +21,7 @@ fn three_workers_run_fifty_raw_submissions_and_one_is_killed_midway() {
     let url = server.url();
     let mut workers = Workers((1..=3).map(|i| worker(&url, &format!("w{i}"), 1)).collect());
     let (ids, payloads) = missions(&format!("k{}", tag()), 50);
+    let tally = ResultTally::subscribe(std::slice::from_ref(&url));
     raw_publish(&url, "skein.missions.submit", &payloads);
     let rt = rt();
     // Kill a worker once the run is well under way.
@@ -46,6 +48,7 @@ fn three_workers_run_fifty_raw_submissions_and_one_is_killed_midway() {
     });
     kill9(&mut workers.0[0]);
     rt.block_on(wait_all(&url, 1, &ids, Duration::from_secs(180)));
+    tally.assert_each_exactly_once(&ids, Duration::from_secs(30));
     let used = rt.block_on(audit(&url, 1, &ids));
     assert!(used.len() >= 2, "work spread over the workers: {used:?}");
 }
@@ -57,32 +60,64 @@ fn a_server_restart_mid_run_loses_nothing() {
     let url = server.url();
     let _workers = Workers((1..=2).map(|i| worker(&url, &format!("r{i}"), 1)).collect());
     let (ids, payloads) = missions(&format!("r{}", tag()), 20);
+    // It hears nothing while the server is down: no result twice is all it can tell.
+    let tally = ResultTally::subscribe(std::slice::from_ref(&url));
     raw_publish(&url, "skein.missions.submit", &payloads);
     std::thread::sleep(Duration::from_millis(700));
     server.restart();
     let rt = rt();
     rt.block_on(wait_all(&url, 1, &ids, Duration::from_secs(180)));
     rt.block_on(audit(&url, 1, &ids));
+    tally.assert_at_most_once();
 }
 
+async fn leader_of(urls: &str, stream: &str) -> Option<String> {
+    let st = store(urls, 3).await;
+    let mut s = st.js.get_stream(stream).await.ok()?;
+    let info = s.info().await.ok()?;
+    info.cluster.as_ref().and_then(|c| c.leader.clone())
+}
+
+/// The acceptance of "a tree's result is announced once": a 3-node cluster, a worker
+/// killed with SIGKILL, then the node leading `SKEIN_RESULTS` (or another one, should
+/// that be the subscriber's), then a second worker, each worker replaced as it dies.
+/// Every tree completes, and the subscriber, on a node that stays up, hears each tree's
+/// result exactly once.
 #[test]
-fn a_cluster_node_killed_mid_run_loses_nothing() {
+fn a_node_and_workers_killed_mid_run_lose_nothing_and_each_result_is_heard_once() {
     let _serial = serial();
     let mut cluster = Cluster::start();
     let urls = cluster.urls();
-    let _workers = Workers(
-        (1..=2)
+    let mut workers = Workers(
+        (1..=3)
             .map(|i| worker(&urls, &format!("c{i}"), 3))
             .collect(),
     );
-    let (ids, payloads) = missions(&format!("c{}", tag()), 20);
+    let (ids, payloads) = missions(&format!("c{}", tag()), 30);
+    let tally = ResultTally::subscribe(&[cluster.url(1)]);
     raw_publish(&cluster.url(1), "skein.missions.submit", &payloads);
     std::thread::sleep(Duration::from_millis(700));
-    cluster.kill9(0);
+    kill9(&mut workers.0[0]);
+    workers.0[0] = worker(&urls, "c4", 3);
     let rt = rt();
+    let led = rt
+        .block_on(leader_of(&urls, "SKEIN_RESULTS"))
+        .and_then(|l| cluster.index_of(&l))
+        .filter(|i| *i != 1);
+    let victim = led.unwrap_or(0);
+    eprintln!(
+        "killing {} (the leader of SKEIN_RESULTS: {})",
+        cluster.name(victim),
+        led.is_some()
+    );
+    cluster.kill9(victim);
+    std::thread::sleep(Duration::from_millis(1000));
+    kill9(&mut workers.0[1]);
+    workers.0[1] = worker(&urls, "c5", 3);
     // Every mission completes while the node is down, and every log of every tree has
     // an unbroken hash chain, no duplicated tool call and one terminal event.
     rt.block_on(wait_all(&urls, 3, &ids, Duration::from_secs(240)));
+    tally.assert_each_exactly_once(&ids, Duration::from_secs(60));
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(180), chains(&urls, &ids))
             .await

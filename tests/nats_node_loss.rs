@@ -4,8 +4,8 @@
 //! with the raw NATS protocol to the first node, then one node killed with SIGKILL at a
 //! random moment — a random node, the leader of `SKEIN_JOBS` or the leader of
 //! `SKEIN_EVENTS` — and started again on its own store after a random delay. Every tree
-//! must complete (none stranded, none failed), and every log's hash chain and every
-//! decision must verify afterwards.
+//! must complete (none stranded, none failed), every log's hash chain and every decision
+//! must verify afterwards, and an independent subscriber must hear no tree's result twice.
 //!
 //! `SKEIN_NODE_LOSS_REPS` (default 2), `SKEIN_NODE_LOSS_MISSIONS` (default 60) and
 //! `SKEIN_NODE_LOSS_SEED` (default: from the clock, printed) set the repetitions, the
@@ -96,6 +96,9 @@ fn one_loss(seed: u64, missions_n: usize) {
             .collect(),
     );
     let (ids, payloads) = missions(&format!("nl{}", tag()), missions_n);
+    // An independent subscriber of the results, moving to another node if its own is
+    // killed (what it misses then, it misses): no tree's result may come twice.
+    let tally = ResultTally::subscribe(&(0..3).map(|i| cluster.url(i)).collect::<Vec<_>>());
     raw_publish(&cluster.url(0), "skein.missions.submit", &payloads);
     let rt = rt();
     // One client for the checks, connected before the loss (it reconnects by itself).
@@ -197,6 +200,7 @@ fn one_loss(seed: u64, missions_n: usize) {
             }
         }
     });
+    tally.assert_at_most_once();
     let audit_started = Instant::now();
     let audited = rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(300), audit(&urls, 3, &ids)).await

@@ -156,14 +156,31 @@ fn a_different_mission_under_a_taken_id_is_refused_everywhere_and_the_same_one_i
         let store = connect_store(&url).await;
         let before = heads(&store, "dup-1").await;
 
-        // The same payload again: no rejection, the same answer, nothing new in the log.
+        // The same payload again: accepted, nothing new in the log, and the result is not
+        // announced a second time; it stays readable from the results stream.
+        let mut accepted = client
+            .subscribe("skein.missions.accepted")
+            .await
+            .expect("subscribe");
         client
             .publish("skein.missions.submit", submit("first").into())
             .await
             .expect("publish");
-        let again = next_json(&mut results, "skein.results.dup-1").await;
-        assert_eq!(again["answer"], "done: first", "{again}");
+        let verdict = next_json(&mut accepted, "skein.missions.accepted").await;
+        assert_eq!(verdict["id"], "dup-1", "{verdict}");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(700), results.next())
+                .await
+                .is_err(),
+            "a resubmitted tree's result was announced again"
+        );
         assert_eq!(heads(&store, "dup-1").await, before);
+        let stored = store
+            .last_result(&SessionId::parse("dup-1").expect("id"))
+            .await
+            .expect("read")
+            .expect("the result is stored");
+        assert_eq!(stored.result.answer.as_deref(), Some("done: first"));
 
         // Another mission under the id: a notice on skein.missions.rejected naming it, no
         // result, nothing written.
@@ -209,8 +226,15 @@ fn a_different_mission_under_a_taken_id_is_refused_everywhere_and_the_same_one_i
         );
         let status = wait_status(&client, "dup-1", "completed").await;
         assert_eq!(status["answer"], "done: first");
-        // Let the no-op's re-announcement pass before comparing the log.
-        let _ = tokio::time::timeout(Duration::from_secs(5), results.next()).await;
+        // The status of a root carries its announced result, read from the stream.
+        assert_eq!(status["result"]["answer"], "done: first", "{status}");
+        assert_eq!(status["result"]["session"], "dup-1", "{status}");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), results.next())
+                .await
+                .is_err(),
+            "the result was announced again"
+        );
         assert_eq!(heads(&store, "dup-1").await, before);
     });
 
@@ -355,4 +379,221 @@ fn answers_and_reasons_over_the_limit_are_refused_on_every_nats_entry() {
         .expect("a small reason");
         wait_status(&client, "w-1", "completed").await;
     });
+}
+
+/// Runs `skein` like [`cli`], failing the test if it has not ended within `limit`.
+fn cli_within(sb: &Sandbox, url: &str, args: &[&str], limit: Duration) -> std::process::Output {
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["--nats", url])
+        .args(args)
+        .env("SKEIN_TOKEN_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("skein runs");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "`skein {}` did not end within {limit:?}; it printed {} / {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// `skein submit` says what the intake decided before it says anything else: a refused
+/// submission fails with the reason, an accepted one prints its id, and with no worker to
+/// judge it the command ends after `--verdict-timeout` saying so.
+#[test]
+fn submit_reports_the_intakes_verdict_before_it_prints_success() {
+    let sb = Sandbox::new();
+    sb.agent("quick", "", "turns:\n  - answer: \"done: {{ mission }}\"\n");
+    let server = NatsServer::start();
+    let url = server.url();
+    let limit = Duration::from_secs(60);
+    {
+        let _workers = Workers(vec![worker(&sb, &url)]);
+        let out = cli_within(
+            &sb,
+            &url,
+            &["submit", "--agent", "nobody-by-this-name", "anything"],
+            limit,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "a refused submission succeeded: {err}"
+        );
+        assert!(
+            err.contains("rejected") && err.contains("nobody-by-this-name"),
+            "{err}"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let out = cli_within(
+            &sb,
+            &url,
+            &["submit", "--agent", "quick", "--id", "verdict-ok", "hello"],
+            limit,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "verdict-ok");
+    }
+    // No worker now: nobody judges it, and the command says so instead of claiming success.
+    let out = cli_within(
+        &sb,
+        &url,
+        &[
+            "submit",
+            "--agent",
+            "quick",
+            "--verdict-timeout",
+            "1s",
+            "unjudged",
+        ],
+        limit,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("no worker judged"), "{err}");
+}
+
+/// `skein submit --wait` on a tree that pauses for a person ends with exit code 3 and
+/// prints what waits, with the command that answers it, as `skein run` does.
+#[test]
+fn submit_wait_exits_3_with_what_waits_when_the_tree_pauses() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "asker",
+        "tools: [ask_user]\n",
+        "turns:\n  - tool_calls:\n      - tool: ask_user\n        args: {questions: [{key: colour, question: \"Which colour?\"}]}\n  - answer: \"got {{ results[0].answers.colour }}\"\n",
+    );
+    let server = NatsServer::start();
+    let url = server.url();
+    let _workers = Workers(vec![worker(&sb, &url)]);
+    let limit = Duration::from_secs(60);
+    let out = cli_within(
+        &sb,
+        &url,
+        &[
+            "submit", "--agent", "asker", "--id", "pauses", "--wait", "pick",
+        ],
+        limit,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{text} / {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("waiting for you") && text.contains("Which colour?"),
+        "{text}"
+    );
+    assert!(text.contains("skein answer "), "{text}");
+    // The same with --json: the inbox item and its token, which answers the question.
+    let out = cli_within(
+        &sb,
+        &url,
+        &[
+            "submit", "--agent", "asker", "--id", "pauses", "--wait", "--json", "pick",
+        ],
+        limit,
+    );
+    assert_eq!(out.status.code(), Some(3));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["status"], "awaiting_input", "{v}");
+    let token = v["waiting"][0]["token"].as_str().expect("a token");
+    let out = cli_within(&sb, &url, &["answer", token, "--set", "colour=teal"], limit);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli_within(
+        &sb,
+        &url,
+        &[
+            "submit", "--agent", "asker", "--id", "pauses", "--wait", "pick",
+        ],
+        limit,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "got teal");
+}
+
+/// `skein watch` on an id under which nothing is recorded ends with an error after a short
+/// bound; with `--wait-for-start` it waits, and follows the tree once it starts.
+#[test]
+fn watch_on_an_unknown_id_ends_with_an_error_unless_told_to_wait() {
+    let sb = Sandbox::new();
+    sb.agent("quick", "", "turns:\n  - answer: \"done: {{ mission }}\"\n");
+    let server = NatsServer::start();
+    let url = server.url();
+    let _workers = Workers(vec![worker(&sb, &url)]);
+    let limit = Duration::from_secs(60);
+    let out = cli_within(&sb, &url, &["watch", "never-submitted"], limit);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no tree never-submitted") && err.contains("--wait-for-start"),
+        "{err}"
+    );
+    // Told to wait: it is still waiting when the tree is submitted, and then follows it.
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["--nats", &url, "watch", "later", "--wait-for-start"])
+        .env("SKEIN_TOKEN_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut watching = c.spawn().expect("skein runs");
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        watching.try_wait().expect("wait").is_none(),
+        "watch --wait-for-start gave up"
+    );
+    let out = cli_within(
+        &sb,
+        &url,
+        &["submit", "--agent", "quick", "--id", "later", "now"],
+        limit,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started = std::time::Instant::now();
+    while watching.try_wait().expect("wait").is_none() {
+        assert!(started.elapsed() < limit, "watch did not end with the tree");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = watching.wait_with_output().expect("output");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("later") && text.contains("done: now"),
+        "{text}"
+    );
 }

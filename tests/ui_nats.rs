@@ -55,12 +55,19 @@ async fn a_tree_started_from_the_page_runs_on_the_clusters_workers_and_streams_l
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(seen.contains("\"session\":\"onnats/writer-4\""), "{seen}");
+    // The result the cluster announced, read from its stream as every reader does.
     let tree = ui
         .wait_for(&http, "/api/trees/onnats", Duration::from_secs(30), |v| {
-            v["sessions"][0]["status"] == "completed"
+            v["sessions"][0]["status"] == "completed" && !v["result"].is_null()
         })
         .await;
     assert_eq!(tree["summary"]["sessions"], 5);
+    assert_eq!(tree["result"]["session"], "onnats", "{tree}");
+    assert_eq!(tree["result"]["status"], "completed", "{tree}");
+    assert_eq!(
+        tree["result"]["answer"], tree["sessions"][0]["answer"],
+        "{tree}"
+    );
     let workers = tree["sessions"][0]["workers"].as_array().expect("workers");
     assert!(
         workers.iter().any(|w| w == "ui-w1"),

@@ -284,3 +284,157 @@ pub fn rt() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// How many results each tree announced, as heard by an independent subscriber of
+/// `skein.results.>`: the NATS text protocol over a plain TCP socket (no skein code, no
+/// NATS client library), on the first of `urls` that answers, and on the next one should
+/// its connection drop (a node killed under it).
+pub struct ResultTally {
+    counts: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for ResultTally {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl ResultTally {
+    /// Subscribes, and returns once the server has the subscription.
+    pub fn subscribe(urls: &[String]) -> Self {
+        let counts = std::sync::Arc::new(std::sync::Mutex::new(Default::default()));
+        let (ready, subscribed) = std::sync::mpsc::channel();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (urls, c, halt) = (urls.to_vec(), counts.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut ready = Some(ready);
+            for url in urls.iter().cycle() {
+                // Each connection's end (a node killed) moves on to the next node.
+                let _ = Self::listen(url, &c, &mut ready, &halt);
+                if halt.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        subscribed
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the result subscriber connects");
+        Self { counts, stop }
+    }
+
+    fn listen(
+        url: &str,
+        counts: &std::sync::Mutex<std::collections::BTreeMap<String, u32>>,
+        ready: &mut Option<std::sync::mpsc::Sender<()>>,
+        halt: &std::sync::atomic::AtomicBool,
+    ) -> std::io::Result<()> {
+        let mut s = TcpStream::connect(url.trim_start_matches("nats://"))?;
+        // Woken now and then to see whether the tally is still wanted.
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let mut r = BufReader::new(s.try_clone()?);
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        s.write_all(
+            b"CONNECT {\"verbose\":false,\"headers\":true,\"no_responders\":false,\"name\":\"result-tally\"}\r\n\
+              SUB skein.results.> 1\r\nPING\r\n",
+        )?;
+        let mut cut = false;
+        loop {
+            if !cut {
+                line.clear();
+            }
+            cut = false;
+            match r.read_line(&mut line) {
+                Ok(0) => return Ok(()),
+                Ok(_) if !line.ends_with('\n') => {
+                    cut = true;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    if halt.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    // A line cut by the timeout is read on (it is kept in `line`).
+                    cut = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.first().copied() {
+                Some("PING") => s.write_all(b"PONG\r\n")?,
+                Some("PONG") => {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                // MSG <subject> <sid> [reply] <bytes>; HMSG … <header bytes> <total bytes>.
+                Some("MSG" | "HMSG") => {
+                    let total: usize = words.last().and_then(|n| n.parse().ok()).unwrap_or(0);
+                    let mut body = vec![0u8; total + 2];
+                    r.read_exact(&mut body)?;
+                    let root = words[1].trim_start_matches("skein.results.").to_string();
+                    *counts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(root)
+                        .or_default() += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Notices heard so far, per tree.
+    pub fn counts(&self) -> std::collections::BTreeMap<String, u32> {
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Fails on any tree announced more than once.
+    pub fn assert_at_most_once(&self) {
+        let twice: Vec<(String, u32)> = self.counts().into_iter().filter(|(_, n)| *n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "results announced more than once: {twice:?}"
+        );
+    }
+
+    /// Waits (at most `limit`) until every root was heard, then a moment more for late
+    /// repeats, and fails unless each was heard exactly once.
+    pub fn assert_each_exactly_once(&self, roots: &[SessionId], limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let counts = self.counts();
+            let missing: Vec<&SessionId> = roots
+                .iter()
+                .filter(|r| !counts.contains_key(r.as_str()))
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} results never heard, e.g. {:?}",
+                missing.len(),
+                roots.len(),
+                &missing[..missing.len().min(5)]
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        self.assert_at_most_once();
+        let counts = self.counts();
+        for r in roots {
+            assert_eq!(counts.get(r.as_str()), Some(&1), "{r}");
+        }
+    }
+}

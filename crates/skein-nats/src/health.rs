@@ -8,10 +8,10 @@ use std::time::Duration;
 use async_nats::connection::State;
 use async_nats::Event;
 
-use crate::backend::{NatsStore, EVENTS, JOBS, MISSIONS, NOTICES};
+use crate::backend::{NatsStore, EVENTS, JOBS, MISSIONS, NOTICES, RESULTS};
 
 /// The streams a worker needs.
-pub const STREAMS: [&str; 4] = [EVENTS, JOBS, NOTICES, MISSIONS];
+pub const STREAMS: [&str; 5] = [EVENTS, JOBS, NOTICES, MISSIONS, RESULTS];
 
 /// How long the readiness check waits for the server's answers.
 pub const CHECK_LIMIT: Duration = Duration::from_secs(2);

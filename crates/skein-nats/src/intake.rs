@@ -3,7 +3,11 @@
 //! header, is the root id, so resubmitting is a no-op; a message with neither gets an id
 //! derived from its place in the stream, so a redelivery after a crash is a no-op too); an
 //! invalid one, or one whose id an earlier, different submission holds, is answered on
-//! `skein.missions.rejected` with the reason and acked, so it never blocks the stream.
+//! `skein.missions.rejected` with the reason and acked, so it never blocks the stream. An
+//! accepted one is announced on `skein.missions.accepted`. Both verdicts name the
+//! submission's sequence in the stream (what its publisher's ack said), and are sent
+//! before the submission is acked: a worker that dies in between leaves the submission to
+//! be judged, and its verdict sent, again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +23,8 @@ use tokio::sync::watch;
 use crate::backend::{NatsStore, MISSIONS};
 
 pub const REJECTED: &str = "skein.missions.rejected";
+/// Where intake says it accepted a submission: `{"id", "msg_id", "stream_seq"}`.
+pub const ACCEPTED: &str = "skein.missions.accepted";
 
 /// Parses one submission: JSON, or msgpack when `Content-Type: application/msgpack`.
 pub fn parse(
@@ -219,6 +225,16 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
                 Ok(id) => {
                     tracing::info!(session = %id, "mission accepted");
                     skein_runtime::metrics::intake_accepted();
+                    let body = json!({"id": id.to_string(), "msg_id": msg_id, "stream_seq": seq});
+                    // The tree exists whether or not the verdict is heard: not sent is
+                    // only logged (its submitter then says it heard no verdict).
+                    if let Err(e) = store
+                        .client
+                        .publish(ACCEPTED, Bytes::from(body.to_string()))
+                        .await
+                    {
+                        tracing::warn!(error = %e, "could not publish an acceptance");
+                    }
                     Ok(())
                 }
                 Err(Error::Refused { kind, reason }) => Err((kind.as_str(), reason)),

@@ -73,7 +73,12 @@ struct ApproveReq {
 // Shared with `skein cancel` and the embedded backend.
 pub use skein_runtime::control::{cancel, status};
 
-async fn serve(rt: &Runtime, endpoint: &str, body: &[u8]) -> Result<Value, Error> {
+async fn serve(
+    rt: &Runtime,
+    store: &NatsStore,
+    endpoint: &str,
+    body: &[u8],
+) -> Result<Value, Error> {
     let parse_err = |e: serde_json::Error| Error::invalid(format!("invalid request: {e}"));
     match endpoint {
         "submit" => {
@@ -83,7 +88,15 @@ async fn serve(rt: &Runtime, endpoint: &str, body: &[u8]) -> Result<Value, Error
         }
         "status" => {
             let r: SessionReq = serde_json::from_slice(body).map_err(parse_err)?;
-            status(rt, &SessionId::parse(&r.session)?).await
+            let id = SessionId::parse(&r.session)?;
+            let mut v = status(rt, &id).await?;
+            // A root's announced result, as `skein.results.<root>` carried it: read from
+            // the stream, as every reader of results does.
+            if id.is_root() {
+                let last = store.last_result(&id).await?;
+                v["result"] = last.map_or(Value::Null, |r| json!(r.result));
+            }
+            Ok(v)
         }
         "cancel" => {
             let r: SessionReq = serde_json::from_slice(body).map_err(parse_err)?;
@@ -143,9 +156,10 @@ pub async fn start(
             .await
             .map_err(|e| Error::unavailable(format!("endpoint {name}"), e))?;
         let rt = rt.clone();
+        let store = store.clone();
         tasks.push(tokio::spawn(async move {
             while let Some(req) = ep.next().await {
-                let reply = match serve(&rt, name, &req.message.payload).await {
+                let reply = match serve(&rt, &store, name, &req.message.payload).await {
                     Ok(v) => Ok(Bytes::from(v.to_string())),
                     Err(e) => Err(service_error(&e)),
                 };

@@ -721,3 +721,61 @@ async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() 
     );
     skein_core::event::verify_chain(&s, &read).unwrap();
 }
+
+/// Each ending of a tree reaches a core subscriber of `skein.results.>` once: announced
+/// again by the same worker, by another worker, and again once the duplicate window is
+/// over (here one second), it is neither stored nor heard twice. A root whose log went on
+/// past its end and ended again at a later seq has that ending heard once too; an
+/// announcement of the earlier ending made after it changes nothing. A late reader finds
+/// the last ending in the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_ending_of_a_tree_is_announced_once_whoever_announces_it_and_when() {
+    use futures::StreamExt;
+    use skein_runtime::ports::{Announcer, RootResult};
+    let server = NatsServer::start();
+    let short = NatsConfig {
+        duplicate_window: "1s".into(),
+        ..cfg(&server.url(), 1)
+    };
+    let a = NatsStore::connect(&short, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let b = NatsStore::connect(&short, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let mut heard = client.subscribe("skein.results.>").await.unwrap();
+    client.flush().await.unwrap();
+    let root = skein_runtime::new_root_id();
+    let ending = |seq: u64, answer: &str| RootResult {
+        session: root.to_string(),
+        seq,
+        status: "completed".into(),
+        answer: Some(answer.into()),
+        error: None,
+        usage: Default::default(),
+    };
+    assert!(a.last_result(&root).await.unwrap().is_none());
+    a.root_finished(&ending(7, "first")).await.unwrap();
+    a.root_finished(&ending(7, "first")).await.unwrap();
+    b.root_finished(&ending(7, "first")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    b.root_finished(&ending(7, "first")).await.unwrap();
+    // Ended again at a later seq; then a late announcement of the first ending.
+    b.root_finished(&ending(12, "second")).await.unwrap();
+    a.root_finished(&ending(12, "second")).await.unwrap();
+    a.root_finished(&ending(7, "first")).await.unwrap();
+    let mut got = vec![];
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(800), heard.next()).await {
+        assert_eq!(m.subject.as_str(), format!("skein.results.{root}"));
+        let r: RootResult = serde_json::from_slice(&m.payload).unwrap();
+        got.push((r.seq, r.answer.unwrap_or_default()));
+    }
+    assert_eq!(
+        got,
+        vec![(7, "first".to_string()), (12, "second".to_string())],
+        "every ending once, in order"
+    );
+    let last = b.last_result(&root).await.unwrap().expect("stored");
+    assert_eq!((last.result.seq, last.stream_seq), (12, 2));
+}

@@ -245,7 +245,9 @@ pub trait Notices: Send + Sync {
     }
 }
 
-/// Where a finished root is announced (`skein.results.ROOT` on NATS).
+/// Where a finished root is announced (`skein.results.ROOT` on NATS). The worker calls
+/// it every time it finds a root ended (a job run again calls it again), so an
+/// implementation announces each ending, named by the root and [`RootResult::seq`], once.
 #[async_trait]
 pub trait Announcer: Send + Sync {
     async fn root_finished(&self, notice: &RootResult) -> Result<()>;
@@ -255,6 +257,11 @@ pub trait Announcer: Send + Sync {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RootResult {
     pub session: String,
+    /// The seq of the root's record that ended it: one ending of a tree, announced once.
+    /// A root whose log went on past its end would end again at a later seq. Absent (0)
+    /// in the results of earlier versions.
+    #[serde(default)]
+    pub seq: u64,
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
 use skein_core::{Record, SessionId};
+use skein_runtime::RootResult;
 
 use crate::app::App;
 use crate::render;
@@ -61,9 +62,13 @@ pub struct SubmitArgs {
     /// `traceparent` header; the tree's sessions become spans of that trace.
     #[arg(long, value_name = "TRACEPARENT")]
     pub traceparent: Option<String>,
-    /// Wait for the tree to end and print its result.
+    /// Wait for the tree to end and print its result; exits 3 (printing what waits) if
+    /// the tree pauses for a person's answer or approval, as `skein run` does.
     #[arg(long)]
     pub wait: bool,
+    /// How long to wait for a worker's intake to accept or refuse the submission.
+    #[arg(long, default_value = "30s", value_parser = parse_drain, value_name = "DURATION")]
+    pub verdict_timeout: Duration,
     #[arg(long)]
     pub json: bool,
     pub mission: String,
@@ -72,6 +77,13 @@ pub struct SubmitArgs {
 #[derive(Args, Debug)]
 pub struct WatchArgs {
     pub id: String,
+    /// Wait for a tree that has not started yet, however long it takes (without it, an
+    /// id under which nothing is recorded within `--start-timeout` is an error).
+    #[arg(long)]
+    pub wait_for_start: bool,
+    /// How long to wait for the first record of a tree not found at once.
+    #[arg(long, default_value = "5s", value_parser = parse_drain, value_name = "DURATION")]
+    pub start_timeout: Duration,
 }
 
 fn need_nats(app: &App) -> Result<()> {
@@ -274,8 +286,18 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
         "context": a.context, "inputs": inputs, "no_cache": a.no_cache,
     });
     let client = store.client.clone();
-    let mut results = client.subscribe(format!("skein.results.{id}")).await?;
-    let mut rejected = client.subscribe(skein_nats::intake::REJECTED).await?;
+    // Everything listened to is subscribed before the submission is published.
+    let mut results = client
+        .subscribe(skein_nats::backend::results_subject(&id))
+        .await?;
+    let mut verdicts = futures::stream::select(
+        client.subscribe(skein_nats::intake::REJECTED).await?,
+        client.subscribe(skein_nats::intake::ACCEPTED).await?,
+    );
+    let mut events = futures::stream::select(
+        client.subscribe(format!("skein.events.{id}")).await?,
+        client.subscribe(format!("skein.events.{id}.>")).await?,
+    );
     // No `Nats-Msg-Id`: the stream would drop a second message under the same id in its
     // duplicate window without a word, and a different mission under a taken id must be
     // refused by name. The intake makes the same submission again a no-op itself.
@@ -287,7 +309,7 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
         );
         headers.insert("traceparent", tp.as_str());
     }
-    store
+    let ack = store
         .js
         .publish_with_headers(
             "skein.missions.submit",
@@ -297,33 +319,172 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
         .await?
         .await
         .context("the missions stream did not take the submission")?;
+    // The intake's verdict on this very message (named by its place in the stream).
+    let verdict = tokio::time::timeout(a.verdict_timeout, async {
+        while let Some(m) = verdicts.next().await {
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&m.payload) else {
+                continue;
+            };
+            if v["stream_seq"].as_u64() == Some(ack.sequence) {
+                return Some((m.subject.to_string(), v));
+            }
+        }
+        None
+    })
+    .await;
+    match verdict {
+        Ok(Some((subject, v))) if subject == skein_nats::intake::REJECTED => {
+            crate::errln!(
+                "rejected: {}",
+                render::safe(v["reason"].as_str().unwrap_or(""))
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        Ok(Some(_)) => {}
+        _ => {
+            crate::errln!(
+                "error: no worker judged submission {id} within {:?}: is a worker with intake \
+                 running? The submission stays in the missions stream and is judged when one \
+                 takes it (see `skein watch {id} --wait-for-start`)",
+                a.verdict_timeout
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+    }
     if !a.wait {
         crate::outln!("{id}")?;
         return Ok(ExitCode::SUCCESS);
     }
     crate::errln!("submitted {id}; waiting for its result");
+    // A pause for a person is looked for when the tree records a question or an approval
+    // request (and once now: a tree submitted again may be paused already). A record
+    // heard live may still be on its way to the stream: what is found empty then is looked
+    // at again a few times.
+    let mut look_again = 3u32;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut ticks = 0u64;
     loop {
+        let mut heard = None;
         tokio::select! {
-            Some(m) = results.next() => {
-                let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
-                if a.json {
-                    crate::outln!("{v}")?;
-                } else if v["status"] == "completed" {
-                    crate::outln!("{}", render::safe(v["answer"].as_str().unwrap_or("")))?;
-                } else {
-                    crate::outln!("{}: {}", render::safe_line(v["status"].as_str().unwrap_or("")), render::safe(v["error"].as_str().unwrap_or("")))?;
+            Some(m) = results.next() => heard = serde_json::from_slice::<RootResult>(&m.payload).ok(),
+            Some(m) = events.next() => {
+                let Ok(records) = skein_nats::frame::decode(&m.payload) else { continue };
+                if records.iter().any(|r| matches!(r.env.body,
+                    skein_core::Event::InputRequested(_) | skein_core::Event::ApprovalRequested(_)))
+                {
+                    look_again = 3;
                 }
-                return Ok(if v["status"] == "completed" { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+                continue;
             }
-            Some(m) = rejected.next() => {
-                let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
-                if v["id"].as_str() == Some(id.as_str()) || v["msg_id"].as_str() == Some(id.as_str()) {
-                    crate::errln!("rejected: {}", render::safe(v["reason"].as_str().unwrap_or("")));
-                    return Ok(ExitCode::FAILURE);
+            _ = tick.tick() => {
+                ticks += 1;
+                if look_again > 0 {
+                    look_again -= 1;
+                    if let Some(code) = paused(app, &store, &id, a.json).await? {
+                        return Ok(code);
+                    }
+                }
+                // Every few seconds, and at once: the stream's last result, should its
+                // republish have been missed (or the tree have ended before).
+                if ticks % 10 == 1 {
+                    heard = current_result(&store, &id).await?;
                 }
             }
         }
+        if let Some(r) = heard {
+            return print_result(&r, a.json);
+        }
     }
+}
+
+/// The tree's last announced result, if it is that of the root's current end (a root
+/// whose log went on past an earlier end is not done with it).
+async fn current_result(
+    store: &std::sync::Arc<skein_nats::NatsStore>,
+    root: &SessionId,
+) -> Result<Option<RootResult>> {
+    let Some(stored) = store.last_result(root).await? else {
+        return Ok(None);
+    };
+    let head = store.backend().log.last(root).await?;
+    Ok(match head {
+        Some(r) if r.env.seq > stored.result.seq => None,
+        _ => Some(stored.result),
+    })
+}
+
+fn print_result(r: &RootResult, json: bool) -> Result<ExitCode> {
+    if json {
+        crate::outln!("{}", serde_json::to_value(r)?)?;
+    } else if r.status == "completed" {
+        crate::outln!("{}", render::safe(r.answer.as_deref().unwrap_or("")))?;
+    } else {
+        crate::outln!(
+            "{}: {}",
+            render::safe_line(&r.status),
+            render::safe(r.error.as_deref().unwrap_or(""))
+        )?;
+    }
+    Ok(if r.status == "completed" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Exit code 3, having printed what the tree waits for, if it waits for a person.
+async fn paused(
+    app: &App,
+    store: &std::sync::Arc<skein_nats::NatsStore>,
+    root: &SessionId,
+    json: bool,
+) -> Result<Option<ExitCode>> {
+    let b = store.backend();
+    let read = skein_runtime::inspect::tree_folds(&b, root).await?;
+    let Some((_, top)) = read.iter().find(|(_, f)| f.id == *root) else {
+        return Ok(None);
+    };
+    if top.state.status.is_terminal() {
+        return Ok(None);
+    }
+    // What waits for a person: the root's questions and any session's approvals (as the
+    // inbox lists them), looked at before the token secret is needed.
+    let waits = read.iter().any(|(_, f)| {
+        !f.state.status.is_terminal()
+            && (!f.state.pending_approvals.is_empty()
+                || (f.id.is_root() && !f.state.pending_inputs.is_empty()))
+    });
+    if !waits {
+        return Ok(None);
+    }
+    let status = top.state.status.as_str();
+    // Only the token secret is needed to name what waits: no catalogue, no models.
+    let secret = match app.runtime_config() {
+        Ok(rc) => rc.token_secret,
+        Err(e) => {
+            crate::outln!("paused ({status}): waiting for you")?;
+            crate::errln!(
+                "cannot show the tokens that answer it: {e:#}; `skein inbox {root}` with \
+                 the workers' SKEIN_TOKEN_SECRET lists them"
+            );
+            return Ok(Some(ExitCode::from(3)));
+        }
+    };
+    let items: Vec<_> = read
+        .iter()
+        .flat_map(|(_, f)| skein_runtime::hitl::waiting_in(&secret, f))
+        .collect();
+    if items.is_empty() {
+        return Ok(None);
+    }
+    if json {
+        let v =
+            serde_json::json!({"session": root.to_string(), "status": status, "waiting": items});
+        crate::outln!("{v}")?;
+    } else {
+        super::run::print_waiting(status, &items)?;
+    }
+    Ok(Some(ExitCode::from(3)))
 }
 
 /// One streamed piece of text: the lines it completes are printed.
@@ -385,8 +546,9 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
     // Whether the root has ended is judged from what was printed: an end appended after
     // the history was read still arrives live.
     let mut ended = false;
-    for s in b.log.tree(&root).await? {
-        for r in b.log.read(&s, 1).await? {
+    let tree = b.log.tree(&root).await?;
+    for s in &tree {
+        for r in b.log.read(s, 1).await? {
             show(&r)?;
             if r.env.session == root {
                 ended = r.env.body.is_terminal();
@@ -396,6 +558,15 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
     if ended {
         return Ok(ExitCode::SUCCESS);
     }
+    // Nothing recorded under the id: a tree submitted a moment ago starts soon; a wrong id
+    // never does, and is said so after a short while, unless asked to wait for it.
+    let mut started = !tree.is_empty();
+    let give_up = tokio::time::sleep(if started || a.wait_for_start {
+        Duration::from_secs(365 * 86_400)
+    } else {
+        a.start_timeout
+    });
+    tokio::pin!(give_up);
     loop {
         let m = tokio::select! {
             Some(m) = own.next() => m,
@@ -408,8 +579,28 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
                 text_piece(&root, &mut lines, &t.payload, &text_line)?;
                 continue;
             }
-            _ = tokio::time::sleep(Duration::from_secs(3600)) => continue,
+            _ = &mut give_up, if !started => {
+                // The log may have begun between the read and the subscriptions.
+                if b.log.tree(&root).await?.is_empty() {
+                    anyhow::bail!(
+                        "no tree {root}: nothing was recorded under it within {:?} (pass \
+                         --wait-for-start to wait for a tree that has not started yet)",
+                        a.start_timeout
+                    );
+                }
+                started = true;
+                for s in b.log.tree(&root).await? {
+                    for r in b.log.read(&s, 1).await? {
+                        show(&r)?;
+                        if r.env.session == root && r.env.body.is_terminal() {
+                            return Ok(ExitCode::SUCCESS);
+                        }
+                    }
+                }
+                continue;
+            }
         };
+        started = true;
         // A message may hold several records of one session.
         let Ok(records) = skein_nats::frame::decode(&m.payload) else {
             continue;

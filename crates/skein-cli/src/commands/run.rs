@@ -257,37 +257,7 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
                     crate::outln!("  {} ({}): {}", r.session, r.agent, r.status)?;
                 }
             }
-            other => {
-                crate::outln!("paused ({}): waiting for you:", other.as_str())?;
-                for it in waiting() {
-                    match it.kind.as_str() {
-                        "question" => {
-                            for q in &it.questions {
-                                crate::outln!(
-                                    "  {}: {}",
-                                    render::safe_line(q["key"].as_str().unwrap_or("")),
-                                    render::safe(q["question"].as_str().unwrap_or(""))
-                                )?;
-                            }
-                            crate::outln!("  → skein answer {} --set KEY=VALUE …", it.token)?;
-                        }
-                        _ => {
-                            // Every byte of the arguments that would run.
-                            crate::outln!(
-                                "  approve `{}` in {}: {}",
-                                render::safe_line(it.tool.as_deref().unwrap_or("?")),
-                                it.session,
-                                render::safe_line(it.preview.as_deref().unwrap_or(""))
-                            )?;
-                            crate::outln!(
-                                "  → skein approve {}   or   skein deny {} --reason …",
-                                it.token,
-                                it.token
-                            )?;
-                        }
-                    }
-                }
-            }
+            other => print_waiting(other.as_str(), &waiting())?,
         }
         crate::errln!();
         crate::errln!("{}", render::summary_line(&summary));
@@ -307,6 +277,41 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
 
 fn is_ended(status: &str) -> bool {
     matches!(status, "completed" | "failed" | "cancelled")
+}
+
+/// What a paused tree waits for, with the commands that answer it (`run` and
+/// `submit --wait` exit 3 after printing it).
+pub(crate) fn print_waiting(status: &str, items: &[InboxItem]) -> std::io::Result<()> {
+    crate::outln!("paused ({status}): waiting for you:")?;
+    for it in items {
+        match it.kind.as_str() {
+            "question" => {
+                for q in &it.questions {
+                    crate::outln!(
+                        "  {}: {}",
+                        render::safe_line(q["key"].as_str().unwrap_or("")),
+                        render::safe(q["question"].as_str().unwrap_or(""))
+                    )?;
+                }
+                crate::outln!("  → skein answer {} --set KEY=VALUE …", it.token)?;
+            }
+            _ => {
+                // Every byte of the arguments that would run.
+                crate::outln!(
+                    "  approve `{}` in {}: {}",
+                    render::safe_line(it.tool.as_deref().unwrap_or("?")),
+                    it.session,
+                    render::safe_line(it.preview.as_deref().unwrap_or(""))
+                )?;
+                crate::outln!(
+                    "  → skein approve {}   or   skein deny {} --reason …",
+                    it.token,
+                    it.token
+                )?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The last `n` characters of `s`.

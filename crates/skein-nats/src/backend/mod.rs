@@ -9,7 +9,8 @@
 //! | `jobs.rs` | JobQueue (and the wake markers of job coalescing) |
 //! | `cache.rs` | Cache and single-flight claims |
 //! | `blobs.rs` | Blobs |
-//! | `notices.rs` | Notices and Announcer |
+//! | `notices.rs` | Notices |
+//! | `results.rs` | Announcer, and reading a tree's last result |
 //! | `workspace.rs` | Workspaces: `ObjectWorkspace` |
 //!
 //! | port | NATS |
@@ -19,7 +20,7 @@
 //! | Cache | KV `skein_cache`; single-flight claims in KV `skein_inflight` |
 //! | Blobs | object store `skein_blobs`, named by blake3 hash |
 //! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
-//! | Announcer | core subject `skein.results.<root>` |
+//! | Announcer | stream `SKEIN_RESULTS`, subject `skein.ended.<root>`, republished by the stream on `skein.results.<root>`: each ending once |
 //! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
 //!
 //! Job coalescing (at most one job per session, no wake-up lost) is told in `jobs.rs`.
@@ -31,6 +32,7 @@ mod jobs;
 mod log;
 mod notices;
 mod read;
+mod results;
 mod topology;
 mod workspace;
 
@@ -44,6 +46,7 @@ use skein_core::SessionId;
 use skein_runtime::{Backend, Error, Result};
 
 pub use connection::{connect_client, connect_options};
+pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
 pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES};
 pub use workspace::{clean_path, ObjectWorkspace};
 
@@ -90,6 +93,8 @@ pub struct NatsStore {
     events: stream::Stream,
     jobs_stream: stream::Stream,
     notices: stream::Stream,
+    /// Every tree's endings (`results.rs`).
+    results: stream::Stream,
     cache: kv::Store,
     inflight: kv::Store,
     wake: kv::Store,
@@ -163,6 +168,7 @@ impl NatsStore {
             events,
             jobs_stream: s(JOBS).await?,
             notices: s(NOTICES).await?,
+            results: s(RESULTS).await?,
             cache: k("skein_cache").await?,
             inflight: k("skein_inflight").await?,
             wake: k("skein_wake").await?,
@@ -208,7 +214,7 @@ impl NatsStore {
     /// `-`. Empty on a single server.
     pub async fn lagging_replicas(&self) -> Vec<(String, String, String)> {
         let mut out = vec![];
-        for name in [EVENTS, JOBS, NOTICES, MISSIONS] {
+        for name in [EVENTS, JOBS, NOTICES, MISSIONS, RESULTS] {
             let info = tokio::time::timeout(Duration::from_secs(10), async {
                 let mut st = self.js.get_stream(name).await?;
                 Ok::<_, async_nats::Error>(st.info().await?.clone())

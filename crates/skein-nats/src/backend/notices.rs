@@ -1,10 +1,9 @@
-//! Notices on stream `SKEIN_NOTICES` (`skein.notices.<parent>`, `skein.watch.<session>`)
-//! and the Announcer on core subject `skein.results.<root>`.
+//! Notices on stream `SKEIN_NOTICES` (`skein.notices.<parent>`, `skein.watch.<session>`).
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use skein_core::SessionId;
-use skein_runtime::ports::{Announcer, Notices, RootResult};
+use skein_runtime::ports::Notices;
 use skein_runtime::{Error, Result};
 
 use super::read::{read_subject, read_subject_expecting};
@@ -62,25 +61,5 @@ impl Notices for NatsStore {
     /// pushed: a worker's crash loses none.
     fn outlive_workers(&self) -> bool {
         true
-    }
-}
-
-#[async_trait]
-impl Announcer for NatsStore {
-    async fn root_finished(&self, notice: &RootResult) -> Result<()> {
-        let body = serde_json::to_vec(notice).map_err(|e| Error::corrupt("notice", e))?;
-        self.client
-            .publish_with_headers(
-                format!("skein.results.{}", notice.session),
-                trace_headers(),
-                body.into(),
-            )
-            .await
-            .map_err(|e| nats_err("result", e))?;
-        self.client
-            .flush()
-            .await
-            .map_err(|e| nats_err("flush", e))?;
-        Ok(())
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_nats::jetstream::{stream, Context};
 use skein_runtime::Result;
 
+use super::results::RESULTS;
 use super::{age, nats_err, storage};
 use crate::config::NatsConfig;
 
@@ -77,6 +78,27 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         storage: st,
         num_replicas: r,
         duplicate_window: age(&cfg.duplicate_window),
+        ..Default::default()
+    })
+    .await?;
+    // Each ending of a tree, stored once and republished by the stream's leader on
+    // `skein.results.<root>` (see `results.rs`); kept as long as the logs. The duplicate
+    // window drops a retried announcement; past it, the announcement's expected last
+    // subject sequence does.
+    put(stream::Config {
+        name: RESULTS.into(),
+        subjects: vec!["skein.ended.*".into()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: st,
+        num_replicas: r,
+        allow_direct: true,
+        duplicate_window: age(&cfg.duplicate_window),
+        max_age: age(&cfg.events_max_age),
+        republish: Some(stream::Republish {
+            source: "skein.ended.*".into(),
+            destination: "skein.results.{{wildcard(1)}}".into(),
+            headers_only: false,
+        }),
         ..Default::default()
     })
     .await?;

@@ -90,6 +90,7 @@ impl Runtime {
                 if let Some(a) = &self.backend.announcer {
                     let r = RootResult {
                         session: f.id.to_string(),
+                        seq: f.state.last_seq,
                         status: f.state.status.as_str().to_string(),
                         answer: f.state.answer.clone(),
                         error: f.state.error.clone(),

@@ -97,6 +97,8 @@ pub struct Ui {
     pub live: broadcast::Sender<Live>,
     /// Flips to true when the server stops: live streams end so the server can.
     pub stopping: watch::Receiver<bool>,
+    /// On NATS, where trees' announced results are read (stream `SKEIN_RESULTS`).
+    pub results: Option<Arc<skein_nats::NatsStore>>,
 }
 
 /// Refuses an address other than loopback without a token, and a token too short to
@@ -172,8 +174,10 @@ pub async fn ui(app: &App, a: UiArgs) -> Result<ExitCode> {
     let (live_tx, _) = broadcast::channel(4096);
     let mut store: Option<Arc<SledStore>> = None;
     let mut workers = None;
+    let mut results = None;
     let (backend, rt, kind) = if app.global.nats.is_some() {
         let nats = app.nats().await?;
+        results = Some(nats.clone());
         let backend = nats.backend();
         let rt = app.runtime(backend.clone()).map_err(|e| {
             tracing::warn!(error = %e, "the page is read-only");
@@ -201,6 +205,7 @@ pub async fn ui(app: &App, a: UiArgs) -> Result<ExitCode> {
         loopback_only: a.addr.ip().is_loopback(),
         live: live_tx,
         stopping: stop_rx,
+        results,
     });
     let listener = tokio::net::TcpListener::bind(a.addr)
         .await

@@ -111,6 +111,11 @@ pub struct TreeView {
     /// The plan the root owns now.
     #[schema(value_type = Object)]
     pub plan: Value,
+    /// On NATS, the tree's last announced result, as `skein.results.<root>` carried it
+    /// (read from stream `SKEIN_RESULTS`, as `skein submit --wait` and `skein.api.status`
+    /// read it); null before the tree's first end, and on the embedded store.
+    #[schema(value_type = Object)]
+    pub result: Value,
 }
 
 /// One tree: every session, summarised (as `skein tree --json`).
@@ -133,6 +138,13 @@ pub(super) async fn tree(
         summary: json(&summarize(&rows))?,
         sessions: json(&rows)?,
         plan: json(&f.state.plan)?,
+        result: match &ui.results {
+            Some(store) => match store.last_result(&root).await? {
+                Some(r) => json(&r.result)?,
+                None => Value::Null,
+            },
+            None => Value::Null,
+        },
     }))
 }
 
