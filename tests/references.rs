@@ -195,3 +195,45 @@ fn an_approved_handoff_to_runs_on_and_a_failed_member_is_announced_as_a_failure(
         w.verify("team");
     });
 }
+
+#[test]
+fn members_of_a_supervisor_that_failed_are_cancelled_saying_so() {
+    let sandbox = || {
+        let sb = Sandbox::new();
+        sb.agent(
+            "crew",
+            "team: {members: [slow], supervisor: boss}\n",
+            "turns:\n  - answer: unused\n",
+        )
+        .agent(
+            "slow",
+            "",
+            "turns:\n  - tool_calls:\n      - tool: team_broadcast\n        args: {message: started}\n  - latency_ms: 3000\n    answer: done\n",
+        )
+        .agent(
+            "boss",
+            "limits:\n  max_steps: 1\ntools: [list_dir]\n",
+            "turns:\n  - tool_calls:\n      - tool: list_dir\n        args: {}\n",
+        );
+        sb
+    };
+    both(sandbox, |w| {
+        assert_eq!(w.start("crew", "sup", "go"), "failed", "{}", w.tree("sup"));
+        let t = w.tree("sup");
+        let member = t["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["agent"] == "slow")
+            .cloned()
+            .unwrap();
+        assert_eq!(member["status"], "cancelled", "{}: {t}", w.name());
+        let why = member["error"].as_str().unwrap_or_default();
+        assert!(
+            why.contains("the team's supervisor `boss` failed") && why.contains("the team is over"),
+            "{}: {why}",
+            w.name()
+        );
+        w.verify("sup");
+    });
+}

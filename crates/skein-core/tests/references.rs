@@ -11,7 +11,7 @@ use kit::*;
 use serde_json::{json, Value};
 use skein_core::event::Outcome;
 use skein_core::state::{call_agent_result, error_type, Answerer};
-use skein_core::{AgentSet, Usage};
+use skein_core::{AgentSet, Step, Usage};
 
 #[test]
 fn delegate_to_agent_is_call_agent_under_the_name_the_agent_file_uses() {
@@ -221,4 +221,27 @@ fn a_global_sub_agent_tool_allowlist_bounds_every_sub_agents_tools() {
     assert!(!g.state().allowed_tools(def, &limits).contains("write_file"));
     g.when_deciding()
         .then_refused("c1", "not allowed: tool `write_file`");
+}
+
+#[test]
+fn a_summary_longer_than_max_chars_is_cut_to_it() {
+    let set = agents(&[("writer", "summarize: {max_chars: 20}\n")]);
+    let long = "x".repeat(50);
+    let g = given(set, "writer").events([submitted("writer"), answered(&long)]);
+    assert!(
+        matches!(
+            g.when_deciding().step,
+            skein_core::Step::Summarize { max_chars: 20, .. }
+        ),
+        "a long answer is summarised"
+    );
+    // The summary model wrote 30 characters where 20 were asked for.
+    let g = g.events([answered(&"s".repeat(30))]);
+    let Step::Complete { answer } = g.when_deciding().step else {
+        panic!("completes")
+    };
+    let summary = answer.split("\n\n[full answer").next().unwrap();
+    assert_eq!(summary.chars().count(), 20, "{summary}");
+    assert!(summary.ends_with('…'), "{summary}");
+    assert!(answer.contains("[full answer: 50 characters"), "{answer}");
 }
