@@ -57,6 +57,13 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
         "a sub-agent's answer that used a person's answer was cached, and another tree got \
          it without being asked",
     ),
+    (
+        33997,
+        true,
+        "two children ended close together, one notice late: their wake-ups coalesced into \
+         one, whose look saw the other notice and did not check every child, and nothing \
+         woke the parent again",
+    ),
 ];
 
 #[test]
