@@ -42,6 +42,12 @@ pub async fn check(run: &Run) -> Verdict {
                 .push(format!("{root}: submitted but has no log")),
         }
     }
+    for root in &run.unlisted {
+        v.violations.push(format!(
+            "{root}: the tree had not ended when the run's time was up, and nothing of it \
+             was in the inbox"
+        ));
+    }
     for (id, recs) in &run.logs {
         v.sessions += 1;
         v.events += recs.len();
@@ -247,4 +253,63 @@ pub async fn check(run: &Run) -> Verdict {
     }
     let _: Option<SessionId> = None;
     v
+}
+
+/// Cache soundness: each hit of `run` answers what a fresh run of that child answers
+/// (`reference`: the same world with no fault and no cache, whose session ids follow the
+/// same paths). A hit is compared when the reference has the same session, with a
+/// completed child under the same call that no person answered. Returns the hits compared
+/// and those that could not be.
+pub fn cache_sound(run: &Run, reference: &Run, v: &mut Verdict) -> (u64, u64) {
+    let (mut checked, mut unmatched) = (0, 0);
+    let answered_by_person = |root: &SessionId| {
+        reference
+            .logs
+            .range(root.clone()..)
+            .take_while(|(id, _)| root.contains(id))
+            .any(|(_, recs)| {
+                recs.iter()
+                    .any(|r| matches!(r.env.body, Event::InputProvided(_)))
+            })
+    };
+    for (id, recs) in &run.logs {
+        for r in recs {
+            let Event::CacheHit(h) = &r.env.body else {
+                continue;
+            };
+            let child = reference.logs.get(id).and_then(|l| {
+                l.iter().find_map(|r| match &r.env.body {
+                    Event::Delegated(d) if d.call == h.call => Some(d.child.clone()),
+                    _ => None,
+                })
+            });
+            let fresh = child.as_ref().and_then(|c| {
+                match reference
+                    .logs
+                    .get(c)
+                    .and_then(|l| l.last())
+                    .map(|r| &r.env.body)
+                {
+                    Some(Event::Completed(done)) if !answered_by_person(c) => {
+                        Some(done.answer.clone())
+                    }
+                    _ => None,
+                }
+            });
+            match fresh {
+                Some(answer) => {
+                    checked += 1;
+                    if answer != h.answer {
+                        v.violations.push(format!(
+                            "{id}: cache hit for {} answered {:?} (from {}); a fresh run of \
+                             that child answers {answer:?}",
+                            h.call, h.answer, h.source
+                        ));
+                    }
+                }
+                None => unmatched += 1,
+            }
+        }
+    }
+    (checked, unmatched)
 }
