@@ -394,6 +394,17 @@ impl Gen {
                 calls += 1;
             }
         }
+        if chat_call.is_some() {
+            // Follow-up questions are a tool the agent must be given.
+            front = if asks {
+                front.replace(
+                    "tools: [ask_user]\n",
+                    "tools: [ask_user, ask_clarification]\n",
+                )
+            } else {
+                format!("{front}tools: [ask_clarification]\n")
+            };
+        }
         script.push_str(&self.after_delegation(asks, chat_call));
         let side_effects = asks || subs.iter().any(|i| !self.made[*i].cached);
         let cached = cache.unwrap_or(!side_effects);

@@ -70,10 +70,20 @@ pub async fn check(run: &Run) -> Verdict {
             .filter(|(_, r)| r.env.body.is_terminal())
             .map(|(i, _)| i)
             .collect();
-        if terminal.len() > 1 {
+        // A `chat: true` session that answered may be asked again: a follow-up question
+        // (`ClarificationRequested`) reopens it, and it ends once more. Nothing else
+        // follows an end.
+        let reopened = |i: &usize| {
+            matches!(
+                recs.get(*i + 1).map(|r| &r.env.body),
+                Some(Event::ClarificationRequested(_))
+            )
+        };
+        let closing: Vec<&usize> = terminal.iter().filter(|i| !reopened(i)).collect();
+        if closing.len() > 1 {
             bad(format!("{} terminal events", terminal.len()));
         }
-        if terminal.first().is_some_and(|i| *i + 1 != recs.len()) {
+        if closing.first().is_some_and(|i| **i + 1 != recs.len()) {
             bad("events after its terminal event".into());
         }
         let Some(Event::Submitted(sub)) = recs.first().map(|r| &r.env.body) else {
@@ -134,10 +144,9 @@ pub async fn check(run: &Run) -> Verdict {
                 source.and_then(|l| l.first()).map(|r| &r.env.body),
                 Some(Event::Submitted(s)) if s.mission_hash == h.mission_hash
             );
-            let answered = match source.and_then(|l| l.last()).map(|r| &r.env.body) {
-                Some(Event::Completed(c)) => c.answer == h.answer,
-                _ => false,
-            };
+            let answered = source
+                .and_then(|l| mission_answer(l))
+                .is_some_and(|a| a == h.answer);
             // What a person told the source is not what a fresh run would answer.
             let asked = source.is_some_and(|l| {
                 l.iter()
@@ -283,19 +292,11 @@ pub fn cache_sound(run: &Run, reference: &Run, v: &mut Verdict) -> (u64, u64) {
                     _ => None,
                 })
             });
-            let fresh = child.as_ref().and_then(|c| {
-                match reference
-                    .logs
-                    .get(c)
-                    .and_then(|l| l.last())
-                    .map(|r| &r.env.body)
-                {
-                    Some(Event::Completed(done)) if !answered_by_person(c) => {
-                        Some(done.answer.clone())
-                    }
-                    _ => None,
-                }
-            });
+            let fresh = child
+                .as_ref()
+                .filter(|c| !answered_by_person(c))
+                .and_then(|c| reference.logs.get(c))
+                .and_then(|l| mission_answer(l));
             match fresh {
                 Some(answer) => {
                     checked += 1;
@@ -312,4 +313,13 @@ pub fn cache_sound(run: &Run, reference: &Run, v: &mut Verdict) -> (u64, u64) {
         }
     }
     (checked, unmatched)
+}
+
+/// The answer a session gave to its mission: its first end, if that was a completion (a
+/// `chat: true` session asked again ends again, with answers to the follow-ups).
+fn mission_answer(recs: &[skein_core::Record]) -> Option<String> {
+    match recs.iter().map(|r| &r.env.body).find(|e| e.is_terminal()) {
+        Some(Event::Completed(c)) => Some(c.answer.clone()),
+        _ => None,
+    }
 }

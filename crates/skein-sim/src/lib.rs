@@ -62,6 +62,8 @@ pub fn simulate_generated(seed: u64, swarm: bool, opts: gen::Options) -> Generat
             swarm,
             calm: false,
             no_cache: false,
+            time_limit: world::GENERATED_TIME_LIMIT,
+            drain_limit: world::GENERATED_DRAIN_LIMIT,
         };
         let run = match world::run_scenario(seed, setup, &scenario).await {
             Ok(run) => run,
@@ -88,6 +90,8 @@ pub fn simulate_generated(seed: u64, swarm: bool, opts: gen::Options) -> Generat
                 swarm: false,
                 calm: true,
                 no_cache: true,
+                time_limit: world::GENERATED_TIME_LIMIT,
+                drain_limit: world::GENERATED_DRAIN_LIMIT,
             };
             if let Ok(reference) = world::run_scenario(seed, fresh, &scenario).await {
                 let (c, u) = invariants::cache_sound(&run, &reference, &mut verdict);

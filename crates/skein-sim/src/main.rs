@@ -65,30 +65,7 @@ fn main() -> ExitCode {
             v.sessions, v.events, v.failed_roots
         );
         println!("events by kind: {:?}", v.kinds);
-        if std::env::var_os("SKEIN_SIM_DUMP").is_some() {
-            let mut all: Vec<_> = run.logs.values().flatten().collect();
-            all.sort_by_key(|r| (r.env.at, r.env.session.clone(), r.env.seq));
-            let show = std::env::var("SKEIN_SIM_DUMP").unwrap_or_default();
-            for r in all {
-                if !show.is_empty() && r.env.session.as_str().starts_with(show.as_str()) {
-                    println!(
-                        "{} {} {} {}",
-                        r.env.at,
-                        r.env.session,
-                        r.env.seq,
-                        serde_json::to_string(&r.env.body.to_json()).unwrap_or_default()
-                    );
-                } else {
-                    println!(
-                        "{} {} {} {}",
-                        r.env.at,
-                        r.env.session,
-                        r.env.seq,
-                        r.env.body.kind()
-                    );
-                }
-            }
-        }
+        print_records(&run);
         return match v.violations.first() {
             None => {
                 println!("ok: every invariant holds");
@@ -266,6 +243,9 @@ fn generated_one(
         println!("the loader refused the set: {why}");
         return ExitCode::FAILURE;
     }
+    if let Some(run) = &g.run {
+        print_records(run);
+    }
     let v = &g.verdict;
     println!(
         "sessions {}, events {}, trees failed {}, cache hits compared {} (not comparable {})",
@@ -355,5 +335,34 @@ fn generated_many(from: u64, n: u64, swarm: bool, opts: skein_sim::gen::Options)
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// With `SKEIN_SIM_DUMP` set, every record in virtual-time order (in full for the sessions
+/// whose ids start with its value).
+fn print_records(run: &skein_sim::world::Run) {
+    if std::env::var_os("SKEIN_SIM_DUMP").is_some() {
+        let mut all: Vec<_> = run.logs.values().flatten().collect();
+        all.sort_by_key(|r| (r.env.at, r.env.session.clone(), r.env.seq));
+        let show = std::env::var("SKEIN_SIM_DUMP").unwrap_or_default();
+        for r in all {
+            if !show.is_empty() && r.env.session.as_str().starts_with(show.as_str()) {
+                println!(
+                    "{} {} {} {}",
+                    r.env.at,
+                    r.env.session,
+                    r.env.seq,
+                    serde_json::to_string(&r.env.body.to_json()).unwrap_or_default()
+                );
+            } else {
+                println!(
+                    "{} {} {} {}",
+                    r.env.at,
+                    r.env.session,
+                    r.env.seq,
+                    r.env.body.kind()
+                );
+            }
+        }
     }
 }

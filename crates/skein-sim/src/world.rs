@@ -154,6 +154,10 @@ pub const TIME_LIMIT: Duration = Duration::from_secs(30 * 60);
 /// Virtual time after it, with no fault and every item of the inbox answered, for the
 /// trees still open to end.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(10 * 60);
+/// A generated world's time limit: its slowest script takes seconds a turn.
+pub const GENERATED_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
+/// A generated world's drain: a minute of answering everything.
+pub const GENERATED_DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
 /// A scripted model that fails some calls the way a provider's outage does (retryable).
 struct Flaky {
@@ -282,6 +286,10 @@ pub struct Setup {
     /// No fault at all, and a person who acts on every tick (a reference run).
     pub calm: bool,
     pub no_cache: bool,
+    /// Virtual time the trees have before the liveness check.
+    pub time_limit: Duration,
+    /// Virtual time after it for the trees to end once everything is answered.
+    pub drain_limit: Duration,
 }
 
 struct Worker {
@@ -305,6 +313,8 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         swarm,
         calm: false,
         no_cache: false,
+        time_limit: TIME_LIMIT,
+        drain_limit: DRAIN_LIMIT,
     };
     run_scenario(seed, setup, &fixed())
         .await
@@ -406,7 +416,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     let mut next_worker = WORKERS;
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
-        if roots_ended(&store, &roots) || t0.elapsed() > TIME_LIMIT {
+        if roots_ended(&store, &roots) || t0.elapsed() > setup.time_limit {
             break;
         }
         if faults.cancel() {
@@ -454,7 +464,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         }
     }
     let drained = tokio::time::Instant::now();
-    while !roots_ended(&store, &roots) && drained.elapsed() < DRAIN_LIMIT {
+    while !roots_ended(&store, &roots) && drained.elapsed() < setup.drain_limit {
         let open: Vec<SessionId> = roots.iter().filter(|r| !store.ended(r)).cloned().collect();
         person.answer_all(&runtimes[0], &open).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
