@@ -160,6 +160,7 @@ impl Runtime {
         } else {
             noticed
         };
+        let shared_runs: HashSet<SessionId> = shared.iter().cloned().collect();
         candidates.extend(shared);
         candidates.sort();
         candidates.dedup();
@@ -209,6 +210,8 @@ impl Runtime {
         };
         let mut events = vec![];
         let mut repush = vec![];
+        // A shared run waited on that has not started yet.
+        let mut unstarted = false;
         // Result patches of this batch merge one after the other.
         let mut plan = f.state.plan.clone();
         for (child, last) in candidates.iter().zip(lasts.iter()) {
@@ -255,6 +258,33 @@ impl Runtime {
                         repush.push(child.clone())
                     }
                     None => {}
+                },
+                // A shared run with no log yet: its caller claimed the mission and has not
+                // created it, or never will (it ended first: cancelled, say). Until one or
+                // the other shows, look again later; once its caller has ended, the run
+                // will never start, so the call fails with why (and the claim goes, so
+                // that the next identical delegation runs its own).
+                None if shared_runs.contains(child) => match self.never_started(child).await? {
+                    Some(why) => {
+                        for call in calls {
+                            if let Some(info) = f.state.children.get(call) {
+                                self.backend
+                                    .cache
+                                    .release_inflight(&info.mission_hash, child)
+                                    .await?;
+                            }
+                            events.push(Event::ChildSettled(ChildSettled {
+                                call: call.clone(),
+                                child: child.clone(),
+                                outcome: Outcome::Failed {
+                                    error: why.clone(),
+                                    usage: Default::default(),
+                                    steps: 0,
+                                },
+                            }));
+                        }
+                    }
+                    None => unstarted = true,
                 },
                 None => tracing::warn!(session = %f.id, %child, "delegated child has no log"),
             }
@@ -310,7 +340,31 @@ impl Runtime {
         self.commit_as(f, staged, how).await?;
         Ok(Look {
             settled: n,
-            partial: !every && !self.backend.notices.in_step_with_wakes(),
+            partial: unstarted || (!every && !self.backend.notices.in_step_with_wakes()),
+        })
+    }
+
+    /// Why a shared run that has no log will never have one, if its caller (the session
+    /// that claimed the mission for it) has ended, or has no log either.
+    async fn never_started(&self, child: &SessionId) -> Result<Option<String>> {
+        let Some(caller) = child.parent() else {
+            return Ok(None);
+        };
+        Ok(match self.backend.log.last(&caller).await? {
+            Some(r) if r.env.body.is_terminal() => Some(format!(
+                "the shared run `{}` of this mission never started: `{}`, which was to run \
+                 it, ended first ({})",
+                child.display(),
+                caller.display(),
+                r.env.body.kind()
+            )),
+            Some(_) => None,
+            None => Some(format!(
+                "the shared run `{}` of this mission never started: `{}`, which was to run \
+                 it, has no log",
+                child.display(),
+                caller.display()
+            )),
         })
     }
 
