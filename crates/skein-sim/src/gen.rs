@@ -596,7 +596,15 @@ impl Gen {
             );
             self.agents.push(Agent {
                 name: me.clone(),
-                front: format!("recursive: true\nagents: [{other}, {leaf_name}]\ncache: false\n"),
+                // The same mission is shared (single-flight) only where it is cached.
+                front: format!(
+                    "recursive: true\nagents: [{other}, {leaf_name}]\n{}",
+                    if same {
+                        "cache: {ttl: 1h}\n"
+                    } else {
+                        "cache: false\n"
+                    }
+                ),
                 script,
             });
         }
