@@ -114,6 +114,10 @@ bash tests/real_model/run.sh
 # models, every invariant checked after each. See the README's "Simulation" section.
 cargo run --release --locked -p skein-sim -- --seeds 10000
 cargo run --release --locked -p skein-sim -- --seeds 5000 --from 10001 --swarm
+# Generated worlds: an agent set, its scripts and trees drawn from each seed (patterns,
+# questions and approvals at any depth, caching on and off, shared missions), under the
+# plain faults; liveness through the inbox, and every cache hit compared with a fresh run.
+cargo run --release --locked -p skein-sim -- --generated --seeds 10000
 
 # Every fuzz target for a bounded time on the committed corpus; a crash fails the run and
 # its input is left in crates/skein-fuzz/crashes/. See the README's "Fuzzing" section.

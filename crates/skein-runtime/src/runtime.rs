@@ -110,6 +110,8 @@ pub struct Runtime {
     /// [`Runtime::subscribe`] instead woke the waiting thread for every record.
     pub(crate) ends: Broadcast<SessionId>,
     pub(crate) appended: std::sync::atomic::AtomicU64,
+    /// Waiting parents this process will look at again (see `Runtime::recheck_later`).
+    pub(crate) rechecks: Arc<std::sync::Mutex<std::collections::HashSet<SessionId>>>,
 }
 
 /// A broadcast channel made when it is first subscribed to. Nothing is sent while nobody
@@ -182,6 +184,7 @@ impl Runtime {
             text: Broadcast::new(4096),
             ends: Broadcast::new(1024),
             appended: Default::default(),
+            rechecks: Default::default(),
         })
     }
 

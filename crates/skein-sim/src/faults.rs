@@ -64,6 +64,21 @@ pub struct Rates {
 }
 
 impl Rates {
+    /// No fault, and a person at the inbox on every tick: a reference run.
+    pub const NONE: Rates = Rates {
+        conflict: 0.0,
+        unreachable: 0.0,
+        notice_lost: 0.0,
+        notice_twice: 0.0,
+        model_fails: 0.0,
+        crash: 0.0,
+        notice_late: 0.0,
+        slow: 0.0,
+        heartbeat_lost: 0.0,
+        cancel: 0.0,
+        person: 1.0,
+    };
+
     /// The rates of a plain run: every fault possible, none frequent.
     pub const DEFAULT: Rates = Rates {
         conflict: 0.02,

@@ -42,6 +42,12 @@ pub async fn check(run: &Run) -> Verdict {
                 .push(format!("{root}: submitted but has no log")),
         }
     }
+    for root in &run.unlisted {
+        v.violations.push(format!(
+            "{root}: the tree had not ended when the run's time was up, and nothing of it \
+             was in the inbox"
+        ));
+    }
     for (id, recs) in &run.logs {
         v.sessions += 1;
         v.events += recs.len();
@@ -64,10 +70,20 @@ pub async fn check(run: &Run) -> Verdict {
             .filter(|(_, r)| r.env.body.is_terminal())
             .map(|(i, _)| i)
             .collect();
-        if terminal.len() > 1 {
+        // A `chat: true` session that answered may be asked again: a follow-up question
+        // (`ClarificationRequested`) reopens it, and it ends once more. Nothing else
+        // follows an end.
+        let reopened = |i: &usize| {
+            matches!(
+                recs.get(*i + 1).map(|r| &r.env.body),
+                Some(Event::ClarificationRequested(_))
+            )
+        };
+        let closing: Vec<&usize> = terminal.iter().filter(|i| !reopened(i)).collect();
+        if closing.len() > 1 {
             bad(format!("{} terminal events", terminal.len()));
         }
-        if terminal.first().is_some_and(|i| *i + 1 != recs.len()) {
+        if closing.first().is_some_and(|i| **i + 1 != recs.len()) {
             bad("events after its terminal event".into());
         }
         let Some(Event::Submitted(sub)) = recs.first().map(|r| &r.env.body) else {
@@ -128,10 +144,9 @@ pub async fn check(run: &Run) -> Verdict {
                 source.and_then(|l| l.first()).map(|r| &r.env.body),
                 Some(Event::Submitted(s)) if s.mission_hash == h.mission_hash
             );
-            let answered = match source.and_then(|l| l.last()).map(|r| &r.env.body) {
-                Some(Event::Completed(c)) => c.answer == h.answer,
-                _ => false,
-            };
+            let answered = source
+                .and_then(|l| mission_answer(l))
+                .is_some_and(|a| a == h.answer);
             // What a person told the source is not what a fresh run would answer.
             let asked = source.is_some_and(|l| {
                 l.iter()
@@ -247,4 +262,64 @@ pub async fn check(run: &Run) -> Verdict {
     }
     let _: Option<SessionId> = None;
     v
+}
+
+/// Cache soundness: each hit of `run` answers what a fresh run of that child answers
+/// (`reference`: the same world with no fault and no cache, whose session ids follow the
+/// same paths). A hit is compared when the reference has the same session, with a
+/// completed child under the same call that no person answered. Returns the hits compared
+/// and those that could not be.
+pub fn cache_sound(run: &Run, reference: &Run, v: &mut Verdict) -> (u64, u64) {
+    let (mut checked, mut unmatched) = (0, 0);
+    let answered_by_person = |root: &SessionId| {
+        reference
+            .logs
+            .range(root.clone()..)
+            .take_while(|(id, _)| root.contains(id))
+            .any(|(_, recs)| {
+                recs.iter()
+                    .any(|r| matches!(r.env.body, Event::InputProvided(_)))
+            })
+    };
+    for (id, recs) in &run.logs {
+        for r in recs {
+            let Event::CacheHit(h) = &r.env.body else {
+                continue;
+            };
+            let child = reference.logs.get(id).and_then(|l| {
+                l.iter().find_map(|r| match &r.env.body {
+                    Event::Delegated(d) if d.call == h.call => Some(d.child.clone()),
+                    _ => None,
+                })
+            });
+            let fresh = child
+                .as_ref()
+                .filter(|c| !answered_by_person(c))
+                .and_then(|c| reference.logs.get(c))
+                .and_then(|l| mission_answer(l));
+            match fresh {
+                Some(answer) => {
+                    checked += 1;
+                    if answer != h.answer {
+                        v.violations.push(format!(
+                            "{id}: cache hit for {} answered {:?} (from {}); a fresh run of \
+                             that child answers {answer:?}",
+                            h.call, h.answer, h.source
+                        ));
+                    }
+                }
+                None => unmatched += 1,
+            }
+        }
+    }
+    (checked, unmatched)
+}
+
+/// The answer a session gave to its mission: its first end, if that was a completion (a
+/// `chat: true` session asked again ends again, with answers to the follow-ups).
+fn mission_answer(recs: &[skein_core::Record]) -> Option<String> {
+    match recs.iter().map(|r| &r.env.body).find(|e| e.is_terminal()) {
+        Some(Event::Completed(c)) => Some(c.answer.clone()),
+        _ => None,
+    }
 }

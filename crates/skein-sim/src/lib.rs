@@ -3,8 +3,12 @@
 //! while the seed kills workers at any moment, makes appends conflict, the backend
 //! unreachable, notices vanish or double, and models fail; afterwards every log is
 //! checked against the invariants.
+// The simulation's own setup (a runtime, a scratch directory, the fixed world's agents)
+// failing is a broken machine or a broken simulation, not a finding: it stops there.
+#![allow(clippy::expect_used)]
 
 pub mod faults;
+pub mod gen;
 pub mod invariants;
 pub mod memory;
 pub mod world;
@@ -27,5 +31,81 @@ pub fn simulate(seed: u64, swarm: bool) -> (world::Run, Verdict) {
         // Let the killed workers' tasks unwind before the runtime goes.
         tokio::time::sleep(Duration::from_millis(1)).await;
         (run, verdict)
+    })
+}
+
+/// What one seed of a generated world found.
+pub struct Generated {
+    pub scenario: gen::Scenario,
+    /// Why the loader refused the set, if it did (nothing ran).
+    pub refused: Option<String>,
+    pub run: Option<world::Run>,
+    pub verdict: Verdict,
+    /// Cache hits compared with a fresh run of their child, and those that could not be
+    /// (the fresh run took another path to that call).
+    pub hits_checked: u64,
+    pub hits_unmatched: u64,
+}
+
+/// A generated world's run and its verdict: the agent set drawn from the seed, run under
+/// the seed's faults; then, if any child was answered from the cache, the same world
+/// again with no fault and no cache, whose answers the hits must equal.
+pub fn simulate_generated(seed: u64, swarm: bool, opts: gen::Options) -> Generated {
+    let scenario = gen::generate(seed, opts);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let setup = world::Setup {
+            swarm,
+            calm: false,
+            no_cache: false,
+            time_limit: world::GENERATED_TIME_LIMIT,
+            drain_limit: world::GENERATED_DRAIN_LIMIT,
+        };
+        let run = match world::run_scenario(seed, setup, &scenario).await {
+            Ok(run) => run,
+            Err(e) => {
+                return Generated {
+                    scenario,
+                    refused: Some(e),
+                    run: None,
+                    verdict: Verdict::default(),
+                    hits_checked: 0,
+                    hits_unmatched: 0,
+                }
+            }
+        };
+        let mut verdict = invariants::check(&run).await;
+        let (mut checked, mut unmatched) = (0, 0);
+        let hits = run
+            .logs
+            .values()
+            .flatten()
+            .any(|r| matches!(r.env.body, skein_core::Event::CacheHit(_)));
+        if hits {
+            let fresh = world::Setup {
+                swarm: false,
+                calm: true,
+                no_cache: true,
+                time_limit: world::GENERATED_TIME_LIMIT,
+                drain_limit: world::GENERATED_DRAIN_LIMIT,
+            };
+            if let Ok(reference) = world::run_scenario(seed, fresh, &scenario).await {
+                let (c, u) = invariants::cache_sound(&run, &reference, &mut verdict);
+                (checked, unmatched) = (c, u);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        Generated {
+            scenario,
+            refused: None,
+            run: Some(run),
+            verdict,
+            hits_checked: checked,
+            hits_unmatched: unmatched,
+        }
     })
 }

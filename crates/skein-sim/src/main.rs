@@ -7,7 +7,9 @@ use std::time::Instant;
 use std::sync::atomic::Ordering;
 
 fn usage() -> ExitCode {
-    eprintln!("usage: skein-sim --seeds N [--swarm] [--from S] | --seed S [--swarm]");
+    eprintln!(
+        "usage: skein-sim [--generated [--open-bugs]] (--seeds N [--from S] | --seed S [--dump DIR]) [--swarm]"
+    );
     ExitCode::from(2)
 }
 
@@ -18,6 +20,21 @@ fn main() -> ExitCode {
         let i = args.iter().position(|a| a == flag)?;
         args.get(i + 1)?.parse().ok()
     };
+    if args.iter().any(|a| a == "--generated") {
+        let opts = skein_sim::gen::Options {
+            open: args.iter().any(|a| a == "--open-bugs"),
+        };
+        let dump = args
+            .iter()
+            .position(|a| a == "--dump")
+            .and_then(|i| args.get(i + 1))
+            .map(std::path::PathBuf::from);
+        return match (value("--seed"), value("--seeds")) {
+            (Some(seed), _) => generated_one(seed, swarm, opts, dump.as_deref()),
+            (None, Some(n)) => generated_many(value("--from").unwrap_or(1), n, swarm, opts),
+            _ => usage(),
+        };
+    }
     if let Some(seed) = value("--seed") {
         let (run, v) = skein_sim::simulate(seed, swarm);
         let f = &run.faults;
@@ -48,30 +65,7 @@ fn main() -> ExitCode {
             v.sessions, v.events, v.failed_roots
         );
         println!("events by kind: {:?}", v.kinds);
-        if std::env::var_os("SKEIN_SIM_DUMP").is_some() {
-            let mut all: Vec<_> = run.logs.values().flatten().collect();
-            all.sort_by_key(|r| (r.env.at, r.env.session.clone(), r.env.seq));
-            let show = std::env::var("SKEIN_SIM_DUMP").unwrap_or_default();
-            for r in all {
-                if !show.is_empty() && r.env.session.as_str().starts_with(show.as_str()) {
-                    println!(
-                        "{} {} {} {}",
-                        r.env.at,
-                        r.env.session,
-                        r.env.seq,
-                        serde_json::to_string(&r.env.body.to_json()).unwrap_or_default()
-                    );
-                } else {
-                    println!(
-                        "{} {} {} {}",
-                        r.env.at,
-                        r.env.session,
-                        r.env.seq,
-                        r.env.body.kind()
-                    );
-                }
-            }
-        }
+        print_records(&run);
         return match v.violations.first() {
             None => {
                 println!("ok: every invariant holds");
@@ -187,5 +181,215 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+fn flags(swarm: bool, opts: skein_sim::gen::Options) -> String {
+    format!(
+        "--generated{}{}",
+        if opts.open { " --open-bugs" } else { "" },
+        if swarm { " --swarm" } else { "" }
+    )
+}
+
+/// One generated seed: its verdict, and its agent set written out with `--dump DIR`.
+fn generated_one(
+    seed: u64,
+    swarm: bool,
+    opts: skein_sim::gen::Options,
+    dump: Option<&std::path::Path>,
+) -> ExitCode {
+    let g = skein_sim::simulate_generated(seed, swarm, opts);
+    println!("seed {seed} ({})", flags(swarm, opts));
+    if let Some(dir) = dump {
+        match g.scenario.dump(dir) {
+            Ok(lines) => {
+                println!(
+                    "agent set written to {}; to check and run it:",
+                    dir.display()
+                );
+                for l in lines {
+                    println!("  {l}");
+                }
+            }
+            Err(e) => {
+                eprintln!(
+                    "error: cannot write the agent set to {}: {e}",
+                    dir.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        println!(
+            "agents: {}",
+            g.scenario
+                .agents
+                .iter()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let trees: Vec<String> = g
+            .scenario
+            .trees
+            .iter()
+            .map(|t| format!("{} {:?}", t.agent, t.mission))
+            .collect();
+        println!("trees: {}", trees.join("; "));
+        println!("(write the set out with --dump DIR)");
+    }
+    if let Some(why) = &g.refused {
+        println!("the loader refused the set: {why}");
+        return ExitCode::FAILURE;
+    }
+    if let Some(run) = &g.run {
+        print_records(run);
+    }
+    let v = &g.verdict;
+    println!(
+        "sessions {}, events {}, trees failed {}, cache hits compared {} (not comparable {})",
+        v.sessions, v.events, v.failed_roots, g.hits_checked, g.hits_unmatched
+    );
+    println!("events by kind: {:?}", v.kinds);
+    if v.violations.is_empty() {
+        println!("ok: every invariant holds");
+        return ExitCode::SUCCESS;
+    }
+    for violation in &v.violations {
+        println!("violation: {violation}");
+    }
+    if let Some(run) = &g.run {
+        // The trees named by a violation, every session with its events and the tokens
+        // its own model calls spent.
+        for root in &run.roots {
+            let named = v
+                .violations
+                .iter()
+                .any(|x| x.starts_with(&format!("{root}:")) || x.starts_with(&format!("{root}.")));
+            if !named {
+                continue;
+            }
+            println!("tree {root}:");
+            for (id, recs) in run.logs.range(root.clone()..) {
+                if !root.contains(id) {
+                    break;
+                }
+                let own: u64 = recs
+                    .iter()
+                    .map(|r| match &r.env.body {
+                        skein_core::Event::ModelCalled(m) => m.usage.total_tokens(),
+                        _ => 0,
+                    })
+                    .sum();
+                let kinds: Vec<&str> = recs.iter().map(|r| r.env.body.kind()).collect();
+                println!("  {id} ({own} tokens of its own): {}", kinds.join(" "));
+            }
+        }
+    }
+    ExitCode::FAILURE
+}
+
+/// The seeds of `known-seeds.txt` for these flags: each fails on a bug known and still
+/// open (its line says which). A line is `SEED FLAGS… | diagnosis`; `#` starts a comment.
+fn known_seeds(flags: &str) -> std::collections::BTreeMap<u64, String> {
+    let text = include_str!("../known-seeds.txt");
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| {
+            let (head, why) = l.split_once('|')?;
+            let mut words = head.split_whitespace();
+            let seed = words.next()?.parse().ok()?;
+            let rest: Vec<&str> = words.collect();
+            (rest.join(" ") == flags).then(|| (seed, why.trim().to_string()))
+        })
+        .collect()
+}
+
+/// Generated seeds `from..from + n`: a line for each that fails, and the figures. A seed
+/// listed in `known-seeds.txt` that fails is reported as known and does not fail the run.
+fn generated_many(from: u64, n: u64, swarm: bool, opts: skein_sim::gen::Options) -> ExitCode {
+    let known = known_seeds(&flags(swarm, opts));
+    let mut known_failed = 0u64;
+    let started = Instant::now();
+    let (mut bad, mut refused, mut agents, mut trees, mut checked, mut unmatched) =
+        (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut kinds = std::collections::BTreeMap::new();
+    for seed in from..from + n {
+        let g = skein_sim::simulate_generated(seed, swarm, opts);
+        agents += g.scenario.agents.len() as u64;
+        trees += g.scenario.trees.len() as u64;
+        checked += g.hits_checked;
+        unmatched += g.hits_unmatched;
+        if let Some(why) = &g.refused {
+            refused += 1;
+            println!(
+                "seed {seed}: the loader refused the generated set: {why} (see it with --seed {seed} {} --dump DIR)",
+                flags(swarm, opts)
+            );
+            continue;
+        }
+        for (k, c) in &g.verdict.kinds {
+            *kinds.entry(k.clone()).or_insert(0u64) += c;
+        }
+        if let Some(first) = g.verdict.violations.first() {
+            if let Some(why) = known.get(&seed) {
+                known_failed += 1;
+                println!("seed {seed}: known, {why}: {first}");
+                continue;
+            }
+            bad += 1;
+            println!(
+                "seed {seed}: {first} (replay with --seed {seed} {} --dump DIR)",
+                flags(swarm, opts)
+            );
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "generated configurations {n} (seeds from {from}{}), {agents} agents, {trees} trees; \
+         refused by the loader {refused}, violations {bad}; {:.1} s, {:.0} seeds/s",
+        if swarm { ", swarm" } else { "" },
+        secs,
+        n as f64 / secs.max(1e-9)
+    );
+    println!("cache hits compared with a fresh run {checked} (not comparable {unmatched})");
+    println!(
+        "known seeds (crates/skein-sim/known-seeds.txt) in this range that failed: {known_failed}"
+    );
+    println!("events by kind: {kinds:?}");
+    if bad == 0 && refused == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// With `SKEIN_SIM_DUMP` set, every record in virtual-time order (in full for the sessions
+/// whose ids start with its value).
+fn print_records(run: &skein_sim::world::Run) {
+    if std::env::var_os("SKEIN_SIM_DUMP").is_some() {
+        let mut all: Vec<_> = run.logs.values().flatten().collect();
+        all.sort_by_key(|r| (r.env.at, r.env.session.clone(), r.env.seq));
+        let show = std::env::var("SKEIN_SIM_DUMP").unwrap_or_default();
+        for r in all {
+            if !show.is_empty() && r.env.session.as_str().starts_with(show.as_str()) {
+                println!(
+                    "{} {} {} {}",
+                    r.env.at,
+                    r.env.session,
+                    r.env.seq,
+                    serde_json::to_string(&r.env.body.to_json()).unwrap_or_default()
+                );
+            } else {
+                println!(
+                    "{} {} {} {}",
+                    r.env.at,
+                    r.env.session,
+                    r.env.seq,
+                    r.env.body.kind()
+                );
+            }
+        }
     }
 }

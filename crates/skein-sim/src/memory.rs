@@ -174,7 +174,9 @@ impl MemStore {
         let Some((_, session)) = pick else {
             return Err(first_due);
         };
-        let rec = jobs.get_mut(&session).expect("picked from the map");
+        let Some(rec) = jobs.get_mut(&session) else {
+            return Err(first_due);
+        };
         rec.dirty = rec.dirty && rec.held_until.is_some();
         rec.held_until = Some(now + lease);
         rec.not_before = 0;

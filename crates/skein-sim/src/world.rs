@@ -15,6 +15,7 @@ use skein_tools::{ToolBox, ToolsConfig};
 use tokio::task::JoinHandle;
 
 use crate::faults::{Faults, Rates, Rng};
+use crate::gen::Scenario;
 use crate::memory::MemStore;
 
 /// The agents of the simulated world: delegation fan-out with tools, a handoff chain and
@@ -150,6 +151,13 @@ pub const WORKERS: usize = 2;
 pub const LEASE: Duration = Duration::from_secs(5);
 /// Virtual time a run may take before a tree that has not ended is a violation.
 pub const TIME_LIMIT: Duration = Duration::from_secs(30 * 60);
+/// Virtual time after it, with no fault and every item of the inbox answered, for the
+/// trees still open to end.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(10 * 60);
+/// A generated world's time limit: its slowest script takes seconds a turn.
+pub const GENERATED_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
+/// A generated world's drain: a minute of answering everything.
+pub const GENERATED_DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
 /// A scripted model that fails some calls the way a provider's outage does (retryable).
 struct Flaky {
@@ -235,20 +243,53 @@ pub struct Run {
     pub virtual_ms: u64,
     /// The queues when the run stopped (taken in virtual time).
     pub jobs_at_end: Vec<String>,
+    /// Trees that had not ended when the run's time was up, with nothing of theirs in
+    /// the inbox: nobody could have moved them on.
+    pub unlisted: Vec<SessionId>,
     pub _dir: tempfile::TempDir,
 }
 
-fn catalogue() -> AgentSet {
-    let files: Vec<(String, String)> = AGENTS
-        .iter()
-        .map(|(name, front, _)| {
-            (
-                format!("{name}.md"),
-                format!("---\nname: {name}\nmodel: scripted:{name}\n{front}---\nYou are {name}.\n"),
-            )
-        })
-        .collect();
-    AgentSet::load(&files, &["append_note".to_string()]).expect("the simulation's agents load")
+/// The fixed world: the agents of [`AGENTS`]; `TREES` trees of `boss` (the second on a
+/// budget it may run out of), one of `squad` and two of `clerk`.
+pub fn fixed() -> Scenario {
+    Scenario {
+        agents: AGENTS
+            .iter()
+            .map(|(name, front, script)| crate::gen::Agent {
+                name: name.to_string(),
+                front: front.to_string(),
+                script: script.to_string(),
+            })
+            .collect(),
+        extra_tools: vec!["append_note".into()],
+        trees: (0..TREES + 3)
+            .map(|i| crate::gen::Tree {
+                agent: match i {
+                    i if i < TREES => "boss",
+                    i if i == TREES => "squad",
+                    _ => "clerk",
+                }
+                .into(),
+                mission: format!("topic {i}"),
+                budget: (i == 1).then_some(700),
+            })
+            .collect(),
+        approval_required: vec!["write_file".into()],
+    }
+}
+
+/// How a world runs: the faults (none, the plain rates, or a swarm's drawn from the
+/// seed) and whether its trees may use the cache.
+#[derive(Debug, Clone, Copy)]
+pub struct Setup {
+    pub swarm: bool,
+    /// No fault at all, and a person who acts on every tick (a reference run).
+    pub calm: bool,
+    pub no_cache: bool,
+    /// Virtual time the trees have before the liveness check.
+    pub time_limit: Duration,
+    /// Virtual time after it for the trees to end once everything is answered.
+    pub drain_limit: Duration,
 }
 
 struct Worker {
@@ -266,10 +307,29 @@ impl Worker {
     }
 }
 
-/// Runs one seed's world to its end (on the current, paused, runtime).
+/// Runs one seed's fixed world to its end (on the current, paused, runtime).
 pub async fn run(seed: u64, swarm: bool) -> Run {
+    let setup = Setup {
+        swarm,
+        calm: false,
+        no_cache: false,
+        time_limit: TIME_LIMIT,
+        drain_limit: DRAIN_LIMIT,
+    };
+    run_scenario(seed, setup, &fixed())
+        .await
+        .expect("the simulation's agents load")
+}
+
+/// Runs a world to its end; an agent set the loader refuses is returned as its error.
+pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Result<Run, String> {
+    let agents = Arc::new(
+        AgentSet::load(&scenario.files(), &scenario.extra_tools).map_err(|e| e.to_string())?,
+    );
     let mut rng = Rng::new(seed);
-    let rates = if swarm {
+    let rates = if setup.calm {
+        Rates::NONE
+    } else if setup.swarm {
         Rates::swarm(&mut rng)
     } else {
         Rates::DEFAULT
@@ -277,11 +337,10 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
     let faults = Arc::new(Faults::new(rates, rng));
     let clock = Arc::new(crate::faults::SimClock::new(seed));
     let dir = tempfile::tempdir().expect("a scratch directory");
-    for (name, _, script) in AGENTS {
-        std::fs::write(dir.path().join(format!("{name}.yaml")), script).expect("script");
+    for a in &scenario.agents {
+        std::fs::write(dir.path().join(format!("{}.yaml", a.name)), &a.script).expect("script");
     }
     let store = MemStore::new(LEASE, faults.clone(), dir.path().join("ws"));
-    let agents = Arc::new(catalogue());
     let mut tools_cfg = ToolsConfig::default();
     tools_cfg.http.enabled = false;
     let writes = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
@@ -313,7 +372,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
             ..RuntimeConfig::default()
         };
         // The person approves or denies writes; nothing else waits for approval.
-        cfg.limits.approval_required = vec!["write_file".into()];
+        cfg.limits.approval_required = scenario.approval_required.clone();
         let rt = Runtime::new(store.backend(), agents.clone(), models, toolbox(), cfg);
         let (stop, handles) = rt.spawn_workers(vec!["default".into()], 4);
         (rt.clone(), Worker { stop, handles })
@@ -327,21 +386,16 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
     }
     // Submitters retry while the backend is unreachable, as a client would.
     let mut roots = vec![];
-    for i in 0..TREES + 3 {
-        let agent = match i {
-            i if i < TREES => "boss",
-            i if i == TREES => "squad",
-            _ => "clerk",
-        };
+    for (i, tree) in scenario.trees.iter().enumerate() {
         let sub = Submission {
-            agent: agent.into(),
-            mission: format!("topic {i}"),
+            agent: tree.agent.clone(),
+            mission: tree.mission.clone(),
             id: Some(format!("tree-{i}")),
-            // One tree on a budget it may run out of.
-            budget: (i == 1).then_some(skein_core::Budget {
-                tokens: Some(700),
+            budget: tree.budget.map(|t| skein_core::Budget {
+                tokens: Some(t),
                 max_steps: None,
             }),
+            no_cache: setup.no_cache,
             ..Default::default()
         };
         loop {
@@ -362,7 +416,7 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
     let mut next_worker = WORKERS;
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
-        if roots_ended(&store, &roots) || t0.elapsed() > TIME_LIMIT {
+        if roots_ended(&store, &roots) || t0.elapsed() > setup.time_limit {
             break;
         }
         if faults.cancel() {
@@ -397,8 +451,25 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
             workers.push(w);
         }
     }
-    let virtual_ms = t0.elapsed().as_millis() as u64;
+    // Liveness: a tree that has not ended must wait on something a person can see. Then
+    // the person answers and approves everything, with no fault, until every tree ends.
     faults.stop();
+    let mut unlisted = vec![];
+    for root in roots.iter().filter(|r| !store.ended(r)) {
+        let items = skein_runtime::hitl::inbox(&runtimes[0], std::slice::from_ref(root))
+            .await
+            .unwrap_or_default();
+        if items.is_empty() {
+            unlisted.push(root.clone());
+        }
+    }
+    let drained = tokio::time::Instant::now();
+    while !roots_ended(&store, &roots) && drained.elapsed() < setup.drain_limit {
+        let open: Vec<SessionId> = roots.iter().filter(|r| !store.ended(r)).cloned().collect();
+        person.answer_all(&runtimes[0], &open).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let virtual_ms = t0.elapsed().as_millis() as u64;
     for w in workers {
         w.kill();
     }
@@ -408,9 +479,11 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let mut limits = skein_core::Limits::default();
-    limits.approval_required = vec!["write_file".into()];
-    Run {
+    let limits = skein_core::Limits {
+        approval_required: scenario.approval_required.clone(),
+        ..skein_core::Limits::default()
+    };
+    Ok(Run {
         roots,
         limits,
         logs,
@@ -423,8 +496,9 @@ pub async fn run(seed: u64, swarm: bool) -> Run {
         writes,
         virtual_ms,
         jobs_at_end,
+        unlisted,
         _dir: dir,
-    }
+    })
 }
 
 fn roots_ended(store: &MemStore, roots: &[SessionId]) -> bool {
@@ -446,6 +520,37 @@ pub struct Person {
 }
 
 impl Person {
+    /// Answers every question and approves every call the inbox lists for `roots`.
+    async fn answer_all(&mut self, rt: &Arc<Runtime>, roots: &[SessionId]) {
+        let Ok(items) = skein_runtime::hitl::inbox(rt, roots).await else {
+            return;
+        };
+        for item in items {
+            let ok = if item.kind == "question" {
+                let mut answers = serde_json::Map::new();
+                for q in &item.questions {
+                    if let Some(k) = q.get("key").and_then(|k| k.as_str()) {
+                        answers.insert(k.into(), "the last word".into());
+                    }
+                }
+                skein_runtime::hitl::answer(rt, &item.token, answers.into(), None)
+                    .await
+                    .is_ok()
+            } else {
+                skein_runtime::hitl::decide_approval(rt, &item.token, true, None, None)
+                    .await
+                    .is_ok()
+            };
+            if ok {
+                if item.kind == "question" {
+                    self.answers += 1;
+                } else {
+                    self.approvals += 1;
+                }
+            }
+        }
+    }
+
     async fn act(&mut self, rt: &Arc<Runtime>, roots: &[SessionId], faults: &Faults) {
         if !self.used.is_empty() && faults.draw(5) == 0 {
             let (token, question) = self.used[faults.draw(self.used.len() as u64) as usize].clone();

@@ -233,12 +233,18 @@ impl Runtime {
                     if ending {
                         self.end_team(f).await?;
                     }
-                    let settled = self
+                    let look = self
                         .collect_settlements(f, &def, cold, ending, &pushed, !looked)
                         .await?;
                     cold = false;
                     looked = true;
-                    if settled == 0 {
+                    if look.settled == 0 {
+                        let out = f.state.turn.iter().any(|slot| {
+                            matches!(slot.state, skein_core::state::SlotState::Delegated { .. })
+                        });
+                        if look.partial && out {
+                            self.recheck_later(f);
+                        }
                         return Ok(());
                     }
                 }

@@ -48,7 +48,9 @@ impl Runtime {
     /// came: a later look of the same drive follows one that read the notices (or checked
     /// every child) a moment ago, and a child that ended since then posted a notice before
     /// waking this session. (Each look after the first did check them all, so a wide
-    /// parent read every outstanding child's log once more per wake-up.)
+    /// parent read every outstanding child's log once more per wake-up.) A look that read
+    /// only what the notices named says so ([`Look::partial`]): a session that then waits
+    /// with children out is looked at again later ([`Runtime::recheck_later`]).
     pub(crate) async fn collect_settlements(
         &self,
         f: &mut Folded,
@@ -57,7 +59,7 @@ impl Runtime {
         ending: bool,
         pushed: &BTreeSet<SessionId>,
         first: bool,
-    ) -> Result<usize> {
+    ) -> Result<Look> {
         use skein_core::state::SlotState;
         let any_out = f
             .state
@@ -65,7 +67,7 @@ impl Runtime {
             .iter()
             .any(|slot| matches!(slot.state, SlotState::Delegated { .. }));
         if !any_out {
-            return Ok(0);
+            return Ok(Look::default());
         }
         // The ends of the children waited on (when few) are read with the notices, where
         // this worker kept the session's fold: on the first look, with the log
@@ -158,6 +160,7 @@ impl Runtime {
         } else {
             noticed
         };
+        let shared_runs: HashSet<SessionId> = shared.iter().cloned().collect();
         candidates.extend(shared);
         candidates.sort();
         candidates.dedup();
@@ -207,6 +210,8 @@ impl Runtime {
         };
         let mut events = vec![];
         let mut repush = vec![];
+        // A shared run waited on that has not started yet.
+        let mut unstarted = false;
         // Result patches of this batch merge one after the other.
         let mut plan = f.state.plan.clone();
         for (child, last) in candidates.iter().zip(lasts.iter()) {
@@ -253,6 +258,33 @@ impl Runtime {
                         repush.push(child.clone())
                     }
                     None => {}
+                },
+                // A shared run with no log yet: its caller claimed the mission and has not
+                // created it, or never will (it ended first: cancelled, say). Until one or
+                // the other shows, look again later; once its caller has ended, the run
+                // will never start, so the call fails with why (and the claim goes, so
+                // that the next identical delegation runs its own).
+                None if shared_runs.contains(child) => match self.never_started(child).await? {
+                    Some(why) => {
+                        for call in calls {
+                            if let Some(info) = f.state.children.get(call) {
+                                self.backend
+                                    .cache
+                                    .release_inflight(&info.mission_hash, child)
+                                    .await?;
+                            }
+                            events.push(Event::ChildSettled(ChildSettled {
+                                call: call.clone(),
+                                child: child.clone(),
+                                outcome: Outcome::Failed {
+                                    error: why.clone(),
+                                    usage: Default::default(),
+                                    steps: 0,
+                                },
+                            }));
+                        }
+                    }
+                    None => unstarted = true,
                 },
                 None => tracing::warn!(session = %f.id, %child, "delegated child has no log"),
             }
@@ -306,7 +338,88 @@ impl Runtime {
             Written::Durable
         };
         self.commit_as(f, staged, how).await?;
-        Ok(n)
+        Ok(Look {
+            settled: n,
+            partial: unstarted || (!every && !self.backend.notices.in_step_with_wakes()),
+        })
+    }
+
+    /// Why a shared run that has no log will never have one, if its caller (the session
+    /// that claimed the mission for it) has ended, or has no log either.
+    async fn never_started(&self, child: &SessionId) -> Result<Option<String>> {
+        let Some(caller) = child.parent() else {
+            return Ok(None);
+        };
+        Ok(match self.backend.log.last(&caller).await? {
+            Some(r) if r.env.body.is_terminal() => Some(format!(
+                "the shared run `{}` of this mission never started: `{}`, which was to run \
+                 it, ended first ({})",
+                child.display(),
+                caller.display(),
+                r.env.body.kind()
+            )),
+            Some(_) => None,
+            None => Some(format!(
+                "the shared run `{}` of this mission never started: `{}`, which was to run \
+                 it, has no log",
+                child.display(),
+                caller.display()
+            )),
+        })
+    }
+
+    /// Wakes `f` again in a lease's time, if it still waits then, so that it looks at every
+    /// outstanding child once more. Called when the session goes to wait after a look
+    /// that did not check every child (see [`Look::partial`]): where notices and wake-ups
+    /// are not in step, two children that end close together wake their parent once
+    /// (wake-ups coalesce), and the notice of one may not be readable yet (late, or
+    /// lost). The look saw the other's notice, so it did not check every child, and no
+    /// wake-up is left to come for the first one. The wake is cheap where nothing was
+    /// missed: one read of the session's last record, then (a notice waiting) the usual
+    /// look, or (none) one look at every outstanding child, as any wake without a
+    /// notice. One timer a session at a time, in this process: a wide parent woken a
+    /// thousand times in a lease is looked at again once, not a thousand times.
+    pub(crate) fn recheck_later(&self, f: &Folded) {
+        {
+            let mut armed = self
+                .rechecks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !armed.insert(f.id.clone()) {
+                return;
+            }
+        }
+        let (log, jobs, armed) = (
+            self.backend.log.clone(),
+            self.backend.jobs.clone(),
+            self.rechecks.clone(),
+        );
+        let id = f.id.clone();
+        let pool = f
+            .state
+            .submitted
+            .as_ref()
+            .and_then(|s| s.pool.clone())
+            .unwrap_or_else(|| DEFAULT_POOL.into());
+        let lease = self.cfg.lease;
+        tokio::spawn(async move {
+            tokio::time::sleep(lease).await;
+            armed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&id);
+            // An ended session's job would only tell its parent again.
+            let ended = match log.last(&id).await {
+                Ok(last) => last.is_some_and(|r| r.env.body.is_terminal()),
+                Err(_) => false,
+            };
+            if ended {
+                return;
+            }
+            if let Err(e) = jobs.push(&pool, &id).await {
+                tracing::warn!(session = %id, error = %e.report(), "re-check wake-up failed");
+            }
+        });
     }
 
     /// The outcome a parent is shown for a child paused on a question: the questions and a
@@ -328,4 +441,15 @@ impl Runtime {
         self.keep_state(cf);
         Ok(out)
     }
+}
+
+/// What one look for settled children did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Look {
+    /// `ChildSettled` records written.
+    pub settled: usize,
+    /// The look read the notices and the children they named, not every outstanding
+    /// child, on a backend whose notices may be missing when a wake-up comes: a child
+    /// whose wake-up was coalesced into this one may have ended unseen.
+    pub partial: bool,
 }
