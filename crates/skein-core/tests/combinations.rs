@@ -123,6 +123,7 @@ fn an_ended_session_leaves_behind_the_children_nobody_reads_any_more() {
                 token: String::new(),
                 token_id: "tok".into(),
                 seq: 3,
+                usage: Default::default(),
             },
         }),
         child_completed("c2", &done, "found it"),

@@ -212,6 +212,7 @@ fn a_paused_child_is_recorded_by_its_token_id_and_shown_as_a_reference() {
         token: String::new(),
         token_id: "abc123".into(),
         seq: 3,
+        usage: Default::default(),
     });
     let shown = tool_result(&s);
     let r = shown["resume_token"].as_str().unwrap();

@@ -109,13 +109,21 @@ impl Scenario {
 const ANSWER: &str = "{{ agent }} on {{ mission }}: {{ all_results | length }} results \
                       [{% for r in all_results %}{{ 'x' if (r is string and 'not allowed' in r) else 'o' }}{% endfor %}]";
 
-/// What the generator may draw. `open` also draws the shapes of known, still open bugs
-/// (a question from a pattern's participant; recursive agents that delegate the same
-/// mission to each other; `allowed_tools` on a cached agent): off in CI, on to look for
-/// them.
-#[derive(Debug, Clone, Copy, Default)]
+/// What the generator may draw. `open` draws every shape, those of the bugs that were
+/// open when the generator was written too (a question from a pattern's participant;
+/// recursive agents that delegate the same mission to each other; `allowed_tools` on a
+/// cached agent; a team answered whole from the cache): the default, and what CI runs
+/// since those bugs were fixed. Off (`--known-shapes-only`), the generator keeps clear of
+/// them, to tell a new bug from one of those.
+#[derive(Debug, Clone, Copy)]
 pub struct Options {
     pub open: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { open: true }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -102,11 +102,32 @@ pub async fn check(run: &Run) -> Verdict {
             },
             Err(e) => bad(format!("its definition is not stored: {e}")),
         }
-        // Depth: as the id nests, and within the limit.
-        let nesting = id.as_str().matches('.').count() as u32;
-        if sub.depth != nesting || sub.depth > limits.max_depth {
+        // Depth: one under its parent's (its parent's own, for a handoff's or a route's
+        // next agent, which takes over rather than nests), and within the limit.
+        let expected = match &sub.parent {
+            None => 0,
+            Some(p) => {
+                let parent_depth = run
+                    .logs
+                    .get(&p.session)
+                    .and_then(|r| match r.first().map(|r| &r.env.body) {
+                        Some(Event::Submitted(ps)) => Some(ps.depth),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                let transfer = matches!(
+                    skein_core::state::PatternKind::of_call(&p.call),
+                    Some(
+                        skein_core::state::PatternKind::Handoff
+                            | skein_core::state::PatternKind::Route
+                    )
+                );
+                parent_depth + u32::from(!transfer)
+            }
+        };
+        if sub.depth != expected || sub.depth > limits.max_depth {
             bad(format!(
-                "runs at depth {} (its id nests {nesting}, the limit is {})",
+                "runs at depth {} (its parent's depth makes it {expected}, the limit is {})",
                 sub.depth, limits.max_depth
             ));
         }

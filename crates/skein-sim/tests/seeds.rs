@@ -136,6 +136,51 @@ fn generated_worlds_keep_every_invariant() {
     assert!(compared > 0, "no cache hit was compared with a fresh run");
 }
 
+/// Generated worlds that found a bug, with the bug (every shape drawn, plain faults).
+const GENERATED_REGRESSIONS: &[(u64, &str)] = &[
+    (
+        4762,
+        "a child cancelled while paused on a question still took its parent's resume",
+    ),
+    (
+        14,
+        "a narrowed child's answer was served from the cache to a call with all its tools",
+    ),
+    (58, "the same, served to calls of two other trees"),
+    (
+        123,
+        "a question at the end of a handoff chain reached no inbox",
+    ),
+    (212, "a handoff target's question reached no inbox"),
+    (
+        35,
+        "an advisor that asked waited for ever and its tokens never rolled up",
+    ),
+    (
+        18,
+        "a paused child's tokens were lost when its caller ended without resuming it",
+    ),
+    (
+        66,
+        "an asking agent forced to cache was shared across trees",
+    ),
+    (655, "a team answered whole from the cache did not replay"),
+    (1743, "the same, in another world"),
+];
+
+#[test]
+fn the_generated_worlds_that_found_bugs_keep_every_invariant() {
+    for (seed, bug) in GENERATED_REGRESSIONS {
+        let g = skein_sim::simulate_generated(*seed, false, Default::default());
+        assert_eq!(g.refused, None, "seed {seed}: the loader refused the set");
+        assert!(
+            g.verdict.violations.is_empty(),
+            "seed {seed} ({bug}): {:?}",
+            g.verdict.violations
+        );
+    }
+}
+
 /// A seed draws the same agent set every time, and what `--dump` writes is what the
 /// loader of `skein agents check` reads back.
 #[test]

@@ -389,9 +389,11 @@ impl Step {
             (Step::Broadcast(bs), Event::ToolReturned(t)) => {
                 !t.error && bs.iter().any(|b| b.call == t.call)
             }
-            // A root with advisors answered from the cache before consulting them.
+            // A root with advisors or a team answered from the cache before consulting
+            // them or starting it (its first step is the pattern's, not a model call).
             (Step::Orchestrate(e), Event::CacheHit(h)) => {
-                matches!(**e, Event::AdvisorsConsulted(_)) && h.call.is_empty()
+                matches!(**e, Event::AdvisorsConsulted(_) | Event::TeamStarted(_))
+                    && h.call.is_empty()
             }
             (Step::Complete { answer }, Event::Completed(c)) => c.answer == *answer,
             (Step::Fail { error }, Event::Failed(f)) => f.error == *error,

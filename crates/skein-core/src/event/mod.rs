@@ -272,6 +272,10 @@ pub enum Outcome {
         token_id: String,
         #[serde(default)]
         seq: u64,
+        /// What the child had spent when it paused (absent in older logs): it rolls up
+        /// now, so that a child whose question is never answered still counts.
+        #[serde(default)]
+        usage: Usage,
     },
 }
 

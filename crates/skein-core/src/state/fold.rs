@@ -293,10 +293,22 @@ impl SessionState {
                         *counted = *usage;
                         self.usage_children.add(&new)
                     }
-                    Outcome::NeedsInput { token_id, .. } => {
+                    Outcome::NeedsInput {
+                        token_id, usage, ..
+                    } => {
                         if !token_id.is_empty() {
                             self.resume_refs
                                 .insert(resume_reference(&c.child, &c.outcome));
+                        }
+                        // What it spent before it paused counts now (a question nobody
+                        // answers must not hide it); what it spends after, at its end.
+                        if !shared {
+                            let counted = self.child_usage.entry(c.child.clone()).or_default();
+                            let new = usage_since(usage, counted);
+                            if usage.total_tokens() >= counted.total_tokens() {
+                                *counted = *usage;
+                            }
+                            self.usage_children.add(&new)
                         }
                     }
                 }

@@ -223,6 +223,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
                 token: String::new(),
                 token_id: RESUME_TOKEN_ID.into(),
                 seq: 3,
+                usage: Default::default(),
             },
         }),
     ];

@@ -100,8 +100,13 @@ impl Runtime {
             // key holds the depth left, so a run only joins one at its own depth, never an
             // ancestor; a child is one level down, and the steps that keep the depth (a
             // handoff, a route) follow the pattern graph, which has no cycles. The check
-            // below says the first half of that outright.
-            if caching {
+            // below says the first half of that outright. A run of an agent that may ask
+            // a question is never shared (whatever its `cache:` says): its question would
+            // reach another tree, whose answer would shape this one's.
+            let asks = child_def
+                .allowed_tools()
+                .contains(skein_core::RuntimeTool::AskUser.as_str());
+            if caching && !asks {
                 if let Some(running) = self
                     .single_flight(&hash, &d.child)
                     .await?

@@ -437,6 +437,7 @@ impl Runtime {
                 token: String::new(),
                 token_id: p.token_id.clone(),
                 seq: p.seq,
+                usage: cf.state.usage_total(),
             });
         self.keep_state(cf);
         Ok(out)
