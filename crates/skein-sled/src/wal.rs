@@ -9,17 +9,17 @@
 //! "SKW1" body = session length u16 LE | session | first seq u64 LE | count u32 LE
 //!               | count × (record length u32 LE | record bytes)
 //! "SKB1" body = blake3 of the blob (32 bytes) | the blob
-//! "SKM1" body = generation u64 LE | synced u64 LE          (the mark, at 512 and 1024)
 //! ```
 //!
-//! **Format 2** (this version) begins with a header page of 4 KiB: a header frame at 0, the
-//! two slots of the synced mark at 512 and 1024, zeros, and the first frame at 4096. The
-//! header frame is an "SKW1" frame of a session no id can name (`!format 2 …`), with no
-//! records and the format as its first seq. A version that reads only format 1 fails to
-//! open such a file, saying that a newer skein wrote it, instead of taking the first frame
-//! for a torn tail; this version refuses a format above its own the same way. A file
-//! written before the header (format 1) starts with its first frame and is read as before,
-//! without a mark.
+//! **Format 2** (this version) begins with three frames of sessions no id can name
+//! (they start with `!`): the header, whose first seq is the format and which holds no
+//! record, then the two slots of the synced mark, each one record of 16 bytes (generation
+//! u64 LE, synced u64 LE) of the session `!mark`, rewritten in place. Frames follow them.
+//! A version that reads only format 1 reads these as frames and then refuses to open the
+//! file, saying (in the header's session name) that a newer skein wrote it, instead of
+//! taking the rest for a torn tail; this version refuses a format above its own the same
+//! way. A file written before the header (format 1) starts with its first frame and is
+//! read as before, without a mark.
 //!
 //! A blob is made durable by the `fdatasync` of the record that names it, which is
 //! written after it: storing one costs neither a sync of its own nor a flush of the sled
@@ -71,7 +71,6 @@ use crate::file::{read_exact_at, sync_dir, write_all_at, LogFile, Reader};
 
 const MAGIC: &[u8; 4] = b"SKW1";
 const BLOB_MAGIC: &[u8; 4] = b"SKB1";
-const MARK_MAGIC: &[u8; 4] = b"SKM1";
 const HEADER: usize = 12;
 /// A frame larger than this is not one skein wrote: the tail is torn or the file is not a log.
 const MAX_BODY: usize = 1 << 30;
@@ -81,11 +80,10 @@ const MAX_BODY: usize = 1 << 30;
 const RESERVE: u64 = 64 << 10;
 /// The format this version writes, and the newest it reads.
 pub(crate) const FORMAT: u64 = 2;
-/// Where the frames of a format 2 file begin, after its header page.
-const DATA_START: u64 = 4096;
-/// The two slots of the synced mark, in the header page.
-const MARK_AT: [u64; 2] = [512, 1024];
-const MARK_FRAME: usize = HEADER + 16;
+/// The session of the mark's frames.
+const MARK_SESSION: &str = "!mark";
+/// A mark's frame: one record of 16 bytes.
+const MARK_FRAME: usize = HEADER + 2 + MARK_SESSION.len() + 8 + 4 + 4 + 16;
 
 fn io_err(what: &str, path: &Path, e: io::Error) -> Error {
     if crate::file::is_disk_full(&e) {
@@ -169,6 +167,8 @@ pub(crate) struct Wal {
     base: u64,
     /// 1 or 2: whether the file has a header and a mark.
     format: u64,
+    /// Where the two slots of the mark are (format 2).
+    slots: [u64; 2],
     /// Held across a sync (so syncs and mark writes are in order).
     marks: Mutex<Marks>,
     /// How much of the file an `fdatasync` has covered in this process (0 until the
@@ -248,6 +248,8 @@ pub(crate) struct Examined {
     /// How far syncs had reached, by the mark (`base` without one).
     pub(crate) mark: u64,
     pub(crate) generation: u64,
+    /// The two slots of the mark (format 2).
+    pub(crate) slots: [u64; 2],
     pub(crate) frames: Vec<Frame>,
     /// Where the last whole frame ends.
     pub(crate) good_end: u64,
@@ -308,6 +310,7 @@ pub(crate) fn examine(file: &dyn LogFile, path: &Path) -> Result<Examined> {
         base: 0,
         mark: 0,
         generation: 0,
+        slots: [0, 0],
         frames: vec![],
         good_end: 0,
         len,
@@ -318,37 +321,31 @@ pub(crate) fn examine(file: &dyn LogFile, path: &Path) -> Result<Examined> {
         return Ok(ex);
     }
     // A header frame first, or a format 1 file's first frame.
-    let (first, first_stop) = scan(file, path, 0, Some(1))?;
+    let (_, first_stop) = scan(file, path, 0, Some(1))?;
     if let Some(stop) = first_stop {
-        // The first frame is damaged. If frames follow the header page, it is a damaged
-        // header; either way nothing can be read safely without being asked.
+        // The first frame is damaged: a format 1 file's first frame, or a format 2 file's
+        // header. Either way nothing can be read safely without being asked.
         ex.stop = Some(stop);
         return Ok(ex);
     }
-    if let Some(Frame::Records {
-        session,
-        first_seq,
-        records,
-    }) = first.first()
-    {
-        if session.starts_with('!') && records.is_empty() {
-            if *first_seq > FORMAT {
-                return Err(Error::refused(
-                    RefusalKind::Unsupported,
-                    format!(
-                        "event log {} is of format {first_seq}, written by a newer skein; \
-                         this one reads formats up to {FORMAT}: open the data directory with \
-                         that version or a later one",
-                        path.display()
-                    ),
-                ));
-            }
-            ex.format = *first_seq;
-            ex.base = DATA_START;
-            if let Some((generation, synced)) = read_mark(file, path)? {
-                ex.generation = generation;
-                ex.mark = synced;
-            }
+    if let Some((slots, format)) = header_slots(file, path)? {
+        if format > FORMAT {
+            return Err(Error::refused(
+                RefusalKind::Unsupported,
+                format!(
+                    "event log {} is of format {format}, written by a newer skein; this one \
+                     reads formats up to {FORMAT}: open the data directory with that version \
+                     or a later one",
+                    path.display()
+                ),
+            ));
+        }
+        ex.format = format;
+        ex.slots = slots;
+        ex.base = slots[1] + MARK_FRAME as u64;
+        if let Some((generation, synced)) = read_mark(file, path, slots)? {
+            ex.generation = generation;
+            ex.mark = synced;
         }
     }
     ex.mark = ex.mark.max(ex.base);
@@ -406,40 +403,99 @@ impl Examined {
     }
 }
 
+/// A frame of `session`'s records from `first_seq` on.
+fn records_frame(session: &str, first_seq: u64, records: &[&[u8]]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&(session.len() as u16).to_le_bytes());
+    body.extend_from_slice(session.as_bytes());
+    body.extend_from_slice(&first_seq.to_le_bytes());
+    body.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for r in records {
+        body.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        body.extend_from_slice(r);
+    }
+    framed(MAGIC, &body)
+}
+
+/// The mark's frame: `synced` as of `generation`.
+fn mark_frame(generation: u64, synced: u64) -> Vec<u8> {
+    let mut rec = [0u8; 16];
+    rec[..8].copy_from_slice(&generation.to_le_bytes());
+    rec[8..].copy_from_slice(&synced.to_le_bytes());
+    records_frame(MARK_SESSION, 1, &[&rec])
+}
+
+/// The header of a new format 2 file: the header frame and the two slots of the mark,
+/// frames back to back, so that a version before the header reads them all as frames
+/// (and refuses the header's session) instead of stopping at a gap and taking the rest
+/// for a torn tail.
+fn header_page() -> Vec<u8> {
+    let mut page = records_frame(&header_session(FORMAT), FORMAT, &[]);
+    page.extend_from_slice(&mark_frame(0, 0));
+    page.extend_from_slice(&mark_frame(0, 0));
+    page
+}
+
+/// Where the two slots of the mark are in a file whose first frame, of `len` bytes, is
+/// the header.
+fn mark_slots(header_len: u64) -> [u64; 2] {
+    [header_len, header_len + MARK_FRAME as u64]
+}
+
+/// The slots of the mark if the file at `path` begins with a whole header frame.
+fn header_slots(file: &dyn LogFile, path: &Path) -> Result<Option<([u64; 2], u64)>> {
+    let (first, stop) = scan(file, path, 0, Some(1))?;
+    if stop.is_some() {
+        return Ok(None);
+    }
+    let Some(Frame::Records {
+        session,
+        first_seq,
+        records,
+    }) = first.first()
+    else {
+        return Ok(None);
+    };
+    if !session.starts_with('!') || !records.is_empty() {
+        return Ok(None);
+    }
+    let mut head = [0u8; HEADER];
+    read_exact_at(file, &mut head, 0).map_err(|e| io_err("cannot read", path, e))?;
+    let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as u64;
+    Ok(Some((mark_slots(HEADER as u64 + len), *first_seq)))
+}
+
 /// The mark of the higher generation whose slot is whole: `(generation, synced)`.
-fn read_mark(file: &dyn LogFile, path: &Path) -> Result<Option<(u64, u64)>> {
+fn read_mark(file: &dyn LogFile, path: &Path, slots: [u64; 2]) -> Result<Option<(u64, u64)>> {
     let mut best = None;
-    for at in MARK_AT {
+    for at in slots {
         let mut buf = [0u8; MARK_FRAME];
-        read_exact_at(file, &mut buf, at).map_err(|e| io_err("cannot read", path, e))?;
-        let body = &buf[HEADER..];
-        let whole = &buf[..4] == MARK_MAGIC
-            && buf[4..8] == 16u32.to_le_bytes()
-            && buf[8..12] == crc32fast::hash(body).to_le_bytes();
-        if !whole {
+        match read_exact_at(file, &mut buf, at) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => continue,
+            Err(e) => return Err(io_err("cannot read", path, e)),
+        }
+        if !crc_ok(&buf) {
             continue;
         }
-        let generation = u64::from_le_bytes(body[..8].try_into().unwrap_or_default());
-        let synced = u64::from_le_bytes(body[8..].try_into().unwrap_or_default());
+        let Some(Frame::Records {
+            session, records, ..
+        }) = parse_body(&buf[HEADER..], HEADER as u64)
+        else {
+            continue;
+        };
+        let [rec] = records[..] else { continue };
+        if session != MARK_SESSION || rec.len != 16 {
+            continue;
+        }
+        let at = rec.offset as usize;
+        let generation = u64::from_le_bytes(buf[at..at + 8].try_into().unwrap_or_default());
+        let synced = u64::from_le_bytes(buf[at + 8..at + 16].try_into().unwrap_or_default());
         if best.is_none_or(|(g, _)| generation > g) {
             best = Some((generation, synced));
         }
     }
     Ok(best)
-}
-
-/// The header page of a new format 2 file: the header frame, zeros (the mark slots hold
-/// none yet) up to the first frame.
-fn header_page() -> Vec<u8> {
-    let session = header_session(FORMAT);
-    let mut body = Vec::new();
-    body.extend_from_slice(&(session.len() as u16).to_le_bytes());
-    body.extend_from_slice(session.as_bytes());
-    body.extend_from_slice(&FORMAT.to_le_bytes());
-    body.extend_from_slice(&0u32.to_le_bytes());
-    let mut page = framed(MAGIC, &body);
-    page.resize(DATA_START as usize, 0);
-    page
 }
 
 impl Wal {
@@ -475,14 +531,17 @@ impl Wal {
         let mut reserved = ex.len;
         if ex.format == 0 {
             // No frame yet: the header page, synced before anything else is written.
-            write_all_at(&*file, &header_page(), 0)
+            let page = header_page();
+            write_all_at(&*file, &page, 0)
                 .and_then(|()| file.sync_data())
                 .map_err(|e| io_err("cannot write the header of", path, e))?;
+            let base = page.len() as u64;
             ex.format = FORMAT;
-            ex.base = DATA_START;
-            ex.mark = DATA_START;
-            ex.good_end = DATA_START;
-            reserved = ex.len.max(DATA_START);
+            ex.slots = mark_slots(base - 2 * MARK_FRAME as u64);
+            ex.base = base;
+            ex.mark = base;
+            ex.good_end = base;
+            reserved = ex.len.max(base);
         } else {
             match ex.verdict(&*file, path)? {
                 Verdict::Whole => {}
@@ -511,6 +570,7 @@ impl Wal {
             }),
             base: ex.base,
             format: ex.format,
+            slots: ex.slots,
             marks: Mutex::new(Marks {
                 generation: ex.generation,
                 marked: ex.mark,
@@ -706,11 +766,8 @@ impl Wal {
     /// Writes `synced` into the mark slot not written last. Not durable until a sync.
     fn write_mark(&self, marks: &mut Marks, synced: u64) -> io::Result<()> {
         let generation = marks.generation + 1;
-        let mut body = [0u8; 16];
-        body[..8].copy_from_slice(&generation.to_le_bytes());
-        body[8..].copy_from_slice(&synced.to_le_bytes());
-        let slot = MARK_AT[(generation % 2) as usize];
-        write_all_at(&*self.file, &framed(MARK_MAGIC, &body), slot)?;
+        let slot = self.slots[(generation % 2) as usize];
+        write_all_at(&*self.file, &mark_frame(generation, synced), slot)?;
         marks.generation = generation;
         marks.marked = synced;
         Ok(())
@@ -1021,16 +1078,14 @@ pub(crate) fn frame_at(bytes: &[u8], whole: bool) -> Option<(usize, Option<Peek>
 
 /// Cuts the log at `at` and lowers its mark to it if it is past it, durably.
 pub(crate) fn cut(file: &dyn LogFile, path: &Path, at: u64) -> Result<()> {
+    let slots = header_slots(file, path)?.map(|(slots, _)| slots);
     file.set_len(at)
         .map_err(|e| io_err("cannot truncate", path, e))?;
-    if at >= DATA_START {
-        if let Some((generation, synced)) = read_mark(file, path)? {
+    if let Some(slots) = slots.filter(|s| at >= s[1] + MARK_FRAME as u64) {
+        if let Some((generation, synced)) = read_mark(file, path, slots)? {
             if synced > at {
-                let mut body = [0u8; 16];
-                body[..8].copy_from_slice(&(generation + 1).to_le_bytes());
-                body[8..].copy_from_slice(&at.to_le_bytes());
-                let slot = MARK_AT[((generation + 1) % 2) as usize];
-                write_all_at(file, &framed(MARK_MAGIC, &body), slot)
+                let slot = slots[((generation + 1) % 2) as usize];
+                write_all_at(file, &mark_frame(generation + 1, at), slot)
                     .map_err(|e| io_err("cannot write the mark of", path, e))?;
             }
         }
@@ -1192,6 +1247,14 @@ mod tests {
         // taking the file for a torn tail.
         let page = super::header_page();
         let len = u32::from_le_bytes(page[4..8].try_into().unwrap()) as usize;
+        // What follows the header are whole frames too: an older version reads through
+        // to the end of the file before it refuses.
+        let mut at = 12 + len;
+        for _ in 0..2 {
+            let (n, _) = super::frame_at(&page[at..], true).unwrap();
+            at += n;
+        }
+        assert_eq!(at, page.len());
         assert_eq!(&page[..4], super::MAGIC);
         let body = &page[12..12 + len];
         assert_eq!(

@@ -16,6 +16,7 @@ pub mod hitl;
 pub mod replay;
 pub mod run;
 pub mod show;
+pub mod store;
 pub mod ui;
 
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
@@ -44,6 +45,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Approve(Deferred(a)) => hitl::approve(&app, a, true).await,
         Command::Deny(Deferred(a)) => hitl::approve(&app, a, false).await,
         Command::Cancel(Deferred(a)) => cancel::cancel(&app, a).await,
+        Command::Store(a) => store::run(&app, a).await,
         Command::Ui(Deferred(a)) => ui::ui(&app, a).await,
     }
 }

@@ -88,9 +88,11 @@ pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
         crate::errln!("root {id}");
     }
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
-    let code = drive(&rt, &id, conc, a.json).await;
-    store.leave().await?;
-    code
+    let code = until_store_fails(&store, drive(&rt, &id, conc, a.json)).await;
+    let left = store.leave().await;
+    let code = code?;
+    left?;
+    Ok(code)
 }
 
 /// The embedded store and a runtime on it; with `model`, every agent runs on that model
@@ -163,9 +165,27 @@ pub async fn resume(app: &App, a: ResumeArgs) -> Result<ExitCode> {
         crate::errln!("resuming {id}: {n} session(s) to advance");
     }
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
-    let code = drive(&rt, &id, conc, a.json).await;
-    store.leave().await?;
-    code
+    let code = until_store_fails(&store, drive(&rt, &id, conc, a.json)).await;
+    let left = store.leave().await;
+    let code = code?;
+    left?;
+    Ok(code)
+}
+
+/// `run`, unless the store stops taking writes first (a sync or flush to disk failed):
+/// then the store's error, so that the process exits with it rather than retrying
+/// appends that cannot succeed until the store is opened again.
+async fn until_store_fails(
+    store: &SledStore,
+    run: impl std::future::Future<Output = Result<ExitCode>>,
+) -> Result<ExitCode> {
+    tokio::select! {
+        r = run => r,
+        e = store.failed() => Err(anyhow::Error::new(e).context(
+            "the store stopped: a write to disk failed, and nothing after it is \
+             acknowledged; once the disk is sound, continue with `skein resume`",
+        )),
+    }
 }
 
 pub async fn drive(
