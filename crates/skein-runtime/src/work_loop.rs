@@ -10,6 +10,13 @@
 //!   warning, and while claims keep failing an error names the pool and the last cause
 //!   every [`STALL_REPORT`] (the backend's errors name the stream and consumer).
 //!
+//! - A step that fails for want of room in the store (a full disk, a JetStream store at
+//!   its limits) waits in place, however long, with heartbeats: nothing of it was
+//!   written, and it runs on once there is room, without a restart and without using up
+//!   a delivery. Its session is listed as waiting for room
+//!   ([`Runtime::waiting_for_room`], the gauge `skein_sessions_waiting_for_room`, and an
+//!   error every [`STALL_REPORT`] naming the store's error) for as long as it waits.
+//!
 //! A panic while processing one job is caught, logged at error level and the job handed
 //! back; the loop goes on.
 //!
@@ -50,7 +57,7 @@ const SWEEP_LATER: Duration = Duration::from_secs(45);
 pub fn retry_delay(e: &Error, attempt: u32) -> Duration {
     match e {
         Error::Conflict { .. } => Duration::from_millis(50 * u64::from(attempt.min(20))),
-        Error::Unavailable { .. } => {
+        Error::Unavailable { .. } | Error::Full { .. } => {
             Duration::from_millis(500u64.saturating_mul(1 << attempt.saturating_sub(1).min(6)))
         }
         _ => Duration::from_secs(2),
@@ -152,11 +159,12 @@ impl ClaimHealth {
 }
 
 /// What the work loops of one runtime share: the claim health of its pools, the drain
-/// switch, and the jobs held now.
+/// switch, the jobs held now, and the sessions waiting for room in the store.
 pub struct Loops {
     pub health: Arc<ClaimHealth>,
     draining: watch::Sender<bool>,
     held: Mutex<HashMap<String, Job>>,
+    waiting_for_room: Mutex<std::collections::BTreeMap<String, WaitingForRoom>>,
 }
 
 impl Default for Loops {
@@ -165,7 +173,49 @@ impl Default for Loops {
             health: Arc::default(),
             draining: watch::Sender::new(false),
             held: Mutex::new(HashMap::new()),
+            waiting_for_room: Mutex::default(),
         }
+    }
+}
+
+/// A session whose step waits for room in the store.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WaitingForRoom {
+    pub session: String,
+    /// Since when, in ms since the epoch.
+    pub since_ms: u64,
+    /// The store's error, as its report.
+    pub reason: String,
+}
+
+impl Loops {
+    fn wait_for_room(&self, session: &str, error: &Error, now_ms: u64) -> bool {
+        let mut w = self
+            .waiting_for_room
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let new = !w.contains_key(session);
+        w.entry(session.to_string())
+            .or_insert_with(|| WaitingForRoom {
+                session: session.to_string(),
+                since_ms: now_ms,
+                reason: String::new(),
+            })
+            .reason = error.report().to_string();
+        crate::metrics::waiting_for_room(w.len());
+        new
+    }
+
+    fn room_again(&self, session: &str) -> Option<WaitingForRoom> {
+        let mut w = self
+            .waiting_for_room
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let was = w.remove(session);
+        if was.is_some() {
+            crate::metrics::waiting_for_room(w.len());
+        }
+        was
     }
 }
 
@@ -288,6 +338,7 @@ impl Runtime {
         };
         let started = Instant::now();
         let mut tries = 0u32;
+        let mut reported = started;
         let res = loop {
             // A retry reconciles with the logs as a redelivery does: the failed step
             // may have left children whose jobs were never published.
@@ -309,7 +360,38 @@ impl Runtime {
                     )))
                 }
             };
+            if !matches!(res, Err(crate::Error::Full { .. })) {
+                if let Some(w) = self.loops.room_again(job.session.as_str()) {
+                    tracing::warn!(session = %job.session, waited_ms = self.cfg.clock.now_ms().saturating_sub(w.since_ms),
+                        "the store has room again; the session runs on");
+                    self.announce_room(&job.session, false);
+                }
+            }
             match &res {
+                // No room in the store: wait in place for as long as it takes.
+                Err(e @ crate::Error::Full { .. }) if !self.is_draining() => {
+                    tries += 1;
+                    let now = Instant::now();
+                    if self
+                        .loops
+                        .wait_for_room(job.session.as_str(), e, self.cfg.clock.now_ms())
+                    {
+                        tracing::error!(session = %job.session, error = %e.report(),
+                            "no room in the store: the session waits, and runs on once there is room \
+                             (free space, or raise the store's limits)");
+                        self.announce_room(&job.session, true);
+                    } else if now.duration_since(reported) >= STALL_REPORT {
+                        reported = now;
+                        tracing::error!(session = %job.session, waiting_for = ?started.elapsed(), error = %e.report(),
+                            "still no room in the store: the session waits");
+                    }
+                    let wait = retry_delay(e, tries)
+                        .min(MAX_RETRY_WAIT)
+                        .min(self.cfg.lease / 2);
+                    let _ = self.backend.jobs.heartbeat(&job).await;
+                    tokio::time::sleep(wait).await;
+                    let _ = self.backend.jobs.heartbeat(&job).await;
+                }
                 Err(e)
                     if e.is_retryable()
                         && started.elapsed() < TRANSIENT_PATIENCE
@@ -333,6 +415,10 @@ impl Runtime {
                 _ => break res,
             }
         };
+        if self.loops.room_again(job.session.as_str()).is_some() {
+            // Handed back while waiting (the worker drains): it waits elsewhere.
+            self.announce_room(&job.session, false);
+        }
         tracing::trace!(session = %job.session, ok = res.is_ok(), "job processed");
         match res {
             Ok(()) => match self.backend.jobs.ack(&job).await {
@@ -381,6 +467,30 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Every session whose step waits for room in the store now, in id order.
+    pub fn waiting_for_room(&self) -> Vec<WaitingForRoom> {
+        self.loops
+            .waiting_for_room
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Tells the progress listeners that `session` waits for room (`kind`
+    /// `WaitingForRoom`), or runs on (`RoomAgain`).
+    fn announce_room(&self, session: &skein_core::SessionId, waiting: bool) {
+        self.progress_note(
+            session,
+            if waiting {
+                "WaitingForRoom"
+            } else {
+                "RoomAgain"
+            },
+        );
     }
 
     /// Starts `concurrency` work loops over every pool; returns the stop switch and the

@@ -57,7 +57,18 @@ use tokio::sync::{watch, Notify};
 /// another lease ([`SledStore::open_with_lease`]).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// A failure of the sled database: no room when the disk is full, else unavailable.
 fn backend_err(e: impl Into<skein_runtime::error::BoxError>) -> Error {
+    let e = e.into();
+    let full = match e.downcast_ref::<sled::Error>() {
+        Some(sled::Error::Io(io)) => file::is_disk_full(io),
+        _ => e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(file::is_disk_full),
+    };
+    if full {
+        return Error::full("sled: the disk holding the database is full", e);
+    }
     Error::unavailable("sled", e)
 }
 

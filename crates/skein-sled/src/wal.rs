@@ -87,10 +87,10 @@ const MARK_FRAME: usize = HEADER + 2 + MARK_SESSION.len() + 8 + 4 + 4 + 16;
 
 fn io_err(what: &str, path: &Path, e: io::Error) -> Error {
     if crate::file::is_disk_full(&e) {
-        return Error::unavailable(
+        return Error::full(
             format!(
-                "event log: the disk holding {} is full: {what}; nothing of this write was \
-                 recorded",
+                "event log: the disk holding {} is full: {what} it; nothing of this write \
+                 was recorded, and it succeeds once there is room",
                 path.display()
             ),
             e,

@@ -249,6 +249,7 @@ async fn a_full_disk_fails_appends_clearly_and_they_go_on_once_there_is_room() {
     // Then the append that found no room fails, retryably, saying the disk is full, and
     // the store has not stopped.
     let text = err.report().to_string();
+    assert!(matches!(err, skein_runtime::Error::Full { .. }), "{err:?}");
     assert!(text.contains("is full"), "{text}");
     assert!(text.contains("No space left on device"), "{text}");
     assert!(err.is_retryable());

@@ -417,12 +417,14 @@ async fn show_progress(
             _ => {}
         }
         // An event kind this build does not know is shown as the log names it.
-        let msg = format!(
-            "{:<15} step {:<3} {}",
-            p.status.as_str(),
-            p.steps,
-            render::safe_line(&p.kind)
-        );
+        let kind = match p.kind.as_str() {
+            "WaitingForRoom" => {
+                "waiting: no room in the store; runs on once there is room".to_string()
+            }
+            "RoomAgain" => "the store has room again".to_string(),
+            k => render::safe_line(k).into_owned(),
+        };
+        let msg = format!("{:<15} step {:<3} {}", p.status.as_str(), p.steps, kind);
         if tty {
             let bar = bars.entry(p.session.clone()).or_insert_with(|| {
                 let b = multi.add(ProgressBar::new_spinner());

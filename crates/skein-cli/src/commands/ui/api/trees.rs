@@ -111,6 +111,11 @@ pub struct TreeView {
     /// The plan the root owns now.
     #[schema(value_type = Object)]
     pub plan: Value,
+    /// Sessions of the tree whose step waits for room in the store (a full disk, a
+    /// JetStream store at its limits), as this process's runtime sees them: `session`,
+    /// `since_ms`, `reason`. They run on once there is room.
+    #[schema(value_type = Vec<Object>)]
+    pub waiting_for_room: Value,
 }
 
 /// One tree: every session, summarised (as `skein tree --json`).
@@ -128,11 +133,20 @@ pub(super) async fn tree(
     }
     let records = ui.records(&root).await?;
     let f = fold_records(&root, &records)?;
+    let waiting: Vec<_> = match &ui.rt {
+        Ok(rt) => rt
+            .waiting_for_room()
+            .into_iter()
+            .filter(|w| skein_core::SessionId::parse(&w.session).is_ok_and(|s| root.contains(&s)))
+            .collect(),
+        Err(_) => vec![],
+    };
     Ok(Json(TreeView {
         root: root.display(),
         summary: json(&summarize(&rows))?,
         sessions: json(&rows)?,
         plan: json(&f.state.plan)?,
+        waiting_for_room: json(&waiting)?,
     }))
 }
 
