@@ -15,7 +15,8 @@
 //!   written, and it runs on once there is room, without a restart and without using up
 //!   a delivery. Its session is listed as waiting for room
 //!   ([`Runtime::waiting_for_room`], the gauge `skein_sessions_waiting_for_room`, and an
-//!   error every [`STALL_REPORT`] naming the store's error) for as long as it waits.
+//!   error line every [`STALL_REPORT`] with how many wait and the store's error) for as
+//!   long as it waits.
 //!
 //! A panic while processing one job is caught, logged at error level and the job handed
 //! back; the loop goes on.
@@ -165,6 +166,8 @@ pub struct Loops {
     draining: watch::Sender<bool>,
     held: Mutex<HashMap<String, Job>>,
     waiting_for_room: Mutex<std::collections::BTreeMap<String, WaitingForRoom>>,
+    /// When the sessions waiting for room were last reported at error level.
+    room_reported: Mutex<Option<Instant>>,
 }
 
 impl Default for Loops {
@@ -174,6 +177,7 @@ impl Default for Loops {
             draining: watch::Sender::new(false),
             held: Mutex::new(HashMap::new()),
             waiting_for_room: Mutex::default(),
+            room_reported: Mutex::default(),
         }
     }
 }
@@ -189,6 +193,9 @@ pub struct WaitingForRoom {
 }
 
 impl Loops {
+    /// Lists `session` as waiting for room; whether it was not listed yet. One error line
+    /// for all of them says so when the first starts to wait, and again every
+    /// [`STALL_REPORT`] while any waits, with how many.
     fn wait_for_room(&self, session: &str, error: &Error, now_ms: u64) -> bool {
         let mut w = self
             .waiting_for_room
@@ -203,6 +210,15 @@ impl Loops {
             })
             .reason = error.report().to_string();
         crate::metrics::waiting_for_room(w.len());
+        let mut reported = self.room_reported.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if reported.is_none_or(|at| now.duration_since(at) >= STALL_REPORT) {
+            *reported = Some(now);
+            tracing::error!(sessions = w.len(), error = %error.report(),
+                "no room in the store: sessions wait, and run on once there is room (free \
+                 space, or raise the store's limits; see \"Storage faults\" in \
+                 docs/architecture.md)");
+        }
         new
     }
 
@@ -214,6 +230,9 @@ impl Loops {
         let was = w.remove(session);
         if was.is_some() {
             crate::metrics::waiting_for_room(w.len());
+            if w.is_empty() {
+                *self.room_reported.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            }
         }
         was
     }
@@ -338,7 +357,6 @@ impl Runtime {
         };
         let started = Instant::now();
         let mut tries = 0u32;
-        let mut reported = started;
         let res = loop {
             // A retry reconciles with the logs as a redelivery does: the failed step
             // may have left children whose jobs were never published.
@@ -371,19 +389,13 @@ impl Runtime {
                 // No room in the store: wait in place for as long as it takes.
                 Err(e @ crate::Error::Full { .. }) if !self.is_draining() => {
                     tries += 1;
-                    let now = Instant::now();
                     if self
                         .loops
                         .wait_for_room(job.session.as_str(), e, self.cfg.clock.now_ms())
                     {
-                        tracing::error!(session = %job.session, error = %e.report(),
-                            "no room in the store: the session waits, and runs on once there is room \
-                             (free space, or raise the store's limits)");
+                        tracing::warn!(session = %job.session, error = %e.report(),
+                            "no room in the store: the session waits");
                         self.announce_room(&job.session, true);
-                    } else if now.duration_since(reported) >= STALL_REPORT {
-                        reported = now;
-                        tracing::error!(session = %job.session, waiting_for = ?started.elapsed(), error = %e.report(),
-                            "still no room in the store: the session waits");
                     }
                     let wait = retry_delay(e, tries)
                         .min(MAX_RETRY_WAIT)
