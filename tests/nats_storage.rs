@@ -1,5 +1,5 @@
 //! A JetStream store that fills during a fan-out: the worker's steps wait in place for
-//! room, say so, and run on once the server has room again (restarted with a larger
+//! room, say so (in its log and in `skein tree`), and run on once the server has room again (restarted with a larger
 //! `max_file_store`): the tree completes, no session of it fails, and it replays.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -146,6 +146,30 @@ async fn a_full_jetstream_store_pauses_a_fan_out_until_there_is_room_and_it_comp
     };
     assert!(said.contains("JetStream has no room"), "{said}");
 
+    // And `skein tree`, in another process, shows which sessions wait and why.
+    let tree = |json: bool| {
+        let mut c = skein_nats(&sb, &url);
+        c.args(["tree", &root]);
+        if json {
+            c.arg("--json");
+        }
+        String::from_utf8(run_ok(c).stdout).unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let shown = tree(false);
+        if shown.contains("waiting for room in the store") {
+            assert!(shown.contains("JetStream has no room"), "{shown}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not shown as waiting:\n{shown}\nthe worker said:\n{}",
+            log.lock().unwrap().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // And when the server has room again (restarted with a larger limit), the tree
     // completes without a restart of the worker, and no session of it failed.
     server.restart_with_jetstream("  max_file_store: 256MB");
@@ -173,6 +197,13 @@ async fn a_full_jetstream_store_pauses_a_fan_out_until_there_is_room_and_it_comp
     let mut c = skein_nats(&sb, &url);
     c.args(["replay", &root, "--tree", "--verify"]);
     run_ok(c);
+    let done: serde_json::Value = serde_json::from_str(&tree(true)).unwrap();
+    assert_eq!(
+        done["waiting_for_room"].as_array().map(Vec::len),
+        Some(0),
+        "marks left after the tree ended: {}",
+        done["waiting_for_room"]
+    );
     assert!(
         log.lock()
             .unwrap()

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use futures::FutureExt;
 use tokio::sync::watch;
 
-use crate::ports::Job;
+use crate::ports::{Job, WaitingForRoom};
 use crate::worker::{Runtime, Scope};
 use crate::Error;
 
@@ -182,33 +182,25 @@ impl Default for Loops {
     }
 }
 
-/// A session whose step waits for room in the store.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct WaitingForRoom {
-    pub session: String,
-    /// Since when, in ms since the epoch.
-    pub since_ms: u64,
-    /// The store's error, as its report.
-    pub reason: String,
-}
-
 impl Loops {
     /// Lists `session` as waiting for room; whether it was not listed yet. One error line
     /// for all of them says so when the first starts to wait, and again every
     /// [`STALL_REPORT`] while any waits, with how many.
-    fn wait_for_room(&self, session: &str, error: &Error, now_ms: u64) -> bool {
+    fn wait_for_room(&self, session: &str, error: &Error, now_ms: u64) -> (bool, WaitingForRoom) {
         let mut w = self
             .waiting_for_room
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let new = !w.contains_key(session);
-        w.entry(session.to_string())
+        let entry = w
+            .entry(session.to_string())
             .or_insert_with(|| WaitingForRoom {
                 session: session.to_string(),
                 since_ms: now_ms,
                 reason: String::new(),
-            })
-            .reason = error.report().to_string();
+            });
+        entry.reason = error.report().to_string();
+        let entry = entry.clone();
         crate::metrics::waiting_for_room(w.len());
         let mut reported = self.room_reported.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
@@ -219,7 +211,7 @@ impl Loops {
                  space, or raise the store's limits; see \"Storage faults\" in \
                  docs/architecture.md)");
         }
-        new
+        (new, entry)
     }
 
     fn room_again(&self, session: &str) -> Option<WaitingForRoom> {
@@ -382,20 +374,25 @@ impl Runtime {
                 if let Some(w) = self.loops.room_again(job.session.as_str()) {
                     tracing::warn!(session = %job.session, waited_ms = self.cfg.clock.now_ms().saturating_sub(w.since_ms),
                         "the store has room again; the session runs on");
-                    self.announce_room(&job.session, false);
+                    self.room_again(&job.session).await;
                 }
             }
             match &res {
                 // No room in the store: wait in place for as long as it takes.
                 Err(e @ crate::Error::Full { .. }) if !self.is_draining() => {
                     tries += 1;
-                    if self
-                        .loops
-                        .wait_for_room(job.session.as_str(), e, self.cfg.clock.now_ms())
-                    {
+                    let (new, w) =
+                        self.loops
+                            .wait_for_room(job.session.as_str(), e, self.cfg.clock.now_ms());
+                    if new {
                         tracing::warn!(session = %job.session, error = %e.report(),
                             "no room in the store: the session waits");
                         self.announce_room(&job.session, true);
+                    }
+                    // Said again at every try, so that a mark whose worker is gone lapses.
+                    if let Err(e) = self.backend.jobs.set_waiting_for_room(&w).await {
+                        tracing::debug!(session = %job.session, error = %e.report(),
+                            "cannot show that the session waits for room");
                     }
                     let wait = retry_delay(e, tries)
                         .min(MAX_RETRY_WAIT)
@@ -429,7 +426,7 @@ impl Runtime {
         };
         if self.loops.room_again(job.session.as_str()).is_some() {
             // Handed back while waiting (the worker drains): it waits elsewhere.
-            self.announce_room(&job.session, false);
+            self.room_again(&job.session).await;
         }
         tracing::trace!(session = %job.session, ok = res.is_ok(), "job processed");
         match res {
@@ -503,6 +500,15 @@ impl Runtime {
                 "RoomAgain"
             },
         );
+    }
+
+    /// `session` runs on: says so, and clears its mark.
+    async fn room_again(&self, session: &skein_core::SessionId) {
+        self.announce_room(session, false);
+        if let Err(e) = self.backend.jobs.clear_waiting_for_room(session).await {
+            tracing::debug!(session = %session, error = %e.report(),
+                "cannot clear the mark that the session waits for room");
+        }
     }
 
     /// Starts `concurrency` work loops over every pool; returns the stop switch and the

@@ -31,6 +31,7 @@ mod jobs;
 mod log;
 mod notices;
 mod read;
+mod room;
 mod topology;
 mod workspace;
 
@@ -123,6 +124,8 @@ pub struct NatsStore {
     cache: kv::Store,
     inflight: kv::Store,
     wake: kv::Store,
+    /// KV `skein_waiting` (see `room.rs`), made on first use.
+    waiting: tokio::sync::OnceCell<kv::Store>,
     blobs: object_store::ObjectStore,
     /// The stream under `blobs`, for reads that need no consumer.
     blobs_stream: stream::Stream,
@@ -196,6 +199,7 @@ impl NatsStore {
             cache: k("skein_cache").await?,
             inflight: k("skein_inflight").await?,
             wake: k("skein_wake").await?,
+            waiting: tokio::sync::OnceCell::new(),
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
             blobs_known: blobs::Known::default(),

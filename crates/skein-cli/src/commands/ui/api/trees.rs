@@ -133,14 +133,18 @@ pub(super) async fn tree(
     }
     let records = ui.records(&root).await?;
     let f = fold_records(&root, &records)?;
-    let waiting: Vec<_> = match &ui.rt {
-        Ok(rt) => rt
-            .waiting_for_room()
-            .into_iter()
-            .filter(|w| skein_core::SessionId::parse(&w.session).is_ok_and(|s| root.contains(&s)))
-            .collect(),
+    // This process's own sessions waiting for room, and those the store's other workers
+    // mark so.
+    let mut waiting = match &ui.rt {
+        Ok(rt) => rt.waiting_for_room(),
         Err(_) => vec![],
     };
+    for w in ui.backend.jobs.waiting_for_room().await.unwrap_or_default() {
+        if !waiting.iter().any(|x| x.session == w.session) {
+            waiting.push(w);
+        }
+    }
+    waiting.retain(|w| skein_core::SessionId::parse(&w.session).is_ok_and(|s| root.contains(&s)));
     Ok(Json(TreeView {
         root: root.display(),
         summary: json(&summarize(&rows))?,
