@@ -97,6 +97,9 @@ pub struct Repaired {
     pub report: Report,
     /// Where the bytes cut from the log were kept.
     pub aside: Option<PathBuf>,
+    /// Whether the header frame was damaged and written anew (nothing else was lost by
+    /// that).
+    pub header_rewritten: bool,
 }
 
 /// Reads `dir`'s `events.log` and reports on it; changes nothing.
@@ -120,6 +123,15 @@ fn report(file: &dyn LogFile, log: &Path) -> Result<Report> {
             offset: *offset,
             what: why.to_string(),
         },
+        Verdict::Damaged { offset: 0, why, .. } if wal::header_only_damaged(file, log)? => {
+            Finding::Damaged {
+                offset: 0,
+                what: format!(
+                    "the header frame is damaged ({why}); the mark behind it is whole, and \
+                     `skein store repair` writes the header anew"
+                ),
+            }
+        }
         Verdict::Damaged { offset, why, mark } => Finding::Damaged {
             offset: *offset,
             what: if offset < mark {
@@ -173,11 +185,9 @@ fn report(file: &dyn LogFile, log: &Path) -> Result<Report> {
 }
 
 /// The frames found in the bytes from `from` to `len`: the first one read despite its
-/// checksum when it parses, then every whole frame found further on.
+/// checksum when it parses, then every whole frame found further on (looked for a window
+/// at a time, so a large log is not read into memory whole).
 fn beyond(file: &dyn LogFile, log: &Path, from: u64, len: u64) -> Result<(Vec<Lost>, usize)> {
-    let mut bytes = vec![0u8; (len - from) as usize];
-    read_exact_at(file, &mut bytes, from)
-        .map_err(|e| Error::unavailable(format!("event log: cannot read {}", log.display()), e))?;
     let mut by_session: BTreeMap<String, Lost> = BTreeMap::new();
     let mut blobs = 0usize;
     let mut add = |session: String, first: u64, count: u64, damaged: bool| {
@@ -199,32 +209,71 @@ fn beyond(file: &dyn LogFile, log: &Path, from: u64, len: u64) -> Result<(Vec<Lo
         e.records += count;
         e.damaged |= damaged;
     };
-    let mut i = 0usize;
+    let mut pos = from;
     let mut first = true;
-    while i + wal::HEADER_LEN <= bytes.len() {
-        match wal::frame_at(&bytes[i..], !first) {
-            Some((n, parsed)) => {
-                match parsed {
+    while pos + wal::HEADER_LEN as u64 <= len {
+        match frame_in_file(file, log, pos, len, !first)? {
+            Some((n, peek, whole)) => {
+                match peek {
                     Some(wal::Peek::Records {
                         session,
                         first_seq,
                         count,
-                    }) => add(
-                        session,
-                        first_seq,
-                        count,
-                        first && !wal::crc_ok(&bytes[i..]),
-                    ),
+                    }) => add(session, first_seq, count, !whole),
                     Some(wal::Peek::Blob) => blobs += 1,
                     None => {}
                 }
-                i += n;
+                pos += n as u64;
             }
-            None => i += 1,
+            None => pos = next_magic(file, log, pos + 1, len)?,
         }
         first = false;
     }
     Ok((by_session.into_values().collect(), blobs))
+}
+
+fn read_err(log: &Path, e: std::io::Error) -> Error {
+    Error::unavailable(format!("event log: cannot read {}", log.display()), e)
+}
+
+/// The frame at `pos`, if one is there (with `whole`, one that matches its checksum): its
+/// length, what it holds, and whether it matches its checksum.
+fn frame_in_file(
+    file: &dyn LogFile,
+    log: &Path,
+    pos: u64,
+    len: u64,
+    whole: bool,
+) -> Result<Option<(usize, Option<wal::Peek>, bool)>> {
+    let mut head = [0u8; wal::HEADER_LEN];
+    read_exact_at(file, &mut head, pos).map_err(|e| read_err(log, e))?;
+    if !wal::is_frame_magic(&head[..4]) {
+        return Ok(None);
+    }
+    let body = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as u64;
+    if pos + wal::HEADER_LEN as u64 + body > len || body > wal::MAX_BODY_LEN {
+        return Ok(None);
+    }
+    let mut frame = vec![0u8; wal::HEADER_LEN + body as usize];
+    read_exact_at(file, &mut frame, pos).map_err(|e| read_err(log, e))?;
+    Ok(wal::frame_at(&frame, whole).map(|(n, peek)| (n, peek, wal::crc_ok(&frame))))
+}
+
+/// Where the next frame magic lies at or after `from` (`len` when none does).
+fn next_magic(file: &dyn LogFile, log: &Path, from: u64, len: u64) -> Result<u64> {
+    const WINDOW: u64 = 1 << 20;
+    let mut at = from;
+    let mut buf = vec![0u8; WINDOW as usize];
+    while at + 4 <= len {
+        let n = WINDOW.min(len - at) as usize;
+        read_exact_at(file, &mut buf[..n], at).map_err(|e| read_err(log, e))?;
+        if let Some(k) = buf[..n].windows(4).position(wal::is_frame_magic) {
+            return Ok(at + k as u64);
+        }
+        // The last three bytes may begin a magic that the next window ends.
+        at += (n as u64).saturating_sub(3).max(1);
+    }
+    Ok(len)
 }
 
 /// Sets the damaged or torn part of `dir`'s `events.log` aside and cuts the log there, so
@@ -238,11 +287,19 @@ pub fn repair(dir: &Path) -> Result<Repaired> {
         .write(true)
         .open(&log)
         .map_err(|e| Error::unavailable(format!("event log: cannot open {}", log.display()), e))?;
-    let report = report(&file, &log)?;
+    let mut report = report(&file, &log)?;
+    let mut header_rewritten = false;
+    if report.finding.offset() == Some(0) && wal::header_only_damaged(&file, &log)? {
+        wal::rewrite_header(&file, &log)?;
+        tracing::warn!(log = %log.display(), "the event log's header was damaged; it is written anew");
+        header_rewritten = true;
+        report = self::report(&file, &log)?;
+    }
     let Some(at) = report.finding.offset() else {
         return Ok(Repaired {
             report,
             aside: None,
+            header_rewritten,
         });
     };
     let aside = if at < report.len {
@@ -259,5 +316,9 @@ pub fn repair(dir: &Path) -> Result<Repaired> {
         aside = ?aside,
         "the event log was cut where it is damaged; the bytes from there on are kept aside"
     );
-    Ok(Repaired { report, aside })
+    Ok(Repaired {
+        report,
+        aside,
+        header_rewritten,
+    })
 }

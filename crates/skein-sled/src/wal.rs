@@ -1013,6 +1013,13 @@ pub(crate) fn scan(
 
 /// The length of a frame's header.
 pub(crate) const HEADER_LEN: usize = HEADER;
+/// The longest body of a frame.
+pub(crate) const MAX_BODY_LEN: u64 = MAX_BODY as u64;
+
+/// Whether `m` is the magic of a record or a blob frame.
+pub(crate) fn is_frame_magic(m: &[u8]) -> bool {
+    m == MAGIC || m == BLOB_MAGIC
+}
 
 /// What a frame found by [`frame_at`] holds.
 pub(crate) enum Peek {
@@ -1074,6 +1081,25 @@ pub(crate) fn frame_at(bytes: &[u8], whole: bool) -> Option<(usize, Option<Peek>
         return None;
     }
     Some((HEADER + len, peek))
+}
+
+/// Whether the file's header frame is damaged while the mark's slots behind it (where this
+/// version puts them) are whole: then the header can be written anew.
+pub(crate) fn header_only_damaged(file: &dyn LogFile, path: &Path) -> Result<bool> {
+    let header_len = header_page().len() - 2 * MARK_FRAME;
+    if header_slots(file, path)?.is_some() {
+        return Ok(false);
+    }
+    Ok(read_mark(file, path, mark_slots(header_len as u64))?.is_some())
+}
+
+/// Writes the header frame anew over a damaged one, durably.
+pub(crate) fn rewrite_header(file: &dyn LogFile, path: &Path) -> Result<()> {
+    let page = header_page();
+    let header = &page[..page.len() - 2 * MARK_FRAME];
+    write_all_at(file, header, 0)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| io_err("cannot write the header of", path, e))
 }
 
 /// Cuts the log at `at` and lowers its mark to it if it is past it, durably.

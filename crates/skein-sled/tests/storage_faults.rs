@@ -426,3 +426,34 @@ async fn a_log_of_a_newer_format_is_refused_with_a_message() {
     assert!(e.to_string().contains("newer skein"), "{e}");
     assert_eq!(std::fs::read(&log).unwrap(), bytes);
 }
+
+#[tokio::test]
+async fn a_damaged_header_is_refused_and_written_anew_by_repair_losing_nothing() {
+    // Given a closed log whose header frame has a flipped byte.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (ids, _) = three_trees(&data).await;
+    let log = data.join("events.log");
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes[30] ^= 0x01;
+    std::fs::write(&log, &bytes).unwrap();
+
+    // When it is verified and opened, then the header's damage is named, and refused.
+    let report = verify::verify(&data).unwrap();
+    assert_eq!(report.finding.offset(), Some(0), "{:?}", report.finding);
+    let Finding::Damaged { what, .. } = &report.finding else {
+        panic!("{:?}", report.finding);
+    };
+    assert!(what.contains("header"), "{what}");
+    assert!(SledStore::open(&data, &dir.path().join("ws")).is_err());
+
+    // And repair writes it anew: nothing is set aside, every record is there.
+    let repaired = verify::repair(&data).unwrap();
+    assert!(repaired.header_rewritten);
+    assert_eq!(repaired.aside, None);
+    assert!(matches!(repaired.report.finding, Finding::Whole));
+    let store = SledStore::open(&data, &dir.path().join("ws")).unwrap();
+    for id in &ids {
+        assert_eq!(store.backend().log.read(id, 1).await.unwrap().len(), 20);
+    }
+}

@@ -58,7 +58,11 @@ pub async fn run(app: &App, cmd: StoreCmd) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             print_report(&repaired.report)?;
+            if repaired.header_rewritten {
+                crate::outln!("repaired: the header frame was damaged and is written anew")?;
+            }
             match (&repaired.aside, repaired.report.finding.offset()) {
+                (_, None) if repaired.header_rewritten => {}
                 (_, None) => crate::outln!("nothing to repair")?,
                 (Some(aside), Some(at)) => crate::outln!(
                     "repaired: the log is cut at {at}; the bytes from there on are kept in {}",
