@@ -78,13 +78,17 @@ pub async fn run(app: &App, cmd: StoreCmd) -> Result<ExitCode> {
 }
 
 fn print_report(r: &Report) -> Result<()> {
+    let mark = if r.format < 2 {
+        "no synced mark (written before the header)".to_string()
+    } else {
+        format!("synced mark at {}", r.mark)
+    };
     crate::outln!(
-        "{}: format {}, {} bytes, frames end at {}, synced mark at {}",
+        "{}: format {}, {} bytes, frames end at {}, {mark}",
         r.log.display(),
         r.format,
         r.len,
         r.frames_end,
-        r.mark
     )?;
     crate::outln!(
         "whole frames: {} ({} sessions, {} records, {} blobs)",
