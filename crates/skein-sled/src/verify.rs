@@ -97,8 +97,8 @@ pub struct Repaired {
     pub report: Report,
     /// Where the bytes cut from the log were kept.
     pub aside: Option<PathBuf>,
-    /// Whether the header frame was damaged and written anew (nothing else was lost by
-    /// that).
+    /// Whether the header frame, or both slots of the mark, were damaged and written
+    /// anew (nothing else was lost by that).
     pub header_rewritten: bool,
 }
 
@@ -292,6 +292,12 @@ pub fn repair(dir: &Path) -> Result<Repaired> {
     if report.finding.offset() == Some(0) && wal::header_only_damaged(&file, &log)? {
         wal::rewrite_header(&file, &log)?;
         tracing::warn!(log = %log.display(), "the event log's header was damaged; it is written anew");
+        header_rewritten = true;
+        report = self::report(&file, &log)?;
+    }
+    if report.finding.refuses() && wal::rewrite_damaged_marks(&file, &log)? {
+        tracing::warn!(log = %log.display(),
+            "both slots of the event log's synced mark were damaged; they are written anew");
         header_rewritten = true;
         report = self::report(&file, &log)?;
     }

@@ -211,6 +211,8 @@ pub(crate) enum Why {
     UnknownKind([u8; 4]),
     /// A whole frame (its crc matches) whose body does not parse.
     Unparseable,
+    /// Neither slot of the synced mark is whole.
+    Mark,
 }
 
 impl std::fmt::Display for Why {
@@ -229,6 +231,7 @@ impl std::fmt::Display for Why {
             Why::Unparseable => {
                 write!(f, "a frame whose checksum matches but which does not parse")
             }
+            Why::Mark => write!(f, "both slots of the synced mark damaged"),
         }
     }
 }
@@ -343,9 +346,21 @@ pub(crate) fn examine(file: &dyn LogFile, path: &Path) -> Result<Examined> {
         ex.format = format;
         ex.slots = slots;
         ex.base = slots[1] + MARK_FRAME as u64;
-        if let Some((generation, synced)) = read_mark(file, path, slots)? {
-            ex.generation = generation;
-            ex.mark = synced;
+        match read_mark(file, path, slots)? {
+            Some((generation, synced)) => {
+                ex.generation = generation;
+                ex.mark = synced;
+            }
+            None => {
+                // A crash tears at most the slot being written, never both: both damaged
+                // is damage at rest, and without the mark no tear can be told from it.
+                ex.mark = ex.base;
+                ex.stop = Some(Stop {
+                    offset: slots[0],
+                    why: Why::Mark,
+                });
+                return Ok(ex);
+            }
         }
     }
     ex.mark = ex.mark.max(ex.base);
@@ -371,7 +386,7 @@ impl Examined {
         };
         let (offset, why) = (stop.offset, stop.why.clone());
         match &why {
-            Why::UnknownKind(_) | Why::Unparseable => {
+            Why::UnknownKind(_) | Why::Unparseable | Why::Mark => {
                 return Ok(Verdict::Damaged {
                     offset,
                     why,
@@ -1100,6 +1115,24 @@ pub(crate) fn rewrite_header(file: &dyn LogFile, path: &Path) -> Result<()> {
     write_all_at(file, header, 0)
         .and_then(|()| file.sync_data())
         .map_err(|e| io_err("cannot write the header of", path, e))
+}
+
+/// If the file has a whole header and neither mark slot is whole, writes both anew with
+/// a mark at the first frame (so that a later bad frame counts as a torn tail, as in a
+/// log without a mark), durably; whether it did.
+pub(crate) fn rewrite_damaged_marks(file: &dyn LogFile, path: &Path) -> Result<bool> {
+    let Some((slots, _)) = header_slots(file, path)? else {
+        return Ok(false);
+    };
+    if read_mark(file, path, slots)?.is_some() {
+        return Ok(false);
+    }
+    let base = slots[1] + MARK_FRAME as u64;
+    write_all_at(file, &mark_frame(1, base), slots[1])
+        .and_then(|()| write_all_at(file, &mark_frame(2, base), slots[0]))
+        .and_then(|()| file.sync_data())
+        .map_err(|e| io_err("cannot write the mark of", path, e))?;
+    Ok(true)
 }
 
 /// Cuts the log at `at` and lowers its mark to it if it is past it, durably.

@@ -594,3 +594,26 @@ async fn under_random_faults_no_acknowledged_record_is_lost_and_a_power_loss_ima
         }
     }
 }
+
+#[tokio::test]
+async fn both_slots_of_the_mark_damaged_refuse_to_open_rather_than_cut() {
+    // Given a closed log whose two mark slots both have a flipped byte (the header frame
+    // is whole).
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    three_trees(&data).await;
+    let log = data.join("events.log");
+    let mut bytes = std::fs::read(&log).unwrap();
+    let header = 12 + u32::from_le_bytes(bytes[4..8].try_into().unwrap()) as usize;
+    let mark = 12 + 2 + 5 + 8 + 4 + 4 + 16;
+    bytes[header + mark - 2] ^= 0x01;
+    bytes[header + 2 * mark - 2] ^= 0x01;
+    std::fs::write(&log, &bytes).unwrap();
+
+    // When it is opened, then it is refused, naming the mark; nothing is cut.
+    let e = SledStore::open(&data, &dir.path().join("ws"))
+        .err()
+        .expect("opened");
+    assert!(e.to_string().contains("mark"), "{e}");
+    assert_eq!(std::fs::read(&log).unwrap(), bytes);
+}

@@ -59,7 +59,9 @@ pub async fn run(app: &App, cmd: StoreCmd) -> Result<ExitCode> {
             }
             print_report(&repaired.report)?;
             if repaired.header_rewritten {
-                crate::outln!("repaired: the header frame was damaged and is written anew")?;
+                crate::outln!(
+                    "repaired: the header frame or the synced mark was damaged and is written anew"
+                )?;
             }
             match (&repaired.aside, repaired.report.finding.offset()) {
                 (_, None) if repaired.header_rewritten => {}
