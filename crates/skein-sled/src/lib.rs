@@ -28,7 +28,10 @@
 //! them used to get a sync of its own and the rest the one after (a zero-latency fan-out of
 //! 64 made 26–36 syncs, now 14–15). A blob is written ahead of the record that names it,
 //! whose sync covers it (see `kv.rs`). Cache
-//! entries and watchers wait the same way for a flush of the sled database. Jobs and
+//! entries and watchers wait the same way for a flush of the sled database. A sync or flush
+//! that fails stops its flusher for good (fail-stop): the writers waiting for it and every
+//! later one get its error, and [`SledStore::failed`] resolves with it; a full disk fails
+//! the one write with [`skein_runtime::Error::Full`] and stops nothing (see `wal.rs`). Jobs and
 //! notices are not flushed per write: after a crash, `resume` derives every job from the
 //! logs, and a parent reconciles with its children's logs when it is first loaded.
 
