@@ -453,3 +453,82 @@ async fn show_progress(
         crate::out::err(format_args!("{plain}"));
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use skein_core::event::{genesis_hash, Cancelled};
+    use skein_core::{Envelope, Event, Record, SessionId};
+    use skein_sled::{LogFile, SledStore};
+
+    /// A disk whose `fdatasync` fails once `bad` is set.
+    struct FailingSync {
+        file: std::fs::File,
+        bad: Arc<AtomicBool>,
+    }
+
+    impl LogFile for FailingSync {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            LogFile::read_at(&self.file, buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<usize> {
+            LogFile::write_at(&self.file, buf, offset)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            if self.bad.load(Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(5));
+            }
+            LogFile::sync_data(&self.file)
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            LogFile::len(&self.file)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            LogFile::set_len(&self.file, len)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_ends_with_the_stores_error_when_a_sync_fails() {
+        // Given a run on a store whose disk fails its next fdatasync.
+        let dir = tempfile::tempdir().unwrap();
+        let bad = Arc::new(AtomicBool::new(false));
+        let b = bad.clone();
+        let store = SledStore::open_with_log_file(
+            &dir.path().join("data"),
+            &dir.path().join("ws"),
+            skein_sled::DEFAULT_LEASE,
+            &move |file| {
+                Box::new(FailingSync {
+                    file,
+                    bad: b.clone(),
+                })
+            },
+        )
+        .unwrap();
+        let id = SessionId::parse("t-run-eio").unwrap();
+        let env = Envelope::new(
+            id.clone(),
+            1,
+            1_700_000_000_000,
+            genesis_hash(&id),
+            Event::Cancelled(Cancelled { reason: "r".into() }),
+        );
+        let rec = Record::decode(env.encode().unwrap()).unwrap();
+        bad.store(true, Ordering::SeqCst);
+
+        // When an append of the run fails its sync (the run itself would go on for ever).
+        let log = store.backend().log;
+        let _ = log.append(&id, 0, &rec).await;
+        let res = super::until_store_fails(&store, std::future::pending()).await;
+
+        // Then the run ends with the store's error, naming the disk's.
+        let e = res.expect_err("the run went on");
+        let text = format!("{e:#}");
+        assert!(text.contains("the store stopped"), "{text}");
+        assert!(text.contains("Input/output error"), "{text}");
+    }
+}
