@@ -55,8 +55,9 @@ fn replay_verifies(sb: &Sandbox, data: &Path, root: &str) {
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    /// Mounts one, or says precisely why it cannot (then the test is skipped, loudly,
-    /// unless `SKEIN_REQUIRE_TMPFS` is set, which makes that a failure).
+    /// Mounts one. Not running as root, the test is skipped, saying so on stderr, unless
+    /// `SKEIN_REQUIRE_TMPFS` is set, which makes that a failure; as root, a mount that
+    /// fails fails the test.
     fn mount(at: &Path) -> Option<Self> {
         let why = match Command::new("id").arg("-u").output() {
             Ok(o) if String::from_utf8_lossy(&o.stdout).trim() != "0" => Some(format!(
@@ -70,12 +71,14 @@ impl Tmpfs {
                     .arg(at)
                     .output()
                     .expect("mount runs");
-                (!out.status.success()).then(|| {
-                    format!(
-                        "`mount -t tmpfs -o size=4m` failed: {}",
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    )
-                })
+                // Root that cannot mount (a container without CAP_SYS_ADMIN) fails: the
+                // test would otherwise pass without having run where it is meant to.
+                assert!(
+                    out.status.success(),
+                    "running as root, but `mount -t tmpfs -o size=4m` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                None
             }
             Err(e) => Some(format!("cannot run `id -u`: {e}")),
         };
