@@ -246,6 +246,9 @@ pub enum Command {
     /// Export a tree for auditors, or verify an export.
     #[command(subcommand)]
     Audit(commands::audit::AuditCmd),
+    /// Check the embedded store's event log, or set its damaged part aside.
+    #[command(subcommand)]
+    Store(commands::store::StoreCmd),
     /// Serve a web view of the trees: live, replayable, answerable (see docs/ui.md).
     Ui(Deferred<commands::ui::UiArgs>),
     /// Write a starting project (config, an agent, a script, a README) into DIR.

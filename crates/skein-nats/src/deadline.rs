@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_runtime::ports::{
     Announcer, Blobs, Cache, CacheEntry, EventLog, Job, JobQueue, Notices, RootResult,
+    WaitingForRoom,
 };
 use skein_runtime::{Error, Result};
 
@@ -147,6 +148,24 @@ impl JobQueue for Deadline {
 
     async fn depth(&self, pool: &str) -> Result<u64> {
         self.run("depth of SKEIN_JOBS", self.store.depth(pool))
+            .await
+    }
+
+    async fn set_waiting_for_room(&self, w: &WaitingForRoom) -> Result<()> {
+        self.run("put to KV skein_waiting", self.store.put_waiting(w))
+            .await
+    }
+
+    async fn clear_waiting_for_room(&self, session: &SessionId) -> Result<()> {
+        self.run(
+            "purge from KV skein_waiting",
+            self.store.delete_waiting(session),
+        )
+        .await
+    }
+
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>> {
+        self.run("list KV skein_waiting", self.store.list_waiting())
             .await
     }
 }

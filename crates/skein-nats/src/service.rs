@@ -19,7 +19,8 @@ use crate::backend::NatsStore;
 /// A service error whose code tells whose fault it was: 400 (the request cannot be
 /// accepted), 404 (no such session) and 409 with a session id taken by a different
 /// submission are the caller's; 500 (stored data or definitions are broken) and 503 (NATS
-/// failed; try again) the infrastructure's; 409 on an append means another writer got
+/// failed; try again) and 507 (the store is full; try again once there is room) the
+/// infrastructure's; 409 on an append means another writer got
 /// there first (try again). The text goes in a header, so it is one line.
 fn service_error(e: &Error) -> async_nats::service::error::Error {
     let code = match e {
@@ -27,6 +28,7 @@ fn service_error(e: &Error) -> async_nats::service::error::Error {
         Error::NotFound(_) => 404,
         Error::Conflict { .. } | Error::IdTaken { .. } => 409,
         Error::Unavailable { .. } | Error::Interrupted(_) => 503,
+        Error::Full { .. } => 507,
         Error::Corrupt { .. } | Error::Core(_) => 500,
     };
     let status = e

@@ -36,6 +36,15 @@ pub enum Error {
         #[source]
         source: Option<BoxError>,
     },
+    /// The store has no room for the write (a full disk, a JetStream store at its
+    /// limits). Nothing of the write was stored; the same write succeeds once there is
+    /// room again, so the work waits for room rather than failing.
+    #[error("no room in the store: {what}")]
+    Full {
+        what: String,
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The work was given up because the worker is stopping; nothing of it was recorded,
     /// and its job goes back to the queue for another worker.
     #[error("interrupted: {0}")]
@@ -104,6 +113,14 @@ impl Error {
         }
     }
 
+    /// A write refused for want of room in the store, caused by `source`.
+    pub fn full(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Full {
+            what: what.into(),
+            source: Some(source.into()),
+        }
+    }
+
     /// Stored data that does not decode, caused by `source`.
     pub fn corrupt(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Error::Corrupt {
@@ -134,7 +151,10 @@ impl Error {
 
     /// Whether the same operation may succeed if tried again.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Unavailable { .. } | Error::Conflict { .. })
+        matches!(
+            self,
+            Error::Unavailable { .. } | Error::Conflict { .. } | Error::Full { .. }
+        )
     }
 
     /// The refusal's kind, if this is a refusal.

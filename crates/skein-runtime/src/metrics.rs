@@ -24,9 +24,15 @@ pub const INTAKE_ACCEPTED: &str = "skein_intake_accepted_total";
 pub const INTAKE_REJECTED: &str = "skein_intake_rejected_total";
 pub const NATS_RECONNECTS: &str = "skein_nats_reconnects_total";
 pub const READY: &str = "skein_ready";
+pub const WAITING_FOR_ROOM: &str = "skein_sessions_waiting_for_room";
 
 /// Every metric with its help text.
 pub const NAMES: &[(&str, &str)] = &[
+    (
+        WAITING_FOR_ROOM,
+        "Sessions whose step waits for room in the store (a full disk, a JetStream store \
+         at its limits); they run on once there is room.",
+    ),
     (JOBS_CLAIMED, "Jobs claimed, by pool."),
     (JOBS_ACKED, "Jobs acknowledged as done, by pool."),
     (
@@ -180,6 +186,11 @@ pub fn intake_rejected(reason: &'static str) {
 
 pub fn nats_reconnected() {
     metrics::counter!(NATS_RECONNECTS).increment(1);
+}
+
+/// How many sessions wait for room in the store now.
+pub fn waiting_for_room(n: usize) {
+    metrics::gauge!(WAITING_FOR_ROOM).set(n as f64);
 }
 
 pub fn ready(ready: bool) {

@@ -160,6 +160,35 @@ pub trait JobQueue: Send + Sync {
             "this job queue cannot count the jobs of chosen sessions",
         ))
     }
+
+    /// Shows every process that `w.session`'s step waits for room in the store (while it
+    /// waits, this is said again now and then, and a mark not said again lapses). Best
+    /// effort. The default keeps nothing: a store one process holds has no other reader.
+    async fn set_waiting_for_room(&self, w: &WaitingForRoom) -> Result<()> {
+        let _ = w;
+        Ok(())
+    }
+
+    /// `session` waits for room no more.
+    async fn clear_waiting_for_room(&self, session: &SessionId) -> Result<()> {
+        let _ = session;
+        Ok(())
+    }
+
+    /// Every session shown as waiting for room, by any process.
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>> {
+        Ok(vec![])
+    }
+}
+
+/// A session whose step waits for room in the store (see [`JobQueue::set_waiting_for_room`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaitingForRoom {
+    pub session: String,
+    /// Since when, in ms since the epoch.
+    pub since_ms: u64,
+    /// The store's error, as its report.
+    pub reason: String,
 }
 
 /// Chooses sessions (see [`JobQueue::claim_matching`]).

@@ -262,6 +262,26 @@ impl Runtime {
         Ok(())
     }
 
+    /// A line of progress for `id` that is no record: `kind` says what happened to it
+    /// (waiting for room in the store, running on); its seq and status are the ones last
+    /// folded here.
+    pub(crate) fn progress_note(&self, id: &SessionId, kind: &str) {
+        if self.progress.receiver_count() == 0 {
+            return;
+        }
+        let (seq, status, steps) = lock(&self.sessions.states)
+            .get(id)
+            .map(|f| (f.state.last_seq, f.state.status, f.state.steps))
+            .unwrap_or((0, skein_core::Status::Running, 0));
+        self.progress.send(Progress {
+            session: id.clone(),
+            seq,
+            kind: kind.to_string(),
+            status,
+            steps,
+        });
+    }
+
     /// The folded state of a session: the cached fold plus whatever is new in the log.
     /// Returns whether it was loaded cold (not cached).
     pub async fn load(&self, id: &SessionId) -> Result<(Folded, bool)> {

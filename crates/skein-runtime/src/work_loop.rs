@@ -10,6 +10,14 @@
 //!   warning, and while claims keep failing an error names the pool and the last cause
 //!   every [`STALL_REPORT`] (the backend's errors name the stream and consumer).
 //!
+//! - A step that fails for want of room in the store (a full disk, a JetStream store at
+//!   its limits) waits in place, however long, with heartbeats: nothing of it was
+//!   written, and it runs on once there is room, without a restart and without using up
+//!   a delivery. Its session is listed as waiting for room
+//!   ([`Runtime::waiting_for_room`], the gauge `skein_sessions_waiting_for_room`, and an
+//!   error line every [`STALL_REPORT`] with how many wait and the store's error) for as
+//!   long as it waits.
+//!
 //! A panic while processing one job is caught, logged at error level and the job handed
 //! back; the loop goes on.
 //!
@@ -26,7 +34,7 @@ use tokio::time::Instant;
 use futures::FutureExt;
 use tokio::sync::watch;
 
-use crate::ports::Job;
+use crate::ports::{Job, WaitingForRoom};
 use crate::worker::{Runtime, Scope};
 use crate::Error;
 
@@ -50,7 +58,7 @@ const SWEEP_LATER: Duration = Duration::from_secs(45);
 pub fn retry_delay(e: &Error, attempt: u32) -> Duration {
     match e {
         Error::Conflict { .. } => Duration::from_millis(50 * u64::from(attempt.min(20))),
-        Error::Unavailable { .. } => {
+        Error::Unavailable { .. } | Error::Full { .. } => {
             Duration::from_millis(500u64.saturating_mul(1 << attempt.saturating_sub(1).min(6)))
         }
         _ => Duration::from_secs(2),
@@ -152,11 +160,14 @@ impl ClaimHealth {
 }
 
 /// What the work loops of one runtime share: the claim health of its pools, the drain
-/// switch, and the jobs held now.
+/// switch, the jobs held now, and the sessions waiting for room in the store.
 pub struct Loops {
     pub health: Arc<ClaimHealth>,
     draining: watch::Sender<bool>,
     held: Mutex<HashMap<String, Job>>,
+    waiting_for_room: Mutex<std::collections::BTreeMap<String, WaitingForRoom>>,
+    /// When the sessions waiting for room were last reported at error level.
+    room_reported: Mutex<Option<Instant>>,
 }
 
 impl Default for Loops {
@@ -165,7 +176,57 @@ impl Default for Loops {
             health: Arc::default(),
             draining: watch::Sender::new(false),
             held: Mutex::new(HashMap::new()),
+            waiting_for_room: Mutex::default(),
+            room_reported: Mutex::default(),
         }
+    }
+}
+
+impl Loops {
+    /// Lists `session` as waiting for room; whether it was not listed yet. One error line
+    /// for all of them says so when the first starts to wait, and again every
+    /// [`STALL_REPORT`] while any waits, with how many.
+    fn wait_for_room(&self, session: &str, error: &Error, now_ms: u64) -> (bool, WaitingForRoom) {
+        let mut w = self
+            .waiting_for_room
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let new = !w.contains_key(session);
+        let entry = w
+            .entry(session.to_string())
+            .or_insert_with(|| WaitingForRoom {
+                session: session.to_string(),
+                since_ms: now_ms,
+                reason: String::new(),
+            });
+        entry.reason = error.report().to_string();
+        let entry = entry.clone();
+        crate::metrics::waiting_for_room(w.len());
+        let mut reported = self.room_reported.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if reported.is_none_or(|at| now.duration_since(at) >= STALL_REPORT) {
+            *reported = Some(now);
+            tracing::error!(sessions = w.len(), error = %error.report(),
+                "no room in the store: sessions wait, and run on once there is room (free \
+                 space, or raise the store's limits; see \"Storage faults\" in \
+                 docs/architecture.md)");
+        }
+        (new, entry)
+    }
+
+    fn room_again(&self, session: &str) -> Option<WaitingForRoom> {
+        let mut w = self
+            .waiting_for_room
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let was = w.remove(session);
+        if was.is_some() {
+            crate::metrics::waiting_for_room(w.len());
+            if w.is_empty() {
+                *self.room_reported.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            }
+        }
+        was
     }
 }
 
@@ -309,7 +370,37 @@ impl Runtime {
                     )))
                 }
             };
+            if !matches!(res, Err(crate::Error::Full { .. })) {
+                if let Some(w) = self.loops.room_again(job.session.as_str()) {
+                    tracing::warn!(session = %job.session, waited_ms = self.cfg.clock.now_ms().saturating_sub(w.since_ms),
+                        "the store has room again; the session runs on");
+                    self.room_again(&job.session).await;
+                }
+            }
             match &res {
+                // No room in the store: wait in place for as long as it takes.
+                Err(e @ crate::Error::Full { .. }) if !self.is_draining() => {
+                    tries += 1;
+                    let (new, w) =
+                        self.loops
+                            .wait_for_room(job.session.as_str(), e, self.cfg.clock.now_ms());
+                    if new {
+                        tracing::warn!(session = %job.session, error = %e.report(),
+                            "no room in the store: the session waits");
+                        self.announce_room(&job.session, true);
+                    }
+                    // Said again at every try, so that a mark whose worker is gone lapses.
+                    if let Err(e) = self.backend.jobs.set_waiting_for_room(&w).await {
+                        tracing::debug!(session = %job.session, error = %e.report(),
+                            "cannot show that the session waits for room");
+                    }
+                    let wait = retry_delay(e, tries)
+                        .min(MAX_RETRY_WAIT)
+                        .min(self.cfg.lease / 2);
+                    let _ = self.backend.jobs.heartbeat(&job).await;
+                    tokio::time::sleep(wait).await;
+                    let _ = self.backend.jobs.heartbeat(&job).await;
+                }
                 Err(e)
                     if e.is_retryable()
                         && started.elapsed() < TRANSIENT_PATIENCE
@@ -333,6 +424,10 @@ impl Runtime {
                 _ => break res,
             }
         };
+        if self.loops.room_again(job.session.as_str()).is_some() {
+            // Handed back while waiting (the worker drains): it waits elsewhere.
+            self.room_again(&job.session).await;
+        }
         tracing::trace!(session = %job.session, ok = res.is_ok(), "job processed");
         match res {
             Ok(()) => match self.backend.jobs.ack(&job).await {
@@ -380,6 +475,39 @@ impl Runtime {
                     }
                 }
             }
+        }
+    }
+
+    /// Every session whose step waits for room in the store now, in id order.
+    pub fn waiting_for_room(&self) -> Vec<WaitingForRoom> {
+        self.loops
+            .waiting_for_room
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Tells the progress listeners that `session` waits for room (`kind`
+    /// `WaitingForRoom`), or runs on (`RoomAgain`).
+    fn announce_room(&self, session: &skein_core::SessionId, waiting: bool) {
+        self.progress_note(
+            session,
+            if waiting {
+                "WaitingForRoom"
+            } else {
+                "RoomAgain"
+            },
+        );
+    }
+
+    /// `session` runs on: says so, and clears its mark.
+    async fn room_again(&self, session: &skein_core::SessionId) {
+        self.announce_room(session, false);
+        if let Err(e) = self.backend.jobs.clear_waiting_for_room(session).await {
+            tracing::debug!(session = %session, error = %e.report(),
+                "cannot clear the mark that the session waits for room");
         }
     }
 

@@ -28,18 +28,25 @@
 //! them used to get a sync of its own and the rest the one after (a zero-latency fan-out of
 //! 64 made 26–36 syncs, now 14–15). A blob is written ahead of the record that names it,
 //! whose sync covers it (see `kv.rs`). Cache
-//! entries and watchers wait the same way for a flush of the sled database. Jobs and
+//! entries and watchers wait the same way for a flush of the sled database. A sync or flush
+//! that fails stops its flusher for good (fail-stop): the writers waiting for it and every
+//! later one get its error, and [`SledStore::failed`] resolves with it; a full disk fails
+//! the one write with [`skein_runtime::Error::Full`] and stops nothing (see `wal.rs`). Jobs and
 //! notices are not flushed per write: after a crash, `resume` derives every job from the
 //! logs, and a parent reconciles with its children's logs when it is first loaded.
 
+pub mod file;
 mod jobs;
 mod kv;
 mod log;
+pub mod verify;
 mod wal;
+
+pub use file::LogFile;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -53,7 +60,18 @@ use tokio::sync::{watch, Notify};
 /// another lease ([`SledStore::open_with_lease`]).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// A failure of the sled database: no room when the disk is full, else unavailable.
 fn backend_err(e: impl Into<skein_runtime::error::BoxError>) -> Error {
+    let e = e.into();
+    let full = match e.downcast_ref::<sled::Error>() {
+        Some(sled::Error::Io(io)) => file::is_disk_full(io),
+        _ => e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(file::is_disk_full),
+    };
+    if full {
+        return Error::full("sled: the disk holding the database is full", e);
+    }
     Error::unavailable("sled", e)
 }
 
@@ -71,29 +89,60 @@ fn u64_of(bytes: &[u8]) -> u64 {
 }
 
 /// Group commit: writers wait for a flush that started after their write.
+///
+/// Fail-stop: the first flush that fails stops the flusher for good. The writers waiting
+/// for it, and every later one, get that error; none is told its write is durable unless
+/// a flush that succeeded covered it.
 struct Flusher {
+    /// What it flushes, for its errors.
+    what: &'static str,
     requested: AtomicU64,
     kick: Notify,
     stop: std::sync::atomic::AtomicBool,
-    flushed: watch::Receiver<u64>,
+    flushed: watch::Receiver<Flushed>,
+    failed: Arc<OnceLock<Arc<std::io::Error>>>,
 }
+
+/// The flusher's progress: every ticket up to `upto` is durable; once `failed`, no more.
+#[derive(Clone, Copy, Default)]
+struct Flushed {
+    upto: u64,
+    failed: bool,
+}
+
+/// The error that stopped a flusher, under the error a writer is given.
+#[derive(Debug)]
+struct FlushFailed(Arc<std::io::Error>);
+
+impl std::fmt::Display for FlushFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for FlushFailed {}
 
 impl Flusher {
     /// Starts the task that runs `flush` whenever a writer waits.
-    fn start(flush: impl Fn() -> std::io::Result<()> + Send + Sync + 'static) -> Arc<Self> {
+    fn start(
+        what: &'static str,
+        flush: impl Fn() -> std::io::Result<()> + Send + Sync + 'static,
+    ) -> Arc<Self> {
         let flush = Arc::new(flush);
-        let (tx, rx) = watch::channel(0u64);
+        let (tx, rx) = watch::channel(Flushed::default());
         let tx = Arc::new(tx);
         let f = Arc::new(Self {
+            what,
             requested: AtomicU64::new(0),
             kick: Notify::new(),
             stop: std::sync::atomic::AtomicBool::new(false),
             flushed: rx,
+            failed: Arc::new(OnceLock::new()),
         });
         let me = f.clone();
         tokio::spawn(async move {
             while !me.stop.load(Ordering::SeqCst) {
-                if me.requested.load(Ordering::SeqCst) <= *tx.borrow() {
+                if me.requested.load(Ordering::SeqCst) <= tx.borrow().upto {
                     let kicked = me.kick.notified();
                     let _ = tokio::time::timeout(Duration::from_millis(200), kicked).await;
                     continue;
@@ -108,35 +157,76 @@ impl Flusher {
                 // The writers are released from the flush's own thread, as soon as it is
                 // done: not after this task has been woken and polled in turn.
                 let done = tx.clone();
-                let flushed = tokio::task::spawn_blocking(move || {
-                    f()?;
-                    done.send_replace(target);
-                    Ok::<_, std::io::Error>(())
-                });
-                match flushed.await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        tracing::error!(error = %e, "flush failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                let failed = me.failed.clone();
+                let flushed = tokio::task::spawn_blocking(move || match f() {
+                    Ok(()) => {
+                        done.send_modify(|d| d.upto = target);
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "flush task failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        failed.get_or_init(|| Arc::new(e));
+                        done.send_modify(|d| d.failed = true);
                     }
+                });
+                if let Err(e) = flushed.await {
+                    me.failed
+                        .get_or_init(|| Arc::new(std::io::Error::other(e.to_string())));
+                    tx.send_modify(|d| d.failed = true);
+                }
+                if let Some(e) = me.failed.get() {
+                    tracing::error!(
+                        store = me.what,
+                        error = %e,
+                        "a flush failed: the store takes no more writes until it is opened again"
+                    );
+                    break;
                 }
             }
         });
         f
     }
 
+    /// The error every writer gets once a flush has failed.
+    fn failure(&self) -> Option<Error> {
+        self.failed.get().map(|e| {
+            Error::unavailable(
+                format!(
+                    "{}: a flush to disk failed, so nothing written since is durable; the \
+                     store acknowledges no more writes until it is opened again",
+                    self.what
+                ),
+                FlushFailed(e.clone()),
+            )
+        })
+    }
+
     async fn durable(&self) -> Result<()> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
         let ticket = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
         self.kick.notify_one();
         let mut rx = self.flushed.clone();
-        rx.wait_for(|done| *done >= ticket)
+        let state = rx
+            .wait_for(|d| d.upto >= ticket || d.failed)
             .await
-            .map(|_| ())
-            .map_err(|_| Error::unavailable_because("the store's flusher stopped"))
+            .map(|d| *d)
+            .map_err(|_| Error::unavailable_because("the store's flusher stopped"))?;
+        if state.upto >= ticket {
+            return Ok(());
+        }
+        Err(self
+            .failure()
+            .unwrap_or_else(|| Error::unavailable_because("the store's flusher stopped")))
+    }
+
+    /// Waits until a flush has failed; for ever if none does.
+    async fn failed(&self) -> Error {
+        let mut rx = self.flushed.clone();
+        let _ = rx.wait_for(|d| d.failed).await;
+        match self.failure() {
+            Some(e) => e,
+            None => std::future::pending().await,
+        }
     }
 }
 
@@ -182,22 +272,43 @@ impl SledStore {
         Self::open_with_lease(dir, workspace_root, DEFAULT_LEASE)
     }
 
+    /// As [`SledStore::open_with_lease`], with the event log's file wrapped by `wrap`
+    /// before it is read: how tests put a disk that fails, fills or writes short under the
+    /// log.
+    pub fn open_with_log_file(
+        dir: &Path,
+        workspace_root: &Path,
+        lease: Duration,
+        wrap: &dyn Fn(std::fs::File) -> Box<dyn LogFile>,
+    ) -> Result<Arc<Self>> {
+        Self::open_inner(dir, workspace_root, lease, Some(wrap))
+    }
+
     /// As [`SledStore::open`], holding each claimed job for `lease` without a heartbeat.
     pub fn open_with_lease(
         dir: &Path,
         workspace_root: &Path,
         lease: Duration,
     ) -> Result<Arc<Self>> {
+        Self::open_inner(dir, workspace_root, lease, None)
+    }
+
+    fn open_inner(
+        dir: &Path,
+        workspace_root: &Path,
+        lease: Duration,
+        wrap: Option<&dyn Fn(std::fs::File) -> Box<dyn LogFile>>,
+    ) -> Result<Arc<Self>> {
         std::fs::create_dir_all(dir).map_err(backend_err)?;
         let lock = lock_dir(dir)?;
         let db = open_db(&dir.join("db"))?;
         let tree = |n: &str| db.open_tree(n).map_err(backend_err);
-        let wal = Arc::new(wal::Wal::open(&dir.join("events.log"))?);
+        let wal = Arc::new(wal::Wal::open(&dir.join("events.log"), wrap)?);
         migrate_sled_log(&db, &wal)?;
         let w = wal.clone();
         let flushed_db = Arc::new(std::sync::Mutex::new(Some(db.clone())));
         let store = Self {
-            wal_flusher: Flusher::start(move || w.sync()),
+            wal_flusher: Flusher::start("event log", move || w.sync()),
             wal,
             jobs: tree("jobs")?,
             cache: tree("cache")?,
@@ -207,12 +318,12 @@ impl SledStore {
             watchers: tree("watchers")?,
             flusher: {
                 let slot = flushed_db.clone();
-                Flusher::start(
-                    move || match &*slot.lock().unwrap_or_else(|p| p.into_inner()) {
+                Flusher::start("sled database", move || {
+                    match &*slot.lock().unwrap_or_else(|p| p.into_inner()) {
                         Some(db) => db.flush().map(|_| ()).map_err(std::io::Error::other),
                         None => Ok(()),
-                    },
-                )
+                    }
+                })
             },
             flushed_db,
             db,
@@ -269,7 +380,7 @@ impl SledStore {
     /// For a process that exits next; one that goes on using the data directory (a test,
     /// a server) drops the store instead, which flushes and closes it.
     pub async fn leave(self: Arc<Self>) -> Result<()> {
-        self.wal.sync().map_err(backend_err)?;
+        self.close_log()?;
         for session in self.queued_sessions() {
             // A log that cannot be read counts as not ended: its job is kept.
             let ended = self
@@ -286,8 +397,31 @@ impl SledStore {
 
     /// Flushes everything (used at shutdown).
     pub async fn flush(&self) -> Result<()> {
-        self.wal.sync().map_err(backend_err)?;
+        self.close_log()?;
+        if let Some(e) = self.flusher.failure() {
+            return Err(e);
+        }
         self.db.flush_async().await.map(|_| ()).map_err(backend_err)
+    }
+
+    /// Syncs the event log and moves its mark over all of it.
+    fn close_log(&self) -> Result<()> {
+        if let Some(e) = self.wal.stopped() {
+            return Err(e);
+        }
+        self.wal
+            .close()
+            .map_err(|e| Error::unavailable("event log: the last sync failed", e))
+    }
+
+    /// Resolves when the store has stopped taking writes: a sync of the event log or a
+    /// flush of the sled database failed. Every later write fails with the same error;
+    /// opening the store again (a new process) reads the files anew.
+    pub async fn failed(&self) -> Error {
+        tokio::select! {
+            e = self.wal_flusher.failed() => e,
+            e = self.flusher.failed() => e,
+        }
     }
 }
 
@@ -297,8 +431,10 @@ impl Drop for SledStore {
             f.stop.store(true, Ordering::SeqCst);
             f.kick.notify_one();
         }
-        let _ = self.wal.sync();
-        let _ = self.db.flush();
+        let _ = self.wal.close();
+        if self.flusher.failure().is_none() {
+            let _ = self.db.flush();
+        }
         self.flushed_db
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -387,7 +523,7 @@ impl Workspaces for SledStore {
 }
 
 /// Takes the data directory's lock file, or says which directory another process holds.
-fn lock_dir(dir: &Path) -> Result<std::fs::File> {
+pub(crate) fn lock_dir(dir: &Path) -> Result<std::fs::File> {
     let path = dir.join("lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -423,4 +559,47 @@ fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
 
 fn decode<'a, T: Deserialize<'a>>(b: &'a [u8]) -> Result<T> {
     rmp_serde::from_slice(b).map_err(|e| Error::corrupt("a stored value", e))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use super::Flusher;
+
+    #[tokio::test]
+    async fn a_flush_that_fails_fails_its_writers_and_every_later_one_and_is_not_retried() {
+        // Given a flusher whose flush fails once the disk turns bad.
+        let bad = Arc::new(AtomicBool::new(false));
+        let calls = Arc::new(AtomicU64::new(0));
+        let (b, c) = (bad.clone(), calls.clone());
+        let f = Flusher::start("sled database", move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            if b.load(Ordering::SeqCst) {
+                Err(std::io::Error::from_raw_os_error(5))
+            } else {
+                Ok(())
+            }
+        });
+        f.durable().await.unwrap();
+
+        // When writers wait for a flush that fails.
+        bad.store(true, Ordering::SeqCst);
+        let (x, y) = tokio::join!(f.durable(), f.durable());
+
+        // Then each is told so, with the disk's error; and once the disk is good again,
+        // later writers are refused without another flush.
+        for r in [x, y] {
+            let e = r.unwrap_err();
+            assert!(e.report().to_string().contains("Input/output error"), "{e}");
+            assert!(e.to_string().contains("sled database"), "{e}");
+        }
+        bad.store(false, Ordering::SeqCst);
+        let made = calls.load(Ordering::SeqCst);
+        assert!(f.durable().await.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), made, "flushed again");
+        assert!(f.failed().await.to_string().contains("sled database"));
+    }
 }

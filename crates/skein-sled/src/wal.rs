@@ -11,11 +11,19 @@
 //! "SKB1" body = blake3 of the blob (32 bytes) | the blob
 //! ```
 //!
+//! **Format 2** (this version) begins with three frames of sessions no id can name
+//! (they start with `!`): the header, whose first seq is the format and which holds no
+//! record, then the two slots of the synced mark, each one record of 16 bytes (generation
+//! u64 LE, synced u64 LE) of the session `!mark`, rewritten in place. Frames follow them.
+//! A version that reads only format 1 reads these as frames and then refuses to open the
+//! file, saying (in the header's session name) that a newer skein wrote it, instead of
+//! taking the rest for a torn tail; this version refuses a format above its own the same
+//! way. A file written before the header (format 1) starts with its first frame and is
+//! read as before, without a mark.
+//!
 //! A blob is made durable by the `fdatasync` of the record that names it, which is
 //! written after it: storing one costs neither a sync of its own nor a flush of the sled
-//! database (whose first flush in a process also starts sled's pool of I/O threads). A
-//! file with blob frames is not read by versions before them: they stop at the first one
-//! as at a torn tail.
+//! database (whose first flush in a process also starts sled's pool of I/O threads).
 //!
 //! An append checks the session's last seq, writes its frame at the end of the file and
 //! indexes it under one lock, then waits for a group commit: one `fdatasync` covers every
@@ -23,28 +31,43 @@
 //! memory and is rebuilt by reading the file when the store opens.
 //!
 //! The file is kept 64–128 KiB longer than its frames, with zeros: an append writes into
-//! that reserve, and writes the reserve anew past itself when it reaches the end, so most
-//! syncs do not change the file's length (which would make `fdatasync` write the inode
-//! too). Zeros are no frame: reading stops at them, as an older version also does.
+//! that reserve, and writes the reserve anew past itself before it reaches the end, so
+//! most syncs do not change the file's length (which would make `fdatasync` write the
+//! inode too), and a frame is written only into space the file already has: on a full
+//! disk the write of the reserve fails, before any byte of the frame is written. Zeros
+//! are no frame: reading stops at them, as an older version also does.
 //!
-//! A crash can leave the end of the file torn: a frame cut short, or pages of unsynced
-//! frames never written. Opening stops at the first frame that is cut short or whose crc
-//! does not match. If nothing but zeros follows, that is the reserve, kept as it is;
-//! otherwise opening keeps what follows in `events.log.torn-<offset>` and truncates the
+//! **Fail-stop.** The first `fdatasync` that fails stops the log: the append waiting for
+//! it and every later one fail with that error, and nothing is acknowledged that a sync
+//! did not cover. (After a failed `fdatasync`, Linux may have dropped the dirty pages and
+//! a second one may succeed without writing them.) Only reopening the store, which reads
+//! the file again, goes on. A write that fails (a full disk) stops nothing: the append
+//! fails, nothing of it counts, and the next one writes over what it left.
+//!
+//! **Tears and damage.** Each sync writes, in the mark slot not written last, how far the
+//! sync before it reached; the same `fdatasync` makes it durable. Closing the store moves
+//! the mark to everything synced. So a crash can tear only the frames past the mark: the
+//! last group commit and what was not synced. Opening stops at the first frame that is cut
+//! short or whose crc does not match. Past the mark that is a torn tail: if nothing but
+//! zeros follows, it is the reserve, kept as it is; otherwise opening keeps what follows
+//! in `events.log.torn-<offset>` (synced, and its directory entry too) and then cuts the
 //! log there, so that no frame written before the crash can turn up behind a later one.
-//! No acknowledged record is lost by that: an append is acknowledged only after an
-//! `fdatasync` that covered it and everything before it.
+//! Before the mark it is damage a crash cannot explain (a bad disk, a stray write), and
+//! opening refuses, naming the offset: `skein store verify` says what is damaged and
+//! `skein store repair` sets it aside. A frame whose crc matches but whose kind this
+//! version does not know, or whose body does not parse, is an error wherever it lies.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Read};
-use std::os::unix::fs::FileExt;
+use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use skein_core::{Record, SessionId};
-use skein_runtime::{Error, Result};
+use skein_runtime::{Error, RefusalKind, Result};
+
+use crate::file::{read_exact_at, sync_dir, write_all_at, LogFile, Reader};
 
 const MAGIC: &[u8; 4] = b"SKW1";
 const BLOB_MAGIC: &[u8; 4] = b"SKB1";
@@ -55,10 +78,53 @@ const MAX_BODY: usize = 1 << 30;
 /// as many: an `fdatasync` of a file whose length is unchanged writes only its data pages,
 /// where one that grew the file writes its inode too.
 const RESERVE: u64 = 64 << 10;
+/// The format this version writes, and the newest it reads.
+pub(crate) const FORMAT: u64 = 2;
+/// The session of the mark's frames.
+const MARK_SESSION: &str = "!mark";
+/// A mark's frame: one record of 16 bytes.
+const MARK_FRAME: usize = HEADER + 2 + MARK_SESSION.len() + 8 + 4 + 4 + 16;
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
+fn io_err(what: &str, path: &Path, e: io::Error) -> Error {
+    if crate::file::is_disk_full(&e) {
+        return Error::full(
+            format!(
+                "event log: the disk holding {} is full: {what} it; nothing of this write \
+                 was recorded, and it succeeds once there is room",
+                path.display()
+            ),
+            e,
+        );
+    }
     Error::unavailable(format!("event log: {what} {}", path.display()), e)
 }
+
+/// The session named by the header frame: no session id can start with `!`. An older
+/// version reads it as a session whose first frame starts at the format's seq, and stops
+/// with an error that quotes it.
+fn header_session(format: u64) -> String {
+    format!(
+        "!format {format} of events.log, written by a newer skein: open this data \
+         directory with that version or a later one"
+    )
+}
+
+/// A reader of `events.log` that is the cause of a refusal names its path.
+fn path_err(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::corrupt_because(format!("event log {}: {what}", path.display()))
+}
+
+/// A read past a failed `fdatasync` reports it.
+#[derive(Debug)]
+struct SyncFailed(Arc<io::Error>);
+
+impl std::fmt::Display for SyncFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "fdatasync failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for SyncFailed {}
 
 /// A read takes the bytes between two records along when there are at most this many...
 const COALESCE_GAP: u64 = 16 << 10;
@@ -71,9 +137,9 @@ fn end_of(a: At) -> u64 {
 
 /// Where one record's bytes are in the file.
 #[derive(Clone, Copy)]
-struct At {
-    offset: u64,
-    len: u32,
+pub(crate) struct At {
+    pub(crate) offset: u64,
+    pub(crate) len: u32,
 }
 
 struct Index {
@@ -87,19 +153,36 @@ struct Index {
     blobs: HashMap<[u8; 32], At>,
 }
 
+/// The mark as last written.
+struct Marks {
+    generation: u64,
+    marked: u64,
+}
+
 pub(crate) struct Wal {
     path: PathBuf,
-    file: File,
+    file: Box<dyn LogFile>,
     index: Mutex<Index>,
+    /// Where frames begin: after the header page, or at 0 in a format 1 file.
+    base: u64,
+    /// 1 or 2: whether the file has a header and a mark.
+    format: u64,
+    /// Where the two slots of the mark are (format 2).
+    slots: [u64; 2],
+    /// Held across a sync (so syncs and mark writes are in order).
+    marks: Mutex<Marks>,
     /// How much of the file an `fdatasync` has covered in this process (0 until the
     /// first: what was in the file at open may not have reached the disk yet).
     synced: AtomicU64,
     /// `fdatasync` calls made.
     syncs: AtomicU64,
+    /// The error of the first failed `fdatasync` (or write of the mark): set once, for
+    /// good.
+    failed: OnceLock<Arc<io::Error>>,
 }
 
 /// One frame read back by [`scan`].
-enum Frame {
+pub(crate) enum Frame {
     Records {
         session: String,
         first_seq: u64,
@@ -111,9 +194,333 @@ enum Frame {
     },
 }
 
+/// Why reading frames stopped before the end of the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// Zero bytes where a frame would begin.
+    Zeros,
+    /// The file ends inside the frame.
+    CutShort,
+    /// Bytes that are no frame's beginning.
+    NotAFrame,
+    /// A frame header whose length is past any frame skein writes.
+    TooLong,
+    /// A frame whose body does not match its crc.
+    Crc,
+    /// A whole frame (its crc matches) of a kind this version does not know.
+    UnknownKind([u8; 4]),
+    /// A whole frame (its crc matches) whose body does not parse.
+    Unparseable,
+    /// Neither slot of the synced mark is whole.
+    Mark,
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::Zeros => write!(f, "zero bytes where a frame should begin"),
+            Why::CutShort => write!(f, "a frame cut short by the end of the file"),
+            Why::NotAFrame => write!(f, "bytes that are not a frame"),
+            Why::TooLong => write!(f, "a frame header with an impossible length"),
+            Why::Crc => write!(f, "a frame whose checksum does not match"),
+            Why::UnknownKind(k) => write!(
+                f,
+                "a whole frame of unknown kind {:?} (written by a newer skein?)",
+                String::from_utf8_lossy(k)
+            ),
+            Why::Unparseable => {
+                write!(f, "a frame whose checksum matches but which does not parse")
+            }
+            Why::Mark => write!(f, "both slots of the synced mark damaged"),
+        }
+    }
+}
+
+/// Where and why reading stopped.
+#[derive(Debug, Clone)]
+pub(crate) struct Stop {
+    pub(crate) offset: u64,
+    pub(crate) why: Why,
+}
+
+/// What reading a log file found, before anything is changed.
+pub(crate) struct Examined {
+    /// 1 (no header) or 2; 0 for a file without any frame yet (empty, or zeros).
+    pub(crate) format: u64,
+    pub(crate) base: u64,
+    /// How far syncs had reached, by the mark (`base` without one).
+    pub(crate) mark: u64,
+    pub(crate) generation: u64,
+    /// The two slots of the mark (format 2).
+    pub(crate) slots: [u64; 2],
+    pub(crate) frames: Vec<Frame>,
+    /// Where the last whole frame ends.
+    pub(crate) good_end: u64,
+    pub(crate) len: u64,
+    pub(crate) stop: Option<Stop>,
+}
+
+/// What to make of an [`Examined`] file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Every byte is a whole frame, or the zeros of the reserve.
+    Whole,
+    /// A torn tail from `offset` on, past the mark: cut at open.
+    Torn { offset: u64, why: Why },
+    /// Damage a crash cannot explain: opening refuses.
+    Damaged { offset: u64, why: Why, mark: u64 },
+    /// The file ends before the mark: synced frames are missing.
+    Short { len: u64, mark: u64 },
+}
+
+impl Verdict {
+    /// The text of a refusal to open, for a verdict that refuses.
+    pub(crate) fn refusal(&self, path: &Path) -> Option<Error> {
+        let advice = "no acknowledged record is dropped without being asked: `skein store \
+                      verify` reports what is damaged and what follows it, `skein store \
+                      repair` sets it aside";
+        match self {
+            Verdict::Whole | Verdict::Torn { .. } => None,
+            Verdict::Damaged { offset, why, mark } if offset < mark => Some(path_err(
+                path,
+                format!(
+                    "{why} at offset {offset}, before offset {mark}, up to which syncs had \
+                     made the log durable: that is damage, not a write torn by a crash; \
+                     {advice}"
+                ),
+            )),
+            Verdict::Damaged { offset, why, .. } => Some(path_err(
+                path,
+                format!("{why} at offset {offset}; {advice}"),
+            )),
+            Verdict::Short { len, mark } => Some(path_err(
+                path,
+                format!(
+                    "the file ends at {len}, but syncs had made it durable up to {mark}: \
+                     synced frames are missing; {advice}"
+                ),
+            )),
+        }
+    }
+}
+
+/// Reads `file` whole: its format, its mark, its frames and where and why they stop.
+/// Changes nothing.
+pub(crate) fn examine(file: &dyn LogFile, path: &Path) -> Result<Examined> {
+    let len = file.len().map_err(|e| io_err("cannot stat", path, e))?;
+    let mut ex = Examined {
+        format: 1,
+        base: 0,
+        mark: 0,
+        generation: 0,
+        slots: [0, 0],
+        frames: vec![],
+        good_end: 0,
+        len,
+        stop: None,
+    };
+    if len == 0 || zeros_from(file, path, 0, len)? {
+        ex.format = 0;
+        return Ok(ex);
+    }
+    // A header frame first, or a format 1 file's first frame.
+    let (_, first_stop) = scan(file, path, 0, Some(1))?;
+    if let Some(stop) = first_stop {
+        // The first frame is damaged: a format 1 file's first frame, or a format 2 file's
+        // header. Either way nothing can be read safely without being asked.
+        ex.stop = Some(stop);
+        return Ok(ex);
+    }
+    if let Some((slots, format)) = header_slots(file, path)? {
+        if format > FORMAT {
+            return Err(Error::refused(
+                RefusalKind::Unsupported,
+                format!(
+                    "event log {} is of format {format}, written by a newer skein; this one \
+                     reads formats up to {FORMAT}: open the data directory with that version \
+                     or a later one",
+                    path.display()
+                ),
+            ));
+        }
+        ex.format = format;
+        ex.slots = slots;
+        ex.base = slots[1] + MARK_FRAME as u64;
+        match read_mark(file, path, slots)? {
+            Some((generation, synced)) => {
+                ex.generation = generation;
+                ex.mark = synced;
+            }
+            None => {
+                // A crash tears at most the slot being written, never both: both damaged
+                // is damage at rest, and without the mark no tear can be told from it.
+                ex.mark = ex.base;
+                ex.stop = Some(Stop {
+                    offset: slots[0],
+                    why: Why::Mark,
+                });
+                return Ok(ex);
+            }
+        }
+    }
+    ex.mark = ex.mark.max(ex.base);
+    let (frames, stop) = scan(file, path, ex.base, None)?;
+    ex.good_end = stop.as_ref().map_or(len, |s| s.offset);
+    ex.frames = frames;
+    ex.stop = stop;
+    Ok(ex)
+}
+
+impl Examined {
+    /// Whether the bytes past the last whole frame are a torn tail, damage, or nothing but
+    /// the reserve.
+    pub(crate) fn verdict(&self, file: &dyn LogFile, path: &Path) -> Result<Verdict> {
+        let Some(stop) = &self.stop else {
+            if self.format >= 2 && self.good_end < self.mark {
+                return Ok(Verdict::Short {
+                    len: self.good_end,
+                    mark: self.mark,
+                });
+            }
+            return Ok(Verdict::Whole);
+        };
+        let (offset, why) = (stop.offset, stop.why.clone());
+        match &why {
+            Why::UnknownKind(_) | Why::Unparseable | Why::Mark => {
+                return Ok(Verdict::Damaged {
+                    offset,
+                    why,
+                    mark: self.mark,
+                })
+            }
+            _ if self.format == 1 && offset == 0 => {
+                // A format 1 file whose first frame is damaged, or a format 2 file whose
+                // header is: never cut a whole file as a torn tail.
+                return Ok(Verdict::Damaged {
+                    offset,
+                    why,
+                    mark: self.mark,
+                });
+            }
+            _ => {}
+        }
+        if offset < self.mark {
+            return Ok(Verdict::Damaged {
+                offset,
+                why,
+                mark: self.mark,
+            });
+        }
+        if why == Why::Zeros && zeros_from(file, path, offset, self.len)? {
+            return Ok(Verdict::Whole);
+        }
+        Ok(Verdict::Torn { offset, why })
+    }
+}
+
+/// A frame of `session`'s records from `first_seq` on.
+fn records_frame(session: &str, first_seq: u64, records: &[&[u8]]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&(session.len() as u16).to_le_bytes());
+    body.extend_from_slice(session.as_bytes());
+    body.extend_from_slice(&first_seq.to_le_bytes());
+    body.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for r in records {
+        body.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        body.extend_from_slice(r);
+    }
+    framed(MAGIC, &body)
+}
+
+/// The mark's frame: `synced` as of `generation`.
+fn mark_frame(generation: u64, synced: u64) -> Vec<u8> {
+    let mut rec = [0u8; 16];
+    rec[..8].copy_from_slice(&generation.to_le_bytes());
+    rec[8..].copy_from_slice(&synced.to_le_bytes());
+    records_frame(MARK_SESSION, 1, &[&rec])
+}
+
+/// The header of a new format 2 file: the header frame and the two slots of the mark,
+/// frames back to back, so that a version before the header reads them all as frames
+/// (and refuses the header's session) instead of stopping at a gap and taking the rest
+/// for a torn tail.
+fn header_page() -> Vec<u8> {
+    let mut page = records_frame(&header_session(FORMAT), FORMAT, &[]);
+    page.extend_from_slice(&mark_frame(0, 0));
+    page.extend_from_slice(&mark_frame(0, 0));
+    page
+}
+
+/// Where the two slots of the mark are in a file whose first frame, of `len` bytes, is
+/// the header.
+fn mark_slots(header_len: u64) -> [u64; 2] {
+    [header_len, header_len + MARK_FRAME as u64]
+}
+
+/// The slots of the mark if the file at `path` begins with a whole header frame.
+fn header_slots(file: &dyn LogFile, path: &Path) -> Result<Option<([u64; 2], u64)>> {
+    let (first, stop) = scan(file, path, 0, Some(1))?;
+    if stop.is_some() {
+        return Ok(None);
+    }
+    let Some(Frame::Records {
+        session,
+        first_seq,
+        records,
+    }) = first.first()
+    else {
+        return Ok(None);
+    };
+    if !session.starts_with('!') || !records.is_empty() {
+        return Ok(None);
+    }
+    let mut head = [0u8; HEADER];
+    read_exact_at(file, &mut head, 0).map_err(|e| io_err("cannot read", path, e))?;
+    let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as u64;
+    Ok(Some((mark_slots(HEADER as u64 + len), *first_seq)))
+}
+
+/// The mark of the higher generation whose slot is whole: `(generation, synced)`.
+fn read_mark(file: &dyn LogFile, path: &Path, slots: [u64; 2]) -> Result<Option<(u64, u64)>> {
+    let mut best = None;
+    for at in slots {
+        let mut buf = [0u8; MARK_FRAME];
+        match read_exact_at(file, &mut buf, at) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => continue,
+            Err(e) => return Err(io_err("cannot read", path, e)),
+        }
+        if !crc_ok(&buf) {
+            continue;
+        }
+        let Some(Frame::Records {
+            session, records, ..
+        }) = parse_body(&buf[HEADER..], HEADER as u64)
+        else {
+            continue;
+        };
+        let [rec] = records[..] else { continue };
+        if session != MARK_SESSION || rec.len != 16 {
+            continue;
+        }
+        let at = rec.offset as usize;
+        let generation = u64::from_le_bytes(buf[at..at + 8].try_into().unwrap_or_default());
+        let synced = u64::from_le_bytes(buf[at + 8..at + 16].try_into().unwrap_or_default());
+        if best.is_none_or(|(g, _)| generation > g) {
+            best = Some((generation, synced));
+        }
+    }
+    Ok(best)
+}
+
 impl Wal {
-    /// Opens (or creates) the log at `path`, rebuilding the index and cutting a torn tail.
-    pub(crate) fn open(path: &Path) -> Result<Self> {
+    /// Opens (or creates) the log at `path`, rebuilding the index and cutting a torn tail;
+    /// `wrap` puts a [`LogFile`] of its own around the file (tests inject faults so).
+    pub(crate) fn open(
+        path: &Path,
+        wrap: Option<&dyn Fn(File) -> Box<dyn LogFile>>,
+    ) -> Result<Self> {
+        let existed = path.exists();
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -121,43 +528,52 @@ impl Wal {
             .write(true)
             .open(path)
             .map_err(|e| io_err("cannot open", path, e))?;
-        let (frames, good_end) = scan(&file, path)?;
-        let len = file
-            .metadata()
-            .map_err(|e| io_err("cannot stat", path, e))?
-            .len();
-        // Past the last whole frame: the zeros of the reserve, or a torn tail.
-        let mut reserved = len;
-        if good_end < len && !zeros_from(&file, path, good_end, len)? {
-            keep_torn_tail(&file, path, good_end, len)?;
-            reserved = good_end;
+        let file: Box<dyn LogFile> = match wrap {
+            Some(w) => w(file),
+            None => Box::new(file),
+        };
+        let wal = Self::open_on(path, file)?;
+        if !existed {
+            // The header is synced; now the file's name.
+            let dir = path.parent().unwrap_or(Path::new("."));
+            sync_dir(dir).map_err(|e| io_err("cannot sync the directory of", path, e))?;
         }
-        let mut sessions: BTreeMap<String, Vec<At>> = BTreeMap::new();
-        let mut blobs = HashMap::new();
-        for f in frames {
-            let (session, first_seq, records) = match f {
-                Frame::Blob { hash, data } => {
-                    blobs.insert(hash, data);
-                    continue;
+        Ok(wal)
+    }
+
+    fn open_on(path: &Path, file: Box<dyn LogFile>) -> Result<Self> {
+        let mut ex = examine(&*file, path)?;
+        let mut reserved = ex.len;
+        if ex.format == 0 {
+            // No frame yet: the header page, synced before anything else is written.
+            let page = header_page();
+            write_all_at(&*file, &page, 0)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| io_err("cannot write the header of", path, e))?;
+            let base = page.len() as u64;
+            ex.format = FORMAT;
+            ex.slots = mark_slots(base - 2 * MARK_FRAME as u64);
+            ex.base = base;
+            ex.mark = base;
+            ex.good_end = base;
+            reserved = ex.len.max(base);
+        } else {
+            match ex.verdict(&*file, path)? {
+                Verdict::Whole => {}
+                Verdict::Torn { offset, why } => {
+                    keep_torn_tail(&*file, path, offset, ex.len, &why)?;
+                    reserved = offset;
                 }
-                Frame::Records {
-                    session,
-                    first_seq,
-                    records,
-                } => (session, first_seq, records),
-            };
-            let recs = sessions.entry(session.clone()).or_default();
-            if recs.len() as u64 + 1 != first_seq {
-                return Err(Error::corrupt_because(format!(
-                    "event log {}: a frame of {} starts at seq {} after seq {}",
-                    path.display(),
-                    session,
-                    first_seq,
-                    recs.len()
-                )));
+                v => {
+                    return Err(v
+                        .refusal(path)
+                        .unwrap_or_else(|| path_err(path, "cannot be read")))
+                }
             }
-            recs.extend(records);
         }
+        let good_end = ex.good_end;
+        let sessions = index_frames(path, ex.frames)?;
+        let (sessions, blobs) = sessions;
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -167,11 +583,18 @@ impl Wal {
                 sessions,
                 blobs,
             }),
+            base: ex.base,
+            format: ex.format,
+            slots: ex.slots,
+            marks: Mutex::new(Marks {
+                generation: ex.generation,
+                marked: ex.mark,
+            }),
             synced: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            failed: OnceLock::new(),
         })
     }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -225,26 +648,45 @@ impl Wal {
         Ok(Ok(()))
     }
 
-    /// Writes `frame` at the end of the log; returns where it starts. When the frame
-    /// reaches past the reserve, the reserve is written anew behind it, so that the sync
-    /// following this write grows the file, and the syncs of the next [`RESERVE`] bytes
-    /// of frames do not.
+    /// Writes `frame` at the end of the log; returns where it starts. When the frame would
+    /// reach past the reserve, the reserve is written anew first, from where it ends to
+    /// [`RESERVE`] bytes or more past the frame: so the frame is written only into space
+    /// the file has (a full disk fails the reserve's write, before any byte of the frame),
+    /// the sync following this write grows the file, and the syncs of the next [`RESERVE`]
+    /// bytes of frames do not. A write that fails leaves `end` where it was: nothing of
+    /// the frame counts, and the next frame is written over what it left.
     fn write_frame(&self, ix: &mut Index, frame: &[u8]) -> Result<u64> {
+        if let Some(e) = self.stopped() {
+            return Err(e);
+        }
         let start = ix.end;
         let end = start + frame.len() as u64;
-        self.file
-            .write_all_at(frame, start)
-            .map_err(|e| io_err("cannot write", &self.path, e))?;
         if end > ix.reserved {
             let to = (end + RESERVE).next_multiple_of(RESERVE);
-            let zeros = vec![0u8; (to - end) as usize];
-            self.file
-                .write_all_at(&zeros, end)
+            let zeros = vec![0u8; (to - ix.reserved) as usize];
+            write_all_at(&*self.file, &zeros, ix.reserved)
                 .map_err(|e| io_err("cannot write", &self.path, e))?;
             ix.reserved = to;
         }
+        write_all_at(&*self.file, frame, start)
+            .map_err(|e| io_err("cannot write", &self.path, e))?;
         ix.end = end;
         Ok(start)
+    }
+
+    /// The error every append returns once an `fdatasync` has failed.
+    pub(crate) fn stopped(&self) -> Option<Error> {
+        self.failed.get().map(|e| {
+            Error::unavailable(
+                format!(
+                    "event log {}: an fdatasync failed, so the log takes no more appends and \
+                     acknowledges nothing more until the store is opened again (which reads \
+                     the file anew)",
+                    self.path.display()
+                ),
+                SyncFailed(e.clone()),
+            )
+        })
     }
 
     /// Writes `data` as a blob frame unless the log holds it already. A sync of anything
@@ -287,8 +729,7 @@ impl Wal {
             return Ok(None);
         };
         let mut buf = vec![0u8; a.len as usize];
-        self.file
-            .read_exact_at(&mut buf, a.offset)
+        read_exact_at(&*self.file, &mut buf, a.offset)
             .map_err(|e| io_err("cannot read", &self.path, e))?;
         Ok(Some(buf))
     }
@@ -296,17 +737,67 @@ impl Wal {
     /// Makes every write so far durable.
     ///
     /// A sync with nothing written since the last one returns at once: the end of a run
-    /// asked for one after its last group commit, and again when the store closed.
-    pub(crate) fn sync(&self) -> std::io::Result<()> {
+    /// asked for one after its last group commit, and again when the store closed. The
+    /// first sync that fails stops the log for good (see the module's doc): it and every
+    /// later one return that error.
+    pub(crate) fn sync(&self) -> io::Result<()> {
+        let mut marks = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = self.failed.get() {
+            return Err(io::Error::new(e.kind(), SyncFailed(e.clone())));
+        }
         // Every write below `end` has completed: a frame is written before `end` moves.
         let end = self.lock().end;
-        if end == 0 || end <= self.synced.load(Ordering::Acquire) {
+        let synced = self.synced.load(Ordering::Acquire);
+        if end <= synced.max(self.base) {
             return Ok(());
         }
-        self.file.sync_data()?;
+        // The mark says how far the previous sync reached; this one makes it durable.
+        if self.format >= 2 && synced > marks.marked {
+            self.write_mark(&mut marks, synced)
+                .map_err(|e| self.fail(e))?;
+        }
+        self.file.sync_data().map_err(|e| self.fail(e))?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced.fetch_max(end, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// Syncs, and moves the mark up to all that is synced (one more `fdatasync`), so that
+    /// no frame of the closed log is taken for a torn one at the next open.
+    pub(crate) fn close(&self) -> io::Result<()> {
+        self.sync()?;
+        let mut marks = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+        let synced = self.synced.load(Ordering::Acquire);
+        if self.format < 2 || synced <= marks.marked || self.failed.get().is_some() {
+            return Ok(());
+        }
+        self.write_mark(&mut marks, synced)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| self.fail(e))?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes `synced` into the mark slot not written last. Not durable until a sync.
+    fn write_mark(&self, marks: &mut Marks, synced: u64) -> io::Result<()> {
+        let generation = marks.generation + 1;
+        let slot = self.slots[(generation % 2) as usize];
+        write_all_at(&*self.file, &mark_frame(generation, synced), slot)?;
+        marks.generation = generation;
+        marks.marked = synced;
+        Ok(())
+    }
+
+    /// Stops the log for good on a failed sync; returns the error to report.
+    fn fail(&self, e: io::Error) -> io::Error {
+        tracing::error!(
+            log = %self.path.display(),
+            error = %e,
+            "fdatasync of the event log failed: the log is stopped, every waiting and later \
+             append fails; open the store again once the disk is sound"
+        );
+        let first = self.failed.get_or_init(|| Arc::new(e)).clone();
+        io::Error::new(first.kind(), SyncFailed(first))
     }
 
     /// Whether a sync of this process covers `session`'s last record (so for a session
@@ -360,8 +851,7 @@ impl Wal {
                 out.push(self.record(session, at[i])?);
             } else {
                 let mut buf = vec![0u8; (end_of(at[j - 1]) - start) as usize];
-                self.file
-                    .read_exact_at(&mut buf, start)
+                read_exact_at(&*self.file, &mut buf, start)
                     .map_err(|e| io_err("cannot read", &self.path, e))?;
                 for a in &at[i..j] {
                     let from = (a.offset - start) as usize;
@@ -389,8 +879,7 @@ impl Wal {
 
     fn record(&self, session: &SessionId, a: At) -> Result<Record> {
         let mut buf = vec![0u8; a.len as usize];
-        self.file
-            .read_exact_at(&mut buf, a.offset)
+        read_exact_at(&*self.file, &mut buf, a.offset)
             .map_err(|e| io_err("cannot read", &self.path, e))?;
         Record::decode(buf).map_err(|e| Error::corrupt(format!("record of {session}"), e))
     }
@@ -406,48 +895,261 @@ impl Wal {
     }
 }
 
-/// Reads frames from the start; returns them and where the last whole one ends.
-fn scan(file: &File, path: &Path) -> Result<(Vec<Frame>, u64)> {
-    let mut r = BufReader::with_capacity(1 << 20, file);
+/// Each session's records and each blob of `frames`, checking that every session's frames
+/// follow on from each other.
+#[allow(clippy::type_complexity)]
+fn index_frames(
+    path: &Path,
+    frames: Vec<Frame>,
+) -> Result<(BTreeMap<String, Vec<At>>, HashMap<[u8; 32], At>)> {
+    let mut sessions: BTreeMap<String, Vec<At>> = BTreeMap::new();
+    let mut blobs = HashMap::new();
+    for f in frames {
+        let (session, first_seq, records) = match f {
+            Frame::Blob { hash, data } => {
+                blobs.insert(hash, data);
+                continue;
+            }
+            Frame::Records {
+                session,
+                first_seq,
+                records,
+            } => (session, first_seq, records),
+        };
+        let recs = sessions.entry(session.clone()).or_default();
+        if recs.len() as u64 + 1 != first_seq {
+            return Err(path_err(
+                path,
+                format!(
+                    "a frame of {session} starts at seq {first_seq} after seq {}",
+                    recs.len()
+                ),
+            ));
+        }
+        recs.extend(records);
+    }
+    Ok((sessions, blobs))
+}
+
+/// Reads frames from `from` on, at most `limit` of them; returns them, and where and why
+/// reading stopped if that was before the end of the file.
+pub(crate) fn scan(
+    file: &dyn LogFile,
+    path: &Path,
+    from: u64,
+    limit: Option<usize>,
+) -> Result<(Vec<Frame>, Option<Stop>)> {
+    let len = file.len().map_err(|e| io_err("cannot stat", path, e))?;
+    let mut r = BufReader::with_capacity(1 << 20, Reader { file, pos: from });
     let mut frames = vec![];
-    let mut pos = 0u64;
-    loop {
+    let mut pos = from;
+    let stopped = loop {
+        if limit.is_some_and(|l| frames.len() >= l) {
+            break None;
+        }
         let mut head = [0u8; HEADER];
         match read_full(&mut r, &mut head) {
             Ok(true) => {}
-            Ok(false) => break,
+            Ok(false) if pos == len => break None,
+            Ok(false) if head.iter().all(|&b| b == 0) => {
+                break Some(Stop {
+                    offset: pos,
+                    why: Why::Zeros,
+                })
+            }
+            Ok(false) => {
+                break Some(Stop {
+                    offset: pos,
+                    why: Why::CutShort,
+                })
+            }
             Err(e) => return Err(io_err("cannot read", path, e)),
         }
-        let blob = &head[..4] == BLOB_MAGIC;
-        if !blob && &head[..4] != MAGIC {
-            break;
+        let magic: [u8; 4] = [head[0], head[1], head[2], head[3]];
+        let blob = &magic == BLOB_MAGIC;
+        if !blob && &magic != MAGIC && !magic.starts_with(b"SK") {
+            if head.iter().all(|&b| b == 0) {
+                break Some(Stop {
+                    offset: pos,
+                    why: Why::Zeros,
+                });
+            }
+            break Some(Stop {
+                offset: pos,
+                why: Why::NotAFrame,
+            });
         }
         let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
         let crc = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
         if len > MAX_BODY {
-            break;
+            break Some(Stop {
+                offset: pos,
+                why: Why::TooLong,
+            });
         }
         let mut body = vec![0u8; len];
         match read_full(&mut r, &mut body) {
             Ok(true) => {}
-            Ok(false) => break,
+            Ok(false) => {
+                break Some(Stop {
+                    offset: pos,
+                    why: Why::CutShort,
+                })
+            }
             Err(e) => return Err(io_err("cannot read", path, e)),
         }
         if crc32fast::hash(&body) != crc {
-            break;
+            break Some(Stop {
+                offset: pos,
+                why: Why::Crc,
+            });
         }
         let parsed = if blob {
             parse_blob(&body, pos + HEADER as u64)
-        } else {
+        } else if &magic == MAGIC {
             parse_body(&body, pos + HEADER as u64)
+        } else {
+            break Some(Stop {
+                offset: pos,
+                why: Why::UnknownKind(magic),
+            });
         };
         let Some(f) = parsed else {
-            break;
+            break Some(Stop {
+                offset: pos,
+                why: Why::Unparseable,
+            });
         };
         frames.push(f);
         pos += (HEADER + len) as u64;
+    };
+    Ok((frames, stopped))
+}
+
+/// The length of a frame's header.
+pub(crate) const HEADER_LEN: usize = HEADER;
+/// The longest body of a frame.
+pub(crate) const MAX_BODY_LEN: u64 = MAX_BODY as u64;
+
+/// Whether `m` is the magic of a record or a blob frame.
+pub(crate) fn is_frame_magic(m: &[u8]) -> bool {
+    m == MAGIC || m == BLOB_MAGIC
+}
+
+/// What a frame found by [`frame_at`] holds.
+pub(crate) enum Peek {
+    Records {
+        session: String,
+        first_seq: u64,
+        count: u64,
+    },
+    Blob,
+}
+
+/// Whether the frame at the start of `bytes` matches its checksum.
+pub(crate) fn crc_ok(bytes: &[u8]) -> bool {
+    let Some(len) = bytes
+        .get(4..8)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    else {
+        return false;
+    };
+    let Some(body) = bytes.get(HEADER..HEADER + len as usize) else {
+        return false;
+    };
+    bytes[8..12] == crc32fast::hash(body).to_le_bytes()
+}
+
+/// A record or blob frame at the start of `bytes`: its length and, when it parses, what it
+/// holds. With `whole`, only a frame that matches its checksum.
+pub(crate) fn frame_at(bytes: &[u8], whole: bool) -> Option<(usize, Option<Peek>)> {
+    let magic = bytes.get(..4)?;
+    if magic != MAGIC && magic != BLOB_MAGIC {
+        return None;
     }
-    Ok((frames, pos))
+    let len = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?) as usize;
+    if len > MAX_BODY {
+        return None;
+    }
+    let body = bytes.get(HEADER..HEADER + len)?;
+    let crc = crc_ok(bytes);
+    if whole && !crc {
+        return None;
+    }
+    let peek = if magic == BLOB_MAGIC {
+        parse_blob(body, 0).map(|_| Peek::Blob)
+    } else {
+        match parse_body(body, 0) {
+            Some(Frame::Records {
+                session,
+                first_seq,
+                records,
+            }) => Some(Peek::Records {
+                session,
+                first_seq,
+                count: records.len() as u64,
+            }),
+            _ => None,
+        }
+    };
+    if peek.is_none() && !crc {
+        return None;
+    }
+    Some((HEADER + len, peek))
+}
+
+/// Whether the file's header frame is damaged while the mark's slots behind it (where this
+/// version puts them) are whole: then the header can be written anew.
+pub(crate) fn header_only_damaged(file: &dyn LogFile, path: &Path) -> Result<bool> {
+    let header_len = header_page().len() - 2 * MARK_FRAME;
+    if header_slots(file, path)?.is_some() {
+        return Ok(false);
+    }
+    Ok(read_mark(file, path, mark_slots(header_len as u64))?.is_some())
+}
+
+/// Writes the header frame anew over a damaged one, durably.
+pub(crate) fn rewrite_header(file: &dyn LogFile, path: &Path) -> Result<()> {
+    let page = header_page();
+    let header = &page[..page.len() - 2 * MARK_FRAME];
+    write_all_at(file, header, 0)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| io_err("cannot write the header of", path, e))
+}
+
+/// If the file has a whole header and neither mark slot is whole, writes both anew with
+/// a mark at the first frame (so that a later bad frame counts as a torn tail, as in a
+/// log without a mark), durably; whether it did.
+pub(crate) fn rewrite_damaged_marks(file: &dyn LogFile, path: &Path) -> Result<bool> {
+    let Some((slots, _)) = header_slots(file, path)? else {
+        return Ok(false);
+    };
+    if read_mark(file, path, slots)?.is_some() {
+        return Ok(false);
+    }
+    let base = slots[1] + MARK_FRAME as u64;
+    write_all_at(file, &mark_frame(1, base), slots[1])
+        .and_then(|()| write_all_at(file, &mark_frame(2, base), slots[0]))
+        .and_then(|()| file.sync_data())
+        .map_err(|e| io_err("cannot write the mark of", path, e))?;
+    Ok(true)
+}
+
+/// Cuts the log at `at` and lowers its mark to it if it is past it, durably.
+pub(crate) fn cut(file: &dyn LogFile, path: &Path, at: u64) -> Result<()> {
+    let slots = header_slots(file, path)?.map(|(slots, _)| slots);
+    file.set_len(at)
+        .map_err(|e| io_err("cannot truncate", path, e))?;
+    if let Some(slots) = slots.filter(|s| at >= s[1] + MARK_FRAME as u64) {
+        if let Some((generation, synced)) = read_mark(file, path, slots)? {
+            if synced > at {
+                let slot = slots[((generation + 1) % 2) as usize];
+                write_all_at(file, &mark_frame(generation + 1, at), slot)
+                    .map_err(|e| io_err("cannot write the mark of", path, e))?;
+            }
+        }
+    }
+    file.sync_data().map_err(|e| io_err("cannot sync", path, e))
 }
 
 /// Fills `buf`; `Ok(false)` when the file ends first.
@@ -510,13 +1212,12 @@ fn framed(magic: &[u8; 4], body: &[u8]) -> Vec<u8> {
 }
 
 /// Whether the file holds only zero bytes from `from` to `to`.
-fn zeros_from(file: &File, path: &Path, from: u64, to: u64) -> Result<bool> {
-    let mut buf = vec![0u8; (to - from).min(1 << 20) as usize];
+fn zeros_from(file: &dyn LogFile, path: &Path, from: u64, to: u64) -> Result<bool> {
+    let mut buf = vec![0u8; (to.saturating_sub(from)).min(1 << 20) as usize];
     let mut at = from;
     while at < to {
         let n = buf.len().min((to - at) as usize);
-        file.read_exact_at(&mut buf[..n], at)
-            .map_err(|e| io_err("cannot read", path, e))?;
+        read_exact_at(file, &mut buf[..n], at).map_err(|e| io_err("cannot read", path, e))?;
         if buf[..n].iter().any(|&b| b != 0) {
             return Ok(false);
         }
@@ -525,26 +1226,54 @@ fn zeros_from(file: &File, path: &Path, from: u64, to: u64) -> Result<bool> {
     Ok(true)
 }
 
+/// Copies the bytes of `file` from `from` on into `aside`, and makes the copy and its
+/// name durable, before anything is cut.
+pub(crate) fn copy_aside(
+    file: &dyn LogFile,
+    path: &Path,
+    from: u64,
+    len: u64,
+    aside: &Path,
+) -> Result<()> {
+    let mut tail = vec![0u8; (len - from) as usize];
+    read_exact_at(file, &mut tail, from).map_err(|e| io_err("cannot read", path, e))?;
+    let write = || -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(aside)?;
+        io::Write::write_all(&mut f, &tail)?;
+        f.sync_all()?;
+        sync_dir(aside.parent().unwrap_or(Path::new(".")))
+    };
+    write().map_err(|e| io_err("cannot write", aside, e))
+}
+
 /// Copies the bytes past the last whole frame aside and cuts the log there.
-fn keep_torn_tail(file: &File, path: &Path, good_end: u64, len: u64) -> Result<()> {
-    let mut tail = vec![0u8; (len - good_end) as usize];
-    file.read_exact_at(&mut tail, good_end)
-        .map_err(|e| io_err("cannot read", path, e))?;
+fn keep_torn_tail(
+    file: &dyn LogFile,
+    path: &Path,
+    good_end: u64,
+    len: u64,
+    why: &Why,
+) -> Result<()> {
     let aside = PathBuf::from(format!("{}.torn-{good_end}", path.display()));
-    std::fs::write(&aside, &tail).map_err(|e| io_err("cannot write", &aside, e))?;
+    copy_aside(file, path, good_end, len, &aside)?;
     file.set_len(good_end)
-        .and_then(|()| file.sync_all())
+        .and_then(|()| file.sync_data())
         .map_err(|e| io_err("cannot truncate", path, e))?;
     tracing::warn!(
         log = %path.display(),
         kept = good_end,
         cut = len - good_end,
         aside = %aside.display(),
-        "the event log ended in a torn write; the bytes after the last whole frame are kept aside"
+        found = %why,
+        "the event log ended in a torn write, past what syncs had covered; the bytes after \
+         the last whole frame are kept aside"
     );
     Ok(())
 }
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -570,11 +1299,49 @@ mod tests {
     }
 
     #[test]
+    fn the_header_is_a_frame_an_older_version_reads_and_refuses_to_go_on_from() {
+        // A version before the header reads its frames like any other: a session's
+        // frame whose first seq is the format, above 1, with no record before it, which
+        // such a version reports as an error quoting the session's name, rather than
+        // taking the file for a torn tail.
+        let page = super::header_page();
+        let len = u32::from_le_bytes(page[4..8].try_into().unwrap()) as usize;
+        // What follows the header are whole frames too: an older version reads through
+        // to the end of the file before it refuses.
+        let mut at = 12 + len;
+        for _ in 0..2 {
+            let (n, _) = super::frame_at(&page[at..], true).unwrap();
+            at += n;
+        }
+        assert_eq!(at, page.len());
+        assert_eq!(&page[..4], super::MAGIC);
+        let body = &page[12..12 + len];
+        assert_eq!(
+            u32::from_le_bytes(page[8..12].try_into().unwrap()),
+            crc32fast::hash(body)
+        );
+        let Some(super::Frame::Records {
+            session,
+            first_seq,
+            records,
+        }) = super::parse_body(body, 12)
+        else {
+            panic!("the header does not parse as a frame of records");
+        };
+        assert!(first_seq >= 2 && records.is_empty());
+        assert!(session.contains("written by a newer skein"), "{session}");
+        assert!(
+            SessionId::parse(&session).is_err(),
+            "a session could be named so"
+        );
+    }
+
+    #[test]
     fn a_sync_with_nothing_new_written_makes_no_fdatasync() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.log");
         let id = SessionId::root("walsync").unwrap();
-        let w = Wal::open(&path).unwrap();
+        let w = Wal::open(&path, None).unwrap();
         w.sync().unwrap();
         assert_eq!(w.syncs(), 0, "an empty log has nothing to sync");
         w.append(&id, 0, &[record(&id, 1)]).unwrap().unwrap();
@@ -586,7 +1353,7 @@ mod tests {
         assert_eq!(w.syncs(), 2);
         drop(w);
         // Reopened: what the file holds is synced once more before it counts as durable.
-        let w = Wal::open(&path).unwrap();
+        let w = Wal::open(&path, None).unwrap();
         w.sync().unwrap();
         w.sync().unwrap();
         assert_eq!(w.syncs(), 1);

@@ -40,9 +40,13 @@ fn reasons(rs: &[Record]) -> Vec<String> {
 
 /// Two sessions, `a` with 5 records (one batch of 3, then 2 single appends), `b` with 2.
 /// The last is where the frames end in `events.log`.
+///
+/// With `crash`, the file is left as a crash just after the last append would have left it
+/// (see [`crash_image`]); else as the store left it when it closed.
 async fn write_some(
     data: &Path,
     ws: &Path,
+    crash: bool,
 ) -> (SessionId, SessionId, Vec<Record>, Vec<Record>, usize) {
     let a = SessionId::parse("t-log-a").unwrap();
     let b = SessionId::parse("t-log-a.leaf-1").unwrap();
@@ -56,16 +60,27 @@ async fn write_some(
     be.log.append(&a, 3, &ra[3]).await.unwrap();
     be.log.append(&a, 4, &ra[4]).await.unwrap();
     let end = store.log_len() as usize;
+    let image = crash_image(data);
     drop(be);
     drop(store);
+    if crash {
+        std::fs::write(data.join("events.log"), image).unwrap();
+    }
     (a, b, ra, rb, end)
+}
+
+/// `events.log` as it is while the store is open: as a crash at this point would leave it
+/// (the page cache survives a process's crash), with the mark of the sync before the last
+/// (closing the store moves the mark over everything synced).
+fn crash_image(data: &Path) -> Vec<u8> {
+    std::fs::read(data.join("events.log")).unwrap()
 }
 
 #[tokio::test]
 async fn a_torn_tail_is_cut_and_kept_aside_and_every_acknowledged_record_stays() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
-    let (a, b, ra, rb, end) = write_some(&data, &ws).await;
+    let (a, b, ra, rb, end) = write_some(&data, &ws, false).await;
     let log = data.join("events.log");
     let whole = std::fs::read(&log).unwrap()[..end].to_vec();
     // A frame cut short: the first 40 bytes of a copy of the log's first frame, where the
@@ -105,7 +120,7 @@ async fn a_torn_tail_is_cut_and_kept_aside_and_every_acknowledged_record_stays()
 async fn the_zeros_past_the_last_frame_are_kept_and_a_frame_found_behind_them_is_cut() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
-    let (a, b, ra, rb, end) = write_some(&data, &ws).await;
+    let (a, b, ra, rb, end) = write_some(&data, &ws, false).await;
     let log = data.join("events.log");
     let bytes = std::fs::read(&log).unwrap();
     assert!(
@@ -168,7 +183,7 @@ async fn the_zeros_past_the_last_frame_are_kept_and_a_frame_found_behind_them_is
 async fn a_last_frame_whose_crc_does_not_match_is_cut_with_nothing_before_it() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
-    let (a, b, ra, rb, end) = write_some(&data, &ws).await;
+    let (a, b, ra, rb, end) = write_some(&data, &ws, true).await;
     let log = data.join("events.log");
     let mut bytes = std::fs::read(&log).unwrap();
     // Flip a byte inside the last frame (a's fifth record): its pages reached the disk
@@ -198,7 +213,7 @@ async fn blobs_among_the_records_are_read_back_and_a_torn_one_at_the_end_is_cut(
     let mut prev = genesis_hash(&a);
     let ra = records(&a, 1, 3, &mut prev);
     let big = vec![7u8; 100_000];
-    let (h1, h2, h3, end) = {
+    let (h1, h2, h3, end, image) = {
         let store = SledStore::open(&data, &ws).unwrap();
         let be = store.backend();
         let h1 = be.blobs.put(b"a definition").await.unwrap();
@@ -206,10 +221,10 @@ async fn blobs_among_the_records_are_read_back_and_a_torn_one_at_the_end_is_cut(
         let h2 = be.blobs.put(&big).await.unwrap();
         be.log.append_batch(&a, 1, &ra[1..]).await.unwrap();
         let h3 = be.blobs.put(b"the last one").await.unwrap();
-        (h1, h2, h3, store.log_len() as usize)
+        (h1, h2, h3, store.log_len() as usize, crash_image(&data))
     };
     let log = data.join("events.log");
-    let whole = std::fs::read(&log).unwrap()[..end].to_vec();
+    let whole = image[..end].to_vec();
     // The last blob's frame reached the disk only in part.
     let cut = whole.len() - 5;
     std::fs::write(&log, &whole[..cut]).unwrap();
@@ -251,17 +266,17 @@ async fn a_record_written_after_a_blob_that_did_not_reach_the_disk_is_cut_with_i
     let mut prev = genesis_hash(&a);
     let ra = records(&a, 1, 2, &mut prev);
     let blob_at;
-    let h = {
+    let (h, image) = {
         let store = SledStore::open(&data, &ws).unwrap();
         let be = store.backend();
         be.log.append(&a, 0, &ra[0]).await.unwrap();
         blob_at = store.log_len() as usize;
         let h = be.blobs.put(b"named by the next record").await.unwrap();
         be.log.append(&a, 1, &ra[1]).await.unwrap();
-        h
+        (h, crash_image(&data))
     };
     let log = data.join("events.log");
-    let mut bytes = std::fs::read(&log).unwrap();
+    let mut bytes = image;
     // A page of the blob's frame never written: zeros where its bytes were.
     for b in &mut bytes[blob_at + 20..blob_at + 30] {
         *b = 0;
@@ -387,7 +402,7 @@ async fn a_pipelined_append_waits_for_no_sync_unless_the_one_before_it_still_doe
 async fn an_append_after_the_wrong_seq_is_a_conflict_naming_the_actual_one() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
-    let (a, _, ra, _, _) = write_some(&data, &ws).await;
+    let (a, _, ra, _, _) = write_some(&data, &ws, false).await;
     let store = SledStore::open(&data, &ws).unwrap();
     let be = store.backend();
     let mut prev = ra[2].hash();

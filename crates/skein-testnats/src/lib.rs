@@ -107,9 +107,15 @@ impl Node {
     }
 
     fn write_config(&self, routes: &[u16], sync: Option<&str>, extra: &str) {
+        self.write_config_js(routes, sync, "", extra)
+    }
+
+    /// As `write_config`, with `js` (lines of the `jetstream` block) added to JetStream's
+    /// settings.
+    fn write_config_js(&self, routes: &[u16], sync: Option<&str>, js: &str, extra: &str) {
         let mut cfg = format!(
             "server_name: {}\nlisten: 127.0.0.1:{}\nhttp: 127.0.0.1:{}\n\
-             jetstream {{\n  store_dir: \"{}\"\n{}}}\n",
+             jetstream {{\n  store_dir: \"{}\"\n{}{js}\n}}\n",
             self.name,
             self.port,
             self.http_port,
@@ -268,13 +274,22 @@ impl NatsServer {
         Self::start_with(None, extra)
     }
 
+    /// Starts a server whose `jetstream` block holds `js` too (e.g. `max_file_store: 4MB`).
+    pub fn start_with_jetstream(js: &str) -> Self {
+        Self::start_js(None, js, "")
+    }
+
     fn start_with(sync: Option<&str>, extra: &str) -> Self {
+        Self::start_js(sync, "", extra)
+    }
+
+    fn start_js(sync: Option<&str>, js: &str, extra: &str) -> Self {
         let root = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let mut node = Node::new("n1", root.path(), false);
         // A free port may be taken by another process before the server binds it: then
         // the server exits, and it is started again on other ports.
         for attempt in 1.. {
-            node.write_config(&[], sync, extra);
+            node.write_config_js(&[], sync, js, extra);
             node.spawn();
             match node.try_ready(READY, Duration::from_secs(60)) {
                 Ok(()) => break,
@@ -313,6 +328,13 @@ impl NatsServer {
             self.node.kill();
             panic!("{e}");
         }
+    }
+
+    /// Starts again on the same port with the same store, its `jetstream` block holding
+    /// `js` now (a larger `max_file_store`, say).
+    pub fn restart_with_jetstream(&mut self, js: &str) {
+        self.node.write_config_js(&[], None, js, "");
+        self.restart();
     }
 
     pub fn store_dir(&self) -> PathBuf {

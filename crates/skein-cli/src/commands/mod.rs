@@ -18,6 +18,7 @@ pub mod init;
 pub mod replay;
 pub mod run;
 pub mod show;
+pub mod store;
 pub mod ui;
 
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
@@ -56,6 +57,7 @@ async fn with_config(global: crate::GlobalArgs, cmd: Command) -> Result<ExitCode
         Command::Approve(Deferred(a)) => hitl::approve(&app, a, true).await,
         Command::Deny(Deferred(a)) => hitl::approve(&app, a, false).await,
         Command::Cancel(Deferred(a)) => cancel::cancel(&app, a).await,
+        Command::Store(a) => store::run(&app, a).await,
         Command::Ui(Deferred(a)) => ui::ui(&app, a).await,
         Command::Init(Deferred(a)) => init::init(a),
         Command::Completions(Deferred(a)) => docs::completions(a),

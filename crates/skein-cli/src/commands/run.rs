@@ -89,9 +89,11 @@ pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
         crate::errln!("root {id}");
     }
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
-    let code = drive(&rt, &id, conc, a.json).await;
-    store.leave().await?;
-    code
+    let code = until_store_fails(&store, drive(&rt, &id, conc, a.json)).await;
+    let left = store.leave().await;
+    let code = code?;
+    left?;
+    Ok(code)
 }
 
 /// The agent a run starts: the one named, else `orchestrator`, else the only agent there is.
@@ -175,9 +177,27 @@ pub async fn resume(app: &App, a: ResumeArgs) -> Result<ExitCode> {
         crate::errln!("resuming {id}: {n} session(s) to advance");
     }
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
-    let code = drive(&rt, &id, conc, a.json).await;
-    store.leave().await?;
-    code
+    let code = until_store_fails(&store, drive(&rt, &id, conc, a.json)).await;
+    let left = store.leave().await;
+    let code = code?;
+    left?;
+    Ok(code)
+}
+
+/// `run`, unless the store stops taking writes first (a sync or flush to disk failed):
+/// then the store's error, so that the process exits with it rather than retrying
+/// appends that cannot succeed until the store is opened again.
+async fn until_store_fails(
+    store: &SledStore,
+    run: impl std::future::Future<Output = Result<ExitCode>>,
+) -> Result<ExitCode> {
+    tokio::select! {
+        r = run => r,
+        e = store.failed() => Err(anyhow::Error::new(e).context(
+            "the store stopped: a write to disk failed, and nothing after it is \
+             acknowledged; once the disk is sound, continue with `skein resume`",
+        )),
+    }
 }
 
 pub async fn drive(
@@ -414,12 +434,14 @@ async fn show_progress(
             _ => {}
         }
         // An event kind this build does not know is shown as the log names it.
-        let msg = format!(
-            "{:<15} step {:<3} {}",
-            p.status.as_str(),
-            p.steps,
-            render::safe_line(&p.kind)
-        );
+        let kind = match p.kind.as_str() {
+            "WaitingForRoom" => {
+                "waiting: no room in the store; runs on once there is room".to_string()
+            }
+            "RoomAgain" => "the store has room again".to_string(),
+            k => render::safe_line(k).into_owned(),
+        };
+        let msg = format!("{:<15} step {:<3} {}", p.status.as_str(), p.steps, kind);
         if tty {
             let bar = bars.entry(p.session.clone()).or_insert_with(|| {
                 let b = multi.add(ProgressBar::new_spinner());
@@ -446,5 +468,84 @@ async fn show_progress(
     }
     if !plain.is_empty() {
         crate::out::err(format_args!("{plain}"));
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use skein_core::event::{genesis_hash, Cancelled};
+    use skein_core::{Envelope, Event, Record, SessionId};
+    use skein_sled::{LogFile, SledStore};
+
+    /// A disk whose `fdatasync` fails once `bad` is set.
+    struct FailingSync {
+        file: std::fs::File,
+        bad: Arc<AtomicBool>,
+    }
+
+    impl LogFile for FailingSync {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            LogFile::read_at(&self.file, buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<usize> {
+            LogFile::write_at(&self.file, buf, offset)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            if self.bad.load(Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(5));
+            }
+            LogFile::sync_data(&self.file)
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            LogFile::len(&self.file)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            LogFile::set_len(&self.file, len)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_ends_with_the_stores_error_when_a_sync_fails() {
+        // Given a run on a store whose disk fails its next fdatasync.
+        let dir = tempfile::tempdir().unwrap();
+        let bad = Arc::new(AtomicBool::new(false));
+        let b = bad.clone();
+        let store = SledStore::open_with_log_file(
+            &dir.path().join("data"),
+            &dir.path().join("ws"),
+            skein_sled::DEFAULT_LEASE,
+            &move |file| {
+                Box::new(FailingSync {
+                    file,
+                    bad: b.clone(),
+                })
+            },
+        )
+        .unwrap();
+        let id = SessionId::parse("t-run-eio").unwrap();
+        let env = Envelope::new(
+            id.clone(),
+            1,
+            1_700_000_000_000,
+            genesis_hash(&id),
+            Event::Cancelled(Cancelled { reason: "r".into() }),
+        );
+        let rec = Record::decode(env.encode().unwrap()).unwrap();
+        bad.store(true, Ordering::SeqCst);
+
+        // When an append of the run fails its sync (the run itself would go on for ever).
+        let log = store.backend().log;
+        let _ = log.append(&id, 0, &rec).await;
+        let res = super::until_store_fails(&store, std::future::pending()).await;
+
+        // Then the run ends with the store's error, naming the disk's.
+        let e = res.expect_err("the run went on");
+        let text = format!("{e:#}");
+        assert!(text.contains("the store stopped"), "{text}");
+        assert!(text.contains("Input/output error"), "{text}");
     }
 }

@@ -99,12 +99,35 @@ pub async fn tree(app: &App, a: TreeArgs) -> Result<ExitCode> {
     }
     let summary = summarize(&rows);
     let plan = plan_at(&b, &id, None).await?;
+    // Sessions whose step waits for room in the store, as the workers mark them; a store
+    // that cannot list them (or keeps none: the embedded one) shows none.
+    let waiting: Vec<_> = b
+        .jobs
+        .waiting_for_room()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|w| SessionId::parse(&w.session).is_ok_and(|s| id.contains(&s)))
+        .collect();
     if a.json {
-        let v = serde_json::json!({"root": id.to_string(), "summary": summary, "sessions": rows, "plan": plan});
+        let v = serde_json::json!({"root": id.to_string(), "summary": summary, "sessions": rows, "plan": plan, "waiting_for_room": waiting});
         crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         crate::out!("{}", render::tree_table(&rows))?;
         crate::outln!("{}", render::summary_line(&summary))?;
+        if !waiting.is_empty() {
+            crate::outln!(
+                "waiting for room in the store ({} sessions; they run on once there is room):",
+                waiting.len()
+            )?;
+            for w in &waiting {
+                crate::outln!(
+                    "  {}: {}",
+                    render::safe_line(&w.session),
+                    render::safe_line(&w.reason)
+                )?;
+            }
+        }
         if !plan.is_empty() {
             crate::out!("\n{}", render::safe(&plan.render_markdown()))?;
         }

@@ -204,6 +204,11 @@ impl NatsStore {
             jetstream::context::PublishErrorKind::WrongLastSequence
         ) {
             self.moved_on(session, expected_last).await
+        } else if super::is_full(e) {
+            Error::full(
+                format!("nats: append to {session}: JetStream has no room"),
+                e.to_string(),
+            )
         } else {
             nats_err("append", e.to_string())
         }

@@ -33,6 +33,7 @@ mod log;
 mod notices;
 mod read;
 mod results;
+mod room;
 mod topology;
 mod workspace;
 
@@ -57,8 +58,38 @@ const PULL_GRACE: Duration = Duration::from_secs(5);
 
 /// A NATS operation that failed for a reason other than the ones its caller maps to a
 /// kind of its own (a conflict, a missing message): the server is unreachable or failed.
+///
+/// A refusal for want of room (JetStream's resource limits: the server's `max_file_store`
+/// or `max_memory_store`, the account's limits) is [`Error::Full`]: the write succeeds
+/// once the operator makes room, and the work waits for it.
 fn nats_err(what: &str, e: impl Into<skein_runtime::error::BoxError>) -> Error {
+    let e = e.into();
+    if is_full(&*e) {
+        return Error::full(format!("nats: {what}: JetStream has no room"), e);
+    }
     Error::unavailable(format!("nats: {what}"), e)
+}
+
+/// Whether `e`, or an error beneath it, is JetStream refusing a write for want of room.
+pub(crate) fn is_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    let mut at = Some(e);
+    while let Some(e) = at {
+        if let Some(js) = e.downcast_ref::<async_nats::jetstream::Error>() {
+            if [
+                ErrorCode::INSUFFICIENT_RESOURCES,
+                ErrorCode::STORAGE_RESOURCES_EXCEEDED,
+                ErrorCode::ACCOUNT_RESOURCES_EXCEEDED,
+                ErrorCode::MEMORY_RESOURCES_EXCEEDED,
+            ]
+            .contains(&js.error_code())
+            {
+                return true;
+            }
+        }
+        at = e.source();
+    }
+    false
 }
 
 /// Headers carrying the current trace context (the session being advanced), if any.
@@ -98,6 +129,8 @@ pub struct NatsStore {
     cache: kv::Store,
     inflight: kv::Store,
     wake: kv::Store,
+    /// KV `skein_waiting` (see `room.rs`), made on first use.
+    waiting: tokio::sync::OnceCell<kv::Store>,
     blobs: object_store::ObjectStore,
     /// The stream under `blobs`, for reads that need no consumer.
     blobs_stream: stream::Stream,
@@ -172,6 +205,7 @@ impl NatsStore {
             cache: k("skein_cache").await?,
             inflight: k("skein_inflight").await?,
             wake: k("skein_wake").await?,
+            waiting: tokio::sync::OnceCell::new(),
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
             blobs_known: blobs::Known::default(),

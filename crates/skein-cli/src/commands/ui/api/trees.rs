@@ -116,6 +116,11 @@ pub struct TreeView {
     /// read it); null before the tree's first end, and on the embedded store.
     #[schema(value_type = Object)]
     pub result: Value,
+    /// Sessions of the tree whose step waits for room in the store (a full disk, a
+    /// JetStream store at its limits), as this process's runtime sees them: `session`,
+    /// `since_ms`, `reason`. They run on once there is room.
+    #[schema(value_type = Vec<Object>)]
+    pub waiting_for_room: Value,
 }
 
 /// One tree: every session, summarised (as `skein tree --json`).
@@ -133,6 +138,18 @@ pub(super) async fn tree(
     }
     let records = ui.records(&root).await?;
     let f = fold_records(&root, &records)?;
+    // This process's own sessions waiting for room, and those the store's other workers
+    // mark so.
+    let mut waiting = match &ui.rt {
+        Ok(rt) => rt.waiting_for_room(),
+        Err(_) => vec![],
+    };
+    for w in ui.backend.jobs.waiting_for_room().await.unwrap_or_default() {
+        if !waiting.iter().any(|x| x.session == w.session) {
+            waiting.push(w);
+        }
+    }
+    waiting.retain(|w| skein_core::SessionId::parse(&w.session).is_ok_and(|s| root.contains(&s)));
     Ok(Json(TreeView {
         root: root.display(),
         summary: json(&summarize(&rows))?,
@@ -145,6 +162,7 @@ pub(super) async fn tree(
             },
             None => Value::Null,
         },
+        waiting_for_room: json(&waiting)?,
     }))
 }
 
