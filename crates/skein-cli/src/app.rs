@@ -315,3 +315,38 @@ async fn check_credentials(c: &skein_nats::NatsConfig) -> Result<Option<String>>
         Err(e) => Ok(Some(config::scrub(&e.to_string()))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::read_agent_files;
+
+    #[test]
+    fn an_agents_directory_per_agent_loads_and_one_without_agent_md_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let agents = dir.path();
+        std::fs::write(agents.join("writer.md"), "w").unwrap();
+        std::fs::create_dir_all(agents.join("planner")).unwrap();
+        std::fs::write(agents.join("planner/agent.md"), "p").unwrap();
+        // A directory with no Markdown in it (a scratch dir, say) is not an agent's.
+        std::fs::create_dir_all(agents.join("notes")).unwrap();
+        std::fs::write(agents.join("notes/todo.txt"), "t").unwrap();
+        let files = read_agent_files(agents).unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|(p, _)| {
+                p.trim_start_matches(&agents.display().to_string())
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(names, ["/planner/agent.md", "/writer.md"]);
+        std::fs::create_dir_all(agents.join("reviewer")).unwrap();
+        std::fs::write(agents.join("reviewer/reviewer.md"), "r").unwrap();
+        let e = read_agent_files(agents).unwrap_err().to_string();
+        assert!(
+            e.contains("reviewer: an agent's directory holds its definition as `agent.md`"),
+            "{e}"
+        );
+    }
+}

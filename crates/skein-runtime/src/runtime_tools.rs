@@ -285,3 +285,19 @@ pub fn propose_patch_spec() -> ToolSpec {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ask_clarification_offers_the_children_that_can_take_one() {
+        let spec = super::ask_clarification_spec(&["r/expert-1".into(), "r/expert-2".into()]);
+        assert_eq!(
+            spec.parameters["properties"]["session_id"]["enum"],
+            serde_json::json!(["r/expert-1", "r/expert-2"])
+        );
+        let none = super::ask_clarification_spec(&[]);
+        assert!(none.parameters["properties"]["session_id"]
+            .get("enum")
+            .is_none());
+    }
+}
