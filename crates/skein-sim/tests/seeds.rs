@@ -166,6 +166,12 @@ const GENERATED_REGRESSIONS: &[(u64, &str)] = &[
     ),
     (655, "a team answered whole from the cache did not replay"),
     (1743, "the same, in another world"),
+    (
+        7178,
+        "a step retried after its crash took a cache hit for a call whose child it had \
+         created, which ran unaccounted",
+    ),
+    (7298, "the same, in another world"),
 ];
 
 #[test]

@@ -74,6 +74,8 @@ impl Runtime {
                 && self.agents.caching(&child_def).cached
                 && d.grant.is_none()
                 && d.team.is_none();
+            // This call's own child, created by an earlier attempt of this step.
+            let mut adopt = false;
             if caching {
                 // The entry an earlier attempt's own child made (this step created the
                 // child, then stopped before recording it) is that child's run, not a
@@ -83,7 +85,18 @@ impl Runtime {
                     .cache
                     .get(&hash, self.cfg.clock.now_ms())
                     .await?;
-                if let Some(hit) = hit.filter(|h| h.source != d.child) {
+                // Nor is a hit taken for a child an earlier attempt of this step already
+                // created (its `Submitted` is written, its job may run): that child is this
+                // call's run, adopted below, or its usage would never roll up. Read only
+                // when there is a hit, so a miss costs nothing more.
+                let hit = match hit.filter(|h| h.source != d.child) {
+                    Some(_) if self.backend.log.last(&d.child).await?.is_some() => {
+                        adopt = true;
+                        None
+                    }
+                    other => other,
+                };
+                if let Some(hit) = hit {
                     parent_events.push(Event::CacheHit(CacheHit {
                         call: d.call.clone(),
                         mission_hash: hash,
@@ -106,7 +119,7 @@ impl Runtime {
             let asks = child_def
                 .allowed_tools()
                 .contains(skein_core::RuntimeTool::AskUser.as_str());
-            if caching && !asks {
+            if caching && !asks && !adopt {
                 if let Some(running) = self
                     .single_flight(&hash, &d.child)
                     .await?
