@@ -110,8 +110,19 @@ pub struct Runtime {
     /// [`Runtime::subscribe`] instead woke the waiting thread for every record.
     pub(crate) ends: Broadcast<SessionId>,
     pub(crate) appended: std::sync::atomic::AtomicU64,
+    /// What the cache key's shape of a delegation reads again and again, worked out once:
+    /// the digest of `[limits]`, and the agents each agent may start.
+    pub(crate) shape_memo: ShapeMemo,
     /// Waiting parents this process will look at again (see `Runtime::recheck_later`).
     pub(crate) rechecks: Arc<std::sync::Mutex<std::collections::HashSet<SessionId>>>,
+}
+
+/// See [`Runtime::shape_memo`]. The agent set and the limits of a runtime never change.
+#[derive(Default)]
+pub(crate) struct ShapeMemo {
+    pub(crate) limits: std::sync::OnceLock<String>,
+    pub(crate) reachable:
+        Mutex<std::collections::HashMap<String, Arc<std::collections::BTreeSet<String>>>>,
 }
 
 /// A broadcast channel made when it is first subscribed to. Nothing is sent while nobody
@@ -185,6 +196,7 @@ impl Runtime {
             ends: Broadcast::new(1024),
             appended: Default::default(),
             rechecks: Default::default(),
+            shape_memo: Default::default(),
         })
     }
 

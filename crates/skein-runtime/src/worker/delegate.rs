@@ -278,7 +278,12 @@ impl Runtime {
             tools.retain(|t| only.contains(t));
         }
         tools.extend(extra.iter().map(|t| t.to_string()));
-        let reachable = self.agents.reachable(agent);
+        let reachable = {
+            let mut memo = crate::runtime::lock(&self.shape_memo.reachable);
+            memo.entry(agent.to_string())
+                .or_insert_with(|| Arc::new(self.agents.reachable(agent)))
+                .clone()
+        };
         let on_path: std::collections::BTreeSet<String> = ancestry
             .iter()
             .map(String::as_str)
@@ -291,7 +296,11 @@ impl Runtime {
             tools: tools.into_iter().collect(),
             depth_left: self.cfg.limits.max_depth.saturating_sub(depth),
             budget,
-            limits: RunShape::limits_digest(&self.cfg.limits),
+            limits: self
+                .shape_memo
+                .limits
+                .get_or_init(|| RunShape::limits_digest(&self.cfg.limits))
+                .clone(),
             on_path: on_path.into_iter().collect(),
             request: request.map(RunShape::request_digest),
         }
