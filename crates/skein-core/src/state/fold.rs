@@ -191,14 +191,18 @@ impl SessionState {
                         shared: d.shared,
                     },
                 );
-                // A child asked again keeps the turns it had made.
-                let steps = self
-                    .children
-                    .values()
-                    .filter(|c| c.child == d.child)
-                    .map(|c| c.steps)
-                    .max()
-                    .unwrap_or(0);
+                // A child asked again keeps the turns it had made (looked up only then: a
+                // wide fan-out's new children would make the lookup quadratic).
+                let steps = if d.resumed {
+                    self.children
+                        .values()
+                        .filter(|c| c.child == d.child)
+                        .map(|c| c.steps)
+                        .max()
+                        .unwrap_or(0)
+                } else {
+                    0
+                };
                 self.children.insert(
                     d.call.clone(),
                     ChildInfo {
