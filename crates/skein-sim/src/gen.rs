@@ -258,6 +258,27 @@ impl Gen {
         )
     }
 
+    /// Pushes a pattern's host (a router, an advised agent, a team…): no tools of its own,
+    /// asks nothing, never cached, not `chat`.
+    fn push_pattern(&mut self, name: String, front: String, script: String) -> usize {
+        self.push(
+            Agent {
+                name: name.clone(),
+                front,
+                script,
+            },
+            Made {
+                name,
+                tools: vec![],
+                asks: false,
+                asks_below: false,
+                chat: false,
+                cached: false,
+                plain: false,
+            },
+        )
+    }
+
     fn push(&mut self, a: Agent, m: Made) -> usize {
         self.agents.push(a);
         self.made.push(m);
@@ -479,22 +500,7 @@ impl Gen {
             );
         }
         let _ = writeln!(script, "      - answer: \"{ANSWER}\"");
-        self.push(
-            Agent {
-                name: name.clone(),
-                front,
-                script,
-            },
-            Made {
-                name,
-                tools: vec![],
-                asks: false,
-                asks_below: false,
-                chat: false,
-                cached: false,
-                plain: false,
-            },
-        )
+        self.push_pattern(name, front, script)
     }
 
     fn advised(&mut self, advisors: &[usize]) -> usize {
@@ -505,22 +511,7 @@ impl Gen {
             .collect();
         let front = format!("advisors: [{}]\n", names.join(", "));
         let script = format!("turns:\n  - answer: \"{ANSWER}\"\n");
-        self.push(
-            Agent {
-                name: name.clone(),
-                front,
-                script,
-            },
-            Made {
-                name,
-                tools: vec![],
-                asks: false,
-                asks_below: false,
-                chat: false,
-                cached: false,
-                plain: false,
-            },
-        )
+        self.push_pattern(name, front, script)
     }
 
     /// A team of its own members and supervisor (made here: members may not hand off).
