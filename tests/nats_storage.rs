@@ -10,31 +10,11 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{bin, run_ok, Sandbox};
+use common::{bin, fan_out, run_ok, Sandbox};
 use skein_core::{Event, SessionId};
 use skein_testnats::NatsServer;
 
 const SECRET: &str = "test-secret-not-for-production";
-
-/// As tests/storage.rs: a root that delegates to `n` leaves.
-fn fan_out() -> Sandbox {
-    let sb = Sandbox::new();
-    sb.agent(
-        "fanout",
-        "agents: [leaf]\ncache: false\nlimits: {max_children_per_turn: 1000, max_steps: 4}\n",
-        "latency_ms: 0\nturns:\n  - tool_calls:\n      - tool: call_agent\n        \
-         repeat: \"{{ inputs.n }}\"\n        args: {agent: leaf, mission: \"part {{ i }}\"}\n  \
-         - answer: \"{{ results | length }} parts done\"\n",
-    )
-    .agent(
-        "leaf",
-        "tools: [list_dir]\nidempotent_tools: [list_dir]\ncache: false\n",
-        "latency_ms: 5\nturns:\n  - tool_calls:\n      - tool: list_dir\n        \
-         args: {path: \".\"}\n  - tool_calls:\n      - tool: list_dir\n        \
-         args: {path: \".\"}\n  - answer: \"done with {{ mission }}\"\n",
-    );
-    sb
-}
 
 fn skein_nats(sb: &Sandbox, url: &str) -> std::process::Command {
     let mut c = std::process::Command::new(bin());
@@ -114,7 +94,7 @@ async fn a_full_jetstream_store_pauses_a_fan_out_until_there_is_room_and_it_comp
     // Given a server with a small file store, a worker, and the store all but full.
     let mut server = NatsServer::start_with_jetstream("  max_file_store: 8MB");
     let url = server.url();
-    let sb = fan_out();
+    let sb = fan_out(5);
     let (mut w, log) = worker(&sb, &url);
     fill(&url, 256 << 10).await;
 

@@ -210,3 +210,26 @@ impl Drop for Workers {
         }
     }
 }
+
+/// A root that delegates to `n` leaves (`--inputs {"n": …}`), each of which lists its
+/// workspace twice with `latency_ms` per model turn, then answers.
+pub fn fan_out(latency_ms: u64) -> Sandbox {
+    let sb = Sandbox::new();
+    sb.agent(
+        "fanout",
+        "agents: [leaf]\ncache: false\nlimits: {max_children_per_turn: 1000, max_steps: 4}\n",
+        "latency_ms: 0\nturns:\n  - tool_calls:\n      - tool: call_agent\n        \
+         repeat: \"{{ inputs.n }}\"\n        args: {agent: leaf, mission: \"part {{ i }}\"}\n  \
+         - answer: \"{{ results | length }} parts done\"\n",
+    )
+    .agent(
+        "leaf",
+        "tools: [list_dir]\nidempotent_tools: [list_dir]\ncache: false\n",
+        &format!(
+            "latency_ms: {latency_ms}\nturns:\n  - tool_calls:\n      - tool: list_dir\n        \
+             args: {{path: \".\"}}\n  - tool_calls:\n      - tool: list_dir\n        \
+             args: {{path: \".\"}}\n  - answer: \"done with {{{{ mission }}}}\"\n"
+        ),
+    );
+    sb
+}
