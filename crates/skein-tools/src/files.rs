@@ -3,10 +3,12 @@
 //! [`Workspace`](crate::Workspace) backend; the backend keeps paths inside the tree's files.
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::config::FilesConfig;
+use crate::schema::derived;
 use crate::text::decode_prefix;
 use crate::{Tool, ToolContext, ToolError};
 
@@ -35,10 +37,12 @@ impl ListDir {
     }
 }
 
-#[derive(Deserialize)]
-struct ListArgs {
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListArgs {
+    /// Directory relative to the workspace root; "." or empty for the root.
     #[serde(default)]
-    path: String,
+    pub(crate) path: String,
 }
 
 #[async_trait]
@@ -51,16 +55,7 @@ impl Tool for ListDir {
          files with their size."
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "path": {
-                    "type": "string",
-                    "description": "Directory relative to the workspace root; \".\" or empty for the root."
-                }
-            },
-            "additionalProperties": false
-        })
+        derived::<ListArgs>()
     }
     fn idempotent(&self) -> bool {
         true
@@ -109,10 +104,11 @@ impl GetFileInfo {
 /// Files larger than this are not read to count their lines.
 const MAX_COUNTED_BYTES: u64 = 16 * 1024 * 1024;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct InfoArgs {
-    path: String,
+pub(crate) struct InfoArgs {
+    /// File or directory relative to the workspace root.
+    pub(crate) path: String,
 }
 
 #[async_trait]
@@ -125,17 +121,7 @@ impl Tool for GetFileInfo {
          last modification and, for a file, its number of lines."
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "path": {
-                    "type": "string",
-                    "description": "File or directory relative to the workspace root."
-                }
-            },
-            "required": ["path"],
-            "additionalProperties": false
-        })
+        derived::<InfoArgs>()
     }
     fn idempotent(&self) -> bool {
         true
@@ -195,11 +181,15 @@ impl ReadFile {
     }
 }
 
-#[derive(Deserialize)]
-struct ReadArgs {
-    path: String,
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReadArgs {
+    /// File relative to the workspace root.
+    #[schemars(length(min = 1))]
+    pub(crate) path: String,
+    /// Byte to start at (default 0).
     #[serde(default)]
-    offset: u64,
+    pub(crate) offset: u64,
 }
 
 #[async_trait]
@@ -212,23 +202,7 @@ impl Tool for ReadFile {
          the offset to read on from."
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "path": {
-                    "type": "string",
-                    "minLength": 1,
-                    "description": "File relative to the workspace root."
-                },
-                "offset": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "Byte to start at (default 0)."
-                }
-            },
-            "required": ["path"],
-            "additionalProperties": false
-        })
+        derived::<ReadArgs>()
     }
     fn idempotent(&self) -> bool {
         true
@@ -270,10 +244,14 @@ impl WriteFile {
     }
 }
 
-#[derive(Deserialize)]
-struct WriteArgs {
-    path: String,
-    content: String,
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WriteArgs {
+    /// File relative to the workspace root.
+    #[schemars(length(min = 1))]
+    pub(crate) path: String,
+    /// The whole new content.
+    pub(crate) content: String,
 }
 
 #[async_trait]
@@ -286,19 +264,7 @@ impl Tool for WriteFile {
          directories are created."
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "path": {
-                    "type": "string",
-                    "minLength": 1,
-                    "description": "File relative to the workspace root."
-                },
-                "content": {"type": "string", "description": "The whole new content."}
-            },
-            "required": ["path", "content"],
-            "additionalProperties": false
-        })
+        derived::<WriteArgs>()
     }
     fn idempotent(&self) -> bool {
         true

@@ -8,8 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::config::HttpConfig;
 use crate::files::args;
@@ -50,15 +51,30 @@ impl HttpFetch {
     }
 }
 
-#[derive(Deserialize)]
-struct FetchArgs {
-    url: String,
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FetchArgs {
+    /// An http:// or https:// URL.
+    #[schemars(length(min = 1))]
+    pub(crate) url: String,
+    /// Default GET.
     #[serde(default)]
-    method: Option<String>,
+    pub(crate) method: Option<FetchMethod>,
+    /// Request headers, name to value.
     #[serde(default)]
-    headers: BTreeMap<String, String>,
+    pub(crate) headers: BTreeMap<String, String>,
+    /// Request body (POST only).
     #[serde(default)]
-    body: Option<String>,
+    pub(crate) body: Option<String>,
+}
+
+// The methods `http_fetch` sends.
+#[derive(Deserialize, JsonSchema, Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum FetchMethod {
+    #[serde(rename = "GET")]
+    Get,
+    #[serde(rename = "POST")]
+    Post,
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -129,14 +145,9 @@ impl HttpFetch {
     }
 
     async fn fetch(&self, a: FetchArgs) -> Result<String, ToolError> {
-        let mut method = match a.method.as_deref().unwrap_or("GET") {
-            "GET" => Method::GET,
-            "POST" => Method::POST,
-            m => {
-                return Err(ToolError::InvalidArgs(format!(
-                    "`method` must be GET or POST, got {m}"
-                )))
-            }
+        let mut method = match a.method.unwrap_or(FetchMethod::Get) {
+            FetchMethod::Get => Method::GET,
+            FetchMethod::Post => Method::POST,
         };
         let mut body = a.body;
         if method == Method::GET && body.is_some() {
@@ -277,21 +288,7 @@ impl Tool for HttpFetch {
          the body as text (cut at a size limit). Private and internal addresses are refused."
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "url": {"type": "string", "minLength": 1, "description": "An http:// or https:// URL."},
-                "method": {"type": "string", "enum": ["GET", "POST"], "description": "Default GET."},
-                "headers": {
-                    "type": "object",
-                    "additionalProperties": {"type": "string"},
-                    "description": "Request headers, name to value."
-                },
-                "body": {"type": "string", "description": "Request body (POST only)."}
-            },
-            "required": ["url"],
-            "additionalProperties": false
-        })
+        crate::schema::derived::<FetchArgs>()
     }
     fn timeout(&self) -> Duration {
         // The fetch keeps its own deadline; this is the backstop.

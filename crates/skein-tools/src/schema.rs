@@ -7,7 +7,12 @@
 //! schema), `enum`, `minimum`, `maximum`, `minLength`, `maxLength`, `items`; `description`,
 //! `default` and `title` are annotations. [`check_schema`] refuses anything else, so a tool
 //! cannot silently rely on a keyword nobody enforces.
+//!
+//! The built-in tools do not write their schemas by hand: [`derived`] makes each one from
+//! the struct the tool deserializes its arguments into, so the two cannot drift apart.
 
+use schemars::generate::SchemaSettings;
+use schemars::JsonSchema;
 use serde_json::{Map, Value};
 
 const ANNOTATIONS: &[&str] = &["description", "default", "title"];
@@ -26,6 +31,57 @@ const KEYWORDS: &[&str] = &[
 const TYPES: &[&str] = &[
     "object", "string", "integer", "number", "boolean", "array", "null",
 ];
+
+/// The schema of an arguments struct, derived from its definition: field doc comments
+/// become descriptions, `#[serde(default)]` or `Option` fields are optional,
+/// `deny_unknown_fields` gives `additionalProperties: false`, `#[schemars(length(..))]` and
+/// `#[schemars(range(..))]` give the bounds. Sub-schemas are inlined and what only a
+/// generator needs (`$schema`, `title`, `format`, the `null` an `Option` admits and its
+/// `default: null`) is left
+/// out, so the result stays inside what [`validate`] enforces and reads like a hand-written
+/// schema. An argument sent as `null` is refused, as before: say nothing to mean "none".
+pub fn derived<T: JsonSchema>() -> Value {
+    let generator = SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.inline_subschemas = true;
+            s.meta_schema = None;
+        })
+        .into_generator();
+    let mut schema = generator.into_root_schema_for::<T>().to_value();
+    tidy(&mut schema);
+    schema
+}
+
+/// Strips generator-only keywords from `schema` and its sub-schemas (see [`derived`]).
+fn tidy(schema: &mut Value) {
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
+    for k in ["$schema", "title", "format"] {
+        obj.remove(k);
+    }
+    if let Some(Value::Array(names)) = obj.get_mut("type") {
+        names.retain(|n| n != "null");
+        if let [one] = names.as_slice() {
+            let one = one.clone();
+            obj.insert("type".into(), one);
+        }
+    }
+    if obj.get("default").is_some_and(Value::is_null) {
+        obj.remove("default");
+    }
+    if let Some(Value::Array(options)) = obj.get_mut("enum") {
+        options.retain(|o| !o.is_null());
+    }
+    if let Some(Value::Object(props)) = obj.get_mut("properties") {
+        props.values_mut().for_each(tidy);
+    }
+    for k in ["items", "additionalProperties"] {
+        if let Some(sub) = obj.get_mut(k) {
+            tidy(sub);
+        }
+    }
+}
 
 /// Checks `value` against `schema`; every problem found, each naming its field.
 pub fn validate(schema: &Value, value: &Value) -> Result<(), Vec<String>> {
@@ -298,5 +354,114 @@ fn check_object(
             Some(sub @ Value::Object(_)) => check(sub, v, &child(path, key), errors),
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::de::DeserializeOwned;
+    use serde_json::json;
+
+    use super::*;
+    use crate::config::ToolsConfig;
+    use crate::{files, http, search, shell, Tool};
+
+    /// The tool's schema is the one derived from `T`, the generator left nothing the
+    /// validator does not enforce, and `example` passes the validator and deserializes.
+    fn derived_from<T: JsonSchema + DeserializeOwned>(tool: &dyn Tool, example: Value) {
+        let name = tool.name();
+        let schema = tool.parameters();
+        let mut expected = derived::<T>();
+        if name == "search_files" {
+            // The one bound that comes from the configuration.
+            expected["properties"]["max_matches"]["maximum"] =
+                schema["properties"]["max_matches"]["maximum"].clone();
+        }
+        assert_eq!(schema, expected, "{name}: not the derived schema");
+        assert_eq!(check_schema(&schema), Ok(()), "{name}");
+        assert_eq!(schema["additionalProperties"], json!(false), "{name}");
+        assert_eq!(validate(&schema, &example), Ok(()), "{name}: {example}");
+        if let Err(e) = serde_json::from_value::<T>(example) {
+            panic!("{name}: the example validates but does not deserialize: {e}");
+        }
+        // A misspelt argument is refused by name.
+        let errs = validate(&schema, &json!({"no_such_argument": 1})).unwrap_err();
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("`no_such_argument` is not a known argument")),
+            "{name}: {errs:?}"
+        );
+    }
+
+    #[test]
+    fn every_builtin_schema_is_derived_and_takes_its_example() {
+        let cfg = ToolsConfig::default();
+        derived_from::<files::ListArgs>(&files::ListDir::new(cfg.files.clone()), json!({}));
+        derived_from::<files::InfoArgs>(
+            &files::GetFileInfo::new(cfg.files.clone()),
+            json!({"path": "src/main.rs"}),
+        );
+        derived_from::<files::ReadArgs>(
+            &files::ReadFile::new(cfg.files.clone()),
+            json!({"path": "notes.txt", "offset": 10}),
+        );
+        derived_from::<files::WriteArgs>(
+            &files::WriteFile::new(cfg.files.clone()),
+            json!({"path": "out/é.txt", "content": "hello"}),
+        );
+        derived_from::<search::SearchArgs>(
+            &search::SearchFiles::new(cfg.search.clone()),
+            json!({"pattern": "fn \\w+", "regex": true, "path": "src",
+                   "case_sensitive": false, "max_matches": 3}),
+        );
+        derived_from::<http::FetchArgs>(
+            &http::HttpFetch::new(cfg.http.clone()),
+            json!({"url": "https://example.com/", "method": "POST",
+                   "headers": {"accept": "text/plain"}, "body": "x"}),
+        );
+        derived_from::<shell::ShellArgs>(
+            &shell::Shell::new(cfg.shell.clone()),
+            json!({"command": "ls -l"}),
+        );
+    }
+
+    #[test]
+    fn derived_schemas_keep_required_fields_enums_and_bounds() {
+        let cfg = ToolsConfig::default();
+        let fetch = http::HttpFetch::new(cfg.http.clone()).parameters();
+        assert_eq!(fetch["required"], json!(["url"]));
+        assert_eq!(
+            fetch["properties"]["method"]["enum"],
+            json!(["GET", "POST"])
+        );
+        assert_eq!(fetch["properties"]["method"]["type"], json!("string"));
+        assert_eq!(fetch["properties"]["url"]["minLength"], json!(1));
+        let errs = validate(
+            &fetch,
+            &json!({"url": "https://a.example", "method": "PUT"}),
+        )
+        .unwrap_err();
+        assert_eq!(
+            errs,
+            vec![r#"`method` must be one of "GET", "POST", got a string ("PUT")"#]
+        );
+        // An `Option` argument is optional, not nullable.
+        let errs =
+            validate(&fetch, &json!({"url": "https://a.example", "body": null})).unwrap_err();
+        assert_eq!(errs, vec!["`body` must be a string, got null"]);
+
+        let search = search::SearchFiles::new(cfg.search.clone()).parameters();
+        assert_eq!(search["required"], json!(["pattern"]));
+        assert_eq!(search["properties"]["max_matches"]["minimum"], json!(1));
+        assert_eq!(
+            search["properties"]["max_matches"]["maximum"],
+            json!(cfg.search.max_matches.max(1))
+        );
+        assert_eq!(
+            search["properties"]["pattern"]["description"],
+            json!("Text to find; a regular expression (Rust syntax) when `regex` is true.")
+        );
+        let write = files::WriteFile::new(cfg.files.clone()).parameters();
+        assert_eq!(write["required"], json!(["path", "content"]));
     }
 }

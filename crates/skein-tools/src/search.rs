@@ -5,6 +5,7 @@
 
 use async_trait::async_trait;
 use regex::{Regex, RegexBuilder};
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -29,17 +30,25 @@ impl SearchFiles {
     }
 }
 
-#[derive(Deserialize)]
-struct SearchArgs {
-    pattern: String,
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SearchArgs {
+    /// Text to find; a regular expression (Rust syntax) when `regex` is true.
+    #[schemars(length(min = 1))]
+    pub(crate) pattern: String,
+    /// Treat `pattern` as a regular expression (default false).
     #[serde(default)]
-    regex: bool,
+    pub(crate) regex: bool,
+    /// Directory to search under (default: the whole workspace).
     #[serde(default)]
-    path: String,
+    pub(crate) path: String,
+    /// Default true.
     #[serde(default = "yes")]
-    case_sensitive: bool,
+    pub(crate) case_sensitive: bool,
+    /// Stop after this many matching lines.
     #[serde(default)]
-    max_matches: Option<usize>,
+    #[schemars(range(min = 1))]
+    pub(crate) max_matches: Option<usize>,
 }
 
 fn yes() -> bool {
@@ -69,27 +78,10 @@ impl Tool for SearchFiles {
          with `regex: true`). Prints matching lines as `path:line: text`."
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "pattern": {
-                    "type": "string",
-                    "minLength": 1,
-                    "description": "Text to find; a regular expression (Rust syntax) when `regex` is true."
-                },
-                "regex": {"type": "boolean", "description": "Treat `pattern` as a regular expression (default false)."},
-                "path": {"type": "string", "description": "Directory to search under (default: the whole workspace)."},
-                "case_sensitive": {"type": "boolean", "description": "Default true."},
-                "max_matches": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": self.cfg.max_matches.max(1),
-                    "description": "Stop after this many matching lines."
-                }
-            },
-            "required": ["pattern"],
-            "additionalProperties": false
-        })
+        let mut schema = crate::schema::derived::<SearchArgs>();
+        // The cap is configured, so it is added here rather than declared on the struct.
+        schema["properties"]["max_matches"]["maximum"] = json!(self.cfg.max_matches.max(1));
+        schema
     }
     fn idempotent(&self) -> bool {
         true

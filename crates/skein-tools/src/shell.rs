@@ -8,8 +8,9 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinHandle;
 
@@ -65,9 +66,12 @@ impl Shell {
     }
 }
 
-#[derive(Deserialize)]
-struct ShellArgs {
-    command: String,
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ShellArgs {
+    /// The command line for sh -c.
+    #[schemars(length(min = 1))]
+    pub(crate) command: String,
 }
 
 /// Kills a process group when dropped, so a cancelled call leaves nothing running.
@@ -224,14 +228,7 @@ impl Tool for Shell {
          code, stdout and stderr."
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "command": {"type": "string", "minLength": 1, "description": "The command line for sh -c."}
-            },
-            "required": ["command"],
-            "additionalProperties": false
-        })
+        crate::schema::derived::<ShellArgs>()
     }
     fn parallel(&self) -> bool {
         false
