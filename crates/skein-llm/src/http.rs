@@ -13,7 +13,7 @@
 //! `max_retry_after` is not slept through at all but handed back to the runtime, which
 //! records the failure and schedules the retry durably.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use rand::Rng;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
@@ -310,46 +310,11 @@ pub fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duratio
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form HTTP requires.
+/// Parses an HTTP date in any of the three forms RFC 9110 (section 5.6.7) tells a recipient
+/// to accept: IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the obsolete RFC 850 form
+/// (`Sunday, 06-Nov-94 08:49:37 GMT`) and C's asctime form (`Sun Nov  6 08:49:37 1994`).
 pub fn parse_http_date(s: &str) -> Option<SystemTime> {
-    let rest = s.trim().split_once(", ")?.1;
-    let parts: Vec<&str> = rest.split_whitespace().collect();
-    let [day, month, year, time, "GMT"] = parts.as_slice() else {
-        return None;
-    };
-    let day: u32 = day.parse().ok()?;
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| m == month)? as u32
-        + 1;
-    let year: i64 = year.parse().ok()?;
-    let hms: Vec<u64> = time
-        .split(':')
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    let [h, m, sec] = hms.as_slice() else {
-        return None;
-    };
-    if !(1..=31).contains(&day) || *h > 23 || *m > 59 || *sec > 60 {
-        return None;
-    }
-    let days = days_from_civil(year, month, day);
-    let secs = days * 86_400 + (*h as i64) * 3600 + (*m as i64) * 60 + *sec as i64;
-    let secs = u64::try_from(secs).ok()?;
-    Some(UNIX_EPOCH + Duration::from_secs(secs))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date.
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = m as i64;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    httpdate::parse_http_date(s.trim()).ok()
 }
 
 /// The provider's own words from an error body: `error.message` (OpenAI, Anthropic),
@@ -403,6 +368,7 @@ pub fn scrub(text: &str, secret: Option<&ApiKey>) -> String {
 mod tests {
     use super::*;
     use reqwest::header::HeaderValue;
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn retry_after_seconds_ms_and_dates() {
@@ -421,6 +387,17 @@ mod tests {
             HeaderValue::from_static("Sun, 06 Nov 1994 08:40:00 GMT"),
         );
         assert_eq!(parse_retry_after(&h, now), Some(Duration::ZERO));
+        // The two obsolete forms a recipient must also accept (RFC 9110, 5.6.7).
+        h.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Sunday, 06-Nov-94 08:49:57 GMT"),
+        );
+        assert_eq!(parse_retry_after(&h, now), Some(Duration::from_secs(20)));
+        h.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Sun Nov  6 08:50:07 1994"),
+        );
+        assert_eq!(parse_retry_after(&h, now), Some(Duration::from_secs(30)));
         h.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
         assert_eq!(parse_retry_after(&h, now), None);
         h.insert("retry-after-ms", HeaderValue::from_static("250"));
@@ -438,7 +415,23 @@ mod tests {
             Some(UNIX_EPOCH + Duration::from_secs(951_825_600))
         );
         assert_eq!(parse_http_date("29 Feb 2000"), None);
+        assert_eq!(parse_http_date("Tue, 29 Feb 2000 12:00:00 XYZ"), None);
         assert_eq!(parse_http_date("Tue, 29 Foo 2000 12:00:00 GMT"), None);
+    }
+
+    #[test]
+    fn the_three_date_forms_name_one_instant() {
+        let at = Some(UNIX_EPOCH + Duration::from_secs(784_111_777));
+        assert_eq!(parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT"), at);
+        assert_eq!(parse_http_date("Sunday, 06-Nov-94 08:49:37 GMT"), at);
+        assert_eq!(parse_http_date("Sun Nov  6 08:49:37 1994"), at);
+        assert_eq!(parse_http_date(" Sun Nov  6 08:49:37 1994 "), at);
+        // A two-digit year of the RFC 850 form.
+        assert_eq!(
+            parse_http_date("Thursday, 01-Jan-70 00:00:00 GMT"),
+            Some(UNIX_EPOCH)
+        );
+        assert_eq!(parse_http_date("Sun Nov 31 08:49:37 1994"), None);
     }
 
     #[test]
