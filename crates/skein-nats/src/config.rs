@@ -28,8 +28,8 @@ pub struct NatsConfig {
     pub tls_required: bool,
     /// Replicas of every stream and bucket (3 in a 3-node cluster).
     pub replicas: usize,
-    /// `file` or `memory`.
-    pub storage: String,
+    /// Where JetStream keeps the streams and buckets skein creates.
+    pub storage: StorageType,
     /// How long events are kept ("0": forever).
     #[serde(deserialize_with = "skein_core::duration::serde::text")]
     pub events_max_age: String,
@@ -63,7 +63,7 @@ impl Default for NatsConfig {
             tls_key: None,
             tls_required: false,
             replicas: 1,
-            storage: "file".into(),
+            storage: StorageType::File,
             events_max_age: "0".into(),
             cache_max_age: "0".into(),
             inflight_max_age: "1h".into(),
@@ -71,6 +71,18 @@ impl Default for NatsConfig {
             workspace_dir: None,
         }
     }
+}
+
+/// Where JetStream keeps a stream or bucket: `"file"` or `"memory"` in the config; any
+/// other value is refused when the config is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageType {
+    /// On disk (the default).
+    #[default]
+    File,
+    /// In the server's memory: lost when the server stops.
+    Memory,
 }
 
 impl std::fmt::Debug for NatsConfig {
@@ -176,24 +188,12 @@ fn url_secret(url: &str) -> Option<String> {
     })
 }
 
-/// `%XX` escapes of URL user information decoded (others left as they are).
+/// `%XX` escapes of URL user information decoded (a `%` not followed by two hex digits is
+/// kept as it is; bytes that are not UTF-8 become U+FFFD).
 fn percent_decoded(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// A URL fit to print: `nats://user:pass@host` becomes `nats://user:***@host`, and
@@ -234,6 +234,35 @@ mod tests {
             "nats://127.0.0.1:4222/a@b"
         );
         assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
+
+    #[test]
+    fn escapes_in_url_credentials() {
+        assert_eq!(percent_decoded("p%40ss%3A%2f"), "p@ss:/");
+        assert_eq!(percent_decoded("100%"), "100%");
+        assert_eq!(percent_decoded("a%4"), "a%4");
+        assert_eq!(percent_decoded("%zz%41"), "%zzA");
+        assert_eq!(percent_decoded("%C3%A9"), "é");
+        assert_eq!(percent_decoded("%ff"), "\u{fffd}");
+    }
+
+    #[test]
+    fn storage_is_file_or_memory_and_nothing_else() {
+        let read = |v: serde_json::Value| serde_json::from_value::<NatsConfig>(v);
+        assert_eq!(NatsConfig::default().storage, StorageType::File);
+        let c = read(serde_json::json!({"storage": "memory"})).unwrap();
+        assert_eq!(c.storage, StorageType::Memory);
+        let c = read(serde_json::json!({"storage": "file"})).unwrap();
+        assert_eq!(c.storage, StorageType::File);
+        for bad in ["disk", "Memory", ""] {
+            let e = read(serde_json::json!({ "storage": bad })).unwrap_err();
+            assert!(
+                e.to_string().contains(&format!(
+                    "unknown variant `{bad}`, expected `file` or `memory`"
+                )),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ pub mod frame;
 pub mod health;
 
 pub use backend::{ensure_topology, NatsStore};
-pub use config::NatsConfig;
+pub use config::{NatsConfig, StorageType};
 pub mod intake;
 pub mod service;
 pub mod text;

@@ -51,7 +51,7 @@ pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESUL
 pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES};
 pub use workspace::{clean_path, ObjectWorkspace};
 
-use crate::config::{duration, NatsConfig};
+use crate::config::{duration, NatsConfig, StorageType};
 
 /// How long past its expiry a pull may go unanswered before it is given up.
 const PULL_GRACE: Duration = Duration::from_secs(5);
@@ -106,10 +106,9 @@ fn events_subject(s: &SessionId) -> String {
 }
 
 fn storage(cfg: &NatsConfig) -> stream::StorageType {
-    if cfg.storage == "memory" {
-        stream::StorageType::Memory
-    } else {
-        stream::StorageType::File
+    match cfg.storage {
+        StorageType::File => stream::StorageType::File,
+        StorageType::Memory => stream::StorageType::Memory,
     }
 }
 
