@@ -74,12 +74,9 @@ impl Lines {
         for l in content.split('\n') {
             let mut rest = l;
             while rest.len() > MAX_LINE {
-                let mut cut = MAX_LINE;
-                while !rest.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                lines.push(rest[..cut].to_string());
-                rest = &rest[cut..];
+                let head = skein_core::text::clip(rest, MAX_LINE);
+                lines.push(head.to_string());
+                rest = &rest[head.len()..];
             }
             lines.push(rest.to_string());
         }

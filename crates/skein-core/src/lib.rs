@@ -19,6 +19,7 @@ pub mod plan;
 pub mod replay;
 pub mod runtime_tool;
 pub mod state;
+pub mod text;
 pub mod token;
 
 pub use agent::{AgentDef, AgentSet};

@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde_json::Value;
+use skein_core::text::clip_with_ellipsis;
 
 use crate::config::{ApiKey, HttpOptions};
 use crate::{Error, Result};
@@ -206,7 +207,7 @@ impl HttpClient {
                 &format!(
                     "{}: the response body is not JSON ({e}); it starts with: {}",
                     self.provider,
-                    truncate(text.trim(), 200)
+                    clip_with_ellipsis(text.trim(), 200)
                 ),
                 secret,
             ))
@@ -340,19 +341,7 @@ pub fn error_message(body: &str) -> String {
     } else {
         msg
     };
-    truncate(&msg, MAX_MESSAGE)
-}
-
-/// At most `max` bytes of `s`, cut at a character boundary, with `…` when cut.
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    clip_with_ellipsis(&msg, MAX_MESSAGE)
 }
 
 /// `text` with every occurrence of the key replaced by `***`.

@@ -107,7 +107,7 @@ fn parse_data(data: &str) -> Result<Value> {
     serde_json::from_str(data).map_err(|e| {
         Error::Malformed(format!(
             "a streamed event is not JSON ({e}): {}",
-            crate::http::truncate(data, 200)
+            skein_core::text::clip_with_ellipsis(data, 200)
         ))
     })
 }

@@ -199,12 +199,7 @@ fn describe(v: &Value) -> String {
     };
     let mut shown = v.to_string();
     if shown.len() > 40 {
-        let mut cut = 37;
-        while !shown.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        shown.truncate(cut);
-        shown.push('…');
+        shown = format!("{}…", skein_core::text::clip(&shown, 37));
     }
     format!("{kind} ({shown})")
 }

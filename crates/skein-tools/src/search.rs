@@ -11,8 +11,9 @@ use serde_json::{json, Value};
 
 use crate::config::SearchConfig;
 use crate::files::args;
-use crate::text::{clip, decode_prefix};
+use crate::text::decode_prefix;
 use crate::{Tool, ToolContext, ToolError};
+use skein_core::text::clip_with_ellipsis;
 
 /// A matching line is shown up to this many bytes.
 const LINE_BYTES: usize = 240;
@@ -118,7 +119,12 @@ impl Tool for SearchFiles {
                         stopped = true;
                         break 'files;
                     }
-                    lines.push(format!("{}:{}: {}", f.name, i + 1, clip(line, LINE_BYTES)));
+                    lines.push(format!(
+                        "{}:{}: {}",
+                        f.name,
+                        i + 1,
+                        clip_with_ellipsis(line, LINE_BYTES)
+                    ));
                 }
             }
         }

@@ -24,18 +24,6 @@ pub fn decode_prefix(bytes: &[u8]) -> (String, usize) {
     (String::from_utf8_lossy(&bytes[..used]).into_owned(), used)
 }
 
-/// `s` cut to at most `max` bytes on a character boundary, with `…` when cut.
-pub fn clip(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &s[..cut])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,11 +33,5 @@ mod tests {
         let s = "aé".as_bytes(); // 'é' is two bytes
         assert_eq!(decode_prefix(&s[..2]), ("a".to_string(), 1));
         assert_eq!(decode_prefix(s), ("aé".to_string(), 3));
-    }
-
-    #[test]
-    fn clip_respects_boundaries() {
-        assert_eq!(clip("héllo", 2), "h…");
-        assert_eq!(clip("hi", 5), "hi");
     }
 }

@@ -210,20 +210,8 @@ impl<'a> Turn<'a> {
         // A provider could not read the call's arguments (`{_raw, _error}`), or could not
         // read a tool call out of a text answer at all: the model is told why.
         if let Some(err) = call.args.get("_error").and_then(Value::as_str) {
-            let mut raw = call
-                .args
-                .get("_raw")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            if raw.len() > 300 {
-                let mut cut = 300;
-                while !raw.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                raw.truncate(cut);
-                raw.push('…');
-            }
+            let raw = call.args.get("_raw").and_then(Value::as_str).unwrap_or("");
+            let raw = crate::text::clip_with_ellipsis(raw, 300);
             return Some(format!(
                 "{}: the arguments could not be read ({err}); you sent: {raw}",
                 call.name

@@ -146,13 +146,10 @@ impl Runtime {
         self.scrubber.text(&mut out.output);
         let (output, blob) = if out.output.len() > self.cfg.blob_threshold {
             let hash = self.backend.blobs.put(out.output.as_bytes()).await?;
-            let mut cut = self.cfg.blob_threshold;
-            while !out.output.is_char_boundary(cut) {
-                cut -= 1;
-            }
+            let shown = skein_core::text::clip(&out.output, self.cfg.blob_threshold);
+            let cut = shown.len();
             // A file read as text maps shown bytes to file bytes one to one, unless invalid
             // bytes were replaced: then only the way on is named, not the number.
-            let shown = &out.output[..cut];
             let read_on = if r.tool != "read_file" || out.error {
                 String::new()
             } else if shown.contains('\u{FFFD}') {
