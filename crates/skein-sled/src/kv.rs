@@ -24,7 +24,7 @@ impl Cache for SledStore {
         self.cache
             .insert(hash.as_bytes(), encode(entry)?)
             .map_err(backend_err)?;
-        self.flusher.durable().await
+        self.wal_flusher.durable_db().await
     }
 
     async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>> {
@@ -131,7 +131,7 @@ impl Notices for SledStore {
         self.watchers
             .insert(k, pool.as_bytes())
             .map_err(backend_err)?;
-        self.flusher.durable().await
+        self.wal_flusher.durable_db().await
     }
 
     async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>> {
@@ -188,10 +188,11 @@ mod tests {
         );
         assert_eq!(s.log_syncs(), 0, "a put synced on its own");
         assert_eq!(
-            s.flusher
+            s.wal_flusher
                 .requested
                 .load(std::sync::atomic::Ordering::SeqCst),
-            0
+            0,
+            "a put waited for a flush"
         );
         drop(s);
 

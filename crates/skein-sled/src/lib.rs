@@ -27,10 +27,12 @@
 //! (a wide turn's children, stepping together) then share the next one, where the first of
 //! them used to get a sync of its own and the rest the one after (a zero-latency fan-out of
 //! 64 made 26–36 syncs, now 14–15). A blob is written ahead of the record that names it,
-//! whose sync covers it (see `kv.rs`). Cache
-//! entries and watchers wait the same way for a flush of the sled database. A sync or flush
-//! that fails stops its flusher for good (fail-stop): the writers waiting for it and every
-//! later one get its error, and [`SledStore::failed`] resolves with it; a full disk fails
+//! whose sync covers it (see `kv.rs`). Cache entries and watchers take their tickets from
+//! the same flusher, marked so that the flush covering them also flushes the sled database
+//! (appends alone never flush it): one task and one queue for both. A sync or flush that
+//! fails stops the flusher for good (fail-stop), for the log and the database alike: the
+//! writers waiting for it and every later one get its error, naming the part that failed,
+//! and [`SledStore::failed`] resolves with it; a full disk fails
 //! the one write with [`skein_runtime::Error::Full`] and stops nothing (see `wal.rs`). Jobs and
 //! notices are not flushed per write: after a crash, `resume` derives every job from the
 //! logs, and a parent reconciles with its children's logs when it is first loaded.
@@ -45,7 +47,7 @@ mod wal;
 pub use file::LogFile;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -88,19 +90,25 @@ fn u64_of(bytes: &[u8]) -> u64 {
     u64::from_be_bytes(b)
 }
 
-/// Group commit: writers wait for a flush that started after their write.
+/// Group commit, for the event log and the sled database both: writers wait for a flush
+/// that started after their write. Each flush syncs the log; it also flushes the sled
+/// database when a writer of the database asked for that ([`Flusher::durable_db`]) since
+/// the last one, so appends alone never pay for a database flush. One task, one queue of
+/// tickets: a cache entry written beside a turn's appends shares their flush.
 ///
 /// Fail-stop: the first flush that fails stops the flusher for good. The writers waiting
 /// for it, and every later one, get that error; none is told its write is durable unless
 /// a flush that succeeded covered it.
 struct Flusher {
-    /// What it flushes, for its errors.
-    what: &'static str,
     requested: AtomicU64,
+    /// Set by a writer of the sled database before it takes its ticket, taken by the next
+    /// flush: a flush that sees the ticket also sees the mark, or an earlier flush took the
+    /// mark after the write and covered it.
+    db_dirty: AtomicBool,
     kick: Notify,
-    stop: std::sync::atomic::AtomicBool,
+    stop: AtomicBool,
     flushed: watch::Receiver<Flushed>,
-    failed: Arc<OnceLock<Arc<std::io::Error>>>,
+    failed: Arc<OnceLock<FlushFailed>>,
 }
 
 /// The flusher's progress: every ticket up to `upto` is durable; once `failed`, no more.
@@ -110,32 +118,42 @@ struct Flushed {
     failed: bool,
 }
 
-/// The error that stopped a flusher, under the error a writer is given.
-#[derive(Debug)]
-struct FlushFailed(Arc<std::io::Error>);
+/// What a flush failed on (`event log` or `sled database`) and the disk's error, under the
+/// error a writer is given.
+#[derive(Debug, Clone)]
+struct FlushFailed {
+    what: &'static str,
+    error: Arc<std::io::Error>,
+}
 
 impl std::fmt::Display for FlushFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
+        self.error.fmt(f)
     }
 }
 
 impl std::error::Error for FlushFailed {}
 
+/// The two halves of one flush, as [`Flusher::start`] takes them: a sync of the event log,
+/// and a flush of the sled database.
+type FlushFn = dyn Fn() -> std::io::Result<()> + Send + Sync;
+
 impl Flusher {
-    /// Starts the task that runs `flush` whenever a writer waits.
+    /// Starts the task that syncs the log (`sync_log`), and flushes the database
+    /// (`flush_db`) when asked, whenever a writer waits.
     fn start(
-        what: &'static str,
-        flush: impl Fn() -> std::io::Result<()> + Send + Sync + 'static,
+        sync_log: impl Fn() -> std::io::Result<()> + Send + Sync + 'static,
+        flush_db: impl Fn() -> std::io::Result<()> + Send + Sync + 'static,
     ) -> Arc<Self> {
-        let flush = Arc::new(flush);
+        let parts: Arc<(Box<FlushFn>, Box<FlushFn>)> =
+            Arc::new((Box::new(sync_log), Box::new(flush_db)));
         let (tx, rx) = watch::channel(Flushed::default());
         let tx = Arc::new(tx);
         let f = Arc::new(Self {
-            what,
             requested: AtomicU64::new(0),
+            db_dirty: AtomicBool::new(false),
             kick: Notify::new(),
-            stop: std::sync::atomic::AtomicBool::new(false),
+            stop: AtomicBool::new(false),
             flushed: rx,
             failed: Arc::new(OnceLock::new()),
         });
@@ -153,28 +171,41 @@ impl Flusher {
                 // and then the rest.
                 tokio::task::yield_now().await;
                 let target = me.requested.load(Ordering::SeqCst);
-                let f = flush.clone();
+                let with_db = me.db_dirty.swap(false, Ordering::SeqCst);
+                let parts = parts.clone();
                 // The writers are released from the flush's own thread, as soon as it is
                 // done: not after this task has been woken and polled in turn.
                 let done = tx.clone();
                 let failed = me.failed.clone();
-                let flushed = tokio::task::spawn_blocking(move || match f() {
-                    Ok(()) => {
-                        done.send_modify(|d| d.upto = target);
-                    }
-                    Err(e) => {
-                        failed.get_or_init(|| Arc::new(e));
-                        done.send_modify(|d| d.failed = true);
+                let flushed = tokio::task::spawn_blocking(move || {
+                    let result = (parts.0)().map_err(|e| ("event log", e)).and_then(|()| {
+                        if with_db {
+                            (parts.1)().map_err(|e| ("sled database", e))
+                        } else {
+                            Ok(())
+                        }
+                    });
+                    match result {
+                        Ok(()) => done.send_modify(|d| d.upto = target),
+                        Err((what, e)) => {
+                            failed.get_or_init(|| FlushFailed {
+                                what,
+                                error: Arc::new(e),
+                            });
+                            done.send_modify(|d| d.failed = true);
+                        }
                     }
                 });
                 if let Err(e) = flushed.await {
-                    me.failed
-                        .get_or_init(|| Arc::new(std::io::Error::other(e.to_string())));
+                    me.failed.get_or_init(|| FlushFailed {
+                        what: "event log",
+                        error: Arc::new(std::io::Error::other(e.to_string())),
+                    });
                     tx.send_modify(|d| d.failed = true);
                 }
                 if let Some(e) = me.failed.get() {
                     tracing::error!(
-                        store = me.what,
+                        store = e.what,
                         error = %e,
                         "a flush failed: the store takes no more writes until it is opened again"
                     );
@@ -192,13 +223,19 @@ impl Flusher {
                 format!(
                     "{}: a flush to disk failed, so nothing written since is durable; the \
                      store acknowledges no more writes until it is opened again",
-                    self.what
+                    e.what
                 ),
-                FlushFailed(e.clone()),
+                e.clone(),
             )
         })
     }
 
+    /// Whether a flush of the sled database (not of the log) is what failed.
+    fn db_failed(&self) -> bool {
+        self.failed.get().is_some_and(|e| e.what == "sled database")
+    }
+
+    /// Waits until the event log is synced past every write made before the call.
     async fn durable(&self) -> Result<()> {
         if let Some(e) = self.failure() {
             return Err(e);
@@ -219,6 +256,13 @@ impl Flusher {
             .unwrap_or_else(|| Error::unavailable_because("the store's flusher stopped")))
     }
 
+    /// As [`Flusher::durable`], for a write of the sled database: the flush that covers it
+    /// flushes the database too.
+    async fn durable_db(&self) -> Result<()> {
+        self.db_dirty.store(true, Ordering::SeqCst);
+        self.durable().await
+    }
+
     /// Waits until a flush has failed; for ever if none does.
     async fn failed(&self) -> Error {
         let mut rx = self.flushed.clone();
@@ -234,7 +278,8 @@ impl Flusher {
 pub struct SledStore {
     db: sled::Db,
     wal: Arc<wal::Wal>,
-    /// Group commit of the event log.
+    /// The store's one group commit: of the event log, and of the sled database for the
+    /// writes that ask for it ([`Flusher::durable_db`]).
     wal_flusher: Arc<Flusher>,
     jobs: sled::Tree,
     cache: sled::Tree,
@@ -242,8 +287,6 @@ pub struct SledStore {
     notices: sled::Tree,
     inflight: sled::Tree,
     watchers: sled::Tree,
-    /// Group commit of the sled database.
-    flusher: Arc<Flusher>,
     /// The database as the flusher's task holds it: emptied when the store is dropped, so
     /// that the database (and its lock) closes then, not when that task next wakes.
     flushed_db: Arc<std::sync::Mutex<Option<sled::Db>>>,
@@ -307,8 +350,15 @@ impl SledStore {
         migrate_sled_log(&db, &wal)?;
         let w = wal.clone();
         let flushed_db = Arc::new(std::sync::Mutex::new(Some(db.clone())));
+        let slot = flushed_db.clone();
         let store = Self {
-            wal_flusher: Flusher::start("event log", move || w.sync()),
+            wal_flusher: Flusher::start(
+                move || w.sync(),
+                move || match &*slot.lock().unwrap_or_else(|p| p.into_inner()) {
+                    Some(db) => db.flush().map(|_| ()).map_err(std::io::Error::other),
+                    None => Ok(()),
+                },
+            ),
             wal,
             jobs: tree("jobs")?,
             cache: tree("cache")?,
@@ -316,15 +366,6 @@ impl SledStore {
             notices: tree("notices")?,
             inflight: tree("inflight")?,
             watchers: tree("watchers")?,
-            flusher: {
-                let slot = flushed_db.clone();
-                Flusher::start("sled database", move || {
-                    match &*slot.lock().unwrap_or_else(|p| p.into_inner()) {
-                        Some(db) => db.flush().map(|_| ()).map_err(std::io::Error::other),
-                        None => Ok(()),
-                    }
-                })
-            },
             flushed_db,
             db,
             job_ready: Notify::new(),
@@ -398,7 +439,7 @@ impl SledStore {
     /// Flushes everything (used at shutdown).
     pub async fn flush(&self) -> Result<()> {
         self.close_log()?;
-        if let Some(e) = self.flusher.failure() {
+        if let Some(e) = self.wal_flusher.failure() {
             return Err(e);
         }
         self.db.flush_async().await.map(|_| ()).map_err(backend_err)
@@ -418,21 +459,16 @@ impl SledStore {
     /// flush of the sled database failed. Every later write fails with the same error;
     /// opening the store again (a new process) reads the files anew.
     pub async fn failed(&self) -> Error {
-        tokio::select! {
-            e = self.wal_flusher.failed() => e,
-            e = self.flusher.failed() => e,
-        }
+        self.wal_flusher.failed().await
     }
 }
 
 impl Drop for SledStore {
     fn drop(&mut self) {
-        for f in [&self.flusher, &self.wal_flusher] {
-            f.stop.store(true, Ordering::SeqCst);
-            f.kick.notify_one();
-        }
+        self.wal_flusher.stop.store(true, Ordering::SeqCst);
+        self.wal_flusher.kick.notify_one();
         let _ = self.wal.close();
-        if self.flusher.failure().is_none() {
+        if !self.wal_flusher.db_failed() {
             let _ = self.db.flush();
         }
         self.flushed_db
@@ -449,8 +485,15 @@ const DB_LOCK_WAIT: Duration = Duration::from_secs(5);
 /// process has the database open; a sled lock still taken is this process's previous
 /// handle, whose last background write (sled runs it on a thread of its own) can outlive
 /// the handle's drop by a moment. That is waited for, up to [`DB_LOCK_WAIT`], rather than
-/// failing an open that follows a close. sled reports a taken lock only in the text of an
-/// I/O error of kind `Other`, so that text is what is matched here.
+/// failing an open that follows a close.
+///
+/// sled 0.34 offers no other way to tell a taken lock: its `Config::open` turns the lock
+/// call's error into a new `io::Error` of kind `Other` whose text quotes it, keeping
+/// neither the OS error code nor a source, and `sled::Error` has no variant for it. So
+/// that text is what is matched here, and only within [`DB_LOCK_WAIT`] of the first try:
+/// if a sled release words it otherwise, an open that follows a close fails at once with
+/// sled's own message, and never waits on some other error. `tests/open.rs` checks that
+/// the wording is still sled's.
 fn open_db(path: &Path) -> Result<sled::Db> {
     let started = std::time::Instant::now();
     loop {
@@ -569,37 +612,95 @@ mod tests {
 
     use super::Flusher;
 
-    #[tokio::test]
-    async fn a_flush_that_fails_fails_its_writers_and_every_later_one_and_is_not_retried() {
-        // Given a flusher whose flush fails once the disk turns bad.
-        let bad = Arc::new(AtomicBool::new(false));
-        let calls = Arc::new(AtomicU64::new(0));
-        let (b, c) = (bad.clone(), calls.clone());
-        let f = Flusher::start("sled database", move || {
+    /// A flush half that counts its calls and fails while `bad` is set.
+    fn part(
+        calls: &Arc<AtomicU64>,
+        bad: &Arc<AtomicBool>,
+    ) -> impl Fn() -> std::io::Result<()> + Send + Sync + 'static {
+        let (c, b) = (calls.clone(), bad.clone());
+        move || {
             c.fetch_add(1, Ordering::SeqCst);
             if b.load(Ordering::SeqCst) {
                 Err(std::io::Error::from_raw_os_error(5))
             } else {
                 Ok(())
             }
-        });
-        f.durable().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flush_that_fails_fails_its_writers_and_every_later_one_and_is_not_retried() {
+        // Given a flusher whose database flush fails once the disk turns bad.
+        let (log_calls, db_calls) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (good, bad) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let f = Flusher::start(part(&log_calls, &good), part(&db_calls, &bad));
+        f.durable_db().await.unwrap();
 
         // When writers wait for a flush that fails.
         bad.store(true, Ordering::SeqCst);
-        let (x, y) = tokio::join!(f.durable(), f.durable());
+        let (x, y) = tokio::join!(f.durable_db(), f.durable());
 
-        // Then each is told so, with the disk's error; and once the disk is good again,
-        // later writers are refused without another flush.
+        // Then each is told so, with the disk's error and the part that failed; and once
+        // the disk is good again, later writers are refused without another flush.
         for r in [x, y] {
             let e = r.unwrap_err();
             assert!(e.report().to_string().contains("Input/output error"), "{e}");
             assert!(e.to_string().contains("sled database"), "{e}");
         }
         bad.store(false, Ordering::SeqCst);
-        let made = calls.load(Ordering::SeqCst);
+        let made = (
+            log_calls.load(Ordering::SeqCst),
+            db_calls.load(Ordering::SeqCst),
+        );
         assert!(f.durable().await.is_err());
-        assert_eq!(calls.load(Ordering::SeqCst), made, "flushed again");
+        assert!(f.durable_db().await.is_err());
+        assert_eq!(
+            (
+                log_calls.load(Ordering::SeqCst),
+                db_calls.load(Ordering::SeqCst)
+            ),
+            made,
+            "flushed again"
+        );
         assert!(f.failed().await.to_string().contains("sled database"));
+        assert!(f.db_failed());
+    }
+
+    #[tokio::test]
+    async fn a_failed_log_sync_names_the_event_log() {
+        let (calls, bad) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(true)));
+        let f = Flusher::start(part(&calls, &bad), part(&calls, &Arc::default()));
+        let e = f.durable().await.unwrap_err();
+        assert!(e.to_string().contains("event log"), "{e}");
+        assert!(!f.db_failed());
+    }
+
+    #[tokio::test]
+    async fn the_database_is_flushed_only_for_writes_that_ask_and_the_log_always() {
+        // Given one flusher for the log and the database.
+        let (log_calls, db_calls) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let ok = Arc::new(AtomicBool::new(false));
+        let f = Flusher::start(part(&log_calls, &ok), part(&db_calls, &ok));
+
+        // When only appends wait, then a write of the database.
+        f.durable().await.unwrap();
+        f.durable().await.unwrap();
+        assert_eq!(
+            db_calls.load(Ordering::SeqCst),
+            0,
+            "appends flushed the database"
+        );
+        let log_before = log_calls.load(Ordering::SeqCst);
+        f.durable_db().await.unwrap();
+
+        // Then that write's flush synced the log and flushed the database, and the next
+        // append does not flush the database again.
+        assert_eq!(db_calls.load(Ordering::SeqCst), 1);
+        assert!(log_calls.load(Ordering::SeqCst) > log_before);
+        f.durable().await.unwrap();
+        assert_eq!(db_calls.load(Ordering::SeqCst), 1);
     }
 }
