@@ -2,11 +2,18 @@
 //! token that only its holder's ack, heartbeat or retry may change; a push while held
 //! marks it dirty, and the ack then makes it ready again instead of removing it.
 //!
-//! The records are the truth; an index in memory orders every job of a pool by when it
-//! may next be claimed (now for a ready job, the end of its delay or of its lease
-//! otherwise), so a claim takes the first due job in O(log n) instead of reading the whole
-//! queue, and a pool's depth is a count. One process holds the database (its lock), and
-//! every change of a job record is made under the index's lock, so the two always agree.
+//! Jobs are soft state: everything about them can be derived from the logs (`resume`
+//! re-enqueues every unfinished session), so they live in memory, and the sled tree `jobs`
+//! holds only what the store handed on when it was last left or dropped: every job, when a
+//! job was left for a session that had not ended (an interrupted run, a paused session's
+//! deadline), for the next process to take. Opening reads that tree back. A crash hands on
+//! nothing newer, and `resume` derives the jobs as after any crash.
+//!
+//! An index orders every job of a pool by when it may next be claimed (now for a ready
+//! job, the end of its delay or of its lease otherwise), so a claim takes the first due
+//! job in O(log n) instead of reading the whole queue, and a pool's depth is a count. One
+//! process holds the store (its lock), and every change of a job is made under the
+//! index's lock.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::MutexGuard;
@@ -18,7 +25,7 @@ use skein_core::SessionId;
 use skein_runtime::ports::{Job, JobQueue, SessionFilter};
 use skein_runtime::{now_ms, Error, Result};
 
-use crate::{backend_err, decode, encode, prefix, SledStore};
+use crate::{backend_err, encode, prefix, SledStore};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct JobRec {
@@ -50,22 +57,24 @@ impl JobRec {
 #[derive(Default)]
 pub(crate) struct JobIndex {
     pools: HashMap<String, PoolJobs>,
+    /// The last lease token given out.
+    token: u64,
 }
 
 #[derive(Default)]
 struct PoolJobs {
-    due: HashMap<SessionId, u64>,
+    jobs: HashMap<SessionId, JobRec>,
     order: BTreeSet<(u64, SessionId)>,
 }
 
 impl PoolJobs {
-    fn set(&mut self, session: &SessionId, due: Option<u64>) {
-        if let Some(old) = self.due.remove(session) {
-            self.order.remove(&(old, session.clone()));
+    fn set(&mut self, session: &SessionId, rec: Option<&JobRec>) {
+        if let Some(old) = self.jobs.remove(session) {
+            self.order.remove(&(old.due(), session.clone()));
         }
-        if let Some(d) = due {
-            self.due.insert(session.clone(), d);
-            self.order.insert((d, session.clone()));
+        if let Some(r) = rec {
+            self.jobs.insert(session.clone(), r.clone());
+            self.order.insert((r.due(), session.clone()));
         }
     }
 }
@@ -73,14 +82,18 @@ impl PoolJobs {
 impl JobIndex {
     fn set(&mut self, pool: &str, session: &SessionId, rec: Option<&JobRec>) {
         match (self.pools.get_mut(pool), rec) {
-            (Some(p), _) => p.set(session, rec.map(JobRec::due)),
-            (None, Some(r)) => self
+            (Some(p), _) => p.set(session, rec),
+            (None, Some(_)) => self
                 .pools
                 .entry(pool.to_string())
                 .or_default()
-                .set(session, Some(r.due())),
+                .set(session, rec),
             (None, None) => {}
         }
+    }
+
+    fn get(&self, pool: &str, session: &SessionId) -> Option<&JobRec> {
+        self.pools.get(pool)?.jobs.get(session)
     }
 }
 
@@ -96,12 +109,12 @@ impl SledStore {
         self.job_index()
             .pools
             .values()
-            .flat_map(|p| p.due.keys().cloned())
+            .flat_map(|p| p.jobs.keys().cloned())
             .collect()
     }
 
-    /// Builds the index from the records. sled allows one process per database, so any
-    /// lease found at open belongs to a process that is gone: it is released.
+    /// Reads back the jobs the last process handed on. One process holds the store, so
+    /// any lease found belongs to a process that is gone: it is released.
     pub(crate) fn index_jobs(&self) -> Result<()> {
         let mut idx = self.job_index();
         for item in self.jobs.iter() {
@@ -115,43 +128,37 @@ impl SledStore {
             if rec.held_until.is_some() {
                 rec.held_until = None;
                 rec.not_before = 0;
-                self.jobs.insert(&k, encode(&rec)?).map_err(backend_err)?;
             }
             idx.set(pool, &session, Some(&rec));
         }
         Ok(())
     }
 
+    /// Writes every job into the tree `jobs`, in place of what it held, for the next
+    /// process (one batch: the tree holds the old hand-over or the new one). Not flushed
+    /// here: the caller flushes the database.
+    pub(crate) fn hand_on_jobs(&self) -> Result<()> {
+        let idx = self.job_index();
+        let mut batch = sled::Batch::default();
+        for item in self.jobs.iter() {
+            let (k, _) = item.map_err(backend_err)?;
+            let kept = split_key(&k).is_some_and(|(pool, s)| idx.get(pool, &s).is_some());
+            if !kept {
+                batch.remove(k);
+            }
+        }
+        for (pool, p) in &idx.pools {
+            for (session, rec) in &p.jobs {
+                batch.insert(Self::job_key(pool, session), encode(rec)?);
+            }
+        }
+        self.jobs.apply_batch(batch).map_err(backend_err)
+    }
+
     fn job_key(pool: &str, session: &SessionId) -> Vec<u8> {
         let mut k = prefix(pool);
         k.extend_from_slice(session.as_str().as_bytes());
         k
-    }
-
-    /// Writes (or removes) a job record and its place in the index, under the index lock.
-    fn put_job(
-        &self,
-        idx: &mut JobIndex,
-        pool: &str,
-        session: &SessionId,
-        rec: Option<&JobRec>,
-    ) -> Result<()> {
-        let key = Self::job_key(pool, session);
-        match rec {
-            Some(r) => self.jobs.insert(key, encode(r)?).map(drop),
-            None => self.jobs.remove(key).map(drop),
-        }
-        .map_err(backend_err)?;
-        idx.set(pool, session, rec);
-        Ok(())
-    }
-
-    fn read_job(&self, pool: &str, session: &SessionId) -> Result<Option<JobRec>> {
-        self.jobs
-            .get(Self::job_key(pool, session))
-            .map_err(backend_err)?
-            .map(|v| decode(&v))
-            .transpose()
     }
 
     /// Claims the first due job of `pool` that `want` accepts, or tells when the next one
@@ -181,12 +188,13 @@ impl SledStore {
         let Some(session) = pick else {
             return Ok(Err(first_due));
         };
-        let Some(rec) = self.read_job(pool, &session)? else {
+        let Some(rec) = idx.get(pool, &session).cloned() else {
             return Err(Error::corrupt_because(format!(
                 "job of {session} in pool {pool} is indexed but has no record"
             )));
         };
-        let token = self.db.generate_id().map_err(backend_err)?;
+        idx.token += 1;
+        let token = idx.token;
         let new = JobRec {
             held_until: Some(now + self.lease.as_millis() as u64),
             not_before: 0,
@@ -194,7 +202,7 @@ impl SledStore {
             token,
             dirty: rec.dirty && rec.held_until.is_some(),
         };
-        self.put_job(&mut idx, pool, &session, Some(&new))?;
+        idx.set(pool, &session, Some(&new));
         Ok(Ok(Job {
             pool: pool.to_string(),
             session,
@@ -233,14 +241,14 @@ impl SledStore {
     /// Updates a job record with `f` if it is still held under `handle`.
     fn update_held(&self, job: &Job, f: impl Fn(JobRec) -> Option<JobRec>) -> Result<()> {
         let mut idx = self.job_index();
-        let Some(rec) = self.read_job(&job.pool, &job.session)? else {
+        let Some(rec) = idx.get(&job.pool, &job.session).cloned() else {
             return Ok(());
         };
         if rec.token.to_string() != job.handle {
             return Ok(()); // no longer ours: the lease ran out and someone else holds it
         }
         let new = f(rec);
-        self.put_job(&mut idx, &job.pool, &job.session, new.as_ref())?;
+        idx.set(&job.pool, &job.session, new.as_ref());
         drop(idx);
         self.job_ready.notify_one();
         Ok(())
@@ -260,7 +268,7 @@ impl JobQueue for SledStore {
     async fn push(&self, pool: &str, session: &SessionId) -> Result<()> {
         {
             let mut idx = self.job_index();
-            let rec = match self.read_job(pool, session)? {
+            let rec = match idx.get(pool, session).cloned() {
                 None => JobRec::ready(),
                 Some(mut r) => {
                     if r.held_until.is_some() {
@@ -269,7 +277,7 @@ impl JobQueue for SledStore {
                     r
                 }
             };
-            self.put_job(&mut idx, pool, session, Some(&rec))?;
+            idx.set(pool, session, Some(&rec));
         }
         self.job_ready.notify_one();
         Ok(())
@@ -293,7 +301,7 @@ impl JobQueue for SledStore {
         Ok(idx
             .pools
             .get(pool)
-            .map_or(0, |p| p.due.keys().filter(|s| want(s)).count()) as u64)
+            .map_or(0, |p| p.jobs.keys().filter(|s| want(s)).count()) as u64)
     }
 
     async fn heartbeat(&self, job: &Job) -> Result<()> {
@@ -320,6 +328,57 @@ impl JobQueue for SledStore {
 
     async fn depth(&self, pool: &str) -> Result<u64> {
         let idx = self.job_index();
-        Ok(idx.pools.get(pool).map_or(0, |p| p.due.len()) as u64)
+        Ok(idx.pools.get(pool).map_or(0, |p| p.jobs.len()) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use skein_runtime::ports::JobQueue;
+
+    use crate::SledStore;
+
+    fn sid(s: &str) -> skein_core::SessionId {
+        skein_core::SessionId::root(s).expect("a session id")
+    }
+
+    #[tokio::test]
+    async fn jobs_live_in_memory_and_only_a_hand_over_writes_them() {
+        // Given a store with jobs pushed, claimed and acked.
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let open = || SledStore::open(&dir.path().join("data"), &dir.path().join("ws"));
+        let s = open().expect("opens");
+        for n in ["a", "b", "c"] {
+            s.push("default", &sid(&format!("s-{n}")))
+                .await
+                .expect("push");
+        }
+        let done = s
+            .claim("default", std::time::Duration::ZERO)
+            .await
+            .expect("claim")
+            .expect("a job");
+        s.ack(&done).await.expect("ack");
+
+        // Then nothing of them is in sled until the store hands them on, and what it hands
+        // on is what the queue holds: every job but the acked one.
+        assert!(s.jobs.is_empty(), "a job change was written to sled");
+        assert_eq!(s.depth("default").await.expect("depth"), 2);
+        drop(s);
+        let s = open().expect("opens again");
+        assert_eq!(s.jobs.len(), 2);
+        assert_eq!(s.depth("default").await.expect("depth"), 2);
+        let left = s.queued_sessions();
+        assert!(!left.contains(&done.session), "{left:?}");
+
+        // And a hand-over replaces the one before it rather than adding to it.
+        let next = s
+            .claim("default", std::time::Duration::ZERO)
+            .await
+            .expect("claim")
+            .expect("a job");
+        s.ack(&next).await.expect("ack");
+        s.hand_on_jobs().expect("hand on");
+        assert_eq!(s.jobs.len(), 1);
     }
 }

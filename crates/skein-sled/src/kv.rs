@@ -1,11 +1,36 @@
 //! The cache (with single-flight claims), the blob store and the notice inboxes.
+//!
+//! Cache entries and watchers must outlive the process: they are sled trees, flushed
+//! before a write returns. Single-flight claims and notices are soft state, kept in
+//! memory: a claim whose holder is gone is replaced, and a parent loaded afresh (as every
+//! parent is in a new process) reconciles with its children's logs rather than its notices.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::MutexGuard;
 
 use async_trait::async_trait;
 use skein_core::SessionId;
 use skein_runtime::ports::{Blobs, Cache, CacheEntry, Notices};
 use skein_runtime::{Error, Result};
 
-use crate::{backend_err, decode, encode, prefix, u64_of, SledStore};
+use crate::{backend_err, decode, encode, prefix, SledStore};
+
+/// The single-flight claims and notice inboxes of this process.
+#[derive(Default)]
+pub(crate) struct Soft {
+    /// Mission hash → the session computing it.
+    inflight: HashMap<String, SessionId>,
+    /// Parent → its notices by position.
+    notices: HashMap<SessionId, BTreeMap<u64, SessionId>>,
+    /// The last notice position given out (positions rise across all parents).
+    position: u64,
+}
+
+impl SledStore {
+    fn soft(&self) -> MutexGuard<'_, Soft> {
+        self.soft.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 #[async_trait]
 impl Cache for SledStore {
@@ -28,30 +53,22 @@ impl Cache for SledStore {
     }
 
     async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>> {
-        let me = session.as_str().as_bytes();
-        match self
-            .inflight
-            .compare_and_swap(hash.as_bytes(), None as Option<&[u8]>, Some(me))
-            .map_err(backend_err)?
-        {
-            Ok(()) => Ok(None),
-            Err(cur) => match cur.current {
-                Some(v) if v.as_ref() != me => {
-                    let id = std::str::from_utf8(&v)
-                        .map_err(|e| Error::corrupt("single-flight owner", e))?;
-                    Ok(Some(SessionId::parse(id)?))
-                }
-                _ => Ok(None),
-            },
+        let mut soft = self.soft();
+        match soft.inflight.get(hash) {
+            Some(owner) if owner != session => Ok(Some(owner.clone())),
+            Some(_) => Ok(None),
+            None => {
+                soft.inflight.insert(hash.to_string(), session.clone());
+                Ok(None)
+            }
         }
     }
 
     async fn release_inflight(&self, hash: &str, session: &SessionId) -> Result<()> {
-        let me = session.as_str().as_bytes();
-        let _ = self
-            .inflight
-            .compare_and_swap(hash.as_bytes(), Some(me), None as Option<&[u8]>)
-            .map_err(backend_err)?;
+        let mut soft = self.soft();
+        if soft.inflight.get(hash) == Some(session) {
+            soft.inflight.remove(hash);
+        }
         Ok(())
     }
 }
@@ -99,30 +116,31 @@ fn raw_hash(hex: &str) -> Option<[u8; 32]> {
 
 #[async_trait]
 impl Notices for SledStore {
+    /// Taking a position and inserting the notice happen under one lock, so a reader that
+    /// has seen position p can never later miss a notice below p.
     async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()> {
-        let _order = self.notice_order.lock().unwrap_or_else(|p| p.into_inner());
-        let pos = self.db.generate_id().map_err(backend_err)? + 1;
-        let mut k = prefix(parent.as_str());
-        k.extend_from_slice(&pos.to_be_bytes());
-        self.notices
-            .insert(k, child.as_str().as_bytes())
-            .map_err(backend_err)?;
+        let mut soft = self.soft();
+        soft.position += 1;
+        let pos = soft.position;
+        soft.notices
+            .entry(parent.clone())
+            .or_default()
+            .insert(pos, child.clone());
         Ok(())
     }
 
     async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>> {
-        let mut start = prefix(parent.as_str());
-        start.extend_from_slice(&(after.saturating_add(1)).to_be_bytes());
-        let mut end = prefix(parent.as_str());
-        end.extend_from_slice(&u64::MAX.to_be_bytes());
-        let mut out = vec![];
-        for item in self.notices.range(start..=end) {
-            let (k, v) = item.map_err(backend_err)?;
-            let pos = u64_of(&k[k.len() - 8..]);
-            let child = std::str::from_utf8(&v).map_err(|e| Error::corrupt("notice", e))?;
-            out.push((pos, SessionId::parse(child)?));
-        }
-        Ok(out)
+        let soft = self.soft();
+        let Some(inbox) = soft.notices.get(parent) else {
+            return Ok(vec![]);
+        };
+        let Some(from) = after.checked_add(1) else {
+            return Ok(vec![]);
+        };
+        Ok(inbox
+            .range(from..)
+            .map(|(pos, child)| (*pos, child.clone()))
+            .collect())
     }
 
     async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()> {
@@ -148,11 +166,10 @@ impl Notices for SledStore {
         Ok(out)
     }
 
-    /// One process holds the database: a notice is written to its tree (at once visible to
-    /// every reader in the process) before the wake-up is pushed, so the claimer of that
-    /// wake-up reads it. A crash may lose both (neither is flushed per write), and then
-    /// every fold is gone with the process: the next load of the parent is cold and reads
-    /// every outstanding child.
+    /// One process holds the store: a notice is in its inbox (at once visible to every
+    /// reader in the process) before the wake-up is pushed, so the claimer of that wake-up
+    /// reads it. Both end with the process, and so does every fold: the next load of the
+    /// parent is cold and reads every outstanding child.
     fn in_step_with_wakes(&self) -> bool {
         true
     }

@@ -1,13 +1,14 @@
-//! skein-sled: the embedded backend of skein's ports — every port on one sled database,
-//! for one process (`skein run`, `skein resume`). The JetStream backend (`skein-nats`)
+//! skein-sled: the embedded backend of skein's ports — an event log file of its own, a
+//! sled database for what must outlast the process, and memory for the rest, for one
+//! process (`skein run`, `skein resume`). The JetStream backend (`skein-nats`)
 //! implements the same ports for a cluster; both pass the same conformance suite.
 //!
 //! | port | file | sled |
 //! | --- | --- | --- |
 //! | EventLog | `log.rs`, `wal.rs` | none: its own file, `events.log` |
 //! | Blobs | `kv.rs`, `wal.rs` | none: frames of `events.log` (tree `blobs` read for older ones) |
-//! | JobQueue | `jobs.rs` | tree `jobs` |
-//! | Cache, Notices | `kv.rs` | trees `cache`, `inflight`, `notices`, `watchers` |
+//! | JobQueue | `jobs.rs` | none while open: in memory; tree `jobs` holds what was handed on to the next process |
+//! | Cache, Notices | `kv.rs` | trees `cache`, `watchers`; single-flight claims and notices are in memory |
 //! | Workspaces | here | a directory per tree |
 //!
 //! The event log is an append-only file of its own (`wal.rs`): one frame per append, one
@@ -16,9 +17,11 @@
 //! those records into the file once. Blobs they kept in the tree `blobs` are read there.
 //!
 //! Layout of the rest (one sled tree each):
-//! - `jobs`: `pool \0 session` → job state (ready / held with lease, attempt, dirty).
-//! - `cache`: mission hash → entry; `notices`: `parent \0 position(u64 BE)` → child id;
-//!   `blobs` (written by earlier versions only): blake3 hex → bytes.
+//! - `jobs`: `pool \0 session` → job state (ready / held with lease, attempt, dirty), as
+//!   last handed on ([`SledStore::leave`], or a drop).
+//! - `cache`: mission hash → entry; `watchers`: `target \0 watcher` → pool;
+//!   `blobs` (written by earlier versions only): blake3 hex → bytes. Earlier versions also
+//!   kept `notices` and `inflight` trees, which are no longer read.
 //!
 //! Durability: an append returns only after an `fdatasync` of the log that covers it.
 //! Appends of many sessions share one (group commit): each append takes a ticket after its
@@ -33,9 +36,10 @@
 //! fails stops the flusher for good (fail-stop), for the log and the database alike: the
 //! writers waiting for it and every later one get its error, naming the part that failed,
 //! and [`SledStore::failed`] resolves with it; a full disk fails
-//! the one write with [`skein_runtime::Error::Full`] and stops nothing (see `wal.rs`). Jobs and
-//! notices are not flushed per write: after a crash, `resume` derives every job from the
-//! logs, and a parent reconciles with its children's logs when it is first loaded.
+//! the one write with [`skein_runtime::Error::Full`] and stops nothing (see `wal.rs`). Jobs,
+//! notices and single-flight claims are soft state, in memory: after a crash, `resume`
+//! derives every job from the logs, a parent reconciles with its children's logs when it
+//! is first loaded, and a claim whose holder is gone is replaced.
 
 pub mod file;
 mod jobs;
@@ -81,13 +85,6 @@ fn prefix(s: &str) -> Vec<u8> {
     let mut k = s.as_bytes().to_vec();
     k.push(0);
     k
-}
-
-fn u64_of(bytes: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    let n = bytes.len().min(8);
-    b[8 - n..].copy_from_slice(&bytes[bytes.len() - n..]);
-    u64::from_be_bytes(b)
 }
 
 /// Group commit, for the event log and the sled database both: writers wait for a flush
@@ -284,18 +281,18 @@ pub struct SledStore {
     jobs: sled::Tree,
     cache: sled::Tree,
     blobs: sled::Tree,
-    notices: sled::Tree,
-    inflight: sled::Tree,
     watchers: sled::Tree,
+    /// Single-flight claims and notices: soft state, in memory (see `kv.rs`).
+    soft: std::sync::Mutex<kv::Soft>,
+    /// Set by [`SledStore::leave`]: a store it did not forget hands on and flushes
+    /// nothing more when dropped (leave did).
+    left: AtomicBool,
     /// The database as the flusher's task holds it: emptied when the store is dropped, so
     /// that the database (and its lock) closes then, not when that task next wakes.
     flushed_db: Arc<std::sync::Mutex<Option<sled::Db>>>,
     job_ready: Notify,
-    /// Every job by when it is due; see `jobs.rs`.
+    /// Every job, by when it is due; see `jobs.rs`.
     job_index: std::sync::Mutex<jobs::JobIndex>,
-    /// Makes "take a position, insert the notice" atomic, so a reader that has seen
-    /// position p can never later miss a notice below p.
-    notice_order: std::sync::Mutex<()>,
     workspace_root: PathBuf,
     /// Whether `workspace_root` lies on a local disk: small file operations of the tools
     /// then run on the calling task ([`LocalWorkspace::quick`]).
@@ -363,14 +360,13 @@ impl SledStore {
             jobs: tree("jobs")?,
             cache: tree("cache")?,
             blobs: tree("blobs")?,
-            notices: tree("notices")?,
-            inflight: tree("inflight")?,
             watchers: tree("watchers")?,
+            soft: Default::default(),
+            left: AtomicBool::new(false),
             flushed_db,
             db,
             job_ready: Notify::new(),
             job_index: Default::default(),
-            notice_order: std::sync::Mutex::new(()),
             workspace_root: workspace_root.to_path_buf(),
             workspace_local: skein_tools::workspace::on_local_disk(workspace_root),
             lease,
@@ -406,22 +402,22 @@ impl SledStore {
     }
 
     /// Ends this process's use of the store just before the process exits: syncs the log
-    /// and, when no job is left for a session that has not ended, keeps the sled database
-    /// open until the process is gone, so that it is not flushed on the way out. Every
-    /// sled write that must last was flushed when it was made (cache entries, watchers);
-    /// what is left unflushed — job states of ended sessions, notices, single-flight
-    /// marks — is what a crash leaves too, and is rebuilt from the logs as after one (a
-    /// parent reads its children's logs when it is first loaded, a single-flight mark
-    /// whose holder failed is replaced, `resume` re-enqueues an unfinished tree). A job
-    /// still waiting for a session that has not ended (a run interrupted, a paused
-    /// session's deadline) is flushed as before, for the next process to take. sled's
-    /// first flush in a process starts its pool of I/O threads, which cost a short
-    /// `skein run` several milliseconds of CPU on the way out.
+    /// and, when a job is left for a session that has not ended (a run interrupted, a
+    /// paused session's deadline), hands every job on to the next process (`skein ui`,
+    /// `resume`) and flushes the database. Otherwise nothing is handed on: jobs, notices
+    /// and single-flight marks are soft state (see `jobs.rs` and `kv.rs`), and what sled
+    /// holds that must last (cache entries, watchers) was flushed when it was written.
     ///
-    /// For a process that exits next; one that goes on using the data directory (a test,
-    /// a server) drops the store instead, which flushes and closes it.
+    /// The store is then never dropped (`mem::forget`): sled flushes whatever it holds as
+    /// its last tree handle closes, unconditionally, and a new database holds its own
+    /// creation; that flush starts sled's pool of I/O threads, which cost a short
+    /// `skein run` several milliseconds of CPU on the way out (`tests/embedded.rs` checks
+    /// that a run leaves sled's file empty). So this is for a process that exits next; one
+    /// that goes on using the data directory (a test, a server) drops the store instead,
+    /// which hands every job on, flushes and closes it.
     pub async fn leave(self: Arc<Self>) -> Result<()> {
         self.close_log()?;
+        self.left.store(true, Ordering::SeqCst);
         for session in self.queued_sessions() {
             // A log that cannot be read counts as not ended: its job is kept.
             let ended = self
@@ -429,6 +425,7 @@ impl SledStore {
                 .last(&session)
                 .is_ok_and(|last| last.is_none_or(|r| r.env.body.is_terminal()));
             if !ended {
+                self.hand_on_jobs()?;
                 return self.flush().await;
             }
         }
@@ -468,7 +465,10 @@ impl Drop for SledStore {
         self.wal_flusher.stop.store(true, Ordering::SeqCst);
         self.wal_flusher.kick.notify_one();
         let _ = self.wal.close();
-        if !self.wal_flusher.db_failed() {
+        if !self.left.load(Ordering::SeqCst) && !self.wal_flusher.db_failed() {
+            if let Err(e) = self.hand_on_jobs() {
+                tracing::warn!(error = %e, "the job queue could not be handed on; `skein resume` derives it");
+            }
             let _ = self.db.flush();
         }
         self.flushed_db
