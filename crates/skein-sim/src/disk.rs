@@ -6,7 +6,8 @@
 //! What it models, as the embedded store does it:
 //! - an append writes its records as one frame at the end of the file and returns once an
 //!   `fdatasync` that started after the write covers it (one flusher, group commit); the
-//!   records can be read at once;
+//!   records can be read at once; an append ahead (`EventLog::append_batch_ahead`) returns
+//!   once written, a later frame's sync covering it;
 //! - a failed `fdatasync` (EIO) stops the log for good (fail-stop): the appends waiting
 //!   for it and every later one fail with that error, nothing more is acknowledged, and
 //!   only reopening the store goes on. The simulation then restarts the process: every

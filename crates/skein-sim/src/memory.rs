@@ -176,6 +176,72 @@ impl MemStore {
         self.lock().logs.clone()
     }
 
+    /// Appends `records` if the log ends at `expected_last`; on a disk, waits for a sync
+    /// to cover them when `wait`.
+    async fn append_written(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+        wait: bool,
+    ) -> Result<()> {
+        self.reach("append")?;
+        let disk = self.disk.as_ref().filter(|_| !records.is_empty());
+        if let Some(d) = disk {
+            d.before_write()?;
+        }
+        // The lock is not held across the wait for the disk.
+        let written = {
+            let mut g = self.lock();
+            g.refused.remove(session);
+            let log = g.logs.entry(session.clone()).or_default();
+            let actual = log.len() as u64;
+            // As on NATS, whose condition names the stream sequence of the writer's own last
+            // message: the log must end with the record the batch follows, not merely at its
+            // seq (a writer whose pipelined append was refused, and whose refusal another
+            // holder's ack heard, expects a record that is not there).
+            let follows = match (log.last(), records.first()) {
+                (Some(last), Some(first)) => first.env.prev == last.hash(),
+                _ => true,
+            };
+            if actual != expected_last || !follows {
+                if log.is_empty() {
+                    g.logs.remove(session);
+                }
+                return Err(Error::Conflict {
+                    session: session.to_string(),
+                    expected: expected_last,
+                    actual,
+                });
+            }
+            log.extend(records.iter().cloned());
+            let written = disk.map(|d| d.written(session, expected_last + 1, records));
+            // A seeded fault: the write is made but its acknowledgement is lost, and the
+            // writer's retry meets its own records as a conflict (what a JetStream publish
+            // whose ack timed out sees when it is sent again). On a disk, the write is
+            // synced before its answer is lost, as JetStream stores a message before it
+            // acks it: a writer that reads its records back may take them as durable.
+            let ack_lost = self.faults.conflict().then(|| Error::Conflict {
+                session: session.to_string(),
+                expected: expected_last,
+                actual: log.len() as u64,
+            });
+            (written, ack_lost)
+        };
+        if let (Some(d), (Some(t), lost)) = (disk, &written) {
+            if wait || lost.is_some() {
+                d.durable(*t).await?;
+            }
+            if let (true, None, Some(last)) = (wait, lost, records.last()) {
+                d.acked(*t, session, last);
+            }
+        }
+        match written.1 {
+            Some(lost) => Err(lost),
+            None => Ok(()),
+        }
+    }
+
     fn try_claim(
         &self,
         pool: &str,
@@ -277,54 +343,20 @@ impl EventLog for MemStore {
         expected_last: u64,
         records: &[Record],
     ) -> Result<()> {
-        self.reach("append")?;
-        let disk = self.disk.as_ref().filter(|_| !records.is_empty());
-        if let Some(d) = disk {
-            d.before_write()?;
-        }
-        // The lock is not held across the wait for the disk.
-        let written = {
-            let mut g = self.lock();
-            g.refused.remove(session);
-            let log = g.logs.entry(session.clone()).or_default();
-            let actual = log.len() as u64;
-            // As on NATS, whose condition names the stream sequence of the writer's own last
-            // message: the log must end with the record the batch follows, not merely at its
-            // seq (a writer whose pipelined append was refused, and whose refusal another
-            // holder's ack heard, expects a record that is not there).
-            let follows = match (log.last(), records.first()) {
-                (Some(last), Some(first)) => first.env.prev == last.hash(),
-                _ => true,
-            };
-            if actual != expected_last || !follows {
-                if log.is_empty() {
-                    g.logs.remove(session);
-                }
-                return Err(Error::Conflict {
-                    session: session.to_string(),
-                    expected: expected_last,
-                    actual,
-                });
-            }
-            log.extend(records.iter().cloned());
-            let written = disk.map(|d| d.written(session, expected_last + 1, records));
-            // A seeded fault: the write is made but its acknowledgement is lost, and the
-            // writer's retry meets its own records as a conflict (what a JetStream publish
-            // whose ack timed out sees when it is sent again).
-            if self.faults.conflict() {
-                return Err(Error::Conflict {
-                    session: session.to_string(),
-                    expected: expected_last,
-                    actual: log.len() as u64,
-                });
-            }
-            written
-        };
-        if let (Some(d), Some(t), Some(last)) = (disk, written, records.last()) {
-            d.durable(t).await?;
-            d.acked(t, session, last);
-        }
-        Ok(())
+        self.append_written(session, expected_last, records, true)
+            .await
+    }
+
+    /// As on the embedded store, whose log is one file written in order: on the disk, the
+    /// records are written and not waited for (the sync of any later frame covers them).
+    async fn append_batch_ahead(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        self.append_written(session, expected_last, records, false)
+            .await
     }
 
     /// As on NATS: written at once, or (a seeded fault, drawn as a conflict: the publish

@@ -65,10 +65,11 @@ fn a_batch_of_seeds_keeps_every_invariant() {
     assert!(disk.every_fault(), "{disk:?}");
 }
 
-/// Seeds whose disk did all it can in one run: a failed sync (the store stopped, the
-/// process restarted on what the disk kept, dropping unsynced records), a full disk, and
-/// a byte flipped at rest that opening refused.
-const DISK_SEEDS: &[(u64, bool)] = &[(112, false), (14, true)];
+/// Seeds whose disk did much in one run, as this version schedules them: failed syncs
+/// (the store stopped, the process restarted on what the disk kept, dropping unsynced
+/// records; plain seed 41 once while the trees were being submitted) and bytes flipped at
+/// rest that opening refused; swarm seed 2 also filled its disk six times.
+const DISK_SEEDS: &[(u64, bool)] = &[(41, false), (2, true)];
 
 #[test]
 fn seeds_whose_disk_fails_fills_and_rots_keep_every_invariant() {
