@@ -162,6 +162,11 @@ impl Faults {
         }
     }
 
+    /// Whether faults strike: not once the run's time is up.
+    pub fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
     pub fn stop(&self) {
         self.on.store(false, Ordering::Relaxed);
     }

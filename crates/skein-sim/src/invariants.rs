@@ -275,6 +275,20 @@ pub async fn check(run: &Run) -> Verdict {
             ));
         }
     }
+    // The disk: nothing acknowledged that a sync did not cover, no acknowledged record
+    // lost across a restart, damage refused; and no tree failed for a disk's fault, which
+    // passes (a full disk waits, a stopped store is reopened).
+    if let Some(disk) = run.store.disk() {
+        v.violations.extend(disk.violations(&run.logs));
+        for (id, recs) in &run.logs {
+            if let Some(Event::Failed(f)) = recs.last().map(|r| &r.env.body) {
+                if f.error.contains("simulated disk") {
+                    v.violations
+                        .push(format!("{id}: failed for a disk fault: {}", f.error));
+                }
+            }
+        }
+    }
     if run.person.reused_accepted > 0 {
         v.violations.push(format!(
             "a used token was accepted again {} time(s)",

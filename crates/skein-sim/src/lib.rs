@@ -7,6 +7,7 @@
 // failing is a broken machine or a broken simulation, not a finding: it stops there.
 #![allow(clippy::expect_used)]
 
+pub mod disk;
 pub mod faults;
 pub mod gen;
 pub mod invariants;
@@ -18,15 +19,20 @@ use std::time::Duration;
 pub use invariants::Verdict;
 
 /// One seed's run and its verdict, on a fresh single-threaded runtime whose clock only
-/// moves when every task waits.
+/// moves when every task waits; the disk's faults among the seed's.
 pub fn simulate(seed: u64, swarm: bool) -> (world::Run, Verdict) {
+    simulate_on(seed, swarm, true)
+}
+
+/// [`simulate`], with the disk's faults (`disk`) or without.
+pub fn simulate_on(seed: u64, swarm: bool, disk: bool) -> (world::Run, Verdict) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .expect("a runtime");
     rt.block_on(async {
-        let run = world::run(seed, swarm).await;
+        let run = world::run(seed, swarm, disk).await;
         let verdict = invariants::check(&run).await;
         // Let the killed workers' tasks unwind before the runtime goes.
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -51,6 +57,11 @@ pub struct Generated {
 /// the seed's faults; then, if any child was answered from the cache, the same world
 /// again with no fault and no cache, whose answers the hits must equal.
 pub fn simulate_generated(seed: u64, swarm: bool, opts: gen::Options) -> Generated {
+    simulate_generated_on(seed, swarm, opts, true)
+}
+
+/// [`simulate_generated`], with the disk's faults (`disk`) or without.
+pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: bool) -> Generated {
     let scenario = gen::generate(seed, opts);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -64,6 +75,7 @@ pub fn simulate_generated(seed: u64, swarm: bool, opts: gen::Options) -> Generat
             no_cache: false,
             time_limit: world::GENERATED_TIME_LIMIT,
             drain_limit: world::GENERATED_DRAIN_LIMIT,
+            disk,
         };
         let run = match world::run_scenario(seed, setup, &scenario).await {
             Ok(run) => run,
@@ -92,6 +104,7 @@ pub fn simulate_generated(seed: u64, swarm: bool, opts: gen::Options) -> Generat
                 no_cache: true,
                 time_limit: world::GENERATED_TIME_LIMIT,
                 drain_limit: world::GENERATED_DRAIN_LIMIT,
+                disk: false,
             };
             if let Ok(reference) = world::run_scenario(seed, fresh, &scenario).await {
                 let (c, u) = invariants::cache_sound(&run, &reference, &mut verdict);

@@ -1,5 +1,6 @@
 //! `skein-sim --seeds N [--swarm]` runs seeds 1..=N and prints the violations found;
-//! `skein-sim --seed S` runs one seed and prints its schedule and verdict.
+//! `skein-sim --seed S` runs one seed and prints its schedule and verdict. The log lies on
+//! a disk that fails, fills and rots unless `--no-disk-faults` is given.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -8,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: skein-sim [--generated [--known-shapes-only]] (--seeds N [--from S] | --seed S [--dump DIR]) [--swarm]"
+        "usage: skein-sim [--generated [--known-shapes-only]] (--seeds N [--from S] | --seed S [--dump DIR]) [--swarm] [--no-disk-faults]"
     );
     ExitCode::from(2)
 }
@@ -16,6 +17,7 @@ fn usage() -> ExitCode {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let swarm = args.iter().any(|a| a == "--swarm");
+    let disk = !args.iter().any(|a| a == "--no-disk-faults");
     let value = |flag: &str| -> Option<u64> {
         let i = args.iter().position(|a| a == flag)?;
         args.get(i + 1)?.parse().ok()
@@ -32,15 +34,19 @@ fn main() -> ExitCode {
             .and_then(|i| args.get(i + 1))
             .map(std::path::PathBuf::from);
         return match (value("--seed"), value("--seeds")) {
-            (Some(seed), _) => generated_one(seed, swarm, opts, dump.as_deref()),
-            (None, Some(n)) => generated_many(value("--from").unwrap_or(1), n, swarm, opts),
+            (Some(seed), _) => generated_one(seed, swarm, opts, disk, dump.as_deref()),
+            (None, Some(n)) => generated_many(value("--from").unwrap_or(1), n, swarm, opts, disk),
             _ => usage(),
         };
     }
     if let Some(seed) = value("--seed") {
-        let (run, v) = skein_sim::simulate(seed, swarm);
+        let (run, v) = skein_sim::simulate_on(seed, swarm, disk);
         let f = &run.faults;
-        println!("seed {seed}{}", if swarm { " (swarm)" } else { "" });
+        println!(
+            "seed {seed}{}{}",
+            if swarm { " (swarm)" } else { "" },
+            if disk { "" } else { " (no disk faults)" }
+        );
         println!("rates: {:?}", f.rates);
         println!(
             "schedule: worker kills at {:?} virtual ms; trees cancelled {:?}; {} conflicts, \
@@ -58,6 +64,10 @@ fn main() -> ExitCode {
             f.heartbeats_lost.load(Ordering::Relaxed),
             run.virtual_ms
         );
+        if let Some(d) = run.store.disk() {
+            println!("disk rates: {:?}", d.rates);
+            println!("{}; restarts at {:?} virtual ms", d.report(), run.restarts);
+        }
         println!(
             "person: {} answers, {} approvals, {} denials, {} used tokens sent again",
             run.person.answers, run.person.approvals, run.person.denials, run.person.reuse_tries
@@ -134,8 +144,10 @@ fn main() -> ExitCode {
         (0, 0, 0, 0, 0, 0);
     let (mut late, mut slow, mut beats, mut cancels) = (0, 0, 0, 0);
     let (mut answers, mut decisions, mut reuses) = (0, 0, 0);
+    let mut disk_sum = DiskSum::default();
     for seed in from..from + n {
-        let (run, v) = skein_sim::simulate(seed, swarm);
+        let (run, v) = skein_sim::simulate_on(seed, swarm, disk);
+        disk_sum.add(&run);
         let f = &run.faults;
         crashes += run.crashes.len() as u64;
         conflicts += f.conflicts.load(Ordering::Relaxed);
@@ -156,8 +168,9 @@ fn main() -> ExitCode {
         if let Some(first) = v.violations.first() {
             bad += 1;
             println!(
-                "seed {seed}: {first} (replay with --seed {seed}{})",
-                if swarm { " --swarm" } else { "" }
+                "seed {seed}: {first} (replay with --seed {seed}{}{})",
+                if swarm { " --swarm" } else { "" },
+                if disk { "" } else { " --no-disk-faults" }
             );
         }
     }
@@ -178,6 +191,7 @@ fn main() -> ExitCode {
         "person: {answers} answers, {decisions} approvals decided, {reuses} used tokens sent \
          again (all refused unless a violation says otherwise)"
     );
+    disk_sum.print(disk);
     println!("events by kind: {kinds:?}");
     if bad == 0 {
         ExitCode::SUCCESS
@@ -186,16 +200,65 @@ fn main() -> ExitCode {
     }
 }
 
-fn flags(swarm: bool, opts: skein_sim::gen::Options) -> String {
+fn flags(swarm: bool, opts: skein_sim::gen::Options, disk: bool) -> String {
     format!(
-        "--generated{}{}",
+        "--generated{}{}{}",
         if opts.open {
             ""
         } else {
             " --known-shapes-only"
         },
-        if swarm { " --swarm" } else { "" }
+        if swarm { " --swarm" } else { "" },
+        if disk { "" } else { " --no-disk-faults" }
     )
+}
+
+/// What the disk's faults did over many seeds.
+#[derive(Default)]
+struct DiskSum {
+    syncs_failed: u64,
+    restarts: u64,
+    dropped: u64,
+    writes_failed: u64,
+    fulls: u64,
+    full_refusals: u64,
+    damaged: u64,
+    refused_opens: u64,
+}
+
+impl DiskSum {
+    fn add(&mut self, run: &skein_sim::world::Run) {
+        let Some(d) = run.store.disk() else { return };
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        self.syncs_failed += n(&d.syncs_failed);
+        self.restarts += run.restarts.len() as u64;
+        self.dropped += n(&d.dropped);
+        self.writes_failed += n(&d.writes_failed);
+        self.fulls += n(&d.fulls);
+        self.full_refusals += n(&d.full_refusals);
+        self.damaged += n(&d.damaged);
+        self.refused_opens += n(&d.refused_opens);
+    }
+
+    fn print(&self, on: bool) {
+        if !on {
+            println!("disk faults: off");
+            return;
+        }
+        println!(
+            "disk: {} syncs failed ({} restarts, {} unsynced records dropped), {} writes \
+             failed, full {} times ({} appends refused), {} bytes flipped at rest ({} opens \
+             refused)",
+            self.syncs_failed,
+            self.restarts,
+            self.dropped,
+            self.writes_failed,
+            self.fulls,
+            self.full_refusals,
+            self.damaged,
+            self.refused_opens
+        );
+    }
 }
 
 /// One generated seed: its verdict, and its agent set written out with `--dump DIR`.
@@ -203,10 +266,11 @@ fn generated_one(
     seed: u64,
     swarm: bool,
     opts: skein_sim::gen::Options,
+    disk: bool,
     dump: Option<&std::path::Path>,
 ) -> ExitCode {
-    let g = skein_sim::simulate_generated(seed, swarm, opts);
-    println!("seed {seed} ({})", flags(swarm, opts));
+    let g = skein_sim::simulate_generated_on(seed, swarm, opts, disk);
+    println!("seed {seed} ({})", flags(swarm, opts, disk));
     if let Some(dir) = dump {
         match g.scenario.dump(dir) {
             Ok(lines) => {
@@ -251,6 +315,9 @@ fn generated_one(
     }
     if let Some(run) = &g.run {
         print_records(run);
+        if let Some(d) = run.store.disk() {
+            println!("{}; restarts at {:?} virtual ms", d.report(), run.restarts);
+        }
     }
     let v = &g.verdict;
     println!(
@@ -314,15 +381,25 @@ fn known_seeds(flags: &str) -> std::collections::BTreeMap<u64, String> {
 
 /// Generated seeds `from..from + n`: a line for each that fails, and the figures. A seed
 /// listed in `known-seeds.txt` that fails is reported as known and does not fail the run.
-fn generated_many(from: u64, n: u64, swarm: bool, opts: skein_sim::gen::Options) -> ExitCode {
-    let known = known_seeds(&flags(swarm, opts));
+fn generated_many(
+    from: u64,
+    n: u64,
+    swarm: bool,
+    opts: skein_sim::gen::Options,
+    disk: bool,
+) -> ExitCode {
+    let known = known_seeds(&flags(swarm, opts, disk));
+    let mut disk_sum = DiskSum::default();
     let mut known_failed = 0u64;
     let started = Instant::now();
     let (mut bad, mut refused, mut agents, mut trees, mut checked, mut unmatched) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut kinds = std::collections::BTreeMap::new();
     for seed in from..from + n {
-        let g = skein_sim::simulate_generated(seed, swarm, opts);
+        let g = skein_sim::simulate_generated_on(seed, swarm, opts, disk);
+        if let Some(run) = &g.run {
+            disk_sum.add(run);
+        }
         agents += g.scenario.agents.len() as u64;
         trees += g.scenario.trees.len() as u64;
         checked += g.hits_checked;
@@ -331,7 +408,7 @@ fn generated_many(from: u64, n: u64, swarm: bool, opts: skein_sim::gen::Options)
             refused += 1;
             println!(
                 "seed {seed}: the loader refused the generated set: {why} (see it with --seed {seed} {} --dump DIR)",
-                flags(swarm, opts)
+                flags(swarm, opts, disk)
             );
             continue;
         }
@@ -347,7 +424,7 @@ fn generated_many(from: u64, n: u64, swarm: bool, opts: skein_sim::gen::Options)
             bad += 1;
             println!(
                 "seed {seed}: {first} (replay with --seed {seed} {} --dump DIR)",
-                flags(swarm, opts)
+                flags(swarm, opts, disk)
             );
         }
     }
@@ -360,6 +437,7 @@ fn generated_many(from: u64, n: u64, swarm: bool, opts: skein_sim::gen::Options)
         n as f64 / secs.max(1e-9)
     );
     println!("cache hits compared with a fresh run {checked} (not comparable {unmatched})");
+    disk_sum.print(disk);
     println!(
         "known seeds (crates/skein-sim/known-seeds.txt) in this range that failed: {known_failed}"
     );

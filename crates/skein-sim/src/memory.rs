@@ -19,6 +19,7 @@ use skein_runtime::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
 use tokio::sync::Notify;
 
+use crate::disk::Disk;
 use crate::faults::Faults;
 
 #[derive(Debug, Clone)]
@@ -63,10 +64,22 @@ pub struct MemStore {
     workspaces: PathBuf,
     /// Itself, for the tasks that deliver late notices.
     me: std::sync::Weak<MemStore>,
+    /// The disk under the log, when the seed's faults include a disk's (see `disk.rs`).
+    disk: Option<Arc<Disk>>,
 }
 
 impl MemStore {
     pub fn new(lease: Duration, faults: Arc<Faults>, workspaces: PathBuf) -> Arc<Self> {
+        Self::on_disk(lease, faults, workspaces, None)
+    }
+
+    /// A store whose log lies on `disk` (none: appends are durable once made).
+    pub fn on_disk(
+        lease: Duration,
+        faults: Arc<Faults>,
+        workspaces: PathBuf,
+        disk: Option<Arc<Disk>>,
+    ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             inner: Mutex::new(Inner::default()),
             job_ready: Notify::new(),
@@ -76,6 +89,7 @@ impl MemStore {
             faults,
             workspaces,
             me: me.clone(),
+            disk,
         })
     }
 
@@ -117,6 +131,21 @@ impl MemStore {
         Ok(())
     }
 
+    /// The disk under the log, if it has one.
+    pub fn disk(&self) -> Option<&Arc<Disk>> {
+        self.disk.as_ref()
+    }
+
+    /// The process restarts on the disk: what it kept of the log, opened again (see
+    /// [`Disk::reopen`]).
+    pub fn reopen(&self) {
+        if let Some(disk) = &self.disk {
+            let mut g = self.lock();
+            disk.reopen(&mut g.logs);
+            g.refused.clear();
+        }
+    }
+
     /// Whether the session's log ends with a terminal event.
     pub fn ended(&self, session: &SessionId) -> bool {
         self.lock()
@@ -145,6 +174,72 @@ impl MemStore {
     /// Every log, for the invariants: session → records.
     pub fn logs(&self) -> BTreeMap<SessionId, Vec<Record>> {
         self.lock().logs.clone()
+    }
+
+    /// Appends `records` if the log ends at `expected_last`; on a disk, waits for a sync
+    /// to cover them when `wait`.
+    async fn append_written(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+        wait: bool,
+    ) -> Result<()> {
+        self.reach("append")?;
+        let disk = self.disk.as_ref().filter(|_| !records.is_empty());
+        if let Some(d) = disk {
+            d.before_write()?;
+        }
+        // The lock is not held across the wait for the disk.
+        let written = {
+            let mut g = self.lock();
+            g.refused.remove(session);
+            let log = g.logs.entry(session.clone()).or_default();
+            let actual = log.len() as u64;
+            // As on NATS, whose condition names the stream sequence of the writer's own last
+            // message: the log must end with the record the batch follows, not merely at its
+            // seq (a writer whose pipelined append was refused, and whose refusal another
+            // holder's ack heard, expects a record that is not there).
+            let follows = match (log.last(), records.first()) {
+                (Some(last), Some(first)) => first.env.prev == last.hash(),
+                _ => true,
+            };
+            if actual != expected_last || !follows {
+                if log.is_empty() {
+                    g.logs.remove(session);
+                }
+                return Err(Error::Conflict {
+                    session: session.to_string(),
+                    expected: expected_last,
+                    actual,
+                });
+            }
+            log.extend(records.iter().cloned());
+            let written = disk.map(|d| d.written(session, expected_last + 1, records));
+            // A seeded fault: the write is made but its acknowledgement is lost, and the
+            // writer's retry meets its own records as a conflict (what a JetStream publish
+            // whose ack timed out sees when it is sent again). On a disk, the write is
+            // synced before its answer is lost, as JetStream stores a message before it
+            // acks it: a writer that reads its records back may take them as durable.
+            let ack_lost = self.faults.conflict().then(|| Error::Conflict {
+                session: session.to_string(),
+                expected: expected_last,
+                actual: log.len() as u64,
+            });
+            (written, ack_lost)
+        };
+        if let (Some(d), (Some(t), lost)) = (disk, &written) {
+            if wait || lost.is_some() {
+                d.durable(*t).await?;
+            }
+            if let (true, None, Some(last)) = (wait, lost, records.last()) {
+                d.acked(*t, session, last);
+            }
+        }
+        match written.1 {
+            Some(lost) => Err(lost),
+            None => Ok(()),
+        }
     }
 
     fn try_claim(
@@ -248,41 +343,20 @@ impl EventLog for MemStore {
         expected_last: u64,
         records: &[Record],
     ) -> Result<()> {
-        self.reach("append")?;
-        let mut g = self.lock();
-        g.refused.remove(session);
-        let log = g.logs.entry(session.clone()).or_default();
-        let actual = log.len() as u64;
-        // As on NATS, whose condition names the stream sequence of the writer's own last
-        // message: the log must end with the record the batch follows, not merely at its
-        // seq (a writer whose pipelined append was refused, and whose refusal another
-        // holder's ack heard, expects a record that is not there).
-        let follows = match (log.last(), records.first()) {
-            (Some(last), Some(first)) => first.env.prev == last.hash(),
-            _ => true,
-        };
-        if actual != expected_last || !follows {
-            if log.is_empty() {
-                g.logs.remove(session);
-            }
-            return Err(Error::Conflict {
-                session: session.to_string(),
-                expected: expected_last,
-                actual,
-            });
-        }
-        log.extend(records.iter().cloned());
-        // A seeded fault: the write is made but its acknowledgement is lost, and the
-        // writer's retry meets its own records as a conflict (what a JetStream publish
-        // whose ack timed out sees when it is sent again).
-        if self.faults.conflict() {
-            return Err(Error::Conflict {
-                session: session.to_string(),
-                expected: expected_last,
-                actual: log.len() as u64,
-            });
-        }
-        Ok(())
+        self.append_written(session, expected_last, records, true)
+            .await
+    }
+
+    /// As on the embedded store, whose log is one file written in order: on the disk, the
+    /// records are written and not waited for (the sync of any later frame covers them).
+    async fn append_batch_ahead(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        self.append_written(session, expected_last, records, false)
+            .await
     }
 
     /// As on NATS: written at once, or (a seeded fault, drawn as a conflict: the publish

@@ -14,6 +14,7 @@ use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_tools::{ToolBox, ToolsConfig};
 use tokio::task::JoinHandle;
 
+use crate::disk::{Disk, DiskRates};
 use crate::faults::{Faults, Rates, Rng};
 use crate::gen::Scenario;
 use crate::memory::MemStore;
@@ -234,6 +235,8 @@ pub struct Run {
     pub faults: Arc<Faults>,
     /// Virtual ms of each worker kill.
     pub crashes: Vec<u64>,
+    /// Virtual ms of each restart of the whole process after a failed sync.
+    pub restarts: Vec<u64>,
     /// Trees an operator cancelled.
     pub cancelled: Vec<SessionId>,
     /// What the person did, and what a used token got when it was sent again.
@@ -290,6 +293,8 @@ pub struct Setup {
     pub time_limit: Duration,
     /// Virtual time after it for the trees to end once everything is answered.
     pub drain_limit: Duration,
+    /// The log lies on a disk that fails, fills and rots (`disk.rs`); not in a calm run.
+    pub disk: bool,
 }
 
 struct Worker {
@@ -307,14 +312,16 @@ impl Worker {
     }
 }
 
-/// Runs one seed's fixed world to its end (on the current, paused, runtime).
-pub async fn run(seed: u64, swarm: bool) -> Run {
+/// Runs one seed's fixed world to its end (on the current, paused, runtime), with the
+/// disk's faults or without.
+pub async fn run(seed: u64, swarm: bool, disk: bool) -> Run {
     let setup = Setup {
         swarm,
         calm: false,
         no_cache: false,
         time_limit: TIME_LIMIT,
         drain_limit: DRAIN_LIMIT,
+        disk,
     };
     run_scenario(seed, setup, &fixed())
         .await
@@ -340,7 +347,16 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     for a in &scenario.agents {
         std::fs::write(dir.path().join(format!("{}.yaml", a.name)), &a.script).expect("script");
     }
-    let store = MemStore::new(LEASE, faults.clone(), dir.path().join("ws"));
+    let disk = (setup.disk && !setup.calm).then(|| {
+        let mut rng = Rng::new(seed ^ 0xd15c_d15c);
+        let rates = if setup.swarm {
+            DiskRates::swarm(&mut rng)
+        } else {
+            DiskRates::DEFAULT
+        };
+        Disk::start(rates, faults.clone(), rng)
+    });
+    let store = MemStore::on_disk(LEASE, faults.clone(), dir.path().join("ws"), disk);
     let mut tools_cfg = ToolsConfig::default();
     tools_cfg.http.enabled = false;
     let writes = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
@@ -384,6 +400,39 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         runtimes.push(rt);
         workers.push(w);
     }
+    let mut next_worker = WORKERS;
+    let t0 = tokio::time::Instant::now();
+    let mut restarts = vec![];
+    // A sync of the log failed and the store stopped (fail-stop): the process exits, and
+    // is started again a little later on what the disk kept, waking every open tree as
+    // `skein resume` does.
+    macro_rules! restart_if_stopped {
+        () => {
+            if store.disk().is_some_and(|d| d.stopped()) {
+                for w in workers.drain(..) {
+                    w.kill();
+                }
+                runtimes.clear();
+                restarts.push(t0.elapsed().as_millis() as u64);
+                tokio::time::sleep(Duration::from_millis(200 + faults.draw(1800))).await;
+                store.reopen();
+                for _ in 0..WORKERS {
+                    let (rt, w) = start(next_worker);
+                    next_worker += 1;
+                    runtimes.push(rt);
+                    workers.push(w);
+                }
+                for _ in 0..20 {
+                    match runtimes[0].sweep_open_trees().await {
+                        Err(e) if e.is_retryable() => {
+                            tokio::time::sleep(Duration::from_millis(100)).await
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        };
+    }
     // Submitters retry while the backend is unreachable, as a client would.
     let mut roots = vec![];
     for (i, tree) in scenario.trees.iter().enumerate() {
@@ -404,18 +453,20 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
                     roots.push(id);
                     break;
                 }
-                Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) if e.is_retryable() => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    restart_if_stopped!();
+                }
                 Err(e) => panic!("submission refused: {e}"),
             }
         }
     }
-    let t0 = tokio::time::Instant::now();
     let mut crashes = vec![];
     let mut cancelled = vec![];
     let mut person = Person::default();
-    let mut next_worker = WORKERS;
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
+        restart_if_stopped!();
         if roots_ended(&store, &roots) || t0.elapsed() > setup.time_limit {
             break;
         }
@@ -454,6 +505,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     // Liveness: a tree that has not ended must wait on something a person can see. Then
     // the person answers and approves everything, with no fault, until every tree ends.
     faults.stop();
+    restart_if_stopped!();
     let mut unlisted = vec![];
     for root in roots.iter().filter(|r| !store.ended(r)) {
         let items = skein_runtime::hitl::inbox(&runtimes[0], std::slice::from_ref(root))
@@ -468,6 +520,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         let open: Vec<SessionId> = roots.iter().filter(|r| !store.ended(r)).cloned().collect();
         person.answer_all(&runtimes[0], &open).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
+        restart_if_stopped!();
     }
     let virtual_ms = t0.elapsed().as_millis() as u64;
     for w in workers {
@@ -491,6 +544,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         store,
         faults,
         crashes,
+        restarts,
         cancelled,
         person,
         writes,
