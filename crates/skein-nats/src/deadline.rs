@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_runtime::ports::{
-    Announcer, Blobs, Cache, CacheEntry, EventLog, Job, JobQueue, Notices, RootResult,
+    Announcer, Blobs, Cache, CacheEntry, Durability, EventLog, Job, JobQueue, Notices, RootResult,
     WaitingForRoom,
 };
 use skein_runtime::{Error, Result};
@@ -55,37 +55,17 @@ impl Deadline {
 
 #[async_trait]
 impl EventLog for Deadline {
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        self.run(
-            "append to SKEIN_EVENTS",
-            self.store.append(session, expected_last, record),
-        )
-        .await
-    }
-
-    async fn append_batch(
+    async fn append(
         &self,
         session: &SessionId,
         expected_last: u64,
         records: &[Record],
-    ) -> Result<()> {
-        self.run(
-            "append to SKEIN_EVENTS",
-            self.store.append_batch(session, expected_last, records),
-        )
-        .await
-    }
-
-    async fn append_batch_pipelined(
-        &self,
-        session: &SessionId,
-        expected_last: u64,
-        records: &[Record],
+        durability: Durability,
     ) -> Result<()> {
         self.run(
             "append to SKEIN_EVENTS",
             self.store
-                .append_batch_pipelined(session, expected_last, records),
+                .append(session, expected_last, records, durability),
         )
         .await
     }

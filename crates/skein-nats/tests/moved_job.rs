@@ -14,7 +14,7 @@ use skein_core::{AgentSet, Event, Record, SessionId};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_nats::{NatsConfig, NatsStore};
-use skein_runtime::ports::{Backend, EventLog, Job};
+use skein_runtime::ports::{Backend, Durability, EventLog, Job};
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_runtime::Result;
 use skein_testnats::NatsServer;
@@ -31,17 +31,15 @@ struct Watched {
 
 #[async_trait]
 impl EventLog for Watched {
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        self.inner.append(session, expected_last, record).await
-    }
-    async fn append_batch(
+    async fn append(
         &self,
         session: &SessionId,
         expected_last: u64,
         records: &[Record],
+        durability: Durability,
     ) -> Result<()> {
         self.inner
-            .append_batch(session, expected_last, records)
+            .append(session, expected_last, records, durability)
             .await
     }
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use skein_core::event::{genesis_hash, Cancelled};
 use skein_core::{Envelope, Event, Record, SessionId, Usage};
 
-use crate::ports::{Backend, CacheEntry};
+use crate::ports::{Backend, CacheEntry, Durability};
 use crate::{new_root_id, Error};
 
 /// Why a check failed: the backend broke a property of its port, or a port call failed.
@@ -65,7 +65,9 @@ async fn fill(b: &Backend, s: &SessionId, n: u64) -> Result<Vec<Record>> {
     let mut out = vec![];
     for seq in 1..=n {
         let r = record(s, seq, prev, &format!("r{seq}"))?;
-        b.log.append(s, seq - 1, &r).await?;
+        b.log
+            .append(s, seq - 1, std::slice::from_ref(&r), Durability::Now)
+            .await?;
         prev = r.hash();
         out.push(r);
     }
@@ -110,7 +112,11 @@ pub async fn log_refuses_a_stale_append(b: &Backend) -> Result<()> {
     let s = new_root_id();
     let written = fill(b, &s, 2).await?;
     let r = record(&s, 2, written[0].hash(), "racer")?;
-    match b.log.append(&s, 1, &r).await {
+    match b
+        .log
+        .append(&s, 1, std::slice::from_ref(&r), Durability::Now)
+        .await
+    {
         Err(Error::Conflict { actual, .. }) => ensure(actual == 2, "conflict reports seq 2")?,
         other => {
             return Err(Failure::Broken(format!(
@@ -120,7 +126,12 @@ pub async fn log_refuses_a_stale_append(b: &Backend) -> Result<()> {
     }
     let r = record(&s, 1, genesis_hash(&s), "dup")?;
     ensure(
-        matches!(b.log.append(&s, 0, &r).await, Err(Error::Conflict { .. })),
+        matches!(
+            b.log
+                .append(&s, 0, std::slice::from_ref(&r), Durability::Now)
+                .await,
+            Err(Error::Conflict { .. })
+        ),
         "appending seq 1 again conflicts",
     )?;
     ensure(
@@ -147,9 +158,9 @@ pub async fn log_appends_batches(b: &Backend) -> Result<()> {
     let s = new_root_id();
     let first = fill(b, &s, 1).await?;
     let long = chain(&s, 2, 1_100, first[0].hash())?;
-    b.log.append_batch(&s, 1, &long).await?;
+    b.log.append(&s, 1, &long, Durability::Now).await?;
     let next = chain(&s, 1_102, 2, long[long.len() - 1].hash())?;
-    b.log.append_batch(&s, 1_101, &next).await?;
+    b.log.append(&s, 1_101, &next, Durability::Now).await?;
     let read = b.log.read(&s, 1).await?;
     ensure(
         read.len() == 1_103,
@@ -164,7 +175,7 @@ pub async fn log_appends_batches(b: &Backend) -> Result<()> {
     skein_core::event::verify_chain(&s, &read)
         .map_err(|e| Failure::Broken(format!("chain: {e:?}")))?;
     let stale = chain(&s, 1_102, 3, long[long.len() - 1].hash())?;
-    match b.log.append_batch(&s, 1_101, &stale).await {
+    match b.log.append(&s, 1_101, &stale, Durability::Now).await {
         Err(Error::Conflict { actual, .. }) => ensure(
             actual == 1_103,
             format!("conflict reports seq {actual}, not 1,103"),
@@ -192,7 +203,7 @@ pub async fn log_pipelines_appends(b: &Backend) -> Result<()> {
     let s = new_root_id();
     let first = fill(b, &s, 1).await?;
     let piped = chain(&s, 2, 2, first[0].hash())?;
-    b.log.append_batch_pipelined(&s, 1, &piped).await?;
+    b.log.append(&s, 1, &piped, Durability::Pipelined).await?;
     let read = b.log.read(&s, 1).await?;
     ensure(
         read.len() == 3 && read[1].bytes == piped[0].bytes && read[2].bytes == piped[1].bytes,
@@ -202,10 +213,12 @@ pub async fn log_pipelines_appends(b: &Backend) -> Result<()> {
         ),
     )?;
     let again = chain(&s, 4, 1, piped[1].hash())?;
-    b.log.append_batch_pipelined(&s, 3, &again).await?;
+    b.log.append(&s, 3, &again, Durability::Pipelined).await?;
     let then = chain(&s, 5, 2, again[0].hash())?;
-    b.log.append_batch_pipelined(&s, 4, &then[..1]).await?;
-    b.log.append_batch(&s, 5, &then[1..]).await?;
+    b.log
+        .append(&s, 4, &then[..1], Durability::Pipelined)
+        .await?;
+    b.log.append(&s, 5, &then[1..], Durability::Now).await?;
     let read = b.log.read(&s, 1).await?;
     ensure(
         read.len() == 6,
@@ -227,11 +240,13 @@ pub async fn log_pipelines_appends(b: &Backend) -> Result<()> {
         .map_err(|e| Failure::Broken(format!("chain: {e:?}")))?;
     // Stale: seq 6 exists.
     let stale = chain(&s, 6, 1, then[0].hash())?;
-    let refused = match b.log.append_batch_pipelined(&s, 5, &stale).await {
+    let refused = match b.log.append(&s, 5, &stale, Durability::Pipelined).await {
         Err(e) => Err(e),
         Ok(()) => {
             let next = chain(&s, 7, 1, stale[0].hash())?;
-            b.log.append(&s, 6, &next[0]).await
+            b.log
+                .append(&s, 6, std::slice::from_ref(&next[0]), Durability::Now)
+                .await
         }
     };
     ensure(

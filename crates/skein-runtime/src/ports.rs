@@ -12,57 +12,42 @@ use skein_tools::Workspace;
 
 use crate::{Error, Result};
 
+/// How durable an append's records are when [`EventLog::append`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Durable. A backend may make a batch atomic and durable with one flush, or append
+    /// its records one by one (after a crash, a prefix may then be in the log).
+    Now,
+    /// For records that an append made after this one returns will make durable with its
+    /// own: what a crash leaves is then either neither, these alone, or both. A backend
+    /// whose log is one file written in order (whatever survives a crash is a prefix of
+    /// what was written) returns once they are written; any other waits for them, as
+    /// [`Durability::Now`] does. A read sees them at once either way.
+    Ahead,
+    /// For records of the session that the session's next append covers: the caller goes
+    /// on (calls a model) while they become durable, and acts on them only through that
+    /// append. A backend may return before they are durable, if the session's next
+    /// append, read, or the ack of its job first makes sure of them and fails if they
+    /// failed, and if at most one such batch of a session is unsure at a time (so a crash
+    /// loses at most these and the work since). Otherwise it waits, as
+    /// [`Durability::Now`] does.
+    Pipelined,
+}
+
 /// The durable log of every session.
 #[async_trait]
 pub trait EventLog: Send + Sync {
-    /// Appends one encoded record whose seq is `expected_last + 1`, if and only if the
-    /// session's last seq is `expected_last` (0: the session has no records). Otherwise
-    /// fails with [`Error::Conflict`] and changes nothing. Returns once the record is
-    /// durable.
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()>;
-
-    /// Appends consecutive records of one session after `expected_last`, as `append`
-    /// would one by one. A backend may make the batch atomic and durable with one flush;
-    /// the default appends them in order (after a crash, a prefix may be in the log).
-    async fn append_batch(
+    /// Appends consecutive records of one session whose seqs follow `expected_last`, if
+    /// and only if the session's last seq is `expected_last` (0: the session has no
+    /// records). Otherwise fails with [`Error::Conflict`] and changes nothing. Returns
+    /// when the records are as durable as `durability` asks. No records: nothing to do.
+    async fn append(
         &self,
         session: &SessionId,
         expected_last: u64,
         records: &[Record],
-    ) -> Result<()> {
-        append_each(self, session, expected_last, records).await
-    }
-
-    /// [`append_batch`](Self::append_batch) for records that an append made after this
-    /// one returns will make durable with its own: what a crash leaves is then either
-    /// neither, these alone, or both. A backend whose log is one file written in order
-    /// (whatever survives a crash is a prefix of what was written) returns once they are
-    /// written; the default waits for them, as `append_batch` does. A read sees them at
-    /// once either way.
-    async fn append_batch_ahead(
-        &self,
-        session: &SessionId,
-        expected_last: u64,
-        records: &[Record],
-    ) -> Result<()> {
-        self.append_batch(session, expected_last, records).await
-    }
-
-    /// [`append_batch`](Self::append_batch) for records of `session` that the session's
-    /// next append covers: the caller goes on (calls a model) while they become durable,
-    /// and acts on them only through that append. A backend may return before they are
-    /// durable, if the session's next append, read, or the ack of its job first makes
-    /// sure of them and fails if they failed, and if at most one such batch of a session
-    /// is unsure at a time (so a crash loses at most these and the work since). The
-    /// default waits, as `append_batch` does.
-    async fn append_batch_pipelined(
-        &self,
-        session: &SessionId,
-        expected_last: u64,
-        records: &[Record],
-    ) -> Result<()> {
-        self.append_batch(session, expected_last, records).await
-    }
+        durability: Durability,
+    ) -> Result<()>;
 
     /// Records with seq ≥ `from_seq`, in order.
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>>;
@@ -75,20 +60,6 @@ pub trait EventLog: Send + Sync {
 
     /// Every root session, sorted.
     async fn roots(&self) -> Result<Vec<SessionId>>;
-}
-
-/// Appends records one `append` after another: what [`EventLog::append_batch`] does
-/// unless a backend does better, and what a backend falls back to where it cannot.
-pub async fn append_each<L: EventLog + ?Sized>(
-    log: &L,
-    session: &SessionId,
-    expected_last: u64,
-    records: &[Record],
-) -> Result<()> {
-    for (i, r) in records.iter().enumerate() {
-        log.append(session, expected_last + i as u64, r).await?;
-    }
-    Ok(())
 }
 
 /// Refuses records that are not the session's next ones after `expected_last`, in order

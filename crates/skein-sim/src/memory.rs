@@ -13,7 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_runtime::ports::{
-    Backend, Blobs, Cache, CacheEntry, EventLog, Job, JobQueue, Notices, SessionFilter, Workspaces,
+    Backend, Blobs, Cache, CacheEntry, Durability, EventLog, Job, JobQueue, Notices, SessionFilter,
+    Workspaces,
 };
 use skein_runtime::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
@@ -237,17 +238,26 @@ impl MemStore {
 
 #[async_trait]
 impl EventLog for MemStore {
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        self.append_batch(session, expected_last, std::slice::from_ref(record))
-            .await
-    }
-
-    async fn append_batch(
+    /// [`Durability::Pipelined`] as on NATS: written at once, or (a seeded fault, drawn
+    /// as a conflict: the publish was refused or lost) not at all, which the writer hears
+    /// at the session's next append (whose expected seq the log does not end at) or at
+    /// its job's ack. The other two are durable at once.
+    async fn append(
         &self,
         session: &SessionId,
         expected_last: u64,
         records: &[Record],
+        durability: Durability,
     ) -> Result<()> {
+        if durability == Durability::Pipelined
+            && !records.is_empty()
+            && self.faults.pipelined_refused()
+        {
+            let mut g = self.lock();
+            g.refused
+                .insert(session.clone(), expected_last + records.len() as u64);
+            return Ok(());
+        }
         self.reach("append")?;
         let mut g = self.lock();
         g.refused.remove(session);
@@ -283,24 +293,6 @@ impl EventLog for MemStore {
             });
         }
         Ok(())
-    }
-
-    /// As on NATS: written at once, or (a seeded fault, drawn as a conflict: the publish
-    /// was refused or lost) not at all, which the writer hears at the session's next
-    /// append (whose expected seq the log does not end at) or at its job's ack.
-    async fn append_batch_pipelined(
-        &self,
-        session: &SessionId,
-        expected_last: u64,
-        records: &[Record],
-    ) -> Result<()> {
-        if !records.is_empty() && self.faults.pipelined_refused() {
-            let mut g = self.lock();
-            g.refused
-                .insert(session.clone(), expected_last + records.len() as u64);
-            return Ok(());
-        }
-        self.append_batch(session, expected_last, records).await
     }
 
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {

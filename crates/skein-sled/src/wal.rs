@@ -1,6 +1,6 @@
 //! The event log's own file: `events.log` in the data directory, append-only.
 //!
-//! Every `append_batch` writes one frame, so a batch is on disk whole or not at all. Blobs
+//! Every append writes one frame, so a batch is on disk whole or not at all. Blobs
 //! (agent definitions, large tool outputs) are frames of the same file, under a magic of
 //! their own:
 //!

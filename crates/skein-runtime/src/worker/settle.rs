@@ -316,7 +316,7 @@ impl Runtime {
         }
         // When the turn is settled and the model is called next, nothing acts on these
         // records before that call's own, whose append makes sure of them first (see
-        // `EventLog::append_batch_pipelined`: the embedded store writes them without a
+        // `Durability::Pipelined`: the embedded store writes them without a
         // sync, NATS leaves their ack to that append). A crash in between repeats the
         // model call, as any crash before its record is durable does, and a cold load
         // settles the children again. (A turn with children still out waits: the step
