@@ -234,10 +234,6 @@ impl Notices for Deadline {
         self.run("watchers on SKEIN_NOTICES", self.store.watchers(target))
             .await
     }
-
-    fn outlive_workers(&self) -> bool {
-        self.store.outlive_workers()
-    }
 }
 
 #[async_trait]

@@ -219,30 +219,6 @@ pub trait Notices: Send + Sync {
 
     /// Everyone watching `target`, as (watcher, pool).
     async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>>;
-
-    /// Whether a notice posted before a wake-up is always there for the session it wakes,
-    /// for as long as the process that posted it lives: no notice is lost or late while
-    /// the woken session's fold stays cached. Where this holds, a parent woken with no new
-    /// notice knows that no child of its own has ended unheard, and does not read every
-    /// outstanding child's log to make sure (it still does when it is loaded cold, the
-    /// only way a crash that lost notices shows). False unless a backend can promise it:
-    /// one whose notices and jobs live in separate stores of a cluster cannot.
-    fn in_step_with_wakes(&self) -> bool {
-        false
-    }
-
-    /// Whether the notices live apart from every worker process, so that no worker's
-    /// crash loses one (a cluster's stream holds them). Where this holds, a fold missing
-    /// from a worker's cache (the session's last job ran on another worker, or this one
-    /// restarted) says nothing of lost notices or lost job pushes: such a load reads the
-    /// notices from the start, as its fold has no cursor, and checks every outstanding
-    /// child only when no notice came, as a cached fold does. A crash in the middle of a
-    /// job shows as a redelivery, which still checks every child. False unless a backend
-    /// can promise it: on one process a crash loses notices and cached folds together,
-    /// and a cold load is how that shows.
-    fn outlive_workers(&self) -> bool {
-        false
-    }
 }
 
 /// Where a finished root is announced (`skein.results.ROOT` on NATS). The worker calls
@@ -275,6 +251,37 @@ pub trait Workspaces: Send + Sync {
     fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace>;
 }
 
+/// What a backend claims beyond the ports' contracts, each false unless the backend can
+/// promise it (the conformance suite checks every claim, and that a backend claiming
+/// none of them refuses what it does not do).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Whether a notice posted before a wake-up is always there for the session it wakes,
+    /// for as long as the process that posted it lives: no notice is lost or late while
+    /// the woken session's fold stays cached. Where this holds, a parent woken with no new
+    /// notice knows that no child of its own has ended unheard, and does not read every
+    /// outstanding child's log to make sure (it still does when it is loaded cold, the
+    /// only way a crash that lost notices shows). A backend whose notices and jobs live
+    /// in separate stores of a cluster cannot promise it.
+    pub notices_in_step_with_wakes: bool,
+
+    /// Whether the notices live apart from every worker process, so that no worker's
+    /// crash loses one (a cluster's stream holds them). Where this holds, a fold missing
+    /// from a worker's cache (the session's last job ran on another worker, or this one
+    /// restarted) says nothing of lost notices or lost job pushes: such a load reads the
+    /// notices from the start, as its fold has no cursor, and checks every outstanding
+    /// child only when no notice came, as a cached fold does. A crash in the middle of a
+    /// job shows as a redelivery, which still checks every child. On one process a crash
+    /// loses notices and cached folds together, and a cold load is how that shows, so such
+    /// a backend cannot promise it.
+    pub notices_outlive_workers: bool,
+
+    /// Whether [`JobQueue::claim_matching`] and [`JobQueue::depth_matching`] work: what
+    /// running one tree in a process ([`crate::worker::Runtime::run_tree`]) needs. Without
+    /// it both are refused as [`crate::RefusalKind::Unsupported`].
+    pub claim_matching: bool,
+}
+
 /// One backend: all the ports together.
 #[derive(Clone)]
 pub struct Backend {
@@ -286,9 +293,15 @@ pub struct Backend {
     pub notices: Arc<dyn Notices>,
     pub workspaces: Arc<dyn Workspaces>,
     pub announcer: Option<Arc<dyn Announcer>>,
+    pub capabilities: Capabilities,
 }
 
 impl Backend {
+    /// What this backend claims beyond the ports' contracts.
+    pub fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
     /// Reads a whole log.
     pub async fn read_all(&self, session: &SessionId) -> Result<Vec<Record>> {
         self.log.read(session, 1).await

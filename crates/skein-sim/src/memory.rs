@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_runtime::ports::{
-    Backend, Blobs, Cache, CacheEntry, Durability, EventLog, Job, JobQueue, Notices, SessionFilter,
-    Workspaces,
+    Backend, Blobs, Cache, CacheEntry, Capabilities, Durability, EventLog, Job, JobQueue, Notices,
+    SessionFilter, Workspaces,
 };
 use skein_runtime::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
@@ -90,6 +90,11 @@ impl MemStore {
             notices: self.clone(),
             workspaces: self.clone(),
             announcer: None,
+            capabilities: Capabilities {
+                notices_in_step_with_wakes: false,
+                notices_outlive_workers: false,
+                claim_matching: true,
+            },
         }
     }
 

@@ -147,15 +147,6 @@ impl Notices for SledStore {
         }
         Ok(out)
     }
-
-    /// One process holds the database: a notice is written to its tree (at once visible to
-    /// every reader in the process) before the wake-up is pushed, so the claimer of that
-    /// wake-up reads it. A crash may lose both (neither is flushed per write), and then
-    /// every fold is gone with the process: the next load of the parent is cold and reads
-    /// every outstanding child.
-    fn in_step_with_wakes(&self) -> bool {
-        true
-    }
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use skein_core::SessionId;
-use skein_runtime::ports::{Backend, Workspaces};
+use skein_runtime::ports::{Backend, Capabilities, Workspaces};
 use skein_runtime::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
 use tokio::sync::{watch, Notify};
@@ -361,6 +361,16 @@ impl SledStore {
             notices: self.clone(),
             workspaces: self.clone(),
             announcer: None,
+            // One process holds the database: a notice is written to its tree (at once
+            // visible to every reader in the process) before the wake-up is pushed, so the
+            // claimer of that wake-up reads it. A crash may lose both (neither is flushed
+            // per write), and then every fold is gone with the process: the next load of
+            // the parent is cold and reads every outstanding child.
+            capabilities: Capabilities {
+                notices_in_step_with_wakes: true,
+                notices_outlive_workers: false,
+                claim_matching: true,
+            },
         }
     }
 

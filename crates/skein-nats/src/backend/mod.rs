@@ -44,6 +44,7 @@ use std::time::Duration;
 use async_nats::header::HeaderMap;
 use async_nats::jetstream::{self, consumer, kv, object_store, stream, Context};
 use skein_core::SessionId;
+use skein_runtime::ports::Capabilities;
 use skein_runtime::{Backend, Error, Result};
 
 pub use connection::{connect_client, connect_options};
@@ -236,6 +237,14 @@ impl NatsStore {
             notices: d.clone(),
             workspaces: self.clone(),
             announcer: Some(d),
+            // Notices are messages of `SKEIN_NOTICES`, acked by the server before the
+            // wake-up is pushed: a worker's crash loses none. A worker's claims take the
+            // next job of its pool, whatever its session.
+            capabilities: Capabilities {
+                notices_in_step_with_wakes: false,
+                notices_outlive_workers: true,
+                claim_matching: false,
+            },
         }
     }
 

@@ -56,10 +56,4 @@ impl Notices for NatsStore {
         }
         Ok(out)
     }
-
-    /// Notices are messages of `SKEIN_NOTICES`, acked by the server before the wake-up is
-    /// pushed: a worker's crash loses none.
-    fn outlive_workers(&self) -> bool {
-        true
-    }
 }

@@ -139,7 +139,9 @@ impl Runtime {
             .collect();
         let every = cold
             || ending
-            || (first && noticed.is_empty() && !self.backend.notices.in_step_with_wakes());
+            || (first
+                && noticed.is_empty()
+                && !self.backend.capabilities().notices_in_step_with_wakes);
         if every {
             (outstanding, shared) = map(true);
         }
@@ -340,7 +342,8 @@ impl Runtime {
         self.commit_as(f, staged, how).await?;
         Ok(Look {
             settled: n,
-            partial: unstarted || (!every && !self.backend.notices.in_step_with_wakes()),
+            partial: unstarted
+                || (!every && !self.backend.capabilities().notices_in_step_with_wakes),
         })
     }
 
