@@ -29,6 +29,18 @@ mod conformance {
     }
 
     skein_runtime::conformance_tests!(nats);
+
+    /// The claim that notices outlive a worker: another store opened on the same server,
+    /// after the first is gone, reads them whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn notices_outlive_workers() {
+        let server = NatsServer::start();
+        let first = store_on(&server).await.backend();
+        let reopen = async { store_on(&server).await.backend() };
+        if let Err(e) = skein_runtime::conformance::notices_outlive_workers(first, reopen).await {
+            panic!("notices_outlive_workers: {e}");
+        }
+    }
 }
 
 /// A store on `server` (one replica) with the one-second lease the suite expects.

@@ -109,47 +109,39 @@ pub trait JobQueue: Send + Sync {
     /// As [`JobQueue::claim`], but only a job whose session `want` accepts; every other
     /// job stays as it was (not claimed, its delivery count untouched). What lets one
     /// process run one tree while others wait in the same queue. A backend that cannot
-    /// choose says so.
+    /// choose does not claim [`Capabilities::claim_matching`] and refuses this as
+    /// [`crate::RefusalKind::Unsupported`] ([`claim_matching_unsupported`]).
     async fn claim_matching(
         &self,
         pool: &str,
         wait: Duration,
         want: &SessionFilter,
-    ) -> Result<Option<Job>> {
-        let _ = (pool, wait, want);
-        Err(Error::refused(
-            crate::RefusalKind::Unsupported,
-            "this job queue cannot claim the jobs of chosen sessions",
-        ))
-    }
+    ) -> Result<Option<Job>>;
 
-    /// Jobs waiting or held in a pool whose session `want` accepts.
-    async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64> {
-        let _ = (pool, want);
-        Err(Error::refused(
-            crate::RefusalKind::Unsupported,
-            "this job queue cannot count the jobs of chosen sessions",
-        ))
-    }
+    /// Jobs waiting or held in a pool whose session `want` accepts; refused as
+    /// `claim_matching` is by a backend that cannot choose.
+    async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64>;
 
     /// Shows every process that `w.session`'s step waits for room in the store (while it
     /// waits, this is said again now and then, and a mark not said again lapses). Best
-    /// effort. The default keeps nothing: a store one process holds has no other reader.
-    async fn set_waiting_for_room(&self, w: &WaitingForRoom) -> Result<()> {
-        let _ = w;
-        Ok(())
-    }
+    /// effort. A store one process holds has no other reader, and may keep nothing.
+    async fn set_waiting_for_room(&self, w: &WaitingForRoom) -> Result<()>;
 
     /// `session` waits for room no more.
-    async fn clear_waiting_for_room(&self, session: &SessionId) -> Result<()> {
-        let _ = session;
-        Ok(())
-    }
+    async fn clear_waiting_for_room(&self, session: &SessionId) -> Result<()>;
 
-    /// Every session shown as waiting for room, by any process.
-    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>> {
-        Ok(vec![])
-    }
+    /// Every session shown as waiting for room, by any process (none, where nothing is
+    /// kept).
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>>;
+}
+
+/// The refusal of [`JobQueue::claim_matching`] and [`JobQueue::depth_matching`] by a
+/// backend that cannot choose jobs by session.
+pub fn claim_matching_unsupported() -> Error {
+    Error::refused(
+        crate::RefusalKind::Unsupported,
+        "this job queue cannot claim or count the jobs of chosen sessions",
+    )
 }
 
 /// A session whose step waits for room in the store (see [`JobQueue::set_waiting_for_room`]).
@@ -227,6 +219,10 @@ pub trait Notices: Send + Sync {
 #[async_trait]
 pub trait Announcer: Send + Sync {
     async fn root_finished(&self, notice: &RootResult) -> Result<()>;
+
+    /// The last ending announced for `root`; none if it never ended (or its result aged
+    /// out).
+    async fn last_announced(&self, root: &SessionId) -> Result<Option<RootResult>>;
 }
 
 /// The JSON published when a root ends.

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_runtime::ports::{
     Backend, Blobs, Cache, CacheEntry, Capabilities, Durability, EventLog, Job, JobQueue, Notices,
-    SessionFilter, Workspaces,
+    SessionFilter, WaitingForRoom, Workspaces,
 };
 use skein_runtime::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
@@ -447,6 +447,19 @@ impl JobQueue for MemStore {
 
     async fn depth(&self, pool: &str) -> Result<u64> {
         Ok(self.lock().jobs.get(pool).map_or(0, BTreeMap::len) as u64)
+    }
+
+    /// One process holds the store: no other reader to show a wait to.
+    async fn set_waiting_for_room(&self, _: &WaitingForRoom) -> Result<()> {
+        Ok(())
+    }
+
+    async fn clear_waiting_for_room(&self, _: &SessionId) -> Result<()> {
+        Ok(())
+    }
+
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>> {
+        Ok(vec![])
     }
 
     async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64> {

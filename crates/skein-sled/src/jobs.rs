@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use skein_core::SessionId;
-use skein_runtime::ports::{Job, JobQueue, SessionFilter};
+use skein_runtime::ports::{Job, JobQueue, SessionFilter, WaitingForRoom};
 use skein_runtime::{now_ms, Error, Result};
 
 use crate::{backend_err, decode, encode, prefix, SledStore};
@@ -286,6 +286,19 @@ impl JobQueue for SledStore {
         want: &SessionFilter,
     ) -> Result<Option<Job>> {
         self.claim_where(pool, wait, Some(want)).await
+    }
+
+    /// One process holds the store: no other reader to show a wait to.
+    async fn set_waiting_for_room(&self, _: &WaitingForRoom) -> Result<()> {
+        Ok(())
+    }
+
+    async fn clear_waiting_for_room(&self, _: &SessionId) -> Result<()> {
+        Ok(())
+    }
+
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>> {
+        Ok(vec![])
     }
 
     async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64> {

@@ -17,7 +17,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use skein_core::SessionId;
-use skein_runtime::ports::{Job, JobQueue};
+use skein_runtime::ports::{
+    claim_matching_unsupported, Job, JobQueue, SessionFilter, WaitingForRoom,
+};
 use skein_runtime::{Error, Result};
 
 use super::{nats_err, NatsStore, PULL_GRACE};
@@ -151,6 +153,27 @@ impl NatsStore {
 
 #[async_trait]
 impl JobQueue for NatsStore {
+    /// A worker's pull takes the next job of its pool, whatever its session.
+    async fn claim_matching(&self, _: &str, _: Duration, _: &SessionFilter) -> Result<Option<Job>> {
+        Err(claim_matching_unsupported())
+    }
+
+    async fn depth_matching(&self, _: &str, _: &SessionFilter) -> Result<u64> {
+        Err(claim_matching_unsupported())
+    }
+
+    async fn set_waiting_for_room(&self, w: &WaitingForRoom) -> Result<()> {
+        self.put_waiting(w).await
+    }
+
+    async fn clear_waiting_for_room(&self, session: &SessionId) -> Result<()> {
+        self.delete_waiting(session).await
+    }
+
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>> {
+        self.list_waiting().await
+    }
+
     async fn push(&self, pool: &str, session: &SessionId) -> Result<()> {
         if self.publish_job(pool, session).await? {
             return Ok(());

@@ -111,4 +111,8 @@ impl Announcer for NatsStore {
             "nats: the result of {root} met another announcement eight times"
         )))
     }
+
+    async fn last_announced(&self, root: &SessionId) -> Result<Option<RootResult>> {
+        Ok(self.last_result(root).await?.map(|r| r.result))
+    }
 }
