@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
-use skein_runtime::ports::{
+use skein_ports::ports::{
     Announcer, Blobs, Cache, CacheEntry, Durability, EventLog, Job, JobQueue, Notices, RootResult,
     SessionFilter, WaitingForRoom,
 };
-use skein_runtime::{Error, Result};
+use skein_ports::{Error, Result};
 
 use crate::backend::NatsStore;
 
@@ -63,12 +63,12 @@ impl Deadline {
 
 /// Implements a port for [`Deadline`]: each listed method calls the store's and fails
 /// with an `Unavailable` naming the operation once its limit has passed. The limit is
-/// the deadline's own unless the entry gives a function of it (`within |limit| ...`).
+/// the deadline's own unless the entry gives a function of it (`, within |limit| ...`).
 macro_rules! bounded {
     ($port:ident {
         $(
             fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $out:ty
-                = $what:literal $(within $limit:expr)?;
+                = $what:expr $(, within $limit:expr)?;
         )*
     }) => {
         #[async_trait]
@@ -76,7 +76,7 @@ macro_rules! bounded {
             $(
                 async fn $name(&self, $($arg: $ty),*) -> $out {
                     let limit = bounded!(@limit self.limit $(, $limit)?);
-                    self.run($what, limit, <NatsStore as $port>::$name(&self.store, $($arg),*))
+                    self.run(&$what, limit, <NatsStore as $port>::$name(&self.store, $($arg),*))
                         .await
                 }
             )*
@@ -106,10 +106,10 @@ bounded!(EventLog {
 bounded!(JobQueue {
     fn push(pool: &str, session: &SessionId) -> Result<()> = "push to SKEIN_JOBS";
     // The wait is the caller's: the deadline comes on top of it.
-    fn claim(pool: &str, wait: Duration) -> Result<Option<Job>> = "claim from SKEIN_JOBS"
-        within |limit| wait + limit;
+    fn claim(pool: &str, wait: Duration) -> Result<Option<Job>>
+        = format!("claim from consumer pool-{pool} of SKEIN_JOBS"), within |limit| wait + limit;
     fn claim_matching(pool: &str, wait: Duration, want: &SessionFilter) -> Result<Option<Job>>
-        = "claim from SKEIN_JOBS" within |limit| wait + limit;
+        = format!("claim from consumer pool-{pool} of SKEIN_JOBS"), within |limit| wait + limit;
     fn heartbeat(job: &Job) -> Result<()> = "heartbeat on SKEIN_JOBS";
     fn ack(job: &Job) -> Result<()> = "ack on SKEIN_JOBS";
     fn retry(job: &Job, delay: Duration) -> Result<()> = "nak on SKEIN_JOBS";
@@ -132,8 +132,8 @@ bounded!(Cache {
 bounded!(Blobs {
     fn put(data: &[u8]) -> Result<String> = "put to object store skein_blobs";
     // A blob read retries by itself for up to about a minute while a cluster recovers.
-    fn get(hash: &str) -> Result<Option<Vec<u8>>> = "get from object store skein_blobs"
-        within |limit| limit * 3;
+    fn get(hash: &str) -> Result<Option<Vec<u8>>>
+        = "get from object store skein_blobs", within |limit| limit * 3;
 });
 
 bounded!(Notices {

@@ -271,8 +271,18 @@ pub async fn log_lists_trees_and_roots(b: &Backend) -> Result<()> {
     }
     let tree = b.log.tree(&root).await?;
     ensure(
-        tree == vec![root.clone(), a, a1],
+        tree == vec![root.clone(), a.clone(), a1.clone()],
         format!("tree of root: {tree:?}"),
+    )?;
+    let sub = b.subtree(&a).await?;
+    ensure(
+        sub == vec![a.clone(), a1.clone()],
+        format!("subtree of a child: {sub:?}"),
+    )?;
+    let unknown = root.child("nobody", 9);
+    ensure(
+        matches!(b.subtree(&unknown).await, Err(Error::NotFound(_))),
+        "the subtree of an unknown session is not found",
     )?;
     let roots = b.log.roots().await?;
     ensure(

@@ -15,8 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use skein_core::SessionId;
-use skein_runtime::ports::{Job, JobQueue, SessionFilter, WaitingForRoom};
-use skein_runtime::{now_ms, Error, Result};
+use skein_ports::ports::{Job, JobQueue, SessionFilter, WaitingForRoom};
+use skein_ports::{now_ms, Error, Result};
 
 use crate::{backend_err, decode, encode, prefix, SledStore};
 

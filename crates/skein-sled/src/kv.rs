@@ -2,8 +2,8 @@
 
 use async_trait::async_trait;
 use skein_core::SessionId;
-use skein_runtime::ports::{Blobs, Cache, CacheEntry, Notices};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{Blobs, Cache, CacheEntry, Notices};
+use skein_ports::{Error, Result};
 
 use crate::{backend_err, decode, encode, prefix, u64_of, SledStore};
 
@@ -151,7 +151,7 @@ impl Notices for SledStore {
 
 #[cfg(test)]
 mod tests {
-    use skein_runtime::ports::Blobs;
+    use skein_ports::ports::Blobs;
 
     use crate::SledStore;
 

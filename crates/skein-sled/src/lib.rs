@@ -31,7 +31,7 @@
 //! entries and watchers wait the same way for a flush of the sled database. A sync or flush
 //! that fails stops its flusher for good (fail-stop): the writers waiting for it and every
 //! later one get its error, and [`SledStore::failed`] resolves with it; a full disk fails
-//! the one write with [`skein_runtime::Error::Full`] and stops nothing (see `wal.rs`). Jobs and
+//! the one write with [`skein_ports::Error::Full`] and stops nothing (see `wal.rs`). Jobs and
 //! notices are not flushed per write: after a crash, `resume` derives every job from the
 //! logs, and a parent reconciles with its children's logs when it is first loaded.
 
@@ -51,8 +51,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use skein_core::SessionId;
-use skein_runtime::ports::{Backend, Capabilities, Workspaces};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{Backend, Capabilities, Workspaces};
+use skein_ports::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
 use tokio::sync::{watch, Notify};
 
@@ -61,7 +61,7 @@ use tokio::sync::{watch, Notify};
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// A failure of the sled database: no room when the disk is full, else unavailable.
-fn backend_err(e: impl Into<skein_runtime::error::BoxError>) -> Error {
+fn backend_err(e: impl Into<skein_ports::error::BoxError>) -> Error {
     let e = e.into();
     let full = match e.downcast_ref::<sled::Error>() {
         Some(sled::Error::Io(io)) => file::is_disk_full(io),

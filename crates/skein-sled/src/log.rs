@@ -4,8 +4,8 @@
 
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
-use skein_runtime::ports::{check_numbering, Durability, EventLog};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{check_numbering, Durability, EventLog};
+use skein_ports::{Error, Result};
 
 use crate::SledStore;
 

@@ -65,7 +65,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use skein_core::{Record, SessionId};
-use skein_runtime::{Error, RefusalKind, Result};
+use skein_ports::{Error, RefusalKind, Result};
 
 use crate::file::{read_exact_at, sync_dir, write_all_at, LogFile, Reader};
 

@@ -17,10 +17,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use skein_core::SessionId;
-use skein_runtime::ports::{
+use skein_ports::ports::{
     claim_matching_unsupported, Job, JobQueue, SessionFilter, WaitingForRoom,
 };
-use skein_runtime::{Error, Result};
+use skein_ports::{Error, Result};
 
 use super::{nats_err, NatsStore, PULL_GRACE};
 use super::{trace_headers, JOBS};

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use skein_core::{Record, SessionId};
-use skein_runtime::ports::{check_numbering, Durability, EventLog};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{check_numbering, Durability, EventLog};
+use skein_ports::{Error, Result};
 use std::future::IntoFuture;
 use std::sync::Arc;
 
@@ -230,7 +230,7 @@ impl NatsStore {
     }
 
     /// Waits for the ack of the session's pipelined append, if one is out
-    /// ([`Durability::Pipelined`](skein_runtime::ports::Durability::Pipelined)); its error, if it failed. For the session's
+    /// ([`Durability::Pipelined`](skein_ports::ports::Durability::Pipelined)); its error, if it failed. For the session's
     /// writer alone: the next append, and the ack of its job.
     pub(crate) async fn make_sure(&self, session: &SessionId) -> Result<()> {
         let sent = self

@@ -44,8 +44,8 @@ use std::time::Duration;
 use async_nats::header::HeaderMap;
 use async_nats::jetstream::{self, consumer, kv, object_store, stream, Context};
 use skein_core::SessionId;
-use skein_runtime::ports::Capabilities;
-use skein_runtime::{Backend, Error, Result};
+use skein_ports::ports::Capabilities;
+use skein_ports::{Backend, Error, Result};
 
 pub use connection::{connect_client, connect_options};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
@@ -63,7 +63,7 @@ const PULL_GRACE: Duration = Duration::from_secs(5);
 /// A refusal for want of room (JetStream's resource limits: the server's `max_file_store`
 /// or `max_memory_store`, the account's limits) is [`Error::Full`]: the write succeeds
 /// once the operator makes room, and the work waits for it.
-fn nats_err(what: &str, e: impl Into<skein_runtime::error::BoxError>) -> Error {
+fn nats_err(what: &str, e: impl Into<skein_ports::error::BoxError>) -> Error {
     let e = e.into();
     if is_full(&*e) {
         return Error::full(format!("nats: {what}: JetStream has no room"), e);
