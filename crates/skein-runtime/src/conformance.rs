@@ -859,6 +859,44 @@ pub async fn announcer_announces_each_ending_once(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+/// A heartbeat, ack or retry of a job the queue does not hold (never claimed, or acked
+/// already) is an error, never a silent success.
+pub async fn jobs_refuse_what_they_do_not_hold(b: &Backend) -> Result<()> {
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let s = new_root_id();
+    b.jobs.push(&pool, &s).await?;
+    let j = b
+        .jobs
+        .claim(&pool, Duration::from_secs(3))
+        .await?
+        .ok_or_else(|| Failure::Broken("no job claimed".into()))?;
+    let forged = crate::ports::Job {
+        pool: pool.clone(),
+        session: new_root_id(),
+        attempt: 1,
+        handle: j.handle.clone(),
+    };
+    ensure(
+        b.jobs.heartbeat(&forged).await.is_err(),
+        "a heartbeat of a job never claimed is an error",
+    )?;
+    ensure(
+        b.jobs.retry(&forged, Duration::ZERO).await.is_err(),
+        "a retry of a job never claimed is an error",
+    )?;
+    b.jobs.heartbeat(&j).await?;
+    b.jobs.ack(&j).await?;
+    ensure(
+        b.jobs.heartbeat(&j).await.is_err(),
+        "a heartbeat of an acked job is an error",
+    )?;
+    ensure(
+        b.jobs.ack(&j).await.is_err(),
+        "a second ack of a job is an error",
+    )?;
+    Ok(())
+}
+
 /// Every check, in order; the first failure is returned with its name.
 pub async fn run_all(b: &Backend) -> Result<()> {
     macro_rules! check {
@@ -890,6 +928,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(notices_in_step_with_wakes);
     check!(workspaces_are_per_tree);
     check!(announcer_announces_each_ending_once);
+    check!(jobs_refuse_what_they_do_not_hold);
     Ok(())
 }
 
@@ -899,7 +938,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(

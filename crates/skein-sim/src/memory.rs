@@ -222,22 +222,29 @@ impl MemStore {
         }
     }
 
-    fn update_held(&self, job: &Job, f: impl Fn(&mut JobRec) -> bool) {
+    fn update_held(&self, job: &Job, f: impl Fn(&mut JobRec) -> bool) -> Result<()> {
+        let not_held = || {
+            Error::NotFound(format!(
+                "job of {} in pool {} (attempt {}) is not held",
+                job.session, job.pool, job.attempt
+            ))
+        };
         let mut g = self.lock();
         let Some(jobs) = g.jobs.get_mut(&job.pool) else {
-            return;
+            return Err(not_held());
         };
         let Some(rec) = jobs.get_mut(&job.session) else {
-            return;
+            return Err(not_held());
         };
         if rec.token.to_string() != job.handle {
-            return; // the lease ran out and someone else holds it
+            return Err(not_held()); // the lease ran out and someone else holds it
         }
         if !f(rec) {
             jobs.remove(&job.session);
         }
         drop(g);
         self.job_ready.notify_waiters();
+        Ok(())
     }
 }
 
@@ -396,8 +403,7 @@ impl JobQueue for MemStore {
         self.update_held(job, |r| {
             r.held_until = Some(until);
             true
-        });
-        Ok(())
+        })
     }
 
     async fn ack(&self, job: &Job) -> Result<()> {
@@ -428,8 +434,7 @@ impl JobQueue for MemStore {
                 dirty: false,
             };
             true
-        });
-        Ok(())
+        })
     }
 
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
@@ -441,8 +446,7 @@ impl JobQueue for MemStore {
             r.not_before = at;
             r.dirty = false;
             true
-        });
-        Ok(())
+        })
     }
 
     async fn depth(&self, pool: &str) -> Result<u64> {

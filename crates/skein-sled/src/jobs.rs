@@ -230,14 +230,16 @@ impl SledStore {
         }
     }
 
-    /// Updates a job record with `f` if it is still held under `handle`.
+    /// Updates a job record with `f` if it is still held under `handle`; else fails with
+    /// [`not_held`].
     fn update_held(&self, job: &Job, f: impl Fn(JobRec) -> Option<JobRec>) -> Result<()> {
         let mut idx = self.job_index();
         let Some(rec) = self.read_job(&job.pool, &job.session)? else {
-            return Ok(());
+            return Err(not_held(job));
         };
         if rec.token.to_string() != job.handle {
-            return Ok(()); // no longer ours: the lease ran out and someone else holds it
+            // No longer ours: the lease ran out and someone else holds it.
+            return Err(not_held(job));
         }
         let new = f(rec);
         self.put_job(&mut idx, &job.pool, &job.session, new.as_ref())?;
@@ -245,6 +247,15 @@ impl SledStore {
         self.job_ready.notify_one();
         Ok(())
     }
+}
+
+/// A heartbeat, ack or retry of a job this queue does not hold under that claim.
+fn not_held(job: &Job) -> Error {
+    Error::NotFound(format!(
+        "job of {} in pool {} (attempt {}) is not held: never claimed, or its lease ran out \
+         and it was claimed again",
+        job.session, job.pool, job.attempt
+    ))
 }
 
 /// The pool and session of a job key (`pool \0 session`).

@@ -29,6 +29,20 @@ use async_nats::jetstream::response::Response;
 use async_nats::jetstream::ErrorCode;
 use std::sync::Arc;
 
+/// A heartbeat, ack or retry of a job this process does not hold.
+fn not_held(job: &Job) -> Error {
+    Error::NotFound(format!(
+        "job of {} in pool {} (attempt {}) is not held by this worker",
+        job.session, job.pool, job.attempt
+    ))
+}
+
+/// What the held deliveries are found by: the delivery and the session it is for, so a
+/// job named with another session's delivery is not taken for it.
+fn held_key(handle: &str, session: &SessionId) -> String {
+    format!("{handle} {session}")
+}
+
 impl NatsStore {
     /// Whether a refused job publish is the per-subject limit of a job stream made by an
     /// earlier version (one the upgrade could not change): the server reports a failed
@@ -250,7 +264,7 @@ impl JobQueue for NatsStore {
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(handle.clone(), Arc::new(acker));
+            .insert(held_key(&handle, &session), Arc::new(acker));
         Ok(Some(Job {
             pool: pool.into(),
             session,
@@ -264,14 +278,12 @@ impl JobQueue for NatsStore {
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&job.handle)
+            .get(&held_key(&job.handle, &job.session))
             .cloned();
-        if let Some(a) = acker {
-            a.ack_with(jetstream::AckKind::Progress)
-                .await
-                .map_err(|e| nats_err("heartbeat", e))?;
-        }
-        Ok(())
+        let a = acker.ok_or_else(|| not_held(job))?;
+        a.ack_with(jetstream::AckKind::Progress)
+            .await
+            .map_err(|e| nats_err("heartbeat", e))
     }
 
     async fn ack(&self, job: &Job) -> Result<()> {
@@ -282,7 +294,10 @@ impl JobQueue for NatsStore {
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&job.handle);
+            .remove(&held_key(&job.handle, &job.session))
+            // Not held here (never claimed here, or acked already): its message, which
+            // may be another holder's, is left alone.
+            .ok_or_else(|| not_held(job))?;
         // The job's message is deleted through the stream (every replica applies the
         // delete in the same order as the publishes it gates), then acked. A holder that
         // dies in between leaves an acked delivery of a deleted message: nothing to redo.
@@ -294,18 +309,16 @@ impl JobQueue for NatsStore {
             Some(Ok(sseq)) => self.delete_job_message(sseq).await,
             _ => Err(Error::corrupt_because(format!("job handle {}", job.handle))),
         };
-        let acked = match (deleted, acker) {
-            (Err(e), Some(a)) => {
+        let acked = match deleted {
+            Err(e) => {
                 // Held again: the delivery runs out and comes back.
                 self.held
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(job.handle.clone(), a);
+                    .insert(held_key(&job.handle, &job.session), acker);
                 return Err(e);
             }
-            (Err(e), None) => return Err(e),
-            (Ok(()), Some(a)) => a.ack().await.map_err(|e| nats_err("ack", e)),
-            (Ok(()), None) => Ok(()),
+            Ok(()) => acker.ack().await.map_err(|e| nats_err("ack", e)),
         };
         tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
         // A push that found this job held left a marker: run the session once more. When
@@ -333,15 +346,13 @@ impl JobQueue for NatsStore {
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&job.handle);
-        if let Some(a) = acker {
-            // No delay: delivered again at once (a draining worker hands its job on).
-            let delay = (!delay.is_zero()).then_some(delay);
-            a.ack_with(jetstream::AckKind::Nak(delay))
-                .await
-                .map_err(|e| nats_err("nak", e))?;
-        }
-        Ok(())
+            .remove(&held_key(&job.handle, &job.session));
+        let a = acker.ok_or_else(|| not_held(job))?;
+        // No delay: delivered again at once (a draining worker hands its job on).
+        let delay = (!delay.is_zero()).then_some(delay);
+        a.ack_with(jetstream::AckKind::Nak(delay))
+            .await
+            .map_err(|e| nats_err("nak", e))
     }
 
     async fn depth(&self, pool: &str) -> Result<u64> {
