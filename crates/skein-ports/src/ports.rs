@@ -77,15 +77,47 @@ pub fn check_numbering(session: &SessionId, expected_last: u64, records: &[Recor
     Ok(())
 }
 
-/// A claimed job: "advance this session". Carries no state.
+/// A claimed job: "advance this session". Carries no state of the session.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     pub pool: String,
     pub session: SessionId,
     /// 1 on the first delivery.
     pub attempt: u32,
-    /// Backend-specific handle (delivery id).
+    /// Names this delivery (unique among the jobs a process holds); not parsed back.
     pub handle: String,
+    /// The queue's own hold on this delivery, for its heartbeat, ack and retry (a
+    /// JetStream acker); none where the queue finds its holds by the job itself.
+    pub lease: Option<Lease>,
+}
+
+/// A queue's hold on a delivery, carried by the [`Job`] it was claimed as. Opaque to
+/// everyone but the queue, which reads it back with [`Lease::get`].
+#[derive(Clone)]
+pub struct Lease(Arc<dyn std::any::Any + Send + Sync>);
+
+impl Lease {
+    pub fn new<T: std::any::Any + Send + Sync>(hold: T) -> Self {
+        Lease(Arc::new(hold))
+    }
+
+    /// The hold, if it is a `T`.
+    pub fn get<T: std::any::Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Lease")
+    }
+}
+
+/// The same hold, not merely an equal one.
+impl PartialEq for Lease {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// Work queues by pool. At most one pending job per session: pushing a session that

@@ -875,6 +875,7 @@ pub async fn jobs_refuse_what_they_do_not_hold(b: &Backend) -> Result<()> {
         session: new_root_id(),
         attempt: 1,
         handle: j.handle.clone(),
+        lease: None,
     };
     ensure(
         b.jobs.heartbeat(&forged).await.is_err(),

@@ -193,6 +193,7 @@ impl MemStore {
             session,
             attempt: rec.attempt,
             handle: token.to_string(),
+            lease: None,
         })
     }
 

@@ -200,6 +200,7 @@ impl SledStore {
             session,
             attempt: new.attempt,
             handle: token.to_string(),
+            lease: None,
         }))
     }
 

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use skein_core::SessionId;
 use skein_ports::ports::{
-    claim_matching_unsupported, Job, JobQueue, SessionFilter, WaitingForRoom,
+    claim_matching_unsupported, Job, JobQueue, Lease, SessionFilter, WaitingForRoom,
 };
 use skein_ports::{Error, Result};
 
@@ -27,7 +27,7 @@ use super::{trace_headers, JOBS};
 use async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE;
 use async_nats::jetstream::response::Response;
 use async_nats::jetstream::ErrorCode;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A heartbeat, ack or retry of a job this process does not hold.
 fn not_held(job: &Job) -> Error {
@@ -37,10 +37,34 @@ fn not_held(job: &Job) -> Error {
     ))
 }
 
-/// What the held deliveries are found by: the delivery and the session it is for, so a
-/// job named with another session's delivery is not taken for it.
-fn held_key(handle: &str, session: &SessionId) -> String {
-    format!("{handle} {session}")
+/// A delivery held by this worker, carried in its [`Job`]'s lease: its stream sequence
+/// (the message an ack deletes) and its acker.
+struct Held {
+    sseq: u64,
+    session: SessionId,
+    acker: jetstream::message::Acker,
+    /// Acked or handed back: the hold is spent.
+    done: AtomicBool,
+}
+
+impl Held {
+    /// The job's hold, while it lasts.
+    fn of(job: &Job) -> Result<&Held> {
+        job.lease
+            .as_ref()
+            .and_then(|l| l.get::<Held>())
+            .filter(|h| h.session == job.session && !h.done.load(Ordering::SeqCst))
+            .ok_or_else(|| not_held(job))
+    }
+
+    /// The job's hold, spent by the caller (an ack or a retry): a second one is refused.
+    fn take(job: &Job) -> Result<&Held> {
+        let held = Self::of(job)?;
+        if held.done.swap(true, Ordering::SeqCst) {
+            return Err(not_held(job));
+        }
+        Ok(held)
+    }
 }
 
 impl NatsStore {
@@ -260,28 +284,24 @@ impl JobQueue for NatsStore {
         let session = SessionId::parse(&id)?;
         tracing::trace!(%session, attempt, "job claimed");
         let (_, acker) = msg.split();
-        let handle = format!("{sseq}:{attempt}");
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(held_key(&handle, &session), Arc::new(acker));
         Ok(Some(Job {
             pool: pool.into(),
+            handle: format!("{sseq}:{attempt}"),
+            lease: Some(Lease::new(Held {
+                sseq,
+                session: session.clone(),
+                acker,
+                done: AtomicBool::new(false),
+            })),
             session,
             attempt,
-            handle,
         }))
     }
 
     async fn heartbeat(&self, job: &Job) -> Result<()> {
-        let acker = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&held_key(&job.handle, &job.session))
-            .cloned();
-        let a = acker.ok_or_else(|| not_held(job))?;
-        a.ack_with(jetstream::AckKind::Progress)
+        let held = Held::of(job)?;
+        held.acker
+            .ack_with(jetstream::AckKind::Progress)
             .await
             .map_err(|e| nats_err("heartbeat", e))
     }
@@ -290,35 +310,19 @@ impl JobQueue for NatsStore {
         // What the job appended is stored before the job is done; if it was not, the
         // job is not acked and its delivery comes back.
         self.make_sure(&job.session).await?;
-        let acker = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&held_key(&job.handle, &job.session))
-            // Not held here (never claimed here, or acked already): its message, which
-            // may be another holder's, is left alone.
-            .ok_or_else(|| not_held(job))?;
+        // Not held (never claimed here, or acked already): its message, which may be
+        // another holder's, is left alone.
+        let held = Held::take(job)?;
         // The job's message is deleted through the stream (every replica applies the
         // delete in the same order as the publishes it gates), then acked. A holder that
         // dies in between leaves an acked delivery of a deleted message: nothing to redo.
-        let deleted = match job
-            .handle
-            .split_once(':')
-            .map(|(seq, _)| seq.parse::<u64>())
-        {
-            Some(Ok(sseq)) => self.delete_job_message(sseq).await,
-            _ => Err(Error::corrupt_because(format!("job handle {}", job.handle))),
-        };
-        let acked = match deleted {
+        let acked = match self.delete_job_message(held.sseq).await {
             Err(e) => {
                 // Held again: the delivery runs out and comes back.
-                self.held
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(held_key(&job.handle, &job.session), acker);
+                held.done.store(false, Ordering::SeqCst);
                 return Err(e);
             }
-            Ok(()) => acker.ack().await.map_err(|e| nats_err("ack", e)),
+            Ok(()) => held.acker.ack().await.map_err(|e| nats_err("ack", e)),
         };
         tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
         // A push that found this job held left a marker: run the session once more. When
@@ -342,15 +346,11 @@ impl JobQueue for NatsStore {
         if let Err(e) = self.make_sure(&job.session).await {
             tracing::debug!(session = %job.session, error = %e, "a pipelined append failed");
         }
-        let acker = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&held_key(&job.handle, &job.session));
-        let a = acker.ok_or_else(|| not_held(job))?;
+        let held = Held::take(job)?;
         // No delay: delivered again at once (a draining worker hands its job on).
         let delay = (!delay.is_zero()).then_some(delay);
-        a.ack_with(jetstream::AckKind::Nak(delay))
+        held.acker
+            .ack_with(jetstream::AckKind::Nak(delay))
             .await
             .map_err(|e| nats_err("nak", e))
     }

@@ -148,7 +148,6 @@ pub struct NatsStore {
     /// Each session's pipelined append whose ack nobody has read yet.
     pipelined: Mutex<HashMap<SessionId, log::Sent>>,
     consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
-    held: Mutex<HashMap<String, Arc<jetstream::message::Acker>>>,
     /// Lease given to pool consumers (their ack wait).
     lease: Duration,
     /// Whether `workspace_dir` lies on a local disk (looked at on the first tool call): its
@@ -219,7 +218,6 @@ impl NatsStore {
             heads: Mutex::new(HashMap::new()),
             pipelined: Mutex::new(HashMap::new()),
             consumers: tokio::sync::Mutex::new(HashMap::new()),
-            held: Mutex::new(HashMap::new()),
             lease,
             workspace_local: std::sync::OnceLock::new(),
         }))
