@@ -6,6 +6,7 @@ use std::time::Duration;
 use skein_core::event::{genesis_hash, Cancelled};
 use skein_core::{Envelope, Event, Record};
 use skein_nats::{NatsConfig, NatsStore};
+use skein_runtime::ports::Durability;
 use skein_testnats::{Cluster, NatsServer};
 
 fn cfg(urls: &str, replicas: usize) -> NatsConfig {
@@ -28,6 +29,18 @@ mod conformance {
     }
 
     skein_runtime::conformance_tests!(nats);
+
+    /// The claim that notices outlive a worker: another store opened on the same server,
+    /// after the first is gone, reads them whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn notices_outlive_workers() {
+        let server = NatsServer::start();
+        let first = store_on(&server).await.backend();
+        let reopen = async { store_on(&server).await.backend() };
+        if let Err(e) = skein_runtime::conformance::notices_outlive_workers(first, reopen).await {
+            panic!("notices_outlive_workers: {e}");
+        }
+    }
 }
 
 /// A store on `server` (one replica) with the one-second lease the suite expects.
@@ -57,7 +70,10 @@ async fn appends_survive_a_server_restart() {
     let b = store.backend();
     let s = skein_runtime::new_root_id();
     let r1 = rec(&s, 1, genesis_hash(&s));
-    b.log.append(&s, 0, &r1).await.unwrap();
+    b.log
+        .append(&s, 0, std::slice::from_ref(&r1), Durability::Now)
+        .await
+        .unwrap();
     server.restart();
     // The client reconnects by itself; the record is still there, and the chain goes on.
     let mut got = vec![];
@@ -70,7 +86,10 @@ async fn appends_survive_a_server_restart() {
     }
     assert_eq!(got.len(), 1);
     let r2 = rec(&s, 2, r1.hash());
-    b.log.append(&s, 1, &r2).await.unwrap();
+    b.log
+        .append(&s, 1, std::slice::from_ref(&r2), Durability::Now)
+        .await
+        .unwrap();
     assert_eq!(b.log.read(&s, 1).await.unwrap().len(), 2);
 }
 
@@ -83,11 +102,23 @@ async fn a_three_node_cluster_keeps_working_with_a_node_down() {
     let b = store.backend();
     let s = skein_runtime::new_root_id();
     let r1 = rec(&s, 1, genesis_hash(&s));
-    b.log.append(&s, 0, &r1).await.unwrap();
+    b.log
+        .append(&s, 0, std::slice::from_ref(&r1), Durability::Now)
+        .await
+        .unwrap();
     cluster.kill9(0);
     let mut ok = false;
     for _ in 0..100 {
-        if b.log.append(&s, 1, &rec(&s, 2, r1.hash())).await.is_ok() {
+        if b.log
+            .append(
+                &s,
+                1,
+                std::slice::from_ref(&rec(&s, 2, r1.hash())),
+                Durability::Now,
+            )
+            .await
+            .is_ok()
+        {
             ok = true;
             break;
         }
@@ -450,9 +481,18 @@ async fn records_appended_together_go_as_one_message_and_are_stored_whole_or_not
         prev = r.hash();
         records.push(r);
     }
-    b.log.append(&s, 0, &records[0]).await.unwrap();
-    b.log.append_batch(&s, 1, &records[1..4]).await.unwrap();
-    b.log.append_batch(&s, 4, &records[4..]).await.unwrap();
+    b.log
+        .append(&s, 0, std::slice::from_ref(&records[0]), Durability::Now)
+        .await
+        .unwrap();
+    b.log
+        .append(&s, 1, &records[1..4], Durability::Now)
+        .await
+        .unwrap();
+    b.log
+        .append(&s, 4, &records[4..], Durability::Now)
+        .await
+        .unwrap();
     assert_eq!(
         messages_on(&js, &subject).await,
         3,
@@ -501,7 +541,10 @@ async fn records_appended_together_go_as_one_message_and_are_stored_whole_or_not
     // The other store (a worker that took over the session) appends: this store's head
     // is stale, so the refusal comes from the server's check of the message's condition.
     let theirs = rec(&s, 42, prev.clone());
-    ob.log.append(&s, 41, &theirs).await.unwrap();
+    ob.log
+        .append(&s, 41, std::slice::from_ref(&theirs), Durability::Now)
+        .await
+        .unwrap();
     let mut ours = vec![];
     let mut before = prev;
     for seq in 42..50 {
@@ -518,7 +561,7 @@ async fn records_appended_together_go_as_one_message_and_are_stored_whole_or_not
         before = r.hash();
         ours.push(r);
     }
-    match b.log.append_batch(&s, 41, &ours).await {
+    match b.log.append(&s, 41, &ours, Durability::Now).await {
         Err(skein_runtime::Error::Conflict { actual, .. }) => assert_eq!(actual, 42),
         other => panic!("a message after another writer: {other:?}"),
     }
@@ -544,7 +587,7 @@ async fn records_appended_together_go_as_one_message_and_are_stored_whole_or_not
         before = r.hash();
         big.push(r);
     }
-    b.log.append_batch(&t, 0, &big).await.unwrap();
+    b.log.append(&t, 0, &big, Durability::Now).await.unwrap();
     let read = b.log.read(&t, 1).await.unwrap();
     assert_eq!(read.len(), 3);
     let n = messages_on(&js, &format!("skein.events.{}", t.as_str())).await;
@@ -652,14 +695,20 @@ async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() 
     let (a, b) = (ours.backend(), theirs.backend());
     let s = skein_runtime::new_root_id();
     let r1 = rec(&s, 1, genesis_hash(&s));
-    a.log.append(&s, 0, &r1).await.unwrap();
+    a.log
+        .append(&s, 0, std::slice::from_ref(&r1), Durability::Now)
+        .await
+        .unwrap();
     // Theirs: record 2, which our store's head does not know of.
     let their2 = their_record(&s, 2, r1.hash());
-    b.log.append(&s, 1, &their2).await.unwrap();
+    b.log
+        .append(&s, 1, std::slice::from_ref(&their2), Durability::Now)
+        .await
+        .unwrap();
 
     let our2 = rec(&s, 2, r1.hash());
     a.log
-        .append_batch_pipelined(&s, 1, std::slice::from_ref(&our2))
+        .append(&s, 1, std::slice::from_ref(&our2), Durability::Pipelined)
         .await
         .expect("a pipelined append returns before the server has answered");
     // A read waits for the answer without taking it.
@@ -683,7 +732,11 @@ async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() 
     // The ack heard the refusal, not the writer: an append that follows on from our
     // record 2 is refused all the same, though the log does end at seq 2.
     let after_ours = rec(&s, 3, our2.hash());
-    match a.log.append(&s, 2, &after_ours).await {
+    match a
+        .log
+        .append(&s, 2, std::slice::from_ref(&after_ours), Durability::Now)
+        .await
+    {
         Err(skein_runtime::Error::Conflict { .. }) => {}
         other => panic!("an append after a record the log lacks: got {other:?}"),
     }
@@ -703,13 +756,20 @@ async fn a_refused_pipelined_append_fails_its_writers_next_append_and_job_ack() 
     assert_eq!(a.log.read(&s, 1).await.unwrap().len(), 2);
     let our3 = rec(&s, 3, their2.hash());
     let their3 = their_record(&s, 3, their2.hash());
-    b.log.append(&s, 2, &their3).await.unwrap();
+    b.log
+        .append(&s, 2, std::slice::from_ref(&their3), Durability::Now)
+        .await
+        .unwrap();
     a.log
-        .append_batch_pipelined(&s, 2, std::slice::from_ref(&our3))
+        .append(&s, 2, std::slice::from_ref(&our3), Durability::Pipelined)
         .await
         .unwrap();
     let our4 = rec(&s, 4, our3.hash());
-    match a.log.append(&s, 3, &our4).await {
+    match a
+        .log
+        .append(&s, 3, std::slice::from_ref(&our4), Durability::Now)
+        .await
+    {
         Err(skein_runtime::Error::Conflict { expected, .. }) => assert_eq!(expected, 2),
         other => panic!("the next append: expected the refusal, got {other:?}"),
     }

@@ -14,7 +14,7 @@ use skein_core::{AgentSet, Event, Record, SessionId};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_nats::{NatsConfig, NatsStore};
-use skein_runtime::ports::{Backend, EventLog, Job};
+use skein_runtime::ports::{Backend, Durability, EventLog, Job};
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_runtime::Result;
 use skein_testnats::NatsServer;
@@ -31,17 +31,15 @@ struct Watched {
 
 #[async_trait]
 impl EventLog for Watched {
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        self.inner.append(session, expected_last, record).await
-    }
-    async fn append_batch(
+    async fn append(
         &self,
         session: &SessionId,
         expected_last: u64,
         records: &[Record],
+        durability: Durability,
     ) -> Result<()> {
         self.inner
-            .append_batch(session, expected_last, records)
+            .append(session, expected_last, records, durability)
             .await
     }
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
@@ -213,8 +211,10 @@ async fn a_parent_loaded_by_another_worker_reads_its_notices_not_every_child() {
         (2, 2),
         "{ended:?} {running:?}"
     );
-    // The root's wake-up goes to worker B, which has never seen the root.
-    run(&b, &moved).await;
+    // The root's wake-up goes to worker B, which has never seen the root. (A claimed
+    // it, and acks it: a queue takes acks only for the deliveries it holds.)
+    b.process(&moved).await.unwrap();
+    a.backend.jobs.ack(&moved).await.unwrap();
     let read = watched.read.lock().unwrap().clone();
     for child in &running {
         assert!(

@@ -38,16 +38,7 @@ pub fn line_of(r: &Record) -> Value {
 
 /// Writes the tree of `root` (or the subtree of any session); returns the event count.
 pub async fn export(b: &Backend, id: &SessionId, out: &mut dyn Write) -> Result<u64> {
-    let ids: Vec<SessionId> = b
-        .log
-        .tree(&id.root_id())
-        .await?
-        .into_iter()
-        .filter(|s| id.contains(s))
-        .collect();
-    if ids.is_empty() {
-        return Err(Error::NotFound(format!("no session {id}")));
-    }
+    let ids = b.subtree(id).await?;
     let io = |e: std::io::Error| Error::unavailable("writing the export", e);
     let mut n = 0;
     let mut manifest = BTreeMap::new();

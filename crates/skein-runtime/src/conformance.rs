@@ -12,7 +12,7 @@ use std::time::Duration;
 use skein_core::event::{genesis_hash, Cancelled};
 use skein_core::{Envelope, Event, Record, SessionId, Usage};
 
-use crate::ports::{Backend, CacheEntry};
+use crate::ports::{Backend, CacheEntry, Durability, RootResult};
 use crate::{new_root_id, Error};
 
 /// Why a check failed: the backend broke a property of its port, or a port call failed.
@@ -65,7 +65,9 @@ async fn fill(b: &Backend, s: &SessionId, n: u64) -> Result<Vec<Record>> {
     let mut out = vec![];
     for seq in 1..=n {
         let r = record(s, seq, prev, &format!("r{seq}"))?;
-        b.log.append(s, seq - 1, &r).await?;
+        b.log
+            .append(s, seq - 1, std::slice::from_ref(&r), Durability::Now)
+            .await?;
         prev = r.hash();
         out.push(r);
     }
@@ -110,7 +112,11 @@ pub async fn log_refuses_a_stale_append(b: &Backend) -> Result<()> {
     let s = new_root_id();
     let written = fill(b, &s, 2).await?;
     let r = record(&s, 2, written[0].hash(), "racer")?;
-    match b.log.append(&s, 1, &r).await {
+    match b
+        .log
+        .append(&s, 1, std::slice::from_ref(&r), Durability::Now)
+        .await
+    {
         Err(Error::Conflict { actual, .. }) => ensure(actual == 2, "conflict reports seq 2")?,
         other => {
             return Err(Failure::Broken(format!(
@@ -120,7 +126,12 @@ pub async fn log_refuses_a_stale_append(b: &Backend) -> Result<()> {
     }
     let r = record(&s, 1, genesis_hash(&s), "dup")?;
     ensure(
-        matches!(b.log.append(&s, 0, &r).await, Err(Error::Conflict { .. })),
+        matches!(
+            b.log
+                .append(&s, 0, std::slice::from_ref(&r), Durability::Now)
+                .await,
+            Err(Error::Conflict { .. })
+        ),
         "appending seq 1 again conflicts",
     )?;
     ensure(
@@ -147,9 +158,9 @@ pub async fn log_appends_batches(b: &Backend) -> Result<()> {
     let s = new_root_id();
     let first = fill(b, &s, 1).await?;
     let long = chain(&s, 2, 1_100, first[0].hash())?;
-    b.log.append_batch(&s, 1, &long).await?;
+    b.log.append(&s, 1, &long, Durability::Now).await?;
     let next = chain(&s, 1_102, 2, long[long.len() - 1].hash())?;
-    b.log.append_batch(&s, 1_101, &next).await?;
+    b.log.append(&s, 1_101, &next, Durability::Now).await?;
     let read = b.log.read(&s, 1).await?;
     ensure(
         read.len() == 1_103,
@@ -164,7 +175,7 @@ pub async fn log_appends_batches(b: &Backend) -> Result<()> {
     skein_core::event::verify_chain(&s, &read)
         .map_err(|e| Failure::Broken(format!("chain: {e:?}")))?;
     let stale = chain(&s, 1_102, 3, long[long.len() - 1].hash())?;
-    match b.log.append_batch(&s, 1_101, &stale).await {
+    match b.log.append(&s, 1_101, &stale, Durability::Now).await {
         Err(Error::Conflict { actual, .. }) => ensure(
             actual == 1_103,
             format!("conflict reports seq {actual}, not 1,103"),
@@ -192,7 +203,7 @@ pub async fn log_pipelines_appends(b: &Backend) -> Result<()> {
     let s = new_root_id();
     let first = fill(b, &s, 1).await?;
     let piped = chain(&s, 2, 2, first[0].hash())?;
-    b.log.append_batch_pipelined(&s, 1, &piped).await?;
+    b.log.append(&s, 1, &piped, Durability::Pipelined).await?;
     let read = b.log.read(&s, 1).await?;
     ensure(
         read.len() == 3 && read[1].bytes == piped[0].bytes && read[2].bytes == piped[1].bytes,
@@ -202,10 +213,12 @@ pub async fn log_pipelines_appends(b: &Backend) -> Result<()> {
         ),
     )?;
     let again = chain(&s, 4, 1, piped[1].hash())?;
-    b.log.append_batch_pipelined(&s, 3, &again).await?;
+    b.log.append(&s, 3, &again, Durability::Pipelined).await?;
     let then = chain(&s, 5, 2, again[0].hash())?;
-    b.log.append_batch_pipelined(&s, 4, &then[..1]).await?;
-    b.log.append_batch(&s, 5, &then[1..]).await?;
+    b.log
+        .append(&s, 4, &then[..1], Durability::Pipelined)
+        .await?;
+    b.log.append(&s, 5, &then[1..], Durability::Now).await?;
     let read = b.log.read(&s, 1).await?;
     ensure(
         read.len() == 6,
@@ -227,11 +240,13 @@ pub async fn log_pipelines_appends(b: &Backend) -> Result<()> {
         .map_err(|e| Failure::Broken(format!("chain: {e:?}")))?;
     // Stale: seq 6 exists.
     let stale = chain(&s, 6, 1, then[0].hash())?;
-    let refused = match b.log.append_batch_pipelined(&s, 5, &stale).await {
+    let refused = match b.log.append(&s, 5, &stale, Durability::Pipelined).await {
         Err(e) => Err(e),
         Ok(()) => {
             let next = chain(&s, 7, 1, stale[0].hash())?;
-            b.log.append(&s, 6, &next[0]).await
+            b.log
+                .append(&s, 6, std::slice::from_ref(&next[0]), Durability::Now)
+                .await
         }
     };
     ensure(
@@ -256,8 +271,18 @@ pub async fn log_lists_trees_and_roots(b: &Backend) -> Result<()> {
     }
     let tree = b.log.tree(&root).await?;
     ensure(
-        tree == vec![root.clone(), a, a1],
+        tree == vec![root.clone(), a.clone(), a1.clone()],
         format!("tree of root: {tree:?}"),
+    )?;
+    let sub = b.subtree(&a).await?;
+    ensure(
+        sub == vec![a.clone(), a1.clone()],
+        format!("subtree of a child: {sub:?}"),
+    )?;
+    let unknown = root.child("nobody", 9);
+    ensure(
+        matches!(b.subtree(&unknown).await, Err(Error::NotFound(_))),
+        "the subtree of an unknown session is not found",
     )?;
     let roots = b.log.roots().await?;
     ensure(
@@ -564,6 +589,315 @@ pub async fn watchers_are_listed(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+/// Records appended ahead are read at once and numbered as any append; a durable append
+/// after them follows on; a stale one is refused and changes nothing. An append of no
+/// records does nothing, whatever its durability.
+pub async fn log_appends_ahead(b: &Backend) -> Result<()> {
+    let s = new_root_id();
+    let first = fill(b, &s, 1).await?;
+    let ahead = chain(&s, 2, 2, first[0].hash())?;
+    b.log.append(&s, 1, &ahead, Durability::Ahead).await?;
+    let read = b.log.read(&s, 1).await?;
+    ensure(
+        read.len() == 3 && read[1].bytes == ahead[0].bytes && read[2].bytes == ahead[1].bytes,
+        format!("read {} records after an append ahead, not 3", read.len()),
+    )?;
+    let next = chain(&s, 4, 1, ahead[1].hash())?;
+    b.log.append(&s, 3, &next, Durability::Now).await?;
+    let stale = chain(&s, 4, 1, ahead[1].hash())?;
+    match b.log.append(&s, 3, &stale, Durability::Ahead).await {
+        Err(Error::Conflict { actual, .. }) => {
+            ensure(actual == 4, format!("conflict reports seq {actual}, not 4"))?
+        }
+        other => {
+            return Err(Failure::Broken(format!(
+                "a stale append ahead: expected a conflict, got {other:?}"
+            )))
+        }
+    }
+    for d in [Durability::Now, Durability::Ahead, Durability::Pipelined] {
+        b.log.append(&s, 4, &[], d).await?;
+    }
+    let after = b.log.read(&s, 1).await?;
+    ensure(
+        after.len() == 4 && after[3].bytes == next[0].bytes,
+        format!(
+            "a refused or empty append changes nothing: read {} records",
+            after.len()
+        ),
+    )?;
+    skein_core::event::verify_chain(&s, &after)
+        .map_err(|e| Failure::Broken(format!("chain: {e:?}")))?;
+    Ok(())
+}
+
+/// `depth` counts a pool's jobs waiting or held, and no other pool's.
+pub async fn jobs_are_counted(b: &Backend) -> Result<()> {
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let other = format!("{pool}x");
+    ensure(b.jobs.depth(&pool).await? == 0, "a new pool is empty")?;
+    let (s, t) = (new_root_id(), new_root_id());
+    b.jobs.push(&pool, &s).await?;
+    b.jobs.push(&pool, &t).await?;
+    b.jobs.push(&other, &t).await?;
+    let depth = b.jobs.depth(&pool).await?;
+    ensure(depth == 2, format!("two sessions pushed, depth {depth}"))?;
+    let j = b
+        .jobs
+        .claim(&pool, Duration::from_secs(3))
+        .await?
+        .ok_or_else(|| Failure::Broken("no job claimed".into()))?;
+    let depth = b.jobs.depth(&pool).await?;
+    ensure(
+        depth == 2,
+        format!("a held job still counts, depth {depth}"),
+    )?;
+    b.jobs.ack(&j).await?;
+    let depth = b.jobs.depth(&pool).await?;
+    ensure(depth == 1, format!("one acked, depth {depth}"))?;
+    let depth = b.jobs.depth(&other).await?;
+    ensure(depth == 1, format!("the other pool's depth {depth}"))?;
+    Ok(())
+}
+
+/// Where claimed ([`Capabilities::claim_matching`](crate::ports::Capabilities)), a
+/// matching claim takes only a chosen session's job and leaves the others as they were,
+/// and the matching depth counts only theirs; elsewhere both are refused as unsupported.
+pub async fn jobs_claim_matching(b: &Backend) -> Result<()> {
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let (s, t) = (new_root_id(), new_root_id());
+    let only_t = {
+        let t = t.clone();
+        move |x: &SessionId| *x == t
+    };
+    if !b.capabilities().claim_matching {
+        let claimed = b
+            .jobs
+            .claim_matching(&pool, Duration::from_millis(100), &only_t)
+            .await;
+        let counted = b.jobs.depth_matching(&pool, &only_t).await;
+        let unsupported = |r: std::result::Result<(), Error>| {
+            matches!(
+                r,
+                Err(Error::Refused {
+                    kind: crate::RefusalKind::Unsupported,
+                    ..
+                })
+            )
+        };
+        ensure(
+            unsupported(claimed.map(drop)) && unsupported(counted.map(drop)),
+            "a backend that does not claim claim_matching refuses it as unsupported",
+        )?;
+        return Ok(());
+    }
+    b.jobs.push(&pool, &s).await?;
+    b.jobs.push(&pool, &t).await?;
+    let depth = b.jobs.depth_matching(&pool, &only_t).await?;
+    ensure(depth == 1, format!("one job matches, depth {depth}"))?;
+    let none = |_: &SessionId| false;
+    ensure(
+        b.jobs
+            .claim_matching(&pool, Duration::from_millis(200), &none)
+            .await?
+            .is_none(),
+        "a filter that accepts nothing claims nothing",
+    )?;
+    let j = b
+        .jobs
+        .claim_matching(&pool, Duration::from_secs(3), &only_t)
+        .await?
+        .ok_or_else(|| Failure::Broken("the matching job was not claimed".into()))?;
+    ensure(
+        j.session == t && j.attempt == 1,
+        format!("claimed {j:?}, not {t}'s first attempt"),
+    )?;
+    b.jobs.ack(&j).await?;
+    let j = b
+        .jobs
+        .claim(&pool, Duration::from_secs(3))
+        .await?
+        .ok_or_else(|| Failure::Broken("the other job is gone".into()))?;
+    ensure(
+        j.session == s && j.attempt == 1,
+        format!("the job passed over was touched: {j:?}"),
+    )?;
+    b.jobs.ack(&j).await?;
+    Ok(())
+}
+
+/// Where claimed ([`Capabilities::notices_in_step_with_wakes`](crate::ports::Capabilities)),
+/// every notice posted before a wake-up is there for the wake-up's claimer, round after
+/// round with no pause between them.
+pub async fn notices_in_step_with_wakes(b: &Backend) -> Result<()> {
+    if !b.capabilities().notices_in_step_with_wakes {
+        return Ok(());
+    }
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let p = new_root_id();
+    let mut cursor = 0;
+    for i in 1..=20 {
+        let c = p.child("a", i);
+        b.notices.post(&p, &c).await?;
+        b.jobs.push(&pool, &p).await?;
+        let j = b
+            .jobs
+            .claim(&pool, Duration::from_secs(3))
+            .await?
+            .ok_or_else(|| Failure::Broken(format!("round {i}: no job claimed")))?;
+        let read = b.notices.read(&p, cursor).await?;
+        ensure(
+            read.iter().map(|(_, x)| x).eq([&c]),
+            format!("round {i}: the claimer read {read:?}"),
+        )?;
+        cursor = read[0].0;
+        b.jobs.ack(&j).await?;
+    }
+    Ok(())
+}
+
+/// Where claimed ([`Capabilities::notices_outlive_workers`](crate::ports::Capabilities)),
+/// notices and watchers posted through one worker's backend are read whole through another
+/// opened after the first is gone. `reopen` opens that other one on the same store.
+pub async fn notices_outlive_workers<F>(first: Backend, reopen: F) -> Result<()>
+where
+    F: std::future::Future<Output = Backend>,
+{
+    if !first.capabilities().notices_outlive_workers {
+        return Ok(());
+    }
+    let p = new_root_id();
+    let (c1, c2) = (p.child("a", 1), p.child("b", 2));
+    first.notices.post(&p, &c1).await?;
+    first.notices.post(&p, &c2).await?;
+    first.notices.watch(&c1, &p, "default").await?;
+    drop(first);
+    let second = reopen.await;
+    let read = second.notices.read(&p, 0).await?;
+    ensure(
+        read.iter().map(|(_, c)| c).eq([&c1, &c2]),
+        format!("another worker read {read:?}"),
+    )?;
+    let watchers = second.notices.watchers(&c1).await?;
+    ensure(
+        watchers == vec![(p, "default".to_string())],
+        format!("another worker listed watchers {watchers:?}"),
+    )?;
+    Ok(())
+}
+
+/// Each tree has a workspace of its own, the same one each time it is asked for.
+pub async fn workspaces_are_per_tree(b: &Backend) -> Result<()> {
+    let (r1, r2) = (new_root_id(), new_root_id());
+    let w1 = b.workspaces.for_tree(&r1);
+    let data = format!("written in {r1}").into_bytes();
+    w1.write("notes/a.txt", &data)
+        .await
+        .map_err(|e| Failure::Broken(format!("write to a tree's workspace: {e}")))?;
+    let again = b.workspaces.for_tree(&r1);
+    let read = again
+        .read("notes/a.txt")
+        .await
+        .map_err(|e| Failure::Broken(format!("read back from the tree's workspace: {e}")))?;
+    ensure(
+        read == data,
+        "the tree's workspace returns what was written",
+    )?;
+    let listed = again
+        .list("notes")
+        .await
+        .map_err(|e| Failure::Broken(format!("list the tree's workspace: {e}")))?;
+    ensure(
+        listed.len() == 1,
+        format!("the tree's workspace lists {} entries, not 1", listed.len()),
+    )?;
+    ensure(
+        b.workspaces
+            .for_tree(&r2)
+            .read("notes/a.txt")
+            .await
+            .is_err(),
+        "another tree's workspace does not have the file",
+    )?;
+    Ok(())
+}
+
+/// Where there is an announcer, each ending of a root is announced once, and the last
+/// announced is the latest ending: announcing one again, or an earlier one, changes
+/// nothing.
+pub async fn announcer_announces_each_ending_once(b: &Backend) -> Result<()> {
+    let Some(a) = &b.announcer else {
+        return Ok(());
+    };
+    let root = new_root_id();
+    ensure(
+        a.last_announced(&root).await?.is_none(),
+        "a root that never ended has no result",
+    )?;
+    let ending = |seq: u64, answer: &str| RootResult {
+        session: root.to_string(),
+        seq,
+        status: "completed".into(),
+        answer: Some(answer.into()),
+        error: None,
+        usage: Usage::default(),
+    };
+    let (first, later) = (ending(5, "first"), ending(9, "later"));
+    a.root_finished(&first).await?;
+    a.root_finished(&first).await?;
+    ensure(
+        a.last_announced(&root).await?.as_ref() == Some(&first),
+        "the first ending is announced",
+    )?;
+    a.root_finished(&later).await?;
+    a.root_finished(&first).await?;
+    let last = a.last_announced(&root).await?;
+    ensure(
+        last.as_ref() == Some(&later),
+        format!("the latest ending is the last announced: {last:?}"),
+    )?;
+    Ok(())
+}
+
+/// A heartbeat, ack or retry of a job the queue does not hold (never claimed, or acked
+/// already) is an error, never a silent success.
+pub async fn jobs_refuse_what_they_do_not_hold(b: &Backend) -> Result<()> {
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let s = new_root_id();
+    b.jobs.push(&pool, &s).await?;
+    let j = b
+        .jobs
+        .claim(&pool, Duration::from_secs(3))
+        .await?
+        .ok_or_else(|| Failure::Broken("no job claimed".into()))?;
+    let forged = crate::ports::Job {
+        pool: pool.clone(),
+        session: new_root_id(),
+        attempt: 1,
+        handle: j.handle.clone(),
+        lease: None,
+    };
+    ensure(
+        b.jobs.heartbeat(&forged).await.is_err(),
+        "a heartbeat of a job never claimed is an error",
+    )?;
+    ensure(
+        b.jobs.retry(&forged, Duration::ZERO).await.is_err(),
+        "a retry of a job never claimed is an error",
+    )?;
+    b.jobs.heartbeat(&j).await?;
+    b.jobs.ack(&j).await?;
+    ensure(
+        b.jobs.heartbeat(&j).await.is_err(),
+        "a heartbeat of an acked job is an error",
+    )?;
+    ensure(
+        b.jobs.ack(&j).await.is_err(),
+        "a second ack of a job is an error",
+    )?;
+    Ok(())
+}
+
 /// Every check, in order; the first failure is returned with its name.
 pub async fn run_all(b: &Backend) -> Result<()> {
     macro_rules! check {
@@ -589,6 +923,13 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(notices_among_others_read_whole_from_every_cursor);
     check!(inflight_is_single_flight);
     check!(watchers_are_listed);
+    check!(log_appends_ahead);
+    check!(jobs_are_counted);
+    check!(jobs_claim_matching);
+    check!(notices_in_step_with_wakes);
+    check!(workspaces_are_per_tree);
+    check!(announcer_announces_each_ending_once);
+    check!(jobs_refuse_what_they_do_not_hold);
     Ok(())
 }
 
@@ -598,7 +939,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(

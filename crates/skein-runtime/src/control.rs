@@ -32,17 +32,7 @@ pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value> {
 /// how many were cancelled; sessions that had ended are left as they are.
 pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize> {
     let mut n = 0;
-    let sessions: Vec<SessionId> = rt
-        .backend
-        .log
-        .tree(&id.root_id())
-        .await?
-        .into_iter()
-        .filter(|s| id.contains(s))
-        .collect();
-    if sessions.is_empty() {
-        return Err(Error::NotFound(format!("no session {id}")));
-    }
+    let sessions = rt.backend.subtree(id).await?;
     for s in sessions {
         let (f, _) = rt.load(&s).await?;
         if f.state.status.is_terminal() {

@@ -32,12 +32,7 @@ pub use ports::{Backend, CacheEntry, Job, RootResult};
 pub use error::{Error, RefusalKind, Result};
 
 /// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use skein_ports::now_ms;
 
 /// A fresh root id: a lowercase ULID.
 pub fn new_root_id() -> skein_core::SessionId {

@@ -62,16 +62,7 @@ pub async fn verify_tree(
     current: &AgentSet,
     limits: &Limits,
 ) -> Result<Vec<SessionVerdict>> {
-    let ids: Vec<SessionId> = b
-        .log
-        .tree(&id.root_id())
-        .await?
-        .into_iter()
-        .filter(|s| id.contains(s))
-        .collect();
-    if ids.is_empty() {
-        return Err(Error::NotFound(format!("no session {id}")));
-    }
+    let ids = b.subtree(id).await?;
     let mut logs = vec![];
     let mut recorded = BTreeMap::new();
     let mut defs = BTreeMap::new();

@@ -10,19 +10,18 @@ use std::sync::{Arc, Mutex};
 use skein_core::event::{genesis_hash, Submitted};
 use skein_core::{AgentDef, Envelope, Event, Record, SessionId, SessionState};
 
+use crate::ports::Durability;
 use crate::runtime::{lock, Progress, Runtime};
 use crate::{Error, Result};
 
 /// When [`Runtime::commit_as`] returns, as the log's port names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Written {
-    /// Durable ([`EventLog::append_batch`](crate::ports::EventLog::append_batch)).
+    /// Durable ([`Durability::Now`]).
     Durable,
-    /// Made durable by the next append of the store
-    /// ([`EventLog::append_batch_ahead`](crate::ports::EventLog::append_batch_ahead)).
+    /// Made durable by the next append of the store ([`Durability::Ahead`]).
     Ahead,
-    /// Made sure of by the session's next append
-    /// ([`EventLog::append_batch_pipelined`](crate::ports::EventLog::append_batch_pipelined)).
+    /// Made sure of by the session's next append ([`Durability::Pipelined`]).
     Pipelined,
 }
 
@@ -140,7 +139,7 @@ impl Runtime {
     }
 
     /// [`Runtime::create`] for a child its parent records next: the child's `Submitted` is
-    /// appended ahead ([`EventLog::append_batch_ahead`](crate::ports::EventLog)), and the
+    /// appended ahead ([`Durability::Ahead`]), and the
     /// parent's append, which must return before the child's job is pushed, makes it
     /// durable.
     pub(crate) async fn create_ahead(
@@ -221,14 +220,12 @@ impl Runtime {
             return Ok(());
         };
         let log = &self.backend.log;
-        let written = match how {
-            Written::Durable => log.append_batch(&f.id, first, &staged.records).await,
-            Written::Ahead => log.append_batch_ahead(&f.id, first, &staged.records).await,
-            Written::Pipelined => {
-                log.append_batch_pipelined(&f.id, first, &staged.records)
-                    .await
-            }
+        let durability = match how {
+            Written::Durable => Durability::Now,
+            Written::Ahead => Durability::Ahead,
+            Written::Pipelined => Durability::Pipelined,
         };
+        let written = log.append(&f.id, first, &staged.records, durability).await;
         if let Err(e) = written {
             if matches!(e, Error::Conflict { .. }) {
                 // Someone else wrote: forget the cached fold so the next load rereads.

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use skein_core::Event;
+use skein_runtime::ports::Durability;
 use skein_runtime::worker::RuntimeConfig;
 
 /// The next job of the default pool (one must come within a second).
@@ -141,7 +142,11 @@ async fn move_session(
     id: &skein_core::SessionId,
 ) {
     let records = from.backend.log.read(id, 1).await.unwrap();
-    to.backend.log.append_batch(id, 0, &records).await.unwrap();
+    to.backend
+        .log
+        .append(id, 0, &records, Durability::Now)
+        .await
+        .unwrap();
     to.backend.jobs.push("default", id).await.unwrap();
     // The first store's copy of the job is taken, so only one store runs it.
     let j = claim(from.backend.jobs.as_ref()).await;

@@ -13,7 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_runtime::ports::{
-    Backend, Blobs, Cache, CacheEntry, EventLog, Job, JobQueue, Notices, SessionFilter, Workspaces,
+    Backend, Blobs, Cache, CacheEntry, Capabilities, Durability, EventLog, Job, JobQueue, Notices,
+    SessionFilter, WaitingForRoom, Workspaces,
 };
 use skein_runtime::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
@@ -103,6 +104,11 @@ impl MemStore {
             notices: self.clone(),
             workspaces: self.clone(),
             announcer: None,
+            capabilities: Capabilities {
+                notices_in_step_with_wakes: false,
+                notices_outlive_workers: false,
+                claim_matching: true,
+            },
         }
     }
 
@@ -282,6 +288,7 @@ impl MemStore {
             session,
             attempt: rec.attempt,
             handle: token.to_string(),
+            lease: None,
         })
     }
 
@@ -311,70 +318,63 @@ impl MemStore {
         }
     }
 
-    fn update_held(&self, job: &Job, f: impl Fn(&mut JobRec) -> bool) {
+    fn update_held(&self, job: &Job, f: impl Fn(&mut JobRec) -> bool) -> Result<()> {
+        let not_held = || {
+            Error::NotFound(format!(
+                "job of {} in pool {} (attempt {}) is not held",
+                job.session, job.pool, job.attempt
+            ))
+        };
         let mut g = self.lock();
         let Some(jobs) = g.jobs.get_mut(&job.pool) else {
-            return;
+            return Err(not_held());
         };
         let Some(rec) = jobs.get_mut(&job.session) else {
-            return;
+            return Err(not_held());
         };
         if rec.token.to_string() != job.handle {
-            return; // the lease ran out and someone else holds it
+            return Err(not_held()); // the lease ran out and someone else holds it
         }
         if !f(rec) {
             jobs.remove(&job.session);
         }
         drop(g);
         self.job_ready.notify_waiters();
+        Ok(())
     }
 }
 
 #[async_trait]
 impl EventLog for MemStore {
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        self.append_batch(session, expected_last, std::slice::from_ref(record))
-            .await
-    }
-
-    async fn append_batch(
+    /// [`Durability::Pipelined`] as on NATS: written at once, or (a seeded fault, drawn
+    /// as a conflict: the publish was refused or lost) not at all, which the writer hears
+    /// at the session's next append (whose expected seq the log does not end at) or at
+    /// its job's ack. The other two are durable at once.
+    async fn append(
         &self,
         session: &SessionId,
         expected_last: u64,
         records: &[Record],
+        durability: Durability,
     ) -> Result<()> {
-        self.append_written(session, expected_last, records, true)
-            .await
-    }
-
-    /// As on the embedded store, whose log is one file written in order: on the disk, the
-    /// records are written and not waited for (the sync of any later frame covers them).
-    async fn append_batch_ahead(
-        &self,
-        session: &SessionId,
-        expected_last: u64,
-        records: &[Record],
-    ) -> Result<()> {
-        self.append_written(session, expected_last, records, false)
-            .await
-    }
-
-    /// As on NATS: written at once, or (a seeded fault, drawn as a conflict: the publish
-    /// was refused or lost) not at all, which the writer hears at the session's next
-    /// append (whose expected seq the log does not end at) or at its job's ack.
-    async fn append_batch_pipelined(
-        &self,
-        session: &SessionId,
-        expected_last: u64,
-        records: &[Record],
-    ) -> Result<()> {
-        if !records.is_empty() && self.faults.pipelined_refused() {
+        if durability == Durability::Pipelined
+            && !records.is_empty()
+            && self.faults.pipelined_refused()
+        {
             let mut g = self.lock();
             g.refused
                 .insert(session.clone(), expected_last + records.len() as u64);
             return Ok(());
         }
-        self.append_batch(session, expected_last, records).await
+        // On the disk, records written ahead are not waited for, as on the embedded store
+        // whose log is one file written in order: the sync of any later frame covers them.
+        self.append_written(
+            session,
+            expected_last,
+            records,
+            durability != Durability::Ahead,
+        )
+        .await
     }
 
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
@@ -473,8 +473,7 @@ impl JobQueue for MemStore {
         self.update_held(job, |r| {
             r.held_until = Some(until);
             true
-        });
-        Ok(())
+        })
     }
 
     async fn ack(&self, job: &Job) -> Result<()> {
@@ -505,8 +504,7 @@ impl JobQueue for MemStore {
                 dirty: false,
             };
             true
-        });
-        Ok(())
+        })
     }
 
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
@@ -518,12 +516,24 @@ impl JobQueue for MemStore {
             r.not_before = at;
             r.dirty = false;
             true
-        });
-        Ok(())
+        })
     }
 
     async fn depth(&self, pool: &str) -> Result<u64> {
         Ok(self.lock().jobs.get(pool).map_or(0, BTreeMap::len) as u64)
+    }
+
+    /// One process holds the store: no other reader to show a wait to.
+    async fn set_waiting_for_room(&self, _: &WaitingForRoom) -> Result<()> {
+        Ok(())
+    }
+
+    async fn clear_waiting_for_room(&self, _: &SessionId) -> Result<()> {
+        Ok(())
+    }
+
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>> {
+        Ok(vec![])
     }
 
     async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64> {

@@ -22,8 +22,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use skein_core::SessionId;
-use skein_runtime::ports::{Job, JobQueue, SessionFilter};
-use skein_runtime::{now_ms, Error, Result};
+use skein_ports::ports::{Job, JobQueue, SessionFilter, WaitingForRoom};
+use skein_ports::{now_ms, Error, Result};
 
 use crate::{backend_err, encode, prefix, SledStore};
 
@@ -208,6 +208,7 @@ impl SledStore {
             session,
             attempt: new.attempt,
             handle: token.to_string(),
+            lease: None,
         }))
     }
 
@@ -238,14 +239,16 @@ impl SledStore {
         }
     }
 
-    /// Updates a job record with `f` if it is still held under `handle`.
+    /// Updates a job record with `f` if it is still held under `handle`; else fails with
+    /// [`not_held`].
     fn update_held(&self, job: &Job, f: impl Fn(JobRec) -> Option<JobRec>) -> Result<()> {
         let mut idx = self.job_index();
         let Some(rec) = idx.get(&job.pool, &job.session).cloned() else {
-            return Ok(());
+            return Err(not_held(job));
         };
         if rec.token.to_string() != job.handle {
-            return Ok(()); // no longer ours: the lease ran out and someone else holds it
+            // No longer ours: the lease ran out and someone else holds it.
+            return Err(not_held(job));
         }
         let new = f(rec);
         idx.set(&job.pool, &job.session, new.as_ref());
@@ -253,6 +256,15 @@ impl SledStore {
         self.job_ready.notify_one();
         Ok(())
     }
+}
+
+/// A heartbeat, ack or retry of a job this queue does not hold under that claim.
+fn not_held(job: &Job) -> Error {
+    Error::NotFound(format!(
+        "job of {} in pool {} (attempt {}) is not held: never claimed, or its lease ran out \
+         and it was claimed again",
+        job.session, job.pool, job.attempt
+    ))
 }
 
 /// The pool and session of a job key (`pool \0 session`).
@@ -296,6 +308,19 @@ impl JobQueue for SledStore {
         self.claim_where(pool, wait, Some(want)).await
     }
 
+    /// One process holds the store: no other reader to show a wait to.
+    async fn set_waiting_for_room(&self, _: &WaitingForRoom) -> Result<()> {
+        Ok(())
+    }
+
+    async fn clear_waiting_for_room(&self, _: &SessionId) -> Result<()> {
+        Ok(())
+    }
+
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>> {
+        Ok(vec![])
+    }
+
     async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64> {
         let idx = self.job_index();
         Ok(idx
@@ -334,7 +359,7 @@ impl JobQueue for SledStore {
 
 #[cfg(test)]
 mod tests {
-    use skein_runtime::ports::JobQueue;
+    use skein_ports::ports::JobQueue;
 
     use crate::SledStore;
 

@@ -10,8 +10,8 @@ use std::sync::MutexGuard;
 
 use async_trait::async_trait;
 use skein_core::SessionId;
-use skein_runtime::ports::{Blobs, Cache, CacheEntry, Notices};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{Blobs, Cache, CacheEntry, Notices};
+use skein_ports::{Error, Result};
 
 use crate::{backend_err, decode, encode, prefix, SledStore};
 
@@ -165,19 +165,11 @@ impl Notices for SledStore {
         }
         Ok(out)
     }
-
-    /// One process holds the store: a notice is in its inbox (at once visible to every
-    /// reader in the process) before the wake-up is pushed, so the claimer of that wake-up
-    /// reads it. Both end with the process, and so does every fold: the next load of the
-    /// parent is cold and reads every outstanding child.
-    fn in_step_with_wakes(&self) -> bool {
-        true
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use skein_runtime::ports::Blobs;
+    use skein_ports::ports::Blobs;
 
     use crate::SledStore;
 

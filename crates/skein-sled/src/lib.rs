@@ -36,7 +36,7 @@
 //! fails stops the flusher for good (fail-stop), for the log and the database alike: the
 //! writers waiting for it and every later one get its error, naming the part that failed,
 //! and [`SledStore::failed`] resolves with it; a full disk fails
-//! the one write with [`skein_runtime::Error::Full`] and stops nothing (see `wal.rs`). Jobs,
+//! the one write with [`skein_ports::Error::Full`] and stops nothing (see `wal.rs`). Jobs,
 //! notices and single-flight claims are soft state, in memory: after a crash, `resume`
 //! derives every job from the logs, a parent reconciles with its children's logs when it
 //! is first loaded, and a claim whose holder is gone is replaced.
@@ -57,8 +57,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use skein_core::SessionId;
-use skein_runtime::ports::{Backend, Workspaces};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{Backend, Capabilities, Workspaces};
+use skein_ports::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
 use tokio::sync::{watch, Notify};
 
@@ -67,7 +67,7 @@ use tokio::sync::{watch, Notify};
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// A failure of the sled database: no room when the disk is full, else unavailable.
-fn backend_err(e: impl Into<skein_runtime::error::BoxError>) -> Error {
+fn backend_err(e: impl Into<skein_ports::error::BoxError>) -> Error {
     let e = e.into();
     let full = match e.downcast_ref::<sled::Error>() {
         Some(sled::Error::Io(io)) => file::is_disk_full(io),
@@ -398,6 +398,16 @@ impl SledStore {
             notices: self.clone(),
             workspaces: self.clone(),
             announcer: None,
+            // One process holds the database: a notice is written to its tree (at once
+            // visible to every reader in the process) before the wake-up is pushed, so the
+            // claimer of that wake-up reads it. A crash may lose both (neither is flushed
+            // per write), and then every fold is gone with the process: the next load of
+            // the parent is cold and reads every outstanding child.
+            capabilities: Capabilities {
+                notices_in_step_with_wakes: true,
+                notices_outlive_workers: false,
+                claim_matching: true,
+            },
         }
     }
 

@@ -4,35 +4,15 @@
 
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
-use skein_runtime::ports::{check_numbering, EventLog};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{check_numbering, Durability, EventLog};
+use skein_ports::{Error, Result};
 
 use crate::SledStore;
 
-#[async_trait]
-impl EventLog for SledStore {
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        self.append_batch(session, expected_last, std::slice::from_ref(record))
-            .await
-    }
-
-    async fn append_batch(
-        &self,
-        session: &SessionId,
-        expected_last: u64,
-        records: &[Record],
-    ) -> Result<()> {
-        self.append_batch_ahead(session, expected_last, records)
-            .await?;
-        if records.is_empty() {
-            return Ok(());
-        }
-        self.wal_flusher.durable().await
-    }
-
-    /// The frame is written and not synced: the sync of any frame written after it
-    /// covers it too.
-    async fn append_batch_ahead(
+impl SledStore {
+    /// Writes the frame without a sync: the sync of any frame written after it covers it
+    /// too.
+    fn write_frame(
         &self,
         session: &SessionId,
         expected_last: u64,
@@ -51,20 +31,41 @@ impl EventLog for SledStore {
             })
     }
 
-    /// Written without a sync while the session's earlier records are durable (the sync
-    /// of any frame written later covers them); else appended durably, covering the
-    /// batch before it too. So at most one batch of a session waits for a sync.
-    async fn append_batch_pipelined(
+    /// Writes the frame and waits for a sync that covers it.
+    async fn write_durable(
         &self,
         session: &SessionId,
         expected_last: u64,
         records: &[Record],
     ) -> Result<()> {
-        if self.wal.last_synced(session) {
-            self.append_batch_ahead(session, expected_last, records)
-                .await
-        } else {
-            self.append_batch(session, expected_last, records).await
+        self.write_frame(session, expected_last, records)?;
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.wal_flusher.durable().await
+    }
+}
+
+#[async_trait]
+impl EventLog for SledStore {
+    /// [`Durability::Ahead`]: the frame is written and not synced. [`Durability::Pipelined`]:
+    /// written without a sync while the session's earlier records are durable (the sync of
+    /// any frame written later covers them); else appended durably, covering the batch
+    /// before it too. So at most one batch of a session waits for a sync.
+    async fn append(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+        durability: Durability,
+    ) -> Result<()> {
+        match durability {
+            Durability::Now => self.write_durable(session, expected_last, records).await,
+            Durability::Ahead => self.write_frame(session, expected_last, records),
+            Durability::Pipelined if self.wal.last_synced(session) => {
+                self.write_frame(session, expected_last, records)
+            }
+            Durability::Pipelined => self.write_durable(session, expected_last, records).await,
         }
     }
 

@@ -16,7 +16,7 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use skein_runtime::{Error, Result};
+use skein_ports::{Error, Result};
 
 use crate::file::{read_exact_at, LogFile};
 use crate::wal::{self, Frame, Verdict};

@@ -1,6 +1,6 @@
 //! The event log's own file: `events.log` in the data directory, append-only.
 //!
-//! Every `append_batch` writes one frame, so a batch is on disk whole or not at all. Blobs
+//! Every append writes one frame, so a batch is on disk whole or not at all. Blobs
 //! (agent definitions, large tool outputs) are frames of the same file, under a magic of
 //! their own:
 //!
@@ -65,7 +65,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use skein_core::{Record, SessionId};
-use skein_runtime::{Error, RefusalKind, Result};
+use skein_ports::{Error, RefusalKind, Result};
 
 use crate::file::{read_exact_at, sync_dir, write_all_at, LogFile, Reader};
 

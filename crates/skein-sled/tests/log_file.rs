@@ -7,6 +7,7 @@ use std::path::Path;
 
 use skein_core::event::{genesis_hash, Cancelled};
 use skein_core::{Envelope, Event, Record, SessionId};
+use skein_runtime::ports::Durability;
 use skein_runtime::Error;
 use skein_sled::SledStore;
 
@@ -55,10 +56,19 @@ async fn write_some(
     let rb = records(&b, 1, 2, &mut pb);
     let store = SledStore::open(data, ws).unwrap();
     let be = store.backend();
-    be.log.append_batch(&a, 0, &ra[..3]).await.unwrap();
-    be.log.append_batch(&b, 0, &rb).await.unwrap();
-    be.log.append(&a, 3, &ra[3]).await.unwrap();
-    be.log.append(&a, 4, &ra[4]).await.unwrap();
+    be.log
+        .append(&a, 0, &ra[..3], Durability::Now)
+        .await
+        .unwrap();
+    be.log.append(&b, 0, &rb, Durability::Now).await.unwrap();
+    be.log
+        .append(&a, 3, std::slice::from_ref(&ra[3]), Durability::Now)
+        .await
+        .unwrap();
+    be.log
+        .append(&a, 4, std::slice::from_ref(&ra[4]), Durability::Now)
+        .await
+        .unwrap();
     let end = store.log_len() as usize;
     let image = crash_image(data);
     drop(be);
@@ -107,7 +117,10 @@ async fn a_torn_tail_is_cut_and_kept_aside_and_every_acknowledged_record_stays()
     // The log goes on from there.
     let mut prev = ra[4].hash();
     let more = records(&a, 6, 1, &mut prev);
-    be.log.append(&a, 5, &more[0]).await.unwrap();
+    be.log
+        .append(&a, 5, std::slice::from_ref(&more[0]), Durability::Now)
+        .await
+        .unwrap();
     drop(be);
     drop(store);
     let store = SledStore::open(&data, &ws).unwrap();
@@ -144,7 +157,10 @@ async fn the_zeros_past_the_last_frame_are_kept_and_a_frame_found_behind_them_is
     let mut prev = ra[4].hash();
     let sixth = records(&a, 6, 1, &mut prev);
     let be = store.backend();
-    be.log.append(&a, 5, &sixth[0]).await.unwrap();
+    be.log
+        .append(&a, 5, std::slice::from_ref(&sixth[0]), Durability::Now)
+        .await
+        .unwrap();
     let end6 = store.log_len() as usize;
     drop(be);
     drop(store);
@@ -175,7 +191,10 @@ async fn the_zeros_past_the_last_frame_are_kept_and_a_frame_found_behind_them_is
         &crashed[end..]
     );
     // The log goes on from there and grows a reserve again.
-    be.log.append(&a, 5, &sixth[0]).await.unwrap();
+    be.log
+        .append(&a, 5, std::slice::from_ref(&sixth[0]), Durability::Now)
+        .await
+        .unwrap();
     assert!(std::fs::metadata(&log).unwrap().len() as usize >= end6 + (64 << 10));
 }
 
@@ -201,7 +220,10 @@ async fn a_last_frame_whose_crc_does_not_match_is_cut_with_nothing_before_it() {
     assert_eq!(reasons(&be.log.read(&b, 1).await.unwrap()), reasons(&rb));
     assert_eq!(be.log.last(&a).await.unwrap().unwrap().env.seq, 4);
     // Appending seq 5 again is what a worker redoing the lost step does.
-    be.log.append(&a, 4, &ra[4]).await.unwrap();
+    be.log
+        .append(&a, 4, std::slice::from_ref(&ra[4]), Durability::Now)
+        .await
+        .unwrap();
     assert_eq!(be.log.read(&a, 5).await.unwrap().len(), 1);
 }
 
@@ -217,9 +239,15 @@ async fn blobs_among_the_records_are_read_back_and_a_torn_one_at_the_end_is_cut(
         let store = SledStore::open(&data, &ws).unwrap();
         let be = store.backend();
         let h1 = be.blobs.put(b"a definition").await.unwrap();
-        be.log.append(&a, 0, &ra[0]).await.unwrap();
+        be.log
+            .append(&a, 0, std::slice::from_ref(&ra[0]), Durability::Now)
+            .await
+            .unwrap();
         let h2 = be.blobs.put(&big).await.unwrap();
-        be.log.append_batch(&a, 1, &ra[1..]).await.unwrap();
+        be.log
+            .append(&a, 1, &ra[1..], Durability::Now)
+            .await
+            .unwrap();
         let h3 = be.blobs.put(b"the last one").await.unwrap();
         (h1, h2, h3, store.log_len() as usize, crash_image(&data))
     };
@@ -269,10 +297,16 @@ async fn a_record_written_after_a_blob_that_did_not_reach_the_disk_is_cut_with_i
     let (h, image) = {
         let store = SledStore::open(&data, &ws).unwrap();
         let be = store.backend();
-        be.log.append(&a, 0, &ra[0]).await.unwrap();
+        be.log
+            .append(&a, 0, std::slice::from_ref(&ra[0]), Durability::Now)
+            .await
+            .unwrap();
         blob_at = store.log_len() as usize;
         let h = be.blobs.put(b"named by the next record").await.unwrap();
-        be.log.append(&a, 1, &ra[1]).await.unwrap();
+        be.log
+            .append(&a, 1, std::slice::from_ref(&ra[1]), Durability::Now)
+            .await
+            .unwrap();
         (h, crash_image(&data))
     };
     let log = data.join("events.log");
@@ -310,7 +344,10 @@ async fn an_append_ahead_is_written_without_a_sync_and_the_next_append_syncs_bot
     {
         let store = SledStore::open(&data, &ws).unwrap();
         let be = store.backend();
-        be.log.append_batch_ahead(&child, 0, &rc).await.unwrap();
+        be.log
+            .append(&child, 0, &rc, Durability::Ahead)
+            .await
+            .unwrap();
         assert_eq!(store.log_syncs(), 0, "an append ahead synced");
         assert_eq!(
             reasons(&be.log.read(&child, 1).await.unwrap()),
@@ -318,13 +355,16 @@ async fn an_append_ahead_is_written_without_a_sync_and_the_next_append_syncs_bot
             "an append ahead is read at once"
         );
         // Numbered as any append: a wrong expected seq changes nothing.
-        match be.log.append_batch_ahead(&child, 1, &rc[1..]).await {
+        match be.log.append(&child, 1, &rc[1..], Durability::Ahead).await {
             Err(Error::Conflict {
                 expected, actual, ..
             }) => assert_eq!((expected, actual), (1, 2)),
             other => panic!("expected a conflict, got {other:?}"),
         }
-        be.log.append(&parent, 0, &rp[0]).await.unwrap();
+        be.log
+            .append(&parent, 0, std::slice::from_ref(&rp[0]), Durability::Now)
+            .await
+            .unwrap();
         assert_eq!(store.log_syncs(), 1, "the next append waits for one sync");
     }
     let store = SledStore::open(&data, &ws).unwrap();
@@ -349,11 +389,14 @@ async fn a_pipelined_append_waits_for_no_sync_unless_the_one_before_it_still_doe
     {
         let store = SledStore::open(&data, &ws).unwrap();
         let be = store.backend();
-        be.log.append(&s, 0, &r[0]).await.unwrap();
+        be.log
+            .append(&s, 0, std::slice::from_ref(&r[0]), Durability::Now)
+            .await
+            .unwrap();
         assert_eq!(store.log_syncs(), 1);
         // After a durable record: written, not synced, and read at once.
         be.log
-            .append_batch_pipelined(&s, 1, &r[1..3])
+            .append(&s, 1, &r[1..3], Durability::Pipelined)
             .await
             .unwrap();
         assert_eq!(
@@ -367,7 +410,7 @@ async fn a_pipelined_append_waits_for_no_sync_unless_the_one_before_it_still_doe
         );
         // The batch before it still unsynced: this one waits for a sync covering both.
         be.log
-            .append_batch_pipelined(&s, 3, &r[3..4])
+            .append(&s, 3, &r[3..4], Durability::Pipelined)
             .await
             .unwrap();
         assert_eq!(
@@ -376,13 +419,16 @@ async fn a_pipelined_append_waits_for_no_sync_unless_the_one_before_it_still_doe
             "two pipelined appends of a session were left unsynced"
         );
         // Numbered as any append: a wrong expected seq changes nothing.
-        match be.log.append_batch_pipelined(&s, 3, &r[3..4]).await {
+        match be.log.append(&s, 3, &r[3..4], Durability::Pipelined).await {
             Err(Error::Conflict {
                 expected, actual, ..
             }) => assert_eq!((expected, actual), (3, 4)),
             other => panic!("expected a conflict, got {other:?}"),
         }
-        be.log.append_batch_pipelined(&s, 4, &r[4..]).await.unwrap();
+        be.log
+            .append(&s, 4, &r[4..], Durability::Pipelined)
+            .await
+            .unwrap();
         assert_eq!(store.log_syncs(), 2);
     }
     // Closed with the last batch unsynced: a close syncs it; what an open finds is the
@@ -394,7 +440,10 @@ async fn a_pipelined_append_waits_for_no_sync_unless_the_one_before_it_still_doe
     // append after an open syncs.
     let mut more = r[4].hash();
     let r6 = records(&s, 6, 1, &mut more);
-    be.log.append_batch_pipelined(&s, 5, &r6).await.unwrap();
+    be.log
+        .append(&s, 5, &r6, Durability::Pipelined)
+        .await
+        .unwrap();
     assert_eq!(store.log_syncs(), 1);
 }
 
@@ -407,7 +456,11 @@ async fn an_append_after_the_wrong_seq_is_a_conflict_naming_the_actual_one() {
     let be = store.backend();
     let mut prev = ra[2].hash();
     let stale = records(&a, 4, 1, &mut prev);
-    match be.log.append(&a, 3, &stale[0]).await {
+    match be
+        .log
+        .append(&a, 3, std::slice::from_ref(&stale[0]), Durability::Now)
+        .await
+    {
         Err(Error::Conflict {
             expected, actual, ..
         }) => assert_eq!((expected, actual), (3, 5)),

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use skein_core::event::{genesis_hash, Cancelled};
 use skein_core::{Envelope, Event, Record, SessionId};
+use skein_runtime::ports::Durability;
 use skein_sled::verify::{self, Finding};
 use skein_sled::{LogFile, SledStore, DEFAULT_LEASE};
 
@@ -136,11 +137,16 @@ async fn a_failed_fdatasync_fails_every_waiting_and_later_append_and_is_never_re
     let (ra, rb) = (records(&a, 1, 3), records(&b, 1, 2));
     let store = open_on(&data, &disk);
     let log = store.backend().log;
-    log.append(&a, 0, &ra[0]).await.unwrap();
+    log.append(&a, 0, std::slice::from_ref(&ra[0]), Durability::Now)
+        .await
+        .unwrap();
     disk.fail_sync.store(true, Ordering::SeqCst);
 
     // When two appends wait for a sync that fails.
-    let (x, y) = tokio::join!(log.append(&a, 1, &ra[1]), log.append(&b, 0, &rb[0]));
+    let (x, y) = tokio::join!(
+        log.append(&a, 1, std::slice::from_ref(&ra[1]), Durability::Now),
+        log.append(&b, 0, std::slice::from_ref(&rb[0]), Durability::Now)
+    );
 
     // Then both fail with an error naming the disk's, and neither is acknowledged.
     for r in [x, y] {
@@ -158,9 +164,15 @@ async fn a_failed_fdatasync_fails_every_waiting_and_later_append_and_is_never_re
     // again: a second fdatasync could succeed without the pages the first one dropped.
     disk.fail_sync.store(false, Ordering::SeqCst);
     let syncs = disk.syncs.load(Ordering::SeqCst);
-    let e = log.append(&a, 2, &ra[2]).await.expect_err("a later append");
+    let e = log
+        .append(&a, 2, std::slice::from_ref(&ra[2]), Durability::Now)
+        .await
+        .expect_err("a later append");
     assert!(e.report().to_string().contains("Input/output error"), "{e}");
-    let e = log.append(&b, 0, &rb[0]).await.expect_err("a later append");
+    let e = log
+        .append(&b, 0, std::slice::from_ref(&rb[0]), Durability::Now)
+        .await
+        .expect_err("a later append");
     assert!(e.is_retryable(), "{e}");
     assert_eq!(disk.syncs.load(Ordering::SeqCst), syncs, "synced again");
     drop(log);
@@ -174,7 +186,9 @@ async fn a_failed_fdatasync_fails_every_waiting_and_later_append_and_is_never_re
     assert_eq!(read[0].env.seq, 1);
     let last = read.len() as u64;
     let more = records(&a, last + 1, 1);
-    log.append(&a, last, &more[0]).await.unwrap();
+    log.append(&a, last, std::slice::from_ref(&more[0]), Durability::Now)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -187,19 +201,28 @@ async fn a_failed_write_fails_its_append_only_and_the_next_one_goes_on() {
     let ra = records(&a, 1, 3);
     let store = open_on(&data, &disk);
     let log = store.backend().log;
-    log.append(&a, 0, &ra[0]).await.unwrap();
+    log.append(&a, 0, std::slice::from_ref(&ra[0]), Durability::Now)
+        .await
+        .unwrap();
     disk.fail_write.store(true, Ordering::SeqCst);
 
     // When an append is made, then it fails, retryably, and nothing of it is indexed.
-    let e = log.append(&a, 1, &ra[1]).await.expect_err("written");
+    let e = log
+        .append(&a, 1, std::slice::from_ref(&ra[1]), Durability::Now)
+        .await
+        .expect_err("written");
     assert!(e.is_retryable(), "{e}");
     assert_eq!(log.last(&a).await.unwrap().unwrap().env.seq, 1);
 
     // And once writes succeed again, the same append goes on and everything reads back,
     // also after reopening.
     disk.fail_write.store(false, Ordering::SeqCst);
-    log.append(&a, 1, &ra[1]).await.unwrap();
-    log.append(&a, 2, &ra[2]).await.unwrap();
+    log.append(&a, 1, std::slice::from_ref(&ra[1]), Durability::Now)
+        .await
+        .unwrap();
+    log.append(&a, 2, std::slice::from_ref(&ra[2]), Durability::Now)
+        .await
+        .unwrap();
     drop(log);
     drop(store);
     let store = SledStore::open(&data, &dir.path().join("ws")).unwrap();
@@ -219,9 +242,15 @@ async fn short_writes_are_written_on_until_whole() {
     // When records and a blob are written.
     let store = open_on(&data, &disk);
     let be = store.backend();
-    be.log.append_batch(&a, 0, &ra[..2]).await.unwrap();
+    be.log
+        .append(&a, 0, &ra[..2], Durability::Now)
+        .await
+        .unwrap();
     let h = be.blobs.put(b"a blob written in pieces").await.unwrap();
-    be.log.append_batch(&a, 2, &ra[2..]).await.unwrap();
+    be.log
+        .append(&a, 2, &ra[2..], Durability::Now)
+        .await
+        .unwrap();
     drop(be);
     drop(store);
 
@@ -245,13 +274,23 @@ async fn a_full_disk_fails_appends_clearly_and_they_go_on_once_there_is_room() {
     let ra = records(&a, 1, 400);
     let store = open_on(&data, &disk);
     let log = store.backend().log;
-    log.append(&a, 0, &ra[0]).await.unwrap();
+    log.append(&a, 0, std::slice::from_ref(&ra[0]), Durability::Now)
+        .await
+        .unwrap();
     disk.room.store(1, Ordering::SeqCst);
 
     // When appends fill the reserve and go on.
     let mut acked = 1u64;
     let err = loop {
-        match log.append(&a, acked, &ra[acked as usize]).await {
+        match log
+            .append(
+                &a,
+                acked,
+                std::slice::from_ref(&ra[acked as usize]),
+                Durability::Now,
+            )
+            .await
+        {
             Ok(()) => acked += 1,
             Err(e) => break e,
         }
@@ -267,7 +306,12 @@ async fn a_full_disk_fails_appends_clearly_and_they_go_on_once_there_is_room() {
     assert!(acked > 10, "the reserve took {acked} appends");
     assert_eq!(log.last(&a).await.unwrap().unwrap().env.seq, acked);
     let e = log
-        .append(&a, acked, &ra[acked as usize])
+        .append(
+            &a,
+            acked,
+            std::slice::from_ref(&ra[acked as usize]),
+            Durability::Now,
+        )
         .await
         .expect_err("room");
     assert!(e.report().to_string().contains("is full"));
@@ -276,7 +320,14 @@ async fn a_full_disk_fails_appends_clearly_and_they_go_on_once_there_is_room() {
     // read back after reopening, with nothing set aside.
     disk.room.store(0, Ordering::SeqCst);
     for seq in acked..acked + 5 {
-        log.append(&a, seq, &ra[seq as usize]).await.unwrap();
+        log.append(
+            &a,
+            seq,
+            std::slice::from_ref(&ra[seq as usize]),
+            Durability::Now,
+        )
+        .await
+        .unwrap();
     }
     drop(log);
     drop(store);
@@ -304,7 +355,14 @@ async fn three_trees(data: &Path) -> (Vec<SessionId>, Vec<u64>) {
             if i == 1 {
                 b_frames.push(store.log_len());
             }
-            log.append(id, seq, &rs[i][seq as usize]).await.unwrap();
+            log.append(
+                id,
+                seq,
+                std::slice::from_ref(&rs[i][seq as usize]),
+                Durability::Now,
+            )
+            .await
+            .unwrap();
         }
     }
     (ids, b_frames)
@@ -546,7 +604,7 @@ async fn under_random_faults_no_acknowledged_record_is_lost_and_a_power_loss_ima
             let from = written[s];
             let batch = &all[s][from as usize..(from + n) as usize];
             // When an append is made.
-            match log.append_batch(&ids[s], from, batch).await {
+            match log.append(&ids[s], from, batch, Durability::Now).await {
                 Ok(()) => {
                     // Then it is acknowledged only while no sync has failed.
                     assert!(

@@ -37,21 +37,7 @@ pub struct ToolContext {
     pub workspace: Arc<dyn Workspace>,
 }
 
-/// A tool failure the model is shown as a tool error.
-#[derive(Debug, thiserror::Error)]
-pub enum ToolError {
-    /// The arguments do not fit the tool's schema or make no sense together.
-    #[error("invalid arguments: {0}")]
-    InvalidArgs(String),
-    /// The sandbox said no: a path leaving the workspace, a private address, a size cap.
-    #[error("{0}")]
-    Refused(String),
-    /// The tool ran and something went wrong (file missing, connection reset, …).
-    #[error("{0}")]
-    Failed(String),
-    #[error("timed out after {0:?}")]
-    Timeout(Duration),
-}
+pub use skein_ports::workspace::ToolError;
 
 /// A `Result` whose error is a [`ToolError`].
 pub type Result<T, E = ToolError> = std::result::Result<T, E>;

@@ -27,6 +27,7 @@ use skein_core::{
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_runtime::inspect::{summarize, tree_rows};
+use skein_runtime::ports::Durability;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
 
@@ -567,7 +568,7 @@ async fn fold_bench(n: u64) -> Result<(f64, f64, f64)> {
     let b = store.backend();
     for chunk in records.chunks(500) {
         let first = chunk[0].env.seq - 1;
-        b.log.append_batch(&id, first, chunk).await?;
+        b.log.append(&id, first, chunk, Durability::Now).await?;
     }
     let t = Instant::now();
     let read = b.log.read(&id, 1).await?;

@@ -539,7 +539,14 @@ mod tests {
 
         // When an append of the run fails its sync (the run itself would go on for ever).
         let log = store.backend().log;
-        let _ = log.append(&id, 0, &rec).await;
+        let _ = log
+            .append(
+                &id,
+                0,
+                std::slice::from_ref(&rec),
+                skein_runtime::ports::Durability::Now,
+            )
+            .await;
         let res = super::until_store_fails(&store, std::future::pending()).await;
 
         // Then the run ends with the store's error, naming the disk's.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::{object_store, stream};
 use async_trait::async_trait;
-use skein_runtime::ports::Blobs;
-use skein_runtime::{Error, Result};
+use skein_ports::ports::Blobs;
+use skein_ports::{Error, Result};
 use tokio::io::AsyncReadExt;
 
 use super::{nats_err, NatsStore};

@@ -4,8 +4,8 @@ use async_nats::jetstream::kv;
 use async_trait::async_trait;
 use bytes::Bytes;
 use skein_core::SessionId;
-use skein_runtime::ports::{Cache, CacheEntry};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{Cache, CacheEntry};
+use skein_ports::{Error, Result};
 
 use super::{nats_err, NatsStore};
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use skein_runtime::{Error, Result};
+use skein_ports::{Error, Result};
 
 use super::nats_err;
 use crate::config::NatsConfig;
@@ -51,7 +51,7 @@ pub async fn connect_options(
         .map(|u| {
             u.parse().map_err(|e| {
                 Error::refused(
-                    skein_runtime::RefusalKind::Config,
+                    skein_ports::RefusalKind::Config,
                     format!("nats url `{}`: {e}", crate::config::redact_url(u)),
                 )
             })

@@ -17,15 +17,55 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use skein_core::SessionId;
-use skein_runtime::ports::{Job, JobQueue};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{
+    claim_matching_unsupported, Job, JobQueue, Lease, SessionFilter, WaitingForRoom,
+};
+use skein_ports::{Error, Result};
 
 use super::{nats_err, NatsStore, PULL_GRACE};
 use super::{trace_headers, JOBS};
 use async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE;
 use async_nats::jetstream::response::Response;
 use async_nats::jetstream::ErrorCode;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A heartbeat, ack or retry of a job this process does not hold.
+fn not_held(job: &Job) -> Error {
+    Error::NotFound(format!(
+        "job of {} in pool {} (attempt {}) is not held by this worker",
+        job.session, job.pool, job.attempt
+    ))
+}
+
+/// A delivery held by this worker, carried in its [`Job`]'s lease: its stream sequence
+/// (the message an ack deletes) and its acker.
+struct Held {
+    sseq: u64,
+    session: SessionId,
+    acker: jetstream::message::Acker,
+    /// Acked or handed back: the hold is spent.
+    done: AtomicBool,
+}
+
+impl Held {
+    /// The job's hold, while it lasts.
+    fn of(job: &Job) -> Result<&Held> {
+        job.lease
+            .as_ref()
+            .and_then(|l| l.get::<Held>())
+            .filter(|h| h.session == job.session && !h.done.load(Ordering::SeqCst))
+            .ok_or_else(|| not_held(job))
+    }
+
+    /// The job's hold, spent by the caller (an ack or a retry): a second one is refused.
+    fn take(job: &Job) -> Result<&Held> {
+        let held = Self::of(job)?;
+        if held.done.swap(true, Ordering::SeqCst) {
+            return Err(not_held(job));
+        }
+        Ok(held)
+    }
+}
 
 impl NatsStore {
     /// Whether a refused job publish is the per-subject limit of a job stream made by an
@@ -151,6 +191,27 @@ impl NatsStore {
 
 #[async_trait]
 impl JobQueue for NatsStore {
+    /// A worker's pull takes the next job of its pool, whatever its session.
+    async fn claim_matching(&self, _: &str, _: Duration, _: &SessionFilter) -> Result<Option<Job>> {
+        Err(claim_matching_unsupported())
+    }
+
+    async fn depth_matching(&self, _: &str, _: &SessionFilter) -> Result<u64> {
+        Err(claim_matching_unsupported())
+    }
+
+    async fn set_waiting_for_room(&self, w: &WaitingForRoom) -> Result<()> {
+        self.put_waiting(w).await
+    }
+
+    async fn clear_waiting_for_room(&self, session: &SessionId) -> Result<()> {
+        self.delete_waiting(session).await
+    }
+
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>> {
+        self.list_waiting().await
+    }
+
     async fn push(&self, pool: &str, session: &SessionId) -> Result<()> {
         if self.publish_job(pool, session).await? {
             return Ok(());
@@ -223,66 +284,45 @@ impl JobQueue for NatsStore {
         let session = SessionId::parse(&id)?;
         tracing::trace!(%session, attempt, "job claimed");
         let (_, acker) = msg.split();
-        let handle = format!("{sseq}:{attempt}");
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(handle.clone(), Arc::new(acker));
         Ok(Some(Job {
             pool: pool.into(),
+            handle: format!("{sseq}:{attempt}"),
+            lease: Some(Lease::new(Held {
+                sseq,
+                session: session.clone(),
+                acker,
+                done: AtomicBool::new(false),
+            })),
             session,
             attempt,
-            handle,
         }))
     }
 
     async fn heartbeat(&self, job: &Job) -> Result<()> {
-        let acker = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&job.handle)
-            .cloned();
-        if let Some(a) = acker {
-            a.ack_with(jetstream::AckKind::Progress)
-                .await
-                .map_err(|e| nats_err("heartbeat", e))?;
-        }
-        Ok(())
+        let held = Held::of(job)?;
+        held.acker
+            .ack_with(jetstream::AckKind::Progress)
+            .await
+            .map_err(|e| nats_err("heartbeat", e))
     }
 
     async fn ack(&self, job: &Job) -> Result<()> {
         // What the job appended is stored before the job is done; if it was not, the
         // job is not acked and its delivery comes back.
         self.make_sure(&job.session).await?;
-        let acker = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&job.handle);
+        // Not held (never claimed here, or acked already): its message, which may be
+        // another holder's, is left alone.
+        let held = Held::take(job)?;
         // The job's message is deleted through the stream (every replica applies the
         // delete in the same order as the publishes it gates), then acked. A holder that
         // dies in between leaves an acked delivery of a deleted message: nothing to redo.
-        let deleted = match job
-            .handle
-            .split_once(':')
-            .map(|(seq, _)| seq.parse::<u64>())
-        {
-            Some(Ok(sseq)) => self.delete_job_message(sseq).await,
-            _ => Err(Error::corrupt_because(format!("job handle {}", job.handle))),
-        };
-        let acked = match (deleted, acker) {
-            (Err(e), Some(a)) => {
+        let acked = match self.delete_job_message(held.sseq).await {
+            Err(e) => {
                 // Held again: the delivery runs out and comes back.
-                self.held
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(job.handle.clone(), a);
+                held.done.store(false, Ordering::SeqCst);
                 return Err(e);
             }
-            (Err(e), None) => return Err(e),
-            (Ok(()), Some(a)) => a.ack().await.map_err(|e| nats_err("ack", e)),
-            (Ok(()), None) => Ok(()),
+            Ok(()) => held.acker.ack().await.map_err(|e| nats_err("ack", e)),
         };
         tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
         // A push that found this job held left a marker: run the session once more. When
@@ -306,19 +346,13 @@ impl JobQueue for NatsStore {
         if let Err(e) = self.make_sure(&job.session).await {
             tracing::debug!(session = %job.session, error = %e, "a pipelined append failed");
         }
-        let acker = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&job.handle);
-        if let Some(a) = acker {
-            // No delay: delivered again at once (a draining worker hands its job on).
-            let delay = (!delay.is_zero()).then_some(delay);
-            a.ack_with(jetstream::AckKind::Nak(delay))
-                .await
-                .map_err(|e| nats_err("nak", e))?;
-        }
-        Ok(())
+        let held = Held::take(job)?;
+        // No delay: delivered again at once (a draining worker hands its job on).
+        let delay = (!delay.is_zero()).then_some(delay);
+        held.acker
+            .ack_with(jetstream::AckKind::Nak(delay))
+            .await
+            .map_err(|e| nats_err("nak", e))
     }
 
     async fn depth(&self, pool: &str) -> Result<u64> {

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use skein_core::{Record, SessionId};
-use skein_runtime::ports::{check_numbering, EventLog};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{check_numbering, Durability, EventLog};
+use skein_ports::{Error, Result};
 use std::future::IntoFuture;
 use std::sync::Arc;
 
@@ -230,7 +230,7 @@ impl NatsStore {
     }
 
     /// Waits for the ack of the session's pipelined append, if one is out
-    /// ([`EventLog::append_batch_pipelined`]); its error, if it failed. For the session's
+    /// ([`Durability::Pipelined`](skein_ports::ports::Durability::Pipelined)); its error, if it failed. For the session's
     /// writer alone: the next append, and the ack of its job.
     pub(crate) async fn make_sure(&self, session: &SessionId) -> Result<()> {
         let sent = self
@@ -328,19 +328,11 @@ fn runs(records: &[Record], max_bytes: usize) -> Vec<&[Record]> {
 /// header), and the array's own header.
 const FRAMING_PER_RECORD: usize = 5;
 
-#[async_trait]
-impl EventLog for NatsStore {
-    async fn append(&self, session: &SessionId, expected_last: u64, record: &Record) -> Result<()> {
-        check_numbering(session, expected_last, std::slice::from_ref(record))?;
-        self.make_sure(session).await?;
-        self.append_message(session, expected_last, std::slice::from_ref(record))
-            .await
-    }
-
+impl NatsStore {
     /// Consecutive records go as few messages as they fit in (see [`crate::frame`]): a
     /// turn's records are one publish and one ack, each message stored whole or not at
     /// all.
-    async fn append_batch(
+    async fn append_now(
         &self,
         session: &SessionId,
         expected_last: u64,
@@ -354,8 +346,8 @@ impl EventLog for NatsStore {
 
     /// Published, and its ack left to the session's next append, read or job ack (which
     /// fail if it failed; the next append's condition on the subject's last sequence
-    /// would refuse it anyway). Records too many for one message wait as `append_batch`.
-    async fn append_batch_pipelined(
+    /// would refuse it anyway). Records too many for one message wait as `append_now`.
+    async fn append_pipelined(
         &self,
         session: &SessionId,
         expected_last: u64,
@@ -376,6 +368,26 @@ impl EventLog for NatsStore {
         }
         out.insert(session.clone(), sent);
         Ok(())
+    }
+}
+
+#[async_trait]
+impl EventLog for NatsStore {
+    /// [`Durability::Ahead`] waits for the ack, as [`Durability::Now`] does: a stream is
+    /// not one file written in order.
+    async fn append(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+        durability: Durability,
+    ) -> Result<()> {
+        match durability {
+            Durability::Now | Durability::Ahead => {
+                self.append_now(session, expected_last, records).await
+            }
+            Durability::Pipelined => self.append_pipelined(session, expected_last, records).await,
+        }
     }
 
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {

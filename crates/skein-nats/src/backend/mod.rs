@@ -44,7 +44,8 @@ use std::time::Duration;
 use async_nats::header::HeaderMap;
 use async_nats::jetstream::{self, consumer, kv, object_store, stream, Context};
 use skein_core::SessionId;
-use skein_runtime::{Backend, Error, Result};
+use skein_ports::ports::Capabilities;
+use skein_ports::{Backend, Error, Result};
 
 pub use connection::{connect_client, connect_options};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
@@ -62,7 +63,7 @@ const PULL_GRACE: Duration = Duration::from_secs(5);
 /// A refusal for want of room (JetStream's resource limits: the server's `max_file_store`
 /// or `max_memory_store`, the account's limits) is [`Error::Full`]: the write succeeds
 /// once the operator makes room, and the work waits for it.
-fn nats_err(what: &str, e: impl Into<skein_runtime::error::BoxError>) -> Error {
+fn nats_err(what: &str, e: impl Into<skein_ports::error::BoxError>) -> Error {
     let e = e.into();
     if is_full(&*e) {
         return Error::full(format!("nats: {what}: JetStream has no room"), e);
@@ -146,7 +147,6 @@ pub struct NatsStore {
     /// Each session's pipelined append whose ack nobody has read yet.
     pipelined: Mutex<HashMap<SessionId, log::Sent>>,
     consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
-    held: Mutex<HashMap<String, Arc<jetstream::message::Acker>>>,
     /// Lease given to pool consumers (their ack wait).
     lease: Duration,
     /// Whether `workspace_dir` lies on a local disk (looked at on the first tool call): its
@@ -217,7 +217,6 @@ impl NatsStore {
             heads: Mutex::new(HashMap::new()),
             pipelined: Mutex::new(HashMap::new()),
             consumers: tokio::sync::Mutex::new(HashMap::new()),
-            held: Mutex::new(HashMap::new()),
             lease,
             workspace_local: std::sync::OnceLock::new(),
         }))
@@ -235,6 +234,14 @@ impl NatsStore {
             notices: d.clone(),
             workspaces: self.clone(),
             announcer: Some(d),
+            // Notices are messages of `SKEIN_NOTICES`, acked by the server before the
+            // wake-up is pushed: a worker's crash loses none. A worker's claims take the
+            // next job of its pool, whatever its session.
+            capabilities: Capabilities {
+                notices_in_step_with_wakes: false,
+                notices_outlive_workers: true,
+                claim_matching: false,
+            },
         }
     }
 

@@ -3,8 +3,8 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 use skein_core::SessionId;
-use skein_runtime::ports::Notices;
-use skein_runtime::{Error, Result};
+use skein_ports::ports::Notices;
+use skein_ports::{Error, Result};
 
 use super::read::{read_subject, read_subject_expecting};
 use super::{nats_err, trace_headers, NatsStore};
@@ -55,11 +55,5 @@ impl Notices for NatsStore {
             }
         }
         Ok(out)
-    }
-
-    /// Notices are messages of `SKEIN_NOTICES`, acked by the server before the wake-up is
-    /// pushed: a worker's crash loses none.
-    fn outlive_workers(&self) -> bool {
-        true
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_nats::jetstream::{consumer, stream};
 use bytes::Bytes;
 use futures::StreamExt;
-use skein_runtime::{Error, Result};
+use skein_ports::{Error, Result};
 
 use super::nats_err;
 

@@ -18,8 +18,8 @@ use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_ME
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_trait::async_trait;
 use skein_core::SessionId;
-use skein_runtime::ports::{Announcer, RootResult};
-use skein_runtime::{Error, Result};
+use skein_ports::ports::{Announcer, RootResult};
+use skein_ports::{Error, Result};
 
 use super::{nats_err, trace_headers, NatsStore};
 
@@ -110,5 +110,9 @@ impl Announcer for NatsStore {
         Err(Error::unavailable_because(format!(
             "nats: the result of {root} met another announcement eight times"
         )))
+    }
+
+    async fn last_announced(&self, root: &SessionId) -> Result<Option<RootResult>> {
+        Ok(self.last_result(root).await?.map(|r| r.result))
     }
 }

@@ -10,8 +10,8 @@ use async_nats::jetstream::{kv, stream};
 
 use futures::StreamExt;
 use skein_core::SessionId;
-use skein_runtime::ports::WaitingForRoom;
-use skein_runtime::{Error, Result};
+use skein_ports::ports::WaitingForRoom;
+use skein_ports::{Error, Result};
 
 use super::{nats_err, NatsStore};
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{stream, Context};
-use skein_runtime::Result;
+use skein_ports::Result;
 
 use super::results::RESULTS;
 use super::{age, nats_err, storage};

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::URL_SAFE;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 use skein_core::SessionId;
-use skein_runtime::ports::Workspaces;
+use skein_ports::ports::Workspaces;
 use skein_tools::workspace::DirEntry;
 use skein_tools::{ToolError, Usage, Workspace};
 

@@ -71,7 +71,9 @@ impl Runtime {
         // anything was lost: the last job ran on another worker. (With three NATS workers
         // a wide parent's job moves at most wake-ups, and each move read every
         // outstanding child's log twice and pushed its job again.)
-        let cold = (cold && !self.backend.notices.outlive_workers()) || retry || job.attempt > 1;
+        let cold = (cold && !self.backend.capabilities().notices_outlive_workers)
+            || retry
+            || job.attempt > 1;
         let deadline = match self.deadline(&f.state).await {
             Ok(d) => d,
             // A definition that still cannot be read after max_deliver deliveries: the

@@ -139,7 +139,9 @@ impl Runtime {
             .collect();
         let every = cold
             || ending
-            || (first && noticed.is_empty() && !self.backend.notices.in_step_with_wakes());
+            || (first
+                && noticed.is_empty()
+                && !self.backend.capabilities().notices_in_step_with_wakes);
         if every {
             (outstanding, shared) = map(true);
         }
@@ -316,7 +318,7 @@ impl Runtime {
         }
         // When the turn is settled and the model is called next, nothing acts on these
         // records before that call's own, whose append makes sure of them first (see
-        // `EventLog::append_batch_pipelined`: the embedded store writes them without a
+        // `Durability::Pipelined`: the embedded store writes them without a
         // sync, NATS leaves their ack to that append). A crash in between repeats the
         // model call, as any crash before its record is durable does, and a cold load
         // settles the children again. (A turn with children still out waits: the step
@@ -340,7 +342,8 @@ impl Runtime {
         self.commit_as(f, staged, how).await?;
         Ok(Look {
             settled: n,
-            partial: unstarted || (!every && !self.backend.notices.in_step_with_wakes()),
+            partial: unstarted
+                || (!every && !self.backend.capabilities().notices_in_step_with_wakes),
         })
     }
 

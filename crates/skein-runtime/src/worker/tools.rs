@@ -112,7 +112,7 @@ impl Runtime {
         }
         // Calls that may run again, whose results the model is asked about next: nothing
         // acts on their records before that call's own append, which makes sure of them
-        // first (`EventLog::append_batch_pipelined`), so the model call need not wait
+        // first (`Durability::Pipelined`), so the model call need not wait
         // for them. A crash before then runs the step again whole, as above.
         let how = if !write_ahead
             && !refused

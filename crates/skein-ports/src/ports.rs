@@ -1,0 +1,365 @@
+//! The ports: what the worker loop needs from a backend. The embedded backend (crate
+//! `skein-sled`) and the JetStream backend (crate `skein-nats`) implement them; nothing
+//! above these traits knows which one it has.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use skein_core::{Record, SessionId, Usage};
+
+use crate::workspace::Workspace;
+use crate::{Error, Result};
+
+/// How durable an append's records are when [`EventLog::append`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Durable. A backend may make a batch atomic and durable with one flush, or append
+    /// its records one by one (after a crash, a prefix may then be in the log).
+    Now,
+    /// For records that an append made after this one returns will make durable with its
+    /// own: what a crash leaves is then either neither, these alone, or both. A backend
+    /// whose log is one file written in order (whatever survives a crash is a prefix of
+    /// what was written) returns once they are written; any other waits for them, as
+    /// [`Durability::Now`] does. A read sees them at once either way.
+    Ahead,
+    /// For records of the session that the session's next append covers: the caller goes
+    /// on (calls a model) while they become durable, and acts on them only through that
+    /// append. A backend may return before they are durable, if the session's next
+    /// append, read, or the ack of its job first makes sure of them and fails if they
+    /// failed, and if at most one such batch of a session is unsure at a time (so a crash
+    /// loses at most these and the work since). Otherwise it waits, as
+    /// [`Durability::Now`] does.
+    Pipelined,
+}
+
+/// The durable log of every session.
+#[async_trait]
+pub trait EventLog: Send + Sync {
+    /// Appends consecutive records of one session whose seqs follow `expected_last`, if
+    /// and only if the session's last seq is `expected_last` (0: the session has no
+    /// records). Otherwise fails with [`Error::Conflict`] and changes nothing. Returns
+    /// when the records are as durable as `durability` asks. No records: nothing to do.
+    async fn append(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+        durability: Durability,
+    ) -> Result<()>;
+
+    /// Records with seq ≥ `from_seq`, in order.
+    async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>>;
+
+    /// The last record, if any.
+    async fn last(&self, session: &SessionId) -> Result<Option<Record>>;
+
+    /// Every session of the tree rooted at `root` (the root included), sorted.
+    async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>>;
+
+    /// Every root session, sorted.
+    async fn roots(&self) -> Result<Vec<SessionId>>;
+}
+
+/// Refuses records that are not the session's next ones after `expected_last`, in order
+/// (a caller's bug, which no backend should write).
+pub fn check_numbering(session: &SessionId, expected_last: u64, records: &[Record]) -> Result<()> {
+    for (i, r) in records.iter().enumerate() {
+        let seq = expected_last + 1 + i as u64;
+        if r.env.seq != seq || &r.env.session != session {
+            return Err(Error::corrupt_because(format!(
+                "record {}#{} appended as {session}#{seq}",
+                r.env.session, r.env.seq
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A claimed job: "advance this session". Carries no state of the session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub pool: String,
+    pub session: SessionId,
+    /// 1 on the first delivery.
+    pub attempt: u32,
+    /// Names this delivery (unique among the jobs a process holds); not parsed back.
+    pub handle: String,
+    /// The queue's own hold on this delivery, for its heartbeat, ack and retry (a
+    /// JetStream acker); none where the queue finds its holds by the job itself.
+    pub lease: Option<Lease>,
+}
+
+/// A queue's hold on a delivery, carried by the [`Job`] it was claimed as. Opaque to
+/// everyone but the queue, which reads it back with [`Lease::get`].
+#[derive(Clone)]
+pub struct Lease(Arc<dyn std::any::Any + Send + Sync>);
+
+impl Lease {
+    pub fn new<T: std::any::Any + Send + Sync>(hold: T) -> Self {
+        Lease(Arc::new(hold))
+    }
+
+    /// The hold, if it is a `T`.
+    pub fn get<T: std::any::Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Lease")
+    }
+}
+
+/// The same hold, not merely an equal one.
+impl PartialEq for Lease {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Work queues by pool. At most one pending job per session: pushing a session that
+/// already waits is a no-op, and pushing one whose job is held makes it run again after
+/// the holder acks (wake-ups coalesce, none is lost).
+#[async_trait]
+pub trait JobQueue: Send + Sync {
+    async fn push(&self, pool: &str, session: &SessionId) -> Result<()>;
+    /// Waits up to `wait` for a job. The job is held for the queue's lease (a parameter of
+    /// the backend, set when it is opened) unless heartbeated; after it, the job is
+    /// delivered again as the next attempt.
+    async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>>;
+    /// Holds a job for a whole lease again, from now (long model calls).
+    async fn heartbeat(&self, job: &Job) -> Result<()>;
+    async fn ack(&self, job: &Job) -> Result<()>;
+    /// Gives the job back, to be delivered again after `delay`.
+    async fn retry(&self, job: &Job, delay: Duration) -> Result<()>;
+    /// Jobs waiting or held in a pool.
+    async fn depth(&self, pool: &str) -> Result<u64>;
+
+    /// As [`JobQueue::claim`], but only a job whose session `want` accepts; every other
+    /// job stays as it was (not claimed, its delivery count untouched). What lets one
+    /// process run one tree while others wait in the same queue. A backend that cannot
+    /// choose does not claim [`Capabilities::claim_matching`] and refuses this as
+    /// [`crate::RefusalKind::Unsupported`] ([`claim_matching_unsupported`]).
+    async fn claim_matching(
+        &self,
+        pool: &str,
+        wait: Duration,
+        want: &SessionFilter,
+    ) -> Result<Option<Job>>;
+
+    /// Jobs waiting or held in a pool whose session `want` accepts; refused as
+    /// `claim_matching` is by a backend that cannot choose.
+    async fn depth_matching(&self, pool: &str, want: &SessionFilter) -> Result<u64>;
+
+    /// Shows every process that `w.session`'s step waits for room in the store (while it
+    /// waits, this is said again now and then, and a mark not said again lapses). Best
+    /// effort. A store one process holds has no other reader, and may keep nothing.
+    async fn set_waiting_for_room(&self, w: &WaitingForRoom) -> Result<()>;
+
+    /// `session` waits for room no more.
+    async fn clear_waiting_for_room(&self, session: &SessionId) -> Result<()>;
+
+    /// Every session shown as waiting for room, by any process (none, where nothing is
+    /// kept).
+    async fn waiting_for_room(&self) -> Result<Vec<WaitingForRoom>>;
+}
+
+/// The refusal of [`JobQueue::claim_matching`] and [`JobQueue::depth_matching`] by a
+/// backend that cannot choose jobs by session.
+pub fn claim_matching_unsupported() -> Error {
+    Error::refused(
+        crate::RefusalKind::Unsupported,
+        "this job queue cannot claim or count the jobs of chosen sessions",
+    )
+}
+
+/// A session whose step waits for room in the store (see [`JobQueue::set_waiting_for_room`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaitingForRoom {
+    pub session: String,
+    /// Since when, in ms since the epoch.
+    pub since_ms: u64,
+    /// The store's error, as its report.
+    pub reason: String,
+}
+
+/// Chooses sessions (see [`JobQueue::claim_matching`]).
+pub type SessionFilter = dyn Fn(&SessionId) -> bool + Send + Sync;
+
+/// A cached sub-agent answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheEntry {
+    pub answer: String,
+    pub usage: Usage,
+    pub source: SessionId,
+    pub steps: u32,
+    /// ms since the epoch.
+    pub created: u64,
+    /// ms since the epoch; none for no expiry.
+    #[serde(default)]
+    pub expires: Option<u64>,
+}
+
+/// Mission hash → answer.
+#[async_trait]
+pub trait Cache: Send + Sync {
+    /// The entry, unless missing or expired at `now` (ms).
+    async fn get(&self, hash: &str, now: u64) -> Result<Option<CacheEntry>>;
+    async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()>;
+
+    /// Single-flight: records `session` as the run of `hash` unless another session
+    /// already is; returns that other session, or none when `session` now holds it.
+    async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>>;
+
+    /// Ends `session`'s hold on `hash` (a no-op if someone else holds it).
+    async fn release_inflight(&self, hash: &str, session: &SessionId) -> Result<()>;
+}
+
+/// Content-addressed payloads (agent definitions by digest, large tool outputs).
+#[async_trait]
+pub trait Blobs: Send + Sync {
+    /// Stores `data` under its hex blake3 hash, which is returned. Once it returns, a
+    /// record appended to any log may name the blob: the blob is durable by the time that
+    /// record is (JetStream acks the object first; the embedded store writes the blob to
+    /// its log file ahead of the record, and one sync covers both).
+    async fn put(&self, data: &[u8]) -> Result<String>;
+    async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>>;
+}
+
+/// "Child C of session P has ended": a durable inbox per parent, so a parent reads only
+/// the notices it has not seen instead of polling every child.
+#[async_trait]
+pub trait Notices: Send + Sync {
+    async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()>;
+    /// Notices with position > `after`, in order, as (position, child).
+    async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>>;
+
+    /// Asks that `watcher` (run by `pool`) gets a notice and a wake-up when `target` ends,
+    /// as its parent does: how single-flight waiters hear of a shared run.
+    async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()>;
+
+    /// Everyone watching `target`, as (watcher, pool).
+    async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>>;
+}
+
+/// Where a finished root is announced (`skein.results.ROOT` on NATS). The worker calls
+/// it every time it finds a root ended (a job run again calls it again), so an
+/// implementation announces each ending, named by the root and [`RootResult::seq`], once.
+#[async_trait]
+pub trait Announcer: Send + Sync {
+    async fn root_finished(&self, notice: &RootResult) -> Result<()>;
+
+    /// The last ending announced for `root`; none if it never ended (or its result aged
+    /// out).
+    async fn last_announced(&self, root: &SessionId) -> Result<Option<RootResult>>;
+}
+
+/// The JSON published when a root ends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RootResult {
+    pub session: String,
+    /// The seq of the root's record that ended it: one ending of a tree, announced once.
+    /// A root whose log went on past its end would end again at a later seq. Absent (0)
+    /// in the results of earlier versions.
+    #[serde(default)]
+    pub seq: u64,
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub usage: Usage,
+}
+
+/// Gives each tree its workspace.
+pub trait Workspaces: Send + Sync {
+    fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace>;
+}
+
+/// What a backend claims beyond the ports' contracts, each false unless the backend can
+/// promise it (the conformance suite checks every claim, and that a backend claiming
+/// none of them refuses what it does not do).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Whether a notice posted before a wake-up is always there for the session it wakes,
+    /// for as long as the process that posted it lives: no notice is lost or late while
+    /// the woken session's fold stays cached. Where this holds, a parent woken with no new
+    /// notice knows that no child of its own has ended unheard, and does not read every
+    /// outstanding child's log to make sure (it still does when it is loaded cold, the
+    /// only way a crash that lost notices shows). A backend whose notices and jobs live
+    /// in separate stores of a cluster cannot promise it.
+    pub notices_in_step_with_wakes: bool,
+
+    /// Whether the notices live apart from every worker process, so that no worker's
+    /// crash loses one (a cluster's stream holds them). Where this holds, a fold missing
+    /// from a worker's cache (the session's last job ran on another worker, or this one
+    /// restarted) says nothing of lost notices or lost job pushes: such a load reads the
+    /// notices from the start, as its fold has no cursor, and checks every outstanding
+    /// child only when no notice came, as a cached fold does. A crash in the middle of a
+    /// job shows as a redelivery, which still checks every child. On one process a crash
+    /// loses notices and cached folds together, and a cold load is how that shows, so such
+    /// a backend cannot promise it.
+    pub notices_outlive_workers: bool,
+
+    /// Whether [`JobQueue::claim_matching`] and [`JobQueue::depth_matching`] work: what
+    /// running one tree in a process (the runtime's `run_tree`) needs. Without
+    /// it both are refused as [`crate::RefusalKind::Unsupported`].
+    pub claim_matching: bool,
+}
+
+/// One backend: all the ports together.
+#[derive(Clone)]
+pub struct Backend {
+    pub name: &'static str,
+    pub log: Arc<dyn EventLog>,
+    pub jobs: Arc<dyn JobQueue>,
+    pub cache: Arc<dyn Cache>,
+    pub blobs: Arc<dyn Blobs>,
+    pub notices: Arc<dyn Notices>,
+    pub workspaces: Arc<dyn Workspaces>,
+    pub announcer: Option<Arc<dyn Announcer>>,
+    pub capabilities: Capabilities,
+}
+
+impl Backend {
+    /// What this backend claims beyond the ports' contracts.
+    pub fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    /// Every session of the subtree under `id` (`id` included), sorted; `NotFound` when
+    /// there is no session `id`.
+    pub async fn subtree(&self, id: &SessionId) -> Result<Vec<SessionId>> {
+        let ids: Vec<SessionId> = self
+            .log
+            .tree(&id.root_id())
+            .await?
+            .into_iter()
+            .filter(|s| id.contains(s))
+            .collect();
+        if ids.is_empty() {
+            return Err(Error::NotFound(format!("no session {id}")));
+        }
+        Ok(ids)
+    }
+
+    /// Reads a whole log.
+    pub async fn read_all(&self, session: &SessionId) -> Result<Vec<Record>> {
+        self.log.read(session, 1).await
+    }
+
+    pub async fn def_text(&self, digest: &str) -> Result<String> {
+        let bytes = self.blobs.get(digest).await?.ok_or_else(|| {
+            Error::NotFound(format!(
+                "agent definition {digest} is not in the blob store"
+            ))
+        })?;
+        String::from_utf8(bytes).map_err(|e| Error::corrupt(format!("definition {digest}"), e))
+    }
+}
+
+/// Max time a claim waits before returning `None`, so loops can check for shutdown.
+pub const CLAIM_WAIT: Duration = Duration::from_millis(500);
