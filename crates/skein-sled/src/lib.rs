@@ -24,9 +24,9 @@
 //! Appends of many sessions share one (group commit): each append takes a ticket after its
 //! write, and a single flusher task syncs and then releases every ticket it covered. Before
 //! each sync it lets the tasks that are ready run first: the writers the last sync released
-//! (a wide turn's children, stepping together) then share the next one, where the first of
-//! them used to get a sync of its own and the rest the one after (a zero-latency fan-out of
-//! 64 made 26–36 syncs, now 14–15). A blob is written ahead of the record that names it,
+//! (a wide turn's children, stepping together) then share the next one rather than the
+//! first of them getting a sync of its own (docs/perf.md has the figures). A blob is
+//! written ahead of the record that names it,
 //! whose sync covers it (see `kv.rs`). Cache
 //! entries and watchers wait the same way for a flush of the sled database. A sync or flush
 //! that fails stops its flusher for good (fail-stop): the writers waiting for it and every
