@@ -188,7 +188,7 @@ stage "real model" bash tests/real_model/run.sh
 # every invariant checked after each seed. See the README's "Simulation" section.
 #  - 10,000 plain seeds of the fixed world: crashes, lost acks, outages, lost and doubled
 #    notices and failing models;
-#  - 5,000 swarm seeds (each turns a random subset of those faults off);
+#  - 5,000 swarm seeds (fault rates drawn per seed);
 #  - 10,000 generated worlds: an agent set, its scripts and trees drawn from each seed
 #    (patterns, questions and approvals at any depth, caching on and off, shared
 #    missions), under the plain faults; liveness through the inbox, and every cache hit
