@@ -7,7 +7,7 @@
 //! [`__sanitizer_cov_8bit_counters_init`] before `main`. [`Coverage`] reads those bytes
 //! after each input: an input that reached an edge not reached before, or an edge a number
 //! of times in a range not seen before (1, 2, 3, 4–7, 8–15, 16–31, 32–127, 128+, as AFL
-//! counts them), has found something new and joins the corpus.
+//! counts them), has found something new and joins the inputs mutated further.
 //!
 //! In a build without the flags nobody calls the hook, [`Coverage::attach`] finds no
 //! counters, and the fuzzer says so rather than fuzzing blind.

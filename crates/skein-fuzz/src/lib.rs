@@ -12,9 +12,9 @@
 //! dictionary tokens, and structure-aware edits of the JSON, msgpack and YAML inside them)
 //! from a seeded RNG, runs each target in a child process that is watched for hangs,
 //! aborts and memory growth, and writes every crashing input to `crashes/<target>/`. The
-//! inputs it mutates further are those that reached new code, read from the compiler's
-//! coverage counters ([`coverage`], in a build made by `tests/fuzz_coverage.sh`), or,
-//! in a build without them, the accepted inputs not seen before.
+//! inputs it mutates further are the accepted ones not seen before and, guided by
+//! coverage, those that reached new code, read from the compiler's coverage counters
+//! ([`coverage`], in a build made by `tests/fuzz_coverage.sh`).
 //!
 //! This crate is a test tool: nothing in skein may depend on it.
 

@@ -39,13 +39,14 @@ struct Args {
     /// Resident memory (MB) a target process may use.
     #[arg(long, default_value_t = 2048)]
     rss_limit_mb: u64,
-    /// Keep the inputs that reach new code, read from the compiler's coverage counters;
-    /// the binary must be built with them (tests/fuzz_coverage.sh builds and runs it).
+    /// Also keep the inputs that reach new code, read from the compiler's coverage
+    /// counters; the binary must be built with them (tests/fuzz_coverage.sh builds and
+    /// runs it).
     #[arg(long)]
     coverage: bool,
     /// Run every chosen target twice on the same time budget and seed, first keeping the
-    /// accepted inputs not seen before, then keeping those that reach new code, and
-    /// compare runs and coverage (a build with coverage counters).
+    /// accepted inputs not seen before, then also those that reach new code, and compare
+    /// runs and coverage (a build with coverage counters).
     #[arg(long, conflicts_with = "coverage")]
     compare: bool,
     /// List the targets and exit.
@@ -209,8 +210,8 @@ fn compare(specs: &[&'static Spec], o: &Options) -> Result<ExitCode> {
         "total", sums[0], sums[1], sums[2], sums[3], sums[4], sums[5]
     );
     println!(
-        "(kept: accepted inputs not seen before are mutated further; cov: inputs that reach \
-         new edges or hit counts are. new: edges reached beyond the seeds')"
+        "(kept: accepted inputs not seen before are mutated further; cov: so are inputs that \
+         reach new edges or hit counts. new: edges reached beyond the seeds')"
     );
     Ok(if crashes == 0 {
         ExitCode::SUCCESS

@@ -10,8 +10,8 @@ pub struct ChildOptions {
     pub seed: u64,
     pub corpus: PathBuf,
     pub rss_limit_mb: u64,
-    /// Keep the inputs that reach new code (needs a build with coverage counters), rather
-    /// than those accepted that were not seen before.
+    /// Also keep the inputs that reach new code (needs a build with coverage counters),
+    /// beside those accepted that were not seen before.
     pub coverage: bool,
 }
 
@@ -202,13 +202,13 @@ pub(super) fn child_loop(spec: &Spec, o: &ChildOptions) -> Result<()> {
         let input = next_input(&mut rng, spec, &seeds, &found, &dict);
         let accepted = exec(&input, &mut stats);
         let new_coverage = cov.as_mut().map_or(0, |c| c.take());
-        let keep = if o.coverage {
-            // It reached code (or a count of passes through it) no input reached before.
-            new_coverage > 0
-        } else {
-            // An accepted input reached past the parser: worth mutating further.
-            accepted && known.insert(*blake3::hash(&input).as_bytes())
-        };
+        // An accepted input reached past the parser: worth mutating further. Guided by
+        // coverage, so is one that reached code (or a count of passes through it) that no
+        // input reached before. Both count: the accepted ones lead into the code behind
+        // the parser (the runtime a submission drives), which refused inputs that only
+        // vary the parser's error paths crowd out when coverage alone decides.
+        let keep = (accepted && known.insert(*blake3::hash(&input).as_bytes()))
+            || (o.coverage && new_coverage > 0);
         if keep {
             if found.len() < 4096 {
                 found.push(input);
