@@ -261,7 +261,8 @@ pub enum Command {
 
 /// A subcommand's arguments, added to the definition of the command line only when that
 /// subcommand is the one parsed (or its help shown). Building every subcommand's
-/// arguments up front took a few tenths of a millisecond of every command's start.
+/// arguments up front would cost every command's start for arguments it never reads
+/// (docs/perf.md has the figure).
 #[derive(Debug)]
 pub struct Deferred<T>(pub T);
 

@@ -8,14 +8,17 @@
 //! returns — accepted or refused — without panicking, aborting, hanging or allocating
 //! without bound.
 //!
-//! The fuzzer ([`runner`]) needs no coverage instrumentation: it mutates the seeds of
-//! `corpus/<target>/` (byte edits, splices, dictionary tokens, and structure-aware edits
-//! of the JSON, msgpack and YAML inside them) from a seeded RNG, runs each target in a
-//! child process that is watched for hangs, aborts and memory growth, and writes every
-//! crashing input to `crashes/<target>/`.
+//! The fuzzer ([`runner`]) mutates the seeds of `corpus/<target>/` (byte edits, splices,
+//! dictionary tokens, and structure-aware edits of the JSON, msgpack and YAML inside them)
+//! from a seeded RNG, runs each target in a child process that is watched for hangs,
+//! aborts and memory growth, and writes every crashing input to `crashes/<target>/`. The
+//! inputs it mutates further are the accepted ones not seen before and, guided by
+//! coverage, those that reached new code, read from the compiler's coverage counters
+//! ([`coverage`], in a build made by `tests/fuzz_coverage.sh`).
 //!
 //! This crate is a test tool: nothing in skein may depend on it.
 
+pub mod coverage;
 pub mod fixtures;
 pub mod mutate;
 pub mod runner;

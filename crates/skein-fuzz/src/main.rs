@@ -39,6 +39,16 @@ struct Args {
     /// Resident memory (MB) a target process may use.
     #[arg(long, default_value_t = 2048)]
     rss_limit_mb: u64,
+    /// Also keep the inputs that reach new code, read from the compiler's coverage
+    /// counters; the binary must be built with them (tests/fuzz_coverage.sh builds and
+    /// runs it).
+    #[arg(long)]
+    coverage: bool,
+    /// Run every chosen target twice on the same time budget and seed, first keeping the
+    /// accepted inputs not seen before, then also those that reach new code, and compare
+    /// runs and coverage (a build with coverage counters).
+    #[arg(long, conflicts_with = "coverage")]
+    compare: bool,
     /// List the targets and exit.
     #[arg(long)]
     list: bool,
@@ -142,10 +152,79 @@ fn print_report(r: &TargetReport) {
         if r.crashes.len() == 1 { "" } else { "es" },
         r.failures
     );
+    if r.instrumented > 0 {
+        println!(
+            "{:<15} coverage: {} of {} edges ({} by the seeds, {} new), {} features",
+            "",
+            r.edges,
+            r.instrumented,
+            r.seed_edges,
+            r.edges.saturating_sub(r.seed_edges),
+            r.features
+        );
+    }
+}
+
+/// Both ways of choosing inputs, target by target, on the same budget and seed.
+fn compare(specs: &[&'static Spec], o: &Options) -> Result<ExitCode> {
+    println!(
+        "{:<15} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
+        "target", "runs: kept", "runs: cov", "new: kept", "new: cov", "feat: kept", "feat: cov"
+    );
+    let mut crashes = 0;
+    let mut sums = [0u64; 6];
+    for spec in specs {
+        let plain = runner::fuzz_target(
+            spec,
+            &Options {
+                coverage: false,
+                ..o.clone()
+            },
+        )?;
+        let guided = runner::fuzz_target(
+            spec,
+            &Options {
+                coverage: true,
+                ..o.clone()
+            },
+        )?;
+        crashes += plain.crashes.len() + guided.crashes.len();
+        let row = [
+            plain.execs,
+            guided.execs,
+            plain.edges.saturating_sub(plain.seed_edges),
+            guided.edges.saturating_sub(guided.seed_edges),
+            plain.features,
+            guided.features,
+        ];
+        for (s, v) in sums.iter_mut().zip(row) {
+            *s += v;
+        }
+        println!(
+            "{:<15} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
+            spec.name, row[0], row[1], row[2], row[3], row[4], row[5]
+        );
+    }
+    println!(
+        "{:<15} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
+        "total", sums[0], sums[1], sums[2], sums[3], sums[4], sums[5]
+    );
+    println!(
+        "(kept: accepted inputs not seen before are mutated further; cov: so are inputs that \
+         reach new edges or hit counts. new: edges reached beyond the seeds')"
+    );
+    Ok(if crashes == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn fuzz(a: &Args) -> Result<ExitCode> {
     let specs = chosen(a)?;
+    if (a.coverage || a.compare) && skein_fuzz::coverage::Coverage::attach().is_none() {
+        bail!("this build has no coverage counters: build it with tests/fuzz_coverage.sh");
+    }
     let seed = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -163,12 +242,23 @@ fn fuzz(a: &Args) -> Result<ExitCode> {
         timeout: Duration::from_millis(a.timeout_ms),
         rss_limit_mb: a.rss_limit_mb,
         verbose: true,
+        coverage: a.coverage,
     };
     println!(
-        "fuzzing {} target(s), {}s each, seed {seed} (repeat with --seed {seed})",
+        "fuzzing {} target(s), {}s each{}, seed {seed} (repeat with --seed {seed})",
         specs.len(),
-        a.seconds
+        a.seconds,
+        if a.compare {
+            " in each mode"
+        } else if a.coverage {
+            ", guided by coverage"
+        } else {
+            ""
+        }
     );
+    if a.compare {
+        return compare(&specs, &o);
+    }
     let mut reports = vec![];
     for spec in specs {
         let r = runner::fuzz_target(spec, &o)?;
@@ -207,6 +297,7 @@ fn main() -> ExitCode {
                     seed: a.seed.unwrap_or(0),
                     corpus: a.corpus.clone().unwrap_or_else(skein_fuzz::default_corpus),
                     rss_limit_mb: a.rss_limit_mb,
+                    coverage: a.coverage,
                 },
             )?;
             return Ok(ExitCode::SUCCESS);

@@ -160,3 +160,19 @@ fn an_unknown_target_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown target `nope`"), "{err}");
 }
+
+#[test]
+fn coverage_guidance_without_counters_is_refused_by_name() {
+    // The test build has no coverage counters: asking to be guided by them must fail
+    // and say how to get them, not fuzz without guidance.
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["--coverage", "--compare"] {
+        let out = run(&[mode, "--target", "id", "--seconds", "1"], dir.path());
+        assert_eq!(out.status.code(), Some(2), "{mode}: {}", stdout(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("no coverage counters") && err.contains("tests/fuzz_coverage.sh"),
+            "{mode}: {err}"
+        );
+    }
+}

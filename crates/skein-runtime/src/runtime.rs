@@ -107,7 +107,7 @@ pub struct Runtime {
     pub(crate) text: Broadcast<TextDelta>,
     /// What [`Runtime::run_tree`] waits on: the session of every terminal record this
     /// runtime appends, and a count of all the records it appends. Waiting on
-    /// [`Runtime::subscribe`] instead woke the waiting thread for every record.
+    /// [`Runtime::subscribe`] instead would wake the waiting thread for every record.
     pub(crate) ends: Broadcast<SessionId>,
     pub(crate) appended: std::sync::atomic::AtomicU64,
     /// What the cache key's shape of a delegation reads again and again, worked out once:
@@ -126,9 +126,9 @@ pub(crate) struct ShapeMemo {
 }
 
 /// A broadcast channel made when it is first subscribed to. Nothing is sent while nobody
-/// has subscribed, as a channel without receivers drops what it is sent; making the
-/// channel up front cost a short command half a millisecond (a slot of each of its
-/// thousands is written when it is made), and most runtimes never subscribe to one.
+/// has subscribed, as a channel without receivers drops what it is sent. Making the
+/// channel up front writes each of its thousands of slots, which a short command would
+/// pay for at every start (docs/perf.md), and most runtimes never subscribe to one.
 pub(crate) struct Broadcast<T> {
     capacity: usize,
     tx: std::sync::OnceLock<broadcast::Sender<T>>,

@@ -27,19 +27,19 @@
 //! Appends of many sessions share one (group commit): each append takes a ticket after its
 //! write, and a single flusher task syncs and then releases every ticket it covered. Before
 //! each sync it lets the tasks that are ready run first: the writers the last sync released
-//! (a wide turn's children, stepping together) then share the next one, where the first of
-//! them used to get a sync of its own and the rest the one after (a zero-latency fan-out of
-//! 64 made 26–36 syncs, now 14–15). A blob is written ahead of the record that names it,
-//! whose sync covers it (see `kv.rs`). Cache entries and watchers take their tickets from
-//! the same flusher, marked so that the flush covering them also flushes the sled database
-//! (appends alone never flush it): one task and one queue for both. A sync or flush that
-//! fails stops the flusher for good (fail-stop), for the log and the database alike: the
-//! writers waiting for it and every later one get its error, naming the part that failed,
-//! and [`SledStore::failed`] resolves with it; a full disk fails
-//! the one write with [`skein_ports::Error::Full`] and stops nothing (see `wal.rs`). Jobs,
-//! notices and single-flight claims are soft state, in memory: after a crash, `resume`
-//! derives every job from the logs, a parent reconciles with its children's logs when it
-//! is first loaded, and a claim whose holder is gone is replaced.
+//! (a wide turn's children, stepping together) then share the next one rather than the
+//! first of them getting a sync of its own (docs/perf.md has the figures). A blob is
+//! written ahead of the record that names it, whose sync covers it (see `kv.rs`). Cache
+//! entries and watchers take their tickets from the same flusher, marked so that the flush
+//! covering them also flushes the sled database (appends alone never flush it): one task
+//! and one queue for both. A sync or flush that fails stops the flusher for good
+//! (fail-stop), for the log and the database alike: the writers waiting for it and every
+//! later one get its error, naming the part that failed, and [`SledStore::failed`]
+//! resolves with it; a full disk fails the one write with [`skein_ports::Error::Full`] and
+//! stops nothing (see `wal.rs`). Jobs, notices and single-flight claims are soft state, in
+//! memory: after a crash, `resume` derives every job from the logs, a parent reconciles
+//! with its children's logs when it is first loaded, and a claim whose holder is gone is
+//! replaced.
 
 pub mod file;
 mod jobs;

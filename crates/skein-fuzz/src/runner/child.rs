@@ -10,6 +10,9 @@ pub struct ChildOptions {
     pub seed: u64,
     pub corpus: PathBuf,
     pub rss_limit_mb: u64,
+    /// Also keep the inputs that reach new code (needs a build with coverage counters),
+    /// beside those accepted that were not seen before.
+    pub coverage: bool,
 }
 
 pub(super) struct Wire(Arc<Mutex<File>>);
@@ -147,6 +150,19 @@ pub(super) fn child_loop(spec: &Spec, o: &ChildOptions) -> Result<()> {
     };
     let mut found: Vec<Vec<u8>> = vec![];
     let mut known: HashSet<[u8; 32]> = seeds.iter().map(|s| *blake3::hash(s).as_bytes()).collect();
+    // Coverage is measured whenever the build has counters, so both ways of choosing
+    // inputs can be compared on the same binary; it chooses them only when asked to.
+    let mut cov = Coverage::attach();
+    if o.coverage && cov.is_none() {
+        return Err(Error::setup(
+            spec.name,
+            "this build has no coverage counters: build it with tests/fuzz_coverage.sh",
+        ));
+    }
+    if let Some(c) = &cov {
+        stats.instrumented = c.total() as u64;
+        c.clear();
+    }
     let deadline = Instant::now() + Duration::from_secs_f64(o.seconds.max(0.0));
 
     let mut exec = |input: &[u8], stats: &mut ChildStats| -> bool {
@@ -177,10 +193,23 @@ pub(super) fn child_loop(spec: &Spec, o: &ChildOptions) -> Result<()> {
     for s in &seeds {
         exec(s, &mut stats);
     }
+    // What the seeds reach is the baseline: new coverage is counted past it.
+    if let Some(c) = &mut cov {
+        c.take();
+        stats.seed_edges = c.edges() as u64;
+    }
     while Instant::now() < deadline {
         let input = next_input(&mut rng, spec, &seeds, &found, &dict);
-        if exec(&input, &mut stats) && known.insert(*blake3::hash(&input).as_bytes()) {
-            // An accepted input reached past the parser: worth mutating further.
+        let accepted = exec(&input, &mut stats);
+        let new_coverage = cov.as_mut().map_or(0, |c| c.take());
+        // An accepted input reached past the parser: worth mutating further. Guided by
+        // coverage, so is one that reached code (or a count of passes through it) that no
+        // input reached before. Both count: the accepted ones lead into the code behind
+        // the parser (the runtime a submission drives), which refused inputs that only
+        // vary the parser's error paths crowd out when coverage alone decides.
+        let keep = (accepted && known.insert(*blake3::hash(&input).as_bytes()))
+            || (o.coverage && new_coverage > 0);
+        if keep {
             if found.len() < 4096 {
                 found.push(input);
             } else {
@@ -188,6 +217,10 @@ pub(super) fn child_loop(spec: &Spec, o: &ChildOptions) -> Result<()> {
                 found[i] = input;
             }
         }
+    }
+    if let Some(c) = &cov {
+        stats.edges = c.edges() as u64;
+        stats.features = c.features() as u64;
     }
     stats.corpus = seeds.len() + found.len();
     wire.send(STATS, &serde_json::to_vec(&stats).unwrap_or_default());

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng as _, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::coverage::Coverage;
 use crate::mutate::{mutate_bytes, Dict};
 use crate::targets::{Spec, Target};
 use crate::{Error, Result, Rng};
@@ -60,6 +61,12 @@ pub struct ChildStats {
     /// The longest run, in microseconds, and the size of its input.
     pub slowest_us: u64,
     pub slowest_len: usize,
+    /// Coverage, in a build with counters: edges instrumented, reached by the seeds,
+    /// reached in all, and (edge, hit-count class) pairs seen.
+    pub instrumented: u64,
+    pub seed_edges: u64,
+    pub edges: u64,
+    pub features: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -15,6 +15,8 @@ pub struct Options {
     pub rss_limit_mb: u64,
     /// Print each crash as it is found.
     pub verbose: bool,
+    /// Choose inputs by the coverage they reach (see [`ChildOptions::coverage`]).
+    pub coverage: bool,
 }
 
 /// What kind of failure a crash is.
@@ -70,6 +72,12 @@ pub struct TargetReport {
     /// slow on some inputs shows here long before it hangs.
     pub slowest_us: u64,
     pub slowest_len: usize,
+    /// Coverage of the last process, in a build with counters (else all 0): edges
+    /// instrumented, reached by the seeds, reached in all, and features seen.
+    pub instrumented: u64,
+    pub seed_edges: u64,
+    pub edges: u64,
+    pub features: u64,
 }
 
 impl TargetReport {
@@ -306,6 +314,10 @@ pub fn fuzz_target(spec: &Spec, o: &Options) -> Result<TargetReport> {
             crashes: vec![],
             slowest_us: 0,
             slowest_len: 0,
+            instrumented: 0,
+            seed_edges: 0,
+            edges: 0,
+            features: 0,
         },
         seen: HashSet::new(),
     };
@@ -326,6 +338,7 @@ pub fn fuzz_target(spec: &Spec, o: &Options) -> Result<TargetReport> {
             .arg(&o.corpus)
             .arg("--rss-limit-mb")
             .arg(o.rss_limit_mb.to_string())
+            .args(o.coverage.then_some("--coverage"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -468,6 +481,10 @@ pub fn fuzz_target(spec: &Spec, o: &Options) -> Result<TargetReport> {
                 c.report.accepted += s.accepted;
                 c.report.seeds = s.seeds;
                 c.report.failures += s.panics;
+                c.report.instrumented = s.instrumented;
+                c.report.seed_edges = s.seed_edges;
+                c.report.edges = s.edges;
+                c.report.features = s.features;
                 if s.slowest_us > c.report.slowest_us {
                     c.report.slowest_us = s.slowest_us;
                     c.report.slowest_len = s.slowest_len;

@@ -15,13 +15,15 @@
 //!
 //! | step | file |
 //! | --- | --- |
-//! | `CallModel`, `Summarize` | `model.rs` |
+//! | `CallModel`, `Summarize` (its request is made here) | `model.rs` |
 //! | `Delegate`, `Clarify` | `delegate.rs` |
 //! | `RunTools` | `tools.rs` |
 //! | `ProposePatch` (and result patches) | `plan.rs` |
+//! | `Broadcast` (and a team's end) | `team.rs` |
 //! | `Wait` (children settle) | `settle.rs` |
 //! | the end of a session | `terminal.rs` |
-//! | `AskUser`, `RequestApproval`, `EditPlan`, `Refuse`, `Complete`, `Fail` | here: one append each |
+//! | `AskUser`, `RequestApproval`, `EditPlan`, `Orchestrate`, `Refuse`, `Complete`, `Fail` | here: one append each |
+//! | `Idle` | nothing: the drive returns |
 //!
 //! Submission is `submit.rs`; running a whole tree in one process is `trees.rs`.
 
@@ -68,9 +70,8 @@ impl Runtime {
         // pushes lost, say): reconcile from the logs as on a cold load. Whether the fold
         // was cached says nothing of that: a parent reading its children keeps their folds.
         // Nor, where notices outlive workers, does a fold missing from the cache say that
-        // anything was lost: the last job ran on another worker. (With three NATS workers
-        // a wide parent's job moves at most wake-ups, and each move read every
-        // outstanding child's log twice and pushed its job again.)
+        // anything was lost: the last job ran on another worker, and reconciling there
+        // would read every outstanding child's log and push its job again.
         let cold = (cold && !self.backend.capabilities().notices_outlive_workers)
             || retry
             || job.attempt > 1;

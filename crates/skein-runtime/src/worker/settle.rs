@@ -42,13 +42,13 @@ impl Runtime {
     /// child is checked when a wake brings none. Children whose jobs this drive pushed
     /// (`pushed`) are left to their notices: each will post one when it ends or pauses, so
     /// looking at them now would only read the logs of sessions still running (a parent
-    /// that had just delegated 1,024 children read all 1,024 and pushed every one again).
+    /// that has just delegated 1,024 children would read all 1,024 and push every one again).
     /// A team that is `ending` looks at all its members, which it has just cancelled.
     /// Only the `first` look of a drive checks every outstanding child when no notice
     /// came: a later look of the same drive follows one that read the notices (or checked
     /// every child) a moment ago, and a child that ended since then posted a notice before
-    /// waking this session. (Each look after the first did check them all, so a wide
-    /// parent read every outstanding child's log once more per wake-up.) A look that read
+    /// waking this session; checking them all again would read every outstanding child's
+    /// log once more per wake-up. A look that read
     /// only what the notices named says so ([`Look::partial`]): a session that then waits
     /// with children out is looked at again later ([`Runtime::recheck_later`]).
     pub(crate) async fn collect_settlements(
