@@ -610,7 +610,7 @@ fn a_reference_the_model_was_not_given_resumes_nothing() {
         session: SessionId::parse("made-up.helper-1").unwrap(),
         seq: 3,
         nonce: "0".repeat(24),
-        kind: "input".into(),
+        kind: skein_core::token::TokenKind::Input,
     });
     sb.agent(
         "boss",

@@ -221,7 +221,7 @@ fn a_paused_child_is_recorded_by_its_token_id_and_shown_as_a_reference() {
         session: child(),
         seq: 3,
         nonce: "abc123".into(),
-        kind: "input".into(),
+        kind: skein_core::token::TokenKind::Input,
     };
     assert_eq!(peek(r).unwrap(), want);
     assert_eq!(r, reference(&want));

@@ -418,7 +418,7 @@ impl Runtime {
         for _ in 0..5 {
             if let Err(why) = f.state.admits_from_outside(&body) {
                 self.keep_state(f);
-                return Err(Error::refused(crate::RefusalKind::Token, why));
+                return Err(Error::token(crate::TokenRefusal::Ended, why));
             }
             match self.append(&mut f, body.clone()).await {
                 Ok(()) => return Ok(f),
@@ -432,8 +432,8 @@ impl Runtime {
                     }
                     if !still_valid(&fresh) {
                         self.keep_state(fresh);
-                        return Err(Error::refused(
-                            crate::RefusalKind::Token,
+                        return Err(Error::token(
+                            crate::TokenRefusal::Stale,
                             "stale token: the session moved on",
                         ));
                     }

@@ -142,7 +142,9 @@ impl Target for Answers {
         };
         let rt = &self.rt;
         self.tokio.block_on(async {
-            let Ok((claims, f)) = hitl::check_token(rt, &req.token, "input").await else {
+            let Ok((claims, f)) =
+                hitl::check_token(rt, &req.token, skein_core::token::TokenKind::Input).await
+            else {
                 return false;
             };
             let pending = f

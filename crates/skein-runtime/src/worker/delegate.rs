@@ -383,11 +383,14 @@ impl Runtime {
             } else {
                 resume.token.clone()
             };
-            let (claims, cf) = match crate::hitl::check_token(self, &token, "input").await {
-                Ok(x) => x,
-                Err(Error::Refused { reason: why, .. }) => return Ok(refuse(why)),
-                Err(e) => return Err(e),
-            };
+            let (claims, cf) =
+                match crate::hitl::check_token(self, &token, skein_core::token::TokenKind::Input)
+                    .await
+                {
+                    Ok(x) => x,
+                    Err(Error::Refused { reason: why, .. }) => return Ok(refuse(why)),
+                    Err(e) => return Err(e),
+                };
             if claims.session != d.child {
                 self.keep_state(cf);
                 return Ok(refuse(format!(

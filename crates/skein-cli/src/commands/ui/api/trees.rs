@@ -314,7 +314,7 @@ pub(super) async fn audit(
             .map(|_| buf)
     })
     .await
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     let name = format!("{}.audit.jsonl", id.to_string().replace('.', "_"));
     Ok((
         [
