@@ -150,8 +150,7 @@ fn run(actions: &[Action], policy: UnlinkPolicy) -> (Plan, Vec<Envelope>, u32) {
                     agent: "analyst".into(),
                     mission_hash: "m".into(),
                     allotted_tokens: None,
-                    shared: false,
-                    resumed: false,
+                    kind: skein_core::event::DelegationKind::Started,
                     owns_tasks: vec![id],
                     max_steps: None,
                 }));

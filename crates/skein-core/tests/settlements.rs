@@ -6,8 +6,10 @@
 use serde_json::{json, Value};
 use skein_core::decide::Step;
 use skein_core::event::{
-    ApprovalGiven, ChildSettled, ClarificationRequested, Delegated, ModelCalled, Outcome, Submitted,
+    ApprovalGiven, ChildSettled, ClarificationRequested, Delegated, DelegationKind, ModelCalled,
+    Outcome, Submitted,
 };
+use skein_core::state::ChildOutcome;
 use skein_core::token::{peek, reference, Claims, REF_PREFIX};
 use skein_core::{
     AgentSet, Budget, Envelope, Event, Limits, Message, ModelResponse, SessionId, SessionState,
@@ -102,8 +104,11 @@ fn delegated(call: &str, resumed: bool) -> Event {
         agent: "expert".into(),
         mission_hash: "x".into(),
         allotted_tokens: None,
-        shared: false,
-        resumed,
+        kind: if resumed {
+            skein_core::event::DelegationKind::Resumed
+        } else {
+            skein_core::event::DelegationKind::Started
+        },
         owns_tasks: vec![],
         max_steps: None,
     })
@@ -312,5 +317,96 @@ fn an_approved_delegation_is_started_and_a_denied_one_is_a_tool_error() {
     assert!(
         content.contains("`call_agent` was denied by ops: not now"),
         "{content}"
+    );
+}
+
+/// A `Delegated` as logs store it (and as every log before `DelegationKind` stored it):
+/// the kind as two flags.
+fn stored_delegation(call: &str, shared: bool, resumed: bool) -> Event {
+    let stored = json!({
+        "type": "Delegated",
+        "data": {
+            "call": call,
+            "child": child(),
+            "agent": "expert",
+            "mission_hash": "x",
+            "allotted_tokens": null,
+            "shared": shared,
+            "resumed": resumed,
+        }
+    });
+    let bytes = rmp_serde::to_vec_named(&stored).unwrap();
+    rmp_serde::from_slice(&bytes).unwrap()
+}
+
+#[test]
+fn delegations_stored_as_two_flags_fold_to_their_kind() {
+    let first = stored_delegation("c1", false, false);
+    let again = stored_delegation("c2", false, true);
+    let Event::Delegated(d) = &again else {
+        panic!("not a delegation: {again:?}")
+    };
+    assert_eq!(d.kind, DelegationKind::Resumed);
+    // The follow-up's usage is counted once, as with delegations built in memory.
+    let s = fold(vec![
+        submitted(Some(1000)),
+        turn(
+            "c1",
+            "call_agent",
+            json!({"agent": "expert", "mission": "estimate"}),
+            usage(10, 5),
+        ),
+        first,
+        completed("c1", "42", usage(100, 20)),
+        turn(
+            "c2",
+            "ask_clarification",
+            json!({"session_id": child().display(), "question": "error bars?"}),
+            usage(10, 5),
+        ),
+        again,
+        completed("c2", "plus or minus 3", usage(160, 30)),
+    ]);
+    assert_eq!(s.usage_children.input_tokens, 160);
+    assert_eq!(s.delegations, 1, "a resumed child is not a new delegation");
+    assert_eq!(s.children["c2"].outcome, Some(ChildOutcome::Completed));
+
+    // A shared run: what it cost is what this call saved, not what it spent.
+    let s = fold(vec![
+        submitted(None),
+        turn(
+            "c1",
+            "call_agent",
+            json!({"agent": "expert", "mission": "estimate"}),
+            usage(1, 1),
+        ),
+        stored_delegation("c1", true, false),
+        completed("c1", "42", usage(100, 20)),
+    ]);
+    assert!(s.children["c1"].shared);
+    assert_eq!(s.usage_children.total_tokens(), 0);
+    assert_eq!(s.saved.total_tokens(), 120);
+}
+
+#[test]
+fn a_delegation_is_stored_as_the_two_flags_and_both_at_once_is_refused() {
+    let Event::Delegated(mut d) = delegated("c1", false) else {
+        unreachable!()
+    };
+    d.kind = DelegationKind::Shared;
+    let stored: Value =
+        rmp_serde::from_slice(&rmp_serde::to_vec_named(&Event::Delegated(d)).unwrap()).unwrap();
+    assert_eq!(stored["data"]["shared"], true);
+    assert_eq!(stored["data"]["resumed"], false);
+    assert!(stored["data"].get("kind").is_none(), "{stored}");
+
+    let both = json!({"type": "Delegated", "data": {
+        "call": "c1", "child": child(), "agent": "expert", "mission_hash": "x",
+        "shared": true, "resumed": true}});
+    let bytes = rmp_serde::to_vec_named(&both).unwrap();
+    let err = rmp_serde::from_slice::<Event>(&bytes).unwrap_err();
+    assert!(
+        err.to_string().contains("not both shared and resumed"),
+        "{err}"
     );
 }

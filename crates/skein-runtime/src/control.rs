@@ -52,9 +52,13 @@ pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize>
         let body = Event::Cancelled(Cancelled {
             reason: reason.to_string(),
         });
-        let f = rt
+        let f = match rt
             .append_from_outside(f, body, |g| !g.state.status.is_terminal())
-            .await?;
+            .await?
+        {
+            crate::session::Outside::Appended(f) => f,
+            crate::session::Outside::Moot(m) => return Err(m.refusal()),
+        };
         let pool = f
             .state
             .submitted

@@ -16,7 +16,7 @@ use skein_core::{Event, SessionId};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
 pub use crate::secret::{new_token_id, Secret, MIN_SECRET_BYTES};
-use crate::session::Folded;
+use crate::session::{Folded, Outside};
 use crate::{Error, Result, TokenRefusal};
 
 /// Longest answer (the answers object as JSON) or denial reason a person may give, in
@@ -237,11 +237,15 @@ pub async fn answer(
         token_id: nonce.clone(),
         by,
     });
-    let f = rt
+    let f = match rt
         .append_from_outside(f, body, |g| {
             g.state.pending_inputs.iter().any(|p| p.token_id == nonce)
         })
-        .await?;
+        .await?
+    {
+        Outside::Appended(f) => f,
+        Outside::Moot(m) => return Err(m.refusal()),
+    };
     let pool = pool_of(&f);
     rt.keep_state(f);
     rt.backend.jobs.push(&pool, &claims.session).await?;
@@ -278,14 +282,18 @@ pub async fn decide_approval(
         reason,
         token_id: nonce.clone(),
     });
-    let f = rt
+    let f = match rt
         .append_from_outside(f, body, |g| {
             g.state
                 .pending_approvals
                 .iter()
                 .any(|p| p.token_id == nonce)
         })
-        .await?;
+        .await?
+    {
+        Outside::Appended(f) => f,
+        Outside::Moot(m) => return Err(m.refusal()),
+    };
     let pool = pool_of(&f);
     rt.keep_state(f);
     rt.backend.jobs.push(&pool, &claims.session).await?;

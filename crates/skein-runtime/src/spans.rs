@@ -264,7 +264,11 @@ pub fn delegated(events: &[Event]) -> Vec<(SessionId, String, bool)> {
     events
         .iter()
         .filter_map(|e| match e {
-            Event::Delegated(d) => Some((d.child.clone(), d.agent.clone(), d.resumed)),
+            Event::Delegated(d) => Some((
+                d.child.clone(),
+                d.agent.clone(),
+                d.kind == skein_core::event::DelegationKind::Resumed,
+            )),
             _ => None,
         })
         .collect()

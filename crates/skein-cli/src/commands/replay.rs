@@ -258,7 +258,7 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) -> std::io::Re
                 render::safe_line(&c.call),
                 c.child.display(),
                 render::safe_line(&c.agent),
-                c.outcome.unwrap_or("running"),
+                c.outcome.map_or("running", |o| o.as_str()),
                 if c.cached { " [cache]" } else { "" }
             )?;
         }

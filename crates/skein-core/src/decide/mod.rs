@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::agent::AgentDef;
-use crate::event::{CustomAgent, Event};
+use crate::event::{CustomAgent, DelegationKind, Event};
 use crate::id::SessionId;
 use crate::limits::{Budget, Limits};
 use crate::message::{Message, ModelRequest, RequestMeta};
@@ -344,7 +344,9 @@ impl Step {
                     })
             }
             (Step::Delegate(ds), Event::Delegated(d)) => ds.iter().any(|x| {
-                x.call == d.call && x.agent == d.agent && (d.shared || x.child == d.child)
+                x.call == d.call
+                    && x.agent == d.agent
+                    && (d.kind == DelegationKind::Shared || x.child == d.child)
             }),
             (Step::Delegate(ds), Event::CacheHit(h)) => ds.iter().any(|x| x.call == h.call),
             // The shell refuses a resume whose token does not hold.
@@ -361,7 +363,8 @@ impl Step {
             (Step::Summarize { model, .. }, Event::ModelCalled(m)) => m.model == *model,
             (Step::Summarize { model, .. }, Event::ModelFailed(m)) => m.model == *model,
             (Step::Clarify(v), Event::Delegated(d)) => {
-                d.resumed && v.iter().any(|c| c.call == d.call && c.child == d.child)
+                d.kind == DelegationKind::Resumed
+                    && v.iter().any(|c| c.call == d.call && c.child == d.child)
             }
             (Step::Clarify(v), Event::ToolReturned(t)) => {
                 t.error && v.iter().any(|c| c.call == t.call)

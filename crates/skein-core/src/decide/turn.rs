@@ -16,7 +16,7 @@ use crate::id::SessionId;
 use crate::limits::Limits;
 use crate::message::ToolCall;
 use crate::runtime_tool::RuntimeTool;
-use crate::state::{SessionState, SlotState};
+use crate::state::{ChildOutcome, SessionState, SlotState};
 
 /// The context every check of a turn reads, and the counters its delegations advance.
 pub(super) struct Turn<'a> {
@@ -413,7 +413,7 @@ impl<'a> Turn<'a> {
                 child.display()
             ));
         };
-        if info.outcome != Some("completed") {
+        if info.outcome != Some(ChildOutcome::Completed) {
             return Err(format!(
                 "ask_clarification: {} has not completed; only a finished sub-agent can be \
                  asked a follow-up",

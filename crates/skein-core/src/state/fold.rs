@@ -176,7 +176,7 @@ impl SessionState {
                 self.finish_slot(&t.call, t.output.clone(), t.error)
             }
             Event::Delegated(d) => {
-                if !d.resumed {
+                if d.kind != DelegationKind::Resumed {
                     self.delegations += 1;
                 }
                 if !d.owns_tasks.is_empty() {
@@ -188,12 +188,12 @@ impl SessionState {
                     SlotState::Delegated {
                         child: d.child.clone(),
                         allotted: d.allotted_tokens,
-                        shared: d.shared,
+                        shared: d.kind == DelegationKind::Shared,
                     },
                 );
                 // A child asked again keeps the turns it had made (looked up only then: a
                 // wide fan-out's new children would make the lookup quadratic).
-                let steps = if d.resumed {
+                let steps = if d.kind == DelegationKind::Resumed {
                     self.children
                         .values()
                         .filter(|c| c.child == d.child)
@@ -212,7 +212,7 @@ impl SessionState {
                         mission_hash: d.mission_hash.clone(),
                         outcome: None,
                         cached: false,
-                        shared: d.shared,
+                        shared: d.kind == DelegationKind::Shared,
                         steps,
                         max_steps: d.max_steps,
                     },
@@ -261,7 +261,7 @@ impl SessionState {
                         child: h.source.clone(),
                         agent,
                         mission_hash: h.mission_hash.clone(),
-                        outcome: Some("completed"),
+                        outcome: Some(ChildOutcome::Completed),
                         cached: true,
                         shared: false,
                         steps: h.steps,
@@ -318,11 +318,7 @@ impl SessionState {
                 }
                 let mut follow_up = None;
                 if let Some(info) = self.children.get_mut(&c.call) {
-                    info.outcome = Some(match &c.outcome {
-                        Outcome::Completed { .. } => "completed",
-                        Outcome::Failed { .. } => "failed",
-                        Outcome::NeedsInput { .. } => "needs_input",
-                    });
+                    info.outcome = Some(ChildOutcome::of(&c.outcome));
                     if let Outcome::Completed { steps, .. } | Outcome::Failed { steps, .. } =
                         &c.outcome
                     {

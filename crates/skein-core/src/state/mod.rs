@@ -13,15 +13,15 @@ pub use pattern::{
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::event::{Envelope, Event, Outcome, Refused, Submitted};
+use crate::event::{DelegationKind, Envelope, Event, Outcome, Refused, Submitted};
 use crate::id::SessionId;
 use crate::message::{Message, ToolCall, Usage};
 use crate::runtime_tool::RuntimeTool;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// No `Submitted` yet.
@@ -52,6 +52,12 @@ impl Status {
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
         }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -107,6 +113,35 @@ pub struct Slot {
     pub state: SlotState,
 }
 
+/// How a child last settled (see [`ChildSettled`](crate::event::ChildSettled)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildOutcome {
+    Completed,
+    Failed,
+    /// It paused on a question; it may settle again once answered.
+    NeedsInput,
+}
+
+impl ChildOutcome {
+    /// The kind of `outcome`.
+    pub fn of(outcome: &crate::event::Outcome) -> Self {
+        match outcome {
+            crate::event::Outcome::Completed { .. } => ChildOutcome::Completed,
+            crate::event::Outcome::Failed { .. } => ChildOutcome::Failed,
+            crate::event::Outcome::NeedsInput { .. } => ChildOutcome::NeedsInput,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChildOutcome::Completed => "completed",
+            ChildOutcome::Failed => "failed",
+            ChildOutcome::NeedsInput => "needs_input",
+        }
+    }
+}
+
 /// A child this session started, and how it ended.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChildInfo {
@@ -115,7 +150,7 @@ pub struct ChildInfo {
     pub agent: String,
     pub mission_hash: String,
     /// None while it runs.
-    pub outcome: Option<&'static str>,
+    pub outcome: Option<ChildOutcome>,
     pub cached: bool,
     /// Answered by an identical run someone else started (single-flight).
     pub shared: bool,
@@ -467,7 +502,9 @@ impl SessionState {
         let own = self.id.as_ref();
         self.children
             .values()
-            .filter(|c| !c.cached && !c.shared && matches!(c.outcome, None | Some("needs_input")))
+            .filter(|c| {
+                !c.cached && !c.shared && matches!(c.outcome, None | Some(ChildOutcome::NeedsInput))
+            })
             .filter(|c| own.is_some_and(|p| p.contains(&c.child) && *p != c.child))
             .map(|c| c.child.clone())
             .collect()

@@ -331,8 +331,7 @@ pub fn delegated(call: &str, child: &SessionId, agent: &str, owns_tasks: &[&str]
         agent: agent.into(),
         mission_hash: "x".into(),
         allotted_tokens: None,
-        shared: false,
-        resumed: false,
+        kind: skein_core::event::DelegationKind::Started,
         owns_tasks: owns_tasks.iter().map(|t| t.to_string()).collect(),
         max_steps: None,
     })

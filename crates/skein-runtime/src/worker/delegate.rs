@@ -7,12 +7,12 @@ use std::sync::Arc;
 use futures::future::join_all;
 use futures::StreamExt;
 use skein_core::decide::Delegation;
-use skein_core::event::{CacheHit, Delegated, InputProvided, ParentRef, Submitted};
+use skein_core::event::{CacheHit, Delegated, DelegationKind, InputProvided, ParentRef, Submitted};
 use skein_core::hash::{mission_hash, MissionKey, RunShape};
 use skein_core::{AgentDef, Event, SessionId, Status};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
-use crate::session::Folded;
+use crate::session::{Folded, Outside};
 use crate::{Error, Result};
 
 impl Runtime {
@@ -141,8 +141,7 @@ impl Runtime {
                         agent: d.agent,
                         mission_hash: hash,
                         allotted_tokens: None,
-                        shared: true,
-                        resumed: false,
+                        kind: DelegationKind::Shared,
                         owns_tasks: vec![],
                         max_steps: None,
                     }));
@@ -186,8 +185,7 @@ impl Runtime {
                 agent: d.agent,
                 mission_hash: hash,
                 allotted_tokens: d.budget.tokens,
-                shared: false,
-                resumed: false,
+                kind: DelegationKind::Started,
                 owns_tasks: d
                     .grant
                     .as_ref()
@@ -418,10 +416,9 @@ impl Runtime {
                 by: Some(by),
             });
             let valid = |g: &Folded| g.state.pending_inputs.iter().any(|p| p.token_id == nonce);
-            match self.append_from_outside(cf, body, valid).await {
-                Ok(cf) => self.keep_state(cf),
-                Err(Error::Refused { reason: why, .. }) => return Ok(refuse(why)),
-                Err(e) => return Err(e),
+            match self.append_from_outside(cf, body, valid).await? {
+                Outside::Appended(cf) => self.keep_state(cf),
+                Outside::Moot(m) => return Ok(refuse(m.to_string())),
             }
         }
         Ok(Event::Delegated(Delegated {
@@ -430,8 +427,7 @@ impl Runtime {
             agent: d.agent.clone(),
             mission_hash,
             allotted_tokens: None,
-            shared: false,
-            resumed: true,
+            kind: DelegationKind::Resumed,
             owns_tasks: vec![],
             max_steps: None,
         }))
@@ -478,10 +474,13 @@ impl Runtime {
                         call: c.call.clone(),
                         question: c.question.clone(),
                     });
-                let cf = self
+                match self
                     .append_from_outside(cf, body, |g| g.state.status == Status::Completed)
-                    .await?;
-                self.keep_state(cf);
+                    .await?
+                {
+                    Outside::Appended(cf) => self.keep_state(cf),
+                    Outside::Moot(m) => return Err(m.refusal()),
+                }
             } else {
                 self.keep_state(cf);
             }
@@ -492,8 +491,7 @@ impl Runtime {
                 agent: c.agent,
                 mission_hash,
                 allotted_tokens: None,
-                shared: false,
-                resumed: true,
+                kind: DelegationKind::Resumed,
                 owns_tasks: vec![],
                 max_steps: Some(c.max_steps),
             }));

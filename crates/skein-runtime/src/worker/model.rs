@@ -103,7 +103,11 @@ impl Runtime {
                         .state
                         .children
                         .values()
-                        .filter(|c| !c.cached && !c.shared && c.outcome == Some("completed"))
+                        .filter(|c| {
+                            !c.cached
+                                && !c.shared
+                                && c.outcome == Some(skein_core::state::ChildOutcome::Completed)
+                        })
                         .filter(|c| self.agents.get(&c.agent).is_some_and(|d| d.front.chat))
                         .map(|c| c.child.display())
                         .collect::<std::collections::BTreeSet<_>>()

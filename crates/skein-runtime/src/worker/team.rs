@@ -7,7 +7,7 @@ use skein_core::event::{BroadcastKind, TeamBroadcast, TeamRole};
 use skein_core::{Event, SessionId, Status};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
-use crate::session::Folded;
+use crate::session::{Folded, Outside};
 use crate::{Error, Result};
 
 use skein_core::event::EXIT_CALL;
@@ -118,13 +118,13 @@ impl Runtime {
                 .append_from_outside(pf, Event::TeamBroadcast(msg.clone()), open)
                 .await
             {
-                Ok(pf) => {
+                Ok(Outside::Appended(pf)) => {
                     self.keep_state(pf);
                     self.backend.jobs.push(&pool, p).await?;
                     reached += 1;
                 }
                 // It ended (or received it) meanwhile.
-                Err(Error::Refused { .. }) => {}
+                Ok(Outside::Moot(_)) => {}
                 Err(e) => return Err(e),
             }
         }

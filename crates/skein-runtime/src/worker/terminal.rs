@@ -91,7 +91,7 @@ impl Runtime {
                     let r = RootResult {
                         session: f.id.to_string(),
                         seq: f.state.last_seq,
-                        status: f.state.status.as_str().to_string(),
+                        status: f.state.status,
                         answer: f.state.answer.clone(),
                         error: f.state.error.clone(),
                         usage: f.state.usage_total(),
