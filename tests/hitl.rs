@@ -99,6 +99,7 @@ fn token_of(sb: &Sandbox, session: &str) -> String {
         let f = skein_runtime::inspect::fold_records(&id, &records).unwrap();
         let p = f
             .state
+            .pauses
             .pending_inputs
             .first()
             .unwrap_or_else(|| panic!("{session} asks nothing"));

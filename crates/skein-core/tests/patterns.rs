@@ -90,7 +90,7 @@ fn an_answer_goes_on_to_the_handoff_agent_with_the_request_and_the_response_in_t
     // The drafter's own answer is in its transcript; the handoff is not.
     let s = g.state();
     assert_eq!(s.transcript.len(), 1, "{:?}", s.transcript);
-    assert_eq!(s.answer_from.as_deref(), Some("reviewer"));
+    assert_eq!(s.pattern.answer_from.as_deref(), Some("reviewer"));
 }
 
 #[test]
@@ -379,7 +379,7 @@ fn an_advisor_answered_from_the_cache_gives_its_answer_as_advice() {
             key: None,
         }),
     ]);
-    let advice = g.state().advice.expect("advice");
+    let advice = g.state().pattern.advice.expect("advice");
     assert_eq!(advice.notes[0].text, "cached advice");
     assert_eq!(advice.notes[1].text, "more advice");
 }

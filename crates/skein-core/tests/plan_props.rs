@@ -215,11 +215,11 @@ proptest! {
             .map(|e| Envelope::decode(&e.encode().expect("encode")).expect("decode"))
             .collect();
         let state = SessionState::fold(&decoded);
-        prop_assert_eq!(&state.plan, &plan);
-        prop_assert_eq!(state.patches_rejected, rejected);
+        prop_assert_eq!(&state.planning.plan, &plan);
+        prop_assert_eq!(state.planning.patches_rejected, rejected);
         prop_assert!(plan.find_cycle().is_none());
         let md = plan.render_markdown();
-        prop_assert_eq!(&state.plan.render_markdown(), &md);
+        prop_assert_eq!(&state.planning.plan.render_markdown(), &md);
         // The same actions again: the same bytes.
         let (again, _, _) = run(&actions, policy);
         prop_assert_eq!(again.render_markdown(), md);
@@ -255,7 +255,7 @@ fn the_generator_reaches_accepted_and_rejected_patches_of_every_kind() {
     let (plan, envs, rejected) = run(&actions, UnlinkPolicy::Owner);
     assert_eq!(plan.version, 2);
     assert_eq!(rejected, 2);
-    assert_eq!(SessionState::fold(&envs).plan, plan);
+    assert_eq!(SessionState::fold(&envs).planning.plan, plan);
     assert!(plan
         .render_markdown()
         .contains("[x] **t1** Task 1 (COMPLETED)"));

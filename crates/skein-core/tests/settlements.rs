@@ -159,8 +159,8 @@ fn a_child_that_answers_a_follow_up_is_counted_once_in_the_total_and_the_budget(
         // Its whole usage after the follow-up: the first run and the follow-up.
         completed("c2", "plus or minus 3", usage(160, 30)),
     ]);
-    assert_eq!(s.usage_children.input_tokens, 160);
-    assert_eq!(s.usage_children.output_tokens, 30);
+    assert_eq!(s.accounting.usage_children.input_tokens, 160);
+    assert_eq!(s.accounting.usage_children.output_tokens, 30);
     assert_eq!(s.usage_total().total_tokens(), 30 + 190);
     assert_eq!(s.tokens_free(), Some(1000 - 220));
 }
@@ -230,7 +230,7 @@ fn a_paused_child_is_recorded_by_its_token_id_and_shown_as_a_reference() {
     };
     assert_eq!(peek(r).unwrap(), want);
     assert_eq!(r, reference(&want));
-    assert!(s.resume_refs.contains(r));
+    assert!(s.pauses.resume_refs.contains(r));
 }
 
 #[test]
@@ -256,7 +256,7 @@ fn an_old_log_that_kept_the_token_itself_still_folds_and_shows_it() {
     };
     let s = settled_needing_input(c.outcome);
     assert_eq!(tool_result(&s)["resume_token"], "skt1.aa.bb");
-    assert!(s.resume_refs.is_empty());
+    assert!(s.pauses.resume_refs.is_empty());
 }
 
 #[test]
@@ -367,8 +367,11 @@ fn delegations_stored_as_two_flags_fold_to_their_kind() {
         again,
         completed("c2", "plus or minus 3", usage(160, 30)),
     ]);
-    assert_eq!(s.usage_children.input_tokens, 160);
-    assert_eq!(s.delegations, 1, "a resumed child is not a new delegation");
+    assert_eq!(s.accounting.usage_children.input_tokens, 160);
+    assert_eq!(
+        s.accounting.delegations, 1,
+        "a resumed child is not a new delegation"
+    );
     assert_eq!(s.children["c2"].outcome, Some(ChildOutcome::Completed));
 
     // A shared run: what it cost is what this call saved, not what it spent.
@@ -384,8 +387,8 @@ fn delegations_stored_as_two_flags_fold_to_their_kind() {
         completed("c1", "42", usage(100, 20)),
     ]);
     assert!(s.children["c1"].shared);
-    assert_eq!(s.usage_children.total_tokens(), 0);
-    assert_eq!(s.saved.total_tokens(), 120);
+    assert_eq!(s.accounting.usage_children.total_tokens(), 0);
+    assert_eq!(s.accounting.saved.total_tokens(), 120);
 }
 
 #[test]
@@ -409,4 +412,35 @@ fn a_delegation_is_stored_as_the_two_flags_and_both_at_once_is_refused() {
         err.to_string().contains("not both shared and resumed"),
         "{err}"
     );
+}
+
+#[test]
+fn the_grouped_state_still_shows_as_one_flat_object() {
+    // `skein replay --json` and the UI's state view show the fold: its groups add no level.
+    let s = settled_needing_input(Outcome::Failed {
+        error: "no".into(),
+        usage: usage(3, 4),
+        steps: 1,
+    });
+    let shown = serde_json::to_value(&s).unwrap();
+    for key in [
+        "usage_own",
+        "usage_children",
+        "model_failures",
+        "pending_inputs",
+        "resume_refs",
+        "plan",
+        "plan_verdicts",
+        "pattern",
+        "pattern_error",
+        "handed_off",
+        "team_ran",
+        "team_queue",
+    ] {
+        assert!(shown.get(key).is_some(), "no `{key}` in {shown}");
+    }
+    for group in ["accounting", "failures", "pauses", "planning", "team"] {
+        assert!(shown.get(group).is_none(), "`{group}` shown as a level");
+    }
+    assert_eq!(shown["usage_children"]["input_tokens"], 3);
 }

@@ -95,7 +95,7 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: TokenKind) -> Result<(
             Err(why) => why,
             Ok(()) => format!("session {} has ended", claims.session.display()),
         };
-        let (refusal, why) = if f.state.used_tokens.contains(&claims.nonce) {
+        let (refusal, why) = if f.state.pauses.used_tokens.contains(&claims.nonce) {
             (
                 TokenRefusal::Reused,
                 format!("reused token: it was already answered, and {why}"),
@@ -109,17 +109,19 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: TokenKind) -> Result<(
     let open_now = match kind {
         TokenKind::Input => f
             .state
+            .pauses
             .pending_inputs
             .iter()
             .any(|p| p.token_id == claims.nonce && p.seq == claims.seq),
         TokenKind::Approval => f
             .state
+            .pauses
             .pending_approvals
             .iter()
             .any(|p| p.token_id == claims.nonce && p.seq == claims.seq),
     };
     if !open_now {
-        let (refusal, why) = if f.state.used_tokens.contains(&claims.nonce) {
+        let (refusal, why) = if f.state.pauses.used_tokens.contains(&claims.nonce) {
             // The answer is recorded; the wake that followed it may have failed (the
             // backend unreachable just then), and whoever holds the token tries again:
             // wake the session now (if that fails too, the caller is told so, and tries
@@ -219,6 +221,7 @@ pub async fn answer(
     }
     let Some(p) = f
         .state
+        .pauses
         .pending_inputs
         .iter()
         .find(|p| p.token_id == claims.nonce)
@@ -239,7 +242,11 @@ pub async fn answer(
     });
     let f = match rt
         .append_from_outside(f, body, |g| {
-            g.state.pending_inputs.iter().any(|p| p.token_id == nonce)
+            g.state
+                .pauses
+                .pending_inputs
+                .iter()
+                .any(|p| p.token_id == nonce)
         })
         .await?
     {
@@ -266,6 +273,7 @@ pub async fn decide_approval(
     let (claims, f) = check_token(rt, token, TokenKind::Approval).await?;
     let Some(p) = f
         .state
+        .pauses
         .pending_approvals
         .iter()
         .find(|p| p.token_id == claims.nonce)
@@ -285,6 +293,7 @@ pub async fn decide_approval(
     let f = match rt
         .append_from_outside(f, body, |g| {
             g.state
+                .pauses
                 .pending_approvals
                 .iter()
                 .any(|p| p.token_id == nonce)
@@ -355,7 +364,7 @@ pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
         .map(|s| s.agent.clone())
         .unwrap_or_default();
     if f.state.asks_a_person() {
-        for p in &f.state.pending_inputs {
+        for p in &f.state.pauses.pending_inputs {
             out.push(InboxItem {
                 session: id.display(),
                 agent: agent.clone(),
@@ -372,7 +381,7 @@ pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
             });
         }
     }
-    for p in &f.state.pending_approvals {
+    for p in &f.state.pauses.pending_approvals {
         // The arguments that will run if approved, whole: the call's own, not the
         // preview recorded with the request (older logs cut it at 500 bytes).
         let args = f

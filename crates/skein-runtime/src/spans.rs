@@ -144,7 +144,7 @@ pub fn session_ended(id: &SessionId, state: &SessionState, ended_at: u64) {
         KeyValue::new("skein.status", state.status.as_str()),
         KeyValue::new("skein.steps", i64::from(state.steps)),
     ];
-    usage_attrs(&state.usage_own, &mut attrs);
+    usage_attrs(&state.accounting.usage_own, &mut attrs);
     let builder = SpanBuilder::from_name(format!("invoke_agent {}", sub.agent))
         .with_kind(SpanKind::Internal)
         .with_start_time(at_ms(state.started_at))

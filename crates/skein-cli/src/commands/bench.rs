@@ -280,9 +280,9 @@ async fn cache_hit_bench(app: &App, n: usize) -> Result<(f64, f64)> {
         );
         if round == 1 {
             anyhow::ensure!(
-                root.state.cache_hits as usize == n,
+                root.state.accounting.cache_hits as usize == n,
                 "expected {n} hits, got {}",
-                root.state.cache_hits
+                root.state.accounting.cache_hits
             );
             let records = backend.log.read(&id, 1).await?;
             let start = records

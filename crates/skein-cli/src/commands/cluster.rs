@@ -451,8 +451,8 @@ async fn paused(
     // inbox lists them), looked at before the token secret is needed.
     let waits = read.iter().any(|(_, f)| {
         !f.state.status.is_terminal()
-            && (!f.state.pending_approvals.is_empty()
-                || (f.id.is_root() && !f.state.pending_inputs.is_empty()))
+            && (!f.state.pauses.pending_approvals.is_empty()
+                || (f.id.is_root() && !f.state.pauses.pending_inputs.is_empty()))
     });
     if !waits {
         return Ok(None);

@@ -181,8 +181,8 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) -> std::io::Re
         s.status.as_str(),
         s.steps,
         s.usage_total().total_tokens(),
-        s.usage_own.total_tokens(),
-        s.usage_children.total_tokens(),
+        s.accounting.usage_own.total_tokens(),
+        s.accounting.usage_children.total_tokens(),
         render::cost(&s.usage_total())
     )?;
     if let Some(sub) = &s.submitted {

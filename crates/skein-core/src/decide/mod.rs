@@ -469,7 +469,7 @@ impl SessionState {
         if self.status.is_terminal() {
             return Step::Idle;
         }
-        if let Some(error) = &self.pattern_error {
+        if let Some(error) = &self.pattern.error {
             return Step::Fail {
                 error: error.clone(),
             };
@@ -502,8 +502,10 @@ impl SessionState {
                 return Step::Complete { answer };
             }
             if let Some(sz) = &def.front.summarize {
-                let failed_out = self.model_failures >= MAX_MODEL_ATTEMPTS;
-                if answer.chars().count() > sz.max_chars && !failed_out && !self.model_failure_fatal
+                let failed_out = self.failures.model_failures >= MAX_MODEL_ATTEMPTS;
+                if answer.chars().count() > sz.max_chars
+                    && !failed_out
+                    && !self.failures.model_failure_fatal
                 {
                     return Step::Summarize {
                         model: sz.model.clone().unwrap_or_else(|| def.front.model.clone()),
@@ -519,21 +521,27 @@ impl SessionState {
             return self.next_in_turn(def, limits, catalog);
         }
         // A new model turn.
-        if self.model_failure_fatal || self.model_failures >= MAX_MODEL_ATTEMPTS {
+        if self.failures.model_failure_fatal || self.failures.model_failures >= MAX_MODEL_ATTEMPTS {
             return Step::Fail {
                 error: format!(
                     "model call failed {} times: {}",
-                    self.model_failures,
-                    self.last_model_error.as_deref().unwrap_or("unknown error")
+                    self.failures.model_failures,
+                    self.failures
+                        .last_model_error
+                        .as_deref()
+                        .unwrap_or("unknown error")
                 ),
             };
         }
-        if self.unreadable_turns >= limits.max_unreadable_turns.max(1) {
+        if self.failures.unreadable_turns >= limits.max_unreadable_turns.max(1) {
             return Step::Fail {
                 error: format!(
                     "the model's tool calls could not be read in {} turns in a row; the last: {}",
-                    self.unreadable_turns,
-                    self.last_unreadable.as_deref().unwrap_or("unknown")
+                    self.failures.unreadable_turns,
+                    self.failures
+                        .last_unreadable
+                        .as_deref()
+                        .unwrap_or("unknown")
                 ),
             };
         }
@@ -598,11 +606,11 @@ impl SessionState {
     /// What the model is told of plans: this session's own plan, and the tasks it was
     /// handed of its parent's.
     fn plan_notes(&self) -> (Option<String>, Option<String>, Value) {
-        let own = (!self.plan.is_empty()).then(|| {
+        let own = (!self.planning.plan.is_empty()).then(|| {
             format!(
                 "The plan you own (change it with `update_plan`; sub-agents you hand tasks \
                  with `call_agent {{owns_tasks}}` may patch those):\n\n{}",
-                self.plan.render_markdown()
+                self.planning.plan.render_markdown()
             )
         });
         let grant = self.submitted.as_ref().and_then(|s| s.plan.as_deref());
@@ -629,8 +637,8 @@ impl SessionState {
                 "owns": g.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
             }),
             (None, true) => serde_json::json!({
-                "version": self.plan.version,
-                "tasks": self.plan.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+                "version": self.planning.plan.version,
+                "tasks": self.planning.plan.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
             }),
             (None, false) => Value::Null,
         };
@@ -652,7 +660,7 @@ impl SessionState {
         let mut mission = sub
             .map(|s| mission_message(&s.mission, s.context.as_deref(), &s.inputs))
             .unwrap_or_default();
-        if let Some(advice) = &self.advice {
+        if let Some(advice) = &self.pattern.advice {
             mission = advice.compose(&mission);
         }
         if let Some(h) = handed {

@@ -78,7 +78,7 @@ impl SessionState {
         catalog: &dyn Catalog,
     ) -> Step {
         let mut turn = Turn::new(self, def, limits, catalog);
-        if let Some(kind) = self.pattern {
+        if let Some(kind) = self.pattern.kind {
             return turn.pattern_step(kind);
         }
         if let Some(step) = turn.plan_edit() {
@@ -124,7 +124,7 @@ impl<'a> Turn<'a> {
                 .max_children_per_turn
                 .unwrap_or(limits.max_children_per_turn),
             children,
-            delegations: state.delegations,
+            delegations: state.accounting.delegations,
         }
     }
 
@@ -145,6 +145,7 @@ impl<'a> Turn<'a> {
         Some(match crate::plan::Patch::from_args(&slot.call.args) {
             Ok(patch) => {
                 let verdict = st
+                    .planning
                     .plan
                     .merge(
                         crate::plan::Author::Owner { agent: &agent },

@@ -77,7 +77,7 @@ impl SessionState {
             return;
         }
         self.turn_over_budget = None;
-        if let Some(kind) = self.pattern.take() {
+        if let Some(kind) = self.pattern.kind.take() {
             let slots = self.replace_turn(vec![]);
             self.close_pattern(kind, slots);
             return;
@@ -92,7 +92,7 @@ impl SessionState {
                 });
             }
         }
-        for content in std::mem::take(&mut self.team_queue) {
+        for content in std::mem::take(&mut self.team.queue) {
             self.transcript.push(Message::User { content });
         }
     }
@@ -114,18 +114,18 @@ impl SessionState {
             // A model call after the final answer is its summary.
             Event::ModelCalled(m) if self.pending_answer.is_some() && self.summary.is_none() => {
                 self.steps += 1;
-                self.model_failures = 0;
-                self.usage_own.add(&m.usage);
+                self.failures.model_failures = 0;
+                self.accounting.usage_own.add(&m.usage);
                 self.full_answer = self.pending_answer.clone();
                 self.summary = Some(m.response.content.clone().unwrap_or_default());
             }
             Event::ModelCalled(m) => {
                 self.steps += 1;
-                self.team_unread = 0;
-                self.model_failures = 0;
-                self.last_model_error = None;
-                self.model_failure_fatal = false;
-                self.usage_own.add(&m.usage);
+                self.team.unread = 0;
+                self.failures.model_failures = 0;
+                self.failures.last_model_error = None;
+                self.failures.model_failure_fatal = false;
+                self.accounting.usage_own.add(&m.usage);
                 let unreadable: Vec<&str> = m
                     .response
                     .tool_calls
@@ -135,11 +135,11 @@ impl SessionState {
                 if !m.response.tool_calls.is_empty()
                     && unreadable.len() == m.response.tool_calls.len()
                 {
-                    self.unreadable_turns += 1;
-                    self.last_unreadable = unreadable.last().map(|e| e.to_string());
+                    self.failures.unreadable_turns += 1;
+                    self.failures.last_unreadable = unreadable.last().map(|e| e.to_string());
                 } else {
-                    self.unreadable_turns = 0;
-                    self.last_unreadable = None;
+                    self.failures.unreadable_turns = 0;
+                    self.failures.last_unreadable = None;
                 }
                 self.transcript.push(Message::Assistant {
                     content: m.response.content.clone(),
@@ -161,9 +161,9 @@ impl SessionState {
                 }
             }
             Event::ModelFailed(f) => {
-                self.model_failures += 1;
-                self.last_model_error = Some(f.error.clone());
-                self.model_failure_fatal = !f.retryable;
+                self.failures.model_failures += 1;
+                self.failures.last_model_error = Some(f.error.clone());
+                self.failures.model_failure_fatal = !f.retryable;
             }
             Event::ToolCalled(t) => self.set_slot(&t.call, SlotState::Running),
             Event::ToolReturned(t) => {
@@ -177,10 +177,11 @@ impl SessionState {
             }
             Event::Delegated(d) => {
                 if d.kind != DelegationKind::Resumed {
-                    self.delegations += 1;
+                    self.accounting.delegations += 1;
                 }
                 if !d.owns_tasks.is_empty() {
-                    self.plan
+                    self.planning
+                        .plan
                         .grant(&d.owns_tasks, &d.agent, &d.child.to_string());
                 }
                 self.set_slot(
@@ -220,15 +221,15 @@ impl SessionState {
             }
             // A root answered from the cache (no call: nothing delegated).
             Event::CacheHit(h) if h.call.is_empty() => {
-                self.cache_hits += 1;
-                self.saved.add(&h.saved);
+                self.accounting.cache_hits += 1;
+                self.accounting.saved.add(&h.saved);
                 self.pending_answer = Some(h.answer.clone());
                 self.summary = Some(h.answer.clone());
             }
             Event::CacheHit(h) => {
-                self.delegations += 1;
-                self.cache_hits += 1;
-                self.saved.add(&h.saved);
+                self.accounting.delegations += 1;
+                self.accounting.cache_hits += 1;
+                self.accounting.saved.add(&h.saved);
                 let outcome = Outcome::Completed {
                     answer: h.answer.clone(),
                     patch: None,
@@ -245,7 +246,7 @@ impl SessionState {
                     })
                     .unwrap_or("custom")
                     .to_string();
-                let (output, error) = if self.pattern.is_some() {
+                let (output, error) = if self.pattern.kind.is_some() {
                     (h.answer.clone(), false)
                 } else {
                     let by = Answerer {
@@ -289,30 +290,39 @@ impl SessionState {
                     // A shared run was paid for by whoever started it: what it cost is
                     // what this call saved.
                     Outcome::Completed { usage, .. } | Outcome::Failed { usage, .. } if shared => {
-                        self.saved.add(usage)
+                        self.accounting.saved.add(usage)
                     }
                     Outcome::Completed { usage, .. } | Outcome::Failed { usage, .. } => {
-                        let counted = self.child_usage.entry(c.child.clone()).or_default();
+                        let counted = self
+                            .accounting
+                            .child_usage
+                            .entry(c.child.clone())
+                            .or_default();
                         let new = usage_since(usage, counted);
                         *counted = *usage;
-                        self.usage_children.add(&new)
+                        self.accounting.usage_children.add(&new)
                     }
                     Outcome::NeedsInput {
                         token_id, usage, ..
                     } => {
                         if !token_id.is_empty() {
-                            self.resume_refs
+                            self.pauses
+                                .resume_refs
                                 .insert(resume_reference(&c.child, &c.outcome));
                         }
                         // What it spent before it paused counts now (a question nobody
                         // answers must not hide it); what it spends after, at its end.
                         if !shared {
-                            let counted = self.child_usage.entry(c.child.clone()).or_default();
+                            let counted = self
+                                .accounting
+                                .child_usage
+                                .entry(c.child.clone())
+                                .or_default();
                             let new = usage_since(usage, counted);
                             if usage.total_tokens() >= counted.total_tokens() {
                                 *counted = *usage;
                             }
-                            self.usage_children.add(&new)
+                            self.accounting.usage_children.add(&new)
                         }
                     }
                 }
@@ -335,7 +345,7 @@ impl SessionState {
                     agent: &agent,
                     depth: self.child_depth(),
                 };
-                let (output, error) = match (self.pattern, &c.outcome) {
+                let (output, error) = match (self.pattern.kind, &c.outcome) {
                     (None, _) => {
                         let (out, error) = call_agent_result(&c.child, &c.outcome, false, by);
                         match follow_up {
@@ -373,7 +383,7 @@ impl SessionState {
                         token_id: q.token_id.clone(),
                     },
                 );
-                self.pending_inputs.push(PendingInput {
+                self.pauses.pending_inputs.push(PendingInput {
                     call,
                     seq: env.seq,
                     token_id: q.token_id.clone(),
@@ -383,14 +393,15 @@ impl SessionState {
                 });
             }
             Event::InputProvided(a) => {
-                self.answers_received += 1;
-                self.used_tokens.insert(a.token_id.clone());
+                self.pauses.answers_received += 1;
+                self.pauses.used_tokens.insert(a.token_id.clone());
                 if let Some(i) = self
+                    .pauses
                     .pending_inputs
                     .iter()
                     .position(|p| p.token_id == a.token_id)
                 {
-                    let p = self.pending_inputs.remove(i);
+                    let p = self.pauses.pending_inputs.remove(i);
                     let output = serde_json::json!({"answers": a.answers}).to_string();
                     self.finish_slot(&p.call, output, false);
                 }
@@ -402,7 +413,7 @@ impl SessionState {
                         token_id: r.token_id.clone(),
                     },
                 );
-                self.pending_approvals.push(PendingApproval {
+                self.pauses.pending_approvals.push(PendingApproval {
                     call: r.call.clone(),
                     seq: env.seq,
                     token_id: r.token_id.clone(),
@@ -411,13 +422,14 @@ impl SessionState {
                 });
             }
             Event::ApprovalGiven(g) => {
-                self.used_tokens.insert(g.token_id.clone());
+                self.pauses.used_tokens.insert(g.token_id.clone());
                 if let Some(i) = self
+                    .pauses
                     .pending_approvals
                     .iter()
                     .position(|p| p.token_id == g.token_id)
                 {
-                    let p = self.pending_approvals.remove(i);
+                    let p = self.pauses.pending_approvals.remove(i);
                     if g.approved {
                         self.set_slot(&p.call, SlotState::Approved);
                     } else {
@@ -434,7 +446,7 @@ impl SessionState {
                 }
             }
             Event::PatchApplied(p) => {
-                self.plan.apply_accepted(
+                self.planning.plan.apply_accepted(
                     crate::plan::Author::of(&p.from, &p.agent),
                     &p.ops,
                     p.version,
@@ -442,18 +454,19 @@ impl SessionState {
                 match (p.from.as_str(), &p.call) {
                     (crate::plan::SELF, Some(call)) => {
                         let (mut j, error) = crate::plan::verdict_json(&Ok(p.version));
-                        j["plan"] = Value::String(self.plan.render_markdown());
+                        j["plan"] = Value::String(self.planning.plan.render_markdown());
                         self.finish_slot(call, j.to_string(), error);
                     }
                     (from, call) => {
                         let call = call.as_deref().unwrap_or(RESULT_PATCH);
-                        self.plan_verdicts
+                        self.planning
+                            .plan_verdicts
                             .insert(verdict_key(from, call), Ok(p.version));
                     }
                 }
             }
             Event::PatchRejected(p) => {
-                self.patches_rejected += 1;
+                self.planning.patches_rejected += 1;
                 match (p.from.as_str(), &p.call) {
                     (crate::plan::SELF, Some(call)) => {
                         let (j, error) = crate::plan::verdict_json(&Err(p.reason.clone()));
@@ -461,7 +474,8 @@ impl SessionState {
                     }
                     (from, call) => {
                         let call = call.as_deref().unwrap_or(RESULT_PATCH);
-                        self.plan_verdicts
+                        self.planning
+                            .plan_verdicts
                             .insert(verdict_key(from, call), Err(p.reason.clone()));
                     }
                 }
@@ -471,8 +485,8 @@ impl SessionState {
                 // A finished session is asked again: it reopens with the question.
                 if self.status == Status::Completed {
                     self.status = Status::Running;
-                    self.handed_off = false;
-                    self.answer_from = None;
+                    self.pattern.handed_off = false;
+                    self.pattern.answer_from = None;
                     self.answer = None;
                     self.pending_answer = None;
                     self.summary = None;

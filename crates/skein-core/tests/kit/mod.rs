@@ -102,6 +102,7 @@ impl Given {
         };
         Verdict(
             self.state()
+                .planning
                 .plan
                 .merge(author, &patch, self.limits.plan_unlink)
                 .map(|p| p.version),

@@ -122,6 +122,7 @@ async fn pause(rt: &Runtime) -> skein_runtime::Result<()> {
     .await?;
     let paused = f
         .state
+        .pauses
         .pending_inputs
         .iter()
         .any(|p| p.token_id == PAUSED_TOKEN_ID && p.seq == PAUSED_SEQ);
@@ -149,6 +150,7 @@ impl Target for Answers {
             };
             let pending = f
                 .state
+                .pauses
                 .pending_inputs
                 .iter()
                 .find(|p| p.token_id == claims.nonce)

@@ -344,7 +344,7 @@ impl Runtime {
         let by = format!("{}#{}", f.id, d.call);
         // A crash after the answers were recorded but before `Delegated`: finish the job.
         let (cf, _) = self.load(&d.child).await?;
-        let ours = !cf.state.used_tokens.is_empty()
+        let ours = !cf.state.pauses.used_tokens.is_empty()
             && self
                 .backend
                 .log
@@ -370,6 +370,7 @@ impl Runtime {
                 let r = resume.token.trim();
                 match f
                     .state
+                    .pauses
                     .resume_refs
                     .contains(r)
                     .then(|| skein_core::token::from_reference(&self.cfg.token_secret.0, r))
@@ -398,6 +399,7 @@ impl Runtime {
             }
             let questions = cf
                 .state
+                .pauses
                 .pending_inputs
                 .iter()
                 .find(|p| p.token_id == claims.nonce)
@@ -415,7 +417,13 @@ impl Runtime {
                 token_id: nonce.clone(),
                 by: Some(by),
             });
-            let valid = |g: &Folded| g.state.pending_inputs.iter().any(|p| p.token_id == nonce);
+            let valid = |g: &Folded| {
+                g.state
+                    .pauses
+                    .pending_inputs
+                    .iter()
+                    .any(|p| p.token_id == nonce)
+            };
             match self.append_from_outside(cf, body, valid).await? {
                 Outside::Appended(cf) => self.keep_state(cf),
                 Outside::Moot(m) => return Ok(refuse(m.to_string())),

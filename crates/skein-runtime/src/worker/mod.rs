@@ -196,7 +196,7 @@ impl Runtime {
                 job.attempt - 1,
                 self.cfg.max_deliver
             );
-            if let Some(m) = &f.state.last_model_error {
+            if let Some(m) = &f.state.failures.last_model_error {
                 error.push_str(&format!("; the last model error: {m}"));
             }
             let body = Event::dead_lettered(&error, f.state.usage_total(), f.state.steps);

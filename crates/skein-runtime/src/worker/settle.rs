@@ -213,7 +213,7 @@ impl Runtime {
         // A shared run waited on that has not started yet.
         let mut unstarted = false;
         // Result patches of this batch merge one after the other.
-        let mut plan = f.state.plan.clone();
+        let mut plan = f.state.planning.plan.clone();
         for (child, last) in candidates.iter().zip(lasts.iter()) {
             let Some(calls) = outstanding.get(child) else {
                 continue;
@@ -241,7 +241,7 @@ impl Runtime {
                     // keeps this session waiting until it is answered and ends.
                     Some(Outcome::NeedsInput { .. })
                         if matches!(
-                            f.state.pattern,
+                            f.state.pattern.kind,
                             Some(PatternKind::Handoff | PatternKind::Route)
                         ) => {}
                     Some(mut outcome) => {
@@ -427,7 +427,7 @@ impl Runtime {
     pub(crate) async fn needs_input(&self, child: &SessionId) -> Result<Option<Outcome>> {
         let (cf, _) = self.load(child).await?;
         let out = (cf.state.status == Status::AwaitingInput)
-            .then(|| cf.state.pending_inputs.first().cloned())
+            .then(|| cf.state.pauses.pending_inputs.first().cloned())
             .flatten()
             .map(|p| Outcome::NeedsInput {
                 questions: p.questions.clone(),

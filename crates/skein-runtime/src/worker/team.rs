@@ -95,7 +95,7 @@ impl Runtime {
     /// wakes each. Returns how many peers hold it.
     async fn deliver(&self, peers: &[SessionId], msg: &TeamBroadcast) -> Result<usize> {
         let key = msg.key();
-        let open = |g: &Folded| !g.state.status.is_terminal() && !g.state.team_seen.contains(&key);
+        let open = |g: &Folded| !g.state.status.is_terminal() && !g.state.team.seen.contains(&key);
         let mut reached = 0;
         for p in peers {
             let (pf, _) = self.load(p).await?;
@@ -103,7 +103,7 @@ impl Runtime {
                 self.keep_state(pf);
                 continue;
             }
-            if pf.state.team_seen.contains(&key) {
+            if pf.state.team.seen.contains(&key) {
                 reached += 1;
                 self.keep_state(pf);
                 continue;

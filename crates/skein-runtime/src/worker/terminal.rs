@@ -20,7 +20,7 @@ impl Runtime {
         if f.state.status == Status::Completed
             && !sub.no_cache
             && f.state.follow_ups == 0
-            && f.state.answers_received == 0
+            && f.state.pauses.answers_received == 0
         {
             let def = self.def_for(&f.state).await?;
             if self.agents.caching(&def).cached {

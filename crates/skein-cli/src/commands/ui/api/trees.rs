@@ -154,7 +154,7 @@ pub(super) async fn tree(
         root: root.display(),
         summary: json(&summarize(&rows))?,
         sessions: json(&rows)?,
-        plan: json(&f.state.plan)?,
+        plan: json(&f.state.planning.plan)?,
         result: match &ui.results {
             Some(store) => match store.last_result(&root).await? {
                 Some(r) => json(&r.result)?,
