@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use futures::future::join_all;
 use futures::StreamExt;
 use skein_core::event::{ChildSettled, Outcome};
-use skein_core::state::PatternKind;
+use skein_core::state::{PatternKind, SlotState};
 use skein_core::{AgentDef, Event, SessionId, Status, Step};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
@@ -60,7 +60,6 @@ impl Runtime {
         pushed: &BTreeSet<SessionId>,
         first: bool,
     ) -> Result<Look> {
-        use skein_core::state::SlotState;
         let any_out = f
             .state
             .turn
@@ -69,6 +68,23 @@ impl Runtime {
         if !any_out {
             return Ok(Look::default());
         }
+        let choice = self.choose_children(f, cold, ending, pushed, first).await?;
+        let seen = self.read_children(&choice).await?;
+        self.record_settlements(f, def, &choice, &seen, cold || ending, pushed)
+            .await
+    }
+
+    /// The first step of a look: which children to look at. Reads the notices (and, when
+    /// few children are waited on, their ends with them) and picks the children they
+    /// name, the shared runs, and every outstanding child when the look must be whole.
+    async fn choose_children(
+        &self,
+        f: &mut Folded,
+        cold: bool,
+        ending: bool,
+        pushed: &BTreeSet<SessionId>,
+        first: bool,
+    ) -> Result<Choice> {
         // The ends of the children waited on (when few) are read with the notices, where
         // this worker kept the session's fold: on the first look, with the log
         // (`load_for_job`); on a later look of the same job, here. (A session whose job
@@ -164,6 +180,25 @@ impl Runtime {
         candidates.extend(shared);
         candidates.sort();
         candidates.dedup();
+        Ok(Choice {
+            candidates,
+            outstanding,
+            shared_runs,
+            ends,
+            every,
+        })
+    }
+
+    /// The second step: the last record of each chosen child (taken from the ends read
+    /// with the notices where there is one), and whether a child still running is paused
+    /// on a question.
+    async fn read_children(&self, choice: &Choice) -> Result<Seen> {
+        let Choice {
+            candidates,
+            outstanding,
+            ends,
+            ..
+        } = choice;
         // The ends read with the notices stand for these reads. Nothing follows a session's
         // end but what its parent writes first (a follow-up question's `InputProvided`,
         // written before this wait began), so an end read at any moment of the wait is
@@ -208,6 +243,29 @@ impl Runtime {
                 .filter_map(Result::transpose)
                 .collect::<Result<_>>()?
         };
+        Ok(Seen { lasts, paused })
+    }
+
+    /// The last step: `ChildSettled` for every chosen child that ended or paused, jobs
+    /// pushed again for children still running after a cold load (or at a team's end),
+    /// and the records appended.
+    async fn record_settlements(
+        &self,
+        f: &mut Folded,
+        def: &AgentDef,
+        choice: &Choice,
+        seen: &Seen,
+        whole: bool,
+        pushed: &BTreeSet<SessionId>,
+    ) -> Result<Look> {
+        let Choice {
+            candidates,
+            outstanding,
+            shared_runs,
+            every,
+            ..
+        } = choice;
+        let Seen { lasts, paused } = seen;
         let mut events = vec![];
         let mut repush = vec![];
         // A shared run waited on that has not started yet.
@@ -254,9 +312,7 @@ impl Runtime {
                             }));
                         }
                     }
-                    None if (cold || ending) && !pushed.contains(child) => {
-                        repush.push(child.clone())
-                    }
+                    None if whole && !pushed.contains(child) => repush.push(child.clone()),
                     None => {}
                 },
                 // A shared run with no log yet: its caller claimed the mission and has not
@@ -340,7 +396,7 @@ impl Runtime {
         self.commit_as(f, staged, how).await?;
         Ok(Look {
             settled: n,
-            partial: unstarted || (!every && !self.backend.notices.in_step_with_wakes()),
+            partial: unstarted || (!*every && !self.backend.notices.in_step_with_wakes()),
         })
     }
 
@@ -453,4 +509,26 @@ pub(crate) struct Look {
     /// child, on a backend whose notices may be missing when a wake-up comes: a child
     /// whose wake-up was coalesced into this one may have ended unseen.
     pub partial: bool,
+}
+
+/// The children a look reads (see [`Runtime::collect_settlements`]).
+struct Choice {
+    /// The children to read, sorted, each once.
+    candidates: Vec<SessionId>,
+    /// The outstanding calls of each child looked at, by child.
+    outstanding: HashMap<SessionId, Vec<String>>,
+    /// Runs shared with another caller (single-flight).
+    shared_runs: HashSet<SessionId>,
+    /// Ends of children already read with the notices.
+    ends: HashMap<SessionId, skein_core::Record>,
+    /// Every outstanding child is looked at, not only those the notices named.
+    every: bool,
+}
+
+/// What a look read of the children it chose.
+struct Seen {
+    /// The last record of each candidate, in the order of [`Choice::candidates`].
+    lasts: Vec<Option<skein_core::Record>>,
+    /// Candidates still running that are paused on a question.
+    paused: HashMap<SessionId, Outcome>,
 }
