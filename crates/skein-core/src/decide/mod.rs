@@ -688,6 +688,45 @@ impl SessionState {
             },
         }
     }
+
+    /// The request for the summary of the pending answer (the agent's `summarize`
+    /// setting, decided as [`Step::Summarize`]): the answer alone, with no tools, to
+    /// `model`, in at most `max_chars` characters.
+    pub fn summary_request(&self, model: String, max_chars: usize) -> ModelRequest {
+        let full = self.pending_answer.clone().unwrap_or_default();
+        ModelRequest {
+            model,
+            messages: vec![
+                Message::System {
+                    content: format!(
+                        "Summarise the answer below in at most {max_chars} characters. Keep \
+                         every fact, figure and name the requester needs; add nothing."
+                    ),
+                },
+                Message::User {
+                    content: full.clone(),
+                },
+            ],
+            tools: vec![],
+            temperature: None,
+            max_tokens: None,
+            top_p: None,
+            top_k: None,
+            prompt_cache: false,
+            meta: RequestMeta {
+                session: self.id.as_ref().map(|i| i.to_string()).unwrap_or_default(),
+                agent: self
+                    .submitted
+                    .as_ref()
+                    .map(|s| s.agent.clone())
+                    .unwrap_or_default(),
+                mission: "summarize".into(),
+                context: Some(full),
+                inputs: Value::Null,
+                plan: Value::Null,
+            },
+        }
+    }
 }
 
 pub(crate) fn join(set: &BTreeSet<String>) -> String {
