@@ -19,6 +19,8 @@ pub mod plan;
 pub mod replay;
 pub mod runtime_tool;
 pub mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod token;
 
 pub use agent::{AgentDef, AgentSet};

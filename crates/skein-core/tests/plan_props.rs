@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use serde_json::json;
 use skein_core::event::{genesis_hash, Delegated, PatchApplied, PatchRejected, Submitted};
 use skein_core::plan::{Author, Patch, Plan, UnlinkPolicy};
-use skein_core::{Budget, Envelope, Event, SessionId, SessionState};
+use skein_core::{Envelope, Event, SessionId, SessionState};
 
 /// One generated action: a grant to child 1 or 2, or a patch by the owner or a child.
 #[derive(Debug, Clone)]
@@ -114,24 +114,11 @@ fn run(actions: &[Action], policy: UnlinkPolicy) -> (Plan, Vec<Envelope>, u32) {
         envs: vec![],
     };
     log.push(Event::Submitted(Submitted {
-        agent: "orchestrator".into(),
         def_digest: "d".into(),
         mission: "plan".into(),
-        context: None,
         inputs: serde_json::Value::Null,
         mission_hash: "h".into(),
-        parent: None,
-        depth: 0,
-        budget: Budget::default(),
-        trace: None,
-        ancestry: vec![],
-        no_cache: false,
-        forked_from: None,
-        pool: None,
-        plan: None,
-        request: None,
-        allowed_tools: None,
-        team: None,
+        ..Submitted::for_test("orchestrator")
     }));
     let mut plan = Plan::default();
     let mut rejected = 0;

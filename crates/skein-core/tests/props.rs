@@ -143,29 +143,19 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
     };
     push(
         Event::Submitted(Submitted {
-            agent: "boss".into(),
             def_digest: def.digest.clone(),
             mission: "simulate".into(),
-            context: None,
             inputs: serde_json::Value::Null,
             mission_hash: "h".into(),
-            parent: None,
             depth: rng.below(3) as u32,
             budget: Budget {
                 tokens: budget,
                 max_steps: None,
             },
-            trace: None,
             // A path through `a` makes delegating to `a` again an ancestry refusal.
             ancestry: [vec![], vec!["a".to_string()], vec!["b".to_string()]][rng.below(3) as usize]
                 .clone(),
-            no_cache: false,
-            forked_from: None,
-            pool: None,
-            plan: None,
-            request: None,
-            allowed_tools: None,
-            team: None,
+            ..Submitted::for_test("boss")
         }),
         &mut log,
         &mut state,
@@ -601,24 +591,11 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
     };
     push(
         Event::Submitted(Submitted {
-            agent: "boss".into(),
             def_digest: def.digest.clone(),
             mission: "m".into(),
-            context: None,
             inputs: serde_json::Value::Null,
             mission_hash: "h".into(),
-            parent: None,
-            depth: 0,
-            budget: Budget::default(),
-            trace: None,
-            ancestry: vec![],
-            no_cache: false,
-            forked_from: None,
-            pool: None,
-            plan: None,
-            request: None,
-            allowed_tools: None,
-            team: None,
+            ..Submitted::for_test("boss")
         }),
         &mut state,
     );

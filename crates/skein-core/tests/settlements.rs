@@ -54,27 +54,14 @@ fn usage(input: u64, output: u64) -> Usage {
 
 fn submitted(budget: Option<u64>) -> Event {
     Event::Submitted(Submitted {
-        agent: "boss".into(),
         def_digest: "d".into(),
         mission: "m".into(),
-        context: None,
-        inputs: Value::Null,
         mission_hash: "h".into(),
-        parent: None,
-        depth: 0,
         budget: Budget {
             tokens: budget,
             max_steps: None,
         },
-        trace: None,
-        ancestry: vec![],
-        no_cache: false,
-        forked_from: None,
-        pool: None,
-        plan: None,
-        request: None,
-        allowed_tools: None,
-        team: None,
+        ..Submitted::for_test("boss")
     })
 }
 

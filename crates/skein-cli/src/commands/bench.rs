@@ -465,24 +465,11 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
     push(
         1,
         Event::Submitted(Submitted {
-            agent: "leaf".into(),
             def_digest: "d".into(),
             mission: "fold".into(),
-            context: None,
-            inputs: serde_json::Value::Null,
             mission_hash: "h".into(),
-            parent: None,
-            depth: 0,
-            budget: Budget::default(),
-            trace: None,
-            ancestry: vec![],
             no_cache: true,
-            forked_from: None,
-            pool: None,
-            plan: None,
-            request: None,
-            allowed_tools: None,
-            team: None,
+            ..Submitted::for_test("leaf")
         }),
         &mut out,
     )?;
