@@ -431,3 +431,21 @@ fn the_grouped_state_still_shows_as_one_flat_object() {
     }
     assert_eq!(shown["usage_children"]["input_tokens"], 3);
 }
+
+#[test]
+fn a_session_or_parent_naming_no_pool_runs_in_the_default_one() {
+    let own = Submitted {
+        pool: Some("gpu".into()),
+        ..Submitted::for_test("boss")
+    };
+    assert_eq!(own.pool(), "gpu");
+    assert_eq!(Submitted::for_test("boss").pool(), "default");
+    let parent = skein_core::event::ParentRef {
+        session: root(),
+        call: "c1".into(),
+        pool: None,
+    };
+    assert_eq!(parent.pool(), skein_core::event::DEFAULT_POOL);
+    assert_eq!(SessionState::default().pool(), "default");
+    assert_eq!(fold(vec![Event::Submitted(own)]).pool(), "gpu");
+}

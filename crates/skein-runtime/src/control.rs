@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use skein_core::event::Cancelled;
 use skein_core::{Event, SessionId};
 
-use crate::worker::{Runtime, DEFAULT_POOL};
+use crate::worker::Runtime;
 use crate::{Error, Result};
 
 /// The status of a session, as JSON: `session`, `status`, `answer`, `error`, `steps`,
@@ -59,12 +59,7 @@ pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize>
             crate::session::Outside::Appended(f) => f,
             crate::session::Outside::Moot(m) => return Err(m.refusal()),
         };
-        let pool = f
-            .state
-            .submitted
-            .as_ref()
-            .and_then(|x| x.pool.clone())
-            .unwrap_or_else(|| DEFAULT_POOL.into());
+        let pool = f.state.pool();
         rt.keep_state(f);
         rt.backend.jobs.push(&pool, &s).await?;
         n += 1;

@@ -14,7 +14,7 @@ use skein_core::state::{PendingApproval, PendingInput};
 use skein_core::token::{open, sign, Claims, TokenKind};
 use skein_core::{Event, SessionId};
 
-use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::runtime::Runtime;
 pub use crate::secret::{new_token_id, Secret, MIN_SECRET_BYTES};
 use crate::session::{Folded, Outside};
 use crate::{Error, Result, TokenRefusal};
@@ -126,7 +126,7 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: TokenKind) -> Result<(
             // backend unreachable just then), and whoever holds the token tries again:
             // wake the session now (if that fails too, the caller is told so, and tries
             // again), and still refuse the token.
-            let pool = pool_of(&f);
+            let pool = f.state.pool();
             if let Err(e) = rt.backend.jobs.push(&pool, &claims.session).await {
                 rt.keep_state(f);
                 return Err(e);
@@ -188,14 +188,6 @@ pub fn check_answers(questions: &Value, answers: &Value) -> Result<()> {
     )))
 }
 
-fn pool_of(f: &Folded) -> String {
-    f.state
-        .submitted
-        .as_ref()
-        .and_then(|s| s.pool.clone())
-        .unwrap_or_else(|| DEFAULT_POOL.into())
-}
-
 /// A person's answer to a question of the inbox: a root's, or one of a session a pattern
 /// started (a handoff's target, a route's destination, a team's member), at any depth.
 /// Questions of a `call_agent` child go to its parent's model (which resumes the child
@@ -253,7 +245,7 @@ pub async fn answer(
         Outside::Appended(f) => f,
         Outside::Moot(m) => return Err(m.refusal()),
     };
-    let pool = pool_of(&f);
+    let pool = f.state.pool();
     rt.keep_state(f);
     rt.backend.jobs.push(&pool, &claims.session).await?;
     Ok(claims.session)
@@ -303,7 +295,7 @@ pub async fn decide_approval(
         Outside::Appended(f) => f,
         Outside::Moot(m) => return Err(m.refusal()),
     };
-    let pool = pool_of(&f);
+    let pool = f.state.pool();
     rt.keep_state(f);
     rt.backend.jobs.push(&pool, &claims.session).await?;
     Ok(claims.session)

@@ -34,6 +34,23 @@ pub struct ParentRef {
     pub pool: Option<String>,
 }
 
+/// The pool of a session that names none.
+pub const DEFAULT_POOL: &str = "default";
+
+impl ParentRef {
+    /// The pool whose workers run the parent: its own, or the default one.
+    pub fn pool(&self) -> String {
+        self.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into())
+    }
+}
+
+impl Submitted {
+    /// The pool whose workers run this session: the one it names, or the default one.
+    pub fn pool(&self) -> String {
+        self.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into())
+    }
+}
+
 /// Where a forked session came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Provenance {

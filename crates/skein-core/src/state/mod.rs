@@ -503,6 +503,15 @@ impl SessionState {
     /// answer, an approval, a cancel, a teammate's broadcast, a follow-up question), may
     /// still join its log; if not, why. Nothing joins a log after its terminal record but a
     /// follow-up question to a completed session, which reopens it.
+    /// The pool whose workers run this session ([`Submitted::pool`]; the default pool
+    /// before it is submitted).
+    pub fn pool(&self) -> String {
+        self.submitted.as_ref().map_or_else(
+            || crate::event::DEFAULT_POOL.into(),
+            crate::event::Submitted::pool,
+        )
+    }
+
     pub fn admits_from_outside(&self, body: &Event) -> Result<(), String> {
         if !self.status.is_terminal() {
             return Ok(());

@@ -11,7 +11,7 @@ use skein_core::event::{CacheHit, Delegated, DelegationKind, InputProvided, Pare
 use skein_core::hash::{mission_hash, MissionKey, RunShape};
 use skein_core::{AgentDef, Event, SessionId, Status};
 
-use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::runtime::Runtime;
 use crate::session::{Folded, Outside};
 use crate::{Error, Result};
 
@@ -34,9 +34,9 @@ impl Runtime {
                 parent_events.push(self.resume_child(f, &d, resume).await?);
                 if let Some(Event::Delegated(_)) = parent_events.last() {
                     let (cf, _) = self.load(&d.child).await?;
-                    let pool = cf.state.submitted.as_ref().and_then(|s| s.pool.clone());
+                    let pool = cf.state.pool();
                     self.keep_state(cf);
-                    jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));
+                    jobs.push((pool, d.child.clone()));
                 }
                 continue;
             }
@@ -127,10 +127,7 @@ impl Runtime {
                 {
                     // An identical mission is running: wait for it instead of a new run.
                     // Watch before recording, so its end cannot slip past unheard.
-                    let my_pool = parent_sub
-                        .pool
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_POOL.into());
+                    let my_pool = parent_sub.pool();
                     self.backend
                         .notices
                         .watch(&running, &f.id, &my_pool)
@@ -177,8 +174,8 @@ impl Runtime {
                 allowed_tools: d.allowed_tools.clone(),
                 team: d.team.clone().map(Box::new),
             };
+            jobs.push((submitted.pool(), d.child.clone()));
             creations.push((d.child.clone(), child_def, submitted));
-            jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));
             parent_events.push(Event::Delegated(Delegated {
                 call: d.call,
                 child: d.child,
@@ -463,7 +460,7 @@ impl Runtime {
                 .as_ref()
                 .map(|s| s.mission_hash.clone())
                 .unwrap_or_default();
-            let pool = cf.state.submitted.as_ref().and_then(|s| s.pool.clone());
+            let pool = cf.state.pool();
             if !asked {
                 if cf.state.status != Status::Completed {
                     self.keep_state(cf);
@@ -492,7 +489,7 @@ impl Runtime {
             } else {
                 self.keep_state(cf);
             }
-            jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), c.child.clone()));
+            jobs.push((pool, c.child.clone()));
             events.push(Event::Delegated(Delegated {
                 call: c.call,
                 child: c.child,

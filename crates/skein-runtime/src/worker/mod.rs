@@ -144,12 +144,7 @@ impl Runtime {
     fn wake_at(&self, f: &Folded, at: u64) {
         let jobs = self.backend.jobs.clone();
         let id = f.id.clone();
-        let pool = f
-            .state
-            .submitted
-            .as_ref()
-            .and_then(|s| s.pool.clone())
-            .unwrap_or_else(|| DEFAULT_POOL.into());
+        let pool = f.state.pool();
         let left = at.saturating_sub(self.cfg.clock.now_ms()) + 5;
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(left)).await;
@@ -221,7 +216,7 @@ impl Runtime {
                         // A child's question goes to its parent: wake it to read it.
                         if let Some(p) = f.state.submitted.as_ref().and_then(|s| s.parent.clone()) {
                             self.backend.notices.post(&p.session, &f.id).await?;
-                            let pool = p.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+                            let pool = p.pool();
                             self.backend.jobs.push(&pool, &p.session).await?;
                         }
                     }

@@ -350,13 +350,10 @@ impl Runtime {
         // again, many at a time. A push of a job that exists only leaves a wake marker.
         let pushes = futures::stream::iter(repush.into_iter().map(|child| async move {
             let first = self.backend.log.read(&child, 1).await?;
-            let pool = first
-                .first()
-                .and_then(|r| match &r.env.body {
-                    Event::Submitted(s) => s.pool.clone(),
-                    _ => None,
-                })
-                .unwrap_or_else(|| DEFAULT_POOL.into());
+            let pool = match first.first().map(|r| &r.env.body) {
+                Some(Event::Submitted(s)) => s.pool(),
+                _ => DEFAULT_POOL.into(),
+            };
             self.backend.jobs.push(&pool, &child).await
         }))
         .buffer_unordered(32)
@@ -451,12 +448,7 @@ impl Runtime {
             self.rechecks.clone(),
         );
         let id = f.id.clone();
-        let pool = f
-            .state
-            .submitted
-            .as_ref()
-            .and_then(|s| s.pool.clone())
-            .unwrap_or_else(|| DEFAULT_POOL.into());
+        let pool = f.state.pool();
         let lease = self.cfg.lease;
         tokio::spawn(async move {
             tokio::time::sleep(lease).await;

@@ -6,7 +6,7 @@ use skein_core::decide::Broadcast;
 use skein_core::event::{BroadcastKind, TeamBroadcast, TeamRole};
 use skein_core::{Event, SessionId, Status};
 
-use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::runtime::Runtime;
 use crate::session::{Folded, Outside};
 use crate::{Error, Result};
 
@@ -108,12 +108,7 @@ impl Runtime {
                 self.keep_state(pf);
                 continue;
             }
-            let pool = pf
-                .state
-                .submitted
-                .as_ref()
-                .and_then(|s| s.pool.clone())
-                .unwrap_or_else(|| DEFAULT_POOL.into());
+            let pool = pf.state.pool();
             match self
                 .append_from_outside(pf, Event::TeamBroadcast(msg.clone()), open)
                 .await

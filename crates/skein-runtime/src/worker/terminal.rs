@@ -2,7 +2,7 @@
 //! a root's result announced.
 
 use crate::ports::{CacheEntry, RootResult};
-use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::runtime::Runtime;
 use crate::session::Folded;
 use crate::Result;
 use skein_core::Status;
@@ -83,7 +83,7 @@ impl Runtime {
         match &sub.parent {
             Some(p) => {
                 self.backend.notices.post(&p.session, &f.id).await?;
-                let pool = p.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+                let pool = p.pool();
                 self.backend.jobs.push(&pool, &p.session).await?;
             }
             None => {
