@@ -413,7 +413,7 @@ fn a_whole_pattern_log_verifies_and_a_forged_pattern_event_does_not() {
         }
     }
     let s = skein_core::replay::verify(&log, def, &limits, &agents).expect("verifies");
-    assert_eq!(s.pending_answer.as_deref(), Some("published"));
+    assert_eq!(s.ending.pending_answer.as_deref(), Some("published"));
     // A route whose mission was altered is not what the rules decide.
     let Event::Routed(mut forged) = r else {
         unreachable!()

@@ -423,10 +423,22 @@ fn the_grouped_state_still_shows_as_one_flat_object() {
         "handed_off",
         "team_ran",
         "team_queue",
+        "answer",
+        "error",
+        "pending_answer",
+        "summary",
+        "full_answer",
     ] {
         assert!(shown.get(key).is_some(), "no `{key}` in {shown}");
     }
-    for group in ["accounting", "failures", "pauses", "planning", "team"] {
+    for group in [
+        "ending",
+        "accounting",
+        "failures",
+        "pauses",
+        "planning",
+        "team",
+    ] {
         assert!(shown.get(group).is_none(), "`{group}` shown as a level");
     }
     assert_eq!(shown["usage_children"]["input_tokens"], 3);

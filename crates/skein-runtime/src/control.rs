@@ -20,8 +20,8 @@ pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value> {
     Ok(json!({
         "session": id.to_string(),
         "status": f.state.status.as_str(),
-        "answer": f.state.answer,
-        "error": f.state.error,
+        "answer": f.state.ending.answer,
+        "error": f.state.ending.error,
         "steps": f.state.steps,
         "usage": f.state.usage_total(),
     }))

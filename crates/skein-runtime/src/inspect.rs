@@ -115,8 +115,8 @@ pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionR
         wall_ms: end.saturating_sub(state.started_at),
         workers,
         mission: sub.map(|s| s.mission.clone()).unwrap_or_default(),
-        answer: state.answer.clone(),
-        error: state.error.clone(),
+        answer: state.ending.answer.clone(),
+        error: state.ending.error.clone(),
         via: sub
             .and_then(|s| s.parent.as_ref())
             .filter(|p| skein_core::state::PatternKind::of_call(&p.call).is_some())

@@ -154,6 +154,7 @@ pub fn session_ended(id: &SessionId, state: &SessionState, ended_at: u64) {
     PLANNED.with(|p| p.set((None, None)));
     if state.status != SessionStatus::Completed {
         let why = state
+            .ending
             .error
             .clone()
             .unwrap_or_else(|| state.status.as_str().into());

@@ -263,10 +263,10 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) -> std::io::Re
             )?;
         }
     }
-    if let Some(a) = &s.answer {
+    if let Some(a) = &s.ending.answer {
         crate::outln!("answer: {}", clip(a, full))?;
     }
-    if let Some(e) = &s.error {
+    if let Some(e) = &s.ending.error {
         crate::outln!("error: {}", render::safe(e))?;
     }
     Ok(())

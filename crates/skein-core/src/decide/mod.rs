@@ -474,16 +474,16 @@ impl SessionState {
                 error: error.clone(),
             };
         }
-        if let Some(answer) = &self.pending_answer {
+        if let Some(answer) = &self.ending.pending_answer {
             if let Some(step) = self.hand_off(def, answer) {
                 return step;
             }
-            if let Some(summary) = &self.summary {
-                let full = self.full_answer.as_deref().unwrap_or(answer);
+            if let Some(summary) = &self.ending.summary {
+                let full = self.ending.full_answer.as_deref().unwrap_or(answer);
                 // `max_chars` is a limit: a summary model that wrote more is cut to it (a
                 // chain's answer, which was never summarised, is not).
                 let cut;
-                let summary = match (&def.front.summarize, &self.full_answer) {
+                let summary = match (&def.front.summarize, &self.ending.full_answer) {
                     (Some(sz), Some(_)) if summary.chars().count() > sz.max_chars => {
                         cut = cut_chars(summary, sz.max_chars);
                         &cut
@@ -693,7 +693,7 @@ impl SessionState {
     /// setting, decided as [`Step::Summarize`]): the answer alone, with no tools, to
     /// `model`, in at most `max_chars` characters.
     pub fn summary_request(&self, model: String, max_chars: usize) -> ModelRequest {
-        let full = self.pending_answer.clone().unwrap_or_default();
+        let full = self.ending.pending_answer.clone().unwrap_or_default();
         ModelRequest {
             model,
             messages: vec![

@@ -112,12 +112,14 @@ impl SessionState {
                 self.status = Status::Running;
             }
             // A model call after the final answer is its summary.
-            Event::ModelCalled(m) if self.pending_answer.is_some() && self.summary.is_none() => {
+            Event::ModelCalled(m)
+                if self.ending.pending_answer.is_some() && self.ending.summary.is_none() =>
+            {
                 self.steps += 1;
                 self.failures.model_failures = 0;
                 self.accounting.usage_own.add(&m.usage);
-                self.full_answer = self.pending_answer.clone();
-                self.summary = Some(m.response.content.clone().unwrap_or_default());
+                self.ending.full_answer = self.ending.pending_answer.clone();
+                self.ending.summary = Some(m.response.content.clone().unwrap_or_default());
             }
             Event::ModelCalled(m) => {
                 self.steps += 1;
@@ -146,7 +148,8 @@ impl SessionState {
                     tool_calls: m.response.tool_calls.clone(),
                 });
                 if m.response.tool_calls.is_empty() {
-                    self.pending_answer = Some(m.response.content.clone().unwrap_or_default());
+                    self.ending.pending_answer =
+                        Some(m.response.content.clone().unwrap_or_default());
                 } else {
                     self.replace_turn(
                         m.response
@@ -223,8 +226,8 @@ impl SessionState {
             Event::CacheHit(h) if h.call.is_empty() => {
                 self.accounting.cache_hits += 1;
                 self.accounting.saved.add(&h.saved);
-                self.pending_answer = Some(h.answer.clone());
-                self.summary = Some(h.answer.clone());
+                self.ending.pending_answer = Some(h.answer.clone());
+                self.ending.summary = Some(h.answer.clone());
             }
             Event::CacheHit(h) => {
                 self.accounting.delegations += 1;
@@ -487,10 +490,10 @@ impl SessionState {
                     self.status = Status::Running;
                     self.pattern.handed_off = false;
                     self.pattern.answer_from = None;
-                    self.answer = None;
-                    self.pending_answer = None;
-                    self.summary = None;
-                    self.full_answer = None;
+                    self.ending.answer = None;
+                    self.ending.pending_answer = None;
+                    self.ending.summary = None;
+                    self.ending.full_answer = None;
                 }
                 self.transcript.push(Message::User {
                     content: format!(
@@ -519,16 +522,16 @@ impl SessionState {
             Event::TeamBroadcast(b) => self.hear(b),
             Event::Completed(c) => {
                 self.status = Status::Completed;
-                self.answer = Some(c.answer.clone());
-                self.pending_answer = None;
+                self.ending.answer = Some(c.answer.clone());
+                self.ending.pending_answer = None;
             }
             Event::Failed(f) => {
                 self.status = Status::Failed;
-                self.error = Some(f.error.clone());
+                self.ending.error = Some(f.error.clone());
             }
             Event::Cancelled(c) => {
                 self.status = Status::Cancelled;
-                self.error = Some(c.reason.clone());
+                self.ending.error = Some(c.reason.clone());
             }
             Event::Unknown { .. } => self.unknown_events += 1,
         }

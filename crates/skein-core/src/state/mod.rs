@@ -169,8 +169,6 @@ pub struct SessionState {
     pub transcript: Vec<Message>,
     /// The tool calls of the current model turn, in the model's order.
     pub turn: Vec<Slot>,
-    /// The text of the last model answer that had no tool calls (the answer to settle).
-    pub pending_answer: Option<String>,
     /// Model turns recorded.
     pub steps: u32,
     /// Failed model calls and unreadable model turns.
@@ -180,18 +178,15 @@ pub struct SessionState {
     #[serde(flatten)]
     pub accounting: Accounting,
     pub children: BTreeMap<String, ChildInfo>,
-    pub answer: Option<String>,
-    pub error: Option<String>,
+    /// The answer being settled, and what the session ended with.
+    #[serde(flatten)]
+    pub ending: Ending,
     pub last_seq: u64,
     /// Time of the first and of the latest event (ms).
     pub started_at: u64,
     pub updated_at: u64,
     /// Events of kinds this build does not know, kept for display.
     pub unknown_events: u32,
-    /// The summary of a long final answer (the agent's `summarize` setting), and the
-    /// answer it summarises.
-    pub summary: Option<String>,
-    pub full_answer: Option<String>,
     /// Questions and approvals: open, answered, and the children's that were passed on.
     #[serde(flatten)]
     pub pauses: Pauses,
@@ -216,6 +211,19 @@ pub struct SessionState {
     /// How many calls of `turn` are in each state: a count kept beside it, not state.
     #[serde(skip)]
     slot_tally: SlotTally,
+}
+
+/// The answer a session is settling, and what it ended with.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Ending {
+    /// The text of the last model answer that had no tool calls (the answer to settle).
+    pub pending_answer: Option<String>,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    /// The summary of a long final answer (the agent's `summarize` setting), and the
+    /// answer it summarises.
+    pub summary: Option<String>,
+    pub full_answer: Option<String>,
 }
 
 /// Failed model calls and model turns that could not be read.
@@ -411,19 +419,15 @@ impl Default for SessionState {
             status: Status::New,
             transcript: vec![],
             turn: vec![],
-            pending_answer: None,
             steps: 0,
             failures: Failures::default(),
             accounting: Accounting::default(),
             children: BTreeMap::new(),
-            answer: None,
-            error: None,
+            ending: Ending::default(),
             last_seq: 0,
             started_at: 0,
             updated_at: 0,
             unknown_events: 0,
-            summary: None,
-            full_answer: None,
             pauses: Pauses::default(),
             planning: Planning::default(),
             follow_ups: 0,
@@ -521,6 +525,7 @@ impl SessionState {
         }
         let id = self.id.as_ref().map(SessionId::display).unwrap_or_default();
         let why = self
+            .ending
             .error
             .as_deref()
             .map(|e| format!(": {e}"))

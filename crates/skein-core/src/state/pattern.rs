@@ -158,7 +158,7 @@ impl SessionState {
             // changes nothing (replay verification names it).
             return;
         }
-        self.pending_answer = None;
+        self.ending.pending_answer = None;
         self.pattern.kind = Some(kind);
         if kind == PatternKind::Team {
             self.team.ran = true;
@@ -233,9 +233,9 @@ impl SessionState {
                 }
                 // The answer is the chain's: it is neither handed on again by a handoff
                 // already made nor summarised a second time.
-                self.summary = Some(output.clone());
-                self.full_answer = None;
-                self.pending_answer = Some(output);
+                self.ending.summary = Some(output.clone());
+                self.ending.full_answer = None;
+                self.ending.pending_answer = Some(output);
                 self.pattern.answer_from = Some(agent);
                 self.status = Status::Running;
             }
@@ -270,7 +270,7 @@ impl SessionState {
         };
         seat.role == crate::event::TeamRole::Supervisor
             && self.turn.is_empty()
-            && self.pending_answer.is_none()
+            && self.ending.pending_answer.is_none()
             && self.team.unread == 0
             && self.team.exits < seat.members
     }

@@ -60,14 +60,14 @@ impl Runtime {
         let (kind, message) = match f.state.status {
             Status::Completed => (
                 BroadcastKind::Exit,
-                f.state.answer.clone().unwrap_or_default(),
+                f.state.ending.answer.clone().unwrap_or_default(),
             ),
             Status::Failed => (
                 BroadcastKind::Failure,
                 format!(
                     "member `{}` failed and is no longer in the team. Reason: {}",
                     sub.agent,
-                    f.state.error.as_deref().unwrap_or("unknown")
+                    f.state.ending.error.as_deref().unwrap_or("unknown")
                 ),
             ),
             _ => (
@@ -75,7 +75,7 @@ impl Runtime {
                 format!(
                     "`{}` left the team: {}",
                     sub.agent,
-                    f.state.error.as_deref().unwrap_or("it ended")
+                    f.state.ending.error.as_deref().unwrap_or("it ended")
                 ),
             ),
         };

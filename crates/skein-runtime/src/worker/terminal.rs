@@ -33,7 +33,7 @@ impl Runtime {
                 };
                 let now = self.cfg.clock.now_ms();
                 let entry = CacheEntry {
-                    answer: f.state.answer.clone().unwrap_or_default(),
+                    answer: f.state.ending.answer.clone().unwrap_or_default(),
                     usage: f.state.usage_total(),
                     source: f.id.clone(),
                     steps: f.state.steps,
@@ -92,8 +92,8 @@ impl Runtime {
                         session: f.id.to_string(),
                         seq: f.state.last_seq,
                         status: f.state.status,
-                        answer: f.state.answer.clone(),
-                        error: f.state.error.clone(),
+                        answer: f.state.ending.answer.clone(),
+                        error: f.state.ending.error.clone(),
                         usage: f.state.usage_total(),
                     };
                     a.root_finished(&r).await?;
