@@ -99,6 +99,7 @@ fn token_of(sb: &Sandbox, session: &str) -> String {
         let f = skein_runtime::inspect::fold_records(&id, &records).unwrap();
         let p = f
             .state
+            .pauses
             .pending_inputs
             .first()
             .unwrap_or_else(|| panic!("{session} asks nothing"));
@@ -610,7 +611,7 @@ fn a_reference_the_model_was_not_given_resumes_nothing() {
         session: SessionId::parse("made-up.helper-1").unwrap(),
         seq: 3,
         nonce: "0".repeat(24),
-        kind: "input".into(),
+        kind: skein_core::token::TokenKind::Input,
     });
     sb.agent(
         "boss",

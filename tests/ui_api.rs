@@ -272,6 +272,7 @@ async fn answers_go_through_the_command_lines_token_checks() {
             .json(&json!({"token": token, "answers": answers}))
             .send()
     };
+    // A refused token also says why, as a name a page can act on.
     let check = |r: reqwest::Response, status: u16, words: &'static str| async move {
         assert_eq!(r.status(), status);
         let e: Value = r.json().await.expect("json");
@@ -279,8 +280,9 @@ async fn answers_go_through_the_command_lines_token_checks() {
             e["error"].as_str().is_some_and(|t| t.contains(words)),
             "{e}"
         );
+        e["refusal"].clone()
     };
-    check(
+    let why = check(
         answer("forged".into(), json!({"version": "3"}))
             .await
             .expect("post"),
@@ -288,12 +290,14 @@ async fn answers_go_through_the_command_lines_token_checks() {
         "token",
     )
     .await;
-    check(
+    assert_eq!(why, "malformed");
+    let why = check(
         answer(token.clone(), json!({})).await.expect("post"),
         400,
         "missing answers",
     )
     .await;
+    assert_eq!(why, Value::Null, "not a refused token");
     let r = http
         .post(format!("{}/api/approve", ui.url))
         .header("x-skein-csrf", &csrf)
@@ -301,7 +305,10 @@ async fn answers_go_through_the_command_lines_token_checks() {
         .send()
         .await
         .expect("post");
-    check(r, 400, "cannot be used to approve").await;
+    assert_eq!(
+        check(r, 400, "cannot be used to approve").await,
+        "wrong_kind"
+    );
     let r = answer(token.clone(), json!({"version": "3.12"}))
         .await
         .expect("post");
@@ -310,7 +317,7 @@ async fn answers_go_through_the_command_lines_token_checks() {
         v["sessions"][0]["status"] == "completed"
     })
     .await;
-    check(
+    let why = check(
         answer(token, json!({"version": "3.12"}))
             .await
             .expect("post"),
@@ -318,6 +325,7 @@ async fn answers_go_through_the_command_lines_token_checks() {
         "reused token",
     )
     .await;
+    assert_eq!(why, "reused");
 }
 
 #[tokio::test(flavor = "multi_thread")]

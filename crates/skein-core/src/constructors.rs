@@ -1,8 +1,12 @@
 //! Pure constructors for the events the shell records after a step, so each is built one
-//! way wherever it is recorded: a tool call's result, a plan patch's verdict, the end of a
-//! session.
+//! way wherever it is recorded: a tool call's result, a plan patch's verdict, a question
+//! or an approval asked for, the end of a session.
 
-use crate::event::{Completed, Event, Failed, PatchApplied, PatchRejected, Refused, ToolReturned};
+use crate::decide::{ApprovalAsk, Ask};
+use crate::event::{
+    ApprovalRequested, Completed, Event, Failed, InputRequested, PatchApplied, PatchRejected,
+    Refused, ToolReturned,
+};
 use crate::message::Usage;
 use crate::plan::{Patch, Rejection};
 
@@ -97,6 +101,32 @@ impl Event {
             usage_total,
             steps,
             dead_letter: true,
+        })
+    }
+}
+
+impl Ask {
+    /// The `InputRequested` that records this question, under `token_id` (the runtime's
+    /// random id for the token that will answer it).
+    pub fn into_event(self, token_id: String) -> Event {
+        Event::InputRequested(InputRequested {
+            call: Some(self.call),
+            questions: self.questions,
+            context: self.context,
+            defaults: self.defaults,
+            token_id,
+        })
+    }
+}
+
+impl ApprovalAsk {
+    /// The `ApprovalRequested` that records this wait, under `token_id`.
+    pub fn into_event(self, token_id: String) -> Event {
+        Event::ApprovalRequested(ApprovalRequested {
+            call: self.call,
+            tool: self.tool,
+            preview: self.preview,
+            token_id,
         })
     }
 }

@@ -19,6 +19,8 @@ pub mod plan;
 pub mod replay;
 pub mod runtime_tool;
 pub mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod text;
 pub mod token;
 

@@ -37,9 +37,84 @@ pub struct Claims {
     /// The token id recorded in that event.
     #[serde(rename = "n")]
     pub nonce: String,
-    /// `input` or `approval`.
+    /// Whether the token answers a question or decides an approval.
     #[serde(rename = "k")]
-    pub kind: String,
+    pub kind: TokenKind,
+}
+
+/// What a token answers. On the wire (inside the signed claims) it is `input` or
+/// `approval`, as it always was, so tokens signed before the kind was typed still open;
+/// any other text there makes the token malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenKind {
+    /// Answers the questions of an `InputRequested`.
+    Input,
+    /// Approves or denies the call of an `ApprovalRequested`.
+    Approval,
+}
+
+impl TokenKind {
+    /// The name the claims carry.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::Input => "input",
+            TokenKind::Approval => "approval",
+        }
+    }
+
+    /// What a token of this kind is for, in words ("... cannot be used to <this>").
+    pub fn purpose(self) -> &'static str {
+        match self {
+            TokenKind::Input => "answer a question",
+            TokenKind::Approval => "approve or deny",
+        }
+    }
+}
+
+impl std::fmt::Display for TokenKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a token was refused, for callers that act on the reason (a status, a test) rather
+/// than show it. The words for a person travel beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenRefusal {
+    /// Not a token at all: wrong form, version, encoding or claims.
+    Malformed,
+    /// Well formed, but its signature is not ours.
+    Forged,
+    /// A genuine token of the other kind (an input token used to approve, say).
+    WrongKind,
+    /// It names a session that does not exist.
+    NoSession,
+    /// The session it names has ended (completed, failed, cancelled).
+    Ended,
+    /// The session has moved on: the pause it names is no longer open.
+    Stale,
+    /// The pause it names was already answered with it.
+    Reused,
+    /// It is not this caller's to use: another session's token, or a reference this
+    /// session was never given.
+    Misdirected,
+}
+
+impl TokenRefusal {
+    /// A short, stable name (`stale`, `reused`, ...) for replies and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenRefusal::Malformed => "malformed",
+            TokenRefusal::Forged => "forged",
+            TokenRefusal::WrongKind => "wrong_kind",
+            TokenRefusal::NoSession => "no_session",
+            TokenRefusal::Ended => "ended",
+            TokenRefusal::Stale => "stale",
+            TokenRefusal::Reused => "reused",
+            TokenRefusal::Misdirected => "misdirected",
+        }
+    }
 }
 
 /// Why a token was refused.
@@ -49,6 +124,16 @@ pub enum TokenError {
     Malformed(String),
     #[error("forged token: its signature does not match")]
     Forged,
+}
+
+impl TokenError {
+    /// The refusal this error amounts to.
+    pub fn refusal(&self) -> TokenRefusal {
+        match self {
+            TokenError::Malformed(_) => TokenRefusal::Malformed,
+            TokenError::Forged => TokenRefusal::Forged,
+        }
+    }
 }
 
 fn mac(secret: &[u8], claims: &[u8]) -> Option<HmacSha256> {
@@ -163,7 +248,7 @@ mod tests {
             session: SessionId::parse("01abc.researcher-1").unwrap(),
             seq: 7,
             nonce: "n1".into(),
-            kind: "input".into(),
+            kind: TokenKind::Input,
         }
     }
 
@@ -212,10 +297,48 @@ mod tests {
         );
         assert_eq!(open(b"secret", &spliced), Err(TokenError::Forged));
         for bad in ["", "skt1", "skt1.zz.yy", "skt2.00.00", "a.b.c.d"] {
+            assert_eq!(
+                open(b"secret", bad).map_err(|e| e.refusal()),
+                Err(TokenRefusal::Malformed),
+                "{bad}"
+            );
             assert!(
                 matches!(open(b"secret", bad), Err(TokenError::Malformed(_))),
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_kind_keeps_its_wire_name_and_an_unknown_kind_is_malformed() {
+        // Claims as tokens were signed before the kind was typed.
+        for (k, kind) in [
+            ("input", TokenKind::Input),
+            ("approval", TokenKind::Approval),
+        ] {
+            let body = format!(r#"{{"s":"01abc.researcher-1","q":7,"n":"n1","k":"{k}"}}"#);
+            let tag = mac(b"secret", body.as_bytes())
+                .unwrap()
+                .finalize()
+                .into_bytes();
+            let old = format!("skt1.{}.{}", hex::encode(&body), hex::encode(tag));
+            let c = open(b"secret", &old).unwrap();
+            assert_eq!(c.kind, kind);
+            assert_eq!(
+                sign(b"secret", &c),
+                old,
+                "signing again gives the same token"
+            );
+        }
+        let body = r#"{"s":"01abc.researcher-1","q":7,"n":"n1","k":"aproval"}"#;
+        let tag = mac(b"secret", body.as_bytes())
+            .unwrap()
+            .finalize()
+            .into_bytes();
+        let typo = format!("skt1.{}.{}", hex::encode(body), hex::encode(tag));
+        assert_eq!(
+            open(b"secret", &typo).map_err(|e| e.refusal()),
+            Err(TokenRefusal::Malformed)
+        );
     }
 }

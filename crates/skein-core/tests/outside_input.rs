@@ -8,8 +8,8 @@ use skein_core::event::{
 };
 use skein_core::replay::verify;
 use skein_core::{
-    AgentSet, Budget, Envelope, Event, Limits, ModelResponse, SessionId, SessionState, Step,
-    ToolCall, Usage,
+    AgentSet, Envelope, Event, Limits, ModelResponse, SessionId, SessionState, Step, ToolCall,
+    Usage,
 };
 
 fn agents(extra: &str) -> AgentSet {
@@ -47,24 +47,10 @@ impl Given {
             state: SessionState::default(),
         };
         g.push(Event::Submitted(Submitted {
-            agent: "boss".into(),
             def_digest: set.get("boss").unwrap().digest.clone(),
             mission: "work".into(),
-            context: None,
-            inputs: Value::Null,
             mission_hash: "h".into(),
-            parent: None,
-            depth: 0,
-            budget: Budget::default(),
-            trace: None,
-            ancestry: vec![],
-            no_cache: false,
-            forked_from: None,
-            pool: None,
-            plan: None,
-            request: None,
-            allowed_tools: None,
-            team: None,
+            ..Submitted::for_test("boss")
         }));
         g
     }

@@ -90,7 +90,7 @@ fn an_answer_goes_on_to_the_handoff_agent_with_the_request_and_the_response_in_t
     // The drafter's own answer is in its transcript; the handoff is not.
     let s = g.state();
     assert_eq!(s.transcript.len(), 1, "{:?}", s.transcript);
-    assert_eq!(s.answer_from.as_deref(), Some("reviewer"));
+    assert_eq!(s.pattern.answer_from.as_deref(), Some("reviewer"));
 }
 
 #[test]
@@ -379,7 +379,7 @@ fn an_advisor_answered_from_the_cache_gives_its_answer_as_advice() {
             key: None,
         }),
     ]);
-    let advice = g.state().advice.expect("advice");
+    let advice = g.state().pattern.advice.expect("advice");
     assert_eq!(advice.notes[0].text, "cached advice");
     assert_eq!(advice.notes[1].text, "more advice");
 }
@@ -413,7 +413,7 @@ fn a_whole_pattern_log_verifies_and_a_forged_pattern_event_does_not() {
         }
     }
     let s = skein_core::replay::verify(&log, def, &limits, &agents).expect("verifies");
-    assert_eq!(s.pending_answer.as_deref(), Some("published"));
+    assert_eq!(s.ending.pending_answer.as_deref(), Some("published"));
     // A route whose mission was altered is not what the rules decide.
     let Event::Routed(mut forged) = r else {
         unreachable!()

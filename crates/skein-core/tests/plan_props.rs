@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use serde_json::json;
 use skein_core::event::{genesis_hash, Delegated, PatchApplied, PatchRejected, Submitted};
 use skein_core::plan::{Author, Patch, Plan, UnlinkPolicy};
-use skein_core::{Budget, Envelope, Event, SessionId, SessionState};
+use skein_core::{Envelope, Event, SessionId, SessionState};
 
 /// One generated action: a grant to child 1 or 2, or a patch by the owner or a child.
 #[derive(Debug, Clone)]
@@ -114,24 +114,11 @@ fn run(actions: &[Action], policy: UnlinkPolicy) -> (Plan, Vec<Envelope>, u32) {
         envs: vec![],
     };
     log.push(Event::Submitted(Submitted {
-        agent: "orchestrator".into(),
         def_digest: "d".into(),
         mission: "plan".into(),
-        context: None,
         inputs: serde_json::Value::Null,
         mission_hash: "h".into(),
-        parent: None,
-        depth: 0,
-        budget: Budget::default(),
-        trace: None,
-        ancestry: vec![],
-        no_cache: false,
-        forked_from: None,
-        pool: None,
-        plan: None,
-        request: None,
-        allowed_tools: None,
-        team: None,
+        ..Submitted::for_test("orchestrator")
     }));
     let mut plan = Plan::default();
     let mut rejected = 0;
@@ -150,8 +137,7 @@ fn run(actions: &[Action], policy: UnlinkPolicy) -> (Plan, Vec<Envelope>, u32) {
                     agent: "analyst".into(),
                     mission_hash: "m".into(),
                     allotted_tokens: None,
-                    shared: false,
-                    resumed: false,
+                    kind: skein_core::event::DelegationKind::Started,
                     owns_tasks: vec![id],
                     max_steps: None,
                 }));
@@ -216,11 +202,11 @@ proptest! {
             .map(|e| Envelope::decode(&e.encode().expect("encode")).expect("decode"))
             .collect();
         let state = SessionState::fold(&decoded);
-        prop_assert_eq!(&state.plan, &plan);
-        prop_assert_eq!(state.patches_rejected, rejected);
+        prop_assert_eq!(&state.planning.plan, &plan);
+        prop_assert_eq!(state.planning.patches_rejected, rejected);
         prop_assert!(plan.find_cycle().is_none());
         let md = plan.render_markdown();
-        prop_assert_eq!(&state.plan.render_markdown(), &md);
+        prop_assert_eq!(&state.planning.plan.render_markdown(), &md);
         // The same actions again: the same bytes.
         let (again, _, _) = run(&actions, policy);
         prop_assert_eq!(again.render_markdown(), md);
@@ -256,7 +242,7 @@ fn the_generator_reaches_accepted_and_rejected_patches_of_every_kind() {
     let (plan, envs, rejected) = run(&actions, UnlinkPolicy::Owner);
     assert_eq!(plan.version, 2);
     assert_eq!(rejected, 2);
-    assert_eq!(SessionState::fold(&envs).plan, plan);
+    assert_eq!(SessionState::fold(&envs).planning.plan, plan);
     assert!(plan
         .render_markdown()
         .contains("[x] **t1** Task 1 (COMPLETED)"));

@@ -143,29 +143,19 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
     };
     push(
         Event::Submitted(Submitted {
-            agent: "boss".into(),
             def_digest: def.digest.clone(),
             mission: "simulate".into(),
-            context: None,
             inputs: serde_json::Value::Null,
             mission_hash: "h".into(),
-            parent: None,
             depth: rng.below(3) as u32,
             budget: Budget {
                 tokens: budget,
                 max_steps: None,
             },
-            trace: None,
             // A path through `a` makes delegating to `a` again an ancestry refusal.
             ancestry: [vec![], vec!["a".to_string()], vec!["b".to_string()]][rng.below(3) as usize]
                 .clone(),
-            no_cache: false,
-            forked_from: None,
-            pool: None,
-            plan: None,
-            request: None,
-            allowed_tools: None,
-            team: None,
+            ..Submitted::for_test("boss")
         }),
         &mut log,
         &mut state,
@@ -179,7 +169,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                         model: model.clone(),
                         error: "HTTP 503".into(),
                         retryable: rng.below(4) != 0,
-                        attempt: state.model_failures + 1,
+                        attempt: state.failures.model_failures + 1,
                         worker: "w".into(),
                     };
                     push(Event::ModelFailed(body), &mut log, &mut state);
@@ -258,8 +248,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                                 agent: d.agent,
                                 mission_hash: "mh".into(),
                                 allotted_tokens: d.budget.tokens,
-                                shared: false,
-                                resumed: false,
+                                kind: skein_core::event::DelegationKind::Started,
                                 owns_tasks: vec![],
                                 max_steps: None,
                             }),
@@ -325,8 +314,8 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                     push(Event::ApprovalRequested(body), &mut log, &mut state);
                 }
             }
-            Step::Wait if !state.pending_inputs.is_empty() && rng.below(2) == 0 => {
-                let p = state.pending_inputs[0].clone();
+            Step::Wait if !state.pauses.pending_inputs.is_empty() && rng.below(2) == 0 => {
+                let p = state.pauses.pending_inputs[0].clone();
                 let body = skein_core::event::InputProvided {
                     answers: json!({"q1": "yes", "v": "3.12"}),
                     token_id: p.token_id,
@@ -334,8 +323,8 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                 };
                 push(Event::InputProvided(body), &mut log, &mut state);
             }
-            Step::Wait if !state.pending_approvals.is_empty() => {
-                let p = state.pending_approvals[0].clone();
+            Step::Wait if !state.pauses.pending_approvals.is_empty() => {
+                let p = state.pauses.pending_approvals[0].clone();
                 let body = skein_core::event::ApprovalGiven {
                     call: p.call,
                     approved: rng.below(2) == 0,
@@ -346,7 +335,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                 push(Event::ApprovalGiven(body), &mut log, &mut state);
             }
             Step::Wait if state.outstanding_children().is_empty() => {
-                let p = state.pending_inputs[0].clone();
+                let p = state.pauses.pending_inputs[0].clone();
                 let body = skein_core::event::InputProvided {
                     answers: json!({}),
                     token_id: p.token_id,
@@ -602,24 +591,11 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
     };
     push(
         Event::Submitted(Submitted {
-            agent: "boss".into(),
             def_digest: def.digest.clone(),
             mission: "m".into(),
-            context: None,
             inputs: serde_json::Value::Null,
             mission_hash: "h".into(),
-            parent: None,
-            depth: 0,
-            budget: Budget::default(),
-            trace: None,
-            ancestry: vec![],
-            no_cache: false,
-            forked_from: None,
-            pool: None,
-            plan: None,
-            request: None,
-            allowed_tools: None,
-            team: None,
+            ..Submitted::for_test("boss")
         }),
         &mut state,
     );
@@ -697,11 +673,11 @@ fn unreadable_tool_calls_are_refused_then_fail_the_session_after_the_limit() {
         turn(2, json!({"path": "."}), &mut state),
         Step::RunTools(_)
     ));
-    assert_eq!(state.unreadable_turns, 0);
+    assert_eq!(state.failures.unreadable_turns, 0);
     for n in 3..6 {
         assert!(matches!(turn(n, bad(), &mut state), Step::Refuse(_)));
     }
-    assert_eq!(state.unreadable_turns, 3);
+    assert_eq!(state.failures.unreadable_turns, 3);
     match state.next(&def, &limits, &set) {
         Step::Fail { error } => {
             assert!(error.contains("3 turns in a row"), "{error}");

@@ -228,13 +228,25 @@ fn a_summary_longer_than_max_chars_is_cut_to_it() {
     let set = agents(&[("writer", "summarize: {max_chars: 20}\n")]);
     let long = "x".repeat(50);
     let g = given(set, "writer").events([submitted("writer"), answered(&long)]);
+    let skein_core::Step::Summarize { model, max_chars } = g.when_deciding().step else {
+        panic!("a long answer is summarised")
+    };
+    assert_eq!(max_chars, 20);
+    // The summary is asked of the answer alone, with no tools and no transcript.
+    let request = g.state().summary_request(model.clone(), max_chars);
+    assert_eq!(request.model, model);
+    assert!(request.tools.is_empty());
+    assert_eq!(request.messages.len(), 2);
     assert!(
-        matches!(
-            g.when_deciding().step,
-            skein_core::Step::Summarize { max_chars: 20, .. }
-        ),
-        "a long answer is summarised"
+        matches!(&request.messages[0], skein_core::Message::System { content }
+        if content.contains("at most 20 characters"))
     );
+    assert!(
+        matches!(&request.messages[1], skein_core::Message::User { content }
+        if *content == long)
+    );
+    assert_eq!(request.meta.mission, "summarize");
+    assert_eq!(request.meta.agent, "writer");
     // The summary model wrote 30 characters where 20 were asked for.
     let g = g.events([answered(&"s".repeat(30))]);
     let Step::Complete { answer } = g.when_deciding().step else {

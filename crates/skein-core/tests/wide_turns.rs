@@ -180,7 +180,7 @@ fn a_wide_turn_after_another_with_the_same_ids_in_another_order_finds_the_new_sl
     let mut want: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
     want.extend((0..n).rev().map(|i| format!("c{i}")));
     assert_eq!(results(&s), want);
-    assert_eq!(s.pending_answer.as_deref(), Some("all done"));
+    assert_eq!(s.ending.pending_answer.as_deref(), Some("all done"));
 }
 
 /// What the session's status is, read from the turn slot by slot (as the fold once did

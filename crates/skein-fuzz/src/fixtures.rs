@@ -117,7 +117,7 @@ pub fn paused_token() -> String {
                 session,
                 seq: PAUSED_SEQ,
                 nonce: PAUSED_TOKEN_ID.into(),
-                kind: "input".into(),
+                kind: skein_core::token::TokenKind::Input,
             },
         ),
         Err(_) => String::new(),
@@ -140,7 +140,7 @@ mod tests {
             session: skein_core::SessionId::parse("01abc").unwrap(),
             seq: 3,
             nonce: "n".into(),
-            kind: "input".into(),
+            kind: skein_core::token::TokenKind::Input,
         };
         let t = skein_core::token::sign(TEST_SECRET, &claims);
         let body = hex::decode(t.split('.').nth(1).unwrap()).unwrap();

@@ -810,7 +810,7 @@ async fn each_ending_of_a_tree_is_announced_once_whoever_announces_it_and_when()
     let ending = |seq: u64, answer: &str| RootResult {
         session: root.to_string(),
         seq,
-        status: "completed".into(),
+        status: skein_core::Status::Completed,
         answer: Some(answer.into()),
         error: None,
         usage: Default::default(),

@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+pub use skein_core::token::TokenRefusal;
+
 /// A cause kept under a runtime error.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -75,8 +77,8 @@ pub enum RefusalKind {
     /// It names an agent the configuration does not define.
     UnknownAgent,
     /// A token that does not open, is of the other kind, was used, or whose session has
-    /// moved on.
-    Token,
+    /// moved on: which of these, the [`TokenRefusal`] says.
+    Token(TokenRefusal),
     /// The configuration cannot be used: a token secret too short, a URL that does not
     /// parse.
     Config,
@@ -89,7 +91,7 @@ impl RefusalKind {
         match self {
             RefusalKind::Invalid => "invalid",
             RefusalKind::UnknownAgent => "unknown_agent",
-            RefusalKind::Token => "token",
+            RefusalKind::Token(_) => "token",
             RefusalKind::Config => "config",
             RefusalKind::Unsupported => "unsupported",
         }
@@ -158,6 +160,19 @@ impl Error {
         )
     }
 
+    /// A refused token.
+    pub fn token(why: TokenRefusal, reason: impl Into<String>) -> Self {
+        Self::refused(RefusalKind::Token(why), reason)
+    }
+
+    /// Why a token was refused, if this is a token's refusal.
+    pub fn token_refusal(&self) -> Option<TokenRefusal> {
+        match self.refusal() {
+            Some(RefusalKind::Token(why)) => Some(why),
+            _ => None,
+        }
+    }
+
     /// The refusal's kind, if this is a refusal.
     pub fn refusal(&self) -> Option<RefusalKind> {
         match self {
@@ -211,8 +226,10 @@ mod tests {
 
     #[test]
     fn refusals_carry_their_kind_and_are_not_retried() {
-        let e = Error::refused(RefusalKind::Token, "stale token");
-        assert_eq!(e.refusal(), Some(RefusalKind::Token));
+        let e = Error::token(TokenRefusal::Stale, "stale token");
+        assert_eq!(e.refusal(), Some(RefusalKind::Token(TokenRefusal::Stale)));
+        assert_eq!(e.token_refusal(), Some(TokenRefusal::Stale));
+        assert_eq!(Error::invalid("x").token_refusal(), None);
         assert_eq!(e.to_string(), "stale token");
         assert!(!e.is_retryable());
         assert!(!Error::corrupt_because("x").is_retryable());

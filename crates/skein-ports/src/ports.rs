@@ -266,7 +266,8 @@ pub struct RootResult {
     /// in the results of earlier versions.
     #[serde(default)]
     pub seq: u64,
-    pub status: String,
+    /// How the root ended: `completed`, `failed` or `cancelled` on the wire.
+    pub status: skein_core::Status,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -837,7 +837,7 @@ pub async fn announcer_announces_each_ending_once(b: &Backend) -> Result<()> {
     let ending = |seq: u64, answer: &str| RootResult {
         session: root.to_string(),
         seq,
-        status: "completed".into(),
+        status: skein_core::Status::Completed,
         answer: Some(answer.into()),
         error: None,
         usage: Usage::default(),

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use skein_core::event::Cancelled;
 use skein_core::{Event, SessionId};
 
-use crate::worker::{Runtime, DEFAULT_POOL};
+use crate::worker::Runtime;
 use crate::{Error, Result};
 
 /// The status of a session, as JSON: `session`, `status`, `answer`, `error`, `steps`,
@@ -20,8 +20,8 @@ pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value> {
     Ok(json!({
         "session": id.to_string(),
         "status": f.state.status.as_str(),
-        "answer": f.state.answer,
-        "error": f.state.error,
+        "answer": f.state.ending.answer,
+        "error": f.state.ending.error,
         "steps": f.state.steps,
         "usage": f.state.usage_total(),
     }))
@@ -42,15 +42,14 @@ pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize>
         let body = Event::Cancelled(Cancelled {
             reason: reason.to_string(),
         });
-        let f = rt
+        let f = match rt
             .append_from_outside(f, body, |g| !g.state.status.is_terminal())
-            .await?;
-        let pool = f
-            .state
-            .submitted
-            .as_ref()
-            .and_then(|x| x.pool.clone())
-            .unwrap_or_else(|| DEFAULT_POOL.into());
+            .await?
+        {
+            crate::session::Outside::Appended(f) => f,
+            crate::session::Outside::Moot(m) => return Err(m.refusal()),
+        };
+        let pool = f.state.pool();
         rt.keep_state(f);
         rt.backend.jobs.push(&pool, &s).await?;
         n += 1;

@@ -11,13 +11,13 @@ use serde_json::Value;
 use skein_core::decide::{expected_keys, missing_answers};
 use skein_core::event::{ApprovalGiven, InputProvided};
 use skein_core::state::{PendingApproval, PendingInput};
-use skein_core::token::{open, sign, Claims};
+use skein_core::token::{open, sign, Claims, TokenKind};
 use skein_core::{Event, SessionId};
 
-use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::runtime::Runtime;
 pub use crate::secret::{new_token_id, Secret, MIN_SECRET_BYTES};
-use crate::session::Folded;
-use crate::{Error, RefusalKind, Result};
+use crate::session::{Folded, Outside};
+use crate::{Error, Result, TokenRefusal};
 
 /// Longest answer (the answers object as JSON) or denial reason a person may give, in
 /// bytes. Anything longer is refused before a word of it is written.
@@ -34,52 +34,51 @@ pub fn check_answer_size(what: &str, bytes: usize) -> Result<()> {
 }
 
 pub fn input_token(secret: &Secret, session: &SessionId, p: &PendingInput) -> String {
-    sign(
-        &secret.0,
-        &Claims {
-            session: session.clone(),
-            seq: p.seq,
-            nonce: p.token_id.clone(),
-            kind: "input".into(),
-        },
-    )
+    token_for(secret, session, p.seq, &p.token_id, TokenKind::Input)
 }
 
 pub fn approval_token(secret: &Secret, session: &SessionId, p: &PendingApproval) -> String {
+    token_for(secret, session, p.seq, &p.token_id, TokenKind::Approval)
+}
+
+fn token_for(
+    secret: &Secret,
+    session: &SessionId,
+    seq: u64,
+    nonce: &str,
+    kind: TokenKind,
+) -> String {
     sign(
         &secret.0,
         &Claims {
             session: session.clone(),
-            seq: p.seq,
-            nonce: p.token_id.clone(),
-            kind: "approval".into(),
+            seq,
+            nonce: nonce.to_string(),
+            kind,
         },
     )
 }
 
-/// Checks a token against the log of the session it names. Returns its claims and the
-/// session's fold (taken from the runtime's cache; the caller must give it back).
-pub async fn check_token(rt: &Runtime, token: &str, kind: &str) -> Result<(Claims, Folded)> {
+/// Checks a token of `kind` against the log of the session it names. Returns its claims
+/// and the session's fold (taken from the runtime's cache; the caller must give it back).
+/// A refusal is [`crate::RefusalKind::Token`] with the [`TokenRefusal`] that says why.
+pub async fn check_token(rt: &Runtime, token: &str, kind: TokenKind) -> Result<(Claims, Folded)> {
     let claims = open(&rt.cfg.token_secret.0, token)
-        .map_err(|e| Error::refused(RefusalKind::Token, e.to_string()))?;
+        .map_err(|e| Error::token(e.refusal(), e.to_string()))?;
     if claims.kind != kind {
-        return Err(Error::refused(
-            RefusalKind::Token,
+        return Err(Error::token(
+            TokenRefusal::WrongKind,
             format!(
                 "this is an {} token; it cannot be used to {}",
                 claims.kind,
-                if kind == "input" {
-                    "answer a question"
-                } else {
-                    "approve or deny"
-                }
+                kind.purpose()
             ),
         ));
     }
     let (f, _) = rt.load(&claims.session).await?;
     if f.state.submitted.is_none() {
-        return Err(Error::refused(
-            RefusalKind::Token,
+        return Err(Error::token(
+            TokenRefusal::NoSession,
             format!("no session {}", claims.session.display()),
         ));
     }
@@ -96,48 +95,59 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: &str) -> Result<(Claim
             Err(why) => why,
             Ok(()) => format!("session {} has ended", claims.session.display()),
         };
-        let why = if f.state.used_tokens.contains(&claims.nonce) {
-            format!("reused token: it was already answered, and {why}")
+        let (refusal, why) = if f.state.pauses.used_tokens.contains(&claims.nonce) {
+            (
+                TokenRefusal::Reused,
+                format!("reused token: it was already answered, and {why}"),
+            )
         } else {
-            why
+            (TokenRefusal::Ended, why)
         };
         rt.keep_state(f);
-        return Err(Error::refused(RefusalKind::Token, why));
+        return Err(Error::token(refusal, why));
     }
     let open_now = match kind {
-        "input" => f
+        TokenKind::Input => f
             .state
+            .pauses
             .pending_inputs
             .iter()
             .any(|p| p.token_id == claims.nonce && p.seq == claims.seq),
-        _ => f
+        TokenKind::Approval => f
             .state
+            .pauses
             .pending_approvals
             .iter()
             .any(|p| p.token_id == claims.nonce && p.seq == claims.seq),
     };
     if !open_now {
-        let why = if f.state.used_tokens.contains(&claims.nonce) {
+        let (refusal, why) = if f.state.pauses.used_tokens.contains(&claims.nonce) {
             // The answer is recorded; the wake that followed it may have failed (the
             // backend unreachable just then), and whoever holds the token tries again:
             // wake the session now (if that fails too, the caller is told so, and tries
             // again), and still refuse the token.
-            let pool = pool_of(&f);
+            let pool = f.state.pool();
             if let Err(e) = rt.backend.jobs.push(&pool, &claims.session).await {
                 rt.keep_state(f);
                 return Err(e);
             }
-            "reused token: it was already answered".to_string()
+            (
+                TokenRefusal::Reused,
+                "reused token: it was already answered".to_string(),
+            )
         } else {
-            format!(
-                "stale token: session {} has moved on (it is {} at seq {})",
-                claims.session.display(),
-                f.state.status.as_str(),
-                f.state.last_seq
+            (
+                TokenRefusal::Stale,
+                format!(
+                    "stale token: session {} has moved on (it is {} at seq {})",
+                    claims.session.display(),
+                    f.state.status.as_str(),
+                    f.state.last_seq
+                ),
             )
         };
         rt.keep_state(f);
-        return Err(Error::refused(RefusalKind::Token, why));
+        return Err(Error::token(refusal, why));
     }
     Ok((claims, f))
 }
@@ -178,14 +188,6 @@ pub fn check_answers(questions: &Value, answers: &Value) -> Result<()> {
     )))
 }
 
-fn pool_of(f: &Folded) -> String {
-    f.state
-        .submitted
-        .as_ref()
-        .and_then(|s| s.pool.clone())
-        .unwrap_or_else(|| DEFAULT_POOL.into())
-}
-
 /// A person's answer to a question of the inbox: a root's, or one of a session a pattern
 /// started (a handoff's target, a route's destination, a team's member), at any depth.
 /// Questions of a `call_agent` child go to its parent's model (which resumes the child
@@ -197,24 +199,28 @@ pub async fn answer(
     by: Option<String>,
 ) -> Result<SessionId> {
     check_answer_size("the answer", answers.to_string().len())?;
-    let (claims, f) = check_token(rt, token, "input").await?;
+    let (claims, f) = check_token(rt, token, TokenKind::Input).await?;
     if !f.state.asks_a_person() {
         rt.keep_state(f);
-        return Err(Error::invalid(format!(
-            "this token belongs to sub-agent {}: its question goes to its parent agent, which \
+        return Err(Error::token(
+            TokenRefusal::Misdirected,
+            format!(
+                "this token belongs to sub-agent {}: its question goes to its parent agent, which \
              answers it or asks you itself; answer the question in your inbox instead",
-            claims.session.display()
-        )));
+                claims.session.display()
+            ),
+        ));
     }
     let Some(p) = f
         .state
+        .pauses
         .pending_inputs
         .iter()
         .find(|p| p.token_id == claims.nonce)
         .cloned()
     else {
         rt.keep_state(f);
-        return Err(Error::refused(RefusalKind::Token, "stale token"));
+        return Err(Error::token(TokenRefusal::Stale, "stale token"));
     };
     if let Err(e) = check_answers(&p.questions, &answers) {
         rt.keep_state(f);
@@ -226,12 +232,20 @@ pub async fn answer(
         token_id: nonce.clone(),
         by,
     });
-    let f = rt
+    let f = match rt
         .append_from_outside(f, body, |g| {
-            g.state.pending_inputs.iter().any(|p| p.token_id == nonce)
+            g.state
+                .pauses
+                .pending_inputs
+                .iter()
+                .any(|p| p.token_id == nonce)
         })
-        .await?;
-    let pool = pool_of(&f);
+        .await?
+    {
+        Outside::Appended(f) => f,
+        Outside::Moot(m) => return Err(m.refusal()),
+    };
+    let pool = f.state.pool();
     rt.keep_state(f);
     rt.backend.jobs.push(&pool, &claims.session).await?;
     Ok(claims.session)
@@ -248,16 +262,17 @@ pub async fn decide_approval(
     if let Some(r) = &reason {
         check_answer_size("the reason", r.len())?;
     }
-    let (claims, f) = check_token(rt, token, "approval").await?;
+    let (claims, f) = check_token(rt, token, TokenKind::Approval).await?;
     let Some(p) = f
         .state
+        .pauses
         .pending_approvals
         .iter()
         .find(|p| p.token_id == claims.nonce)
         .cloned()
     else {
         rt.keep_state(f);
-        return Err(Error::refused(RefusalKind::Token, "stale token"));
+        return Err(Error::token(TokenRefusal::Stale, "stale token"));
     };
     let nonce = claims.nonce.clone();
     let body = Event::ApprovalGiven(ApprovalGiven {
@@ -267,15 +282,20 @@ pub async fn decide_approval(
         reason,
         token_id: nonce.clone(),
     });
-    let f = rt
+    let f = match rt
         .append_from_outside(f, body, |g| {
             g.state
+                .pauses
                 .pending_approvals
                 .iter()
                 .any(|p| p.token_id == nonce)
         })
-        .await?;
-    let pool = pool_of(&f);
+        .await?
+    {
+        Outside::Appended(f) => f,
+        Outside::Moot(m) => return Err(m.refusal()),
+    };
+    let pool = f.state.pool();
     rt.keep_state(f);
     rt.backend.jobs.push(&pool, &claims.session).await?;
     Ok(claims.session)
@@ -336,7 +356,7 @@ pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
         .map(|s| s.agent.clone())
         .unwrap_or_default();
     if f.state.asks_a_person() {
-        for p in &f.state.pending_inputs {
+        for p in &f.state.pauses.pending_inputs {
             out.push(InboxItem {
                 session: id.display(),
                 agent: agent.clone(),
@@ -353,7 +373,7 @@ pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
             });
         }
     }
-    for p in &f.state.pending_approvals {
+    for p in &f.state.pauses.pending_approvals {
         // The arguments that will run if approved, whole: the call's own, not the
         // preview recorded with the request (older logs cut it at 500 bytes).
         let args = f

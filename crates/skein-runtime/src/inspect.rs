@@ -106,17 +106,17 @@ pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionR
         steps: state.steps,
         tool_calls,
         children: state.children.values().filter(|c| !c.cached).count() as u32,
-        cache_hits: state.cache_hits,
-        usage: state.usage_own,
+        cache_hits: state.accounting.cache_hits,
+        usage: state.accounting.usage_own,
         usage_total: state.usage_total(),
-        saved: state.saved,
+        saved: state.accounting.saved,
         started_at: state.started_at,
         ended_at,
         wall_ms: end.saturating_sub(state.started_at),
         workers,
         mission: sub.map(|s| s.mission.clone()).unwrap_or_default(),
-        answer: state.answer.clone(),
-        error: state.error.clone(),
+        answer: state.ending.answer.clone(),
+        error: state.ending.error.clone(),
         via: sub
             .and_then(|s| s.parent.as_ref())
             .filter(|p| skein_core::state::PatternKind::of_call(&p.call).is_some())

@@ -29,7 +29,7 @@ pub mod worker;
 
 pub use ports::{Backend, CacheEntry, Job, RootResult};
 
-pub use error::{Error, RefusalKind, Result};
+pub use error::{Error, RefusalKind, Result, TokenRefusal};
 
 /// Milliseconds since the Unix epoch.
 pub use skein_ports::now_ms;

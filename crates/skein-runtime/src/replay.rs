@@ -216,10 +216,7 @@ pub async fn fork(
     bodies.extend(prefix[1..].iter().map(|r| r.env.body.clone()));
     let mut f = Folded::new(id.clone());
     rt.append_all(&mut f, bodies).await?;
-    let pool = sub
-        .pool
-        .clone()
-        .unwrap_or_else(|| crate::worker::DEFAULT_POOL.into());
+    let pool = sub.pool();
     b.jobs.push(&pool, &id).await?;
     Ok(id)
 }

@@ -17,7 +17,7 @@ use crate::ports::Backend;
 use crate::session::FoldCache;
 
 /// The pool of agents that name none.
-pub const DEFAULT_POOL: &str = "default";
+pub const DEFAULT_POOL: &str = skein_core::event::DEFAULT_POOL;
 /// Longest mission text accepted.
 pub use skein_core::limits::MAX_MISSION_BYTES;
 

@@ -405,34 +405,33 @@ impl Runtime {
 
     /// Appends to a session whose job someone else may hold: on a conflict, reloads and
     /// retries while `still_valid` holds for the fresh fold. A conflict whose log ends with
-    /// this very event is the append's own lost acknowledgement, and succeeds.
+    /// this very event is the append's own lost acknowledgement, and succeeds. When the
+    /// session ended, or `still_valid` no longer holds, nothing is written and the answer
+    /// is [`Outside::Moot`] (the fold is back in the cache); errors are failures only.
     pub async fn append_from_outside(
         &self,
         mut f: Folded,
         body: Event,
         still_valid: impl Fn(&Folded) -> bool,
-    ) -> Result<Folded> {
+    ) -> Result<Outside> {
         for _ in 0..5 {
             if let Err(why) = f.state.admits_from_outside(&body) {
                 self.keep_state(f);
-                return Err(Error::refused(crate::RefusalKind::Token, why));
+                return Ok(Outside::Moot(Moot::Ended(why)));
             }
             match self.append(&mut f, body.clone()).await {
-                Ok(()) => return Ok(f),
+                Ok(()) => return Ok(Outside::Appended(f)),
                 Err(Error::Conflict { .. }) => {
                     let (fresh, _) = self.load(&f.id).await?;
                     // The write may have landed with its acknowledgement lost (a retried
                     // publish meets its own record): then it is done.
                     let last = self.backend.log.last(&f.id).await?;
                     if last.is_some_and(|r| r.env.body == body) {
-                        return Ok(fresh);
+                        return Ok(Outside::Appended(fresh));
                     }
                     if !still_valid(&fresh) {
                         self.keep_state(fresh);
-                        return Err(Error::refused(
-                            crate::RefusalKind::Token,
-                            "stale token: the session moved on",
-                        ));
+                        return Ok(Outside::Moot(Moot::MovedOn));
                     }
                     f = fresh;
                 }
@@ -443,5 +442,47 @@ impl Runtime {
             "{}: too many concurrent appends",
             f.id
         )))
+    }
+}
+
+/// What [`Runtime::append_from_outside`] did.
+// Returned once and taken apart at once, as `Result<Folded>` was: not worth a box.
+#[allow(clippy::large_enum_variant)]
+#[must_use]
+pub enum Outside {
+    /// The event is recorded; the session's fold after it.
+    Appended(Folded),
+    /// Nothing was recorded: what the event answered no longer holds.
+    Moot(Moot),
+}
+
+/// Why an event from outside was not recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Moot {
+    /// The session has ended; the words say how.
+    Ended(String),
+    /// The session moved on meanwhile (the question was answered, the turn is over).
+    MovedOn,
+}
+
+impl Moot {
+    /// The refusal a token's holder is given for it.
+    pub fn refusal(self) -> Error {
+        match self {
+            Moot::Ended(why) => Error::token(crate::TokenRefusal::Ended, why),
+            Moot::MovedOn => Error::token(
+                crate::TokenRefusal::Stale,
+                "stale token: the session moved on",
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Moot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Moot::Ended(why) => f.write_str(why),
+            Moot::MovedOn => f.write_str("stale token: the session moved on"),
+        }
     }
 }

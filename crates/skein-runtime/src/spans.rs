@@ -144,7 +144,7 @@ pub fn session_ended(id: &SessionId, state: &SessionState, ended_at: u64) {
         KeyValue::new("skein.status", state.status.as_str()),
         KeyValue::new("skein.steps", i64::from(state.steps)),
     ];
-    usage_attrs(&state.usage_own, &mut attrs);
+    usage_attrs(&state.accounting.usage_own, &mut attrs);
     let builder = SpanBuilder::from_name(format!("invoke_agent {}", sub.agent))
         .with_kind(SpanKind::Internal)
         .with_start_time(at_ms(state.started_at))
@@ -154,6 +154,7 @@ pub fn session_ended(id: &SessionId, state: &SessionState, ended_at: u64) {
     PLANNED.with(|p| p.set((None, None)));
     if state.status != SessionStatus::Completed {
         let why = state
+            .ending
             .error
             .clone()
             .unwrap_or_else(|| state.status.as_str().into());
@@ -264,7 +265,11 @@ pub fn delegated(events: &[Event]) -> Vec<(SessionId, String, bool)> {
     events
         .iter()
         .filter_map(|e| match e {
-            Event::Delegated(d) => Some((d.child.clone(), d.agent.clone(), d.resumed)),
+            Event::Delegated(d) => Some((
+                d.child.clone(),
+                d.agent.clone(),
+                d.kind == skein_core::event::DelegationKind::Resumed,
+            )),
             _ => None,
         })
         .collect()

@@ -151,7 +151,7 @@ fn a_shared_run_whose_caller_ended_before_creating_it_fails_the_call() {
         let logs = store.logs();
         let log = logs.get(&tree).unwrap();
         let shared = log.iter().any(|r| {
-            matches!(&r.env.body, Event::Delegated(d) if d.shared && d.child == ghost)
+            matches!(&r.env.body, Event::Delegated(d) if d.kind == skein_core::event::DelegationKind::Shared && d.child == ghost)
         });
         assert!(shared, "the call did not wait on the claimed run: {log:?}");
         let failed = log.iter().find_map(|r| match &r.env.body {

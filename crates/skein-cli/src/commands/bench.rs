@@ -159,10 +159,10 @@ async fn run_relay(app: &App) -> Result<(f64, Vec<f64>, Vec<f64>)> {
     let root = rt.run_tree(&id, 4).await?;
     let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
     anyhow::ensure!(
-        root.state.answer.as_deref() == Some("relayed"),
+        root.state.ending.answer.as_deref() == Some("relayed"),
         "the relay did not complete: {:?} {:?}",
         root.state.status,
-        root.state.error
+        root.state.ending.error
     );
     let (delegate, settle) = super::bench_hops::hops(&rt.backend, &id).await?;
     Ok((wall_ms, delegate, settle))
@@ -188,11 +188,11 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
     let cpu_ms = cpu_before.zip(own_cpu_ms()).map(|(a, b)| b - a);
     let log_syncs = store.log_syncs() - syncs_before;
-    if root.state.answer.as_deref() != Some(&format!("{n} parts done")) {
+    if root.state.ending.answer.as_deref() != Some(&format!("{n} parts done")) {
         anyhow::bail!(
             "fan-out of {n} did not complete: {:?} {:?}",
             root.state.status,
-            root.state.error
+            root.state.ending.error
         );
     }
     let rows = tree_rows(&backend, &id).await?;
@@ -277,13 +277,13 @@ async fn cache_hit_bench(app: &App, n: usize) -> Result<(f64, f64)> {
             "cache bench round {round} did not end: {:?} after {} steps, {:?}",
             root.state.status,
             root.state.steps,
-            root.state.error
+            root.state.ending.error
         );
         if round == 1 {
             anyhow::ensure!(
-                root.state.cache_hits as usize == n,
+                root.state.accounting.cache_hits as usize == n,
                 "expected {n} hits, got {}",
-                root.state.cache_hits
+                root.state.accounting.cache_hits
             );
             let records = backend.log.read(&id, 1).await?;
             let start = records
@@ -466,24 +466,11 @@ fn synthetic_log(n: u64) -> Result<(SessionId, Vec<Record>)> {
     push(
         1,
         Event::Submitted(Submitted {
-            agent: "leaf".into(),
             def_digest: "d".into(),
             mission: "fold".into(),
-            context: None,
-            inputs: serde_json::Value::Null,
             mission_hash: "h".into(),
-            parent: None,
-            depth: 0,
-            budget: Budget::default(),
-            trace: None,
-            ancestry: vec![],
             no_cache: true,
-            forked_from: None,
-            pool: None,
-            plan: None,
-            request: None,
-            allowed_tools: None,
-            team: None,
+            ..Submitted::for_test("leaf")
         }),
         &mut out,
     )?;

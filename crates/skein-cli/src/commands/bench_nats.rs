@@ -385,14 +385,18 @@ async fn completed(
                     .await?
                     .filter(|r| r.env.body.is_terminal())
                     .map(|r| match r.env.body {
-                        Event::Completed(_) => "completed".to_string(),
-                        ref other => other.kind().to_string(),
+                        Event::Completed(_) => skein_core::Status::Completed,
+                        Event::Cancelled(_) => skein_core::Status::Cancelled,
+                        _ => skein_core::Status::Failed,
                     })
             }
             Err(_) => None,
         };
         if let Some(status) = status {
-            anyhow::ensure!(status == "completed", "{what} ended {status}");
+            anyhow::ensure!(
+                status == skein_core::Status::Completed,
+                "{what} ended {status}"
+            );
             return Ok(());
         }
         anyhow::ensure!(

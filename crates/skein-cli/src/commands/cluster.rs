@@ -416,16 +416,16 @@ async fn current_result(
 fn print_result(r: &RootResult, json: bool) -> Result<ExitCode> {
     if json {
         crate::outln!("{}", serde_json::to_value(r)?)?;
-    } else if r.status == "completed" {
+    } else if r.status == skein_core::Status::Completed {
         crate::outln!("{}", render::safe(r.answer.as_deref().unwrap_or("")))?;
     } else {
         crate::outln!(
             "{}: {}",
-            render::safe_line(&r.status),
+            r.status,
             render::safe(r.error.as_deref().unwrap_or(""))
         )?;
     }
-    Ok(if r.status == "completed" {
+    Ok(if r.status == skein_core::Status::Completed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -451,8 +451,8 @@ async fn paused(
     // inbox lists them), looked at before the token secret is needed.
     let waits = read.iter().any(|(_, f)| {
         !f.state.status.is_terminal()
-            && (!f.state.pending_approvals.is_empty()
-                || (f.id.is_root() && !f.state.pending_inputs.is_empty()))
+            && (!f.state.pauses.pending_approvals.is_empty()
+                || (f.id.is_root() && !f.state.pauses.pending_inputs.is_empty()))
     });
     if !waits {
         return Ok(None);

@@ -181,8 +181,8 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) -> std::io::Re
         s.status.as_str(),
         s.steps,
         s.usage_total().total_tokens(),
-        s.usage_own.total_tokens(),
-        s.usage_children.total_tokens(),
+        s.accounting.usage_own.total_tokens(),
+        s.accounting.usage_children.total_tokens(),
         render::cost(&s.usage_total())
     )?;
     if let Some(sub) = &s.submitted {
@@ -258,15 +258,15 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) -> std::io::Re
                 render::safe_line(&c.call),
                 c.child.display(),
                 render::safe_line(&c.agent),
-                c.outcome.unwrap_or("running"),
+                c.outcome.map_or("running", |o| o.as_str()),
                 if c.cached { " [cache]" } else { "" }
             )?;
         }
     }
-    if let Some(a) = &s.answer {
+    if let Some(a) = &s.ending.answer {
         crate::outln!("answer: {}", clip(a, full))?;
     }
-    if let Some(e) = &s.error {
+    if let Some(e) = &s.ending.error {
         crate::outln!("error: {}", render::safe(e))?;
     }
     Ok(())

@@ -247,8 +247,8 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
         let mut v = serde_json::json!({
             "session": root.id.to_string(),
             "status": st.status.as_str(),
-            "answer": st.answer,
-            "error": st.error,
+            "answer": st.ending.answer,
+            "error": st.ending.error,
             "summary": summary,
             "tree": rows,
             "waiting": inbox,
@@ -259,12 +259,13 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
         crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         match st.status {
-            Status::Completed => {
-                crate::outln!("{}", render::safe(st.answer.as_deref().unwrap_or("")))?
-            }
+            Status::Completed => crate::outln!(
+                "{}",
+                render::safe(st.ending.answer.as_deref().unwrap_or(""))
+            )?,
             Status::Failed | Status::Cancelled => crate::outln!(
                 "failed: {}",
-                render::safe(st.error.as_deref().unwrap_or("unknown error"))
+                render::safe(st.ending.error.as_deref().unwrap_or("unknown error"))
             )?,
             _ if stalled => {
                 crate::outln!(

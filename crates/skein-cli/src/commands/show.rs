@@ -158,7 +158,7 @@ async fn plan_at(
             .map(|r| &r.env)
             .take_while(|e| at.is_none_or(|a| e.seq <= a)),
     );
-    Ok(state.plan)
+    Ok(state.planning.plan)
 }
 
 pub async fn plan(app: &App, a: PlanArgs) -> Result<ExitCode> {

@@ -216,20 +216,20 @@ impl Turn<'_> {
         } else {
             let mut tasks = vec![];
             for t in &args.owns_tasks {
-                match self.state.plan.get(t) {
+                match self.state.planning.plan.get(t) {
                     Some(task) if !tasks.contains(task) => tasks.push(task.clone()),
                     Some(_) => {}
                     None => {
                         return Err(format!(
                             "call_agent: owns_tasks: no task `{t}` in your plan (version {}); \
                              add it with `update_plan` first",
-                            self.state.plan.version
+                            self.state.planning.plan.version
                         ));
                     }
                 }
             }
             Some(crate::event::PlanGrant {
-                version: self.state.plan.version,
+                version: self.state.planning.plan.version,
                 tasks,
             })
         };

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::agent::AgentDef;
-use crate::event::{CustomAgent, Event};
+use crate::event::{CustomAgent, DelegationKind, Event};
 use crate::id::SessionId;
 use crate::limits::{Budget, Limits};
 use crate::message::{Message, ModelRequest, RequestMeta};
@@ -344,7 +344,9 @@ impl Step {
                     })
             }
             (Step::Delegate(ds), Event::Delegated(d)) => ds.iter().any(|x| {
-                x.call == d.call && x.agent == d.agent && (d.shared || x.child == d.child)
+                x.call == d.call
+                    && x.agent == d.agent
+                    && (d.kind == DelegationKind::Shared || x.child == d.child)
             }),
             (Step::Delegate(ds), Event::CacheHit(h)) => ds.iter().any(|x| x.call == h.call),
             // The shell refuses a resume whose token does not hold.
@@ -361,7 +363,8 @@ impl Step {
             (Step::Summarize { model, .. }, Event::ModelCalled(m)) => m.model == *model,
             (Step::Summarize { model, .. }, Event::ModelFailed(m)) => m.model == *model,
             (Step::Clarify(v), Event::Delegated(d)) => {
-                d.resumed && v.iter().any(|c| c.call == d.call && c.child == d.child)
+                d.kind == DelegationKind::Resumed
+                    && v.iter().any(|c| c.call == d.call && c.child == d.child)
             }
             (Step::Clarify(v), Event::ToolReturned(t)) => {
                 t.error && v.iter().any(|c| c.call == t.call)
@@ -466,21 +469,21 @@ impl SessionState {
         if self.status.is_terminal() {
             return Step::Idle;
         }
-        if let Some(error) = &self.pattern_error {
+        if let Some(error) = &self.pattern.error {
             return Step::Fail {
                 error: error.clone(),
             };
         }
-        if let Some(answer) = &self.pending_answer {
+        if let Some(answer) = &self.ending.pending_answer {
             if let Some(step) = self.hand_off(def, answer) {
                 return step;
             }
-            if let Some(summary) = &self.summary {
-                let full = self.full_answer.as_deref().unwrap_or(answer);
+            if let Some(summary) = &self.ending.summary {
+                let full = self.ending.full_answer.as_deref().unwrap_or(answer);
                 // `max_chars` is a limit: a summary model that wrote more is cut to it (a
                 // chain's answer, which was never summarised, is not).
                 let cut;
-                let summary = match (&def.front.summarize, &self.full_answer) {
+                let summary = match (&def.front.summarize, &self.ending.full_answer) {
                     (Some(sz), Some(_)) if summary.chars().count() > sz.max_chars => {
                         cut = cut_chars(summary, sz.max_chars);
                         &cut
@@ -499,8 +502,10 @@ impl SessionState {
                 return Step::Complete { answer };
             }
             if let Some(sz) = &def.front.summarize {
-                let failed_out = self.model_failures >= MAX_MODEL_ATTEMPTS;
-                if answer.chars().count() > sz.max_chars && !failed_out && !self.model_failure_fatal
+                let failed_out = self.failures.model_failures >= MAX_MODEL_ATTEMPTS;
+                if answer.chars().count() > sz.max_chars
+                    && !failed_out
+                    && !self.failures.model_failure_fatal
                 {
                     return Step::Summarize {
                         model: sz.model.clone().unwrap_or_else(|| def.front.model.clone()),
@@ -516,21 +521,27 @@ impl SessionState {
             return self.next_in_turn(def, limits, catalog);
         }
         // A new model turn.
-        if self.model_failure_fatal || self.model_failures >= MAX_MODEL_ATTEMPTS {
+        if self.failures.model_failure_fatal || self.failures.model_failures >= MAX_MODEL_ATTEMPTS {
             return Step::Fail {
                 error: format!(
                     "model call failed {} times: {}",
-                    self.model_failures,
-                    self.last_model_error.as_deref().unwrap_or("unknown error")
+                    self.failures.model_failures,
+                    self.failures
+                        .last_model_error
+                        .as_deref()
+                        .unwrap_or("unknown error")
                 ),
             };
         }
-        if self.unreadable_turns >= limits.max_unreadable_turns.max(1) {
+        if self.failures.unreadable_turns >= limits.max_unreadable_turns.max(1) {
             return Step::Fail {
                 error: format!(
                     "the model's tool calls could not be read in {} turns in a row; the last: {}",
-                    self.unreadable_turns,
-                    self.last_unreadable.as_deref().unwrap_or("unknown")
+                    self.failures.unreadable_turns,
+                    self.failures
+                        .last_unreadable
+                        .as_deref()
+                        .unwrap_or("unknown")
                 ),
             };
         }
@@ -595,11 +606,11 @@ impl SessionState {
     /// What the model is told of plans: this session's own plan, and the tasks it was
     /// handed of its parent's.
     fn plan_notes(&self) -> (Option<String>, Option<String>, Value) {
-        let own = (!self.plan.is_empty()).then(|| {
+        let own = (!self.planning.plan.is_empty()).then(|| {
             format!(
                 "The plan you own (change it with `update_plan`; sub-agents you hand tasks \
                  with `call_agent {{owns_tasks}}` may patch those):\n\n{}",
-                self.plan.render_markdown()
+                self.planning.plan.render_markdown()
             )
         });
         let grant = self.submitted.as_ref().and_then(|s| s.plan.as_deref());
@@ -626,8 +637,8 @@ impl SessionState {
                 "owns": g.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
             }),
             (None, true) => serde_json::json!({
-                "version": self.plan.version,
-                "tasks": self.plan.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+                "version": self.planning.plan.version,
+                "tasks": self.planning.plan.tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
             }),
             (None, false) => Value::Null,
         };
@@ -649,7 +660,7 @@ impl SessionState {
         let mut mission = sub
             .map(|s| mission_message(&s.mission, s.context.as_deref(), &s.inputs))
             .unwrap_or_default();
-        if let Some(advice) = &self.advice {
+        if let Some(advice) = &self.pattern.advice {
             mission = advice.compose(&mission);
         }
         if let Some(h) = handed {
@@ -674,6 +685,45 @@ impl SessionState {
                 context: sub.and_then(|s| s.context.clone()),
                 inputs: sub.map(|s| s.inputs.clone()).unwrap_or_default(),
                 plan: plan_meta,
+            },
+        }
+    }
+
+    /// The request for the summary of the pending answer (the agent's `summarize`
+    /// setting, decided as [`Step::Summarize`]): the answer alone, with no tools, to
+    /// `model`, in at most `max_chars` characters.
+    pub fn summary_request(&self, model: String, max_chars: usize) -> ModelRequest {
+        let full = self.ending.pending_answer.clone().unwrap_or_default();
+        ModelRequest {
+            model,
+            messages: vec![
+                Message::System {
+                    content: format!(
+                        "Summarise the answer below in at most {max_chars} characters. Keep \
+                         every fact, figure and name the requester needs; add nothing."
+                    ),
+                },
+                Message::User {
+                    content: full.clone(),
+                },
+            ],
+            tools: vec![],
+            temperature: None,
+            max_tokens: None,
+            top_p: None,
+            top_k: None,
+            prompt_cache: false,
+            meta: RequestMeta {
+                session: self.id.as_ref().map(|i| i.to_string()).unwrap_or_default(),
+                agent: self
+                    .submitted
+                    .as_ref()
+                    .map(|s| s.agent.clone())
+                    .unwrap_or_default(),
+                mission: "summarize".into(),
+                context: Some(full),
+                inputs: Value::Null,
+                plan: Value::Null,
             },
         }
     }

@@ -43,7 +43,8 @@ impl SessionState {
     /// The agent whose answer is pending: a handoff target's, a route's destination's,
     /// or this session's own.
     fn answer_author(&self) -> String {
-        self.answer_from
+        self.pattern
+            .answer_from
             .clone()
             .or_else(|| self.submitted.as_ref().map(|s| s.agent.clone()))
             .unwrap_or_default()
@@ -52,7 +53,7 @@ impl SessionState {
     /// An answer is pending: it goes on to the agent's `handoff`, once.
     pub(super) fn hand_off(&self, def: &AgentDef, answer: &str) -> Option<Step> {
         let to = def.front.handoff.as_ref()?;
-        if self.handed_off {
+        if self.pattern.handed_off {
             return None;
         }
         let from = self.answer_author();
@@ -63,7 +64,7 @@ impl SessionState {
                 call: format!(
                     "{}.{}",
                     PatternKind::Handoff.call_name(),
-                    self.delegations + 1
+                    self.accounting.delegations + 1
                 ),
                 agent: to.clone(),
                 mission,
@@ -73,7 +74,7 @@ impl SessionState {
 
     /// Before the first model call, the agent's advisors are consulted on its input.
     pub(super) fn consult(&self, def: &AgentDef) -> Option<Step> {
-        if def.front.advisors.is_empty() || self.advice.is_some() || self.steps > 0 {
+        if def.front.advisors.is_empty() || self.pattern.advice.is_some() || self.steps > 0 {
             return None;
         }
         let sub = self.submitted.as_ref()?;
@@ -86,7 +87,7 @@ impl SessionState {
                 call: format!(
                     "{}.{}",
                     PatternKind::Advisors.call_name(),
-                    self.delegations + 1 + i as u32
+                    self.accounting.delegations + 1 + i as u32
                 ),
                 agent: a.clone(),
                 mission: sub.mission.clone(),
@@ -103,11 +104,11 @@ impl SessionState {
     /// every member and the supervisor at once.
     pub(super) fn start_team(&self, def: &AgentDef) -> Option<Step> {
         let team = def.front.team.as_ref()?;
-        if self.team_ran || self.steps > 0 {
+        if self.team.ran || self.steps > 0 {
             return None;
         }
         let sub = self.submitted.as_ref()?;
-        let first = self.delegations + 1;
+        let first = self.accounting.delegations + 1;
         let call = |name: &str, n: u32, agent: &str| PatternCall {
             call: format!("{name}.{n}"),
             agent: agent.to_string(),
@@ -165,7 +166,7 @@ impl Turn<'_> {
                 call: format!(
                     "{}.{}",
                     PatternKind::Route.call_name(),
-                    self.state.delegations + 1
+                    self.state.accounting.delegations + 1
                 ),
                 agent: args.agent,
                 mission,

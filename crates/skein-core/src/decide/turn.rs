@@ -16,7 +16,7 @@ use crate::id::SessionId;
 use crate::limits::Limits;
 use crate::message::ToolCall;
 use crate::runtime_tool::RuntimeTool;
-use crate::state::{SessionState, SlotState};
+use crate::state::{ChildOutcome, SessionState, SlotState};
 
 /// The context every check of a turn reads, and the counters its delegations advance.
 pub(super) struct Turn<'a> {
@@ -78,7 +78,7 @@ impl SessionState {
         catalog: &dyn Catalog,
     ) -> Step {
         let mut turn = Turn::new(self, def, limits, catalog);
-        if let Some(kind) = self.pattern {
+        if let Some(kind) = self.pattern.kind {
             return turn.pattern_step(kind);
         }
         if let Some(step) = turn.plan_edit() {
@@ -124,7 +124,7 @@ impl<'a> Turn<'a> {
                 .max_children_per_turn
                 .unwrap_or(limits.max_children_per_turn),
             children,
-            delegations: state.delegations,
+            delegations: state.accounting.delegations,
         }
     }
 
@@ -145,6 +145,7 @@ impl<'a> Turn<'a> {
         Some(match crate::plan::Patch::from_args(&slot.call.args) {
             Ok(patch) => {
                 let verdict = st
+                    .planning
                     .plan
                     .merge(
                         crate::plan::Author::Owner { agent: &agent },
@@ -401,7 +402,7 @@ impl<'a> Turn<'a> {
                 child.display()
             ));
         };
-        if info.outcome != Some("completed") {
+        if info.outcome != Some(ChildOutcome::Completed) {
             return Err(format!(
                 "ask_clarification: {} has not completed; only a finished sub-agent can be \
                  asked a follow-up",

@@ -34,6 +34,23 @@ pub struct ParentRef {
     pub pool: Option<String>,
 }
 
+/// The pool of a session that names none.
+pub const DEFAULT_POOL: &str = "default";
+
+impl ParentRef {
+    /// The pool whose workers run the parent: its own, or the default one.
+    pub fn pool(&self) -> String {
+        self.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into())
+    }
+}
+
+impl Submitted {
+    /// The pool whose workers run this session: the one it names, or the default one.
+    pub fn pool(&self) -> String {
+        self.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into())
+    }
+}
+
 /// Where a forked session came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Provenance {
@@ -197,29 +214,100 @@ pub enum Refused {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "DelegatedWire", into = "DelegatedWire")]
 pub struct Delegated {
     pub call: String,
     pub child: SessionId,
     pub agent: String,
     pub mission_hash: String,
     /// Tokens set aside for the child out of this session's budget.
-    #[serde(default)]
     pub allotted_tokens: Option<u64>,
-    /// Single-flight: `child` is an identical mission already running (possibly in
-    /// another tree); this call shares its outcome instead of starting a run.
-    #[serde(default)]
-    pub shared: bool,
-    /// This call continues `child`, which had paused for input (its answers were
-    /// recorded in its log as `InputProvided`).
-    #[serde(default)]
-    pub resumed: bool,
+    /// Whether the call started `child`, shares a run already going, or resumes it.
+    pub kind: DelegationKind,
     /// Tasks of this session's plan handed to the child (it may write only those).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owns_tasks: Vec<String>,
     /// A follow-up question's: the model turns the child may make in all, so that its
     /// answer can tell how many are left (`turns_remaining`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u32>,
+}
+
+/// What a delegation did with its child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DelegationKind {
+    /// It started `child`, a new run.
+    Started,
+    /// Single-flight: `child` is an identical mission already running (possibly in
+    /// another tree); this call shares its outcome instead of starting a run.
+    Shared,
+    /// This call continues `child`, which had paused for input (its answers were
+    /// recorded in its log as `InputProvided`), or puts a follow-up question to it.
+    Resumed,
+}
+
+/// [`Delegated`] as it is stored: the kind as the two flags `shared` and `resumed` that
+/// every log has carried, so that a log reads the same to this version and to an older
+/// worker still running beside it during an upgrade. At most one flag is set.
+#[derive(Serialize, Deserialize)]
+struct DelegatedWire {
+    call: String,
+    child: SessionId,
+    agent: String,
+    mission_hash: String,
+    #[serde(default)]
+    allotted_tokens: Option<u64>,
+    #[serde(default)]
+    shared: bool,
+    #[serde(default)]
+    resumed: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    owns_tasks: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_steps: Option<u32>,
+}
+
+impl TryFrom<DelegatedWire> for Delegated {
+    type Error = String;
+
+    fn try_from(w: DelegatedWire) -> Result<Self, String> {
+        let kind = match (w.shared, w.resumed) {
+            (false, false) => DelegationKind::Started,
+            (true, false) => DelegationKind::Shared,
+            (false, true) => DelegationKind::Resumed,
+            (true, true) => {
+                return Err(format!(
+                    "Delegated of call `{}`: a delegation is not both shared and resumed",
+                    w.call
+                ))
+            }
+        };
+        Ok(Delegated {
+            call: w.call,
+            child: w.child,
+            agent: w.agent,
+            mission_hash: w.mission_hash,
+            allotted_tokens: w.allotted_tokens,
+            kind,
+            owns_tasks: w.owns_tasks,
+            max_steps: w.max_steps,
+        })
+    }
+}
+
+impl From<Delegated> for DelegatedWire {
+    fn from(d: Delegated) -> Self {
+        DelegatedWire {
+            call: d.call,
+            child: d.child,
+            agent: d.agent,
+            mission_hash: d.mission_hash,
+            allotted_tokens: d.allotted_tokens,
+            shared: d.kind == DelegationKind::Shared,
+            resumed: d.kind == DelegationKind::Resumed,
+            owns_tasks: d.owns_tasks,
+            max_steps: d.max_steps,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

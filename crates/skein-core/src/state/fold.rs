@@ -77,7 +77,7 @@ impl SessionState {
             return;
         }
         self.turn_over_budget = None;
-        if let Some(kind) = self.pattern.take() {
+        if let Some(kind) = self.pattern.kind.take() {
             let slots = self.replace_turn(vec![]);
             self.close_pattern(kind, slots);
             return;
@@ -92,7 +92,7 @@ impl SessionState {
                 });
             }
         }
-        for content in std::mem::take(&mut self.team_queue) {
+        for content in std::mem::take(&mut self.team.queue) {
             self.transcript.push(Message::User { content });
         }
     }
@@ -112,20 +112,22 @@ impl SessionState {
                 self.status = Status::Running;
             }
             // A model call after the final answer is its summary.
-            Event::ModelCalled(m) if self.pending_answer.is_some() && self.summary.is_none() => {
+            Event::ModelCalled(m)
+                if self.ending.pending_answer.is_some() && self.ending.summary.is_none() =>
+            {
                 self.steps += 1;
-                self.model_failures = 0;
-                self.usage_own.add(&m.usage);
-                self.full_answer = self.pending_answer.clone();
-                self.summary = Some(m.response.content.clone().unwrap_or_default());
+                self.failures.model_failures = 0;
+                self.accounting.usage_own.add(&m.usage);
+                self.ending.full_answer = self.ending.pending_answer.clone();
+                self.ending.summary = Some(m.response.content.clone().unwrap_or_default());
             }
             Event::ModelCalled(m) => {
                 self.steps += 1;
-                self.team_unread = 0;
-                self.model_failures = 0;
-                self.last_model_error = None;
-                self.model_failure_fatal = false;
-                self.usage_own.add(&m.usage);
+                self.team.unread = 0;
+                self.failures.model_failures = 0;
+                self.failures.last_model_error = None;
+                self.failures.model_failure_fatal = false;
+                self.accounting.usage_own.add(&m.usage);
                 let unreadable: Vec<&str> = m
                     .response
                     .tool_calls
@@ -135,18 +137,19 @@ impl SessionState {
                 if !m.response.tool_calls.is_empty()
                     && unreadable.len() == m.response.tool_calls.len()
                 {
-                    self.unreadable_turns += 1;
-                    self.last_unreadable = unreadable.last().map(|e| e.to_string());
+                    self.failures.unreadable_turns += 1;
+                    self.failures.last_unreadable = unreadable.last().map(|e| e.to_string());
                 } else {
-                    self.unreadable_turns = 0;
-                    self.last_unreadable = None;
+                    self.failures.unreadable_turns = 0;
+                    self.failures.last_unreadable = None;
                 }
                 self.transcript.push(Message::Assistant {
                     content: m.response.content.clone(),
                     tool_calls: m.response.tool_calls.clone(),
                 });
                 if m.response.tool_calls.is_empty() {
-                    self.pending_answer = Some(m.response.content.clone().unwrap_or_default());
+                    self.ending.pending_answer =
+                        Some(m.response.content.clone().unwrap_or_default());
                 } else {
                     self.replace_turn(
                         m.response
@@ -161,9 +164,9 @@ impl SessionState {
                 }
             }
             Event::ModelFailed(f) => {
-                self.model_failures += 1;
-                self.last_model_error = Some(f.error.clone());
-                self.model_failure_fatal = !f.retryable;
+                self.failures.model_failures += 1;
+                self.failures.last_model_error = Some(f.error.clone());
+                self.failures.model_failure_fatal = !f.retryable;
             }
             Event::ToolCalled(t) => self.set_slot(&t.call, SlotState::Running),
             Event::ToolReturned(t) => {
@@ -176,11 +179,12 @@ impl SessionState {
                 self.finish_slot(&t.call, t.output.clone(), t.error)
             }
             Event::Delegated(d) => {
-                if !d.resumed {
-                    self.delegations += 1;
+                if d.kind != DelegationKind::Resumed {
+                    self.accounting.delegations += 1;
                 }
                 if !d.owns_tasks.is_empty() {
-                    self.plan
+                    self.planning
+                        .plan
                         .grant(&d.owns_tasks, &d.agent, &d.child.to_string());
                 }
                 self.set_slot(
@@ -188,12 +192,12 @@ impl SessionState {
                     SlotState::Delegated {
                         child: d.child.clone(),
                         allotted: d.allotted_tokens,
-                        shared: d.shared,
+                        shared: d.kind == DelegationKind::Shared,
                     },
                 );
                 // A child asked again keeps the turns it had made (looked up only then: a
                 // wide fan-out's new children would make the lookup quadratic).
-                let steps = if d.resumed {
+                let steps = if d.kind == DelegationKind::Resumed {
                     self.children
                         .values()
                         .filter(|c| c.child == d.child)
@@ -212,7 +216,7 @@ impl SessionState {
                         mission_hash: d.mission_hash.clone(),
                         outcome: None,
                         cached: false,
-                        shared: d.shared,
+                        shared: d.kind == DelegationKind::Shared,
                         steps,
                         max_steps: d.max_steps,
                     },
@@ -220,15 +224,15 @@ impl SessionState {
             }
             // A root answered from the cache (no call: nothing delegated).
             Event::CacheHit(h) if h.call.is_empty() => {
-                self.cache_hits += 1;
-                self.saved.add(&h.saved);
-                self.pending_answer = Some(h.answer.clone());
-                self.summary = Some(h.answer.clone());
+                self.accounting.cache_hits += 1;
+                self.accounting.saved.add(&h.saved);
+                self.ending.pending_answer = Some(h.answer.clone());
+                self.ending.summary = Some(h.answer.clone());
             }
             Event::CacheHit(h) => {
-                self.delegations += 1;
-                self.cache_hits += 1;
-                self.saved.add(&h.saved);
+                self.accounting.delegations += 1;
+                self.accounting.cache_hits += 1;
+                self.accounting.saved.add(&h.saved);
                 let outcome = Outcome::Completed {
                     answer: h.answer.clone(),
                     patch: None,
@@ -245,7 +249,7 @@ impl SessionState {
                     })
                     .unwrap_or("custom")
                     .to_string();
-                let (output, error) = if self.pattern.is_some() {
+                let (output, error) = if self.pattern.kind.is_some() {
                     (h.answer.clone(), false)
                 } else {
                     let by = Answerer {
@@ -261,7 +265,7 @@ impl SessionState {
                         child: h.source.clone(),
                         agent,
                         mission_hash: h.mission_hash.clone(),
-                        outcome: Some("completed"),
+                        outcome: Some(ChildOutcome::Completed),
                         cached: true,
                         shared: false,
                         steps: h.steps,
@@ -289,40 +293,45 @@ impl SessionState {
                     // A shared run was paid for by whoever started it: what it cost is
                     // what this call saved.
                     Outcome::Completed { usage, .. } | Outcome::Failed { usage, .. } if shared => {
-                        self.saved.add(usage)
+                        self.accounting.saved.add(usage)
                     }
                     Outcome::Completed { usage, .. } | Outcome::Failed { usage, .. } => {
-                        let counted = self.child_usage.entry(c.child.clone()).or_default();
+                        let counted = self
+                            .accounting
+                            .child_usage
+                            .entry(c.child.clone())
+                            .or_default();
                         let new = usage_since(usage, counted);
                         *counted = *usage;
-                        self.usage_children.add(&new)
+                        self.accounting.usage_children.add(&new)
                     }
                     Outcome::NeedsInput {
                         token_id, usage, ..
                     } => {
                         if !token_id.is_empty() {
-                            self.resume_refs
+                            self.pauses
+                                .resume_refs
                                 .insert(resume_reference(&c.child, &c.outcome));
                         }
                         // What it spent before it paused counts now (a question nobody
                         // answers must not hide it); what it spends after, at its end.
                         if !shared {
-                            let counted = self.child_usage.entry(c.child.clone()).or_default();
+                            let counted = self
+                                .accounting
+                                .child_usage
+                                .entry(c.child.clone())
+                                .or_default();
                             let new = usage_since(usage, counted);
                             if usage.total_tokens() >= counted.total_tokens() {
                                 *counted = *usage;
                             }
-                            self.usage_children.add(&new)
+                            self.accounting.usage_children.add(&new)
                         }
                     }
                 }
                 let mut follow_up = None;
                 if let Some(info) = self.children.get_mut(&c.call) {
-                    info.outcome = Some(match &c.outcome {
-                        Outcome::Completed { .. } => "completed",
-                        Outcome::Failed { .. } => "failed",
-                        Outcome::NeedsInput { .. } => "needs_input",
-                    });
+                    info.outcome = Some(ChildOutcome::of(&c.outcome));
                     if let Outcome::Completed { steps, .. } | Outcome::Failed { steps, .. } =
                         &c.outcome
                     {
@@ -339,7 +348,7 @@ impl SessionState {
                     agent: &agent,
                     depth: self.child_depth(),
                 };
-                let (output, error) = match (self.pattern, &c.outcome) {
+                let (output, error) = match (self.pattern.kind, &c.outcome) {
                     (None, _) => {
                         let (out, error) = call_agent_result(&c.child, &c.outcome, false, by);
                         match follow_up {
@@ -377,7 +386,7 @@ impl SessionState {
                         token_id: q.token_id.clone(),
                     },
                 );
-                self.pending_inputs.push(PendingInput {
+                self.pauses.pending_inputs.push(PendingInput {
                     call,
                     seq: env.seq,
                     token_id: q.token_id.clone(),
@@ -387,14 +396,15 @@ impl SessionState {
                 });
             }
             Event::InputProvided(a) => {
-                self.answers_received += 1;
-                self.used_tokens.insert(a.token_id.clone());
+                self.pauses.answers_received += 1;
+                self.pauses.used_tokens.insert(a.token_id.clone());
                 if let Some(i) = self
+                    .pauses
                     .pending_inputs
                     .iter()
                     .position(|p| p.token_id == a.token_id)
                 {
-                    let p = self.pending_inputs.remove(i);
+                    let p = self.pauses.pending_inputs.remove(i);
                     let output = serde_json::json!({"answers": a.answers}).to_string();
                     self.finish_slot(&p.call, output, false);
                 }
@@ -406,7 +416,7 @@ impl SessionState {
                         token_id: r.token_id.clone(),
                     },
                 );
-                self.pending_approvals.push(PendingApproval {
+                self.pauses.pending_approvals.push(PendingApproval {
                     call: r.call.clone(),
                     seq: env.seq,
                     token_id: r.token_id.clone(),
@@ -415,13 +425,14 @@ impl SessionState {
                 });
             }
             Event::ApprovalGiven(g) => {
-                self.used_tokens.insert(g.token_id.clone());
+                self.pauses.used_tokens.insert(g.token_id.clone());
                 if let Some(i) = self
+                    .pauses
                     .pending_approvals
                     .iter()
                     .position(|p| p.token_id == g.token_id)
                 {
-                    let p = self.pending_approvals.remove(i);
+                    let p = self.pauses.pending_approvals.remove(i);
                     if g.approved {
                         self.set_slot(&p.call, SlotState::Approved);
                     } else {
@@ -438,7 +449,7 @@ impl SessionState {
                 }
             }
             Event::PatchApplied(p) => {
-                self.plan.apply_accepted(
+                self.planning.plan.apply_accepted(
                     crate::plan::Author::of(&p.from, &p.agent),
                     &p.ops,
                     p.version,
@@ -446,18 +457,19 @@ impl SessionState {
                 match (p.from.as_str(), &p.call) {
                     (crate::plan::SELF, Some(call)) => {
                         let (mut j, error) = crate::plan::verdict_json(&Ok(p.version));
-                        j["plan"] = Value::String(self.plan.render_markdown());
+                        j["plan"] = Value::String(self.planning.plan.render_markdown());
                         self.finish_slot(call, j.to_string(), error);
                     }
                     (from, call) => {
                         let call = call.as_deref().unwrap_or(RESULT_PATCH);
-                        self.plan_verdicts
+                        self.planning
+                            .plan_verdicts
                             .insert(verdict_key(from, call), Ok(p.version));
                     }
                 }
             }
             Event::PatchRejected(p) => {
-                self.patches_rejected += 1;
+                self.planning.patches_rejected += 1;
                 match (p.from.as_str(), &p.call) {
                     (crate::plan::SELF, Some(call)) => {
                         let (j, error) = crate::plan::verdict_json(&Err(p.reason.clone()));
@@ -465,7 +477,8 @@ impl SessionState {
                     }
                     (from, call) => {
                         let call = call.as_deref().unwrap_or(RESULT_PATCH);
-                        self.plan_verdicts
+                        self.planning
+                            .plan_verdicts
                             .insert(verdict_key(from, call), Err(p.reason.clone()));
                     }
                 }
@@ -475,12 +488,12 @@ impl SessionState {
                 // A finished session is asked again: it reopens with the question.
                 if self.status == Status::Completed {
                     self.status = Status::Running;
-                    self.handed_off = false;
-                    self.answer_from = None;
-                    self.answer = None;
-                    self.pending_answer = None;
-                    self.summary = None;
-                    self.full_answer = None;
+                    self.pattern.handed_off = false;
+                    self.pattern.answer_from = None;
+                    self.ending.answer = None;
+                    self.ending.pending_answer = None;
+                    self.ending.summary = None;
+                    self.ending.full_answer = None;
                 }
                 self.transcript.push(Message::User {
                     content: format!(
@@ -509,16 +522,16 @@ impl SessionState {
             Event::TeamBroadcast(b) => self.hear(b),
             Event::Completed(c) => {
                 self.status = Status::Completed;
-                self.answer = Some(c.answer.clone());
-                self.pending_answer = None;
+                self.ending.answer = Some(c.answer.clone());
+                self.ending.pending_answer = None;
             }
             Event::Failed(f) => {
                 self.status = Status::Failed;
-                self.error = Some(f.error.clone());
+                self.ending.error = Some(f.error.clone());
             }
             Event::Cancelled(c) => {
                 self.status = Status::Cancelled;
-                self.error = Some(c.reason.clone());
+                self.ending.error = Some(c.reason.clone());
             }
             Event::Unknown { .. } => self.unknown_events += 1,
         }

@@ -13,15 +13,15 @@ pub use pattern::{
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::event::{Envelope, Event, Outcome, Refused, Submitted};
+use crate::event::{DelegationKind, Envelope, Event, Outcome, Refused, Submitted};
 use crate::id::SessionId;
 use crate::message::{Message, ToolCall, Usage};
 use crate::runtime_tool::RuntimeTool;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// No `Submitted` yet.
@@ -52,6 +52,12 @@ impl Status {
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
         }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -107,6 +113,35 @@ pub struct Slot {
     pub state: SlotState,
 }
 
+/// How a child last settled (see [`ChildSettled`](crate::event::ChildSettled)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildOutcome {
+    Completed,
+    Failed,
+    /// It paused on a question; it may settle again once answered.
+    NeedsInput,
+}
+
+impl ChildOutcome {
+    /// The kind of `outcome`.
+    pub fn of(outcome: &crate::event::Outcome) -> Self {
+        match outcome {
+            crate::event::Outcome::Completed { .. } => ChildOutcome::Completed,
+            crate::event::Outcome::Failed { .. } => ChildOutcome::Failed,
+            crate::event::Outcome::NeedsInput { .. } => ChildOutcome::NeedsInput,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChildOutcome::Completed => "completed",
+            ChildOutcome::Failed => "failed",
+            ChildOutcome::NeedsInput => "needs_input",
+        }
+    }
+}
+
 /// A child this session started, and how it ended.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChildInfo {
@@ -115,7 +150,7 @@ pub struct ChildInfo {
     pub agent: String,
     pub mission_hash: String,
     /// None while it runs.
-    pub outcome: Option<&'static str>,
+    pub outcome: Option<ChildOutcome>,
     pub cached: bool,
     /// Answered by an identical run someone else started (single-flight).
     pub shared: bool,
@@ -134,10 +169,66 @@ pub struct SessionState {
     pub transcript: Vec<Message>,
     /// The tool calls of the current model turn, in the model's order.
     pub turn: Vec<Slot>,
-    /// The text of the last model answer that had no tool calls (the answer to settle).
-    pub pending_answer: Option<String>,
     /// Model turns recorded.
     pub steps: u32,
+    /// Failed model calls and unreadable model turns.
+    #[serde(flatten)]
+    pub failures: Failures,
+    /// What the session and its children spent, and what was saved.
+    #[serde(flatten)]
+    pub accounting: Accounting,
+    pub children: BTreeMap<String, ChildInfo>,
+    /// The answer being settled, and what the session ended with.
+    #[serde(flatten)]
+    pub ending: Ending,
+    pub last_seq: u64,
+    /// Time of the first and of the latest event (ms).
+    pub started_at: u64,
+    pub updated_at: u64,
+    /// Events of kinds this build does not know, kept for display.
+    pub unknown_events: u32,
+    /// Questions and approvals: open, answered, and the children's that were passed on.
+    #[serde(flatten)]
+    pub pauses: Pauses,
+    /// The plan this session owns, and the verdicts on patches to it.
+    #[serde(flatten)]
+    pub planning: Planning,
+    /// Follow-up questions put to this session after it had answered (`chat: true`): its
+    /// latest answer is to the last of them, not to the mission it was started with.
+    pub follow_ups: u32,
+    /// The reason the current turn's delegations were refused for the session's budget,
+    /// once the first of those refusals is recorded: the rest of the turn is refused alike.
+    pub turn_over_budget: Option<String>,
+    /// A pattern's turn (handoff, route, advisors) and what it left.
+    #[serde(flatten)]
+    pub pattern: PatternState,
+    /// This session's place in a team.
+    #[serde(flatten)]
+    pub team: TeamState,
+    /// Where each call of `turn` sits, by call id: a lookup, not state.
+    #[serde(skip)]
+    slot_index: SlotIndex,
+    /// How many calls of `turn` are in each state: a count kept beside it, not state.
+    #[serde(skip)]
+    slot_tally: SlotTally,
+}
+
+/// The answer a session is settling, and what it ended with.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Ending {
+    /// The text of the last model answer that had no tool calls (the answer to settle).
+    pub pending_answer: Option<String>,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    /// The summary of a long final answer (the agent's `summarize` setting), and the
+    /// answer it summarises.
+    pub summary: Option<String>,
+    pub full_answer: Option<String>,
+}
+
+/// Failed model calls and model turns that could not be read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Failures {
     /// Failed model calls since the last successful one.
     pub model_failures: u32,
     pub last_model_error: Option<String>,
@@ -147,6 +238,11 @@ pub struct SessionState {
     /// not JSON, or no readable call at all), and the reason of the last one.
     pub unreadable_turns: u32,
     pub last_unreadable: Option<String>,
+}
+
+/// What a session spent (its own model calls, its children's), and what it saved.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Accounting {
     pub usage_own: Usage,
     /// Usage rolled up from settled children.
     pub usage_children: Usage,
@@ -155,23 +251,31 @@ pub struct SessionState {
     pub cache_hits: u32,
     /// Delegations decided so far (the `N` of the next child id is this + 1).
     pub delegations: u32,
-    pub children: BTreeMap<String, ChildInfo>,
-    pub answer: Option<String>,
-    pub error: Option<String>,
-    pub last_seq: u64,
-    /// Time of the first and of the latest event (ms).
-    pub started_at: u64,
-    pub updated_at: u64,
-    /// Events of kinds this build does not know, kept for display.
-    pub unknown_events: u32,
-    /// The summary of a long final answer (the agent's `summarize` setting), and the
-    /// answer it summarises.
-    pub summary: Option<String>,
-    pub full_answer: Option<String>,
+    /// Per child, the usage already rolled up into `usage_children`: a child that settles
+    /// again (after a follow-up question) reports its whole usage, of which only what is
+    /// new is added.
+    pub child_usage: BTreeMap<SessionId, Usage>,
+}
+
+/// Where a session waits for answers: its own questions and approvals, the tokens used,
+/// and the references to its children's questions that its model was shown.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Pauses {
     pub pending_inputs: Vec<PendingInput>,
     pub pending_approvals: Vec<PendingApproval>,
     /// Token ids already answered (a token is good once).
     pub used_tokens: std::collections::BTreeSet<String>,
+    /// Answers this session received (`InputProvided`): from a person, or from its parent
+    /// resuming it. Its answer then depends on more than its mission.
+    pub answers_received: u32,
+    /// References to resume tokens of paused children, as this session's model was shown
+    /// them: the runtime shows the model the tokens they stand for, and only these.
+    pub resume_refs: std::collections::BTreeSet<String>,
+}
+
+/// The plan a session owns and what became of patches to it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Planning {
     /// The plan this session owns (empty unless it used `update_plan`).
     pub plan: crate::plan::Plan,
     /// Patches to this session's plan that were refused.
@@ -179,25 +283,14 @@ pub struct SessionState {
     /// Verdicts on sub-agents' proposals, by `from/call`: a proposal whose verdict is
     /// recorded is never merged twice.
     pub plan_verdicts: BTreeMap<String, Result<u64, crate::plan::Rejection>>,
-    /// Follow-up questions put to this session after it had answered (`chat: true`): its
-    /// latest answer is to the last of them, not to the mission it was started with.
-    pub follow_ups: u32,
-    /// Answers this session received (`InputProvided`): from a person, or from its parent
-    /// resuming it. Its answer then depends on more than its mission.
-    pub answers_received: u32,
-    /// Per child, the usage already rolled up into `usage_children`: a child that settles
-    /// again (after a follow-up question) reports its whole usage, of which only what is
-    /// new is added.
-    pub child_usage: BTreeMap<SessionId, Usage>,
-    /// References to resume tokens of paused children, as this session's model was shown
-    /// them: the runtime shows the model the tokens they stand for, and only these.
-    pub resume_refs: std::collections::BTreeSet<String>,
-    /// The reason the current turn's delegations were refused for the session's budget,
-    /// once the first of those refusals is recorded: the rest of the turn is refused alike.
-    pub turn_over_budget: Option<String>,
-    /// The pattern whose calls make up the current turn (a handoff, a route, the
-    /// advisors), if the turn is a pattern's.
-    pub pattern: Option<PatternKind>,
+}
+
+/// A pattern's turn (a handoff, a route, the advisors) and what it left behind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PatternState {
+    /// The pattern whose calls make up the current turn, if the turn is a pattern's.
+    #[serde(rename = "pattern")]
+    pub kind: Option<PatternKind>,
     /// The pending answer is the end of a handoff already made: it is not handed on again.
     pub handed_off: bool,
     /// The agent whose answer is pending, when it is not this session's own (a handoff
@@ -206,22 +299,27 @@ pub struct SessionState {
     /// What the advisors said, once they all have: it enters the first prompt.
     pub advice: Option<Advice>,
     /// A handoff or a route whose child failed: the session fails with this.
-    pub pattern_error: Option<String>,
+    #[serde(rename = "pattern_error")]
+    pub error: Option<String>,
+}
+
+/// A session's part in a team: whether its team started, and the broadcasts it got.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TeamState {
     /// This session's `team` was started (it runs once).
-    pub team_ran: bool,
+    #[serde(rename = "team_ran")]
+    pub ran: bool,
     /// Teammates' broadcasts received since the last model turn, and members that left.
-    pub team_unread: u32,
-    pub team_exits: u32,
+    #[serde(rename = "team_unread")]
+    pub unread: u32,
+    #[serde(rename = "team_exits")]
+    pub exits: u32,
     /// Broadcasts received, by sender and call: each is delivered once.
-    pub team_seen: std::collections::BTreeSet<String>,
+    #[serde(rename = "team_seen")]
+    pub seen: std::collections::BTreeSet<String>,
     /// Broadcasts received mid-turn, read once the turn's results are in.
-    pub team_queue: Vec<String>,
-    /// Where each call of `turn` sits, by call id: a lookup, not state.
-    #[serde(skip)]
-    slot_index: SlotIndex,
-    /// How many calls of `turn` are in each state: a count kept beside it, not state.
-    #[serde(skip)]
-    slot_tally: SlotTally,
+    #[serde(rename = "team_queue")]
+    pub queue: Vec<String>,
 }
 
 /// The position in the turn of each call id (its first, should a log repeat one), so
@@ -321,48 +419,21 @@ impl Default for SessionState {
             status: Status::New,
             transcript: vec![],
             turn: vec![],
-            pending_answer: None,
             steps: 0,
-            model_failures: 0,
-            last_model_error: None,
-            model_failure_fatal: false,
-            unreadable_turns: 0,
-            last_unreadable: None,
-            usage_own: Usage::default(),
-            usage_children: Usage::default(),
-            saved: Usage::default(),
-            cache_hits: 0,
-            delegations: 0,
+            failures: Failures::default(),
+            accounting: Accounting::default(),
             children: BTreeMap::new(),
-            answer: None,
-            error: None,
+            ending: Ending::default(),
             last_seq: 0,
             started_at: 0,
             updated_at: 0,
             unknown_events: 0,
-            summary: None,
-            full_answer: None,
-            pending_inputs: vec![],
-            pending_approvals: vec![],
-            used_tokens: Default::default(),
-            plan: Default::default(),
-            patches_rejected: 0,
-            plan_verdicts: Default::default(),
+            pauses: Pauses::default(),
+            planning: Planning::default(),
             follow_ups: 0,
-            answers_received: 0,
-            child_usage: BTreeMap::new(),
-            resume_refs: Default::default(),
             turn_over_budget: None,
-            pattern: None,
-            handed_off: false,
-            answer_from: None,
-            advice: None,
-            pattern_error: None,
-            team_ran: false,
-            team_unread: 0,
-            team_exits: 0,
-            team_seen: Default::default(),
-            team_queue: vec![],
+            pattern: PatternState::default(),
+            team: TeamState::default(),
             slot_index: SlotIndex::default(),
             slot_tally: SlotTally::default(),
         }
@@ -380,8 +451,8 @@ impl SessionState {
 
     /// Usage of this session and everything it started.
     pub fn usage_total(&self) -> Usage {
-        let mut u = self.usage_own;
-        u.add(&self.usage_children);
+        let mut u = self.accounting.usage_own;
+        u.add(&self.accounting.usage_children);
         u
     }
 
@@ -436,6 +507,15 @@ impl SessionState {
     /// answer, an approval, a cancel, a teammate's broadcast, a follow-up question), may
     /// still join its log; if not, why. Nothing joins a log after its terminal record but a
     /// follow-up question to a completed session, which reopens it.
+    /// The pool whose workers run this session ([`Submitted::pool`]; the default pool
+    /// before it is submitted).
+    pub fn pool(&self) -> String {
+        self.submitted.as_ref().map_or_else(
+            || crate::event::DEFAULT_POOL.into(),
+            crate::event::Submitted::pool,
+        )
+    }
+
     pub fn admits_from_outside(&self, body: &Event) -> Result<(), String> {
         if !self.status.is_terminal() {
             return Ok(());
@@ -445,6 +525,7 @@ impl SessionState {
         }
         let id = self.id.as_ref().map(SessionId::display).unwrap_or_default();
         let why = self
+            .ending
             .error
             .as_deref()
             .map(|e| format!(": {e}"))
@@ -467,7 +548,9 @@ impl SessionState {
         let own = self.id.as_ref();
         self.children
             .values()
-            .filter(|c| !c.cached && !c.shared && matches!(c.outcome, None | Some("needs_input")))
+            .filter(|c| {
+                !c.cached && !c.shared && matches!(c.outcome, None | Some(ChildOutcome::NeedsInput))
+            })
             .filter(|c| own.is_some_and(|p| p.contains(&c.child) && *p != c.child))
             .map(|c| c.child.clone())
             .collect()

@@ -155,7 +155,7 @@ pub fn resume_reference(child: &SessionId, outcome: &Outcome) -> String {
                 session: child.clone(),
                 seq: *seq,
                 nonce: token_id.clone(),
-                kind: "input".into(),
+                kind: crate::token::TokenKind::Input,
             })
         }
         Outcome::NeedsInput { token, .. } => token.clone(),

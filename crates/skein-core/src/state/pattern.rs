@@ -158,10 +158,10 @@ impl SessionState {
             // changes nothing (replay verification names it).
             return;
         }
-        self.pending_answer = None;
-        self.pattern = Some(kind);
+        self.ending.pending_answer = None;
+        self.pattern.kind = Some(kind);
         if kind == PatternKind::Team {
-            self.team_ran = true;
+            self.team.ran = true;
         }
         self.replace_turn(
             calls
@@ -213,7 +213,7 @@ impl SessionState {
                         failed,
                     })
                     .collect();
-                self.advice = Some(Advice { notes });
+                self.pattern.advice = Some(Advice { notes });
             }
             PatternKind::Handoff | PatternKind::Route | PatternKind::Team => {
                 let Some((agent, output, error)) = outcomes.into_iter().next() else {
@@ -225,18 +225,18 @@ impl SessionState {
                         PatternKind::Route => "the route to",
                         _ => "the team's supervisor",
                     };
-                    self.pattern_error = Some(format!("{what} `{agent}` failed: {output}"));
+                    self.pattern.error = Some(format!("{what} `{agent}` failed: {output}"));
                     return;
                 }
                 if kind == PatternKind::Handoff {
-                    self.handed_off = true;
+                    self.pattern.handed_off = true;
                 }
                 // The answer is the chain's: it is neither handed on again by a handoff
                 // already made nor summarised a second time.
-                self.summary = Some(output.clone());
-                self.full_answer = None;
-                self.pending_answer = Some(output);
-                self.answer_from = Some(agent);
+                self.ending.summary = Some(output.clone());
+                self.ending.full_answer = None;
+                self.ending.pending_answer = Some(output);
+                self.pattern.answer_from = Some(agent);
                 self.status = Status::Running;
             }
         }
@@ -247,19 +247,19 @@ impl SessionState {
     /// A teammate's broadcast, received: the model reads it before its next turn (at
     /// once between turns, else when the current turn's results are in).
     pub(super) fn hear(&mut self, b: &crate::event::TeamBroadcast) {
-        if !self.team_seen.insert(b.key()) {
+        if !self.team.seen.insert(b.key()) {
             return;
         }
-        self.team_unread += 1;
+        self.team.unread += 1;
         if b.is_leaving() {
-            self.team_exits += 1;
+            self.team.exits += 1;
         }
         let text = broadcast_text(b);
         if self.turn.is_empty() {
             self.transcript
                 .push(crate::message::Message::User { content: text });
         } else {
-            self.team_queue.push(text);
+            self.team.queue.push(text);
         }
     }
 
@@ -270,15 +270,15 @@ impl SessionState {
         };
         seat.role == crate::event::TeamRole::Supervisor
             && self.turn.is_empty()
-            && self.pending_answer.is_none()
-            && self.team_unread == 0
-            && self.team_exits < seat.members
+            && self.ending.pending_answer.is_none()
+            && self.team.unread == 0
+            && self.team.exits < seat.members
     }
 
     /// The members of this session's team still running once its supervisor has ended:
     /// the team is over, and they are to be cancelled.
     pub fn team_leftovers(&self) -> Vec<crate::id::SessionId> {
-        if self.pattern != Some(PatternKind::Team) {
+        if self.pattern.kind != Some(PatternKind::Team) {
             return vec![];
         }
         let supervisor_done = self

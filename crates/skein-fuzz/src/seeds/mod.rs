@@ -326,7 +326,7 @@ fn tokens_and_answers(dir: &Path) -> Result<()> {
                 session,
                 seq: 7,
                 nonce: "0123456789abcdef01234567".into(),
-                kind: "approval".into(),
+                kind: skein_core::token::TokenKind::Approval,
             },
         ),
         Err(e) => return Err(other(e)),
@@ -337,7 +337,7 @@ fn tokens_and_answers(dir: &Path) -> Result<()> {
             session: SessionId::root(crate::fixtures::PAUSED_ROOT).map_err(other)?,
             seq: crate::fixtures::PAUSED_SEQ,
             nonce: crate::fixtures::PAUSED_TOKEN_ID.into(),
-            kind: "input".into(),
+            kind: skein_core::token::TokenKind::Input,
         },
     );
     for (n, t) in [
@@ -391,7 +391,7 @@ fn tool_calls(dir: &Path) -> Result<()> {
             session: SessionId::parse("fuzz-tools.researcher-2").map_err(other)?,
             seq: 3,
             nonce: "a1a1a1a1a1a1a1a1a1a1a1a1".into(),
-            kind: "input".into(),
+            kind: skein_core::token::TokenKind::Input,
         },
     );
     let calls = [

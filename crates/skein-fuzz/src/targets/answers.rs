@@ -122,6 +122,7 @@ async fn pause(rt: &Runtime) -> skein_runtime::Result<()> {
     .await?;
     let paused = f
         .state
+        .pauses
         .pending_inputs
         .iter()
         .any(|p| p.token_id == PAUSED_TOKEN_ID && p.seq == PAUSED_SEQ);
@@ -142,11 +143,14 @@ impl Target for Answers {
         };
         let rt = &self.rt;
         self.tokio.block_on(async {
-            let Ok((claims, f)) = hitl::check_token(rt, &req.token, "input").await else {
+            let Ok((claims, f)) =
+                hitl::check_token(rt, &req.token, skein_core::token::TokenKind::Input).await
+            else {
                 return false;
             };
             let pending = f
                 .state
+                .pauses
                 .pending_inputs
                 .iter()
                 .find(|p| p.token_id == claims.nonce)

@@ -68,27 +68,14 @@ impl Responses {
             .ok_or_else(|| setup(&"no `fuzzer` agent"))?;
         let session = SessionId::root("fuzz-model").map_err(|e| setup(&e))?;
         let submitted = Event::Submitted(Submitted {
-            agent: "fuzzer".into(),
             def_digest: def.digest.clone(),
             mission: "Compare three queue designs".into(),
-            context: None,
-            inputs: Value::Null,
             mission_hash: "0".repeat(64),
-            parent: None,
-            depth: 0,
             budget: skein_core::Budget {
                 tokens: Some(100_000),
                 max_steps: None,
             },
-            trace: None,
-            ancestry: vec![],
-            no_cache: false,
-            forked_from: None,
-            pool: None,
-            plan: None,
-            request: None,
-            allowed_tools: None,
-            team: None,
+            ..Submitted::for_test("fuzzer")
         });
         let base = SessionState::fold(&[Envelope::new(
             session.clone(),

@@ -144,23 +144,10 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
     };
     let bodies = vec![
         Event::Submitted(Submitted {
-            agent: "fuzzer".into(),
             def_digest: def.digest.clone(),
             mission: "Compare three queue designs".into(),
-            context: None,
             inputs: json!({"topic": "queues"}),
             mission_hash: "0".repeat(64),
-            parent: None,
-            depth: 0,
-            budget: Default::default(),
-            trace: None,
-            ancestry: vec![],
-            no_cache: false,
-            forked_from: None,
-            pool: None,
-            plan: None,
-            request: None,
-            allowed_tools: None,
             // A member of a team, so that `team_broadcast` reaches its rules.
             team: Some(Box::new(skein_core::event::TeamSeat {
                 host: root.clone(),
@@ -168,6 +155,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
                 peers: vec![],
                 members: 1,
             })),
+            ..Submitted::for_test("fuzzer")
         }),
         Event::ModelCalled(ModelCalled {
             model: def.front.model.clone(),
@@ -187,8 +175,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
             agent: "chatty".into(),
             mission_hash: "1".repeat(64),
             allotted_tokens: None,
-            shared: false,
-            resumed: false,
+            kind: skein_core::event::DelegationKind::Started,
             owns_tasks: vec![],
             max_steps: None,
         }),
@@ -198,8 +185,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
             agent: "researcher".into(),
             mission_hash: "2".repeat(64),
             allotted_tokens: None,
-            shared: false,
-            resumed: false,
+            kind: skein_core::event::DelegationKind::Started,
             owns_tasks: vec![],
             max_steps: None,
         }),

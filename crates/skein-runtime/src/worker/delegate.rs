@@ -7,12 +7,12 @@ use std::sync::Arc;
 use futures::future::join_all;
 use futures::StreamExt;
 use skein_core::decide::Delegation;
-use skein_core::event::{CacheHit, Delegated, InputProvided, ParentRef, Submitted};
+use skein_core::event::{CacheHit, Delegated, DelegationKind, InputProvided, ParentRef, Submitted};
 use skein_core::hash::{mission_hash, MissionKey, RunShape};
 use skein_core::{AgentDef, Event, SessionId, Status};
 
-use crate::runtime::{Runtime, DEFAULT_POOL};
-use crate::session::Folded;
+use crate::runtime::Runtime;
+use crate::session::{Folded, Outside};
 use crate::{Error, Result};
 
 impl Runtime {
@@ -34,9 +34,9 @@ impl Runtime {
                 parent_events.push(self.resume_child(f, &d, resume).await?);
                 if let Some(Event::Delegated(_)) = parent_events.last() {
                     let (cf, _) = self.load(&d.child).await?;
-                    let pool = cf.state.submitted.as_ref().and_then(|s| s.pool.clone());
+                    let pool = cf.state.pool();
                     self.keep_state(cf);
-                    jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));
+                    jobs.push((pool, d.child.clone()));
                 }
                 continue;
             }
@@ -127,10 +127,7 @@ impl Runtime {
                 {
                     // An identical mission is running: wait for it instead of a new run.
                     // Watch before recording, so its end cannot slip past unheard.
-                    let my_pool = parent_sub
-                        .pool
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_POOL.into());
+                    let my_pool = parent_sub.pool();
                     self.backend
                         .notices
                         .watch(&running, &f.id, &my_pool)
@@ -141,8 +138,7 @@ impl Runtime {
                         agent: d.agent,
                         mission_hash: hash,
                         allotted_tokens: None,
-                        shared: true,
-                        resumed: false,
+                        kind: DelegationKind::Shared,
                         owns_tasks: vec![],
                         max_steps: None,
                     }));
@@ -178,16 +174,15 @@ impl Runtime {
                 allowed_tools: d.allowed_tools.clone(),
                 team: d.team.clone().map(Box::new),
             };
+            jobs.push((submitted.pool(), d.child.clone()));
             creations.push((d.child.clone(), child_def, submitted));
-            jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), d.child.clone()));
             parent_events.push(Event::Delegated(Delegated {
                 call: d.call,
                 child: d.child,
                 agent: d.agent,
                 mission_hash: hash,
                 allotted_tokens: d.budget.tokens,
-                shared: false,
-                resumed: false,
+                kind: DelegationKind::Started,
                 owns_tasks: d
                     .grant
                     .as_ref()
@@ -346,7 +341,7 @@ impl Runtime {
         let by = format!("{}#{}", f.id, d.call);
         // A crash after the answers were recorded but before `Delegated`: finish the job.
         let (cf, _) = self.load(&d.child).await?;
-        let ours = !cf.state.used_tokens.is_empty()
+        let ours = !cf.state.pauses.used_tokens.is_empty()
             && self
                 .backend
                 .log
@@ -372,6 +367,7 @@ impl Runtime {
                 let r = resume.token.trim();
                 match f
                     .state
+                    .pauses
                     .resume_refs
                     .contains(r)
                     .then(|| skein_core::token::from_reference(&self.cfg.token_secret.0, r))
@@ -383,11 +379,14 @@ impl Runtime {
             } else {
                 resume.token.clone()
             };
-            let (claims, cf) = match crate::hitl::check_token(self, &token, "input").await {
-                Ok(x) => x,
-                Err(Error::Refused { reason: why, .. }) => return Ok(refuse(why)),
-                Err(e) => return Err(e),
-            };
+            let (claims, cf) =
+                match crate::hitl::check_token(self, &token, skein_core::token::TokenKind::Input)
+                    .await
+                {
+                    Ok(x) => x,
+                    Err(Error::Refused { reason: why, .. }) => return Ok(refuse(why)),
+                    Err(e) => return Err(e),
+                };
             if claims.session != d.child {
                 self.keep_state(cf);
                 return Ok(refuse(format!(
@@ -397,6 +396,7 @@ impl Runtime {
             }
             let questions = cf
                 .state
+                .pauses
                 .pending_inputs
                 .iter()
                 .find(|p| p.token_id == claims.nonce)
@@ -414,11 +414,16 @@ impl Runtime {
                 token_id: nonce.clone(),
                 by: Some(by),
             });
-            let valid = |g: &Folded| g.state.pending_inputs.iter().any(|p| p.token_id == nonce);
-            match self.append_from_outside(cf, body, valid).await {
-                Ok(cf) => self.keep_state(cf),
-                Err(Error::Refused { reason: why, .. }) => return Ok(refuse(why)),
-                Err(e) => return Err(e),
+            let valid = |g: &Folded| {
+                g.state
+                    .pauses
+                    .pending_inputs
+                    .iter()
+                    .any(|p| p.token_id == nonce)
+            };
+            match self.append_from_outside(cf, body, valid).await? {
+                Outside::Appended(cf) => self.keep_state(cf),
+                Outside::Moot(m) => return Ok(refuse(m.to_string())),
             }
         }
         Ok(Event::Delegated(Delegated {
@@ -427,8 +432,7 @@ impl Runtime {
             agent: d.agent.clone(),
             mission_hash,
             allotted_tokens: None,
-            shared: false,
-            resumed: true,
+            kind: DelegationKind::Resumed,
             owns_tasks: vec![],
             max_steps: None,
         }))
@@ -456,7 +460,7 @@ impl Runtime {
                 .as_ref()
                 .map(|s| s.mission_hash.clone())
                 .unwrap_or_default();
-            let pool = cf.state.submitted.as_ref().and_then(|s| s.pool.clone());
+            let pool = cf.state.pool();
             if !asked {
                 if cf.state.status != Status::Completed {
                     self.keep_state(cf);
@@ -475,22 +479,24 @@ impl Runtime {
                         call: c.call.clone(),
                         question: c.question.clone(),
                     });
-                let cf = self
+                match self
                     .append_from_outside(cf, body, |g| g.state.status == Status::Completed)
-                    .await?;
-                self.keep_state(cf);
+                    .await?
+                {
+                    Outside::Appended(cf) => self.keep_state(cf),
+                    Outside::Moot(m) => return Err(m.refusal()),
+                }
             } else {
                 self.keep_state(cf);
             }
-            jobs.push((pool.unwrap_or_else(|| DEFAULT_POOL.into()), c.child.clone()));
+            jobs.push((pool, c.child.clone()));
             events.push(Event::Delegated(Delegated {
                 call: c.call,
                 child: c.child,
                 agent: c.agent,
                 mission_hash,
                 allotted_tokens: None,
-                shared: false,
-                resumed: true,
+                kind: DelegationKind::Resumed,
                 owns_tasks: vec![],
                 max_steps: Some(c.max_steps),
             }));

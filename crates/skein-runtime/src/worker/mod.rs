@@ -41,8 +41,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use skein_core::decide::Refusal;
-use skein_core::event::{ApprovalRequested, InputRequested};
-use skein_core::{Event, ModelRequest, Status, Step};
+use skein_core::{Event, Status, Step};
 
 pub use crate::runtime::{
     default_worker_id, Progress, Runtime, RuntimeConfig, TextDelta, DEFAULT_POOL, MAX_MISSION_BYTES,
@@ -148,12 +147,7 @@ impl Runtime {
     fn wake_at(&self, f: &Folded, at: u64) {
         let jobs = self.backend.jobs.clone();
         let id = f.id.clone();
-        let pool = f
-            .state
-            .submitted
-            .as_ref()
-            .and_then(|s| s.pool.clone())
-            .unwrap_or_else(|| DEFAULT_POOL.into());
+        let pool = f.state.pool();
         let left = at.saturating_sub(self.cfg.clock.now_ms()) + 5;
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(left)).await;
@@ -199,7 +193,7 @@ impl Runtime {
                 job.attempt - 1,
                 self.cfg.max_deliver
             );
-            if let Some(m) = &f.state.last_model_error {
+            if let Some(m) = &f.state.failures.last_model_error {
                 error.push_str(&format!("; the last model error: {m}"));
             }
             let body = Event::dead_lettered(&error, f.state.usage_total(), f.state.steps);
@@ -225,7 +219,7 @@ impl Runtime {
                         // A child's question goes to its parent: wake it to read it.
                         if let Some(p) = f.state.submitted.as_ref().and_then(|s| s.parent.clone()) {
                             self.backend.notices.post(&p.session, &f.id).await?;
-                            let pool = p.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+                            let pool = p.pool();
                             self.backend.jobs.push(&pool, &p.session).await?;
                         }
                     }
@@ -258,66 +252,22 @@ impl Runtime {
                 Step::Refuse(rs) => self.refuse(f, rs).await?,
                 Step::Clarify(v) => self.clarify(f, v).await?,
                 Step::Summarize { model, max_chars } => {
-                    let full = f.state.pending_answer.clone().unwrap_or_default();
+                    let request = f.state.summary_request(model, max_chars);
+                    let full = request.meta.context.as_deref().unwrap_or_default();
                     self.backend.blobs.put(full.as_bytes()).await?;
-                    let sub = f.state.submitted.clone();
-                    let request = ModelRequest {
-                        model,
-                        messages: vec![
-                            skein_core::Message::System {
-                                content: format!(
-                                    "Summarise the answer below in at most {max_chars} \
-                                     characters. Keep every fact, figure and name the \
-                                     requester needs; add nothing."
-                                ),
-                            },
-                            skein_core::Message::User {
-                                content: full.clone(),
-                            },
-                        ],
-                        tools: vec![],
-                        temperature: None,
-                        max_tokens: None,
-                        top_p: None,
-                        top_k: None,
-                        prompt_cache: false,
-                        meta: skein_core::message::RequestMeta {
-                            session: f.id.to_string(),
-                            agent: sub.as_ref().map(|s| s.agent.clone()).unwrap_or_default(),
-                            mission: "summarize".into(),
-                            context: Some(full),
-                            inputs: serde_json::Value::Null,
-                            plan: serde_json::Value::Null,
-                        },
-                    };
                     self.call_model(f, &def, request, &[], job).await?
                 }
                 Step::AskUser(asks) => {
                     let events = asks
                         .into_iter()
-                        .map(|a| {
-                            Event::InputRequested(InputRequested {
-                                call: Some(a.call),
-                                questions: a.questions,
-                                context: a.context,
-                                defaults: a.defaults,
-                                token_id: crate::clock::token_id(&*self.cfg.clock),
-                            })
-                        })
+                        .map(|a| a.into_event(crate::clock::token_id(&*self.cfg.clock)))
                         .collect();
                     self.append_all(f, events).await?
                 }
                 Step::RequestApproval(v) => {
                     let events = v
                         .into_iter()
-                        .map(|a| {
-                            Event::ApprovalRequested(ApprovalRequested {
-                                call: a.call,
-                                tool: a.tool,
-                                preview: a.preview,
-                                token_id: crate::clock::token_id(&*self.cfg.clock),
-                            })
-                        })
+                        .map(|a| a.into_event(crate::clock::token_id(&*self.cfg.clock)))
                         .collect();
                     self.append_all(f, events).await?
                 }

@@ -103,7 +103,11 @@ impl Runtime {
                         .state
                         .children
                         .values()
-                        .filter(|c| !c.cached && !c.shared && c.outcome == Some("completed"))
+                        .filter(|c| {
+                            !c.cached
+                                && !c.shared
+                                && c.outcome == Some(skein_core::state::ChildOutcome::Completed)
+                        })
                         .filter(|c| self.agents.get(&c.agent).is_some_and(|d| d.front.chat))
                         .map(|c| c.child.display())
                         .collect::<std::collections::BTreeSet<_>>()
@@ -130,7 +134,7 @@ impl Runtime {
         let (session, seq, attempt) = (
             f.id.clone(),
             f.state.last_seq + 1,
-            f.state.model_failures + 1,
+            f.state.failures.model_failures + 1,
         );
         let on_text = |piece: &str| {
             if !shown.is_empty() || self.text.receiver_count() == 0 {
@@ -235,7 +239,7 @@ impl Runtime {
             }
             Err(e) => {
                 let retryable = e.is_retryable();
-                let attempt = f.state.model_failures + 1;
+                let attempt = f.state.failures.model_failures + 1;
                 tracing::warn!(session = %f.id, attempt, retryable, error = %e, "model call failed");
                 let ev = ModelFailed {
                     model: request.model.clone(),
@@ -304,17 +308,18 @@ impl Runtime {
         state: &SessionState,
         request: &mut ModelRequest,
     ) -> Vec<(String, String)> {
-        if state.resume_refs.is_empty() {
+        if state.pauses.resume_refs.is_empty() {
             return vec![];
         }
         let secret = &self.cfg.token_secret.0;
         let shown: Vec<(String, String)> = state
+            .pauses
             .resume_refs
             .iter()
             .filter_map(|r| Some((skein_core::token::from_reference(secret, r)?, r.clone())))
             .collect();
         let reveal = |text: &str| {
-            skein_core::token::replace_references(text, &state.resume_refs, |r| {
+            skein_core::token::replace_references(text, &state.pauses.resume_refs, |r| {
                 skein_core::token::from_reference(secret, r)
             })
         };

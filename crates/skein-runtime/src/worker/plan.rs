@@ -50,7 +50,7 @@ impl Runtime {
         let key = skein_core::state::verdict_key(from, call);
         for _ in 0..8 {
             let (mut pf, _) = self.load(owner).await?;
-            if let Some(v) = pf.state.plan_verdicts.get(&key).cloned() {
+            if let Some(v) = pf.state.planning.plan_verdicts.get(&key).cloned() {
                 self.keep_state(pf);
                 return Ok(v);
             }
@@ -66,6 +66,7 @@ impl Runtime {
             };
             let verdict = pf
                 .state
+                .planning
                 .plan
                 .merge(author, patch, self.cfg.limits.plan_unlink)
                 .map(|p| p.version);
@@ -110,7 +111,7 @@ impl Runtime {
             return;
         };
         let key = skein_core::state::verdict_key(&from, skein_core::state::RESULT_PATCH);
-        let verdict = match (f.state.plan_verdicts.get(&key), read) {
+        let verdict = match (f.state.planning.plan_verdicts.get(&key), read) {
             (Some(v), _) => v.clone(),
             (None, Err(reason)) => Err(Rejection::Invalid { reason }),
             (None, Ok(p)) => {

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use futures::future::join_all;
 use futures::StreamExt;
 use skein_core::event::{ChildSettled, Outcome};
-use skein_core::state::PatternKind;
+use skein_core::state::{PatternKind, SlotState};
 use skein_core::{AgentDef, Event, SessionId, Status, Step};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
@@ -60,7 +60,6 @@ impl Runtime {
         pushed: &BTreeSet<SessionId>,
         first: bool,
     ) -> Result<Look> {
-        use skein_core::state::SlotState;
         let any_out = f
             .state
             .turn
@@ -69,6 +68,23 @@ impl Runtime {
         if !any_out {
             return Ok(Look::default());
         }
+        let choice = self.choose_children(f, cold, ending, pushed, first).await?;
+        let seen = self.read_children(&choice).await?;
+        self.record_settlements(f, def, &choice, &seen, cold || ending, pushed)
+            .await
+    }
+
+    /// The first step of a look: which children to look at. Reads the notices (and, when
+    /// few children are waited on, their ends with them) and picks the children they
+    /// name, the shared runs, and every outstanding child when the look must be whole.
+    async fn choose_children(
+        &self,
+        f: &mut Folded,
+        cold: bool,
+        ending: bool,
+        pushed: &BTreeSet<SessionId>,
+        first: bool,
+    ) -> Result<Choice> {
         // The ends of the children waited on (when few) are read with the notices, where
         // this worker kept the session's fold: on the first look, with the log
         // (`load_for_job`); on a later look of the same job, here. (A session whose job
@@ -166,6 +182,25 @@ impl Runtime {
         candidates.extend(shared);
         candidates.sort();
         candidates.dedup();
+        Ok(Choice {
+            candidates,
+            outstanding,
+            shared_runs,
+            ends,
+            every,
+        })
+    }
+
+    /// The second step: the last record of each chosen child (taken from the ends read
+    /// with the notices where there is one), and whether a child still running is paused
+    /// on a question.
+    async fn read_children(&self, choice: &Choice) -> Result<Seen> {
+        let Choice {
+            candidates,
+            outstanding,
+            ends,
+            ..
+        } = choice;
         // The ends read with the notices stand for these reads. Nothing follows a session's
         // end but what its parent writes first (a follow-up question's `InputProvided`,
         // written before this wait began), so an end read at any moment of the wait is
@@ -210,12 +245,35 @@ impl Runtime {
                 .filter_map(Result::transpose)
                 .collect::<Result<_>>()?
         };
+        Ok(Seen { lasts, paused })
+    }
+
+    /// The last step: `ChildSettled` for every chosen child that ended or paused, jobs
+    /// pushed again for children still running after a cold load (or at a team's end),
+    /// and the records appended.
+    async fn record_settlements(
+        &self,
+        f: &mut Folded,
+        def: &AgentDef,
+        choice: &Choice,
+        seen: &Seen,
+        whole: bool,
+        pushed: &BTreeSet<SessionId>,
+    ) -> Result<Look> {
+        let Choice {
+            candidates,
+            outstanding,
+            shared_runs,
+            every,
+            ..
+        } = choice;
+        let Seen { lasts, paused } = seen;
         let mut events = vec![];
         let mut repush = vec![];
         // A shared run waited on that has not started yet.
         let mut unstarted = false;
         // Result patches of this batch merge one after the other.
-        let mut plan = f.state.plan.clone();
+        let mut plan = f.state.planning.plan.clone();
         for (child, last) in candidates.iter().zip(lasts.iter()) {
             let Some(calls) = outstanding.get(child) else {
                 continue;
@@ -243,7 +301,7 @@ impl Runtime {
                     // keeps this session waiting until it is answered and ends.
                     Some(Outcome::NeedsInput { .. })
                         if matches!(
-                            f.state.pattern,
+                            f.state.pattern.kind,
                             Some(PatternKind::Handoff | PatternKind::Route)
                         ) => {}
                     Some(mut outcome) => {
@@ -256,9 +314,7 @@ impl Runtime {
                             }));
                         }
                     }
-                    None if (cold || ending) && !pushed.contains(child) => {
-                        repush.push(child.clone())
-                    }
+                    None if whole && !pushed.contains(child) => repush.push(child.clone()),
                     None => {}
                 },
                 // A shared run with no log yet: its caller claimed the mission and has not
@@ -296,13 +352,10 @@ impl Runtime {
         // again, many at a time. A push of a job that exists only leaves a wake marker.
         let pushes = futures::stream::iter(repush.into_iter().map(|child| async move {
             let first = self.backend.log.read(&child, 1).await?;
-            let pool = first
-                .first()
-                .and_then(|r| match &r.env.body {
-                    Event::Submitted(s) => s.pool.clone(),
-                    _ => None,
-                })
-                .unwrap_or_else(|| DEFAULT_POOL.into());
+            let pool = match first.first().map(|r| &r.env.body) {
+                Some(Event::Submitted(s)) => s.pool(),
+                _ => DEFAULT_POOL.into(),
+            };
             self.backend.jobs.push(&pool, &child).await
         }))
         .buffer_unordered(32)
@@ -343,7 +396,7 @@ impl Runtime {
         Ok(Look {
             settled: n,
             partial: unstarted
-                || (!every && !self.backend.capabilities().notices_in_step_with_wakes),
+                || (!*every && !self.backend.capabilities().notices_in_step_with_wakes),
         })
     }
 
@@ -398,12 +451,7 @@ impl Runtime {
             self.rechecks.clone(),
         );
         let id = f.id.clone();
-        let pool = f
-            .state
-            .submitted
-            .as_ref()
-            .and_then(|s| s.pool.clone())
-            .unwrap_or_else(|| DEFAULT_POOL.into());
+        let pool = f.state.pool();
         let lease = self.cfg.lease;
         tokio::spawn(async move {
             tokio::time::sleep(lease).await;
@@ -430,7 +478,7 @@ impl Runtime {
     pub(crate) async fn needs_input(&self, child: &SessionId) -> Result<Option<Outcome>> {
         let (cf, _) = self.load(child).await?;
         let out = (cf.state.status == Status::AwaitingInput)
-            .then(|| cf.state.pending_inputs.first().cloned())
+            .then(|| cf.state.pauses.pending_inputs.first().cloned())
             .flatten()
             .map(|p| Outcome::NeedsInput {
                 questions: p.questions.clone(),
@@ -456,4 +504,26 @@ pub(crate) struct Look {
     /// child, on a backend whose notices may be missing when a wake-up comes: a child
     /// whose wake-up was coalesced into this one may have ended unseen.
     pub partial: bool,
+}
+
+/// The children a look reads (see [`Runtime::collect_settlements`]).
+struct Choice {
+    /// The children to read, sorted, each once.
+    candidates: Vec<SessionId>,
+    /// The outstanding calls of each child looked at, by child.
+    outstanding: HashMap<SessionId, Vec<String>>,
+    /// Runs shared with another caller (single-flight).
+    shared_runs: HashSet<SessionId>,
+    /// Ends of children already read with the notices.
+    ends: HashMap<SessionId, skein_core::Record>,
+    /// Every outstanding child is looked at, not only those the notices named.
+    every: bool,
+}
+
+/// What a look read of the children it chose.
+struct Seen {
+    /// The last record of each candidate, in the order of [`Choice::candidates`].
+    lasts: Vec<Option<skein_core::Record>>,
+    /// Candidates still running that are paused on a question.
+    paused: HashMap<SessionId, Outcome>,
 }

@@ -6,7 +6,7 @@ use skein_core::event::{CacheHit, Submitted};
 use skein_core::hash::{mission_hash, MissionKey};
 use skein_core::{Budget, Event, SessionId};
 
-use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::runtime::Runtime;
 use crate::{new_root_id, Error, Result};
 
 /// A submission from a person or a program.
@@ -135,10 +135,7 @@ impl Runtime {
             allowed_tools: None,
             team: None,
         };
-        let pool = submitted
-            .pool
-            .clone()
-            .unwrap_or_else(|| DEFAULT_POOL.into());
+        let pool = submitted.pool();
         let hash = submitted.mission_hash.clone();
         let cacheable = !submitted.no_cache && self.agents.caching(def).cached;
         let asked = submitted.clone();

@@ -6,8 +6,8 @@ use skein_core::decide::Broadcast;
 use skein_core::event::{BroadcastKind, TeamBroadcast, TeamRole};
 use skein_core::{Event, SessionId, Status};
 
-use crate::runtime::{Runtime, DEFAULT_POOL};
-use crate::session::Folded;
+use crate::runtime::Runtime;
+use crate::session::{Folded, Outside};
 use crate::{Error, Result};
 
 use skein_core::event::EXIT_CALL;
@@ -60,14 +60,14 @@ impl Runtime {
         let (kind, message) = match f.state.status {
             Status::Completed => (
                 BroadcastKind::Exit,
-                f.state.answer.clone().unwrap_or_default(),
+                f.state.ending.answer.clone().unwrap_or_default(),
             ),
             Status::Failed => (
                 BroadcastKind::Failure,
                 format!(
                     "member `{}` failed and is no longer in the team. Reason: {}",
                     sub.agent,
-                    f.state.error.as_deref().unwrap_or("unknown")
+                    f.state.ending.error.as_deref().unwrap_or("unknown")
                 ),
             ),
             _ => (
@@ -75,7 +75,7 @@ impl Runtime {
                 format!(
                     "`{}` left the team: {}",
                     sub.agent,
-                    f.state.error.as_deref().unwrap_or("it ended")
+                    f.state.ending.error.as_deref().unwrap_or("it ended")
                 ),
             ),
         };
@@ -95,7 +95,7 @@ impl Runtime {
     /// wakes each. Returns how many peers hold it.
     async fn deliver(&self, peers: &[SessionId], msg: &TeamBroadcast) -> Result<usize> {
         let key = msg.key();
-        let open = |g: &Folded| !g.state.status.is_terminal() && !g.state.team_seen.contains(&key);
+        let open = |g: &Folded| !g.state.status.is_terminal() && !g.state.team.seen.contains(&key);
         let mut reached = 0;
         for p in peers {
             let (pf, _) = self.load(p).await?;
@@ -103,28 +103,23 @@ impl Runtime {
                 self.keep_state(pf);
                 continue;
             }
-            if pf.state.team_seen.contains(&key) {
+            if pf.state.team.seen.contains(&key) {
                 reached += 1;
                 self.keep_state(pf);
                 continue;
             }
-            let pool = pf
-                .state
-                .submitted
-                .as_ref()
-                .and_then(|s| s.pool.clone())
-                .unwrap_or_else(|| DEFAULT_POOL.into());
+            let pool = pf.state.pool();
             match self
                 .append_from_outside(pf, Event::TeamBroadcast(msg.clone()), open)
                 .await
             {
-                Ok(pf) => {
+                Ok(Outside::Appended(pf)) => {
                     self.keep_state(pf);
                     self.backend.jobs.push(&pool, p).await?;
                     reached += 1;
                 }
                 // It ended (or received it) meanwhile.
-                Err(Error::Refused { .. }) => {}
+                Ok(Outside::Moot(_)) => {}
                 Err(e) => return Err(e),
             }
         }

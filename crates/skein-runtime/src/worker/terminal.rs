@@ -2,7 +2,7 @@
 //! a root's result announced.
 
 use crate::ports::{CacheEntry, RootResult};
-use crate::runtime::{Runtime, DEFAULT_POOL};
+use crate::runtime::Runtime;
 use crate::session::Folded;
 use crate::Result;
 use skein_core::Status;
@@ -20,7 +20,7 @@ impl Runtime {
         if f.state.status == Status::Completed
             && !sub.no_cache
             && f.state.follow_ups == 0
-            && f.state.answers_received == 0
+            && f.state.pauses.answers_received == 0
         {
             let def = self.def_for(&f.state).await?;
             if self.agents.caching(&def).cached {
@@ -33,7 +33,7 @@ impl Runtime {
                 };
                 let now = self.cfg.clock.now_ms();
                 let entry = CacheEntry {
-                    answer: f.state.answer.clone().unwrap_or_default(),
+                    answer: f.state.ending.answer.clone().unwrap_or_default(),
                     usage: f.state.usage_total(),
                     source: f.id.clone(),
                     steps: f.state.steps,
@@ -83,7 +83,7 @@ impl Runtime {
         match &sub.parent {
             Some(p) => {
                 self.backend.notices.post(&p.session, &f.id).await?;
-                let pool = p.pool.clone().unwrap_or_else(|| DEFAULT_POOL.into());
+                let pool = p.pool();
                 self.backend.jobs.push(&pool, &p.session).await?;
             }
             None => {
@@ -91,9 +91,9 @@ impl Runtime {
                     let r = RootResult {
                         session: f.id.to_string(),
                         seq: f.state.last_seq,
-                        status: f.state.status.as_str().to_string(),
-                        answer: f.state.answer.clone(),
-                        error: f.state.error.clone(),
+                        status: f.state.status,
+                        answer: f.state.ending.answer.clone(),
+                        error: f.state.ending.error.clone(),
                         usage: f.state.usage_total(),
                     };
                     a.root_finished(&r).await?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use skein_core::SessionId;
 
-use crate::runtime::{lock, Runtime, DEFAULT_POOL};
+use crate::runtime::{lock, Runtime};
 use crate::session::Folded;
 use crate::Result;
 
@@ -69,12 +69,7 @@ impl Runtime {
         let mut n = 0;
         for id in self.backend.log.tree(root).await? {
             let (f, _) = self.load(&id).await?;
-            let pool = f
-                .state
-                .submitted
-                .as_ref()
-                .and_then(|s| s.pool.clone())
-                .unwrap_or_else(|| DEFAULT_POOL.into());
+            let pool = f.state.pool();
             let terminal = f.state.status.is_terminal();
             // A finished child whose parent may not have heard of it is woken too.
             if !terminal

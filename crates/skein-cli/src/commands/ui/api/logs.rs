@@ -201,8 +201,8 @@ pub(super) async fn plan(
     }
     Ok(Json(PlanView {
         session: id.display(),
-        markdown: state.plan.render_markdown(),
-        plan: json(&state.plan)?,
+        markdown: state.planning.plan.render_markdown(),
+        plan: json(&state.planning.plan)?,
         changes,
     }))
 }

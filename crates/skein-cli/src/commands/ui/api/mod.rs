@@ -19,7 +19,7 @@ use skein_core::{Event, Record, SessionId, SessionState};
 use skein_runtime::inspect::{fold_records, row, summarize, tree_rows};
 use skein_runtime::replay::{fork, verify_tree, ForkSpec};
 use skein_runtime::worker::{Runtime, Submission};
-use skein_runtime::{hitl, Error};
+use skein_runtime::{hitl, Error, TokenRefusal};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::{Ui, AUTH_COOKIE};
@@ -33,20 +33,35 @@ use inbox::*;
 use logs::*;
 use trees::*;
 
-/// A refusal or a failure, as `{"error": "..."}` with a status that says whose it was.
+/// A refusal or a failure, as `{"error": "..."}` with a status that says whose it was;
+/// a refused token also names why (`{"error": "...", "refusal": "stale"}`).
 #[derive(Debug)]
-pub struct ApiError(pub StatusCode, pub String);
+pub struct ApiError(pub StatusCode, pub String, pub Option<TokenRefusal>);
+
+impl ApiError {
+    fn new(status: StatusCode, text: impl Into<String>) -> Self {
+        ApiError(status, text.into(), None)
+    }
+}
 
 #[derive(Serialize, ToSchema)]
 pub struct ErrorBody {
     /// What was wrong, in words.
     pub error: String,
+    /// Why a token was refused: `malformed`, `forged`, `wrong_kind`, `no_session`,
+    /// `ended`, `stale`, `reused` or `misdirected`. Absent for anything but a token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let text = crate::config::scrub(&self.1);
-        (self.0, Json(ErrorBody { error: text })).into_response()
+        let body = ErrorBody {
+            error: text,
+            refusal: self.2.map(|r| r.as_str().to_string()),
+        };
+        (self.0, Json(body)).into_response()
     }
 }
 
@@ -58,22 +73,22 @@ impl From<Error> for ApiError {
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError(status, e.report().to_string())
+        ApiError(status, e.report().to_string(), e.token_refusal())
     }
 }
 
 impl From<skein_core::Error> for ApiError {
     fn from(e: skein_core::Error) -> Self {
-        ApiError(StatusCode::BAD_REQUEST, e.to_string())
+        ApiError::new(StatusCode::BAD_REQUEST, e.to_string())
     }
 }
 
 fn bad(why: impl Into<String>) -> ApiError {
-    ApiError(StatusCode::BAD_REQUEST, why.into())
+    ApiError::new(StatusCode::BAD_REQUEST, why)
 }
 
 fn not_found(id: &SessionId) -> ApiError {
-    ApiError(
+    ApiError::new(
         StatusCode::NOT_FOUND,
         format!("no session {}", id.display()),
     )
@@ -84,7 +99,7 @@ type ApiResult<T> = std::result::Result<Json<T>, ApiError>;
 impl Ui {
     fn runtime(&self) -> Result<&Arc<Runtime>, ApiError> {
         self.rt.as_ref().map_err(|why| {
-            ApiError(
+            ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("this server is read-only: {why}"),
             )
@@ -101,7 +116,8 @@ impl Ui {
 }
 
 fn json<T: Serialize>(v: &T) -> Result<Value, ApiError> {
-    serde_json::to_value(v).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+    serde_json::to_value(v)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
 fn session_id(s: &str) -> Result<SessionId, ApiError> {
@@ -196,7 +212,7 @@ pub struct ApiDoc;
 async fn openapi() -> Response {
     match ApiDoc::openapi().to_pretty_json() {
         Ok(s) => ([(header::CONTENT_TYPE, "application/json")], s).into_response(),
-        Err(e) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 
@@ -264,7 +280,7 @@ async fn login(State(ui): State<Arc<Ui>>, Json(l): Json<Login>) -> Response {
             )],
         )
             .into_response(),
-        Some(_) => ApiError(StatusCode::UNAUTHORIZED, "wrong token".into()).into_response(),
+        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "wrong token").into_response(),
         None => StatusCode::NO_CONTENT.into_response(),
     }
 }

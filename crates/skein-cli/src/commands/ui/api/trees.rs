@@ -154,7 +154,7 @@ pub(super) async fn tree(
         root: root.display(),
         summary: json(&summarize(&rows))?,
         sessions: json(&rows)?,
-        plan: json(&f.state.plan)?,
+        plan: json(&f.state.planning.plan)?,
         result: match &ui.results {
             Some(store) => match store.last_result(&root).await? {
                 Some(r) => json(&r.result)?,
@@ -314,7 +314,7 @@ pub(super) async fn audit(
             .map(|_| buf)
     })
     .await
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     let name = format!("{}.audit.jsonl", id.to_string().replace('.', "_"));
     Ok((
         [
