@@ -238,10 +238,19 @@ const GENERATED_REGRESSIONS: &[(u64, &str)] = &[
     (7298, "the same, in another world"),
 ];
 
+/// The same, found with swarm faults.
+const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[(
+    917,
+    "a follow-up question's answer was settled with the child's earlier answer, read \
+     when the parent's job was loaded (a full disk had made the step run again)",
+)];
+
 #[test]
 fn the_generated_worlds_that_found_bugs_keep_every_invariant() {
-    for (seed, bug) in GENERATED_REGRESSIONS {
-        let g = skein_sim::simulate_generated(*seed, false, Default::default());
+    let plain = GENERATED_REGRESSIONS.iter().map(|r| (r, false));
+    let swarm = GENERATED_SWARM_REGRESSIONS.iter().map(|r| (r, true));
+    for ((seed, bug), swarm) in plain.chain(swarm) {
+        let g = skein_sim::simulate_generated(*seed, swarm, Default::default());
         assert_eq!(g.refused, None, "seed {seed}: the loader refused the set");
         assert!(
             g.verdict.violations.is_empty(),

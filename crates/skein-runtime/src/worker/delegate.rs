@@ -489,6 +489,12 @@ impl Runtime {
             } else {
                 self.keep_state(cf);
             }
+            // The child's end read with this session's notices when its job was loaded
+            // (for the first look at its children) is the end of its earlier answer, no
+            // longer its end now that the question follows it.
+            if let Some(ends) = f.ends.as_mut() {
+                ends.remove(&c.child);
+            }
             jobs.push((pool, c.child.clone()));
             events.push(Event::Delegated(Delegated {
                 call: c.call,
