@@ -86,7 +86,7 @@ fn nats_intake_parsing_refuses_such_an_id_in_the_message_id_header() {
     // header goes through the same id check.
     let id = multibyte_long_id();
     let payload = br#"{"agent": "plain", "mission": "m"}"#;
-    let e = skein_nats::intake::parse(payload, None, Some(&id)).unwrap_err();
+    let e = skein_nats_worker::intake::parse(payload, None, Some(&id)).unwrap_err();
     assert!(e.contains("at most 64"), "{e}");
 }
 

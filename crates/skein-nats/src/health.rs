@@ -13,6 +13,10 @@ use crate::backend::{NatsStore, EVENTS, JOBS, MISSIONS, NOTICES, RESULTS};
 /// The streams a worker needs.
 pub const STREAMS: [&str; 5] = [EVENTS, JOBS, NOTICES, MISSIONS, RESULTS];
 
+/// The counter of connections made again, the same name as the worker's metrics list
+/// (`skein_runtime::metrics::NATS_RECONNECTS`) gives it.
+pub const RECONNECTS: &str = "skein_nats_reconnects_total";
+
 /// How long the readiness check waits for the server's answers.
 pub const CHECK_LIMIT: Duration = Duration::from_secs(2);
 
@@ -25,7 +29,7 @@ pub fn event_logger() -> impl Fn(Event) -> std::future::Ready<()> + Send + Sync 
         match &event {
             Event::Connected => {
                 if was_connected.swap(true, Ordering::Relaxed) {
-                    skein_runtime::metrics::nats_reconnected();
+                    metrics::counter!(RECONNECTS).increment(1);
                     tracing::warn!("connected to NATS again");
                 } else {
                     tracing::debug!("connected to NATS");

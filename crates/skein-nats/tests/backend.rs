@@ -839,3 +839,13 @@ async fn each_ending_of_a_tree_is_announced_once_whoever_announces_it_and_when()
     let last = b.last_result(&root).await.unwrap().expect("stored");
     assert_eq!((last.result.seq, last.stream_seq), (12, 2));
 }
+
+/// The backend counts reconnects through the `metrics` facade under its own constant; the
+/// worker describes and exports the counter under the runtime's. They must be one name.
+#[test]
+fn the_reconnect_counter_is_the_one_the_worker_describes() {
+    assert_eq!(
+        skein_nats::health::RECONNECTS,
+        skein_runtime::metrics::NATS_RECONNECTS
+    );
+}

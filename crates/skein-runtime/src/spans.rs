@@ -13,8 +13,7 @@
 //! The session being advanced is also the task's *current* trace context: the backend
 //! sends it as the `traceparent` header of the jobs, notices and results it publishes.
 
-use std::cell::{Cell, RefCell};
-use std::future::Future;
+use std::cell::Cell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{
@@ -29,10 +28,6 @@ use crate::trace::{session_span, SessionSpan};
 thread_local! {
     /// Ids the next span built on this thread must have (see [`planned_trace_id`]).
     static PLANNED: Cell<(Option<u128>, Option<u64>)> = const { Cell::new((None, None)) };
-}
-
-tokio::task_local! {
-    static CURRENT: RefCell<Option<String>>;
 }
 
 /// Whether spans are built at all: only once the process installed a tracer provider
@@ -70,20 +65,14 @@ pub fn planned_span_id() -> Option<u64> {
     })
 }
 
-/// Runs `fut` with a current trace context of its own (none until [`set_current`]).
-pub async fn scoped<F: Future>(fut: F) -> F::Output {
-    CURRENT.scope(RefCell::new(None), fut).await
-}
+// The task's current trace context lives in the ports, where a backend reads it: `scoped`
+// gives a future a context of its own, `current` reads it, [`set_current`] sets it.
+pub use skein_ports::trace_context::{current, scoped};
 
 /// Makes `session`'s span the current trace context of this task's scope.
 pub fn set_current(id: &SessionId, state: &SessionState) {
     let tp = own(id, state).map(|s| s.traceparent());
-    let _ = CURRENT.try_with(|c| *c.borrow_mut() = tp);
-}
-
-/// The current trace context as a traceparent, if the task has one.
-pub fn current() -> Option<String> {
-    CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()
+    skein_ports::trace_context::set(tp);
 }
 
 fn own(id: &SessionId, state: &SessionState) -> Option<SessionSpan> {

@@ -135,7 +135,7 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
     if !a.no_intake {
         tasks.push((
             "intake",
-            tokio::spawn(skein_nats::intake::run(
+            tokio::spawn(skein_nats_worker::intake::run(
                 rt.clone(),
                 store.clone(),
                 stop.subscribe(),
@@ -144,16 +144,17 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
     }
     // Answers' text while it arrives, on skein.stream.<session> (best-effort, not waited
     // for at exit).
-    let text = tokio::spawn(skein_nats::text::forward(
+    let text = tokio::spawn(skein_nats_worker::text::forward(
         rt.clone(),
         store.client.clone(),
         stop.subscribe(),
     ));
     if !a.no_api {
         // Started before "ready" is printed: a request sent after it finds the service.
-        let serving = skein_nats::service::start(rt.clone(), store.clone(), stop.subscribe())
-            .await
-            .context("cannot start the skein.api service (pass --no-api to run without it)")?;
+        let serving =
+            skein_nats_worker::service::start(rt.clone(), store.clone(), stop.subscribe())
+                .await
+                .context("cannot start the skein.api service (pass --no-api to run without it)")?;
         tasks.push(("api", serving));
     }
     // The listener is not waited for when the worker drains: it serves on until the exit.
@@ -291,8 +292,12 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
         .subscribe(skein_nats::backend::results_subject(&id))
         .await?;
     let mut verdicts = futures::stream::select(
-        client.subscribe(skein_nats::intake::REJECTED).await?,
-        client.subscribe(skein_nats::intake::ACCEPTED).await?,
+        client
+            .subscribe(skein_nats_worker::intake::REJECTED)
+            .await?,
+        client
+            .subscribe(skein_nats_worker::intake::ACCEPTED)
+            .await?,
     );
     let mut events = futures::stream::select(
         client.subscribe(format!("skein.events.{id}")).await?,
@@ -333,7 +338,7 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
     })
     .await;
     match verdict {
-        Ok(Some((subject, v))) if subject == skein_nats::intake::REJECTED => {
+        Ok(Some((subject, v))) if subject == skein_nats_worker::intake::REJECTED => {
             crate::errln!(
                 "rejected: {}",
                 render::safe(v["reason"].as_str().unwrap_or(""))
@@ -517,7 +522,7 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
     let mut own = client.subscribe(format!("skein.events.{root}")).await?;
     let mut desc = client.subscribe(format!("skein.events.{root}.>")).await?;
     // Answers' text while it arrives, shown a line at a time (marked `│`).
-    let prefix = skein_nats::text::PREFIX;
+    let prefix = skein_nats_worker::text::PREFIX;
     let mut text_own = client.subscribe(format!("{prefix}.{root}")).await?;
     let mut text_desc = client.subscribe(format!("{prefix}.{root}.>")).await?;
     let mut lines = crate::streamed::Lines::default();

@@ -138,7 +138,7 @@ async fn pause(rt: &Runtime) -> skein_runtime::Result<()> {
 
 impl Target for Answers {
     fn run(&mut self, data: &[u8]) -> bool {
-        let Ok(req) = skein_nats::service::parse_answer_request(data) else {
+        let Ok(req) = skein_nats_worker::service::parse_answer_request(data) else {
             return false;
         };
         let rt = &self.rt;

@@ -135,7 +135,7 @@ fn fresh(tokio: &tokio::runtime::Runtime) -> Result<(Arc<Runtime>, tempfile::Tem
 impl Target for Submissions {
     fn run(&mut self, data: &[u8]) -> bool {
         let (headers, payload) = split(data);
-        let parsed = skein_nats::intake::parse(
+        let parsed = skein_nats_worker::intake::parse(
             payload,
             header(&headers, "Content-Type"),
             header(&headers, "Nats-Msg-Id"),

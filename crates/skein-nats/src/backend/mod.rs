@@ -96,7 +96,7 @@ pub(crate) fn is_full(e: &(dyn std::error::Error + 'static)) -> bool {
 /// Headers carrying the current trace context (the session being advanced), if any.
 fn trace_headers() -> HeaderMap {
     let mut h = HeaderMap::new();
-    if let Some(tp) = skein_runtime::spans::current() {
+    if let Some(tp) = skein_ports::trace_context::current() {
         h.insert("traceparent", tp.as_str());
     }
     h

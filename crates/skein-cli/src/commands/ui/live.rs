@@ -100,7 +100,7 @@ pub async fn follow_nats(
 ) -> Result<()> {
     let mut events = client.subscribe("skein.events.>").await?;
     let mut text = client
-        .subscribe(format!("{}.>", skein_nats::text::PREFIX))
+        .subscribe(format!("{}.>", skein_nats_worker::text::PREFIX))
         .await?;
     let mut stop = stop;
     tokio::spawn(async move {

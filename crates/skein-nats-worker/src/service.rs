@@ -14,7 +14,7 @@ use skein_runtime::worker::{Runtime, Submission};
 use skein_runtime::{hitl, Error};
 use tokio::sync::watch;
 
-use crate::backend::NatsStore;
+use skein_nats::backend::NatsStore;
 
 /// A service error whose code tells whose fault it was: 400 (the request cannot be
 /// accepted), 404 (no such session) and 409 with a session id taken by a different

@@ -20,7 +20,7 @@ use skein_runtime::worker::{Runtime, Submission};
 use skein_runtime::Error;
 use tokio::sync::watch;
 
-use crate::backend::{NatsStore, MISSIONS};
+use skein_nats::backend::{NatsStore, MISSIONS};
 
 pub const REJECTED: &str = "skein.missions.rejected";
 /// Where intake says it accepted a submission: `{"id", "msg_id", "stream_seq"}`.
