@@ -236,6 +236,12 @@ const GENERATED_REGRESSIONS: &[(u64, &str)] = &[
          created, which ran unaccounted",
     ),
     (7298, "the same, in another world"),
+    (
+        2839,
+        "a session cancelled by its timeout while a child ran settled without that \
+         child's tokens",
+    ),
+    (1938, "the same, in another world"),
 ];
 
 /// The same, found with swarm faults.

@@ -5,7 +5,7 @@ mod fold;
 mod outcome;
 mod pattern;
 
-pub use outcome::{call_agent_result, error_type, resume_reference, Answerer};
+pub use outcome::{call_agent_result, error_type, resume_reference, usage_since, Answerer};
 pub use pattern::{
     block_nonce, broadcast_text, handoff_mission, route_mission, split_call, Advice, AdviceNote,
     PatternKind, MEMBER, SUPERVISOR,

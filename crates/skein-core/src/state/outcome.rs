@@ -8,7 +8,7 @@ use crate::id::SessionId;
 use crate::message::Usage;
 
 /// What `now` adds to `before` (a child's cumulative usage at two settlements).
-pub(super) fn usage_since(now: &Usage, before: &Usage) -> Usage {
+pub fn usage_since(now: &Usage, before: &Usage) -> Usage {
     Usage {
         input_tokens: now.input_tokens.saturating_sub(before.input_tokens),
         output_tokens: now.output_tokens.saturating_sub(before.output_tokens),

@@ -6,7 +6,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use futures::future::join_all;
 use futures::StreamExt;
 use skein_core::event::{ChildSettled, Outcome};
-use skein_core::state::{PatternKind, SlotState};
+use skein_core::message::Usage;
+use skein_core::state::{usage_since, ChildOutcome, PatternKind, SlotState};
 use skein_core::{AgentDef, Event, SessionId, Status, Step};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
@@ -285,14 +286,12 @@ impl Runtime {
                     Some(Outcome::Failed { error, .. })
                         if matches!(rec.env.body, Event::Cancelled(_)) =>
                     {
-                        let (cf, _) = self.load(child).await?;
-                        let o = Outcome::Failed {
+                        let (usage, steps) = self.spent_under(child).await?;
+                        Some(Outcome::Failed {
                             error,
-                            usage: cf.state.usage_total(),
-                            steps: cf.state.steps,
-                        };
-                        self.keep_state(cf);
-                        Some(o)
+                            usage,
+                            steps,
+                        })
                     }
                     Some(o) => Some(o),
                     None => paused.get(child).cloned(),
@@ -526,4 +525,44 @@ struct Seen {
     lasts: Vec<Option<skein_core::Record>>,
     /// Candidates still running that are paused on a question.
     paused: HashMap<SessionId, Outcome>,
+}
+
+impl Runtime {
+    /// What `id` spent with everything it started, and its model turns: its own total,
+    /// plus what each child it never settled (still running, or paused) spent beyond what
+    /// `id` had already counted of it. A session cancelled while children run (a timeout
+    /// cancels its whole subtree) settles none of them, so without this their tokens
+    /// would reach no total.
+    fn spent_under<'a>(
+        &'a self,
+        id: &'a SessionId,
+    ) -> futures::future::BoxFuture<'a, Result<(Usage, u32)>> {
+        Box::pin(async move {
+            let (f, _) = self.load(id).await?;
+            let mut total = f.state.usage_total();
+            let steps = f.state.steps;
+            let unsettled: Vec<(SessionId, Usage)> = f
+                .state
+                .children
+                .values()
+                .filter(|c| {
+                    !c.cached
+                        && !c.shared
+                        && matches!(c.outcome, None | Some(ChildOutcome::NeedsInput))
+                        && id.contains(&c.child)
+                        && c.child != *id
+                })
+                .map(|c| {
+                    let counted = f.state.accounting.child_usage.get(&c.child);
+                    (c.child.clone(), counted.copied().unwrap_or_default())
+                })
+                .collect();
+            self.keep_state(f);
+            for (child, counted) in unsettled {
+                let (whole, _) = self.spent_under(&child).await?;
+                total.add(&usage_since(&whole, &counted));
+            }
+            Ok((total, steps))
+        })
+    }
 }
