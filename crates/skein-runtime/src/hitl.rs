@@ -232,23 +232,14 @@ pub async fn answer(
         token_id: nonce.clone(),
         by,
     });
-    let f = match rt
-        .append_from_outside(f, body, |g| {
-            g.state
-                .pauses
-                .pending_inputs
-                .iter()
-                .any(|p| p.token_id == nonce)
-        })
-        .await?
-    {
-        Outside::Appended(f) => f,
-        Outside::Moot(m) => return Err(m.refusal()),
-    };
-    let pool = f.state.pool();
-    rt.keep_state(f);
-    rt.backend.jobs.push(&pool, &claims.session).await?;
-    Ok(claims.session)
+    record_and_wake(rt, f, body, &claims.session, |g| {
+        g.state
+            .pauses
+            .pending_inputs
+            .iter()
+            .any(|p| p.token_id == nonce)
+    })
+    .await
 }
 
 /// A person's decision on an approval, for any session of a tree.
@@ -282,22 +273,14 @@ pub async fn decide_approval(
         reason,
         token_id: nonce.clone(),
     });
-    let f = match rt
-        .append_from_outside(f, body, |g| {
-            g.state
-                .pauses
-                .pending_approvals
-                .iter()
-                .any(|p| p.token_id == nonce)
-        })
-        .await?
-    {
-        Outside::Appended(f) => f,
-        Outside::Moot(m) => return Err(m.refusal()),
-    };
-    let pool = f.state.pool();
-    rt.keep_state(f);
-    rt.backend.jobs.push(&pool, &claims.session).await?;
+    record_and_wake(rt, f, body, &claims.session, |g| {
+        g.state
+            .pauses
+            .pending_approvals
+            .iter()
+            .any(|p| p.token_id == nonce)
+    })
+    .await?;
     Ok(claims.session)
 }
 
@@ -396,4 +379,23 @@ pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
         });
     }
     out
+}
+
+/// Records a person's answer or decision in the session's log, while `still_pending` holds
+/// for its fold, and wakes the session.
+async fn record_and_wake(
+    rt: &Runtime,
+    f: Folded,
+    body: Event,
+    session: &SessionId,
+    still_pending: impl Fn(&Folded) -> bool,
+) -> Result<SessionId> {
+    let f = match rt.append_from_outside(f, body, still_pending).await? {
+        Outside::Appended(f) => f,
+        Outside::Moot(m) => return Err(m.refusal()),
+    };
+    let pool = f.state.pool();
+    rt.keep_state(f);
+    rt.backend.jobs.push(&pool, session).await?;
+    Ok(session.clone())
 }
