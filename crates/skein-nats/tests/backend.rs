@@ -849,3 +849,96 @@ fn the_reconnect_counter_is_the_one_the_worker_describes() {
         skein_runtime::metrics::NATS_RECONNECTS
     );
 }
+
+/// Claims of one process share a pool's pulls: a burst of claims at once takes a burst of
+/// jobs, each exactly once, and a claim given up before its job came does not keep that job
+/// from the next claim until its lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_at_once_share_pulls_and_a_given_up_claim_hands_its_job_on() {
+    let server = NatsServer::start();
+    // A lease far longer than the test: a job kept by a given-up claim would not come back.
+    let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(600))
+        .await
+        .unwrap();
+    let b = store.backend();
+
+    // Twenty claims wait at once; twenty jobs are pushed; each job goes to one claim.
+    let claims: Vec<_> = (0..20)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move { b.jobs.claim("p", Duration::from_secs(20)).await })
+        })
+        .collect();
+    let mut pushed = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let s = skein_runtime::new_root_id();
+        b.jobs.push("p", &s).await.unwrap();
+        pushed.insert(s);
+    }
+    let mut claimed = std::collections::BTreeSet::new();
+    for c in claims {
+        let job = c
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("a job for every waiting claim");
+        assert_eq!(job.attempt, 1, "first delivery of {}", job.session);
+        assert!(
+            claimed.insert(job.session.clone()),
+            "{} claimed twice",
+            job.session
+        );
+        b.jobs.ack(&job).await.unwrap();
+    }
+    assert_eq!(claimed, pushed);
+
+    // A claim that is given up while its pull is open at the server.
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.jobs.claim("p", Duration::from_secs(20)),
+    )
+    .await;
+    assert!(given_up.is_err(), "nothing to claim yet");
+    let s = skein_runtime::new_root_id();
+    b.jobs.push("p", &s).await.unwrap();
+    // The job is handed on to the next claim well within its ten-minute lease.
+    let job = b
+        .jobs
+        .claim("p", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("the job of the given-up claim is handed on");
+    assert_eq!(job.session, s);
+    b.jobs.ack(&job).await.unwrap();
+    assert_eq!(b.jobs.depth("p").await.unwrap(), 0);
+}
+
+/// A heartbeat after the lease ran out is refused: the server may have given the job to
+/// another worker already, and ignores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_after_the_lease_ran_out_is_refused() {
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let b = store.backend();
+    let s = skein_runtime::new_root_id();
+    b.jobs.push("p", &s).await.unwrap();
+    let job = b
+        .jobs
+        .claim("p", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    b.jobs.heartbeat(&job).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let err = b.jobs.heartbeat(&job).await.unwrap_err();
+    assert!(err.to_string().contains("lease ran out"), "{err}");
+    // The server delivers it again, to whoever claims next.
+    let again = b
+        .jobs
+        .claim("p", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("redelivered");
+    assert_eq!(again.session, s);
+    assert_eq!(again.attempt, 2);
+}

@@ -15,14 +15,14 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer};
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::StreamExt;
 use skein_core::SessionId;
 use skein_ports::ports::{
-    claim_matching_unsupported, Job, JobQueue, Lease, SessionFilter, WaitingForRoom,
+    claim_matching_unsupported, Job, JobQueue, SessionFilter, WaitingForRoom,
 };
 use skein_ports::{Error, Result};
 
-use super::{nats_err, NatsStore, PULL_GRACE};
+use super::feed::Feed;
+use super::{nats_err, NatsStore};
 use super::{trace_headers, JOBS};
 use async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE;
 use async_nats::jetstream::response::Response;
@@ -39,12 +39,17 @@ fn not_held(job: &Job) -> Error {
 
 /// A delivery held by this worker, carried in its [`Job`]'s lease: its stream sequence
 /// (the message an ack deletes) and its acker.
-struct Held {
-    sseq: u64,
-    session: SessionId,
-    acker: jetstream::message::Acker,
+pub(crate) struct Held {
+    pub(crate) sseq: u64,
+    pub(crate) session: SessionId,
+    pub(crate) acker: jetstream::message::Acker,
     /// Acked or handed back: the hold is spent.
-    done: AtomicBool,
+    pub(crate) done: AtomicBool,
+    /// The consumer's ack wait: a delivery not heard of for this long is the server's to
+    /// give to another worker.
+    pub(crate) lease: Duration,
+    /// When the delivery came, or its last heartbeat was sent.
+    pub(crate) since: std::sync::Mutex<std::time::Instant>,
 }
 
 impl Held {
@@ -67,6 +72,46 @@ impl Held {
     }
 }
 
+/// Looks up (or makes) the durable pull consumer of `pool`, with `lease` as its ack wait.
+pub(crate) async fn open_consumer(
+    jobs: &jetstream::stream::Stream,
+    pool: &str,
+    lease: Duration,
+) -> Result<consumer::PullConsumer> {
+    let name = format!("pool-{pool}");
+    let config = consumer::pull::Config {
+        durable_name: Some(name.clone()),
+        filter_subject: format!("skein.jobs.{pool}.>"),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: lease,
+        max_deliver: -1,
+        max_ack_pending: -1,
+        // Each worker keeps a few pulls open per pool (one per batch of claims that came
+        // while the others were open). A pull past this limit is refused by the server,
+        // and the client reports that only as an opaque error: it is a failed claim like
+        // any other, so the limit sits far above what a cluster keeps open.
+        max_waiting: 16_384,
+        ..Default::default()
+    };
+    // One attempt: while a cluster elects leaders this fails, and the caller's loop tries
+    // again and says so (a silent retry here once hid a lost consumer).
+    let cons = jobs
+        .get_or_create_consumer(&name, config.clone())
+        .await
+        .map_err(|e| nats_err(&format!("open consumer {name} of stream {JOBS}"), e))?;
+    // The consumer outlives workers: one made with another lease keeps that ack wait, and
+    // heartbeats paced by ours would come too late for it. Bring it to ours.
+    if cons.cached_info().config.ack_wait != lease {
+        tracing::info!(pool, from = ?cons.cached_info().config.ack_wait, to = ?lease,
+            "pool consumer's ack wait set to this worker's lease");
+        return jobs
+            .create_consumer(config)
+            .await
+            .map_err(|e| nats_err("pool consumer update", e));
+    }
+    Ok(cons)
+}
+
 impl NatsStore {
     /// Whether a refused job publish is the per-subject limit of a job stream made by an
     /// earlier version (one the upgrade could not change): the server reports a failed
@@ -80,45 +125,13 @@ impl NatsStore {
                 .is_some_and(|j| j.error_code() == ErrorCode::STREAM_STORE_FAILED)
     }
 
+    /// The pool's consumer, for its depth.
     pub(crate) async fn consumer(&self, pool: &str) -> Result<consumer::PullConsumer> {
         let mut c = self.consumers.lock().await;
         if let Some(x) = c.get(pool) {
             return Ok(x.clone());
         }
-        let name = format!("pool-{pool}");
-        let config = consumer::pull::Config {
-            durable_name: Some(name.clone()),
-            filter_subject: format!("skein.jobs.{pool}.>"),
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: self.lease,
-            max_deliver: -1,
-            max_ack_pending: -1,
-            // Every work loop of every worker keeps one pull request open. A pull past this
-            // limit is refused by the server, and the client reports that only as an opaque
-            // error: it is a failed claim like any other (the loop backs off and tries
-            // again), so the limit sits far above what a cluster keeps open.
-            max_waiting: 16_384,
-            ..Default::default()
-        };
-        // One attempt: while a cluster elects leaders this fails, and the caller's loop
-        // tries again and says so (a silent retry here once hid a lost consumer).
-        let cons = self
-            .jobs_stream
-            .get_or_create_consumer(&name, config.clone())
-            .await
-            .map_err(|e| nats_err(&format!("open consumer {name} of stream {JOBS}"), e))?;
-        // The consumer outlives workers: one made with another lease keeps that ack wait,
-        // and heartbeats paced by ours would come too late for it. Bring it to ours.
-        let cons = if cons.cached_info().config.ack_wait != self.lease {
-            tracing::info!(pool, from = ?cons.cached_info().config.ack_wait, to = ?self.lease,
-                "pool consumer's ack wait set to this worker's lease");
-            self.jobs_stream
-                .create_consumer(config)
-                .await
-                .map_err(|e| nats_err("pool consumer update", e))?
-        } else {
-            cons
-        };
+        let cons = open_consumer(&self.jobs_stream, pool, self.lease).await?;
         c.insert(pool.to_string(), cons.clone());
         Ok(cons)
     }
@@ -226,80 +239,26 @@ impl JobQueue for NatsStore {
     }
 
     async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>> {
-        let cons = self.consumer(pool).await?;
-        let expires = wait.max(Duration::from_millis(10));
-        let what = || format!("claim from consumer pool-{pool} of stream {JOBS}");
-        // A pull whose consumer lost its leader may never be answered: it is given up
-        // after its expiry and a grace period, and the consumer is looked up (or made)
-        // again, so a worker never waits silently on a consumer that is gone.
-        let pulled = tokio::time::timeout(expires + PULL_GRACE, async {
-            let mut batch = cons
-                .fetch()
-                .max_messages(1)
-                .expires(expires)
-                .messages()
-                .await?;
-            Ok::<_, async_nats::Error>(batch.next().await)
-        })
-        .await;
-        let next = match pulled {
-            Err(_) => {
-                self.forget_consumer(pool).await;
-                return Err(Error::unavailable_because(format!(
-                    "nats: {}: no answer within {:?}",
-                    what(),
-                    expires + PULL_GRACE
-                )));
-            }
-            Ok(Err(e)) => {
-                self.forget_consumer(pool).await;
-                return Err(nats_err(&what(), e));
-            }
-            Ok(Ok(next)) => next,
-        };
-        let msg = match next {
-            None => return Ok(None),
-            Some(Ok(m)) => m,
-            Some(Err(e)) => {
-                self.forget_consumer(pool).await;
-                return Err(nats_err(&what(), e));
-            }
-        };
-        let (attempt, sseq) = {
-            let info = msg.info().map_err(|e| nats_err("job info", e))?;
-            (info.delivered.max(1) as u32, info.stream_sequence)
-        };
-        let prefix = format!("skein.jobs.{pool}.");
-        let Some(id) = msg
-            .subject
-            .as_str()
-            .strip_prefix(&prefix)
-            .map(str::to_string)
-        else {
-            return Err(Error::corrupt_because(format!(
-                "job on subject {}",
-                msg.subject
-            )));
-        };
-        let session = SessionId::parse(&id)?;
-        tracing::trace!(%session, attempt, "job claimed");
-        let (_, acker) = msg.split();
-        Ok(Some(Job {
-            pool: pool.into(),
-            handle: format!("{sseq}:{attempt}"),
-            lease: Some(Lease::new(Held {
-                sseq,
-                session: session.clone(),
-                acker,
-                done: AtomicBool::new(false),
-            })),
-            session,
-            attempt,
-        }))
+        Feed::claim(&self.feeds, pool, wait).await
     }
 
     async fn heartbeat(&self, job: &Job) -> Result<()> {
         let held = Held::of(job)?;
+        {
+            // Past its ack wait the delivery may be another worker's already: the server
+            // ignores a late heartbeat, so it is refused here rather than answered `Ok`.
+            let mut since = held.since.lock().unwrap_or_else(|p| p.into_inner());
+            if since.elapsed() >= held.lease {
+                return Err(Error::NotFound(format!(
+                    "job of {} in pool {} (attempt {}): its lease ran out {:?} ago",
+                    job.session,
+                    job.pool,
+                    job.attempt,
+                    since.elapsed() - held.lease
+                )));
+            }
+            *since = std::time::Instant::now();
+        }
         held.acker
             .ack_with(jetstream::AckKind::Progress)
             .await
@@ -357,10 +316,13 @@ impl JobQueue for NatsStore {
 
     async fn depth(&self, pool: &str) -> Result<u64> {
         let mut cons = self.consumer(pool).await?;
-        let info = cons
-            .info()
-            .await
-            .map_err(|e| nats_err("consumer info", e))?;
+        let info = match cons.info().await {
+            Ok(info) => info,
+            Err(e) => {
+                self.forget_consumer(pool).await;
+                return Err(nats_err("consumer info", e));
+            }
+        };
         Ok(info.num_pending + info.num_ack_pending as u64)
     }
 }

@@ -28,6 +28,7 @@
 mod blobs;
 mod cache;
 mod connection;
+mod feed;
 mod jobs;
 mod log;
 mod notices;
@@ -147,6 +148,8 @@ pub struct NatsStore {
     /// Each session's pipelined append whose ack nobody has read yet.
     pipelined: Mutex<HashMap<SessionId, log::Sent>>,
     consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
+    /// The owner task of each pool's claims (`feed.rs`).
+    feeds: Mutex<feed::Feeds>,
     /// Lease given to pool consumers (their ack wait).
     lease: Duration,
     /// Whether `workspace_dir` lies on a local disk (looked at on the first tool call): its
@@ -196,9 +199,11 @@ impl NatsStore {
         };
         let events = s(EVENTS).await?;
         let workspace_stream = s("OBJ_skein_workspace").await?;
+        let jobs_stream = s(JOBS).await?;
         Ok(Arc::new(Self {
             events,
-            jobs_stream: s(JOBS).await?,
+            feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease)),
+            jobs_stream,
             notices: s(NOTICES).await?,
             results: s(RESULTS).await?,
             cache: k("skein_cache").await?,
