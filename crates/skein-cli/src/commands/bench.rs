@@ -50,6 +50,11 @@ pub struct BenchArgs {
     /// Runs of each fan-out width; its row shows the run of median wall time.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub fanout_runs: u32,
+    /// Only the reused-store series: a warm-up and this many runs of the first fan-out
+    /// width, each a whole client process (`skein run`, or `skein submit --wait` against
+    /// one `skein worker` process on NATS) on one store, every run printed.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reuse: Option<u32>,
     /// Print the figures as JSON.
     #[arg(long)]
     pub json: bool,
@@ -580,6 +585,9 @@ async fn fold_bench(n: u64) -> Result<(f64, f64, f64)> {
 }
 
 pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
+    if let Some(runs) = a.reuse {
+        return super::bench_reuse::run(app, &a, runs).await;
+    }
     if a.nats_local || app.global.nats.is_some() {
         return super::bench_nats::run(app, &a).await;
     }

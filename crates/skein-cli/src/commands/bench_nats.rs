@@ -169,7 +169,7 @@ impl Fleet {
 }
 
 /// Starts a `skein worker` process on `pool` and waits until it is ready.
-async fn spawn_worker(
+pub(crate) async fn spawn_worker(
     config: &std::path::Path,
     dir: &std::path::Path,
     url: &str,
@@ -177,14 +177,30 @@ async fn spawn_worker(
     secret: &str,
     concurrency: Option<usize>,
 ) -> Result<Reaped> {
+    spawn_worker_with(config, dir, url, pool, secret, concurrency, false).await
+}
+
+/// [`spawn_worker`], with the submission intake on when `intake`.
+pub(crate) async fn spawn_worker_with(
+    config: &std::path::Path,
+    dir: &std::path::Path,
+    url: &str,
+    pool: &str,
+    secret: &str,
+    concurrency: Option<usize>,
+    intake: bool,
+) -> Result<Reaped> {
     use std::io::BufRead;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.arg("--config")
         .arg(config)
         .arg("--data")
         .arg(dir.join("data"))
-        .args(["--nats", url, "worker", "--no-intake", "--no-api"])
+        .args(["--nats", url, "worker", "--no-api"])
         .args(["--pools", pool]);
+    if !intake {
+        cmd.arg("--no-intake");
+    }
     if let Some(c) = concurrency {
         cmd.args(["--concurrency", &c.to_string()]);
     }
@@ -219,7 +235,7 @@ async fn spawn_worker(
 }
 
 /// Resident memory of process `pid` in KiB (0 when it cannot be read).
-fn rss_kib(pid: u32) -> u64 {
+pub(crate) fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
@@ -231,7 +247,7 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// Kills the worker process when the measurement ends, however it ends.
-struct Reaped(std::process::Child);
+pub(crate) struct Reaped(pub(crate) std::process::Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {
@@ -431,7 +447,7 @@ async fn delegation_latencies(rt: &Runtime, root: &SessionId) -> Result<Vec<f64>
 /// A nats-server started for the run: only in builds with the `nats-local` feature, so the
 /// production binary does not carry the test server launcher.
 #[cfg(feature = "nats-local")]
-fn local_server(
+pub(crate) fn local_server(
     sync: Option<&str>,
 ) -> Result<(Option<skein_testnats::NatsServer>, String, String)> {
     let s = skein_testnats::NatsServer::start_with_sync(sync);
@@ -445,21 +461,21 @@ fn local_server(
 }
 
 #[cfg(feature = "nats-local")]
-fn server_pid(s: &Option<skein_testnats::NatsServer>) -> Option<u32> {
+pub(crate) fn server_pid(s: &Option<skein_testnats::NatsServer>) -> Option<u32> {
     s.as_ref().and_then(|s| s.pid())
 }
 
 /// Stands in for the server this build cannot start.
 #[cfg(not(feature = "nats-local"))]
-struct NoServer;
+pub(crate) struct NoServer;
 
 #[cfg(not(feature = "nats-local"))]
-fn server_pid(_: &Option<NoServer>) -> Option<u32> {
+pub(crate) fn server_pid(_: &Option<NoServer>) -> Option<u32> {
     None
 }
 
 #[cfg(not(feature = "nats-local"))]
-fn local_server(_sync: Option<&str>) -> Result<(Option<NoServer>, String, String)> {
+pub(crate) fn local_server(_sync: Option<&str>) -> Result<(Option<NoServer>, String, String)> {
     anyhow::bail!(
         "this skein was built without `bench --nats-local`: pass --nats URL of a running \
          nats-server, or build with `cargo build --release --features nats-local`"

@@ -364,8 +364,9 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
     // A pause for a person is looked for when the tree records a question or an approval
     // request (and once now: a tree submitted again may be paused already). A record
     // heard live may still be on its way to the stream: what is found empty then is looked
-    // at again a few times.
-    let mut look_again = 3u32;
+    // at again a few times. Only then: the look reads the whole tree, which for a wide
+    // tree costs more than the tree's own last steps.
+    let mut look_again = 1u32;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut ticks = 0u64;
     loop {

@@ -10,6 +10,7 @@ pub mod audit;
 pub mod bench;
 pub mod bench_hops;
 pub mod bench_nats;
+pub mod bench_reuse;
 pub mod cancel;
 pub mod cluster;
 pub mod docs;
