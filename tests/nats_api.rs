@@ -527,6 +527,17 @@ fn the_api_service_is_discoverable_submits_reports_cancels_and_codes_its_errors(
         let (code, why) = err.expect("an unknown agent is refused");
         assert_eq!(code, 400, "{why}");
         assert!(why.contains("unknown agent `nobody`"), "{why}");
+        assert!(why.starts_with("refused(unknown_agent): "), "{why}");
+        // A token refusal is named by why it was refused.
+        let (_, err) = api(
+            &client,
+            "answer",
+            json!({"token": "not-a-token", "answers": {"q": "a"}}),
+        )
+        .await;
+        let (code, why) = err.expect("a token that does not open is refused");
+        assert_eq!(code, 400, "{why}");
+        assert!(why.starts_with("refused(token_malformed): "), "{why}");
         let (_, err) = api_raw(&client, "submit", b"{not json".to_vec()).await;
         let (code, why) = err.expect("a payload that is not JSON is refused");
         assert_eq!(code, 400, "{why}");

@@ -31,7 +31,7 @@ fn service_error(e: &Error) -> async_nats::service::error::Error {
         Error::Full { .. } => 507,
         Error::Corrupt { .. } | Error::Core(_) => 500,
     };
-    let status = e
+    let text = e
         .report()
         .to_string()
         .split(['\r', '\n'])
@@ -39,7 +39,22 @@ fn service_error(e: &Error) -> async_nats::service::error::Error {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join("; ");
+    // A refusal leads with its stable name, so a client can tell a stale token from a
+    // forged one, or an unknown agent from a malformed request, without reading the prose.
+    let status = match e.refusal() {
+        Some(kind) => format!("refused({}): {text}", refusal_name(kind)),
+        None => text,
+    };
     async_nats::service::error::Error { status, code }
+}
+
+/// The stable name of a refusal: its kind, and for a token why it was refused
+/// (`token_stale`, `token_forged`, ...).
+pub fn refusal_name(kind: skein_runtime::error::RefusalKind) -> String {
+    match kind {
+        skein_runtime::error::RefusalKind::Token(t) => format!("token_{}", t.as_str()),
+        other => other.as_str().to_string(),
+    }
 }
 
 #[derive(Deserialize)]
@@ -216,4 +231,30 @@ pub async fn start(
         }
         let _ = service.stop().await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skein_runtime::error::RefusalKind;
+    use skein_runtime::TokenRefusal;
+
+    #[test]
+    fn a_refusal_leads_with_its_name_and_other_errors_do_not() {
+        let e = service_error(&Error::refused(
+            RefusalKind::UnknownAgent,
+            "unknown agent `x`",
+        ));
+        assert_eq!(
+            (e.code, e.status.as_str()),
+            (400, "refused(unknown_agent): unknown agent `x`")
+        );
+        let e = service_error(&Error::refused(
+            RefusalKind::Token(TokenRefusal::Stale),
+            "line one\nline two",
+        ));
+        assert_eq!(e.status, "refused(token_stale): line one; line two");
+        let e = service_error(&Error::NotFound("session s".into()));
+        assert_eq!((e.code, e.status.as_str()), (404, "not found: session s"));
+    }
 }

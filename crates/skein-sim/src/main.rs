@@ -357,6 +357,11 @@ fn generated_one(
                     .sum();
                 let kinds: Vec<&str> = recs.iter().map(|r| r.env.body.kind()).collect();
                 println!("  {id} ({own} tokens of its own): {}", kinds.join(" "));
+                for r in recs {
+                    if let skein_core::Event::Failed(f) = &r.env.body {
+                        println!("    failed at seq {}: {}", r.env.seq, f.error);
+                    }
+                }
             }
         }
     }

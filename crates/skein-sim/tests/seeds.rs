@@ -245,11 +245,18 @@ const GENERATED_REGRESSIONS: &[(u64, &str)] = &[
 ];
 
 /// The same, found with swarm faults.
-const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[(
-    917,
-    "a follow-up question's answer was settled with the child's earlier answer, read \
-     when the parent's job was loaded (a full disk had made the step run again)",
-)];
+const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[
+    (
+        917,
+        "a follow-up question's answer was settled with the child's earlier answer, read \
+         when the parent's job was loaded (a full disk had made the step run again)",
+    ),
+    (
+        1824,
+        "a session dead-lettered at a delegation whose children were created but never \
+         recorded left them running, uncounted and never cancelled",
+    ),
+];
 
 #[test]
 fn the_generated_worlds_that_found_bugs_keep_every_invariant() {

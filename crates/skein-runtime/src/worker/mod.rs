@@ -196,7 +196,21 @@ impl Runtime {
             if let Some(m) = &f.state.failures.last_model_error {
                 error.push_str(&format!("; the last model error: {m}"));
             }
-            let body = Event::dead_lettered(&error, f.state.usage_total(), f.state.steps);
+            // The step it could not get past may have created children (their logs are
+            // written ahead of the parent's record of them) and never recorded them: no
+            // one would settle, count or cancel those. They end here, and what they spent
+            // counts in this session's total.
+            let mut usage_total = f.state.usage_total();
+            for orphan in self.unrecorded_children(f).await? {
+                let reason = format!(
+                    "its parent {} was dead-lettered before it recorded this child",
+                    f.id.display()
+                );
+                crate::control::cancel(self, &orphan, &reason).await?;
+                let (spent, _) = self.spent_under(&orphan).await?;
+                usage_total.add(&spent);
+            }
+            let body = Event::dead_lettered(&error, usage_total, f.state.steps);
             self.append(f, body).await?;
             crate::metrics::job_dead_lettered(&job.pool);
         }

@@ -533,7 +533,7 @@ impl Runtime {
     /// `id` had already counted of it. A session cancelled while children run (a timeout
     /// cancels its whole subtree) settles none of them, so without this their tokens
     /// would reach no total.
-    fn spent_under<'a>(
+    pub(crate) fn spent_under<'a>(
         &'a self,
         id: &'a SessionId,
     ) -> futures::future::BoxFuture<'a, Result<(Usage, u32)>> {
@@ -564,5 +564,20 @@ impl Runtime {
             }
             Ok((total, steps))
         })
+    }
+
+    /// Children of `f` that have a log but that `f`'s log never recorded: a step that
+    /// delegated writes its children before its own record of them, and a session that
+    /// ends before that record (dead-lettered) leaves them.
+    pub(crate) async fn unrecorded_children(&self, f: &Folded) -> Result<Vec<SessionId>> {
+        let mut out = vec![];
+        for s in self.backend.subtree(&f.id).await? {
+            if s.parent().as_ref() == Some(&f.id)
+                && !f.state.children.values().any(|c| c.child == s)
+            {
+                out.push(s);
+            }
+        }
+        Ok(out)
     }
 }
