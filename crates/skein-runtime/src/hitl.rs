@@ -284,13 +284,37 @@ pub async fn decide_approval(
     Ok(claims.session)
 }
 
+/// What an inbox item waits for: `question` or `approval` in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InboxKind {
+    /// A question for a person, answered with `skein answer`.
+    Question,
+    /// A tool call waiting for approval, decided with `skein approve` or `skein deny`.
+    Approval,
+}
+
+impl InboxKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InboxKind::Question => "question",
+            InboxKind::Approval => "approval",
+        }
+    }
+}
+
+impl std::fmt::Display for InboxKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One pending question or approval.
 #[derive(Debug, Clone, Serialize)]
 pub struct InboxItem {
     pub session: String,
     pub agent: String,
-    /// `question` or `approval`.
-    pub kind: String,
+    pub kind: InboxKind,
     pub token: String,
     /// For questions: `[{key, question}]`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -343,7 +367,7 @@ pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
             out.push(InboxItem {
                 session: id.display(),
                 agent: agent.clone(),
-                kind: "question".into(),
+                kind: InboxKind::Question,
                 token: input_token(secret, id, p),
                 questions: expected_keys(&p.questions)
                     .into_iter()
@@ -369,7 +393,7 @@ pub fn waiting_in(secret: &Secret, f: &Folded) -> Vec<InboxItem> {
         out.push(InboxItem {
             session: id.display(),
             agent: agent.clone(),
-            kind: "approval".into(),
+            kind: InboxKind::Approval,
             token: approval_token(secret, id, p),
             questions: vec![],
             context: None,

@@ -580,7 +580,7 @@ impl Person {
             return;
         };
         for item in items {
-            let ok = if item.kind == "question" {
+            let ok = if item.kind == skein_runtime::hitl::InboxKind::Question {
                 let mut answers = serde_json::Map::new();
                 for q in &item.questions {
                     if let Some(k) = q.get("key").and_then(|k| k.as_str()) {
@@ -596,7 +596,7 @@ impl Person {
                     .is_ok()
             };
             if ok {
-                if item.kind == "question" {
+                if item.kind == skein_runtime::hitl::InboxKind::Question {
                     self.answers += 1;
                 } else {
                     self.approvals += 1;
@@ -632,7 +632,7 @@ impl Person {
             return;
         }
         let item = &items[faults.draw(items.len() as u64) as usize];
-        let done = if item.kind == "question" {
+        let done = if item.kind == skein_runtime::hitl::InboxKind::Question {
             let mut answers = serde_json::Map::new();
             for q in &item.questions {
                 if let Some(k) = q.get("key").and_then(|k| k.as_str()) {
@@ -657,8 +657,10 @@ impl Person {
             r.is_ok()
         };
         if done {
-            self.used
-                .push((item.token.clone(), item.kind == "question"));
+            self.used.push((
+                item.token.clone(),
+                item.kind == skein_runtime::hitl::InboxKind::Question,
+            ));
         }
     }
 }

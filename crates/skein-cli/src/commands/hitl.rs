@@ -7,6 +7,7 @@ use clap::Args;
 use serde_json::{Map, Value};
 use skein_core::SessionId;
 use skein_runtime::hitl;
+use skein_runtime::hitl::InboxKind;
 
 use crate::app::App;
 use crate::render;
@@ -63,8 +64,8 @@ pub async fn inbox(app: &App, a: InboxArgs) -> Result<ExitCode> {
         crate::outln!("nothing is waiting for you")?;
     }
     for it in &items {
-        match it.kind.as_str() {
-            "question" => {
+        match it.kind {
+            InboxKind::Question => {
                 crate::outln!(
                     "question from {} ({}):",
                     it.session,

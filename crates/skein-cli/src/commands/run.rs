@@ -11,7 +11,7 @@ use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use skein_core::{AgentDef, AgentSet, SessionId, Status};
 use skein_llm::Registry;
-use skein_runtime::hitl::{waiting_in, InboxItem};
+use skein_runtime::hitl::{waiting_in, InboxItem, InboxKind};
 use skein_runtime::inspect::{rows_of, summarize, tree_folds};
 use skein_runtime::worker::{Folded, Progress, Runtime, Submission, TextDelta};
 use skein_sled::SledStore;
@@ -305,8 +305,8 @@ fn is_ended(status: &str) -> bool {
 pub(crate) fn print_waiting(status: &str, items: &[InboxItem]) -> std::io::Result<()> {
     crate::outln!("paused ({status}): waiting for you:")?;
     for it in items {
-        match it.kind.as_str() {
-            "question" => {
+        match it.kind {
+            InboxKind::Question => {
                 for q in &it.questions {
                     crate::outln!(
                         "  {}: {}",

@@ -78,7 +78,7 @@ pub(super) async fn runs(corpus: &Path) -> Result<()> {
             )));
         };
         tokens.insert(format!("run-{}-{round}", item.kind), item.token.clone());
-        if item.kind == "approval" {
+        if item.kind == skein_runtime::hitl::InboxKind::Approval {
             hitl::decide_approval(&rt, &item.token, true, None, Some("seed".into()))
                 .await
                 .map_err(other)?;
