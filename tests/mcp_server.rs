@@ -229,6 +229,8 @@ fn the_python_sdk_client_drives_skein_over_stdio() {
 struct HttpServer {
     child: Child,
     url: String,
+    /// The line that named the address.
+    said: String,
 }
 
 impl HttpServer {
@@ -260,8 +262,9 @@ impl HttpServer {
                 break rest.split_whitespace().next().unwrap_or("").to_string();
             }
         };
+        let said = line.clone();
         std::thread::spawn(move || for _ in err.lines() {});
-        HttpServer { child, url }
+        HttpServer { child, url, said }
     }
 }
 
@@ -379,6 +382,25 @@ async fn http_requests_without_the_token_or_from_another_site_are_refused() {
         send(Some(&sid), "2025-03-26").await.expect("ping").status(),
         404
     );
+    // Without a token given, one is made and printed, and it is the one that works.
+    let made = HttpServer::start(&sb.config(), &sb.data().join("other"), &[], &[], &[]);
+    let printed = made
+        .said
+        .split("Bearer ")
+        .nth(1)
+        .map(|t| t.trim().trim_end_matches('`').to_string())
+        .unwrap_or_else(|| panic!("no token in {}", made.said));
+    assert!(printed.len() >= 32, "{}", made.said);
+    let r = http
+        .post(&made.url)
+        .header("authorization", format!("Bearer {printed}"))
+        .json(&init)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 200);
+    let r = http.post(&made.url).json(&init).send().await.expect("post");
+    assert_eq!(r.status(), 401);
     // Another address than loopback needs a token.
     let out = skein(&sb.config(), &sb.data())
         .args(["mcp", "--http", "0.0.0.0:0", "--no-auth"])

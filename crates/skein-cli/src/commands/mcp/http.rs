@@ -8,7 +8,7 @@
 //! - `initialize` opens a session: its answer carries `Mcp-Session-Id`, which every later
 //!   request must send (`400` without it, `404` for one unknown or ended). A request
 //!   naming a protocol version (`MCP-Protocol-Version`) this server does not speak is
-//!   refused with `400`.
+//!   refused with `400`. At most [`MAX_SESSIONS`] are open at once.
 //! - `DELETE` with the session's id ends it (its requests in flight are stopped).
 //! - `GET` (a stream the server opens) is not offered: `405`.
 //!
@@ -43,6 +43,8 @@ pub const SESSION_HEADER: &str = "mcp-session-id";
 pub const VERSION_HEADER: &str = "mcp-protocol-version";
 /// The largest request body read.
 pub const MAX_BODY: usize = 16 << 20;
+/// Sessions open at once; `initialize` is refused past it until a client ends one.
+pub const MAX_SESSIONS: usize = 256;
 
 /// How the endpoint is guarded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -274,6 +276,17 @@ async fn post(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> 
     // `initialize` opens a session; everything else names one.
     if let Incoming::Request { id, method, params } = &msg {
         if method == "initialize" {
+            if lock(&s.sessions).len() >= MAX_SESSIONS {
+                return refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some(id),
+                    code::INTERNAL_ERROR,
+                    &format!(
+                        "{MAX_SESSIONS} sessions are open: end one (DELETE with its \
+                         Mcp-Session-Id) before starting another"
+                    ),
+                );
+            }
             let sess = Arc::new(Session::default());
             let (tx, _rx) = mpsc::unbounded_channel();
             let Some(r) = sess
