@@ -65,7 +65,24 @@ turns:
   - answer: "you chose {{ results[0].answers.colour }}"
 "#,
     )
-    .agent("echo", "", "turns:\n  - answer: \"echoed\"\n");
+    .agent("echo", "", "turns:\n  - answer: \"echoed\"\n")
+    .agent(
+        "gated",
+        "agents: [echo]\nrequires_approval: [call_agent]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: echo, mission: "say it"}
+  - answer: "{{ results[0] | tojson }}"
+"#,
+    )
+    // A model that takes 20 s: a call still in flight when it is cancelled.
+    .agent(
+        "slow",
+        "",
+        "latency_ms: 20000\nturns:\n  - answer: \"slow\"\n",
+    );
     sb
 }
 
@@ -103,6 +120,17 @@ async def scenario(session, tag):
     out["nowait"] = r.structuredContent["status"]
     r = await session.call_tool("answer_question", {"token": token, "answers": {"colour": "red"}})
     out["reused"] = [r.isError, r.content[0].text]
+    for decision, reason in (("approve", None), ("deny", "not today")):
+        r = await session.call_tool("start_tree", {"agent": "gated", "mission": "go " + decision,
+            "id": root + "-" + decision})
+        item = r.structuredContent["waiting"][0]
+        args = {"token": item["token"]}
+        if reason:
+            args["reason"] = reason
+        d = await session.call_tool(decision, args)
+        r = await session.call_tool("tree_status", {"root": root + "-" + decision, "wait": True})
+        out[decision] = [item["kind"], item["tool"], d.structuredContent["recorded"],
+            r.structuredContent["status"], r.structuredContent["answer"]]
     r = await session.call_tool("approve", {"tokn": "x"})
     out["bad_args"] = [r.isError, r.content[0].text]
     try:
@@ -183,6 +211,41 @@ fn check_scenario(out: &Value) {
     assert_eq!(out["answer"], "you chose blue", "{out}");
     assert_eq!(out["nowait"], "submitted", "{out}");
     assert_eq!(out["reused"][0], true, "{out}");
+    let approve = out["approve"].as_array().expect("approve");
+    assert_eq!(
+        approve[..4],
+        [
+            json!("approval"),
+            json!("call_agent"),
+            json!("approved"),
+            json!("completed")
+        ],
+        "{out}"
+    );
+    // The delegation ran: its result is the child's answer.
+    assert!(
+        approve[4]
+            .as_str()
+            .is_some_and(|a| a.contains(r#""result":"echoed""#) && a.contains(r#""success":true"#)),
+        "{out}"
+    );
+    let deny = out["deny"].as_array().expect("deny");
+    assert_eq!(
+        deny[..4],
+        [
+            json!("approval"),
+            json!("call_agent"),
+            json!("denied"),
+            json!("completed")
+        ],
+        "{out}"
+    );
+    assert!(
+        out["deny"][4]
+            .as_str()
+            .is_some_and(|a| a.contains("denied") && a.contains("not today")),
+        "{out}"
+    );
     assert_eq!(out["bad_args"][0], true, "{out}");
     let bad = out["bad_args"][1].as_str().unwrap_or("");
     assert!(bad.contains("token") && bad.contains("tokn"), "{out}");
@@ -412,6 +475,79 @@ async fn http_requests_without_the_token_or_from_another_site_are_refused() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[tokio::test]
+async fn a_cancelled_call_stops_and_gets_no_response() {
+    let sb = sandbox();
+    let token = "a-token-for-the-cancel-test";
+    let server = HttpServer::start(
+        &sb.config(),
+        &sb.data(),
+        &[],
+        &[],
+        &[("SKEIN_MCP_TOKEN", token)],
+    );
+    let http = reqwest::Client::new();
+    let post = |body: Value, sid: Option<String>| {
+        let mut r = http
+            .post(&server.url)
+            .header("authorization", format!("Bearer {token}"))
+            .header("accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(s) = sid {
+            r = r.header("mcp-session-id", s);
+        }
+        r.send()
+    };
+    let r = post(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}),
+        None,
+    )
+    .await
+    .expect("initialize");
+    let sid = r
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("a session id")
+        .to_string();
+    // A call that waits for a model that takes 20 s.
+    let call = tokio::spawn(post(
+        json!({"jsonrpc": "2.0", "id": "slow-1", "method": "tools/call", "params": {
+            "name": "start_tree", "arguments": {"agent": "slow", "mission": "m", "id": "slow"}}}),
+        Some(sid.clone()),
+    ));
+    // Once the tree is there, the call is in flight: cancel it.
+    loop {
+        let r = post(
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                "name": "tree_status", "arguments": {"root": "slow"}}}),
+            Some(sid.clone()),
+        )
+        .await
+        .expect("status");
+        let v: Value = r.json().await.expect("json");
+        if v["result"]["isError"] == false {
+            assert_eq!(v["result"]["structuredContent"]["status"], "running", "{v}");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let r = post(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": "slow-1", "reason": "changed my mind"}}),
+        Some(sid.clone()),
+    )
+    .await
+    .expect("cancel");
+    assert_eq!(r.status(), 202);
+    // The cancelled call ends with no JSON-RPC response (before the model would answer).
+    let r = call.await.expect("task").expect("the call's answer");
+    assert_eq!(r.status(), 202);
+    assert_eq!(r.text().await.expect("body"), "");
 }
 
 /// The conformance suite's server scenarios that a server offering only tools can pass

@@ -269,21 +269,11 @@ async fn start(host: &Arc<Host>, a: Value, progress: Option<ProgressSink>) -> Re
 }
 
 /// A tree's status, and whether a waiter is done with it (it ended, or waits for a
-/// person). A tree not (yet) in the store is an error only when `must_exist`.
-async fn read_tree(
-    host: &Host,
-    root: &SessionId,
-    must_exist: bool,
-) -> Result<(Value, bool), Value> {
+/// person).
+async fn status(host: &Host, root: &SessionId) -> Result<(Value, bool), Value> {
     let read = tree_folds(&host.backend, root).await.map_err(failed)?;
     let Some((_, f)) = read.iter().find(|(_, f)| &f.id == root) else {
-        if must_exist {
-            return Err(failed(format!("no tree {} in this store", root.display())));
-        }
-        return Ok((
-            json!({"session": root.display(), "status": "submitted"}),
-            false,
-        ));
+        return Err(failed(format!("no tree {} in this store", root.display())));
     };
     let rows = rows_of(&read);
     let waiting: Vec<_> = read
@@ -303,10 +293,6 @@ async fn read_tree(
     Ok((v, terminal || !waiting.is_empty()))
 }
 
-async fn status(host: &Host, root: &SessionId) -> Result<(Value, bool), Value> {
-    read_tree(host, root, true).await
-}
-
 /// Waits until the tree ends or waits for a person; sends a progress notification each
 /// time it is seen to have moved.
 async fn wait(
@@ -317,7 +303,7 @@ async fn wait(
     let mut events = host.rt.subscribe();
     let mut last = String::new();
     loop {
-        let (v, done) = read_tree(host, root, false).await?;
+        let (v, done) = status(host, root).await?;
         if let Some(p) = &mut progress {
             let sessions = v["summary"]["sessions"].as_u64().unwrap_or(0);
             let steps = v["summary"]["steps"].as_u64().unwrap_or(0);
