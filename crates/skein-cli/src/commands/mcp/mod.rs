@@ -118,8 +118,14 @@ impl Session {
             }
         });
         lock(&self.in_flight).insert(id.clone(), task.abort_handle());
+        // Should the caller stop waiting (an HTTP client that went away), the request
+        // stops too.
+        let _leave = Leave {
+            session: self,
+            id: &id,
+            task: task.id(),
+        };
         let r = task.await;
-        lock(&self.in_flight).remove(&id);
         match r {
             Ok(v) => Some(v),
             Err(e) if e.is_cancelled() => None,
@@ -220,6 +226,25 @@ impl Session {
                 unless told not to), read them with tree_status, and answer what waits for a \
                 person with list_inbox, answer_question, approve and deny.",
         })
+    }
+}
+
+/// Stops a request and forgets it once its caller is done with it, however it ended.
+struct Leave<'a> {
+    session: &'a Session,
+    id: &'a Id,
+    task: tokio::task::Id,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = lock(&self.session.in_flight);
+        // Only this request's own entry (a client may reuse an id once it was answered).
+        if in_flight.get(self.id).is_some_and(|h| h.id() == self.task) {
+            if let Some(h) = in_flight.remove(self.id) {
+                h.abort();
+            }
+        }
     }
 }
 

@@ -319,6 +319,10 @@ async fn wait(
         if done {
             return Ok(ok(v));
         }
+        if progress.as_ref().is_some_and(|p| p.out.is_closed()) {
+            // No one reads the answer any more (the client went away).
+            return Err(failed("the client stopped listening"));
+        }
         // An event of this process's runtime (embedded) wakes the waiter at once.
         tokio::select! {
             _ = events.recv() => {
