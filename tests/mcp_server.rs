@@ -489,11 +489,12 @@ async fn a_cancelled_call_stops_and_gets_no_response() {
         &[("SKEIN_MCP_TOKEN", token)],
     );
     let http = reqwest::Client::new();
+    // A client that takes JSON answers only (no event stream).
     let post = |body: Value, sid: Option<String>| {
         let mut r = http
             .post(&server.url)
             .header("authorization", format!("Bearer {token}"))
-            .header("accept", "application/json, text/event-stream")
+            .header("accept", "application/json")
             .json(&body);
         if let Some(s) = sid {
             r = r.header("mcp-session-id", s);

@@ -1,10 +1,10 @@
 //! The Streamable HTTP transport: one endpoint, `/mcp`.
 //!
 //! - `POST` carries one JSON-RPC message. A notification or a response is taken with
-//!   `202 Accepted`; a request is answered with `application/json`, or, for a
-//!   `tools/call` that asked for progress (`_meta.progressToken`) from a client that
-//!   accepts `text/event-stream`, with an event stream: the progress notifications, then
-//!   the response, then the end of the stream.
+//!   `202 Accepted`; a request is answered with `application/json`, except a
+//!   `tools/call` from a client that accepts `text/event-stream`: that answer is an event
+//!   stream (kept alive with comments while a tree is waited for) of the call's progress
+//!   notifications, if it asked for them (`_meta.progressToken`), then the response.
 //! - `initialize` opens a session: its answer carries `Mcp-Session-Id`, which every later
 //!   request must send (`400` without it, `404` for one unknown or ended). A request
 //!   naming a protocol version (`MCP-Protocol-Version`) this server does not speak is
@@ -28,7 +28,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -331,9 +331,9 @@ async fn post(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> 
         Incoming::Response { .. } => return StatusCode::ACCEPTED.into_response(),
         Incoming::Request { id, method, params } => (id, method, params),
     };
-    let streams = method == "tools/call"
-        && wire::progress_token(&params).is_some()
-        && accepts(&headers, "text/event-stream");
+    // A tool call may wait for a tree a long while: its answer is a stream (kept alive)
+    // when the client takes one, so no client gives up on a silent connection.
+    let streams = method == "tools/call" && accepts(&headers, "text/event-stream");
     let (tx, rx) = mpsc::unbounded_channel::<Value>();
     if !streams {
         // Progress goes nowhere on a plain JSON answer.
@@ -355,7 +355,9 @@ async fn post(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> 
             rx,
         ))
     });
-    Sse::new(events).into_response()
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 async fn get() -> Response {
