@@ -344,8 +344,15 @@ async fn post(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> 
     }
     let host = s.host.clone();
     tokio::spawn(async move {
-        if let Some(r) = sess.request(&host, id, method, params, tx.clone()).await {
-            let _ = tx.send(r);
+        let gone = tx.clone();
+        tokio::select! {
+            r = sess.request(&host, id, method, params, tx.clone()) => {
+                if let Some(r) = r {
+                    let _ = tx.send(r);
+                }
+            }
+            // The client dropped the stream: the request stops (see `Session::request`).
+            _ = gone.closed() => {}
         }
     });
     let events = futures::stream::unfold(rx, |mut rx| async move {
