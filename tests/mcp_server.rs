@@ -634,6 +634,8 @@ fn a_tree_started_through_mcp_on_a_cluster_runs_on_its_workers() {
     let mut child = c
         .args(["--nats", &url, "mcp"])
         .env("SKEIN_TOKEN_SECRET", SECRET)
+        // An HTTP token left in the environment does not stop a stdio server.
+        .env("SKEIN_MCP_TOKEN", "a-token-for-http-only-here")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

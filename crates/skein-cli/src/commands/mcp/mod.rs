@@ -43,12 +43,13 @@ pub struct McpArgs {
     /// With --http: the token a client must send as `Authorization: Bearer …` (16+
     /// characters); required when the address is not a loopback address. Prefer the
     /// environment variable: a flag shows in the process list.
+    /// Over stdio it is not used (the client started this process), so the variable may
+    /// stay set.
     #[arg(
         long,
         env = "SKEIN_MCP_TOKEN",
         hide_env_values = true,
-        value_name = "TOKEN",
-        requires = "http"
+        value_name = "TOKEN"
     )]
     pub auth_token: Option<String>,
     /// With --http: serve without a token (loopback only). Without it and without
