@@ -125,8 +125,16 @@ mcp_py="$cache/mcp-py-$MCP_PY"
 if ! "$mcp_py/bin/python" -c 'import mcp.client.session' >/dev/null 2>&1; then
   echo "installing the MCP Python SDK $MCP_PY (PyPI package mcp) into $mcp_py" >&2
   if ! python3 -m venv "$mcp_py" >&2; then
-    echo "error: the MCP suite needs python3 with venv (Debian: python3-venv)" >&2
-    exit 1
+    if as_root; then
+      echo "python3 cannot make a venv: installing the Debian package python3-venv" >&2
+      apt_install python3-venv
+      rm -rf "$mcp_py"
+      python3 -m venv "$mcp_py" >&2
+    else
+      echo "error: the MCP suite needs python3 with venv, which is missing." >&2
+      echo "       Install it with: sudo apt-get install python3-venv" >&2
+      exit 1
+    fi
   fi
   "$mcp_py/bin/python" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_PY" >&2
 fi
