@@ -22,6 +22,8 @@ use super::Host;
 /// How often a waited-for tree is read again when no event of this process's runtime
 /// says it moved (on a cluster, the workers' events are not seen here).
 const POLL: Duration = Duration::from_millis(200);
+/// How long a waiter gathers the runtime's events before it reads the tree again.
+const BATCH: Duration = Duration::from_millis(25);
 
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -326,7 +328,9 @@ async fn wait(
         // An event of this process's runtime (embedded) wakes the waiter at once.
         tokio::select! {
             _ = events.recv() => {
-                // One read for every event already queued.
+                // One read of the tree for the events of a short while: a busy tree
+                // sends many, and each read folds every log of it.
+                tokio::time::sleep(BATCH).await;
                 while events.try_recv().is_ok() {}
             }
             _ = tokio::time::sleep(POLL) => {}
