@@ -625,6 +625,75 @@ fn exchange(
 }
 
 #[test]
+fn bad_messages_get_json_rpc_errors_that_say_what_was_wrong() {
+    let sb = sandbox();
+    let mut child = skein(&sb.config(), &sb.data())
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("skein mcp starts");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut next = |raw: &str| -> Value {
+        writeln!(stdin, "{raw}").expect("write");
+        stdin.flush().expect("flush");
+        let l = lines.next().expect("an answer").expect("line");
+        serde_json::from_str(&l).expect("a JSON line")
+    };
+    let e = next("{not json");
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (Value::Null, json!(-32700)),
+        "{e}"
+    );
+    let e = next(r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#);
+    assert_eq!(e["error"]["code"], -32600, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("jsonrpc")),
+        "{e}"
+    );
+    let e = next(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    assert_eq!(e["error"]["code"], -32002, "before initialize: {e}");
+    let e = next(r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#);
+    assert_eq!(e["result"], json!({}), "{e}");
+    let e = next(
+        r#"{"jsonrpc":"2.0","id":4,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"old","version":"1"}}}"#,
+    );
+    assert_eq!(e["result"]["protocolVersion"], "2025-06-18", "{e}");
+    let e = next(r#"{"jsonrpc":"2.0","id":5,"method":"resources/list"}"#);
+    assert_eq!(e["error"]["code"], -32601, "{e}");
+    let e = next(
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"list_inbox","arguments":[1]}}"#,
+    );
+    assert_eq!(e["error"]["code"], -32602, "{e}");
+    let e = next(
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"start_tree","arguments":{"agent":"nobody","mission":"m"}}}"#,
+    );
+    assert_eq!(e["result"]["isError"], true, "{e}");
+    let text = e["result"]["content"][0]["text"].as_str().unwrap_or("");
+    assert!(
+        text.contains("unknown agent `nobody`") && text.contains("asker"),
+        "{e}"
+    );
+    let e = next(
+        r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"tree_status","arguments":{"root":"no-such-tree"}}}"#,
+    );
+    assert_eq!(e["result"]["isError"], true, "{e}");
+    assert!(
+        e["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("no tree no-such-tree")),
+        "{e}"
+    );
+    drop(stdin);
+    // The server ends when its input does.
+    assert!(child.wait().expect("exit").success());
+}
+
+#[test]
 fn a_tree_started_through_mcp_on_a_cluster_runs_on_its_workers() {
     let server = NatsServer::start();
     let url = server.url();
