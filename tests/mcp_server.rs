@@ -627,14 +627,16 @@ fn exchange(
 #[test]
 fn bad_messages_get_json_rpc_errors_that_say_what_was_wrong() {
     let sb = sandbox();
-    let mut child = skein(&sb.config(), &sb.data())
-        .arg("mcp")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("skein mcp starts");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut child = Reaped(
+        skein(&sb.config(), &sb.data())
+            .arg("mcp")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("skein mcp starts"),
+    );
+    let mut stdin = child.0.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
     let mut next = |raw: &str| -> Value {
         writeln!(stdin, "{raw}").expect("write");
         stdin.flush().expect("flush");
@@ -690,27 +692,38 @@ fn bad_messages_get_json_rpc_errors_that_say_what_was_wrong() {
     );
     drop(stdin);
     // The server ends when its input does.
-    assert!(child.wait().expect("exit").success());
+    assert!(child.0.wait().expect("exit").success());
+}
+
+/// A process killed (by its pid) when the test ends, also when an assertion failed.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[test]
 fn a_tree_started_through_mcp_on_a_cluster_runs_on_its_workers() {
     let server = NatsServer::start();
     let url = server.url();
-    let mut w = worker(&url, "mcp-w1", 1);
+    let _w = Reaped(worker(&url, "mcp-w1", 1));
     let data = tempfile::tempdir().expect("dir");
     let mut c = skein(&demo_config(), data.path());
-    let mut child = c
-        .args(["--nats", &url, "mcp"])
-        .env("SKEIN_TOKEN_SECRET", SECRET)
-        // An HTTP token left in the environment does not stop a stdio server.
-        .env("SKEIN_MCP_TOKEN", "a-token-for-http-only-here")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("skein mcp --nats starts");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut child = Reaped(
+        c.args(["--nats", &url, "mcp"])
+            .env("SKEIN_TOKEN_SECRET", SECRET)
+            // An HTTP token left in the environment does not stop a stdio server.
+            .env("SKEIN_MCP_TOKEN", "a-token-for-http-only-here")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("skein mcp --nats starts"),
+    );
+    let mut stdin = child.0.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
     let started = Instant::now();
     let init = exchange(
         &mut stdin,
@@ -733,7 +746,7 @@ fn a_tree_started_through_mcp_on_a_cluster_runs_on_its_workers() {
     assert!(s["answer"].as_str().is_some_and(|a| !a.is_empty()), "{r}");
     assert!(s["summary"]["sessions"].as_u64().unwrap_or(0) > 1, "{r}");
     drop(stdin);
-    let _ = child.wait();
+    let _ = child.0.wait();
     // The worker, not the MCP server, ran it.
     let tree = run_ok({
         let mut t = skein(&demo_config(), data.path());
@@ -752,7 +765,5 @@ fn a_tree_started_through_mcp_on_a_cluster_runs_on_its_workers() {
         !workers.is_empty() && workers.iter().all(|w| w == "mcp-w1"),
         "{tree}"
     );
-    let _ = w.kill();
-    let _ = w.wait();
     eprintln!("the tree on the cluster took {:?}", started.elapsed());
 }
