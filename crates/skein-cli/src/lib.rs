@@ -251,6 +251,9 @@ pub enum Command {
     Store(commands::store::StoreCmd),
     /// Serve a web view of the trees: live, replayable, answerable (see docs/ui.md).
     Ui(Deferred<commands::ui::UiArgs>),
+    /// Serve skein to MCP clients: start trees, read them, answer the inbox (stdio, or
+    /// Streamable HTTP with --http; see docs/mcp.md).
+    Mcp(Deferred<commands::mcp::McpArgs>),
     /// Write a starting project (config, an agent, a script, a README) into DIR.
     Init(Deferred<commands::init::InitArgs>),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).

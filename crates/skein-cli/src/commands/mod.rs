@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod docs;
 pub mod hitl;
 pub mod init;
+pub mod mcp;
 pub mod replay;
 pub mod run;
 pub mod show;
@@ -60,6 +61,7 @@ async fn with_config(global: crate::GlobalArgs, cmd: Command) -> Result<ExitCode
         Command::Cancel(Deferred(a)) => cancel::cancel(&app, a).await,
         Command::Store(a) => store::run(&app, a).await,
         Command::Ui(Deferred(a)) => ui::ui(&app, a).await,
+        Command::Mcp(Deferred(a)) => mcp::mcp(&app, a).await,
         Command::Init(Deferred(a)) => init::init(a),
         Command::Completions(Deferred(a)) => docs::completions(a),
         Command::Man(Deferred(a)) => docs::man(a),

@@ -259,7 +259,7 @@ fn refuse(status: StatusCode, why: &str) -> Response {
 }
 
 /// The host part of a `Host` or `Origin` value (`[::1]:8080` → `[::1]`).
-fn host_part(v: &str) -> &str {
+pub(crate) fn host_part(v: &str) -> &str {
     let v = v
         .strip_prefix("http://")
         .or_else(|| v.strip_prefix("https://"))
