@@ -35,6 +35,9 @@ pub use workspace::{DirEntry, FilePart, LocalWorkspace, Usage, Walk, Workspace};
 pub struct ToolContext {
     pub session: SessionId,
     pub workspace: Arc<dyn Workspace>,
+    /// Where a tool may keep binary results (an MCP server's images), when the caller
+    /// offers a store.
+    pub blobs: Option<Arc<dyn skein_ports::ports::Blobs>>,
 }
 
 pub use skein_ports::workspace::ToolError;

@@ -42,6 +42,7 @@ impl Runtime {
         let ctx = ToolContext {
             session: f.id.clone(),
             workspace: self.backend.workspaces.for_tree(&f.id.root_id()),
+            blobs: Some(self.backend.blobs.clone()),
         };
         let (resumed, fresh): (Vec<ToolRun>, Vec<ToolRun>) =
             runs.into_iter().partition(|r| r.resumed);

@@ -1,0 +1,79 @@
+//! skein-mcp: agents use the tools of Model Context Protocol servers.
+//!
+//! [`protocol`] holds the messages (revision 2025-06-18; 2025-03-26 accepted), [`client`]
+//! a connection over stdio or Streamable HTTP and the [`client::Server`] a worker keeps,
+//! [`tool`] a server's tool as a skein [`skein_tools::Tool`], and [`config`] the
+//! `[mcp.servers.NAME]` table. [`McpTools::start`] starts every configured server and
+//! adds their tools to a [`skein_tools::ToolBox`]. See docs/mcp.md.
+
+use std::sync::Arc;
+
+pub mod client;
+pub mod config;
+pub mod protocol;
+pub mod tool;
+
+pub use client::{Connection, McpError, Server};
+pub use config::{Approval, McpConfig, ServerConfig, SEPARATOR};
+pub use tool::McpTool;
+
+/// The servers a worker started.
+#[derive(Default, Clone)]
+pub struct McpTools {
+    pub servers: Vec<Arc<Server>>,
+    /// Servers that would not start, with why.
+    pub failed: Vec<(String, String)>,
+    /// Tools that are not offered, with why (a name a model would not accept).
+    pub skipped: Vec<String>,
+}
+
+impl McpTools {
+    /// Starts every server of `cfg` at once. A server that fails is listed in
+    /// [`McpTools::failed`]; the others are kept.
+    pub async fn start(cfg: &McpConfig) -> Self {
+        let started =
+            futures::future::join_all(cfg.servers.iter().map(|(name, c)| async move {
+                (name.clone(), Server::start(name, c.clone()).await)
+            }))
+            .await;
+        let mut out = Self::default();
+        for (name, r) in started {
+            match r {
+                Ok(s) => out.servers.push(s),
+                Err(e) => out.failed.push((name, e.to_string())),
+            }
+        }
+        out
+    }
+
+    /// Adds every listed tool of every started server to `tools`.
+    pub fn add_to(&mut self, tools: &mut skein_tools::ToolBox) {
+        for s in &self.servers {
+            for def in s.tools() {
+                match McpTool::new(s.clone(), def) {
+                    Ok(t) => tools.insert(Arc::new(t)),
+                    Err(why) => self.skipped.push(why),
+                }
+            }
+        }
+    }
+
+    /// Names of every tool offered, as agents know them.
+    pub fn tool_names(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .flat_map(|s| {
+                s.tools()
+                    .into_iter()
+                    .filter_map(|t| tool::exposed_name(&s.name, &t.name).ok())
+            })
+            .collect()
+    }
+
+    /// Stops every server.
+    pub async fn close(&self) {
+        for s in &self.servers {
+            s.close().await;
+        }
+    }
+}
