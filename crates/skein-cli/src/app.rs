@@ -18,6 +18,8 @@ use crate::GlobalArgs;
 pub struct App {
     pub global: GlobalArgs,
     pub cfg: SkeinConfig,
+    /// The MCP servers of `[mcp]`, started by the first command that needs tools.
+    pub mcp: std::sync::OnceLock<skein_mcp::McpTools>,
 }
 
 /// Reads every agent definition under `dir` as (file name, text), sorted: each `*.md` in
@@ -85,7 +87,11 @@ impl App {
         let source = config::Source::locate(global.config.clone());
         let mut cfg = config::load_from(&source)?;
         config::apply_nats_flags(&mut cfg.nats, &global);
-        Ok(Self { global, cfg })
+        Ok(Self {
+            global,
+            cfg,
+            mcp: std::sync::OnceLock::new(),
+        })
     }
 
     pub fn tools(&self) -> Result<ToolBox> {
@@ -95,7 +101,48 @@ impl App {
             .clone()
             .try_into()
             .context("[tools] configuration")?;
-        Ok(ToolBox::builtin(&cfg))
+        let mut tools = ToolBox::builtin(&cfg);
+        for why in self.mcp_tools()?.add_to(&mut tools) {
+            tracing::warn!("{why}");
+        }
+        Ok(tools)
+    }
+
+    /// `[mcp]`, read.
+    pub fn mcp_config(&self) -> Result<skein_mcp::McpConfig> {
+        self.cfg
+            .mcp
+            .clone()
+            .try_into()
+            .context("[mcp] configuration")
+    }
+
+    /// The MCP servers, started once for the process (every server of `[mcp]` at once).
+    /// A server that will not start is reported here (and by `/readyz` and `skein agents
+    /// check`); its tools are not offered.
+    pub fn mcp_tools(&self) -> Result<&skein_mcp::McpTools> {
+        if let Some(m) = self.mcp.get() {
+            return Ok(m);
+        }
+        let cfg = self.mcp_config()?;
+        let started = if cfg.servers.is_empty() {
+            skein_mcp::McpTools::default()
+        } else {
+            let handle = tokio::runtime::Handle::try_current()
+                .context("MCP servers are started from within the command's runtime")?;
+            anyhow::ensure!(
+                handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread,
+                "MCP servers need the multi-threaded runtime"
+            );
+            let m =
+                tokio::task::block_in_place(|| handle.block_on(skein_mcp::McpTools::start(&cfg)));
+            for (name, why) in &m.failed {
+                tracing::warn!(server = %name, "MCP server will not start: {why}");
+                crate::errln!("warning: MCP server `{name}` will not start: {why}");
+            }
+            m
+        };
+        Ok(self.mcp.get_or_init(|| started))
     }
 
     pub fn models(&self) -> Result<Registry> {

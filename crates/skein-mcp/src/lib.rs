@@ -23,8 +23,6 @@ pub struct McpTools {
     pub servers: Vec<Arc<Server>>,
     /// Servers that would not start, with why.
     pub failed: Vec<(String, String)>,
-    /// Tools that are not offered, with why (a name a model would not accept).
-    pub skipped: Vec<String>,
 }
 
 impl McpTools {
@@ -46,16 +44,38 @@ impl McpTools {
         out
     }
 
-    /// Adds every listed tool of every started server to `tools`.
-    pub fn add_to(&mut self, tools: &mut skein_tools::ToolBox) {
+    /// Adds every listed tool of every started server to `tools`; returns why some are
+    /// not offered (a name a model would not accept).
+    pub fn add_to(&self, tools: &mut skein_tools::ToolBox) -> Vec<String> {
+        let mut skipped = vec![];
         for s in &self.servers {
             for def in s.tools() {
                 match McpTool::new(s.clone(), def) {
                     Ok(t) => tools.insert(Arc::new(t)),
-                    Err(why) => self.skipped.push(why),
+                    Err(why) => skipped.push(why),
                 }
             }
         }
+        skipped
+    }
+
+    /// Why a server is not usable now: it would not start, or it died and could not be
+    /// started again.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .failed
+            .iter()
+            .map(|(n, why)| format!("MCP server `{n}` will not start: {why}"))
+            .collect();
+        out.extend(self.servers.iter().filter_map(|s| {
+            s.problem().map(|why| {
+                format!(
+                    "MCP server `{}` died and will not start again: {why}",
+                    s.name
+                )
+            })
+        }));
+        out
     }
 
     /// Names of every tool offered, as agents know them.

@@ -63,14 +63,14 @@ async fn start(servers: Vec<(&str, ServerConfig)>) -> (McpTools, ToolBox) {
             .map(|(n, c)| (n.to_string(), c))
             .collect(),
     };
-    let mut mcp = McpTools::start(&cfg).await;
+    let mcp = McpTools::start(&cfg).await;
     assert!(
         mcp.failed.is_empty(),
         "servers failed to start: {:?}",
         mcp.failed
     );
     let mut tb = ToolBox::new();
-    mcp.add_to(&mut tb);
+    assert!(mcp.add_to(&mut tb).is_empty());
     (mcp, tb)
 }
 
@@ -322,7 +322,6 @@ async fn a_fastmcp_server_over_streamable_http_and_one_that_will_not_start() {
         mcp.failed
     );
     let mut tb = ToolBox::new();
-    let mut mcp = mcp;
     mcp.add_to(&mut tb);
     let c = ctx(dir.path(), Arc::default());
     let out = tb.run(&c, "py__add", &json!({"a": 20, "b": 22})).await;

@@ -129,6 +129,15 @@ def pid() -> str:
     import os
     return str(os.getpid())
 
+@mcp.tool()
+def mark(path: str, seconds: float) -> str:
+    """Appends this server's process id to a file, then sleeps."""
+    import os
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(seconds)
+    return "marked"
+
 if mode == "stdio":
     mcp.run("stdio")
 else:
