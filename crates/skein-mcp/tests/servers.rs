@@ -264,6 +264,14 @@ async fn a_fastmcp_server_over_stdio_is_started_again_when_it_dies() {
         "{out:?}"
     );
 
+    // A tool added while it runs is listed again after `tools/list_changed`.
+    let srv = &mcp.servers[0];
+    assert!(srv.tool("extra").is_none());
+    let out = tb.run(&c, "py__grow", &json!({})).await;
+    assert!(!out.error, "{out:?}");
+    let _ = tb.run(&c, "py__add", &json!({"a": 1, "b": 1})).await;
+    assert!(srv.tool("extra").is_some(), "{:?}", srv.tools());
+
     let first = tb.run(&c, "py__pid", &json!({})).await.output;
     let pid: i32 = first
         .trim()
@@ -274,7 +282,6 @@ async fn a_fastmcp_server_over_stdio_is_started_again_when_it_dies() {
         .status()
         .unwrap();
     // Its death is noticed when its output closes; the next call starts it again.
-    let srv = &mcp.servers[0];
     for _ in 0..100 {
         if !srv.current().await.is_some_and(|c| c.alive()) {
             break;
@@ -326,7 +333,7 @@ async fn a_fastmcp_server_over_streamable_http_and_one_that_will_not_start() {
     let c = ctx(dir.path(), Arc::default());
     let out = tb.run(&c, "py__add", &json!({"a": 20, "b": 22})).await;
     assert!(!out.error && out.output.contains("42"), "{out:?}");
-    let out = tb.run(&c, "py__slow", &json!({"seconds": 3})).await;
+    let out = tb.run(&c, "py__slow", &json!({"seconds": 2})).await;
     assert!(out.error && out.output.contains("timed out"), "{out:?}");
     mcp.close().await;
 }

@@ -97,7 +97,7 @@ pub fn python() -> PathBuf {
 /// `python server.py http PORT`.
 pub const FASTMCP_SERVER: &str = r#"
 import sys, time
-from mcp.server.fastmcp import FastMCP
+from mcp.server.fastmcp import Context, FastMCP
 from pydantic import BaseModel
 
 mode = sys.argv[1]
@@ -128,6 +128,17 @@ def pid() -> str:
     """The server's process id."""
     import os
     return str(os.getpid())
+
+def extra() -> str:
+    """A tool added while the server runs."""
+    return "extra"
+
+@mcp.tool(annotations={"readOnlyHint": True})
+async def grow(ctx: Context) -> str:
+    """Adds the tool `extra` and says the list changed."""
+    mcp.add_tool(extra, annotations={"readOnlyHint": True})
+    await ctx.session.send_tool_list_changed()
+    return "grown"
 
 @mcp.tool()
 def mark(path: str, seconds: float) -> str:
