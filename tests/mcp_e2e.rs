@@ -223,6 +223,56 @@ turns:
     assert!(verified.status.success(), "{}", stderr(&verified));
 }
 
+#[test]
+fn a_session_that_times_out_cancels_its_call_at_the_server() {
+    let py = mcp_servers::python();
+    let sb = Sandbox::new();
+    let script = mcp_servers::write_fastmcp(sb.dir.path());
+    let naps = sb.dir.path().join("naps.txt");
+    configure(
+        &sb,
+        &format!(
+            "\n[mcp.servers.py]\ncommand = {}\nargs = [{}, \"stdio\"]\napproval = \"never\"\n",
+            toml_str(py.to_str().unwrap()),
+            toml_str(script.to_str().unwrap())
+        ),
+    );
+    sb.agent(
+        "napper",
+        "mcp: [py]\nlimits: {timeout: 2s}\n",
+        &format!(
+            r#"
+turns:
+  - tool_calls:
+      - tool: py__nap
+        args: {{path: {}, seconds: 60}}
+  - answer: "{{{{ results[0] }}}}"
+"#,
+            toml_str(naps.to_str().unwrap())
+        ),
+    );
+    let out = run(
+        &sb,
+        &["run", "--agent", "napper", "--id", "nap", "--json", "go"],
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert!(v.to_string().contains("timed out"), "{v} {}", stderr(&out));
+    // The server heard the call was cancelled (written by the tool as it was stopped).
+    let started = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&naps).unwrap_or_default();
+        if text.contains("cancelled") {
+            assert_eq!(text.matches("started").count(), 1, "{text}");
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the server was not told the call was cancelled: {text:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Kills the server a SIGKILLed worker left behind.
 struct KillOnDrop(String);
 

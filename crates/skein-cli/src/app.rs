@@ -82,6 +82,23 @@ pub fn read_agent_file(p: &Path) -> Result<String> {
     String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", p.display()))
 }
 
+/// The MCP servers a command started are stopped when it ends, as the protocol asks (a
+/// stdio server's input closed, then a kill if it lingers), so a server finishes what
+/// it was told last (a cancelled call) instead of dying mid-way.
+impl Drop for App {
+    fn drop(&mut self) {
+        let Some(mcp) = self.mcp.get().filter(|m| !m.servers.is_empty()) else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            tokio::task::block_in_place(|| handle.block_on(mcp.close()));
+        }
+    }
+}
+
 impl App {
     pub fn new(global: GlobalArgs) -> Result<Self> {
         let source = config::Source::locate(global.config.clone());

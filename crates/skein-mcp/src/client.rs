@@ -113,8 +113,11 @@ async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R) -> std::io::Result<Option
     }
 }
 
+/// A stdio server's input; `None` once closed (the server's sign to exit).
+type Stdin = Arc<tokio::sync::Mutex<Option<ChildStdin>>>;
+
 struct StdioConn {
-    stdin: Arc<tokio::sync::Mutex<ChildStdin>>,
+    stdin: Stdin,
     pending: Pending,
     alive: Arc<AtomicBool>,
     /// Why it died, once it has.
@@ -122,10 +125,16 @@ struct StdioConn {
     child: Mutex<Option<Child>>,
 }
 
-async fn write_line(stdin: &tokio::sync::Mutex<ChildStdin>, msg: &Value) -> std::io::Result<()> {
+async fn write_line(
+    stdin: &tokio::sync::Mutex<Option<ChildStdin>>,
+    msg: &Value,
+) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
     line.push(b'\n');
     let mut w = stdin.lock().await;
+    let Some(w) = w.as_mut() else {
+        return Err(std::io::Error::other("its input is closed"));
+    };
     w.write_all(&line).await?;
     w.flush().await
 }
@@ -151,7 +160,7 @@ impl StdioConn {
         else {
             return Err(McpError::Start("the child's pipes were not made".into()));
         };
-        let stdin = Arc::new(tokio::sync::Mutex::new(stdin));
+        let stdin: Stdin = Arc::new(tokio::sync::Mutex::new(Some(stdin)));
         let pending: Pending = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
         let died: Arc<Mutex<Option<String>>> = Arc::default();
@@ -247,6 +256,33 @@ impl StdioConn {
         write_line(&self.stdin, msg)
             .await
             .map_err(|e| McpError::Gone(format!("writing to it: {e}")))
+    }
+}
+
+impl StdioConn {
+    /// Stops the server as the protocol asks: its input closed, then, if it has not
+    /// exited within two seconds, killed.
+    async fn close(&self) {
+        // Calls still in flight are cancelled first, so the server stops them rather
+        // than losing them with its input.
+        let open: Vec<i64> = lock(&self.pending).keys().copied().collect();
+        for id in open {
+            let msg = protocol::notification(
+                "notifications/cancelled",
+                json!({"requestId": id, "reason": "the client is stopping"}),
+            );
+            let _ = write_line(&self.stdin, &msg).await;
+        }
+        drop(self.stdin.lock().await.take());
+        let child = lock(&self.child).take();
+        if let Some(mut c) = child {
+            if tokio::time::timeout(Duration::from_secs(2), c.wait())
+                .await
+                .is_err()
+            {
+                let _ = c.kill().await;
+            }
+        }
     }
 }
 
@@ -499,6 +535,7 @@ impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             let id = self.id;
+            tracing::debug!(request = id, "mcp call abandoned: telling the server");
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     let msg = protocol::notification(
@@ -652,12 +689,7 @@ impl Connection {
     /// Stops the server (stdio) or ends the session (HTTP).
     pub async fn close(&self) {
         match &self.transport {
-            Transport::Stdio(s) => {
-                let child = lock(&s.child).take();
-                if let Some(mut c) = child {
-                    let _ = c.kill().await;
-                }
-            }
+            Transport::Stdio(s) => s.close().await,
             Transport::Http(h) => h.close().await,
         }
     }

@@ -90,10 +90,9 @@ impl McpTools {
             .collect()
     }
 
-    /// Stops every server.
+    /// Stops every server, all at once: a stdio server's input is closed and it is given
+    /// two seconds to exit before it is killed; an HTTP session is ended.
     pub async fn close(&self) {
-        for s in &self.servers {
-            s.close().await;
-        }
+        futures::future::join_all(self.servers.iter().map(|s| s.close())).await;
     }
 }

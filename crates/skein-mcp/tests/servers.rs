@@ -245,7 +245,8 @@ async fn a_fastmcp_server_over_stdio_is_started_again_when_it_dies() {
     let py = common::python();
     let dir = tempfile::tempdir().unwrap();
     let script = common::write_fastmcp(dir.path());
-    let cfg = stdio(py.to_str().unwrap(), &[script.to_str().unwrap(), "stdio"]);
+    let mut cfg = stdio(py.to_str().unwrap(), &[script.to_str().unwrap(), "stdio"]);
+    cfg.timeout = Duration::from_secs(2);
     let (mcp, tb) = start(vec![("py", cfg)]).await;
     assert!(!tb.requires_approval("py__add"), "marked read-only");
     assert!(tb.requires_approval("py__slow"), "no annotations: approval");
@@ -271,6 +272,25 @@ async fn a_fastmcp_server_over_stdio_is_started_again_when_it_dies() {
     assert!(!out.error, "{out:?}");
     let _ = tb.run(&c, "py__add", &json!({"a": 1, "b": 1})).await;
     assert!(srv.tool("extra").is_some(), "{:?}", srv.tools());
+
+    // A call past its timeout is cancelled at the server, which stops the tool.
+    let naps = dir.path().join("naps.txt");
+    let out = tb
+        .run(&c, "py__nap", &json!({"path": naps, "seconds": 30}))
+        .await;
+    assert!(out.error && out.output.contains("timed out"), "{out:?}");
+    let mut heard = false;
+    for _ in 0..100 {
+        if std::fs::read_to_string(&naps)
+            .unwrap_or_default()
+            .contains("cancelled")
+        {
+            heard = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(heard, "{:?}", std::fs::read_to_string(&naps));
 
     let first = tb.run(&c, "py__pid", &json!({})).await.output;
     let pid: i32 = first

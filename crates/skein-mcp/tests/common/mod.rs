@@ -149,6 +149,20 @@ def mark(path: str, seconds: float) -> str:
     time.sleep(seconds)
     return "marked"
 
+@mcp.tool()
+async def nap(path: str, seconds: float) -> str:
+    """Notes that it started, sleeps, and notes it if it is cancelled."""
+    import anyio, os
+    with open(path, "a") as f:
+        f.write(f"started {os.getpid()}\n")
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        with open(path, "a") as f:
+            f.write("cancelled\n")
+        raise
+    return "rested"
+
 if mode == "stdio":
     mcp.run("stdio")
 else:
