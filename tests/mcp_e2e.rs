@@ -149,6 +149,9 @@ turns:
         std::fs::read_to_string(files.join("out.txt")).unwrap(),
         "new"
     );
+    // The approval is re-derived on replay: the tool's annotations are part of the rules.
+    let verified = run(&sb, &["replay", "scr", "--verify"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
 }
 
 #[test]

@@ -125,6 +125,20 @@ impl App {
         Ok(tools)
     }
 
+    /// The limits the decision rules run with: `[limits]`, plus every tool that asks for
+    /// approval itself (an MCP server's tool that may change things), as
+    /// [`Runtime::new`] adds them. Replay checks decisions with these.
+    pub fn decision_limits(&self) -> Result<skein_core::Limits> {
+        let tools = self.tools()?;
+        let mut limits = self.cfg.limits.clone();
+        for name in tools.names() {
+            if tools.requires_approval(&name) && !limits.approval_required.contains(&name) {
+                limits.approval_required.push(name);
+            }
+        }
+        Ok(limits)
+    }
+
     /// `[mcp]`, read.
     pub fn mcp_config(&self) -> Result<skein_mcp::McpConfig> {
         self.cfg
