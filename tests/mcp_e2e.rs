@@ -276,6 +276,42 @@ turns:
     }
 }
 
+#[test]
+fn agents_check_reports_a_server_that_will_not_start_and_unknown_mcp_names() {
+    let sb = Sandbox::new();
+    configure(
+        &sb,
+        "\n[mcp.servers.ghost]\ncommand = \"/nonexistent/mcp-server\"\n",
+    );
+    sb.agent(
+        "a",
+        "mcp: [ghost, nowhere]\ntools: [elsewhere.tool]\n",
+        "turns:\n  - answer: ok\n",
+    );
+    let out = run(&sb, &["agents", "check"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("MCP server `ghost` will not start"), "{err}");
+    assert!(err.contains("/nonexistent/mcp-server"), "{err}");
+    assert!(
+        err.contains("MCP server `nowhere`, which is not configured"),
+        "{err}"
+    );
+    assert!(err.contains("`elsewhere__tool`"), "{err}");
+    // A bad entry is refused when the configuration loads, naming its table.
+    configure(
+        &sb,
+        "\n[mcp.servers.both]\ncommand = \"x\"\nurl = \"http://127.0.0.1:1/mcp\"\n",
+    );
+    let out = run(&sb, &["agents", "check"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("[mcp.servers.both]"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// Kills the server a SIGKILLed worker left behind.
 struct KillOnDrop(String);
 
