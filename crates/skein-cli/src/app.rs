@@ -18,6 +18,8 @@ use crate::GlobalArgs;
 pub struct App {
     pub global: GlobalArgs,
     pub cfg: SkeinConfig,
+    /// The MCP servers of `[mcp]`, started by the first command that needs tools.
+    pub mcp: std::sync::OnceLock<skein_mcp::McpTools>,
 }
 
 /// Reads every agent definition under `dir` as (file name, text), sorted: each `*.md` in
@@ -80,12 +82,33 @@ pub fn read_agent_file(p: &Path) -> Result<String> {
     String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", p.display()))
 }
 
+/// The MCP servers a command started are stopped when it ends, as the protocol asks (a
+/// stdio server's input closed, then a kill if it lingers), so a server finishes what
+/// it was told last (a cancelled call) instead of dying mid-way.
+impl Drop for App {
+    fn drop(&mut self) {
+        let Some(mcp) = self.mcp.get().filter(|m| !m.servers.is_empty()) else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            tokio::task::block_in_place(|| handle.block_on(mcp.close()));
+        }
+    }
+}
+
 impl App {
     pub fn new(global: GlobalArgs) -> Result<Self> {
         let source = config::Source::locate(global.config.clone());
         let mut cfg = config::load_from(&source)?;
         config::apply_nats_flags(&mut cfg.nats, &global);
-        Ok(Self { global, cfg })
+        Ok(Self {
+            global,
+            cfg,
+            mcp: std::sync::OnceLock::new(),
+        })
     }
 
     pub fn tools(&self) -> Result<ToolBox> {
@@ -95,7 +118,62 @@ impl App {
             .clone()
             .try_into()
             .context("[tools] configuration")?;
-        Ok(ToolBox::builtin(&cfg))
+        let mut tools = ToolBox::builtin(&cfg);
+        for why in self.mcp_tools()?.add_to(&mut tools) {
+            tracing::warn!("{why}");
+        }
+        Ok(tools)
+    }
+
+    /// The limits the decision rules run with: `[limits]`, plus every tool that asks for
+    /// approval itself (an MCP server's tool that may change things), as
+    /// [`Runtime::new`] adds them. Replay checks decisions with these.
+    pub fn decision_limits(&self) -> Result<skein_core::Limits> {
+        let tools = self.tools()?;
+        let mut limits = self.cfg.limits.clone();
+        for name in tools.names() {
+            if tools.requires_approval(&name) && !limits.approval_required.contains(&name) {
+                limits.approval_required.push(name);
+            }
+        }
+        Ok(limits)
+    }
+
+    /// `[mcp]`, read.
+    pub fn mcp_config(&self) -> Result<skein_mcp::McpConfig> {
+        self.cfg
+            .mcp
+            .clone()
+            .try_into()
+            .context("[mcp] configuration")
+    }
+
+    /// The MCP servers, started once for the process (every server of `[mcp]` at once).
+    /// A server that will not start is reported here (and by `/readyz` and `skein agents
+    /// check`); its tools are not offered.
+    pub fn mcp_tools(&self) -> Result<&skein_mcp::McpTools> {
+        if let Some(m) = self.mcp.get() {
+            return Ok(m);
+        }
+        let cfg = self.mcp_config()?;
+        let started = if cfg.servers.is_empty() {
+            skein_mcp::McpTools::default()
+        } else {
+            let handle = tokio::runtime::Handle::try_current()
+                .context("MCP servers are started from within the command's runtime")?;
+            anyhow::ensure!(
+                handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread,
+                "MCP servers need the multi-threaded runtime"
+            );
+            let m =
+                tokio::task::block_in_place(|| handle.block_on(skein_mcp::McpTools::start(&cfg)));
+            for (name, why) in &m.failed {
+                tracing::warn!(server = %name, "MCP server will not start: {why}");
+                crate::errln!("warning: MCP server `{name}` will not start: {why}");
+            }
+            m
+        };
+        Ok(self.mcp.get_or_init(|| started))
     }
 
     pub fn models(&self) -> Result<Registry> {

@@ -74,6 +74,8 @@ pub struct SkeinConfig {
     pub tools: toml::Table,
     /// NATS connection and topology (see docs/nats.md).
     pub nats: toml::Table,
+    /// MCP servers whose tools agents may use (`[mcp.servers.NAME]`, see docs/mcp.md).
+    pub mcp: toml::Table,
     /// The agents are the binary's built-in demo, not `agents_dir` (see [`crate::builtin`]).
     #[serde(skip)]
     pub builtin_agents: bool,
@@ -94,6 +96,7 @@ impl Default for SkeinConfig {
             models: toml::Table::new(),
             tools: toml::Table::new(),
             nats: toml::Table::new(),
+            mcp: toml::Table::new(),
             builtin_agents: false,
             builtin_scripts: false,
         }
@@ -210,6 +213,10 @@ fn check(cfg: &SkeinConfig) -> Result<()> {
     let _: skein_tools::ToolsConfig = cfg.tools.clone().try_into().context("[tools]")?;
     let _: skein_llm::ModelsConfig = cfg.models.clone().try_into().context("[models]")?;
     let _: skein_nats::NatsConfig = cfg.nats.clone().try_into().context("[nats]")?;
+    let mcp: skein_mcp::McpConfig = cfg.mcp.clone().try_into().context("[mcp]")?;
+    for (name, server) in &mcp.servers {
+        server.check(name).map_err(anyhow::Error::msg)?;
+    }
     Ok(())
 }
 
@@ -313,12 +320,28 @@ fn redact(t: &mut toml::Table) {
     }
 }
 
+/// `[mcp]`: what a stdio server is given in `env` may be a key, whatever its name, so
+/// every value is hidden; `headers_env` names variables and is kept.
+fn redact_mcp(t: &mut toml::Table) {
+    redact(t);
+    if let Some(toml::Value::Table(servers)) = t.get_mut("servers") {
+        for (_, server) in servers.iter_mut() {
+            if let Some(toml::Value::Table(env)) = server.get_mut("env") {
+                for (_, v) in env.iter_mut() {
+                    *v = toml::Value::String("<redacted>".into());
+                }
+            }
+        }
+    }
+}
+
 /// The configuration in force as TOML, with secrets replaced.
 pub fn dump(cfg: &SkeinConfig) -> Result<String> {
     let mut c = cfg.clone();
     redact(&mut c.models);
     redact(&mut c.tools);
     redact(&mut c.nats);
+    redact_mcp(&mut c.mcp);
     let mut out = String::new();
     if cfg.builtin_agents || cfg.builtin_scripts {
         out.push_str(

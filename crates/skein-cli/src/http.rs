@@ -2,7 +2,8 @@
 //!
 //! - `/healthz`: 200 while the process answers (liveness);
 //! - `/readyz`: 200 when the worker is connected to NATS, every stream it needs answers,
-//!   no pool's claims are failing and it is not draining; 503 with the reason otherwise;
+//!   no pool's claims are failing, every MCP server of `[mcp]` runs and it is not
+//!   draining; 503 with the reason otherwise;
 //! - `/metrics`: every metric of [`skein_runtime::metrics`] in the Prometheus text format.
 
 use std::net::SocketAddr;
@@ -29,6 +30,8 @@ pub struct Ops {
     pub rt: Arc<Runtime>,
     pub store: Arc<NatsStore>,
     pub pools: Vec<String>,
+    /// The MCP servers the worker started: one that will not start makes it not ready.
+    pub mcp: skein_mcp::McpTools,
 }
 
 /// Installs the Prometheus recorder for the whole process: from here on the metrics the
@@ -69,6 +72,10 @@ pub async fn readiness(ops: &Ops) -> Result<(), String> {
                 .map(|(p, d)| format!("{p} (for {:.1}s)", d.as_secs_f64()))
                 .collect();
             return Err(format!("claims are failing from pool {}", pools.join(", ")));
+        }
+        let mcp = ops.mcp.problems();
+        if !mcp.is_empty() {
+            return Err(mcp.join("; "));
         }
         Ok(())
     }

@@ -126,7 +126,8 @@ target_tests!(
     event,
     audit,
     model_response,
-    model_stream
+    model_stream,
+    mcp_message
 );
 
 #[test]
@@ -143,6 +144,7 @@ fn every_target_is_tested_here() {
         "audit",
         "model_response",
         "model_stream",
+        "mcp_message",
     ];
     for t in skein_fuzz::targets::ALL {
         assert!(here.contains(&t.name), "target {} has no tests", t.name);

@@ -35,6 +35,9 @@ pub use workspace::{DirEntry, FilePart, LocalWorkspace, Usage, Walk, Workspace};
 pub struct ToolContext {
     pub session: SessionId,
     pub workspace: Arc<dyn Workspace>,
+    /// Where a tool may keep binary results (an MCP server's images), when the caller
+    /// offers a store.
+    pub blobs: Option<Arc<dyn skein_ports::ports::Blobs>>,
 }
 
 pub use skein_ports::workspace::ToolError;
@@ -67,6 +70,15 @@ pub trait Tool: Send + Sync {
         Duration::from_secs(30)
     }
     async fn call(&self, ctx: &ToolContext, args: Value) -> Result<String>;
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The outcome of one run, as recorded in `ToolReturned`.
@@ -180,6 +192,9 @@ impl ToolBox {
         let limit = tool.timeout();
         let (tool, ctx) = (tool.clone(), ctx.clone());
         let mut task = tokio::spawn(async move { tool.call(&ctx, args).await });
+        // A caller that stops waiting (its step abandoned at the session's deadline, or
+        // its session cancelled) stops the call too: an MCP server is told so.
+        let _stop = AbortOnDrop(task.abort_handle());
         match tokio::time::timeout(limit, &mut task).await {
             Ok(Ok(r)) => r,
             Ok(Err(join)) => Err(ToolError::Failed(if join.is_panic() {

@@ -51,8 +51,44 @@ pub async fn run(app: &App, cmd: AgentsCmd) -> Result<ExitCode> {
             }
         }
     }
+    // The MCP servers are started here, as a worker would: one that will not start is
+    // reported now, and so is an agent naming a server or tool that none offers.
+    let mcp_cfg = app.mcp_config()?;
+    let mcp = app.mcp_tools()?;
+    problems.extend(mcp.problems());
+    let offered = mcp.tool_names();
+    if let Some(set) = &set {
+        for (name, def) in &set.agents {
+            let origin = &set.origins[name];
+            for server in &def.front.mcp {
+                if !mcp_cfg.servers.contains_key(server) {
+                    problems.push(format!(
+                        "{origin}: agent `{name}` names MCP server `{server}`, which is not \
+                         configured (add [mcp.servers.{server}])"
+                    ));
+                }
+            }
+            for t in &def.front.tools {
+                let Some(server) = skein_core::agent::mcp_server_of(t) else {
+                    continue;
+                };
+                if !mcp_cfg.servers.contains_key(server) {
+                    problems.push(format!(
+                        "{origin}: agent `{name}` names tool `{t}` of MCP server `{server}`, \
+                         which is not configured (add [mcp.servers.{server}])"
+                    ));
+                } else if !mcp.failed.iter().any(|(n, _)| n == server) && !offered.contains(t) {
+                    problems.push(format!(
+                        "{origin}: agent `{name}` names tool `{t}`, which MCP server \
+                         `{server}` does not offer"
+                    ));
+                }
+            }
+        }
+    }
     if json {
         let v = serde_json::json!({
+            "mcp_tools": offered,
             "ok": problems.is_empty(),
             "agents": set.as_ref().map(|s| s.agents.keys().cloned().collect::<Vec<_>>()),
             "caching": set.as_ref().map(|s| {

@@ -165,6 +165,7 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
             rt: rt.clone(),
             store: store.clone(),
             pools: pools.clone(),
+            mcp: app.mcp_tools()?.clone(),
         });
         let (bound, serving) = crate::http::serve(addr, ops).await?;
         crate::errln!("health and metrics on http://{bound} (/healthz, /readyz, /metrics)");

@@ -72,7 +72,7 @@ pub async fn replay(app: &App, a: ReplayArgs) -> Result<ExitCode> {
     let id = SessionId::parse(&a.id)?;
     if a.verify {
         let agents = app.agents()?;
-        let verdicts = verify_tree(&b, &id, &agents, &app.cfg.limits).await?;
+        let verdicts = verify_tree(&b, &id, &agents, &app.decision_limits()?).await?;
         let verdicts: Vec<_> = if a.tree {
             verdicts
         } else {

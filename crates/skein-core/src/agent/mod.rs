@@ -40,6 +40,63 @@ pub const BUILTIN_TOOLS: &[&str] = &[
 /// same way under any configuration.
 pub const ALWAYS_APPROVED: &[&str] = &["shell"];
 
+/// Between an MCP server's name and its tool's: `git__status`.
+pub const MCP_SEPARATOR: &str = "__";
+
+/// After [`MCP_SEPARATOR`] in an allowed set: every tool of that server.
+pub const MCP_ALL: &str = "*";
+
+/// Checks the name of an MCP server as an agent file gives it: 1 to 32 ASCII letters,
+/// digits, `-` or `_`, without `__`.
+pub fn validate_mcp_server(name: &str) -> std::result::Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 32
+        && !name.contains(MCP_SEPARATOR)
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{}` is not an MCP server's name (1 to 32 ASCII letters, digits, `-` or `_`, \
+             without `__`)",
+            name.escape_debug()
+        ))
+    }
+}
+
+/// `git.status` as the name the model knows: `git__status`.
+fn mcp_dotted(t: &str) -> Option<String> {
+    let (server, tool) = t.split_once('.')?;
+    (validate_mcp_server(server).is_ok() && !tool.is_empty() && !tool.contains('.'))
+        .then(|| format!("{server}{MCP_SEPARATOR}{tool}"))
+}
+
+/// Whether `tool` names an MCP server's tool (`SERVER__TOOL`), and which server.
+pub fn mcp_server_of(tool: &str) -> Option<&str> {
+    let (server, rest) = tool.split_once(MCP_SEPARATOR)?;
+    (validate_mcp_server(server).is_ok() && !rest.is_empty()).then_some(server)
+}
+
+/// Whether an allowed set (of [`AgentDef::allowed_tools`], narrowed) lets a call of
+/// `tool` through: named, or a tool of a server the set has whole (`SERVER__*`).
+pub fn tool_allowed(allowed: &BTreeSet<String>, tool: &str) -> bool {
+    // `SERVER__*` stands for tools; it is never one.
+    !tool.ends_with(MCP_ALL)
+        && (allowed.contains(tool) || allowed.iter().any(|a| wildcard_covers(a, tool)))
+}
+
+/// Whether `entry` is `SERVER__*` and `tool` one of that server's tools.
+pub fn wildcard_covers(entry: &str, tool: &str) -> bool {
+    entry
+        .strip_suffix(MCP_ALL)
+        .filter(|p| p.ends_with(MCP_SEPARATOR))
+        .is_some_and(|prefix| {
+            tool.len() > prefix.len() && tool.starts_with(prefix) && !tool.ends_with(MCP_ALL)
+        })
+}
+
 /// Largest agent definition accepted, in bytes (front matter and prompt together).
 pub const MAX_DEFINITION_BYTES: usize = 256 * 1024;
 
@@ -192,6 +249,11 @@ pub struct FrontMatter {
     pub top_k: Option<u32>,
     #[serde(default)]
     pub tools: Vec<String>,
+    /// MCP servers (`[mcp.servers.NAME]`) whose every tool this agent may call, as
+    /// `NAME__TOOL`. A single tool is named in `tools` instead (`git__status`, or
+    /// `git.status`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp: Vec<String>,
     /// The sub-agents this agent may call with `call_agent`.
     #[serde(default, alias = "sub_agents", alias = "sub-agents")]
     pub agents: Vec<String>,
@@ -284,10 +346,26 @@ impl AgentDef {
             origin: origin.into(),
             reason: format!("front matter: {e}"),
         })?;
-        let front: FrontMatter = serde_norway::from_str(yaml).map_err(|e| Error::AgentDef {
+        let mut front: FrontMatter = serde_norway::from_str(yaml).map_err(|e| Error::AgentDef {
             origin: origin.into(),
             reason: format!("front matter: {e}"),
         })?;
+        for server in &front.mcp {
+            validate_mcp_server(server).map_err(|e| Error::AgentDef {
+                origin: origin.into(),
+                reason: format!("mcp: {e}"),
+            })?;
+        }
+        for t in front
+            .tools
+            .iter_mut()
+            .chain(front.requires_approval.iter_mut())
+            .chain(front.idempotent_tools.iter_mut())
+        {
+            if let Some(n) = mcp_dotted(t) {
+                *t = n;
+            }
+        }
         crate::id::validate_token(&front.name).map_err(|e| Error::AgentDef {
             origin: origin.into(),
             reason: format!("name: {e}"),
@@ -352,6 +430,7 @@ impl AgentDef {
             top_p: caller.front.top_p,
             top_k: caller.front.top_k,
             tools: tools.to_vec(),
+            mcp: vec![],
             agents: vec![],
             recursive: false,
             pool: caller.front.pool.clone(),
@@ -385,9 +464,16 @@ impl AgentDef {
     }
 
     /// Every tool this agent may call: its `tools`, plus `call_agent` when it has
-    /// sub-agents, plus the exits its orchestration pattern needs.
+    /// sub-agents, plus the exits its orchestration pattern needs, plus `NAME__*` for
+    /// each MCP server of its `mcp` (see [`tool_allowed`]).
     pub fn allowed_tools(&self) -> BTreeSet<String> {
         let mut t: BTreeSet<String> = self.front.tools.iter().cloned().collect();
+        t.extend(
+            self.front
+                .mcp
+                .iter()
+                .map(|s| format!("{s}{MCP_SEPARATOR}{MCP_ALL}")),
+        );
         if !self.front.agents.is_empty() {
             t.insert(self.delegation_tool().into());
         }
@@ -528,6 +614,44 @@ mod tests {
         let custom =
             AgentDef::custom(set.get("scribe").unwrap(), "p", &["read_file".into()]).unwrap();
         assert!(set.caching(&custom).cached);
+    }
+
+    #[test]
+    fn mcp_servers_and_their_tools_are_allowed_by_name_or_whole() {
+        let files = vec![
+            file(
+                "git_user",
+                "mcp: [git]\ntools: [tickets.create, read_file]\n",
+            ),
+            file("reader", "tools: [read_file]\n"),
+        ];
+        let set = AgentSet::load(&files, &[]).unwrap();
+        let d = set.get("git_user").unwrap();
+        assert_eq!(d.front.tools, vec!["tickets__create", "read_file"]);
+        let allowed = d.allowed_tools();
+        assert!(allowed.contains("git__*"), "{allowed:?}");
+        for ok in ["git__status", "git__commit", "tickets__create", "read_file"] {
+            assert!(tool_allowed(&allowed, ok), "{ok}");
+        }
+        for no in [
+            "git__",
+            "git__*",
+            "tickets__delete",
+            "gitx__status",
+            "write_file",
+            "git",
+        ] {
+            assert!(!tool_allowed(&allowed, no), "{no}");
+        }
+        let c = set.caching(d);
+        assert!(!c.cached && c.reason.contains("MCP server `git`"), "{c:?}");
+        assert!(set.caching(set.get("reader").unwrap()).cached);
+        // Bad server names are refused with the file named.
+        let (o, t) = file("w", "mcp: [\"a.b\"]\n");
+        let e = AgentDef::parse(&o, &t).unwrap_err().to_string();
+        assert!(e.contains("agents/w.md") && e.contains("MCP server"), "{e}");
+        let (o, t) = file("w", "mcp: [git__x]\n");
+        assert!(AgentDef::parse(&o, &t).is_err());
     }
 
     #[test]

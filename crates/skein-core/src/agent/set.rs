@@ -86,7 +86,11 @@ impl AgentSet {
         if let Some(t) = def.allowed_tools().into_iter().find(|t| {
             !RuntimeTool::CallAgent.is(t) && !SIDE_EFFECT_FREE_TOOLS.contains(&t.as_str())
         }) {
-            return Some(format!("may call `{t}`"));
+            let all = format!("{}{}", super::MCP_SEPARATOR, super::MCP_ALL);
+            return Some(match t.strip_suffix(all.as_str()) {
+                Some(server) => format!("may call the tools of MCP server `{server}`"),
+                None => format!("may call `{t}`"),
+            });
         }
         for next in def.starts() {
             if !seen.insert(next.to_string()) {
@@ -125,7 +129,13 @@ impl AgentSet {
     /// and cycles (with their path) that the ancestry rule or a pattern would never stop.
     pub fn problems(&self, extra_tools: &[String]) -> Vec<String> {
         let mut out = vec![];
-        let known_tool = |t: &str| BUILTIN_TOOLS.contains(&t) || extra_tools.iter().any(|x| x == t);
+        // A server's tool (`SERVER__TOOL`) is checked against the servers a worker has
+        // when it starts (`skein agents check`), not here.
+        let known_tool = |t: &str| {
+            BUILTIN_TOOLS.contains(&t)
+                || extra_tools.iter().any(|x| x == t)
+                || super::mcp_server_of(t).is_some()
+        };
         for (name, def) in &self.agents {
             let origin = self.origin(name);
             let f = &def.front;

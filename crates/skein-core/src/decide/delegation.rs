@@ -104,7 +104,7 @@ impl Turn<'_> {
                 let extra: Vec<&String> = custom
                     .tools
                     .iter()
-                    .filter(|t| !allowed.contains(*t))
+                    .filter(|t| !crate::agent::tool_allowed(&allowed, t))
                     .collect();
                 if !extra.is_empty() {
                     return Err(format!(

@@ -592,7 +592,14 @@ impl SessionState {
             .as_ref()
             .and_then(|s| s.allowed_tools.as_ref())
         {
+            // A server's tools had whole (`SERVER__*`) narrow to those of them named.
+            let covered: Vec<String> = only
+                .iter()
+                .filter(|o| t.iter().any(|x| crate::agent::wildcard_covers(x, o)))
+                .cloned()
+                .collect();
             t.retain(|x| only.contains(x));
+            t.extend(covered);
         }
         if self.submitted.as_ref().is_some_and(|s| s.plan.is_some()) {
             t.insert(RuntimeTool::ProposePatch.as_str().into());

@@ -218,7 +218,7 @@ impl<'a> Turn<'a> {
                 call.name
             ));
         }
-        if !self.allowed.contains(&call.name) {
+        if !crate::agent::tool_allowed(&self.allowed, &call.name) {
             let known = crate::agent::BUILTIN_TOOLS.contains(&call.name.as_str());
             return Some(format!(
                 "{} tool `{}`: agent `{}` may use only: {}",

@@ -504,6 +504,9 @@ fn model_responses(dir: &Path) -> Result<()> {
     for (name, data) in crate::targets::model_stream::seeds()? {
         write(dir, "model_stream", &name, &data)?;
     }
+    for (name, data) in crate::targets::mcp_message::seeds() {
+        write(dir, "mcp_message", &name, &data)?;
+    }
     let error = json!({"error": {"type": "overloaded_error", "message": "Overloaded"}});
     write(
         dir,

@@ -9,6 +9,7 @@ pub mod answers;
 pub mod audit;
 pub mod event;
 pub mod id;
+pub mod mcp_message;
 pub mod model_response;
 pub mod model_stream;
 pub mod script;
@@ -63,6 +64,7 @@ pub const ALL: &[Spec] = &[
     audit::SPEC,
     model_response::SPEC,
     model_stream::SPEC,
+    mcp_message::SPEC,
 ];
 
 /// Targets that misbehave on purpose, to check that the fuzzer catches each kind of

@@ -342,6 +342,7 @@ impl Target for ToolArgs {
         let ctx = ToolContext {
             session: self.session.clone(),
             workspace: Arc::new(LocalWorkspace::new(self.root())),
+            blobs: None,
         };
         let mut ok = true;
         for r in runs {

@@ -94,8 +94,24 @@ impl Runtime {
         tool_names: &[String],
         job: &Job,
     ) -> Result<()> {
-        request.tools = tool_names
+        // A server's tools had whole (`SERVER__*`) are the tools of it this worker has.
+        let (whole, named): (Vec<&String>, Vec<&String>) = tool_names
             .iter()
+            .partition(|n| n.ends_with(skein_core::agent::MCP_ALL));
+        let served: Vec<String> = self
+            .tools
+            .names()
+            .into_iter()
+            .filter(|t| {
+                !named.contains(&t)
+                    && whole
+                        .iter()
+                        .any(|w| skein_core::agent::wildcard_covers(w, t))
+            })
+            .collect();
+        request.tools = named
+            .into_iter()
+            .chain(served.iter())
             .filter_map(|n| match RuntimeTool::parse(n) {
                 Some(RuntimeTool::CallAgent) => Some(runtime_tools::call_agent_spec(def)),
                 Some(RuntimeTool::AskClarification) => {

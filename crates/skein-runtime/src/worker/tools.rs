@@ -42,6 +42,7 @@ impl Runtime {
         let ctx = ToolContext {
             session: f.id.clone(),
             workspace: self.backend.workspaces.for_tree(&f.id.root_id()),
+            blobs: Some(self.backend.blobs.clone()),
         };
         let (resumed, fresh): (Vec<ToolRun>, Vec<ToolRun>) =
             runs.into_iter().partition(|r| r.resumed);
@@ -103,7 +104,28 @@ impl Runtime {
             }
             outs
         };
-        let outs = self.with_heartbeat(job, work).await;
+        // An MCP server's call may take long and act outside the tree: one cancelled
+        // from outside while it runs is stopped (the server is sent
+        // `notifications/cancelled`), and the step ends as a lost race would, its records
+        // read again.
+        let outs = if tools
+            .values()
+            .any(|t| skein_core::agent::mcp_server_of(t).is_some())
+        {
+            tokio::select! {
+                outs = self.with_heartbeat(job, work) => outs,
+                seq = self.cancelled_after(&f.id, f.state.last_seq) => {
+                    self.sessions.forget(&f.id);
+                    return Err(crate::Error::Conflict {
+                        session: f.id.to_string(),
+                        expected: f.state.last_seq + 1,
+                        actual: seq,
+                    });
+                }
+            }
+        } else {
+            self.with_heartbeat(job, work).await
+        };
         for o in outs {
             let o = o?;
             let tool = tools.get(&o.call).map_or("", String::as_str);
@@ -125,6 +147,23 @@ impl Runtime {
             Written::Durable
         };
         self.commit_as(f, pending, how).await
+    }
+
+    /// Returns (the seq of the event) once the session's log has a `Cancelled` after
+    /// `seq`; looks twice a second.
+    async fn cancelled_after(&self, id: &skein_core::SessionId, seq: u64) -> u64 {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            if let Ok(records) = self.backend.log.read(id, seq + 1).await {
+                if let Some(r) = records
+                    .iter()
+                    .find(|r| matches!(r.env.body, Event::Cancelled(_)))
+                {
+                    return r.env.seq;
+                }
+            }
+        }
     }
 
     /// Whether a call of `tool` may run again after a crash: the tool says it is

@@ -16,6 +16,7 @@ pub fn ctx_for(ws: Arc<dyn Workspace>) -> ToolContext {
     ToolContext {
         session: SessionId::root("test").unwrap(),
         workspace: ws,
+        blobs: None,
     }
 }
 

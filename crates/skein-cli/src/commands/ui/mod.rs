@@ -198,7 +198,7 @@ pub async fn ui(app: &App, a: UiArgs) -> Result<ExitCode> {
         backend,
         rt,
         agents,
-        limits: app.cfg.limits.clone(),
+        limits: app.decision_limits()?,
         kind,
         csrf: random_token(),
         auth,
