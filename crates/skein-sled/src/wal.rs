@@ -884,6 +884,20 @@ impl Wal {
         Record::decode(buf).map_err(|e| Error::corrupt(format!("record of {session}"), e))
     }
 
+    /// The roots whose last record lies at or past `offset`.
+    pub(crate) fn roots_written_since(&self, offset: u64) -> Vec<String> {
+        self.lock()
+            .sessions
+            .iter()
+            .filter(|(k, v)| {
+                !k.contains('.')
+                    && !k.starts_with('!')
+                    && v.last().is_some_and(|a| a.offset >= offset)
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     /// Every session whose id starts with `prefix`, in id order.
     pub(crate) fn sessions_from(&self, prefix: &str) -> Vec<String> {
         self.lock()
