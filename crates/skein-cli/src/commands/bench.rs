@@ -50,6 +50,10 @@ pub struct BenchArgs {
     /// Runs of each fan-out width; its row shows the run of median wall time.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub fanout_runs: u32,
+    /// Instead of the runs above: build a store of this many finished trees (a list
+    /// measures each size and the growth between them) and time the commands that read it.
+    #[arg(long, value_delimiter = ',')]
+    pub history: Vec<usize>,
     /// Print the figures as JSON.
     #[arg(long)]
     pub json: bool,
@@ -580,6 +584,10 @@ async fn fold_bench(n: u64) -> Result<(f64, f64, f64)> {
 }
 
 pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
+    if !a.history.is_empty() {
+        super::bench_history::print(&a.history, a.json).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if a.nats_local || app.global.nats.is_some() {
         return super::bench_nats::run(app, &a).await;
     }

@@ -8,6 +8,7 @@ use crate::{Cli, Command, Deferred};
 pub mod agents;
 pub mod audit;
 pub mod bench;
+pub mod bench_history;
 pub mod bench_hops;
 pub mod bench_nats;
 pub mod cancel;
