@@ -81,6 +81,23 @@ pub trait EventLog: Send + Sync {
         all.sort_by_key(|s| std::cmp::Reverse(s.position()));
         crate::roots::page(all.into_iter().map(Ok), filter, limit, cursor.as_ref())
     }
+
+    /// Every root whose last record is not terminal (its tree is in flight or waits for a
+    /// person), sorted. This default reads the last record of every root; a backend with
+    /// an index of roots overrides it, so that the cost follows the open trees.
+    async fn open_roots(&self) -> Result<Vec<SessionId>> {
+        let mut open = vec![];
+        for root in self.roots().await? {
+            if self
+                .last(&root)
+                .await?
+                .is_some_and(|r| !r.env.body.is_terminal())
+            {
+                open.push(root);
+            }
+        }
+        Ok(open)
+    }
 }
 
 /// Refuses records that are not the session's next ones after `expected_last`, in order

@@ -110,4 +110,9 @@ impl EventLog for SledStore {
     ) -> Result<RootsPage> {
         self.roots.page(&self.wal, filter, limit, cursor)
     }
+
+    /// From the index of roots, brought up to date first.
+    async fn open_roots(&self) -> Result<Vec<SessionId>> {
+        self.roots.open_roots(&self.wal)
+    }
 }

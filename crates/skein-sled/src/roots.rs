@@ -5,6 +5,8 @@
 //! The log stays the one truth; the index is derived from it and can always be rebuilt:
 //! - tree `roots`: `started_at u64 BE | root` → summary (msgpack), iterated backwards for
 //!   newest first; tree `root_starts`: `root` → its key in `roots`;
+//! - tree `open_roots`: `root` → nothing, for each root not finished (in flight, or
+//!   waiting for a person): what a sweep wakes, at the cost of the open trees;
 //! - tree `roots_meta`: `format` and `covered`, the end of the log (as an offset of
 //!   `events.log`) below which every root's records are summarized.
 //!
@@ -33,6 +35,8 @@ pub(crate) struct RootsIndex {
     db: sled::Db,
     by_time: sled::Tree,
     starts: sled::Tree,
+    /// The roots not finished: `root` → nothing.
+    open: sled::Tree,
     meta: sled::Tree,
     /// Roots whose summary may be out of date, and whether the whole index is to be
     /// rebuilt.
@@ -82,6 +86,7 @@ impl RootsIndex {
             db: db.clone(),
             by_time: tree("roots")?,
             starts: tree("root_starts")?,
+            open: tree("open_roots")?,
             meta,
             dirty: Mutex::new(dirty),
             refreshing: Mutex::new(()),
@@ -141,6 +146,7 @@ impl RootsIndex {
             self.meta.remove("covered").map_err(backend_err)?;
             self.by_time.clear().map_err(backend_err)?;
             self.starts.clear().map_err(backend_err)?;
+            self.open.clear().map_err(backend_err)?;
             wal.sessions_from("")
                 .into_iter()
                 .filter(|s| !s.contains('.') && !s.starts_with('!'))
@@ -173,12 +179,31 @@ impl RootsIndex {
                 let k = key(s.started_at, root);
                 self.by_time.insert(&k, encode(s)?).map_err(backend_err)?;
                 self.starts.insert(root, k).map_err(backend_err)?;
+                if s.is_finished() {
+                    self.open.remove(root).map_err(backend_err)?;
+                } else {
+                    self.open.insert(root, &[]).map_err(backend_err)?;
+                }
             }
             None => {
                 self.starts.remove(root).map_err(backend_err)?;
+                self.open.remove(root).map_err(backend_err)?;
             }
         }
         Ok(())
+    }
+
+    /// The roots not finished, from an index brought up to date first.
+    pub(crate) fn open_roots(&self, wal: &Wal) -> Result<Vec<SessionId>> {
+        self.refresh(wal)?;
+        let mut out = vec![];
+        for item in self.open.iter() {
+            let (k, _) = item.map_err(backend_err)?;
+            let root = std::str::from_utf8(&k)
+                .map_err(|e| Error::corrupt("a root in the index of roots", e))?;
+            out.push(SessionId::parse(root)?);
+        }
+        Ok(out)
     }
 
     /// A page of roots, newest first, from an index brought up to date first.

@@ -125,6 +125,10 @@ async fn pages_come_from_the_index_and_match_the_logs() {
         ids(&store.roots_page(&running, 10, None).await.unwrap()),
         ["root007"]
     );
+    assert_eq!(
+        store.open_roots().await.unwrap(),
+        [SessionId::root("root007").unwrap()]
+    );
     let f = RootFilter {
         agent: Some("a0".into()),
         since: Some(1002),
@@ -155,6 +159,7 @@ async fn pages_come_from_the_index_and_match_the_logs() {
         .unwrap()
         .roots
         .is_empty());
+    assert!(store.open_roots().await.unwrap().is_empty());
     assert_eq!(everything(&store).await, truth(&store).await);
 }
 
@@ -194,7 +199,7 @@ async fn a_deleted_or_damaged_index_is_rebuilt_from_the_log() {
     // Deleted: every tree of the index.
     {
         let db = sled_db(dir.path());
-        for t in ["roots", "root_starts", "roots_meta"] {
+        for t in ["roots", "root_starts", "open_roots", "roots_meta"] {
             db.drop_tree(t).unwrap();
         }
         db.flush().unwrap();
@@ -206,6 +211,10 @@ async fn a_deleted_or_damaged_index_is_rebuilt_from_the_log() {
         "a missing index is rebuilt whole"
     );
     assert_eq!(everything(&store).await, want);
+    assert_eq!(
+        store.open_roots().await.unwrap(),
+        [SessionId::root("root002").unwrap()]
+    );
     drop(store);
 
     // Damaged: a summary that does not decode.
