@@ -42,6 +42,7 @@
 //! replaced.
 
 pub mod file;
+pub mod gc;
 mod jobs;
 mod kv;
 mod log;

@@ -260,3 +260,56 @@ impl RootsIndex {
         Ok((bytes, n))
     }
 }
+
+/// Takes `roots` out of the index in `db` (a closed store's), and `covered` with them: until
+/// [`set_covered`] puts it back, the next open rebuilds the index whole. Returns what
+/// `covered` was.
+pub(crate) fn forget(db: &sled::Db, roots: &[SessionId]) -> Result<Option<u64>> {
+    let tree = |n: &str| db.open_tree(n).map_err(backend_err);
+    let (by_time, starts, open, meta) = (
+        tree("roots")?,
+        tree("root_starts")?,
+        tree("open_roots")?,
+        tree("roots_meta")?,
+    );
+    let covered = meta
+        .remove("covered")
+        .map_err(backend_err)?
+        .and_then(|c| u64_of(&c));
+    for r in roots {
+        if let Some(k) = starts.remove(r.as_str()).map_err(backend_err)? {
+            by_time.remove(k).map_err(backend_err)?;
+        }
+        open.remove(r.as_str()).map_err(backend_err)?;
+    }
+    Ok(covered)
+}
+
+/// Says the index in `db` covers the log up to `end` (after [`forget`], once the log holds
+/// only what the index does).
+pub(crate) fn set_covered(db: &sled::Db, end: u64) -> Result<()> {
+    let meta = db.open_tree("roots_meta").map_err(backend_err)?;
+    meta.insert("format", &FORMAT.to_be_bytes())
+        .map_err(backend_err)?;
+    meta.insert("covered", &end.to_be_bytes())
+        .map_err(backend_err)?;
+    Ok(())
+}
+
+impl RootsIndex {
+    /// The finished roots whose last event is before `before` (ms), oldest first, from an
+    /// index brought up to date first.
+    pub(crate) fn finished_before(&self, wal: &Wal, before: u64) -> Result<Vec<RootSummary>> {
+        self.refresh(wal)?;
+        let mut out = vec![];
+        // A root's first event is no later than its last: only keys started before `before`.
+        for item in self.by_time.range(..key(before, "")) {
+            let (_, v) = item.map_err(backend_err)?;
+            let s: RootSummary = decode(&v)?;
+            if s.is_finished() && s.updated_at < before {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+}

@@ -909,6 +909,106 @@ impl Wal {
     }
 }
 
+/// What [`compact`] kept and dropped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Compacted {
+    pub(crate) sessions: u64,
+    pub(crate) records: u64,
+    pub(crate) bytes_before: u64,
+    pub(crate) bytes_after: u64,
+}
+
+/// Writes the log at `path` anew without the records of the sessions `remove` names: its
+/// other frames (blobs included) in the same order, behind a new header, with the mark
+/// over all of it, synced; then puts it in the old one's place (a rename, its directory
+/// synced). A crash before the rename leaves the old log as it was. The store must be
+/// closed and the log whole (opening the store cuts a torn tail; damage is refused).
+pub(crate) fn compact(path: &Path, remove: &dyn Fn(&str) -> bool) -> Result<Compacted> {
+    let file = OpenOptions::new()
+        .read(true)
+        .open(path)
+        .map_err(|e| io_err("cannot open", path, e))?;
+    let ex = examine(&file, path)?;
+    match ex.verdict(&file, path)? {
+        Verdict::Whole => {}
+        v => {
+            return Err(v.refusal(path).unwrap_or_else(|| {
+                path_err(
+                    path,
+                    "ends in a torn write: open the store once (which sets it aside) first",
+                )
+            }))
+        }
+    }
+    let tmp = PathBuf::from(format!("{}.compact", path.display()));
+    let out = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&tmp)
+        .map_err(|e| io_err("cannot create", &tmp, e))?;
+    let mut w = io::BufWriter::with_capacity(1 << 20, &out);
+    let page = header_page();
+    let mut end = page.len() as u64;
+    let mut done = Compacted {
+        bytes_before: ex.good_end,
+        ..Compacted::default()
+    };
+    let mut dropped_sessions = std::collections::HashSet::new();
+    let read = |a: At| -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; a.len as usize];
+        read_exact_at(&file, &mut buf, a.offset).map_err(|e| io_err("cannot read", path, e))?;
+        Ok(buf)
+    };
+    let write = |w: &mut io::BufWriter<&File>, bytes: &[u8]| {
+        io::Write::write_all(w, bytes).map_err(|e| io_err("cannot write", &tmp, e))
+    };
+    write(&mut w, &page)?;
+    for f in ex.frames {
+        let frame = match f {
+            Frame::Records {
+                session, records, ..
+            } if remove(&session) => {
+                done.records += records.len() as u64;
+                dropped_sessions.insert(session);
+                continue;
+            }
+            Frame::Records {
+                session,
+                first_seq,
+                records,
+            } => {
+                let bytes = records
+                    .iter()
+                    .map(|a| read(*a))
+                    .collect::<Result<Vec<_>>>()?;
+                let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+                records_frame(&session, first_seq, &refs)
+            }
+            Frame::Blob { hash, data } => {
+                let mut body = hash.to_vec();
+                body.extend_from_slice(&read(data)?);
+                framed(BLOB_MAGIC, &body)
+            }
+        };
+        write(&mut w, &frame)?;
+        end += frame.len() as u64;
+    }
+    io::Write::flush(&mut w).map_err(|e| io_err("cannot write", &tmp, e))?;
+    drop(w);
+    // The mark over every frame: nothing of the new log counts as a torn tail.
+    let slots = mark_slots((page.len() - 2 * MARK_FRAME) as u64);
+    write_all_at(&out, &mark_frame(1, end), slots[1])
+        .and_then(|()| out.sync_all())
+        .map_err(|e| io_err("cannot sync", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io_err("cannot rename over", path, e))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+        .map_err(|e| io_err("cannot sync the directory of", path, e))?;
+    done.sessions = dropped_sessions.len() as u64;
+    done.bytes_after = end;
+    Ok(done)
+}
+
 /// Each session's records and each blob of `frames`, checking that every session's frames
 /// follow on from each other.
 #[allow(clippy::type_complexity)]

@@ -14,6 +14,7 @@ pub mod bench_nats;
 pub mod cancel;
 pub mod cluster;
 pub mod docs;
+pub mod gc;
 pub mod hitl;
 pub mod init;
 pub mod replay;
@@ -59,6 +60,7 @@ async fn with_config(global: crate::GlobalArgs, cmd: Command) -> Result<ExitCode
         Command::Deny(Deferred(a)) => hitl::approve(&app, a, false).await,
         Command::Cancel(Deferred(a)) => cancel::cancel(&app, a).await,
         Command::Store(a) => store::run(&app, a).await,
+        Command::Gc(Deferred(a)) => gc::gc(&app, a).await,
         Command::Ui(Deferred(a)) => ui::ui(&app, a).await,
         Command::Init(Deferred(a)) => init::init(a),
         Command::Completions(Deferred(a)) => docs::completions(a),
