@@ -41,6 +41,7 @@
 //! with its children's logs when it is first loaded, and a claim whose holder is gone is
 //! replaced.
 
+mod checkpoint;
 pub mod file;
 pub mod gc;
 mod jobs;
