@@ -127,7 +127,8 @@ fn parse(bytes: &[u8], file: &dyn LogFile, log_len: u64) -> Option<Checkpoint> {
         return None;
     }
     let n = u64_of(take(8)?)?;
-    let mut sessions = BTreeMap::new();
+    // In id order as written: the map is built from them in bulk, not by one insert each.
+    let mut sessions = Vec::with_capacity(n.min(1 << 24) as usize);
     for _ in 0..n {
         let len = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
         let id = std::str::from_utf8(take(len)?).ok()?.to_string();
@@ -141,8 +142,9 @@ fn parse(bytes: &[u8], file: &dyn LogFile, log_len: u64) -> Option<Checkpoint> {
             }
             recs.push(At { offset, len });
         }
-        sessions.insert(id, recs);
+        sessions.push((id, recs));
     }
+    let sessions: BTreeMap<String, Vec<At>> = sessions.into_iter().collect();
     let n = u64_of(take(8)?)?;
     let mut blobs = HashMap::new();
     for _ in 0..n {
