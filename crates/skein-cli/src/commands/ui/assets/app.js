@@ -194,6 +194,8 @@ async function sessionsView() {
     if (f.agent.value) q.set("agent", f.agent.value);
     if (f.since.value) q.set("since", String(Date.now() - SINCE[f.since.value]));
     if (f.q.value) q.set("q", f.q.value);
+    // Rows a page (`#/?limit=N`; the server's default otherwise).
+    if (Number(params.get("limit")) > 0) q.set("limit", params.get("limit"));
     const cursor = pages[pages.length - 1];
     if (cursor) q.set("cursor", cursor);
     const { rows, next } = await apiPage(`/sessions?${q}`);
