@@ -101,7 +101,7 @@ impl RootsIndex {
     pub(crate) fn touch(&self, session: &SessionId) {
         if session.is_root() {
             let mut d = self.dirty();
-            if !d.rebuild {
+            if !d.rebuild && !d.roots.contains(session.as_str()) {
                 d.roots.insert(session.as_str().to_string());
             }
         }
