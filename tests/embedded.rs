@@ -396,3 +396,51 @@ fn bad_submissions_are_refused_with_the_reason_and_write_nothing() {
         "a refused submission left a session"
     );
 }
+
+#[test]
+fn sessions_page_through_a_cursor_and_gc_archives_then_removes_finished_trees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    for (id, mission) in [("first", "Brief on logs"), ("second", "Brief on folds")] {
+        let mut c = skein(&demo_config(), &data);
+        c.args(["run", "--json", "--id", id, mission]);
+        assert_eq!(json_of(&run_ok(c))["status"], "completed");
+    }
+    // Newest first, one a page: the first page names the next page's cursor on stderr.
+    let mut c = skein(&demo_config(), &data);
+    c.args(["sessions", "--json", "--limit", "1"]);
+    let out = run_ok(c);
+    assert_eq!(json_of(&out)[0]["session"], "second");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let cursor = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("more: --cursor "))
+        .unwrap_or_else(|| panic!("no cursor in {stderr}"))
+        .to_string();
+    let mut c = skein(&demo_config(), &data);
+    c.args(["sessions", "--json", "--limit", "1", "--cursor", &cursor]);
+    let out = run_ok(c);
+    assert_eq!(json_of(&out)[0]["session"], "first");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("more:"));
+    let mut c = skein(&demo_config(), &data);
+    c.args(["sessions", "--json", "--text", "FOLDS", "--since", "1h"]);
+    let rows = json_of(&run_ok(c));
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+
+    // Retention: both trees are archived (each export verifies), then removed.
+    let archive = tmp.path().join("archive");
+    let mut c = skein(&demo_config(), &data);
+    c.args(["gc", "--older-than", "0s", "--json", "--archive"])
+        .arg(&archive);
+    let out = json_of(&run_ok(c));
+    assert_eq!(out["removed"]["trees"], 2, "{out}");
+    for id in ["first", "second"] {
+        let mut c = skein(&demo_config(), &tmp.path().join("other"));
+        c.args(["audit", "verify"])
+            .arg(archive.join(format!("{id}.jsonl")));
+        run_ok(c);
+    }
+    let mut c = skein(&demo_config(), &data);
+    c.args(["sessions", "--json"]);
+    assert_eq!(json_of(&run_ok(c)), serde_json::json!([]));
+}

@@ -442,6 +442,34 @@ async fn the_views_of_a_finished_tree_and_their_refusals() {
         serde_json::from_str::<Value>(&body).expect("json"),
         json!([])
     );
+    // Pages of one, each naming the next page's cursor until the last; the same roots as
+    // one page of them all.
+    let all: Value = ui.get_json(&http, "/api/sessions").await;
+    let all: Vec<Value> = all.as_array().expect("rows").clone();
+    assert!(all.len() >= 2, "{all:?}");
+    let (mut paged, mut cursor) = (vec![], String::new());
+    loop {
+        let r = http
+            .get(format!("{}/api/sessions?limit=1&cursor={cursor}", ui.url))
+            .send()
+            .await
+            .expect("page");
+        assert_eq!(r.status(), 200);
+        let next = r
+            .headers()
+            .get("x-skein-next-cursor")
+            .map(|v| v.to_str().expect("ascii").to_string());
+        let rows: Value = r.json().await.expect("json");
+        paged.extend(rows.as_array().expect("rows").iter().cloned());
+        match next {
+            Some(c) => cursor = c,
+            None => break,
+        }
+    }
+    assert_eq!(paged, all);
+    let (s, body) = get("/api/sessions?cursor=nonsense".into()).await;
+    assert_eq!(s, 400, "{body}");
+    assert!(body.contains("cursor"), "{body}");
     // The API is documented, every path the page uses among it.
     let (_, body) = get("/api/openapi.json".into()).await;
     let doc: Value = serde_json::from_str(&body).expect("json");

@@ -787,3 +787,97 @@ async fn screenshots() {
     .expect("write");
     b.close().await;
 }
+
+/// A store of 10,000 finished one-session trees, written straight into the store's log (a
+/// submission and an answer each, the newest last), under `dir`.
+async fn history(dir: &Path, trees: usize) {
+    use skein_core::event::{genesis_hash, Completed, Submitted};
+    use skein_core::{Envelope, Event, Record, SessionId};
+    use skein_runtime::ports::{Durability, EventLog};
+    let store = skein_sled::SledStore::open(&data_of(dir), &dir.join("workspaces")).expect("store");
+    for k in 0..trees {
+        let id = SessionId::root(&format!("hist{k:05}")).expect("id");
+        let at = 1_700_000_000_000 + k as u64 * 1000;
+        let mut prev = genesis_hash(&id);
+        let mut records = vec![];
+        let bodies = [
+            Event::Submitted(Submitted {
+                mission: format!("history tree {k}"),
+                ..Submitted::for_test("writer")
+            }),
+            Event::Completed(Completed {
+                answer: format!("answer {k}"),
+                usage_total: Default::default(),
+                steps: 1,
+            }),
+        ];
+        for (i, body) in bodies.into_iter().enumerate() {
+            let env = Envelope::new(id.clone(), i as u64 + 1, at + i as u64, prev, body);
+            let bytes = env.encode().expect("encode");
+            let r = Record { env, bytes };
+            prev = r.hash();
+            records.push(r);
+        }
+        store
+            .append(&id, 0, &records, Durability::Ahead)
+            .await
+            .expect("append");
+    }
+    store.flush().await.expect("flush");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_list_pages_through_ten_thousand_trees_and_opens_one() {
+    let cfg = slow_demo(0);
+    history(cfg.path(), 10_000).await;
+    let ui = UiServer::start(&cfg.path().join("skein.toml"), &data_of(cfg.path()), &[]);
+    let b = Browser::start().await;
+    let c = &b.client;
+    c.goto(&format!("{}/#/?limit=20", ui.url))
+        .await
+        .expect("page");
+    let first = b
+        .until(
+            "the newest page",
+            "document.querySelectorAll('#sessions tbody tr').length === 20 && \
+             document.getElementById('next-page') && \
+             document.querySelector('#sessions a.root-link').textContent",
+        )
+        .await;
+    assert_eq!(first, json!("hist09999"));
+    b.js("document.getElementById('next-page').click()").await;
+    let second = b
+        .until(
+            "the next page",
+            "document.getElementById('newest-page') && \
+             document.querySelector('#sessions a.root-link').textContent !== 'hist09999' && \
+             document.querySelector('#sessions a.root-link').textContent",
+        )
+        .await;
+    assert_eq!(second, json!("hist09979"));
+    // A filter reads the index too, and starts again from the newest page.
+    b.js(
+        "(() => { const q = document.querySelector('input[name=q]'); \
+         q.value = 'history tree 1234'; \
+         return q.dispatchEvent(new Event('input', { bubbles: true })); })()",
+    )
+    .await;
+    b.until(
+        "the one match",
+        "document.querySelectorAll('#sessions tbody tr').length === 1 && \
+         document.querySelector('#sessions a.root-link').textContent === 'hist01234' && \
+         !document.getElementById('next-page')",
+    )
+    .await;
+    // One tree of them, from the list.
+    b.js("document.querySelector('#sessions a.root-link').click()")
+        .await;
+    b.until(
+        "the tree",
+        "location.hash === '#/tree/hist01234' && \
+         document.querySelector('#tree .node .badge') && \
+         document.querySelector('#tree .node .badge').textContent === 'completed'",
+    )
+    .await;
+    b.close().await;
+}

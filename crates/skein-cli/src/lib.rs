@@ -249,6 +249,8 @@ pub enum Command {
     /// Check the embedded store's event log, or set its damaged part aside.
     #[command(subcommand)]
     Store(commands::store::StoreCmd),
+    /// Remove finished trees older than an age from the embedded store, archiving them first.
+    Gc(Deferred<commands::gc::GcArgs>),
     /// Serve a web view of the trees: live, replayable, answerable (see docs/ui.md).
     Ui(Deferred<commands::ui::UiArgs>),
     /// Serve skein to MCP clients: start trees, read them, answer the inbox (stdio, or

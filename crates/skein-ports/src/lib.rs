@@ -8,11 +8,13 @@
 
 pub mod error;
 pub mod ports;
+pub mod roots;
 pub mod trace_context;
 pub mod workspace;
 
 pub use error::{Error, RefusalKind, Result};
 pub use ports::{Backend, CacheEntry, Job, RootResult};
+pub use roots::{RootFilter, RootSummary, RootsPage};
 
 /// Now, in ms since the epoch.
 pub fn now_ms() -> u64 {

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use skein_core::{Record, SessionId, Usage};
 
+use crate::roots::{Cursor, RootFilter, RootSummary, RootsPage};
 use crate::workspace::Workspace;
 use crate::{Error, Result};
 
@@ -60,6 +61,43 @@ pub trait EventLog: Send + Sync {
 
     /// Every root session, sorted.
     async fn roots(&self) -> Result<Vec<SessionId>>;
+
+    /// One page of root summaries that pass `filter`, newest first, at most `limit`, from
+    /// after `cursor` (the `next` of the page before). This default reads and folds every
+    /// root's log, so its cost grows with history; a backend with an index of roots
+    /// overrides it.
+    async fn roots_page(
+        &self,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<RootsPage> {
+        let cursor = cursor.map(Cursor::parse).transpose()?;
+        let mut all = vec![];
+        for id in self.roots().await? {
+            let records = self.read(&id, 1).await?;
+            all.extend(RootSummary::of(&id, &records));
+        }
+        all.sort_by_key(|s| std::cmp::Reverse(s.position()));
+        crate::roots::page(all.into_iter().map(Ok), filter, limit, cursor.as_ref())
+    }
+
+    /// Every root whose last record is not terminal (its tree is in flight or waits for a
+    /// person), sorted. This default reads the last record of every root; a backend with
+    /// an index of roots overrides it, so that the cost follows the open trees.
+    async fn open_roots(&self) -> Result<Vec<SessionId>> {
+        let mut open = vec![];
+        for root in self.roots().await? {
+            if self
+                .last(&root)
+                .await?
+                .is_some_and(|r| !r.env.body.is_terminal())
+            {
+                open.push(root);
+            }
+        }
+        Ok(open)
+    }
 }
 
 /// Refuses records that are not the session's next ones after `expected_last`, in order

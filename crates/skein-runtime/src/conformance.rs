@@ -290,6 +290,30 @@ pub async fn log_lists_trees_and_roots(b: &Backend) -> Result<()> {
         "both roots listed",
     )?;
     ensure(roots.iter().all(|r| r.is_root()), "roots lists only roots")?;
+    // Both roots ended (their records are cancellations): not open, and each in the pages
+    // of cancelled roots once.
+    let open = b.log.open_roots().await?;
+    ensure(
+        !open.contains(&root) && !open.contains(&other),
+        "ended roots are not open",
+    )?;
+    let filter = crate::ports::roots::RootFilter {
+        status: Some("cancelled".into()),
+        ..Default::default()
+    };
+    let (mut seen, mut cursor) = (vec![], None);
+    loop {
+        let page = b.log.roots_page(&filter, 100, cursor.as_deref()).await?;
+        seen.extend(page.roots.into_iter().map(|s| s.root));
+        match page.next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    for r in [&root, &other] {
+        let n = seen.iter().filter(|s| **s == r.to_string()).count();
+        ensure(n == 1, format!("{r} listed {n} times in the pages"))?;
+    }
     Ok(())
 }
 

@@ -570,17 +570,9 @@ impl Runtime {
         let started = Instant::now();
         let mut trees = 0;
         let mut woken = 0;
-        for root in self.backend.log.roots().await? {
-            let open = self
-                .backend
-                .log
-                .last(&root)
-                .await?
-                .is_some_and(|r| !r.env.body.is_terminal());
-            if open {
-                trees += 1;
-                woken += self.requeue_tree(&root).await?;
-            }
+        for root in self.backend.log.open_roots().await? {
+            trees += 1;
+            woken += self.requeue_tree(&root).await?;
         }
         tracing::info!(trees, woken, took = ?started.elapsed(), "swept the open trees after backend trouble");
         Ok(woken)

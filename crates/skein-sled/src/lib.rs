@@ -41,10 +41,13 @@
 //! with its children's logs when it is first loaded, and a claim whose holder is gone is
 //! replaced.
 
+mod checkpoint;
 pub mod file;
+pub mod gc;
 mod jobs;
 mod kv;
 mod log;
+mod roots;
 pub mod verify;
 mod wal;
 
@@ -300,6 +303,8 @@ pub struct SledStore {
     /// How long a claimed job is held without a heartbeat; a heartbeat extends it by as
     /// much again.
     lease: Duration,
+    /// The index of roots (see `roots.rs`).
+    roots: roots::RootsIndex,
     /// Held for the store's life: one process per data directory.
     _lock: std::fs::File,
 }
@@ -345,6 +350,7 @@ impl SledStore {
         let tree = |n: &str| db.open_tree(n).map_err(backend_err);
         let wal = Arc::new(wal::Wal::open(&dir.join("events.log"), wrap)?);
         migrate_sled_log(&db, &wal)?;
+        let roots = roots::RootsIndex::open(&db, &wal)?;
         let w = wal.clone();
         let flushed_db = Arc::new(std::sync::Mutex::new(Some(db.clone())));
         let slot = flushed_db.clone();
@@ -370,6 +376,7 @@ impl SledStore {
             workspace_root: workspace_root.to_path_buf(),
             workspace_local: skein_tools::workspace::on_local_disk(workspace_root),
             lease,
+            roots,
             _lock: lock,
         };
         store.index_jobs()?;
@@ -380,6 +387,23 @@ impl SledStore {
     /// of its reserve.
     pub fn log_len(&self) -> u64 {
         self.wal.end()
+    }
+
+    /// Brings the index of roots up to date with the log (a listing of roots does so
+    /// first); returns how many roots it summarized again.
+    pub fn refresh_roots(&self) -> Result<usize> {
+        self.roots.refresh(&self.wal)
+    }
+
+    /// How many roots the index of roots does not cover yet, and whether it is to be
+    /// rebuilt whole.
+    pub fn roots_pending(&self) -> (usize, bool) {
+        self.roots.pending()
+    }
+
+    /// The bytes of keys and values the index of roots holds, and how many roots.
+    pub fn roots_index_bytes(&self) -> Result<(u64, u64)> {
+        self.roots.bytes()
     }
 
     /// How many `fdatasync` calls the event log has made since the store was opened (one

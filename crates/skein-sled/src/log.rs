@@ -5,6 +5,7 @@
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_ports::ports::{check_numbering, Durability, EventLog};
+use skein_ports::roots::{RootFilter, RootsPage};
 use skein_ports::{Error, Result};
 
 use crate::SledStore;
@@ -22,6 +23,8 @@ impl SledStore {
         if records.is_empty() {
             return Ok(());
         }
+        // Before the frame: an index refresh that sees the frame also sees the mark.
+        self.roots.touch(session);
         self.wal
             .append(session, expected_last, records)?
             .map_err(|actual| Error::Conflict {
@@ -95,5 +98,21 @@ impl EventLog for SledStore {
             .filter(|k| !k.contains('.'))
             .map(|k| SessionId::parse(&k).map_err(Error::from))
             .collect()
+    }
+
+    /// From the index of roots (`roots.rs`), brought up to date with the roots written
+    /// since the last listing.
+    async fn roots_page(
+        &self,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<RootsPage> {
+        self.roots.page(&self.wal, filter, limit, cursor)
+    }
+
+    /// From the index of roots, brought up to date first.
+    async fn open_roots(&self) -> Result<Vec<SessionId>> {
+        self.roots.open_roots(&self.wal)
     }
 }

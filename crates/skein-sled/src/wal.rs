@@ -28,7 +28,9 @@
 //! An append checks the session's last seq, writes its frame at the end of the file and
 //! indexes it under one lock, then waits for a group commit: one `fdatasync` covers every
 //! append written before it started. The index (each session's record offsets) lives in
-//! memory and is rebuilt by reading the file when the store opens.
+//! memory. Opening reads it from the checkpoint `events.idx` (`checkpoint.rs`) when one
+//! matches the log, and rebuilds the rest by reading the frames past it (all of the file
+//! without one); a close writes a new checkpoint once 1 MiB of frames lies past the last.
 //!
 //! The file is kept 64–128 KiB longer than its frames, with zeros: an append writes into
 //! that reserve, and writes the reserve anew past itself before it reaches the end, so
@@ -67,6 +69,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use skein_core::{Record, SessionId};
 use skein_ports::{Error, RefusalKind, Result};
 
+use crate::checkpoint;
 use crate::file::{read_exact_at, sync_dir, write_all_at, LogFile, Reader};
 
 const MAGIC: &[u8; 4] = b"SKW1";
@@ -84,6 +87,9 @@ pub(crate) const FORMAT: u64 = 2;
 const MARK_SESSION: &str = "!mark";
 /// A mark's frame: one record of 16 bytes.
 const MARK_FRAME: usize = HEADER + 2 + MARK_SESSION.len() + 8 + 4 + 4 + 16;
+/// A close writes a checkpoint of the index once this many bytes of frames lie past the
+/// last one: an open then scans at most about this much of the log.
+const CHECKPOINT_EVERY: u64 = 1 << 20;
 
 fn io_err(what: &str, path: &Path, e: io::Error) -> Error {
     if crate::file::is_disk_full(&e) {
@@ -179,6 +185,9 @@ pub(crate) struct Wal {
     /// The error of the first failed `fdatasync` (or write of the mark): set once, for
     /// good.
     failed: OnceLock<Arc<io::Error>>,
+    /// Where the checkpoint of the index (`events.idx`) ends, as last read or written; 0
+    /// for none.
+    checkpointed: AtomicU64,
 }
 
 /// One frame read back by [`scan`].
@@ -307,6 +316,12 @@ impl Verdict {
 /// Reads `file` whole: its format, its mark, its frames and where and why they stop.
 /// Changes nothing.
 pub(crate) fn examine(file: &dyn LogFile, path: &Path) -> Result<Examined> {
+    examine_from(file, path, None)
+}
+
+/// As [`examine`], reading the frames from `from` on (where a checkpoint of the index
+/// ends: a frame's end) rather than from the first.
+fn examine_from(file: &dyn LogFile, path: &Path, from: Option<u64>) -> Result<Examined> {
     let len = file.len().map_err(|e| io_err("cannot stat", path, e))?;
     let mut ex = Examined {
         format: 1,
@@ -364,7 +379,10 @@ pub(crate) fn examine(file: &dyn LogFile, path: &Path) -> Result<Examined> {
         }
     }
     ex.mark = ex.mark.max(ex.base);
-    let (frames, stop) = scan(file, path, ex.base, None)?;
+    let from = from
+        .filter(|f| *f >= ex.base && *f <= len)
+        .unwrap_or(ex.base);
+    let (frames, stop) = scan(file, path, from, None)?;
     ex.good_end = stop.as_ref().map_or(len, |s| s.offset);
     ex.frames = frames;
     ex.stop = stop;
@@ -542,7 +560,11 @@ impl Wal {
     }
 
     fn open_on(path: &Path, file: Box<dyn LogFile>) -> Result<Self> {
-        let mut ex = examine(&*file, path)?;
+        let len = file.len().map_err(|e| io_err("cannot stat", path, e))?;
+        let ck = checkpoint::read(path, &*file, len);
+        let mut ex = examine_from(&*file, path, ck.as_ref().map(|c| c.end))?;
+        // The checkpoint is used only if the scan went on from where it ends.
+        let ck = ck.filter(|c| c.end >= ex.base && ex.format >= 1);
         let mut reserved = ex.len;
         if ex.format == 0 {
             // No frame yet: the header page, synced before anything else is written.
@@ -572,8 +594,11 @@ impl Wal {
             }
         }
         let good_end = ex.good_end;
-        let sessions = index_frames(path, ex.frames)?;
-        let (sessions, blobs) = sessions;
+        let checkpointed = ck.as_ref().map_or(0, |c| c.end);
+        let (sessions, blobs) = match ck {
+            Some(c) => index_frames_into(path, ex.frames, c.sessions, c.blobs)?,
+            None => index_frames(path, ex.frames)?,
+        };
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -593,6 +618,7 @@ impl Wal {
             synced: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             failed: OnceLock::new(),
+            checkpointed: AtomicU64::new(checkpointed),
         })
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
@@ -768,14 +794,38 @@ impl Wal {
         self.sync()?;
         let mut marks = self.marks.lock().unwrap_or_else(|p| p.into_inner());
         let synced = self.synced.load(Ordering::Acquire);
-        if self.format < 2 || synced <= marks.marked || self.failed.get().is_some() {
+        if self.format < 2 || self.failed.get().is_some() {
             return Ok(());
         }
-        self.write_mark(&mut marks, synced)
-            .and_then(|()| self.file.sync_data())
-            .map_err(|e| self.fail(e))?;
-        self.syncs.fetch_add(1, Ordering::Relaxed);
+        if synced > marks.marked {
+            self.write_mark(&mut marks, synced)
+                .and_then(|()| self.file.sync_data())
+                .map_err(|e| self.fail(e))?;
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(marks);
+        self.checkpoint_if_due();
         Ok(())
+    }
+
+    /// Writes a checkpoint of the index when the frames past the last one reach
+    /// [`CHECKPOINT_EVERY`], and every frame written is synced. A checkpoint that cannot be
+    /// written is only a slower next open: reported, not an error.
+    fn checkpoint_if_due(&self) {
+        let ix = self.lock();
+        let synced = self.synced.load(Ordering::Acquire);
+        let from = self.checkpointed.load(Ordering::Acquire).max(self.base);
+        if self.format < 2 || ix.end != synced || ix.end < from + CHECKPOINT_EVERY {
+            return;
+        }
+        match checkpoint::write(&self.path, &*self.file, ix.end, &ix.sessions, &ix.blobs) {
+            Ok(()) => self.checkpointed.store(ix.end, Ordering::Release),
+            Err(e) => tracing::warn!(
+                log = %self.path.display(),
+                error = %e,
+                "could not write the checkpoint of the event log's index; the next open reads more of the log"
+            ),
+        }
     }
 
     /// Writes `synced` into the mark slot not written last. Not durable until a sync.
@@ -884,6 +934,20 @@ impl Wal {
         Record::decode(buf).map_err(|e| Error::corrupt(format!("record of {session}"), e))
     }
 
+    /// The roots whose last record lies at or past `offset`.
+    pub(crate) fn roots_written_since(&self, offset: u64) -> Vec<String> {
+        self.lock()
+            .sessions
+            .iter()
+            .filter(|(k, v)| {
+                !k.contains('.')
+                    && !k.starts_with('!')
+                    && v.last().is_some_and(|a| a.offset >= offset)
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     /// Every session whose id starts with `prefix`, in id order.
     pub(crate) fn sessions_from(&self, prefix: &str) -> Vec<String> {
         self.lock()
@@ -895,6 +959,113 @@ impl Wal {
     }
 }
 
+/// What [`compact`] kept and dropped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Compacted {
+    pub(crate) sessions: u64,
+    pub(crate) records: u64,
+    pub(crate) bytes_before: u64,
+    pub(crate) bytes_after: u64,
+}
+
+/// Writes the log at `path` anew without the records of the sessions `remove` names: its
+/// other frames (blobs included) in the same order, behind a new header, with the mark
+/// over all of it, synced; then puts it in the old one's place (a rename, its directory
+/// synced). A crash before the rename leaves the old log as it was. The store must be
+/// closed and the log whole (opening the store cuts a torn tail; damage is refused).
+pub(crate) fn compact(path: &Path, remove: &dyn Fn(&str) -> bool) -> Result<Compacted> {
+    let file = OpenOptions::new()
+        .read(true)
+        .open(path)
+        .map_err(|e| io_err("cannot open", path, e))?;
+    let ex = examine(&file, path)?;
+    match ex.verdict(&file, path)? {
+        Verdict::Whole => {}
+        v => {
+            return Err(v.refusal(path).unwrap_or_else(|| {
+                path_err(
+                    path,
+                    "ends in a torn write: open the store once (which sets it aside) first",
+                )
+            }))
+        }
+    }
+    let tmp = PathBuf::from(format!("{}.compact", path.display()));
+    let out = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&tmp)
+        .map_err(|e| io_err("cannot create", &tmp, e))?;
+    let mut w = io::BufWriter::with_capacity(1 << 20, &out);
+    let page = header_page();
+    let mut end = page.len() as u64;
+    let mut done = Compacted {
+        bytes_before: ex.good_end,
+        ..Compacted::default()
+    };
+    let mut dropped_sessions = std::collections::HashSet::new();
+    let read = |a: At| -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; a.len as usize];
+        read_exact_at(&file, &mut buf, a.offset).map_err(|e| io_err("cannot read", path, e))?;
+        Ok(buf)
+    };
+    let write = |w: &mut io::BufWriter<&File>, bytes: &[u8]| {
+        io::Write::write_all(w, bytes).map_err(|e| io_err("cannot write", &tmp, e))
+    };
+    write(&mut w, &page)?;
+    for f in ex.frames {
+        let frame = match f {
+            Frame::Records {
+                session, records, ..
+            } if remove(&session) => {
+                done.records += records.len() as u64;
+                dropped_sessions.insert(session);
+                continue;
+            }
+            Frame::Records {
+                session,
+                first_seq,
+                records,
+            } => {
+                let bytes = records
+                    .iter()
+                    .map(|a| read(*a))
+                    .collect::<Result<Vec<_>>>()?;
+                let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+                records_frame(&session, first_seq, &refs)
+            }
+            Frame::Blob { hash, data } => {
+                let mut body = hash.to_vec();
+                body.extend_from_slice(&read(data)?);
+                framed(BLOB_MAGIC, &body)
+            }
+        };
+        write(&mut w, &frame)?;
+        end += frame.len() as u64;
+    }
+    io::Write::flush(&mut w).map_err(|e| io_err("cannot write", &tmp, e))?;
+    drop(w);
+    // The mark over every frame: nothing of the new log counts as a torn tail.
+    let slots = mark_slots((page.len() - 2 * MARK_FRAME) as u64);
+    write_all_at(&out, &mark_frame(1, end), slots[1])
+        .and_then(|()| out.sync_all())
+        .map_err(|e| io_err("cannot sync", &tmp, e))?;
+    // The checkpoint of the old log's index would not match the new log: gone first.
+    match std::fs::remove_file(checkpoint::path_of(path)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(io_err("cannot remove the checkpoint of", path, e))
+        }
+        _ => {}
+    }
+    std::fs::rename(&tmp, path).map_err(|e| io_err("cannot rename over", path, e))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+        .map_err(|e| io_err("cannot sync the directory of", path, e))?;
+    done.sessions = dropped_sessions.len() as u64;
+    done.bytes_after = end;
+    Ok(done)
+}
+
 /// Each session's records and each blob of `frames`, checking that every session's frames
 /// follow on from each other.
 #[allow(clippy::type_complexity)]
@@ -902,8 +1073,17 @@ fn index_frames(
     path: &Path,
     frames: Vec<Frame>,
 ) -> Result<(BTreeMap<String, Vec<At>>, HashMap<[u8; 32], At>)> {
-    let mut sessions: BTreeMap<String, Vec<At>> = BTreeMap::new();
-    let mut blobs = HashMap::new();
+    index_frames_into(path, frames, BTreeMap::new(), HashMap::new())
+}
+
+/// As [`index_frames`], going on from the index of the frames before them.
+#[allow(clippy::type_complexity)]
+fn index_frames_into(
+    path: &Path,
+    frames: Vec<Frame>,
+    mut sessions: BTreeMap<String, Vec<At>>,
+    mut blobs: HashMap<[u8; 32], At>,
+) -> Result<(BTreeMap<String, Vec<At>>, HashMap<[u8; 32], At>)> {
     for f in frames {
         let (session, first_seq, records) = match f {
             Frame::Blob { hash, data } => {

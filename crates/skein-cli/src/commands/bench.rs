@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// one `skein worker` process on NATS) on one store, every run printed.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub reuse: Option<u32>,
+    /// Instead of the runs above: build a store of this many finished trees (a list
+    /// measures each size and the growth between them) and time the commands that read it.
+    #[arg(long, value_delimiter = ',')]
+    pub history: Vec<usize>,
     /// Print the figures as JSON.
     #[arg(long)]
     pub json: bool,
@@ -587,6 +591,10 @@ async fn fold_bench(n: u64) -> Result<(f64, f64, f64)> {
 pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     if let Some(runs) = a.reuse {
         return super::bench_reuse::run(app, &a, runs).await;
+    }
+    if !a.history.is_empty() {
+        super::bench_history::print(&a.history, a.json).await?;
+        return Ok(ExitCode::SUCCESS);
     }
     if a.nats_local || app.global.nats.is_some() {
         return super::bench_nats::run(app, &a).await;

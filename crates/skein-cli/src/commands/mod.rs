@@ -8,12 +8,14 @@ use crate::{Cli, Command, Deferred};
 pub mod agents;
 pub mod audit;
 pub mod bench;
+pub mod bench_history;
 pub mod bench_hops;
 pub mod bench_nats;
 pub mod bench_reuse;
 pub mod cancel;
 pub mod cluster;
 pub mod docs;
+pub mod gc;
 pub mod hitl;
 pub mod init;
 pub mod mcp;
@@ -60,6 +62,7 @@ async fn with_config(global: crate::GlobalArgs, cmd: Command) -> Result<ExitCode
         Command::Deny(Deferred(a)) => hitl::approve(&app, a, false).await,
         Command::Cancel(Deferred(a)) => cancel::cancel(&app, a).await,
         Command::Store(a) => store::run(&app, a).await,
+        Command::Gc(Deferred(a)) => gc::gc(&app, a).await,
         Command::Ui(Deferred(a)) => ui::ui(&app, a).await,
         Command::Mcp(Deferred(a)) => mcp::mcp(&app, a).await,
         Command::Init(Deferred(a)) => init::init(a),

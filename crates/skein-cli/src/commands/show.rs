@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 use skein_core::SessionId;
-use skein_runtime::inspect::{fold_records, row, summarize, tree_rows};
+use skein_runtime::inspect::{fold_records, row, summarize, tree_rows, SessionRow};
+use skein_runtime::ports::roots::RootFilter;
 
 use crate::app::App;
 use crate::render;
@@ -16,8 +17,70 @@ pub struct SessionsArgs {
     /// At most this many, newest first.
     #[arg(long, default_value_t = 20)]
     pub limit: usize,
+    /// Only roots in this status (`running`, `awaiting_input`, `completed`, …).
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Only roots of this agent.
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Only roots started at or after this time: ms since the Unix epoch, or an age such
+    /// as `90s`, `30m`, `2h`, `7d` (that long ago).
+    #[arg(long, value_parser = parse_time)]
+    pub since: Option<u64>,
+    /// Only roots started before this time (as `--since`).
+    #[arg(long, value_parser = parse_time)]
+    pub until: Option<u64>,
+    /// Only roots whose mission contains this text, in any case.
+    #[arg(long)]
+    pub text: Option<String>,
+    /// The next page: the cursor the page before printed.
+    #[arg(long)]
+    pub cursor: Option<String>,
     #[arg(long)]
     pub json: bool,
+}
+
+/// A time as ms since the Unix epoch, or an age (`90s`, `30m`, `2h`, `7d`) before now.
+pub(crate) fn parse_time(s: &str) -> std::result::Result<u64, String> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    let age = parse_age(s)?;
+    Ok(skein_runtime::now_ms().saturating_sub(age.as_millis() as u64))
+}
+
+/// An age: a whole number followed by `s`, `m`, `h` or `d`.
+pub(crate) fn parse_age(s: &str) -> std::result::Result<Duration, String> {
+    let bad = || format!("{s:?} is neither ms since the epoch nor an age such as 30m, 2h or 7d");
+    let unit = s.chars().last().ok_or_else(bad)?;
+    let n: u64 = s[..s.len() - unit.len_utf8()].parse().map_err(|_| bad())?;
+    let secs = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(bad()),
+    };
+    Ok(Duration::from_secs(n.saturating_mul(secs)))
+}
+
+/// A page of roots as rows (each folded from its root's log: the cost is the page's, not
+/// history's), and the cursor of the next page.
+pub(crate) async fn root_rows(
+    b: &skein_runtime::Backend,
+    filter: &RootFilter,
+    limit: usize,
+    cursor: Option<&str>,
+) -> skein_runtime::Result<(Vec<SessionRow>, Option<String>)> {
+    let page = b.log.roots_page(filter, limit, cursor).await?;
+    let mut rows = Vec::with_capacity(page.roots.len());
+    for s in &page.roots {
+        let id = SessionId::parse(&s.root)?;
+        let records = b.log.read(&id, 1).await?;
+        let f = fold_records(&id, &records)?;
+        rows.push(row(&id, &records, &f.state));
+    }
+    Ok((rows, page.next))
 }
 
 #[derive(Args, Debug)]
@@ -52,16 +115,23 @@ pub struct EventsArgs {
 
 pub async fn sessions(app: &App, a: SessionsArgs) -> Result<ExitCode> {
     let (_store, b) = app.backend().await?;
-    let mut rows = vec![];
-    for id in b.log.roots().await? {
-        let records = b.log.read(&id, 1).await?;
-        let f = fold_records(&id, &records)?;
-        rows.push(row(&id, &records, &f.state));
-    }
-    rows.sort_by_key(|r| std::cmp::Reverse(r.started_at));
-    rows.truncate(a.limit);
+    let filter = RootFilter {
+        status: a.status,
+        agent: a.agent,
+        since: a.since,
+        until: a.until,
+        text: a.text,
+    };
+    let (rows, next) = root_rows(&b, &filter, a.limit, a.cursor.as_deref()).await?;
+    // The next page's cursor goes to stderr: stdout stays the rows alone.
+    let more = || {
+        if let Some(c) = &next {
+            crate::errln!("more: --cursor {}", render::safe_line(c));
+        }
+    };
     if a.json {
         crate::outln!("{}", serde_json::to_string_pretty(&rows)?)?;
+        more();
         return Ok(ExitCode::SUCCESS);
     }
     crate::outln!(
@@ -83,6 +153,7 @@ pub async fn sessions(app: &App, a: SessionsArgs) -> Result<ExitCode> {
         );
         crate::outln!("{}", render::safe_line(&line))?;
     }
+    more();
     Ok(ExitCode::SUCCESS)
 }
 

@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use skein_core::{Event, Record, SessionId, SessionState};
-use skein_runtime::inspect::{fold_records, row, summarize, tree_rows};
+use skein_runtime::inspect::{fold_records, summarize, tree_rows};
 use skein_runtime::replay::{fork, verify_tree, ForkSpec};
 use skein_runtime::worker::{Runtime, Submission};
 use skein_runtime::{hitl, Error, TokenRefusal};

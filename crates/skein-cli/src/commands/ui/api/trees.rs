@@ -2,6 +2,7 @@
 //! export.
 
 use super::*;
+use skein_runtime::ports::roots::RootFilter;
 
 #[derive(Deserialize, IntoParams)]
 pub struct SessionsQuery {
@@ -11,49 +12,48 @@ pub struct SessionsQuery {
     pub agent: Option<String>,
     /// Only roots started at or after this time (ms since the Unix epoch).
     pub since: Option<u64>,
+    /// Only roots started before this time (ms since the Unix epoch).
+    pub until: Option<u64>,
     /// Only roots whose mission contains this text (any case).
     pub q: Option<String>,
-    /// At most this many, newest first (default 100).
+    /// At most this many, newest first (default 100, at most 1000).
     pub limit: Option<usize>,
+    /// The next page: the `x-skein-next-cursor` header of the page before.
+    pub cursor: Option<String>,
 }
 
-/// Root sessions, newest first: the rows of `skein sessions --json`.
+/// The response header that carries the cursor of the next page of `/api/sessions`.
+pub const NEXT_CURSOR: &str = "x-skein-next-cursor";
+
+/// Root sessions, newest first: the rows of `skein sessions --json`, one page of them.
+/// When more follow, header `x-skein-next-cursor` holds the `cursor` of the next page.
 #[utoipa::path(get, path = "/api/sessions", tag = "trees", params(SessionsQuery),
-    responses((status = 200, description = "SessionRow objects, as `skein sessions --json`",
-        body = Vec<Object>)))]
+    responses((status = 200, description = "SessionRow objects, as `skein sessions --json`; \
+        header `x-skein-next-cursor` when a next page follows", body = Vec<Object>),
+        (status = 400, body = ErrorBody)))]
 pub(super) async fn sessions(
     State(ui): State<Arc<Ui>>,
     Query(q): Query<SessionsQuery>,
-) -> ApiResult<Value> {
-    let needle =
-        q.q.as_deref()
-            .map(str::to_lowercase)
-            .filter(|s| !s.is_empty());
-    let mut rows = vec![];
-    for id in ui.backend.log.roots().await? {
-        let records = ui.backend.log.read(&id, 1).await?;
-        let f = fold_records(&id, &records)?;
-        let r = row(&id, &records, &f.state);
-        let keep = q
-            .status
-            .as_deref()
-            .is_none_or(|s| s.is_empty() || r.status == s)
-            && q.agent
-                .as_deref()
-                .is_none_or(|a| a.is_empty() || r.agent == a)
-            && q.since.is_none_or(|t| r.started_at >= t)
-            && needle
-                .as_deref()
-                .is_none_or(|n| r.mission.to_lowercase().contains(n));
-        if keep {
-            rows.push(r);
-        }
-    }
-    rows.sort_by_key(|r| std::cmp::Reverse(r.started_at));
-    rows.truncate(q.limit.unwrap_or(100));
-    Ok(Json(
-        serde_json::to_value(rows).map_err(|e| bad(e.to_string()))?,
-    ))
+) -> std::result::Result<Response, ApiError> {
+    let filter = RootFilter {
+        status: q.status,
+        agent: q.agent,
+        since: q.since,
+        until: q.until,
+        text: q.q,
+    };
+    let (rows, next) = crate::commands::show::root_rows(
+        &ui.backend,
+        &filter,
+        q.limit.unwrap_or(100),
+        q.cursor.as_deref().filter(|c| !c.is_empty()),
+    )
+    .await?;
+    let body = Json(serde_json::to_value(rows).map_err(|e| bad(e.to_string()))?);
+    Ok(match next {
+        Some(c) => ([(NEXT_CURSOR, c)], body).into_response(),
+        None => body.into_response(),
+    })
 }
 
 #[derive(Deserialize, ToSchema)]

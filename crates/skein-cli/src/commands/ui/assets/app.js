@@ -56,6 +56,19 @@ async function api(path, body) {
   return j;
 }
 
+// A page of a list: its rows and the cursor of the next page, from the response header
+// `x-skein-next-cursor` (none on the last page).
+async function apiPage(path) {
+  const r = await fetch(`/api${path}`, { credentials: "same-origin" });
+  if (r.status === 401) {
+    showLogin();
+    throw new Error("this server needs its token");
+  }
+  const j = await r.json().catch(() => ({ error: r.statusText }));
+  if (!r.ok) throw new Error(j.error || r.statusText);
+  return { rows: j, next: r.headers.get("x-skein-next-cursor") };
+}
+
 function showLogin() {
   const input = el("input", { type: "password", id: "token", placeholder: "token", autocomplete: "current-password" });
   const msg = el("p", { class: "error" });
@@ -170,7 +183,10 @@ async function sessionsView() {
   };
   for (const [k, e] of Object.entries(f)) e.value = params.get(k) || "";
   const list = el("div", { id: "sessions" });
+  const pager = el("p", { class: "pager" });
   const inbox = el("div");
+  // The cursors of the pages shown before this one (the first page's is empty).
+  const pages = [""];
   const load = async () => {
     if (S.view !== view) return;
     const q = new URLSearchParams();
@@ -178,7 +194,16 @@ async function sessionsView() {
     if (f.agent.value) q.set("agent", f.agent.value);
     if (f.since.value) q.set("since", String(Date.now() - SINCE[f.since.value]));
     if (f.q.value) q.set("q", f.q.value);
-    const rows = await api(`/sessions?${q}`);
+    // Rows a page (`#/?limit=N`; the server's default otherwise).
+    if (Number(params.get("limit")) > 0) q.set("limit", params.get("limit"));
+    const cursor = pages[pages.length - 1];
+    if (cursor) q.set("cursor", cursor);
+    const { rows, next } = await apiPage(`/sessions?${q}`);
+    const turn = (e, to) => { e.preventDefault(); to(); load(); };
+    pager.replaceChildren(
+      pages.length > 1 ? el("a", { href: "#/", id: "newest-page", onclick: (e) => turn(e, () => pages.splice(1)) }, "« newest") : null,
+      pages.length > 1 && next ? " · " : null,
+      next ? el("a", { href: "#/", id: "next-page", onclick: (e) => turn(e, () => pages.push(next)) }, "older »") : null);
     list.replaceChildren(rows.length === 0 ? el("p", { class: "muted" }, "No trees match.") :
       el("div", { class: "table" }, el("table", {},
         el("thead", {}, el("tr", {}, ["tree", "agent", "status", "started", "wall", "tokens", "mission"].map((h) => el("th", {}, h)))),
@@ -189,11 +214,13 @@ async function sessionsView() {
           el("td", { class: "mission" }, r.mission.length > 120 ? `${r.mission.slice(0, 120)}…` : r.mission)))))));
     await fillInbox(inbox, null, load);
   };
+  // A changed filter starts again from the newest page.
+  const refilter = () => { pages.splice(1); load(); };
   const filters = el("form", {
-    class: "filters", onsubmit: (e) => { e.preventDefault(); load(); },
-    onchange: () => load(), oninput: (e) => { if (e.target === f.q) load(); },
+    class: "filters", onsubmit: (e) => { e.preventDefault(); refilter(); },
+    onchange: () => refilter(), oninput: (e) => { if (e.target === f.q) refilter(); },
   }, f.status, f.agent, f.since, f.q);
-  main(inbox, startForm(), el("h2", {}, "Trees"), filters, list);
+  main(inbox, startForm(), el("h2", {}, "Trees"), filters, list, pager);
   await load();
   follow(null, load);
 }

@@ -1,0 +1,122 @@
+//! Retention: finding the finished trees older than a given age, and removing them from a
+//! closed store.
+//!
+//! A tree may be removed when its root has ended (completed, failed or cancelled) and so
+//! has every session of the tree: never a tree still in flight, nor one that waits for a
+//! person's answer or approval. Removing writes `events.log` anew without the trees'
+//! records (see [`crate::wal`]'s `compact`), and first takes out of the sled database
+//! what names them: the trees' entries in the index of roots, cache entries whose answer
+//! came from them, watchers and jobs of their sessions. Blobs stay (another tree may name
+//! the same one).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use skein_core::SessionId;
+use skein_ports::ports::CacheEntry;
+use skein_ports::roots::RootSummary;
+use skein_ports::{Error, Result};
+
+use crate::{backend_err, decode, lock_dir, open_db, roots, wal, SledStore};
+
+/// What [`remove_trees`] removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Removed {
+    pub trees: u64,
+    pub sessions: u64,
+    pub records: u64,
+    pub cache_entries: u64,
+    /// The length of the log's frames before and after.
+    pub log_bytes_before: u64,
+    pub log_bytes_after: u64,
+}
+
+impl SledStore {
+    /// The trees that may be removed as older than `before` (ms since the epoch): the
+    /// root's last event is before it, and the root and every session of its tree have
+    /// ended. Oldest first.
+    pub async fn removable_trees(&self, before: u64) -> Result<Vec<RootSummary>> {
+        let mut out = vec![];
+        for s in self.roots.finished_before(&self.wal, before)? {
+            let root = SessionId::parse(&s.root)?;
+            let mut ended = true;
+            for session in self.wal.sessions_from(root.as_str()) {
+                let id = SessionId::parse(&session)?;
+                if !root.contains(&id) {
+                    continue;
+                }
+                if !self
+                    .wal
+                    .last(&id)?
+                    .is_some_and(|r| r.env.body.is_terminal())
+                {
+                    ended = false;
+                    break;
+                }
+            }
+            if ended {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Removes the trees of `roots` from the store in `dir`, which no process may have open
+/// (this takes its lock). Call with roots [`SledStore::removable_trees`] named.
+pub fn remove_trees(dir: &Path, roots: &[SessionId]) -> Result<Removed> {
+    let _lock = lock_dir(dir)?;
+    if roots.iter().any(|r| !r.is_root()) {
+        return Err(Error::invalid(
+            "only whole trees are removed: name their roots",
+        ));
+    }
+    let set: HashSet<&str> = roots.iter().map(SessionId::as_str).collect();
+    let of_removed = |session: &str| set.contains(session.split('.').next().unwrap_or(session));
+    let mut removed = Removed {
+        trees: roots.len() as u64,
+        ..Removed::default()
+    };
+    let db = open_db(&dir.join("db"))?;
+    let cache = db.open_tree("cache").map_err(backend_err)?;
+    for item in cache.iter() {
+        let (k, v) = item.map_err(backend_err)?;
+        // An entry that does not decode is left alone: a reader of the cache reports it.
+        if decode::<CacheEntry>(&v).is_ok_and(|e| of_removed(e.source.as_str())) {
+            cache.remove(k).map_err(backend_err)?;
+            removed.cache_entries += 1;
+        }
+    }
+    for name in ["watchers", "jobs"] {
+        let tree = db.open_tree(name).map_err(backend_err)?;
+        for item in tree.iter() {
+            let (k, _) = item.map_err(backend_err)?;
+            let names_removed = k
+                .split(|b| *b == 0)
+                .any(|part| std::str::from_utf8(part).is_ok_and(of_removed));
+            if names_removed {
+                tree.remove(k).map_err(backend_err)?;
+            }
+        }
+    }
+    let covered = roots::forget(&db, roots)?;
+    db.flush().map_err(backend_err)?;
+    let c = wal::compact(&dir.join("events.log"), &of_removed)?;
+    // The index covered the whole log (the trees were found through it): it covers the
+    // new one too. Otherwise the next open rebuilds it.
+    if covered == Some(c.bytes_before) {
+        roots::set_covered(&db, c.bytes_after)?;
+        db.flush().map_err(backend_err)?;
+    }
+    removed.sessions = c.sessions;
+    removed.records = c.records;
+    removed.log_bytes_before = c.bytes_before;
+    removed.log_bytes_after = c.bytes_after;
+    tracing::info!(
+        trees = removed.trees,
+        sessions = removed.sessions,
+        records = removed.records,
+        "removed finished trees from the store"
+    );
+    Ok(removed)
+}

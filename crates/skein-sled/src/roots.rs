@@ -1,0 +1,315 @@
+//! The index of roots: a summary of every root ([`RootSummary`]) kept in sled, so that a
+//! page of the newest roots, filtered or not, is read from the index rather than by
+//! folding every root's log.
+//!
+//! The log stays the one truth; the index is derived from it and can always be rebuilt:
+//! - tree `roots`: `started_at u64 BE | root` → summary (msgpack), iterated backwards for
+//!   newest first; tree `root_starts`: `root` → its key in `roots`;
+//! - tree `open_roots`: `root` → nothing, for each root not finished (in flight, or
+//!   waiting for a person): what a sweep wakes, at the cost of the open trees;
+//! - tree `roots_meta`: `format` and `covered`, the end of the log (as an offset of
+//!   `events.log`) below which every root's records are summarized.
+//!
+//! An append to a root marks the root dirty (in memory) before its frame is written. A
+//! listing first summarizes the dirty roots again, writes them, moves `covered` to the end
+//! of the log as it was before, and flushes the database: so the cost of a listing is that
+//! of the roots written since the last one, not of history. Nothing else writes the index:
+//! a `skein run` that lists nothing does not touch the database. At open, the roots whose
+//! last record lies at or past `covered` are the dirty ones (what a process wrote and never
+//! listed, or a crash lost); when `covered` or the format is missing, lies past the end of
+//! the log, or a summary does not decode, the whole index is rebuilt from the log.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+use skein_core::SessionId;
+use skein_ports::roots::{page, Cursor, RootFilter, RootSummary, RootsPage};
+use skein_ports::{Error, Result};
+
+use crate::{backend_err, decode, encode, wal::Wal};
+
+/// The index's layout; another value rebuilds it.
+const FORMAT: u64 = 1;
+
+pub(crate) struct RootsIndex {
+    db: sled::Db,
+    by_time: sled::Tree,
+    starts: sled::Tree,
+    /// The roots not finished: `root` → nothing.
+    open: sled::Tree,
+    meta: sled::Tree,
+    /// Roots whose summary may be out of date, and whether the whole index is to be
+    /// rebuilt.
+    dirty: Mutex<Dirty>,
+    /// One refresh at a time.
+    refreshing: Mutex<()>,
+}
+
+#[derive(Default)]
+struct Dirty {
+    roots: BTreeSet<String>,
+    rebuild: bool,
+}
+
+fn key(started_at: u64, root: &str) -> Vec<u8> {
+    let mut k = started_at.to_be_bytes().to_vec();
+    k.extend_from_slice(root.as_bytes());
+    k
+}
+
+fn u64_of(v: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(v.try_into().ok()?))
+}
+
+impl RootsIndex {
+    /// Opens the index over `wal`, finding which roots it does not cover. Writes nothing.
+    pub(crate) fn open(db: &sled::Db, wal: &Wal) -> Result<Self> {
+        let tree = |n: &str| db.open_tree(n).map_err(backend_err);
+        let meta = tree("roots_meta")?;
+        let format = meta.get("format").map_err(backend_err)?;
+        let covered = meta.get("covered").map_err(backend_err)?;
+        let covered = match (format.as_deref().and_then(u64_of), covered) {
+            (Some(FORMAT), Some(c)) => u64_of(&c).filter(|c| *c <= wal.end()),
+            _ => None,
+        };
+        let dirty = match covered {
+            Some(c) => Dirty {
+                roots: wal.roots_written_since(c).into_iter().collect(),
+                rebuild: false,
+            },
+            None => Dirty {
+                roots: BTreeSet::new(),
+                rebuild: true,
+            },
+        };
+        Ok(Self {
+            db: db.clone(),
+            by_time: tree("roots")?,
+            starts: tree("root_starts")?,
+            open: tree("open_roots")?,
+            meta,
+            dirty: Mutex::new(dirty),
+            refreshing: Mutex::new(()),
+        })
+    }
+
+    fn dirty(&self) -> std::sync::MutexGuard<'_, Dirty> {
+        self.dirty.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks `session` dirty if it is a root: called before its records are written.
+    pub(crate) fn touch(&self, session: &SessionId) {
+        if session.is_root() {
+            let mut d = self.dirty();
+            if !d.rebuild && !d.roots.contains(session.as_str()) {
+                d.roots.insert(session.as_str().to_string());
+            }
+        }
+    }
+
+    /// Marks the whole index for rebuilding (it was found damaged).
+    fn damaged(&self) {
+        let mut d = self.dirty();
+        d.rebuild = true;
+        d.roots.clear();
+    }
+
+    /// How many roots the index does not cover yet.
+    pub(crate) fn pending(&self) -> (usize, bool) {
+        let d = self.dirty();
+        (d.roots.len(), d.rebuild)
+    }
+
+    /// Brings the index up to date with `wal`: summarizes the dirty roots again (every
+    /// root when rebuilding), then moves `covered` and flushes. Returns how many roots it
+    /// summarized.
+    pub(crate) fn refresh(&self, wal: &Wal) -> Result<usize> {
+        let _one = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+        let end = wal.end();
+        let (roots, rebuild) = {
+            let mut d = self.dirty();
+            (std::mem::take(&mut d.roots), std::mem::take(&mut d.rebuild))
+        };
+        if roots.is_empty() && !rebuild {
+            return Ok(0);
+        }
+        let result = self.write(wal, end, roots, rebuild);
+        if result.is_err() {
+            // What was taken is not covered: rebuild rather than guess which part was.
+            self.damaged();
+        }
+        result
+    }
+
+    fn write(&self, wal: &Wal, end: u64, roots: BTreeSet<String>, rebuild: bool) -> Result<usize> {
+        let roots: Vec<String> = if rebuild {
+            self.meta.remove("covered").map_err(backend_err)?;
+            self.by_time.clear().map_err(backend_err)?;
+            self.starts.clear().map_err(backend_err)?;
+            self.open.clear().map_err(backend_err)?;
+            wal.sessions_from("")
+                .into_iter()
+                .filter(|s| !s.contains('.') && !s.starts_with('!'))
+                .collect()
+        } else {
+            roots.into_iter().collect()
+        };
+        for root in &roots {
+            let id = SessionId::parse(root)?;
+            let summary = RootSummary::of(&id, &wal.read(&id, 1)?);
+            self.put(root, summary.as_ref())?;
+        }
+        self.meta
+            .insert("format", &FORMAT.to_be_bytes())
+            .map_err(backend_err)?;
+        self.meta
+            .insert("covered", &end.to_be_bytes())
+            .map_err(backend_err)?;
+        self.db.flush().map_err(backend_err)?;
+        Ok(roots.len())
+    }
+
+    /// Writes `root`'s summary (none: removes it).
+    fn put(&self, root: &str, summary: Option<&RootSummary>) -> Result<()> {
+        if let Some(old) = self.starts.get(root).map_err(backend_err)? {
+            self.by_time.remove(old).map_err(backend_err)?;
+        }
+        match summary {
+            Some(s) => {
+                let k = key(s.started_at, root);
+                self.by_time.insert(&k, encode(s)?).map_err(backend_err)?;
+                self.starts.insert(root, k).map_err(backend_err)?;
+                if s.is_finished() {
+                    self.open.remove(root).map_err(backend_err)?;
+                } else {
+                    self.open.insert(root, &[]).map_err(backend_err)?;
+                }
+            }
+            None => {
+                self.starts.remove(root).map_err(backend_err)?;
+                self.open.remove(root).map_err(backend_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The roots not finished, from an index brought up to date first.
+    pub(crate) fn open_roots(&self, wal: &Wal) -> Result<Vec<SessionId>> {
+        self.refresh(wal)?;
+        let mut out = vec![];
+        for item in self.open.iter() {
+            let (k, _) = item.map_err(backend_err)?;
+            let root = std::str::from_utf8(&k)
+                .map_err(|e| Error::corrupt("a root in the index of roots", e))?;
+            out.push(SessionId::parse(root)?);
+        }
+        Ok(out)
+    }
+
+    /// A page of roots, newest first, from an index brought up to date first.
+    pub(crate) fn page(
+        &self,
+        wal: &Wal,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<RootsPage> {
+        let cursor = cursor.map(Cursor::parse).transpose()?;
+        self.refresh(wal)?;
+        match self.read_page(filter, limit, cursor.as_ref()) {
+            Err(e) if matches!(e, Error::Corrupt { .. }) => {
+                tracing::warn!(error = %e.report(), "the index of roots is damaged: rebuilding it from the event log");
+                self.damaged();
+                self.refresh(wal)?;
+                self.read_page(filter, limit, cursor.as_ref())
+            }
+            r => r,
+        }
+    }
+
+    fn read_page(
+        &self,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<RootsPage> {
+        let range = match cursor {
+            Some(c) => self.by_time.range(..key(c.started_at, &c.root)),
+            None => self.by_time.iter(),
+        };
+        let items = range.rev().map(|item| {
+            let (_, v) = item.map_err(backend_err)?;
+            decode::<RootSummary>(&v)
+        });
+        page(items, filter, limit, cursor)
+    }
+
+    /// Bytes the index keeps on disk per root, keys and values (not sled's own overhead).
+    pub(crate) fn bytes(&self) -> Result<(u64, u64)> {
+        let mut bytes = 0u64;
+        let mut n = 0u64;
+        for t in [&self.by_time, &self.starts] {
+            for item in t.iter() {
+                let (k, v) = item.map_err(backend_err)?;
+                bytes += (k.len() + v.len()) as u64;
+            }
+        }
+        for _ in self.starts.iter() {
+            n += 1;
+        }
+        Ok((bytes, n))
+    }
+}
+
+/// Takes `roots` out of the index in `db` (a closed store's), and `covered` with them: until
+/// [`set_covered`] puts it back, the next open rebuilds the index whole. Returns what
+/// `covered` was.
+pub(crate) fn forget(db: &sled::Db, roots: &[SessionId]) -> Result<Option<u64>> {
+    let tree = |n: &str| db.open_tree(n).map_err(backend_err);
+    let (by_time, starts, open, meta) = (
+        tree("roots")?,
+        tree("root_starts")?,
+        tree("open_roots")?,
+        tree("roots_meta")?,
+    );
+    let covered = meta
+        .remove("covered")
+        .map_err(backend_err)?
+        .and_then(|c| u64_of(&c));
+    for r in roots {
+        if let Some(k) = starts.remove(r.as_str()).map_err(backend_err)? {
+            by_time.remove(k).map_err(backend_err)?;
+        }
+        open.remove(r.as_str()).map_err(backend_err)?;
+    }
+    Ok(covered)
+}
+
+/// Says the index in `db` covers the log up to `end` (after [`forget`], once the log holds
+/// only what the index does).
+pub(crate) fn set_covered(db: &sled::Db, end: u64) -> Result<()> {
+    let meta = db.open_tree("roots_meta").map_err(backend_err)?;
+    meta.insert("format", &FORMAT.to_be_bytes())
+        .map_err(backend_err)?;
+    meta.insert("covered", &end.to_be_bytes())
+        .map_err(backend_err)?;
+    Ok(())
+}
+
+impl RootsIndex {
+    /// The finished roots whose last event is before `before` (ms), oldest first, from an
+    /// index brought up to date first.
+    pub(crate) fn finished_before(&self, wal: &Wal, before: u64) -> Result<Vec<RootSummary>> {
+        self.refresh(wal)?;
+        let mut out = vec![];
+        // A root's first event is no later than its last: only keys started before `before`.
+        for item in self.by_time.range(..key(before, "")) {
+            let (_, v) = item.map_err(backend_err)?;
+            let s: RootSummary = decode(&v)?;
+            if s.is_finished() && s.updated_at < before {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+}
