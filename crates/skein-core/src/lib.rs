@@ -9,6 +9,7 @@
 pub mod agent;
 mod constructors;
 pub mod decide;
+pub mod definitions;
 pub mod duration;
 pub mod event;
 pub mod hash;
@@ -26,6 +27,7 @@ pub mod token;
 
 pub use agent::{AgentDef, AgentSet};
 pub use decide::{Delegation, Refusal, Step, ToolRun};
+pub use definitions::Definitions;
 pub use event::{Envelope, Event, Record};
 pub use id::SessionId;
 pub use limits::{Budget, Limits};

@@ -93,10 +93,13 @@ pub struct TextDelta {
 
 pub struct Runtime {
     pub backend: Backend,
+    /// The worker's own agent files (what a tree pinned to no pushed version runs on).
     pub agents: Arc<AgentSet>,
     pub models: Registry,
     pub tools: ToolBox,
     pub cfg: RuntimeConfig,
+    /// The versions of definitions in force (see [`crate::defs`]).
+    pub(crate) defs: crate::defs::Catalogue,
     /// The secrets (provider keys, the token secret) no recorded event may hold.
     pub(crate) scrubber: crate::scrub::Scrubber,
     /// Shared by the work loops: claim health, the drain switch, held jobs.
@@ -117,7 +120,8 @@ pub struct Runtime {
     pub(crate) rechecks: Arc<std::sync::Mutex<std::collections::HashSet<SessionId>>>,
 }
 
-/// See [`Runtime::shape_memo`]. The agent set and the limits of a runtime never change.
+/// See [`Runtime::shape_memo`]. The limits of a runtime never change, nor does a version
+/// of its definitions: what each agent may start is kept per version and agent.
 #[derive(Default)]
 pub(crate) struct ShapeMemo {
     pub(crate) limits: std::sync::OnceLock<String>,
@@ -185,6 +189,7 @@ impl Runtime {
         Arc::new(Self {
             scrubber: crate::scrub::Scrubber::new(secrets),
             backend,
+            defs: crate::defs::Catalogue::new(agents.clone(), models.clone()),
             agents,
             models,
             tools,

@@ -113,6 +113,12 @@ pub struct Submitted {
     /// This session's seat in a team, when it is a member or the supervisor of one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<Box<TeamSeat>>,
+    /// The version of the cluster's definitions (the digest of a
+    /// [`crate::Definitions`]) the tree was pinned to when its root was submitted: every
+    /// session of the tree runs on it. None: the worker's own files (embedded use, or a
+    /// cluster to which no definitions were pushed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defs: Option<String>,
 }
 
 /// Tasks of a parent's plan handed to a child with its delegation.

@@ -9,6 +9,7 @@
 //! | `jobs.rs` | JobQueue (and the wake markers of job coalescing) |
 //! | `cache.rs` | Cache and single-flight claims |
 //! | `blobs.rs` | Blobs |
+//! | `defs.rs` | pushed versions of the definitions, and the current one (KV `skein_defs`) |
 //! | `notices.rs` | Notices |
 //! | `results.rs` | Announcer, and reading a tree's last result |
 //! | `workspace.rs` | Workspaces: `ObjectWorkspace` |
@@ -28,6 +29,7 @@
 mod blobs;
 mod cache;
 mod connection;
+mod defs;
 mod jobs;
 mod log;
 mod notices;
@@ -48,6 +50,7 @@ use skein_ports::ports::Capabilities;
 use skein_ports::{Backend, Error, Result};
 
 pub use connection::{connect_client, connect_options};
+pub use defs::{Current, Move, VersionInfo, DEFS_BUCKET};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
 pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES};
 pub use workspace::{clean_path, ObjectWorkspace};
@@ -129,6 +132,8 @@ pub struct NatsStore {
     cache: kv::Store,
     inflight: kv::Store,
     wake: kv::Store,
+    /// KV `skein_defs` (see `defs.rs`).
+    defs: kv::Store,
     /// KV `skein_waiting` (see `room.rs`), made on first use.
     waiting: tokio::sync::OnceCell<kv::Store>,
     blobs: object_store::ObjectStore,
@@ -204,6 +209,7 @@ impl NatsStore {
             cache: k("skein_cache").await?,
             inflight: k("skein_inflight").await?,
             wake: k("skein_wake").await?,
+            defs: k(defs::DEFS_BUCKET).await?,
             waiting: tokio::sync::OnceCell::new(),
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,

@@ -180,12 +180,10 @@ impl Runtime {
         if !f.state.status.is_terminal() && job.attempt > self.cfg.max_deliver && stalled {
             // What the deliveries kept failing at, from the log: the step due next, and the
             // last model error when model calls failed.
-            let due = match self.def_for(&f.state).await {
-                Ok(def) => f
-                    .state
-                    .next(&def, &self.cfg.limits, &*self.agents)
-                    .describe(),
-                Err(e) => format!("none: its definition cannot be read ({e})"),
+            let due = match (self.def_for(&f.state).await, self.agents_of(&f.state).await) {
+                (Ok(def), Ok(agents)) => f.state.next(&def, &self.cfg.limits, &*agents).describe(),
+                (_, Err(e)) => format!("none: its definitions version cannot be read ({e})"),
+                (Err(e), _) => format!("none: its definition cannot be read ({e})"),
             };
             let mut error = format!(
                 "the job of this session was delivered {} times without \
@@ -209,7 +207,8 @@ impl Runtime {
                 return self.on_terminal(f).await;
             }
             let def = self.def_for(&f.state).await?;
-            let step = f.state.next(&def, &self.cfg.limits, &*self.agents);
+            let agents = self.agents_of(&f.state).await?;
+            let step = f.state.next(&def, &self.cfg.limits, &*agents);
             tracing::debug!(session = %f.id, step = step.name(), "step");
             let _timer = crate::metrics::StepTimer::start(step.name());
             match step {
