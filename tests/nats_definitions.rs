@@ -40,27 +40,73 @@ fn version(name: &str) -> Sandbox {
 }
 
 fn worker(sb: &Sandbox, url: &str, name: &str) -> Child {
+    worker_with(sb, url, name, &[], false).0
+}
+
+/// A worker with `env` set, serving /readyz and /metrics on a port of its own when `http`
+/// (its address returned).
+fn worker_with(
+    sb: &Sandbox,
+    url: &str,
+    name: &str,
+    env: &[(&str, &str)],
+    http: bool,
+) -> (Child, Option<String>) {
     let mut c = skein(&sb.config(), &sb.data());
     c.args(["--nats", url, "worker", "--concurrency", "8"])
         .env("SKEIN_TOKEN_SECRET", SECRET)
         .env("SKEIN__RUNTIME__WORKER_ID", name)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if http {
+        c.args(["--http", "127.0.0.1:0"]);
+    }
     let mut child = c.spawn().expect("worker starts");
     let mut err = BufReader::new(child.stderr.take().expect("stderr"));
     let mut line = String::new();
+    let mut addr = None;
     loop {
         line.clear();
         assert!(
             err.read_line(&mut line).expect("worker stderr") > 0,
             "worker {name} exited before it was ready"
         );
-        if line.contains("ready") {
+        if let Some(rest) = line.split("health and metrics on http://").nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_string);
+        }
+        if line.contains("ready") && !line.contains("health and metrics") {
             break;
         }
     }
-    std::thread::spawn(move || for _ in err.lines() {});
-    child
+    let tag = name.to_string();
+    std::thread::spawn(move || {
+        for l in err.lines().map_while(Result::ok) {
+            if std::env::var_os("SKEIN_E2E_VERBOSE").is_some() {
+                eprintln!("[{tag}] {l}");
+            }
+        }
+    });
+    (child, addr)
+}
+
+/// The body of `GET path` on a worker's listener.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("listener");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// Stops a worker as its supervisor would (SIGTERM: it drains and says it stops).
+fn stop(c: &mut Child) {
+    std::process::Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status()
+        .unwrap();
+    let _ = c.wait();
 }
 
 fn cli(sb: &Sandbox, url: &str, args: &[&str]) -> std::process::Output {
@@ -318,6 +364,215 @@ fn trees_run_to_their_end_on_the_version_they_were_submitted_under() {
         assert_eq!(sub.defs.as_deref(), Some(want.as_str()), "fork {id}");
     }
     for w in &mut workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+}
+
+/// Every record of every session of `roots`, read once all are complete.
+fn records(
+    rt: &tokio::runtime::Runtime,
+    b: &skein_runtime::Backend,
+    roots: &[SessionId],
+) -> Vec<(SessionId, Vec<skein_core::Record>)> {
+    let mut out = vec![];
+    for root in roots {
+        for s in rt.block_on(b.log.tree(root)).unwrap() {
+            let recs = rt.block_on(b.log.read(&s, 1)).unwrap();
+            out.push((s, recs));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
+    let server = NatsServer::start();
+    let url = server.url();
+    // No definitions pushed: each worker runs on its own files. Two have `boss` and
+    // `helper`; one has neither. An agent whose provider no worker has cannot be served.
+    let full = version("own");
+    full.agent("stray", "", "turns:\n  - answer: never\n");
+    let stray = full.dir.path().join("agents/stray.md");
+    let text = std::fs::read_to_string(&stray).unwrap();
+    std::fs::write(&stray, text.replace("scripted:stray", "nowhere:model")).unwrap();
+    let partial = Sandbox::new();
+    partial.agent("placeholder", "", "turns:\n  - answer: hi\n");
+    let (mut lacking, addr) = worker_with(&partial, &url, "lacking", &[], true);
+    let addr = addr.expect("the worker's listener");
+    let mut others: Vec<Child> = ["has-1", "has-2"]
+        .iter()
+        .map(|n| worker(&full, &url, n))
+        .collect();
+
+    let rt = rt();
+    let store = rt.block_on(common::cluster::store(&url, 1));
+    let b = store.backend();
+    let roots = submit(&url, "missing", 12);
+    rt.block_on(common::cluster::wait_all(
+        &url,
+        1,
+        &roots,
+        Duration::from_secs(120),
+    ));
+    for (s, recs) in records(&rt, &b, &roots) {
+        let Event::Completed(_) = &recs.last().unwrap().env.body else {
+            panic!("{s} did not complete: {:?}", recs.last().unwrap().env.body)
+        };
+        for r in &recs {
+            if let Event::ModelCalled(m) = &r.env.body {
+                assert_ne!(
+                    m.worker, "lacking",
+                    "{s}: run by the worker without its agent"
+                );
+            }
+        }
+    }
+    // It said what it handed back, and why.
+    let ready = http_get(&addr, "/readyz");
+    assert!(ready.contains("ready"), "{ready}");
+    let metrics = http_get(&addr, "/metrics");
+    let lacked: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("skein_jobs_lacking_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(lacked > 0.0, "nothing handed back:\n{metrics}");
+    assert!(
+        ready.contains("handed back for want of the agent"),
+        "{ready}"
+    );
+
+    // Nobody has the provider of `stray`: its tree fails after a few deliveries, saying so.
+    let stray = SessionId::root("stray-0").unwrap();
+    let payload = serde_json::json!({"agent": "stray", "mission": "x", "id": "stray-0"});
+    raw_publish(
+        &url,
+        "skein.missions.submit",
+        &[payload.to_string().into_bytes()],
+    );
+    rt.block_on(common::cluster::wait_all(
+        &url,
+        1,
+        std::slice::from_ref(&stray),
+        Duration::from_secs(60),
+    ));
+    let last = rt.block_on(b.log.last(&stray)).unwrap().unwrap();
+    let Event::Failed(f) = &last.env.body else {
+        panic!("stray ended with {:?}", last.env.body)
+    };
+    assert!(
+        f.error.contains("no worker can serve this session")
+            && f.error.contains("the model provider `nowhere`"),
+        "{}",
+        f.error
+    );
+    stop(&mut lacking);
+    for w in &mut others {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+}
+
+#[test]
+fn workers_restarted_one_at_a_time_onto_a_newer_record_format_lose_no_tree() {
+    // This process reads the logs as the new release does (both formats).
+    skein_core::event::act_as_next_format();
+    let server = NatsServer::start();
+    let url = server.url();
+    let (v1, v2) = (version("v1"), version("v2"));
+    let own = Sandbox::new();
+    own.agent("placeholder", "", "turns:\n  - answer: hi\n");
+    cli_json(&v1, &url, &["agents", "push", "--json"]);
+    let next = [("SKEIN_TEST_NEXT_FORMAT", "1")];
+    let names = ["r1", "r2", "r3"];
+    let mut workers: Vec<(Child, String)> = names
+        .iter()
+        .map(|n| {
+            let (c, a) = worker_with(&own, &url, n, &[], true);
+            (c, a.expect("listener"))
+        })
+        .collect();
+    let rt = rt();
+    let store = rt.block_on(common::cluster::store(&url, 1));
+    let b = store.backend();
+    let mut roots = submit(&url, "before", 4);
+    let mut last_old_gone = 0;
+    for (i, n) in names.iter().enumerate() {
+        // One at a time: stop it, start it again as the next release.
+        stop(&mut workers[i].0);
+        if i == names.len() - 1 {
+            last_old_gone = skein_runtime::now_ms();
+        }
+        let (c, a) = worker_with(&own, &url, n, &next, true);
+        workers[i] = (c, a.expect("listener"));
+        roots.extend(submit(&url, &format!("during-{i}"), 3));
+        if i == 0 {
+            // A push lands while the releases are mixed.
+            cli_json(&v2, &url, &["agents", "push", "--json"]);
+        }
+    }
+    // Every worker reads the new format now: they switch to it within one round of
+    // advertisements.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !workers
+        .iter()
+        .all(|(_, a)| http_get(a, "/readyz").contains("record format: writes 2"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the workers never wrote format 2"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    roots.extend(submit(&url, "after", 4));
+    cli_json(&v2, &url, &["agents", "rollback", "--json"]);
+    roots.extend(submit(&url, "rolled-back", 3));
+    // A worker of the earlier release joins again: the others go back to the format it
+    // reads, and a log it cannot read yet is left to them.
+    let (mut old, _) = worker_with(&own, &url, "old-again", &[], false);
+    roots.extend(submit(&url, "old-again", 4));
+    rt.block_on(common::cluster::wait_all(
+        &url,
+        1,
+        &roots,
+        Duration::from_secs(180),
+    ));
+
+    let none = AgentSet::default();
+    let mut newer = 0;
+    for (s, recs) in records(&rt, &b, &roots) {
+        let Event::Completed(_) = &recs.last().unwrap().env.body else {
+            panic!("{s} did not complete: {:?}", recs.last().unwrap().env.body)
+        };
+        for r in &recs {
+            if r.env.v == 2 {
+                newer += 1;
+                assert!(
+                    r.env.at > last_old_gone,
+                    "{s}#{}: format 2 written while a worker that cannot read it was live",
+                    r.env.seq
+                );
+            }
+        }
+    }
+    assert!(newer > 0, "no record of the new format was written");
+    for root in &roots {
+        let verdicts = rt
+            .block_on(skein_runtime::replay::verify_tree(
+                &b,
+                root,
+                &none,
+                &Limits::default(),
+            ))
+            .unwrap();
+        for v in verdicts {
+            assert!(v.ok, "{}: {:?} at {:?}", v.session, v.problem, v.seq);
+        }
+    }
+    let _ = old.kill();
+    let _ = old.wait();
+    for (w, _) in &mut workers {
         let _ = w.kill();
         let _ = w.wait();
     }

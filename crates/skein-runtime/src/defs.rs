@@ -149,3 +149,129 @@ impl Runtime {
         }
     }
 }
+
+/// Something a session's step needs that a worker may lack.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Need {
+    /// An agent the session may start (a tree on the workers' own files, where workers
+    /// may have different agents).
+    Agent(String),
+    /// The model provider of the session's agent.
+    Provider(String),
+}
+
+impl std::fmt::Display for Need {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Need::Agent(a) => write!(f, "the agent `{a}`"),
+            Need::Provider(p) => write!(f, "the model provider `{p}`"),
+        }
+    }
+}
+
+impl Need {
+    /// A short label for metrics: `agent:NAME`, `provider:NAME`.
+    pub fn label(&self) -> String {
+        match self {
+            Need::Agent(a) => format!("agent:{a}"),
+            Need::Provider(p) => format!("provider:{p}"),
+        }
+    }
+}
+
+/// The other live workers of a cluster, as they advertise themselves.
+#[async_trait::async_trait]
+pub trait Peers: Send + Sync {
+    /// Whether another live worker has `need` (for a tree pinned to `defs`, or on its own
+    /// files when `defs` is none).
+    async fn served_elsewhere(&self, need: &Need, defs: Option<&str>) -> Result<bool>;
+}
+
+/// What this worker handed back for want of something, for `/readyz`.
+#[derive(Default)]
+pub struct Lacks {
+    peers: std::sync::OnceLock<Arc<dyn Peers>>,
+    seen: Mutex<std::collections::BTreeMap<Need, (u64, u64)>>,
+}
+
+/// Deliveries of a job nobody can serve before its session is failed with the reason
+/// (the first ones leave time for a worker that is starting to advertise itself).
+pub const UNSERVED_DELIVERIES: u32 = 3;
+
+impl Runtime {
+    /// Lets this worker hand work it cannot do to the `peers` that can.
+    pub fn set_peers(&self, peers: Arc<dyn Peers>) {
+        let _ = self.lacks.peers.set(peers);
+    }
+
+    /// What this worker lacks and handed work back for: (need, times, last at ms).
+    pub fn lacking(&self) -> Vec<(Need, u64, u64)> {
+        lock(&self.lacks.seen)
+            .iter()
+            .map(|(n, (times, at))| (n.clone(), *times, *at))
+            .collect()
+    }
+
+    /// What a session's steps need that this worker lacks: an agent it may start (on the
+    /// workers' own files only: a pushed version is the same everywhere), or its model's
+    /// provider.
+    pub async fn lacks(&self, state: &SessionState) -> Result<Option<Need>> {
+        let def = self.def_for(state).await?;
+        let version = self.version_of(state).await?;
+        // A custom agent is made at run time by its caller's session, not read from files.
+        let custom = state
+            .submitted
+            .as_ref()
+            .is_some_and(|s| s.parent.is_some() && s.agent == "custom" && def.name() == "custom");
+        if version.digest.is_none() && !custom && version.agents.get(def.name()).is_none() {
+            // Its own agent, with its scripts and settings, is another worker's.
+            return Ok(Some(Need::Agent(def.name().to_string())));
+        }
+        if version.digest.is_none() {
+            if let Some(a) = def
+                .starts()
+                .into_iter()
+                .find(|a| version.agents.get(a).is_none())
+            {
+                return Ok(Some(Need::Agent(a.to_string())));
+            }
+        }
+        if let Ok((provider, _)) = version.models.resolve(&def.front.model) {
+            if !version.models.has(provider) {
+                return Ok(Some(Need::Provider(provider.to_string())));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether another live worker has `need`; false when this worker knows of no others
+    /// (one process, or no peers given).
+    pub async fn served_elsewhere(&self, need: &Need, defs: Option<&str>) -> bool {
+        let Some(peers) = self.lacks.peers.get() else {
+            return false;
+        };
+        match peers.served_elsewhere(need, defs).await {
+            Ok(yes) => yes,
+            Err(e) => {
+                // Unknown: hand back, and let the bound decide.
+                tracing::warn!(error = %e.report(), "cannot read which workers are live");
+                true
+            }
+        }
+    }
+
+    /// Counts a hand-back for want of `need`.
+    pub fn handed_back_for(&self, need: &Need) {
+        crate::metrics::job_lacking(&need.label());
+        let now = self.cfg.clock.now_ms();
+        let mut seen = lock(&self.lacks.seen);
+        let e = seen.entry(need.clone()).or_insert((0, now));
+        e.0 += 1;
+        e.1 = now;
+    }
+
+    /// Whether this worker knows of other workers at all (a cluster worker does).
+    pub fn has_peers(&self) -> bool {
+        self.lacks.peers.get().is_some()
+    }
+}

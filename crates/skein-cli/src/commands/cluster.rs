@@ -211,7 +211,26 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         rt.pools()
     };
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
+    // What this worker has and reads, for the others; and theirs, so that work this one
+    // cannot do goes to one that can. Advertised before any job is taken.
+    if let Err(e) = store
+        .advertise(&skein_nats_worker::peers::info(&rt, &pools))
+        .await
+    {
+        tracing::warn!(error = %e.report(), "cannot advertise the worker yet");
+    }
+    let peers = std::sync::Arc::new(skein_nats_worker::peers::NatsPeers::new(
+        store.clone(),
+        rt.cfg.worker_id.clone(),
+    ));
+    rt.set_peers(peers.clone());
     let (stop, loops) = rt.spawn_workers(pools.clone(), conc);
+    tokio::spawn(skein_nats_worker::peers::advertise(
+        rt.clone(),
+        store.clone(),
+        pools.clone(),
+        stop.subscribe(),
+    ));
     // Pushes and rollbacks take effect here without a restart.
     tokio::spawn(follow_definitions(
         rt.clone(),
@@ -304,6 +323,12 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
     );
     rt.start_draining();
     let _ = stop.send(true);
+    // The others stop counting on this worker at once (its record format, its agents).
+    let mut gone = skein_nats_worker::peers::info(&rt, &pools);
+    gone.stopped = true;
+    if let Err(e) = store.advertise(&gone).await {
+        tracing::warn!(error = %e.report(), "cannot tell the others this worker stops");
+    }
     let drained = tokio::select! {
         r = tokio::time::timeout(a.drain_timeout, futures::future::join_all(running.into_inner())) => r.is_ok(),
         // A second signal: stop now.

@@ -10,6 +10,7 @@
 //! | `cache.rs` | Cache and single-flight claims |
 //! | `blobs.rs` | Blobs |
 //! | `defs.rs` | pushed versions of the definitions, and the current one (KV `skein_defs`) |
+//! | `workers.rs` | live workers and what they have and read (KV `skein_workers`) |
 //! | `notices.rs` | Notices |
 //! | `results.rs` | Announcer, and reading a tree's last result |
 //! | `workspace.rs` | Workspaces: `ObjectWorkspace` |
@@ -37,6 +38,7 @@ mod read;
 mod results;
 mod room;
 mod topology;
+mod workers;
 mod workspace;
 
 use std::collections::HashMap;
@@ -53,6 +55,7 @@ pub use connection::{connect_client, connect_options};
 pub use defs::{Current, Move, VersionInfo, DEFS_BUCKET};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
 pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES};
+pub use workers::{WorkerInfo, WORKERS_BUCKET, WORKER_TTL_SECS};
 pub use workspace::{clean_path, ObjectWorkspace};
 
 use crate::config::{duration, NatsConfig, StorageType};
@@ -134,6 +137,8 @@ pub struct NatsStore {
     wake: kv::Store,
     /// KV `skein_defs` (see `defs.rs`).
     defs: kv::Store,
+    /// KV `skein_workers` (see `workers.rs`).
+    workers: kv::Store,
     /// KV `skein_waiting` (see `room.rs`), made on first use.
     waiting: tokio::sync::OnceCell<kv::Store>,
     blobs: object_store::ObjectStore,
@@ -210,6 +215,7 @@ impl NatsStore {
             inflight: k("skein_inflight").await?,
             wake: k("skein_wake").await?,
             defs: k(defs::DEFS_BUCKET).await?,
+            workers: k(workers::WORKERS_BUCKET).await?,
             waiting: tokio::sync::OnceCell::new(),
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
