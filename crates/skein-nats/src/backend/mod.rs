@@ -24,6 +24,8 @@
 //! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
 //! | Announcer | stream `SKEIN_RESULTS`, subject `skein.ended.<root>`, republished by the stream on `skein.results.<root>`: each ending once |
 //! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
+//! | (definitions) | versions as blobs of `skein_blobs`; KV `skein_defs`: `version.<digest>`, `current` |
+//! | (live workers) | KV `skein_workers`, one entry per worker, aging out |
 //!
 //! Job coalescing (at most one job per session, no wake-up lost) is told in `jobs.rs`.
 
