@@ -247,6 +247,13 @@ fn trees_run_to_their_end_on_the_version_they_were_submitted_under() {
     rt.block_on(until_submitted(&b, &second));
     let back = cli_json(&v2, &url, &["agents", "rollback", "--json"]);
     assert_eq!(back["current"], d1.as_str());
+    // The first version made current has nothing before it.
+    let out = cli(&v2, &url, &["agents", "rollback"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("nothing to roll back to"),
+        "{err}"
+    );
     let third = submit(&url, "third", 3);
     expected.push((first.clone(), &d1, &v1));
     expected.push((second.clone(), &d2, &v2));
