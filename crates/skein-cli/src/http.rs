@@ -3,7 +3,9 @@
 //! - `/healthz`: 200 while the process answers (liveness);
 //! - `/readyz`: 200 when the worker is connected to NATS, every stream it needs answers,
 //!   no pool's claims are failing, every MCP server of `[mcp]` runs and it is not
-//!   draining; 503 with the reason otherwise;
+//!   draining; 503 with the reason otherwise. A ready worker says below which definitions
+//!   version is current, which record format it writes and reads, and what it handed back
+//!   to other workers for want of it;
 //! - `/metrics`: every metric of [`skein_runtime::metrics`] in the Prometheus text format.
 
 use std::net::SocketAddr;
@@ -90,12 +92,34 @@ async fn healthz() -> &'static str {
 
 async fn readyz(State(ops): State<Arc<Ops>>) -> impl IntoResponse {
     match readiness(&ops).await {
-        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Ok(()) => (StatusCode::OK, format!("ready\n{}", detail(&ops.rt))),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),
         ),
     }
+}
+
+/// What a ready worker runs on, and what it left to others for want of it.
+fn detail(rt: &Runtime) -> String {
+    let v = rt.current_version();
+    let mut out = format!(
+        "definitions: {}\nrecord format: writes {}, reads up to {}\n",
+        v.digest
+            .as_deref()
+            .map(skein_core::definitions::short)
+            .unwrap_or("the worker's own files"),
+        rt.write_format(),
+        skein_core::event::read_format()
+    );
+    let now = skein_runtime::now_ms();
+    for (need, times, at) in rt.lacking() {
+        out.push_str(&format!(
+            "handed back for want of {need}: {times} times, last {:.1}s ago\n",
+            now.saturating_sub(at) as f64 / 1000.0
+        ));
+    }
+    out
 }
 
 async fn metrics_text(State(ops): State<Arc<Ops>>) -> impl IntoResponse {

@@ -302,6 +302,10 @@ impl<T: clap::FromArgMatches> clap::FromArgMatches for Deferred<T> {
 /// Parses the command line and runs the command.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The rolling-upgrade suites run the next release's record format with this binary.
+    if std::env::var_os("SKEIN_TEST_NEXT_FORMAT").is_some_and(|v| !v.is_empty()) {
+        skein_core::event::act_as_next_format();
+    }
     config::register_secrets(cli.global.secrets());
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.global.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

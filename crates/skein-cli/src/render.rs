@@ -142,6 +142,12 @@ pub fn summary_line(s: &TreeSummary) -> String {
         cost(&s.usage),
         ms(s.wall_ms)
     );
+    if let Some(d) = &s.defs {
+        line.push_str(&format!(
+            ", definitions {}",
+            skein_core::definitions::short(d)
+        ));
+    }
     if s.cache_hits > 0 {
         line.push_str(&format!(
             ", cache hits {} (saved {} tokens, {})",

@@ -9,6 +9,7 @@
 pub mod agent;
 mod constructors;
 pub mod decide;
+pub mod definitions;
 pub mod duration;
 pub mod event;
 pub mod hash;
@@ -26,6 +27,7 @@ pub mod token;
 
 pub use agent::{AgentDef, AgentSet};
 pub use decide::{Delegation, Refusal, Step, ToolRun};
+pub use definitions::Definitions;
 pub use event::{Envelope, Event, Record};
 pub use id::SessionId;
 pub use limits::{Budget, Limits};
@@ -45,6 +47,18 @@ pub enum Error {
     Encode(String),
     #[error("decode: {0}")]
     Decode(String),
+    /// A record written in a format newer than this process reads: a worker of a later
+    /// release wrote it. Not damage: the work goes to a worker that reads it.
+    #[error(
+        "a record of {session} (seq {seq}) is in format {found}, newer than this worker \
+         reads ({reads}): a worker of a later release wrote it"
+    )]
+    NewerFormat {
+        session: String,
+        seq: u64,
+        found: u16,
+        reads: u16,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

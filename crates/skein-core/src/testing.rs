@@ -285,6 +285,7 @@ impl Submitted {
             request: None,
             allowed_tools: None,
             team: None,
+            defs: None,
         }
     }
 }

@@ -16,6 +16,7 @@ use async_nats::jetstream::{self, consumer, AckKind};
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::json;
+use skein_runtime::defs::Need;
 use skein_runtime::worker::{Runtime, Submission};
 use skein_runtime::Error;
 use tokio::sync::watch;
@@ -23,6 +24,11 @@ use tokio::sync::watch;
 use skein_nats::backend::{NatsStore, MISSIONS};
 
 pub const REJECTED: &str = "skein.missions.rejected";
+/// Deliveries of a submission naming an agent this worker lacks before it is judged here
+/// all the same (refused, as unknown).
+const HAND_BACK_DELIVERIES: i64 = 20;
+/// How long such a submission waits before it is delivered again.
+const HAND_BACK_DELAY: Duration = Duration::from_millis(300);
 /// Where intake says it accepted a submission: `{"id", "msg_id", "stream_seq"}`.
 pub const ACCEPTED: &str = "skein.missions.accepted";
 
@@ -191,8 +197,12 @@ fn stalled(failing: &mut Option<(std::time::Instant, std::time::Instant)>, error
 }
 
 async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
-    let (seq, published) = match msg.info() {
-        Ok(i) => (i.stream_sequence, i.published.unix_timestamp_nanos()),
+    let (seq, published, delivered) = match msg.info() {
+        Ok(i) => (
+            i.stream_sequence,
+            i.published.unix_timestamp_nanos(),
+            i.delivered,
+        ),
         Err(e) => {
             // Not a JetStream delivery: nothing to derive an id from or to ack.
             tracing::warn!(error = %e, "intake got a message without stream metadata");
@@ -213,6 +223,7 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
         Err(reason) => Err(("malformed", reason)),
         Ok(mut sub) => {
             named = sub.id.clone();
+            let agent = sub.agent.clone();
             // A `traceparent` header continues the caller's trace, unless the payload
             // names one itself.
             if sub.traceparent.is_none() {
@@ -236,6 +247,25 @@ async fn handle(rt: &Runtime, store: &NatsStore, msg: jetstream::Message) {
                         tracing::warn!(error = %e, "could not publish an acceptance");
                     }
                     Ok(())
+                }
+                // An agent this worker does not know, which another live worker does (a
+                // worker on other files): the submission is left for that one, a bounded
+                // number of times.
+                Err(Error::Refused {
+                    kind: skein_runtime::RefusalKind::UnknownAgent,
+                    reason,
+                }) if delivered < HAND_BACK_DELIVERIES && {
+                    let defs = rt.current_version().digest.clone();
+                    rt.served_elsewhere(&Need::Agent(agent.clone()), defs.as_deref())
+                        .await
+                } =>
+                {
+                    let need = Need::Agent(agent);
+                    tracing::info!(seq, %need, reason = %reason,
+                        "submission handed back: another live worker has the agent");
+                    rt.handed_back_for(&need);
+                    let _ = msg.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
+                    return;
                 }
                 Err(Error::Refused { kind, reason }) => Err((kind.as_str(), reason)),
                 Err(e @ Error::IdTaken { .. }) => Err(("id_taken", e.to_string())),

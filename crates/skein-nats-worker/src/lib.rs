@@ -5,5 +5,6 @@
 //! this crate is where the two meet.
 
 pub mod intake;
+pub mod peers;
 pub mod service;
 pub mod text;

@@ -27,7 +27,7 @@ fn service_error(e: &Error) -> async_nats::service::error::Error {
         Error::Refused { .. } | Error::Core(skein_core::Error::InvalidId(_)) => 400,
         Error::NotFound(_) => 404,
         Error::Conflict { .. } | Error::IdTaken { .. } => 409,
-        Error::Unavailable { .. } | Error::Interrupted(_) => 503,
+        Error::Unavailable { .. } | Error::Interrupted(_) | Error::Lacking(_) => 503,
         Error::Full { .. } => 507,
         Error::Corrupt { .. } | Error::Core(_) => 500,
     };

@@ -17,8 +17,36 @@ use skein_core::{Record, SessionId};
 
 /// Why a message of `SKEIN_EVENTS` does not read as records.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct FrameError(String);
+#[error("{msg}")]
+pub struct FrameError {
+    msg: String,
+    /// The record is whole but of a format newer than this process reads.
+    newer: Option<skein_core::Error>,
+}
+
+impl FrameError {
+    fn new(msg: String) -> Self {
+        Self { msg, newer: None }
+    }
+
+    /// A record that does not decode: `e` says why.
+    fn record(msg: String, e: skein_core::Error) -> Self {
+        let newer = matches!(e, skein_core::Error::NewerFormat { .. });
+        Self {
+            msg: format!("{msg}: {e}"),
+            newer: newer.then_some(e),
+        }
+    }
+
+    /// The error of a record of a newer format, which is no damage (another worker
+    /// reads it); none for any other.
+    pub fn into_newer(self) -> std::result::Result<skein_core::Error, Self> {
+        match self.newer {
+            Some(e) => Ok(e),
+            None => Err(self),
+        }
+    }
+}
 
 /// Whether `payload` is a message of several records.
 fn is_frame(payload: &[u8]) -> bool {
@@ -56,20 +84,20 @@ pub fn decode(payload: &[u8]) -> Result<Vec<Record>, FrameError> {
     if !is_frame(payload) {
         return Record::decode(payload.to_vec())
             .map(|r| vec![r])
-            .map_err(|e| FrameError(format!("a record that does not decode: {e}")));
+            .map_err(|e| FrameError::record("a record that does not decode".into(), e));
     }
     let mut rest = payload;
     let n = rmp::decode::read_array_len(&mut rest)
-        .map_err(|e| FrameError(format!("a message of records without its length: {e}")))?;
+        .map_err(|e| FrameError::new(format!("a message of records without its length: {e}")))?;
     if n < 2 {
-        return Err(FrameError(format!(
+        return Err(FrameError::new(format!(
             "a message of {n} records in an array (one record is sent as it is)"
         )));
     }
     // Each element takes at least two bytes: a count the payload cannot hold is damage,
     // and is not allocated for.
     if n as usize > rest.len() / 2 {
-        return Err(FrameError(format!(
+        return Err(FrameError::new(format!(
             "a message of {n} records in {} bytes",
             payload.len()
         )));
@@ -77,13 +105,13 @@ pub fn decode(payload: &[u8]) -> Result<Vec<Record>, FrameError> {
     let mut out: Vec<Record> = Vec::with_capacity(n as usize);
     for i in 0..n {
         let len = rmp::decode::read_bin_len(&mut rest).map_err(|e| {
-            FrameError(format!(
+            FrameError::new(format!(
                 "record {} of {n} in a message is not bytes: {e}",
                 i + 1
             ))
         })? as usize;
         if len > rest.len() {
-            return Err(FrameError(format!(
+            return Err(FrameError::new(format!(
                 "record {} of {n} in a message is cut short ({len} bytes named, {} there)",
                 i + 1,
                 rest.len()
@@ -92,10 +120,10 @@ pub fn decode(payload: &[u8]) -> Result<Vec<Record>, FrameError> {
         let (bytes, after) = rest.split_at(len);
         rest = after;
         let r = Record::decode(bytes.to_vec())
-            .map_err(|e| FrameError(format!("record {} of {n} in a message: {e}", i + 1)))?;
+            .map_err(|e| FrameError::record(format!("record {} of {n} in a message", i + 1), e))?;
         if let Some(prev) = out.last() {
             if !follows(&prev.env.session, prev.env.seq, &r) {
-                return Err(FrameError(format!(
+                return Err(FrameError::new(format!(
                     "record {} of {n} in a message is {}#{}, not the record after {}#{}",
                     i + 1,
                     r.env.session,
@@ -108,7 +136,7 @@ pub fn decode(payload: &[u8]) -> Result<Vec<Record>, FrameError> {
         out.push(r);
     }
     if !rest.is_empty() {
-        return Err(FrameError(format!(
+        return Err(FrameError::new(format!(
             "{} bytes after the last of {n} records in a message",
             rest.len()
         )));

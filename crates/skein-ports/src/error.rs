@@ -52,6 +52,10 @@ pub enum Error {
     /// and its job goes back to the queue for another worker.
     #[error("interrupted: {0}")]
     Interrupted(String),
+    /// This worker lacks what the work needs (an agent, a model provider) and another
+    /// live worker has it: the work is handed back for that one, nothing was recorded.
+    #[error("handed back: {0}")]
+    Lacking(String),
     /// A request that cannot be accepted; `reason` tells whoever asked why.
     #[error("{reason}")]
     Refused { kind: RefusalKind, reason: String },

@@ -41,6 +41,10 @@ pub struct SessionRow {
     /// covered: why it hit.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hits: Vec<HitRow>,
+    /// The definitions version the session runs on (its tree's, pinned at submission);
+    /// none: the worker's own files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defs: Option<String>,
 }
 
 /// A delegation (or a root) answered from the cache.
@@ -123,6 +127,7 @@ pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionR
             .and_then(|p| skein_core::state::split_call(&p.call))
             .map(|(name, _)| name.to_string()),
         hits,
+        defs: sub.and_then(|s| s.defs.clone()),
     }
 }
 
@@ -192,6 +197,9 @@ pub struct TreeSummary {
     pub usage: Usage,
     pub saved: Usage,
     pub wall_ms: u64,
+    /// The definitions version the tree is pinned to (its root's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub defs: Option<String>,
 }
 
 pub fn summarize(rows: &[SessionRow]) -> TreeSummary {
@@ -208,6 +216,7 @@ pub fn summarize(rows: &[SessionRow]) -> TreeSummary {
     }
     if let Some(root) = rows.first() {
         s.wall_ms = root.wall_ms;
+        s.defs = root.defs.clone();
     }
     s
 }

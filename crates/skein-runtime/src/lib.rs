@@ -11,6 +11,7 @@ pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod control;
+pub mod defs;
 pub mod error;
 pub mod hitl;
 pub mod inspect;

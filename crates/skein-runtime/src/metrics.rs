@@ -12,6 +12,7 @@ pub const JOBS_CLAIMED: &str = "skein_jobs_claimed_total";
 pub const JOBS_ACKED: &str = "skein_jobs_acked_total";
 pub const JOBS_REDELIVERED: &str = "skein_jobs_redelivered_total";
 pub const JOBS_HANDED_BACK: &str = "skein_jobs_handed_back_total";
+pub const JOBS_LACKING: &str = "skein_jobs_lacking_total";
 pub const JOBS_DEAD_LETTERED: &str = "skein_jobs_dead_lettered_total";
 pub const STEP_DURATION: &str = "skein_step_duration_seconds";
 pub const MODEL_CALL_DURATION: &str = "skein_model_call_duration_seconds";
@@ -42,6 +43,11 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         JOBS_HANDED_BACK,
         "Jobs handed back to the queue (nak), by pool and reason.",
+    ),
+    (
+        JOBS_LACKING,
+        "Jobs and submissions this worker handed back because it lacks what they need \
+         (an agent, a model provider), by what it lacks.",
     ),
     (
         JOBS_DEAD_LETTERED,
@@ -106,6 +112,11 @@ pub fn job_acked(pool: &str) {
 pub fn job_handed_back(pool: &str, reason: &'static str) {
     metrics::counter!(JOBS_HANDED_BACK, "pool" => pool.to_string(), "reason" => reason)
         .increment(1);
+}
+
+/// A job or submission handed back because this worker lacks `need`.
+pub fn job_lacking(need: &str) {
+    metrics::counter!(JOBS_LACKING, "need" => need.to_string()).increment(1);
 }
 
 pub fn job_dead_lettered(pool: &str) {

@@ -54,6 +54,16 @@ async fn def_cached(
     Ok(Some(d))
 }
 
+/// The agents of the pushed definitions version `digest`.
+async fn pinned_set(b: &Backend, digest: &str) -> Result<AgentSet> {
+    let bytes = b.blobs.get(digest).await?.ok_or_else(|| {
+        Error::NotFound(format!(
+            "definitions version {digest}, which the tree is pinned to, is not in the blob store"
+        ))
+    })?;
+    Ok(skein_core::Definitions::decode(&bytes)?.agent_set(&[])?)
+}
+
 /// Re-folds every log under `id` (the session and its descendants), checks each hash
 /// chain, and re-derives every decision with the recorded outputs.
 pub async fn verify_tree(
@@ -73,6 +83,20 @@ pub async fn verify_tree(
         }
         logs.push((s.clone(), records));
     }
+    // A tree pinned to a pushed version decided with that version's agents, whatever the
+    // caller's files say now.
+    let pinned = match logs
+        .first()
+        .and_then(|(_, r)| r.first())
+        .map(|r| &r.env.body)
+    {
+        Some(Event::Submitted(s)) => match &s.defs {
+            Some(d) => Some(pinned_set(b, d).await?),
+            None => None,
+        },
+        _ => None,
+    };
+    let current = pinned.as_ref().unwrap_or(current);
     let catalog = RecordedCatalog { recorded, current };
     let mut out = vec![];
     for (s, records) in logs {
@@ -126,6 +150,27 @@ pub struct ForkSpec {
     /// A whole new agent definition text.
     pub agent_text: Option<String>,
     pub id: Option<String>,
+    /// Run on the definitions version current now (its definition of the agent, under
+    /// `model` and `agent_text` when given) rather than on the source's pinned one.
+    pub current: bool,
+}
+
+/// The current version's definition of `agent`, for a fork that moves to it.
+fn current_def(rt: &Runtime, agent: &str) -> Result<AgentDef> {
+    let v = rt.current_version();
+    v.agents.get(agent).cloned().ok_or_else(|| {
+        Error::refused(
+            crate::RefusalKind::UnknownAgent,
+            format!(
+                "the current definitions{} have no agent `{agent}`: fork without --current, \
+                 or push definitions that define it",
+                v.digest
+                    .as_deref()
+                    .map(|d| format!(" ({})", skein_core::definitions::short(d)))
+                    .unwrap_or_default()
+            ),
+        )
+    })
 }
 
 /// Starts a new root session whose log is the prefix `1..=at` of `source` (re-chained
@@ -189,6 +234,12 @@ pub async fn fork(
             }
             Some(t.clone())
         }
+        (None, Some(m)) if spec.current => {
+            let mut d = current_def(rt, &sub.agent)?;
+            d.front.model = m.clone();
+            Some(AgentDef::render(&d.front, &d.prompt)?)
+        }
+        (None, None) if spec.current => Some(current_def(rt, &sub.agent)?.text),
         (None, Some(m)) => {
             let old = b.def_text(&sub.def_digest).await?;
             let mut d = AgentDef::parse("stored definition", &old)?;
@@ -200,6 +251,9 @@ pub async fn fork(
     if let Some(t) = text {
         AgentDef::parse("fork definition", &t)?;
         sub.def_digest = b.blobs.put(t.as_bytes()).await?;
+    }
+    if spec.current {
+        sub.defs = rt.current_version().digest.clone();
     }
     let id = match &spec.id {
         Some(t) => SessionId::root(t).map_err(|e| Error::invalid(format!("id: {e}")))?,

@@ -93,10 +93,17 @@ pub struct TextDelta {
 
 pub struct Runtime {
     pub backend: Backend,
+    /// The worker's own agent files (what a tree pinned to no pushed version runs on).
     pub agents: Arc<AgentSet>,
     pub models: Registry,
     pub tools: ToolBox,
     pub cfg: RuntimeConfig,
+    /// The versions of definitions in force (see [`crate::defs`]).
+    pub(crate) defs: crate::defs::Catalogue,
+    /// Other workers, and what this one handed back to them (see [`crate::defs::Peers`]).
+    pub(crate) lacks: crate::defs::Lacks,
+    /// The record format this worker writes (see [`Runtime::set_write_format`]).
+    pub(crate) write_format: std::sync::atomic::AtomicU16,
     /// The secrets (provider keys, the token secret) no recorded event may hold.
     pub(crate) scrubber: crate::scrub::Scrubber,
     /// Shared by the work loops: claim health, the drain switch, held jobs.
@@ -117,7 +124,8 @@ pub struct Runtime {
     pub(crate) rechecks: Arc<std::sync::Mutex<std::collections::HashSet<SessionId>>>,
 }
 
-/// See [`Runtime::shape_memo`]. The agent set and the limits of a runtime never change.
+/// See [`Runtime::shape_memo`]. The limits of a runtime never change, nor does a version
+/// of its definitions: what each agent may start is kept per version and agent.
 #[derive(Default)]
 pub(crate) struct ShapeMemo {
     pub(crate) limits: std::sync::OnceLock<String>,
@@ -185,6 +193,9 @@ impl Runtime {
         Arc::new(Self {
             scrubber: crate::scrub::Scrubber::new(secrets),
             backend,
+            defs: crate::defs::Catalogue::new(agents.clone(), models.clone()),
+            lacks: Default::default(),
+            write_format: skein_core::event::ENVELOPE_VERSION.into(),
             agents,
             models,
             tools,
@@ -209,6 +220,24 @@ impl Runtime {
     /// (see [`TextDelta`]).
     pub fn subscribe_text(&self) -> broadcast::Receiver<TextDelta> {
         self.text.subscribe()
+    }
+
+    /// The record format this worker writes: the first one, until it is told that every
+    /// live worker reads a newer one.
+    pub fn write_format(&self) -> u16 {
+        self.write_format.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Writes format `v` from now on (never one this process does not read itself): the
+    /// newest format every live worker reads. Returns whether it changed.
+    pub fn set_write_format(&self, v: u16) -> bool {
+        let v = v.clamp(
+            skein_core::event::ENVELOPE_VERSION,
+            skein_core::event::read_format(),
+        );
+        self.write_format
+            .swap(v, std::sync::atomic::Ordering::Relaxed)
+            != v
     }
 
     /// Every pool the catalogue's agents use.

@@ -167,7 +167,8 @@ impl Runtime {
     }
 
     pub(crate) fn seal(&self, f: &Folded, seq: u64, prev: String, body: Event) -> Result<Record> {
-        let env = Envelope::new(f.id.clone(), seq, self.cfg.clock.now_ms(), prev, body);
+        let mut env = Envelope::new(f.id.clone(), seq, self.cfg.clock.now_ms(), prev, body);
+        env.v = self.write_format();
         let bytes = env.encode()?;
         Ok(Record { env, bytes })
     }

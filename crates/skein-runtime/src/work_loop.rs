@@ -48,6 +48,9 @@ pub const STALL_REPORT: Duration = Duration::from_secs(10);
 /// After backend trouble, when the open trees are swept (see
 /// [`Runtime::sweep_open_trees`]): soon, and once more later, for a replica that is reset
 /// when it rejoins.
+/// How long a job handed back for want of an agent or provider waits before it is
+/// delivered again (to any worker of its pool).
+const LACKING_DELAY: Duration = Duration::from_millis(500);
 const SWEEP_SOON: Duration = Duration::from_secs(5);
 const SWEEP_LATER: Duration = Duration::from_secs(45);
 
@@ -449,6 +452,31 @@ impl Runtime {
                 tokio::time::sleep(crate::ports::CLAIM_WAIT + Duration::from_millis(250)).await;
                 match self.backend.jobs.retry(&job, Duration::ZERO).await {
                     Ok(()) => crate::metrics::job_handed_back(&job.pool, "draining"),
+                    Err(e) => {
+                        tracing::warn!(session = %job.session, error = %e.report(), "retry failed")
+                    }
+                }
+            }
+            // A record of a later release's format: a worker that reads it takes the job.
+            Err(crate::Error::Core(e @ skein_core::Error::NewerFormat { .. })) => {
+                tracing::warn!(session = %job.session, attempt = job.attempt, error = %e,
+                    "job handed back: its log holds a record this worker cannot read");
+                if let skein_core::Error::NewerFormat { found, .. } = e {
+                    crate::metrics::job_lacking(&format!("format:{found}"));
+                }
+                match self.backend.jobs.retry(&job, LACKING_DELAY).await {
+                    Ok(()) => crate::metrics::job_handed_back(&job.pool, "newer_format"),
+                    Err(e) => {
+                        tracing::warn!(session = %job.session, error = %e.report(), "retry failed")
+                    }
+                }
+            }
+            // Another worker has what this one lacks: the job goes to it, soon.
+            Err(crate::Error::Lacking(why)) => {
+                tracing::info!(session = %job.session, attempt = job.attempt, why = %why,
+                    "job handed back");
+                match self.backend.jobs.retry(&job, LACKING_DELAY).await {
+                    Ok(()) => crate::metrics::job_handed_back(&job.pool, "lacking"),
                     Err(e) => {
                         tracing::warn!(session = %job.session, error = %e.report(), "retry failed")
                     }

@@ -109,6 +109,76 @@ pub(crate) async fn terminated() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// Keeps the worker's current definitions version the cluster's: watches the pointer and
+/// reads each version it names. A version that cannot be read yet leaves the one in force
+/// and is tried again; a watch that ends is started again.
+async fn follow_definitions(
+    rt: std::sync::Arc<skein_runtime::worker::Runtime>,
+    store: std::sync::Arc<skein_nats::NatsStore>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use skein_core::definitions::short;
+    let mut failures = 0u32;
+    while !*stop.borrow() {
+        let watched = store.defs_watch().await;
+        let mut changes = match watched {
+            Ok(w) => Box::pin(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch the current definitions; trying again");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = stop.changed() => return,
+                }
+            }
+        };
+        loop {
+            let next = tokio::select! {
+                n = changes.next() => n,
+                _ = stop.changed() => return,
+            };
+            let digest = match next {
+                Some(Ok(d)) => d,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "watching the current definitions failed");
+                    break;
+                }
+                None => break,
+            };
+            let now = rt.current_version().digest.clone();
+            if now == digest {
+                continue;
+            }
+            match rt.set_current_version(digest.as_deref()).await {
+                Ok(v) => {
+                    failures = 0;
+                    tracing::info!(
+                        defs = digest.as_deref().map(short).unwrap_or("local files"),
+                        agents = v.agents.agents.len(),
+                        "definitions version current; new trees run on it"
+                    );
+                }
+                Err(e) => {
+                    // Watched again in a moment, which reads the pointer as it is then
+                    // (a later push is not missed while this one cannot be read).
+                    failures += 1;
+                    if failures.is_multiple_of(10) {
+                        tracing::error!(defs = ?digest, error = %e.report(),
+                            "cannot use the current definitions; new trees keep the version in force");
+                    } else {
+                        tracing::warn!(defs = ?digest, error = %e.report(),
+                            "cannot use the current definitions yet; trying again");
+                    }
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
 pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
     need_nats(app)?;
     // Installed first, so that everything the worker does is counted.
@@ -118,6 +188,21 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         .transpose()?;
     let store = app.nats_patient().await?;
     let rt = app.runtime(store.backend())?;
+    // The cluster's current definitions, before any submission is taken: a tree is
+    // pinned to the version current when it is submitted.
+    if let Some(c) = store.defs_current().await? {
+        let v = rt
+            .set_current_version(Some(&c.digest))
+            .await
+            .with_context(|| {
+                format!("cannot use the cluster's current definitions {}", c.digest)
+            })?;
+        crate::errln!(
+            "definitions {} ({} agents)",
+            skein_core::definitions::short(&c.digest),
+            v.agents.agents.len()
+        );
+    }
     let pools = if !a.pools.is_empty() {
         a.pools.clone()
     } else if !app.cfg.runtime.pools.is_empty() {
@@ -126,7 +211,32 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         rt.pools()
     };
     let conc = a.concurrency.unwrap_or(app.cfg.runtime.concurrency);
+    // What this worker has and reads, for the others; and theirs, so that work this one
+    // cannot do goes to one that can. Advertised before any job is taken.
+    if let Err(e) = store
+        .advertise(&skein_nats_worker::peers::info(&rt, &pools))
+        .await
+    {
+        tracing::warn!(error = %e.report(), "cannot advertise the worker yet");
+    }
+    let peers = std::sync::Arc::new(skein_nats_worker::peers::NatsPeers::new(
+        store.clone(),
+        rt.cfg.worker_id.clone(),
+    ));
+    rt.set_peers(peers.clone());
     let (stop, loops) = rt.spawn_workers(pools.clone(), conc);
+    tokio::spawn(skein_nats_worker::peers::advertise(
+        rt.clone(),
+        store.clone(),
+        pools.clone(),
+        stop.subscribe(),
+    ));
+    // Pushes and rollbacks take effect here without a restart.
+    tokio::spawn(follow_definitions(
+        rt.clone(),
+        store.clone(),
+        stop.subscribe(),
+    ));
     // Tasks that must run as long as the worker does: the work loops, intake, the API.
     // One that ends before a stop was asked for (a panic, say) leaves the worker half
     // alive, so the worker exits non-zero and its supervisor starts it again.
@@ -214,6 +324,12 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
     );
     rt.start_draining();
     let _ = stop.send(true);
+    // The others stop counting on this worker at once (its record format, its agents).
+    let mut gone = skein_nats_worker::peers::info(&rt, &pools);
+    gone.stopped = true;
+    if let Err(e) = store.advertise(&gone).await {
+        tracing::warn!(error = %e.report(), "cannot tell the others this worker stops");
+    }
     let drained = tokio::select! {
         r = tokio::time::timeout(a.drain_timeout, futures::future::join_all(running.into_inner())) => r.is_ok(),
         // A second signal: stop now.

@@ -46,6 +46,11 @@ pub struct ForkArgs {
     /// Id of the new root session.
     #[arg(long)]
     pub new_id: Option<String>,
+    /// Run the fork on the definitions current now (on a cluster, the version last
+    /// pushed or rolled back to; on one machine, the agent files) rather than on the
+    /// version its source is pinned to.
+    #[arg(long)]
+    pub current: bool,
     /// Only create the fork; do not run it.
     #[arg(long)]
     pub no_run: bool,
@@ -275,6 +280,12 @@ fn print_state(s: &skein_core::SessionState, at: u64, full: bool) -> std::io::Re
 pub async fn fork_cmd(app: &App, a: ForkArgs) -> Result<ExitCode> {
     let (store, backend) = app.backend().await?;
     let rt = app.runtime(backend)?;
+    if a.current && app.global.nats.is_some() {
+        let cluster = app.nats().await?;
+        if let Some(c) = cluster.defs_current().await? {
+            rt.set_current_version(Some(&c.digest)).await?;
+        }
+    }
     let agent_text = match &a.agent_file {
         Some(p) => Some(crate::app::read_agent_file(p)?),
         None => None,
@@ -288,6 +299,7 @@ pub async fn fork_cmd(app: &App, a: ForkArgs) -> Result<ExitCode> {
             model: a.model.clone(),
             agent_text,
             id: a.new_id.clone(),
+            current: a.current,
         },
     )
     .await?;

@@ -506,7 +506,7 @@ impl AgentDef {
 
     /// The agents a session of this one may start: sub-agents, handoff, advisors, router
     /// destinations, team members and supervisor.
-    fn starts(&self) -> Vec<&str> {
+    pub fn starts(&self) -> Vec<&str> {
         let f = &self.front;
         let mut out: Vec<&str> = f.agents.iter().map(String::as_str).collect();
         out.extend(f.handoff.iter().map(String::as_str));

@@ -21,8 +21,30 @@ pub use pattern::{
 
 pub use record::{genesis_hash, record_hash, verify_chain, ChainBreak, Envelope, Record};
 
-/// Envelope format version written by this build.
+/// The first record format (the envelope's `v`): what a record is written in unless
+/// every live worker of a cluster reads a newer one.
 pub const ENVELOPE_VERSION: u16 = 1;
+
+/// The newest record format this build reads; it reads every older one too. A build may
+/// write a format only when every worker that could read the record reads it (see
+/// docs/operations.md, "Changing a running cluster").
+pub const READ_FORMAT: u16 = 1;
+
+/// The newest record format this process reads: [`READ_FORMAT`], or one more in a
+/// process told to act as the next release (see [`act_as_next_format`]).
+pub fn read_format() -> u16 {
+    NEXT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(READ_FORMAT);
+
+/// Makes this process read (and, where every live worker reads it, write) the format
+/// after [`READ_FORMAT`], as the next release will: how the rolling-upgrade suites run
+/// two releases side by side with one binary. Set once, at start, by the binary when
+/// `SKEIN_TEST_NEXT_FORMAT` is set; never in production.
+pub fn act_as_next_format() {
+    NEXT.store(READ_FORMAT + 1, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// The tool call (within the session's log) that a delegation answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,6 +135,12 @@ pub struct Submitted {
     /// This session's seat in a team, when it is a member or the supervisor of one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<Box<TeamSeat>>,
+    /// The version of the cluster's definitions (the digest of a
+    /// [`crate::Definitions`]) the tree was pinned to when its root was submitted: every
+    /// session of the tree runs on it. None: the worker's own files (embedded use, or a
+    /// cluster to which no definitions were pushed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defs: Option<String>,
 }
 
 /// Tasks of a parent's plan handed to a child with its delegation.

@@ -119,6 +119,20 @@ impl Envelope {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let env = Self::decode_any(bytes)?;
+        let reads = super::read_format();
+        if env.v > reads {
+            return Err(Error::NewerFormat {
+                session: env.session.to_string(),
+                seq: env.seq,
+                found: env.v,
+                reads,
+            });
+        }
+        Ok(env)
+    }
+
+    fn decode_any(bytes: &[u8]) -> Result<Self> {
         if let Ok(e) = rmp_serde::from_slice::<EnvelopeKnown>(bytes) {
             return Ok(Self {
                 v: e.v,

@@ -47,7 +47,7 @@ impl NatsStore {
             Ok(m) => {
                 let what = || format!("last record of {}", events_subject(s));
                 let r = frame::decode(&m.payload)
-                    .map_err(|e| Error::corrupt(what(), e))?
+                    .map_err(|e| undecodable(what(), e))?
                     .pop()
                     .ok_or_else(|| Error::corrupt_because(what()))?;
                 Ok(Some((r, m.sequence)))
@@ -414,7 +414,7 @@ impl EventLog for NatsStore {
         let n = messages.len();
         for (i, (sseq, payload)) in messages.into_iter().enumerate() {
             let records = frame::decode(&payload)
-                .map_err(|e| Error::corrupt(format!("record of {session}"), e))?;
+                .map_err(|e| undecodable(format!("record of {session}"), e))?;
             if i + 1 == n {
                 last = records.last().map(|r| (r.env.seq, sseq, tag(&r.hash())));
             }
@@ -466,6 +466,15 @@ impl EventLog for NatsStore {
         }
         out.sort();
         Ok(out)
+    }
+}
+
+/// A message that does not read as records: damage, unless its records are of a format
+/// newer than this process reads (a worker of a later release wrote them).
+fn undecodable(what: String, e: frame::FrameError) -> Error {
+    match e.into_newer() {
+        Ok(newer) => Error::Core(newer),
+        Err(e) => Error::corrupt(what, e),
     }
 }
 

@@ -9,6 +9,8 @@
 //! | `jobs.rs` | JobQueue (and the wake markers of job coalescing) |
 //! | `cache.rs` | Cache and single-flight claims |
 //! | `blobs.rs` | Blobs |
+//! | `defs.rs` | pushed versions of the definitions, and the current one (KV `skein_defs`) |
+//! | `workers.rs` | live workers and what they have and read (KV `skein_workers`) |
 //! | `notices.rs` | Notices |
 //! | `results.rs` | Announcer, and reading a tree's last result |
 //! | `workspace.rs` | Workspaces: `ObjectWorkspace` |
@@ -22,12 +24,15 @@
 //! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
 //! | Announcer | stream `SKEIN_RESULTS`, subject `skein.ended.<root>`, republished by the stream on `skein.results.<root>`: each ending once |
 //! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
+//! | (definitions) | versions as blobs of `skein_blobs`; KV `skein_defs`: `version.<digest>`, `current` |
+//! | (live workers) | KV `skein_workers`, one entry per worker, aging out |
 //!
 //! Job coalescing (at most one job per session, no wake-up lost) is told in `jobs.rs`.
 
 mod blobs;
 mod cache;
 mod connection;
+mod defs;
 mod feed;
 mod jobs;
 mod log;
@@ -36,6 +41,7 @@ mod read;
 mod results;
 mod room;
 mod topology;
+mod workers;
 mod workspace;
 
 use std::collections::HashMap;
@@ -49,8 +55,10 @@ use skein_ports::ports::Capabilities;
 use skein_ports::{Backend, Error, Result};
 
 pub use connection::{connect_client, connect_options};
+pub use defs::{Current, Move, VersionInfo, DEFS_BUCKET};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
 pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES};
+pub use workers::{WorkerInfo, WORKERS_BUCKET, WORKER_TTL_SECS};
 pub use workspace::{clean_path, ObjectWorkspace};
 
 use crate::config::{duration, NatsConfig, StorageType};
@@ -130,6 +138,10 @@ pub struct NatsStore {
     cache: kv::Store,
     inflight: kv::Store,
     wake: kv::Store,
+    /// KV `skein_defs` (see `defs.rs`).
+    defs: kv::Store,
+    /// KV `skein_workers` (see `workers.rs`).
+    workers: kv::Store,
     /// KV `skein_waiting` (see `room.rs`), made on first use.
     waiting: tokio::sync::OnceCell<kv::Store>,
     blobs: object_store::ObjectStore,
@@ -209,6 +221,8 @@ impl NatsStore {
             cache: k("skein_cache").await?,
             inflight: k("skein_inflight").await?,
             wake: k("skein_wake").await?,
+            defs: k(defs::DEFS_BUCKET).await?,
+            workers: k(workers::WORKERS_BUCKET).await?,
             waiting: tokio::sync::OnceCell::new(),
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,

@@ -106,6 +106,13 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         ("skein_cache", age(&cfg.cache_max_age)),
         ("skein_inflight", age(&cfg.inflight_max_age)),
         ("skein_wake", Duration::ZERO),
+        // Pushed definitions versions and the current one: kept for ever.
+        ("skein_defs", Duration::ZERO),
+        // Live workers: an entry not written again ages out.
+        (
+            "skein_workers",
+            Duration::from_secs(super::workers::WORKER_TTL_SECS),
+        ),
     ] {
         // The KV layout made by hand: the client's bucket creation asks for account
         // details that servers before 2.10 answer in a form it cannot read.

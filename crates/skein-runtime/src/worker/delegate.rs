@@ -26,6 +26,8 @@ impl Runtime {
         let Some(parent_sub) = f.state.submitted.clone() else {
             return Err(Error::NotFound(format!("{} has no Submitted event", f.id)));
         };
+        // Children run on their tree's version, whatever is current now.
+        let version = self.version_of(&f.state).await?;
         let mut parent_events = Vec::with_capacity(ds.len());
         let mut creations = vec![];
         let mut jobs = vec![];
@@ -42,7 +44,7 @@ impl Runtime {
             }
             let child_def: Arc<AgentDef> = match &d.custom {
                 Some(c) => Arc::new(AgentDef::custom(def, &c.system_prompt, &c.tools)?),
-                None => match self.agents.get(&d.agent) {
+                None => match version.agents.get(&d.agent) {
                     Some(x) => Arc::new(x.clone()),
                     None => {
                         parent_events.push(Event::tool_error(
@@ -54,7 +56,7 @@ impl Runtime {
                 },
             };
             let def_digest = child_def.digest.clone();
-            let shape = self.run_shape(&child_def, &d);
+            let shape = self.run_shape(&version, &child_def, &d);
             let key = MissionKey {
                 def_digest: &def_digest,
                 model: &child_def.front.model,
@@ -71,7 +73,7 @@ impl Runtime {
             // A team's participant talks with its teammates: its answer depends on more
             // than its mission, so it is neither answered from the cache nor cached.
             let caching = !parent_sub.no_cache
-                && self.agents.caching(&child_def).cached
+                && version.agents.caching(&child_def).cached
                 && d.grant.is_none()
                 && d.team.is_none();
             // This call's own child, created by an earlier attempt of this step.
@@ -173,6 +175,7 @@ impl Runtime {
                 request: d.request.clone(),
                 allowed_tools: d.allowed_tools.clone(),
                 team: d.team.clone().map(Box::new),
+                defs: parent_sub.defs.clone(),
             };
             jobs.push((submitted.pool(), d.child.clone()));
             creations.push((d.child.clone(), child_def, submitted));
@@ -232,7 +235,12 @@ impl Runtime {
     }
 
     /// What shapes the run of a child besides its mission (see [`RunShape`]).
-    pub(crate) fn run_shape(&self, child_def: &AgentDef, d: &Delegation) -> RunShape {
+    pub(crate) fn run_shape(
+        &self,
+        version: &crate::defs::Version,
+        child_def: &AgentDef,
+        d: &Delegation,
+    ) -> RunShape {
         let mut extra = vec![];
         if d.grant.is_some() {
             extra.push(skein_core::RuntimeTool::ProposePatch.as_str());
@@ -241,6 +249,7 @@ impl Runtime {
             extra.push(skein_core::RuntimeTool::TeamBroadcast.as_str());
         }
         self.shape_of(
+            version,
             child_def,
             &d.agent,
             d.allowed_tools.as_deref(),
@@ -258,6 +267,7 @@ impl Runtime {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn shape_of(
         &self,
+        version: &crate::defs::Version,
         def: &AgentDef,
         agent: &str,
         narrowed: Option<&[String]>,
@@ -275,8 +285,9 @@ impl Runtime {
         tools.extend(extra.iter().map(|t| t.to_string()));
         let reachable = {
             let mut memo = crate::runtime::lock(&self.shape_memo.reachable);
-            memo.entry(agent.to_string())
-                .or_insert_with(|| Arc::new(self.agents.reachable(agent)))
+            let key = format!("{}/{agent}", version.digest.as_deref().unwrap_or_default());
+            memo.entry(key)
+                .or_insert_with(|| Arc::new(version.agents.reachable(agent)))
                 .clone()
         };
         let on_path: std::collections::BTreeSet<String> = ancestry
@@ -284,7 +295,7 @@ impl Runtime {
             .map(String::as_str)
             .chain(std::iter::once(agent))
             .filter(|a| reachable.contains(*a))
-            .filter(|a| !self.agents.get(a).is_some_and(|x| x.front.recursive))
+            .filter(|a| !version.agents.get(a).is_some_and(|x| x.front.recursive))
             .map(str::to_string)
             .collect();
         RunShape {

@@ -170,6 +170,34 @@ impl Runtime {
             tracing::warn!(session = %f.id, "job for a session without a log; dropped");
             return Ok(());
         }
+        // A worker that lacks what the session needs leaves it to one that has it; when
+        // no live worker has it, the session fails with the reason (after a few
+        // deliveries, for a worker that is starting).
+        if !f.state.status.is_terminal() && self.has_peers() {
+            if let Some(need) = self.lacks(&f.state).await? {
+                let defs = f.state.submitted.as_ref().and_then(|s| s.defs.clone());
+                let elsewhere = self.served_elsewhere(&need, defs.as_deref()).await;
+                if elsewhere || job.attempt < crate::defs::UNSERVED_DELIVERIES {
+                    self.handed_back_for(&need);
+                    return Err(crate::Error::Lacking(format!(
+                        "this worker lacks {need}{}",
+                        if elsewhere {
+                            "; another live worker has it"
+                        } else {
+                            "; no live worker has it yet"
+                        }
+                    )));
+                }
+                let error = format!(
+                    "no worker can serve this session: it needs {need}, which none of the \
+                     live workers has (delivered {} times)",
+                    job.attempt
+                );
+                let body = Event::dead_lettered(&error, f.state.usage_total(), f.state.steps);
+                self.append(f, body).await?;
+                crate::metrics::job_dead_lettered(&job.pool);
+            }
+        }
         // Dead-lettered only when the deliveries were many and the log stood still for as
         // long as they could have taken: deliveries that ran out during a leader election
         // (heartbeats that found no consumer leader) come quickly while the session still
@@ -180,12 +208,10 @@ impl Runtime {
         if !f.state.status.is_terminal() && job.attempt > self.cfg.max_deliver && stalled {
             // What the deliveries kept failing at, from the log: the step due next, and the
             // last model error when model calls failed.
-            let due = match self.def_for(&f.state).await {
-                Ok(def) => f
-                    .state
-                    .next(&def, &self.cfg.limits, &*self.agents)
-                    .describe(),
-                Err(e) => format!("none: its definition cannot be read ({e})"),
+            let due = match (self.def_for(&f.state).await, self.agents_of(&f.state).await) {
+                (Ok(def), Ok(agents)) => f.state.next(&def, &self.cfg.limits, &*agents).describe(),
+                (_, Err(e)) => format!("none: its definitions version cannot be read ({e})"),
+                (Err(e), _) => format!("none: its definition cannot be read ({e})"),
             };
             let mut error = format!(
                 "the job of this session was delivered {} times without \
@@ -223,7 +249,8 @@ impl Runtime {
                 return self.on_terminal(f).await;
             }
             let def = self.def_for(&f.state).await?;
-            let step = f.state.next(&def, &self.cfg.limits, &*self.agents);
+            let agents = self.agents_of(&f.state).await?;
+            let step = f.state.next(&def, &self.cfg.limits, &*agents);
             tracing::debug!(session = %f.id, step = step.name(), "step");
             let _timer = crate::metrics::StepTimer::start(step.name());
             match step {

@@ -94,6 +94,9 @@ impl Runtime {
         tool_names: &[String],
         job: &Job,
     ) -> Result<()> {
+        // The tree's version: its agents, and the models its scripts drive.
+        let version = self.version_of(&f.state).await?;
+        let (agents, models) = (&version.agents, &version.models);
         // A server's tools had whole (`SERVER__*`) are the tools of it this worker has.
         let (whole, named): (Vec<&String>, Vec<&String>) = tool_names
             .iter()
@@ -124,7 +127,7 @@ impl Runtime {
                                 && !c.shared
                                 && c.outcome == Some(skein_core::state::ChildOutcome::Completed)
                         })
-                        .filter(|c| self.agents.get(&c.agent).is_some_and(|d| d.front.chat))
+                        .filter(|c| agents.get(&c.agent).is_some_and(|d| d.front.chat))
                         .map(|c| c.child.display())
                         .collect::<std::collections::BTreeSet<_>>()
                         .into_iter()
@@ -174,7 +177,7 @@ impl Runtime {
             biased;
             _ = self.draining() => return Err(Error::Interrupted(format!(
                 "the call to {} was abandoned", request.model))),
-            r = self.with_heartbeat(job, self.models.complete_streaming(&request, &on_text)) => r,
+            r = self.with_heartbeat(job, models.complete_streaming(&request, &on_text)) => r,
         };
         let latency_ms = started.elapsed().as_millis() as u64;
         crate::metrics::model_call(
@@ -293,7 +296,7 @@ impl Runtime {
     fn after_turn(&self, f: &Folded, def: &AgentDef, answers: bool) -> Option<Then> {
         let st = &f.state;
         let reads = |r: &ToolRun| !r.resumed && self.is_read(def, &r.tool);
-        match st.next(def, &self.cfg.limits, &*self.agents) {
+        match st.next(def, &self.cfg.limits, &*self.version_known(st).agents) {
             Step::Complete { answer } if answers => Some(Then::End(Box::new(Event::completed(
                 answer,
                 st.usage_total(),

@@ -383,7 +383,8 @@ impl Runtime {
                 .iter()
                 .any(|slot| matches!(slot.state, SlotState::Delegated { .. }))
             && matches!(
-                f.state.next(def, &self.cfg.limits, &*self.agents),
+                f.state
+                    .next(def, &self.cfg.limits, &*self.version_known(&f.state).agents),
                 Step::CallModel { .. }
             );
         let how = if pipelined {

@@ -65,13 +65,16 @@ impl Runtime {
     /// Validates a submission, creates the root session and enqueues it. Submitting the
     /// same `id` again is a no-op that returns the id.
     pub async fn submit(&self, sub: Submission) -> Result<SessionId> {
-        let def = self.agents.get(&sub.agent).ok_or_else(|| {
+        // The tree is pinned to the version current now.
+        let version = self.current_version();
+        let def = version.agents.get(&sub.agent).ok_or_else(|| {
             Error::refused(
                 crate::RefusalKind::UnknownAgent,
                 format!(
                     "unknown agent `{}`; known agents: {}",
                     sub.agent,
-                    self.agents
+                    version
+                        .agents
                         .agents
                         .keys()
                         .cloned()
@@ -99,7 +102,7 @@ impl Runtime {
                 .or(self.cfg.limits.max_tokens),
             max_steps: sub.budget.and_then(|b| b.max_steps),
         };
-        let shape = self.shape_of(def, def.name(), None, &[], &[], 0, budget, None);
+        let shape = self.shape_of(&version, def, def.name(), None, &[], &[], 0, budget, None);
         let key = MissionKey {
             def_digest: &def_digest,
             model: &def.front.model,
@@ -134,10 +137,11 @@ impl Runtime {
             request: None,
             allowed_tools: None,
             team: None,
+            defs: version.digest.clone(),
         };
         let pool = submitted.pool();
         let hash = submitted.mission_hash.clone();
-        let cacheable = !submitted.no_cache && self.agents.caching(def).cached;
+        let cacheable = !submitted.no_cache && version.agents.caching(def).cached;
         let asked = submitted.clone();
         let Some(mut f) = self.create(&id, submitted).await? else {
             // The id is taken: the same submission again is a no-op; another is refused.

@@ -23,7 +23,7 @@ impl Runtime {
             && f.state.pauses.answers_received == 0
         {
             let def = self.def_for(&f.state).await?;
-            if self.agents.caching(&def).cached {
+            if self.agents_of(&f.state).await?.caching(&def).cached {
                 let ttl = match &def.front.cache {
                     Some(skein_core::agent::CacheSetting::Ttl { ttl }) => {
                         // Checked when the definition was parsed.

@@ -139,7 +139,8 @@ impl Runtime {
         let how = if !write_ahead
             && !refused
             && matches!(
-                f.state.next(def, &self.cfg.limits, &*self.agents),
+                f.state
+                    .next(def, &self.cfg.limits, &*self.version_known(&f.state).agents),
                 Step::CallModel { .. }
             ) {
             Written::Pipelined

@@ -238,6 +238,7 @@ pub(super) async fn fork_session(
             model: f.model.filter(|m| !m.is_empty()),
             agent_text: None,
             id: f.new_id.filter(|i| !i.is_empty()),
+            current: false,
         },
     )
     .await?;
