@@ -52,6 +52,7 @@ pub mod config;
 pub mod http;
 pub mod json_tool;
 pub mod openai;
+pub mod ratelimit;
 pub mod scripted;
 pub mod stream;
 

@@ -31,6 +31,7 @@ mod connection;
 mod jobs;
 mod log;
 mod notices;
+mod quota;
 mod read;
 mod results;
 mod room;
@@ -131,6 +132,8 @@ pub struct NatsStore {
     wake: kv::Store,
     /// KV `skein_waiting` (see `room.rs`), made on first use.
     waiting: tokio::sync::OnceCell<kv::Store>,
+    /// KV `skein_quota` (see `quota.rs`), made on first use.
+    quota: tokio::sync::OnceCell<kv::Store>,
     blobs: object_store::ObjectStore,
     /// The stream under `blobs`, for reads that need no consumer.
     blobs_stream: stream::Stream,
@@ -205,6 +208,7 @@ impl NatsStore {
             inflight: k("skein_inflight").await?,
             wake: k("skein_wake").await?,
             waiting: tokio::sync::OnceCell::new(),
+            quota: tokio::sync::OnceCell::new(),
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
             blobs_known: blobs::Known::default(),
@@ -234,6 +238,7 @@ impl NatsStore {
             notices: d.clone(),
             workspaces: self.clone(),
             announcer: Some(d),
+            quota: Some(self.clone()),
             // Notices are messages of `SKEIN_NOTICES`, acked by the server before the
             // wake-up is pushed: a worker's crash loses none. A worker's claims take the
             // next job of its pool, whatever its session.
