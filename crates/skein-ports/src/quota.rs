@@ -162,7 +162,6 @@ pub struct Waiter {
     pub since: u64,
     /// When it was told to ask again.
     pub due: u64,
-    pub reason: String,
 }
 
 /// The state of one key: when each rate is free next, what was learned, the permits out,
@@ -194,6 +193,10 @@ pub struct Bucket {
     pub served: BTreeMap<String, u64>,
     #[serde(default)]
     pub serial: u64,
+    /// Why the last waiter was told to wait (one for all: the entry is read and written
+    /// at every call, so it is kept small).
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// Milliseconds a call of `amount` takes out of a rate of `per_minute`.
@@ -357,7 +360,6 @@ impl Bucket {
                 priority: ask.priority,
                 since,
                 due: now,
-                reason: String::new(),
             },
         );
         let order = self.order();
@@ -407,8 +409,8 @@ impl Bucket {
         let reason = format!("waiting for quota of {}: {reason}", ask.key);
         if let Some(w) = self.waiters.get_mut(&ask.session) {
             w.due = until;
-            w.reason = reason.clone();
         }
+        self.reason.clone_from(&reason);
         Decision::Wait {
             until_ms: until,
             reason,
@@ -471,7 +473,7 @@ impl Bucket {
                 root: w.root.clone(),
                 since_ms: w.since,
                 due_ms: w.due,
-                reason: w.reason.clone(),
+                reason: self.reason.clone(),
             })
             .collect()
     }

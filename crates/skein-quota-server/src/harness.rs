@@ -224,6 +224,8 @@ pub struct Figures {
     /// Both trees' requests ÷ the rate, in ms: the least time they can take.
     pub floor_ms: f64,
     pub small_first: bool,
+    /// The most sessions the quota listed as waiting at once (sampled while polling).
+    pub most_waiting: usize,
     pub wide: Status,
     pub small: Status,
 }
@@ -256,7 +258,16 @@ pub async fn wide_then_small(
     let s = fleet.submit(small, &format!("small {tag}")).await?;
     let (mut wide_at, mut small_at) = (None, None);
     let (mut wide_status, mut small_status) = (Status::Running, Status::Running);
+    let mut most_waiting = 0;
+    let mut polls = 0u64;
     while (wide_at.is_none() || small_at.is_none()) && Instant::now() < deadline {
+        polls += 1;
+        // The queue, now and then (a listing reads the whole quota bucket).
+        if polls % 10 == 1 {
+            if let Some(q) = fleet.runtimes[0].quota() {
+                most_waiting = most_waiting.max(q.waiting().await.map_or(0, |w| w.len()));
+            }
+        }
         if wide_at.is_none() {
             wide_status = fleet.status(&w).await?;
             if wide_status.is_terminal() {
@@ -286,6 +297,7 @@ pub async fn wide_then_small(
             (Some(_), None) => true,
             _ => false,
         },
+        most_waiting,
         wide: wide_status,
         small: small_status,
     })

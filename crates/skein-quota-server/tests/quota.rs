@@ -42,6 +42,8 @@ async fn run(store: Store, declared: bool, tag: &str) -> Figures {
         f.small_first,
         "the small tree waited behind the wide one: {f:?}"
     );
+    // The parts queued for the quota (listed, as `skein tree` and the UI show them).
+    assert!(f.most_waiting > 0, "{f:?}");
     f
 }
 

@@ -19,6 +19,12 @@ use skein_ports::quota::{Decision, Learned, Permit, Quota, QuotaAsk, QuotaLimits
 use crate::runtime::{lock, Runtime};
 use crate::Result;
 
+/// A wait this short is waited in place, with the job held.
+const SHORT_WAIT_MS: u64 = 50;
+/// A session's job comes back this much before its turn, so that claiming it again and
+/// reading its log do not make the call late (it waits the rest in place).
+const COME_BACK_EARLY_MS: u64 = 25;
+
 /// A permit held for one call, with what its release needs.
 pub(crate) struct Held {
     pub(crate) quota: Arc<dyn Quota>,
@@ -87,7 +93,21 @@ impl Runtime {
             priority: 0,
             input_tokens: skein_llm::estimate_usage(request, &Default::default()).input_tokens,
         };
-        match quota.acquire(&ask, &limits).await? {
+        // A turn that comes within moments is waited for here: handing the job back
+        // and claiming it again takes about as long, and a late call loses its slot.
+        let mut decision = quota.acquire(&ask, &limits).await?;
+        for _ in 0..4 {
+            let Decision::Wait { until_ms, .. } = &decision else {
+                break;
+            };
+            let left = until_ms.saturating_sub(self.cfg.clock.now_ms());
+            if left > SHORT_WAIT_MS {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(left)).await;
+            decision = quota.acquire(&ask, &limits).await?;
+        }
+        match decision {
             Decision::Go(permit) => {
                 crate::metrics::quota_granted(&key, permit.waited_ms, permit.queue);
                 if lock(&self.quota_waits).remove(id.as_str()).is_some() {
@@ -178,7 +198,11 @@ impl Runtime {
         let waits = lock(&self.quota_waits);
         let w = waits.get(session.as_str())?;
         let now = self.cfg.clock.now_ms();
-        Some(Duration::from_millis(w.due_ms.saturating_sub(now)))
+        Some(Duration::from_millis(
+            w.due_ms
+                .saturating_sub(now)
+                .saturating_sub(COME_BACK_EARLY_MS),
+        ))
     }
 
     /// Whether this job's step was told to wait for quota (the drive stops there).

@@ -134,6 +134,8 @@ pub struct NatsStore {
     waiting: tokio::sync::OnceCell<kv::Store>,
     /// KV `skein_quota` (see `quota.rs`), made on first use.
     quota: tokio::sync::OnceCell<kv::Store>,
+    /// Per quota key, the turn of this process's asks (see `quota.rs`).
+    quota_turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     blobs: object_store::ObjectStore,
     /// The stream under `blobs`, for reads that need no consumer.
     blobs_stream: stream::Stream,
@@ -209,6 +211,7 @@ impl NatsStore {
             wake: k("skein_wake").await?,
             waiting: tokio::sync::OnceCell::new(),
             quota: tokio::sync::OnceCell::new(),
+            quota_turns: Mutex::default(),
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
             blobs_known: blobs::Known::default(),

@@ -8,7 +8,8 @@
 //! Cost per model call, under declared or learned limits: one read and one conditional
 //! write to ask, one of each to give the permit back (only under a concurrency or token
 //! limit, or to share a provider's answer that changed what is known). A model with no
-//! limit declared or learned costs one read.
+//! limit declared or learned costs one read. Within a process the asks of one key take
+//! turns, so only the processes of a cluster race for an entry.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -84,6 +85,14 @@ impl NatsStore {
     ) -> Result<T> {
         let kv = self.quota_kv().await?;
         let key = key_of(name);
+        // One change of a key at a time from this process: its work loops would only
+        // make each other read again; the processes of a cluster still race, and the
+        // compare-and-swap settles that.
+        let turn = {
+            let mut locks = self.quota_turns.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(key.clone()).or_default().clone()
+        };
+        let _turn = turn.lock().await;
         for tries in 0..CAS_TRIES {
             let entry = kv.entry(&key).await.map_err(|e| nats_err(QUOTA, e))?;
             let (mut bucket, revision) = match entry {
@@ -171,8 +180,14 @@ impl Quota for NatsStore {
         let mut keys = kv.keys().await.map_err(|e| nats_err(QUOTA, e))?;
         let now = skein_ports::now_ms();
         let mut out = vec![];
+        let mut seen = std::collections::BTreeSet::new();
         while let Some(k) = keys.next().await {
             let k = k.map_err(|e| nats_err(QUOTA, e))?;
+            // Every key comes once, then the entries written since: a key seen again
+            // means the list is whole (the entries change at every model call).
+            if !seen.insert(k.clone()) {
+                break;
+            }
             let Some(v) = kv.get(&k).await.map_err(|e| nats_err(QUOTA, e))? else {
                 continue;
             };
