@@ -750,6 +750,63 @@ mod tests {
         assert!(b.waiters.is_empty());
     }
 
+    /// Many trees asking at random times, each waiter coming back late by a random
+    /// amount or never (a crash, asking again only much later): under every seed no
+    /// window of the rate's minute holds more than the rate, and every ask is served.
+    #[test]
+    fn random_trees_never_exceed_the_rate_and_all_are_served() {
+        let limits = QuotaLimits {
+            requests_per_minute: Some(120),
+            ..Default::default()
+        };
+        for seed in 1..=20u64 {
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut draw = |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let mut b = Bucket::default();
+            // (when it asks, ask)
+            let mut due: Vec<(u64, QuotaAsk)> = (0..150)
+                .map(|i| {
+                    let root = format!("r{}", draw(6));
+                    (draw(30_000), ask(&format!("s{i:03}"), &root))
+                })
+                .collect();
+            let mut grants: Vec<u64> = vec![];
+            let mut steps = 0;
+            while !due.is_empty() {
+                due.sort_by_key(|(t, a)| (*t, a.session.clone()));
+                let (t, a) = due.remove(0);
+                steps += 1;
+                assert!(steps < 50_000, "seed {seed}: no end");
+                match b.acquire(&a, &limits, t, &steps.to_string()) {
+                    Decision::Go(_) => grants.push(t),
+                    Decision::Wait { until_ms, .. } => {
+                        assert!(until_ms >= t, "seed {seed}: told to come back in the past");
+                        let back = match draw(20) {
+                            0 => until_ms + 40_000, // gone, asks again much later
+                            1..=4 => until_ms + draw(300),
+                            _ => until_ms,
+                        };
+                        due.push((back, a));
+                    }
+                }
+            }
+            assert_eq!(grants.len(), 150, "seed {seed}");
+            grants.sort();
+            for (i, t) in grants.iter().enumerate() {
+                let in_window = grants[i..].iter().take_while(|u| **u < t + 60_000).count();
+                assert!(
+                    in_window <= 120,
+                    "seed {seed}: {in_window} in the minute from {t}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn priority_goes_first() {
         let limits = QuotaLimits {
