@@ -105,7 +105,66 @@ pub struct ProviderConfig {
     /// llama-cpp-python's function-calling format cannot; skein notices an empty stream
     /// and asks for whole answers, and `false` skips that first try.
     pub stream_tools: Option<bool>,
+    /// `[models.providers.NAME.limits]`: the quota of every model of this provider (each
+    /// model has its own), shared by every worker of a cluster.
+    pub limits: Option<Limits>,
+    /// `[models.providers.NAME.model_limits."MODEL"]`: one model's quota, in place of
+    /// `limits`.
+    pub model_limits: BTreeMap<String, Limits>,
 }
+
+/// A model's quota, as the provider states it: how many requests and tokens a minute,
+/// and how many requests at once. Unset figures are not limited (until the provider's
+/// answers teach one; see docs/operations.md, "Model quotas").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_tokens_per_minute: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens_per_minute: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrent_requests: Option<u64>,
+}
+
+impl Limits {
+    /// Whether no figure is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Limits::default()
+    }
+
+    /// Refuses a zero figure (a quota of nothing would stop the model for ever) and
+    /// absurd ones; `at` names the table in the error.
+    pub fn check(&self, at: &str) -> Result<()> {
+        let figures = [
+            ("requests_per_minute", self.requests_per_minute),
+            ("input_tokens_per_minute", self.input_tokens_per_minute),
+            ("output_tokens_per_minute", self.output_tokens_per_minute),
+            ("concurrent_requests", self.concurrent_requests),
+        ];
+        for (name, v) in figures {
+            match v {
+                Some(0) => {
+                    return Err(Error::Config(format!(
+                        "{at}: {name} must be at least 1 (leave it out for no limit)"
+                    )))
+                }
+                Some(n) if n > MAX_LIMIT => {
+                    return Err(Error::Config(format!(
+                        "{at}: {name} = {n} is more than {MAX_LIMIT}; leave it out for no limit"
+                    )))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The largest figure a quota may state.
+pub const MAX_LIMIT: u64 = 1_000_000_000_000;
 
 /// US dollars per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -276,6 +335,10 @@ pub struct ProviderSettings {
     pub stream: bool,
     pub stream_usage: bool,
     pub stream_tools: bool,
+    /// The quota of every model of this provider without one of its own.
+    pub limits: Limits,
+    /// Models' own quotas, by model name.
+    pub model_limits: BTreeMap<String, Limits>,
 }
 
 impl ProviderSettings {
@@ -305,7 +368,14 @@ impl ProviderSettings {
             stream: true,
             stream_usage: true,
             stream_tools: true,
+            limits: Limits::default(),
+            model_limits: BTreeMap::new(),
         }
+    }
+
+    /// The quota of `model` (the part after `provider:`): its own, else the provider's.
+    pub fn limits_of(&self, model: &str) -> Limits {
+        self.model_limits.get(model).copied().unwrap_or(self.limits)
     }
 
     /// Fills in the defaults: the `openai` and `anthropic` providers know their kind,
@@ -410,6 +480,21 @@ impl ProviderSettings {
         s.stream = cfg.stream.unwrap_or(true);
         s.stream_usage = cfg.stream_usage.unwrap_or(true);
         s.stream_tools = cfg.stream_tools.unwrap_or(true);
+        if let Some(l) = cfg.limits {
+            l.check(&format!("[models.providers.{name}.limits]"))?;
+            s.limits = l;
+        }
+        for (model, l) in &cfg.model_limits {
+            if model.trim().is_empty() {
+                return Err(Error::Config(format!(
+                    "[models.providers.{name}.model_limits]: a model name is empty"
+                )));
+            }
+            l.check(&format!(
+                "[models.providers.{name}.model_limits.\"{model}\"]"
+            ))?;
+        }
+        s.model_limits = cfg.model_limits.clone();
         Ok(s)
     }
 }
@@ -518,6 +603,58 @@ mod tests {
             .resolve("p")
             .unwrap_err();
         assert!(e.to_string().contains("absent"), "{e}");
+    }
+
+    #[test]
+    fn limits_are_read_and_checked() {
+        let cfg: ModelsConfig = toml::from_str(
+            r#"
+            [providers.openai.limits]
+            requests_per_minute = 500
+            input_tokens_per_minute = 200000
+            [providers.openai.model_limits."gpt-4o"]
+            requests_per_minute = 60
+            concurrent_requests = 4
+            "#,
+        )
+        .unwrap();
+        let s = ProviderSettings::from_config("openai", &cfg.providers["openai"]).unwrap();
+        assert_eq!(s.limits_of("gpt-4o-mini").requests_per_minute, Some(500));
+        assert_eq!(
+            s.limits_of("gpt-4o-mini").input_tokens_per_minute,
+            Some(200_000)
+        );
+        let own = s.limits_of("gpt-4o");
+        assert_eq!(own.requests_per_minute, Some(60));
+        assert_eq!(own.concurrent_requests, Some(4));
+        assert_eq!(
+            own.input_tokens_per_minute, None,
+            "a model's own table replaces"
+        );
+
+        let zero: ModelsConfig =
+            toml::from_str("[providers.openai.limits]\nrequests_per_minute = 0").unwrap();
+        let e = ProviderSettings::from_config("openai", &zero.providers["openai"]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("requests_per_minute must be at least 1"),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("[models.providers.openai.limits]"),
+            "{e}"
+        );
+        let typo = toml::from_str::<ModelsConfig>("[providers.openai.limits]\nrpm = 5");
+        assert!(typo.unwrap_err().to_string().contains("rpm"));
+        let negative =
+            toml::from_str::<ModelsConfig>("[providers.openai.limits]\nrequests_per_minute = -5");
+        assert!(negative.is_err());
+        let huge: ModelsConfig = toml::from_str(
+            "[providers.openai.model_limits.\"m\"]\nconcurrent_requests = 10000000000000",
+        )
+        .unwrap();
+        let e = ProviderSettings::from_config("openai", &huge.providers["openai"]).unwrap_err();
+        assert!(e.to_string().contains("model_limits.\"m\""), "{e}");
     }
 
     #[test]

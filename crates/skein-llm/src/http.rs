@@ -95,6 +95,11 @@ impl HttpClient {
             if attempt >= self.opts.max_retries || !retry_in_process(&err) {
                 return Err(err);
             }
+            // With quotas shared across workers, a 429 is the cluster's to wait for.
+            if matches!(err, Error::Http { status: 429, .. }) && !crate::ratelimit::may_retry_429()
+            {
+                return Err(err);
+            }
             let delay = match err.retry_after() {
                 Some(d) if d > self.opts.max_retry_after => return Err(err),
                 Some(d) => d,
@@ -169,6 +174,7 @@ impl HttpClient {
             .await
             .map_err(|e| self.transport_error(&e, secret))?;
         let status = resp.status();
+        crate::ratelimit::heard(status.as_u16(), resp.headers());
         if status.is_success() {
             return Ok(resp);
         }

@@ -52,11 +52,12 @@ pub mod config;
 pub mod http;
 pub mod json_tool;
 pub mod openai;
+pub mod ratelimit;
 pub mod scripted;
 pub mod stream;
 
 pub use config::{
-    ApiKey, KeySource, ModelsConfig, Price, ProviderConfig, ProviderKind, ProviderSettings,
+    ApiKey, KeySource, Limits, ModelsConfig, Price, ProviderConfig, ProviderKind, ProviderSettings,
     ToolMode,
 };
 pub use stream::TextSink;
@@ -189,6 +190,9 @@ pub struct Registry {
     prices: BTreeMap<String, Price>,
     /// `[models] default_provider`: the provider of a model named without one.
     default_provider: Option<String>,
+    /// Each provider's quotas: the provider's own, and its models' (see
+    /// [`Registry::limits`]).
+    limits: BTreeMap<String, (Limits, BTreeMap<String, Limits>)>,
 }
 
 impl Registry {
@@ -229,6 +233,33 @@ impl Registry {
             .values()
             .flat_map(|p| p.known_secrets())
             .collect()
+    }
+
+    /// Sets `provider`'s quotas: `limits` for each of its models, `models` for the models
+    /// named there instead.
+    pub fn set_limits(
+        &mut self,
+        provider: impl Into<String>,
+        limits: Limits,
+        models: BTreeMap<String, Limits>,
+    ) {
+        self.limits.insert(provider.into(), (limits, models));
+    }
+
+    /// The quota key of `model` (`provider:model`, whatever the name's form) and its
+    /// declared limits (empty when none are declared). None for a name that resolves to
+    /// no provider, and for `scripted`, which has no quota.
+    pub fn limits(&self, model: &str) -> Option<(String, Limits)> {
+        let (provider, bare) = self.resolve(model).ok()?;
+        if provider == "scripted" || !self.has(provider) {
+            return None;
+        }
+        let declared = self
+            .limits
+            .get(provider)
+            .map(|(all, own)| own.get(bare).copied().unwrap_or(*all))
+            .unwrap_or_default();
+        Some((format!("{provider}:{bare}"), declared))
     }
 
     /// Prices `model` (`provider:model`, or `provider:*` for all of a provider's models).
@@ -334,6 +365,7 @@ pub fn registry_with_scripts(
             )));
         }
         let settings = ProviderSettings::from_config(name, cfg)?;
+        r.set_limits(name.clone(), settings.limits, settings.model_limits.clone());
         r.insert(name.clone(), build_provider(settings)?);
     }
     for (model, price) in &models.prices {

@@ -8,6 +8,7 @@
 
 pub mod error;
 pub mod ports;
+pub mod quota;
 pub mod roots;
 pub mod trace_context;
 pub mod workspace;

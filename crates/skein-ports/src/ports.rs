@@ -361,6 +361,9 @@ pub struct Backend {
     pub workspaces: Arc<dyn Workspaces>,
     pub announcer: Option<Arc<dyn Announcer>>,
     pub capabilities: Capabilities,
+    /// Model quotas shared by every worker of this backend; none: each runtime keeps its
+    /// own in memory (one process holds the store).
+    pub quota: Option<Arc<dyn crate::quota::Quota>>,
 }
 
 impl Backend {

@@ -17,6 +17,7 @@ pub mod hitl;
 pub mod inspect;
 pub mod metrics;
 pub mod ports;
+pub mod quota;
 pub mod replay;
 pub mod runtime;
 pub mod runtime_tools;

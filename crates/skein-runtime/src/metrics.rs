@@ -26,9 +26,31 @@ pub const INTAKE_REJECTED: &str = "skein_intake_rejected_total";
 pub const NATS_RECONNECTS: &str = "skein_nats_reconnects_total";
 pub const READY: &str = "skein_ready";
 pub const WAITING_FOR_ROOM: &str = "skein_sessions_waiting_for_room";
+pub const QUOTA_QUEUE: &str = "skein_quota_queue_length";
+pub const QUOTA_WAIT: &str = "skein_quota_wait_seconds";
+pub const QUOTA_THROTTLED: &str = "skein_quota_throttled_total";
+pub const MODEL_RATE_LIMITED: &str = "skein_model_rate_limited_total";
 
 /// Every metric with its help text.
 pub const NAMES: &[(&str, &str)] = &[
+    (
+        QUOTA_QUEUE,
+        "Sessions waiting for a model's quota, by provider:model, as last seen by this \
+         worker (the cluster's whole queue when the quota is shared).",
+    ),
+    (
+        QUOTA_WAIT,
+        "Time a model call waited for its quota before it was made, by provider:model.",
+    ),
+    (
+        QUOTA_THROTTLED,
+        "Times a model call was told to wait for quota (its job goes back until then), by \
+         provider:model.",
+    ),
+    (
+        MODEL_RATE_LIMITED,
+        "429 answers (rate limited) heard from providers, by provider:model.",
+    ),
     (
         WAITING_FOR_ROOM,
         "Sessions whose step waits for room in the store (a full disk, a JetStream store \
@@ -197,6 +219,23 @@ pub fn intake_rejected(reason: &'static str) {
 
 pub fn nats_reconnected() {
     metrics::counter!(NATS_RECONNECTS).increment(1);
+}
+
+/// A call of `model` got its quota after `waited_ms`, with `queue` still waiting.
+pub fn quota_granted(model: &str, waited_ms: u64, queue: u64) {
+    metrics::histogram!(QUOTA_WAIT, "model" => model.to_string()).record(waited_ms as f64 / 1000.0);
+    metrics::gauge!(QUOTA_QUEUE, "model" => model.to_string()).set(queue as f64);
+}
+
+/// A call of `model` was told to wait, with `queue` waiting.
+pub fn quota_throttled(model: &str, queue: u64) {
+    metrics::counter!(QUOTA_THROTTLED, "model" => model.to_string()).increment(1);
+    metrics::gauge!(QUOTA_QUEUE, "model" => model.to_string()).set(queue as f64);
+}
+
+/// A provider answered 429 to a call of `model`.
+pub fn rate_limited(model: &str) {
+    metrics::counter!(MODEL_RATE_LIMITED, "model" => model.to_string()).increment(1);
 }
 
 /// How many sessions wait for room in the store now.

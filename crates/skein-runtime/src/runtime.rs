@@ -122,6 +122,13 @@ pub struct Runtime {
     pub(crate) shape_memo: ShapeMemo,
     /// Waiting parents this process will look at again (see `Runtime::recheck_later`).
     pub(crate) rechecks: Arc<std::sync::Mutex<std::collections::HashSet<SessionId>>>,
+    /// Model quotas shared with the other workers (see `crate::quota`).
+    pub(crate) quota: std::sync::OnceLock<Arc<dyn skein_ports::quota::Quota>>,
+    /// Sessions this process told to wait for quota, by id.
+    pub(crate) quota_waits:
+        Mutex<std::collections::BTreeMap<String, skein_ports::quota::QuotaWaiter>>,
+    /// Sessions whose step in the job under way was told to wait for quota.
+    pub(crate) quota_pending: Mutex<std::collections::HashSet<String>>,
 }
 
 /// See [`Runtime::shape_memo`]. The limits of a runtime never change, nor does a version
@@ -190,6 +197,11 @@ impl Runtime {
         if let Ok(t) = std::str::from_utf8(&cfg.token_secret.0) {
             secrets.push(t.to_string());
         }
+        // The backend's shared quotas, else this process's own.
+        let quota = std::sync::OnceLock::new();
+        let _ = quota.set(backend.quota.clone().unwrap_or_else(|| {
+            Arc::new(skein_ports::quota::LocalQuota::new()) as Arc<dyn skein_ports::quota::Quota>
+        }));
         Arc::new(Self {
             scrubber: crate::scrub::Scrubber::new(secrets),
             backend,
@@ -208,6 +220,9 @@ impl Runtime {
             appended: Default::default(),
             rechecks: Default::default(),
             shape_memo: Default::default(),
+            quota,
+            quota_waits: Default::default(),
+            quota_pending: Default::default(),
         })
     }
 

@@ -432,7 +432,19 @@ impl Runtime {
             self.room_again(&job.session).await;
         }
         tracing::trace!(session = %job.session, ok = res.is_ok(), "job processed");
+        let quota_wait = self.take_quota_wait(&job.session);
         match res {
+            // The step waits for a model's quota: the job goes back until then, and no
+            // worker slot is held meanwhile.
+            Ok(()) if quota_wait.is_some() => {
+                let delay = quota_wait.unwrap_or_default();
+                match self.backend.jobs.retry(&job, delay).await {
+                    Ok(()) => crate::metrics::job_handed_back(&job.pool, "quota"),
+                    Err(e) => {
+                        tracing::warn!(session = %job.session, error = %e.report(), "retry failed")
+                    }
+                }
+            }
             Ok(()) => match self.backend.jobs.ack(&job).await {
                 Ok(()) => crate::metrics::job_acked(&job.pool),
                 Err(e) => {

@@ -104,6 +104,7 @@ impl MemStore {
             notices: self.clone(),
             workspaces: self.clone(),
             announcer: None,
+            quota: None,
             capabilities: Capabilities {
                 notices_in_step_with_wakes: false,
                 notices_outlive_workers: false,

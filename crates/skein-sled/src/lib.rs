@@ -422,6 +422,7 @@ impl SledStore {
             notices: self.clone(),
             workspaces: self.clone(),
             announcer: None,
+            quota: None,
             // One process holds the database: a notice is written to its tree (at once
             // visible to every reader in the process) before the wake-up is pushed, so the
             // claimer of that wake-up reads it. A crash may lose both (neither is flushed

@@ -180,8 +180,17 @@ pub async fn tree(app: &App, a: TreeArgs) -> Result<ExitCode> {
         .into_iter()
         .filter(|w| SessionId::parse(&w.session).is_ok_and(|s| id.contains(&s)))
         .collect();
+    // Sessions waiting for a model's quota, as the shared quota lists them (on NATS; the
+    // embedded store's quota lives in the process that runs the tree).
+    let quota: Vec<_> = match &b.quota {
+        Some(q) => q.waiting().await.unwrap_or_default(),
+        None => vec![],
+    }
+    .into_iter()
+    .filter(|w| SessionId::parse(&w.session).is_ok_and(|s| id.contains(&s)))
+    .collect();
     if a.json {
-        let v = serde_json::json!({"root": id.to_string(), "summary": summary, "sessions": rows, "plan": plan, "waiting_for_room": waiting});
+        let v = serde_json::json!({"root": id.to_string(), "summary": summary, "sessions": rows, "plan": plan, "waiting_for_room": waiting, "waiting_for_quota": quota});
         crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         crate::out!("{}", render::tree_table(&rows))?;
@@ -192,6 +201,19 @@ pub async fn tree(app: &App, a: TreeArgs) -> Result<ExitCode> {
                 waiting.len()
             )?;
             for w in &waiting {
+                crate::outln!(
+                    "  {}: {}",
+                    render::safe_line(&w.session),
+                    render::safe_line(&w.reason)
+                )?;
+            }
+        }
+        if !quota.is_empty() {
+            crate::outln!(
+                "waiting for a model's quota ({} sessions; each asks again when its turn comes):",
+                quota.len()
+            )?;
+            for w in &quota {
                 crate::outln!(
                     "  {}: {}",
                     render::safe_line(&w.session),

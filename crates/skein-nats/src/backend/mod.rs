@@ -37,6 +37,7 @@ mod feed;
 mod jobs;
 mod log;
 mod notices;
+mod quota;
 mod read;
 mod results;
 mod room;
@@ -144,6 +145,10 @@ pub struct NatsStore {
     workers: kv::Store,
     /// KV `skein_waiting` (see `room.rs`), made on first use.
     waiting: tokio::sync::OnceCell<kv::Store>,
+    /// KV `skein_quota` (see `quota.rs`), made on first use.
+    quota: tokio::sync::OnceCell<kv::Store>,
+    /// Per quota key, the turn of this process's asks (see `quota.rs`).
+    quota_turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     blobs: object_store::ObjectStore,
     /// The stream under `blobs`, for reads that need no consumer.
     blobs_stream: stream::Stream,
@@ -224,6 +229,8 @@ impl NatsStore {
             defs: k(defs::DEFS_BUCKET).await?,
             workers: k(workers::WORKERS_BUCKET).await?,
             waiting: tokio::sync::OnceCell::new(),
+            quota: tokio::sync::OnceCell::new(),
+            quota_turns: Mutex::default(),
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
             blobs_known: blobs::Known::default(),
@@ -253,6 +260,7 @@ impl NatsStore {
             notices: d.clone(),
             workspaces: self.clone(),
             announcer: Some(d),
+            quota: Some(self.clone()),
             // Notices are messages of `SKEIN_NOTICES`, acked by the server before the
             // wake-up is pushed: a worker's crash loses none. A worker's claims take the
             // next job of its pool, whatever its session.

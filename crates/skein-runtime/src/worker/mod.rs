@@ -205,7 +205,13 @@ impl Runtime {
         let still_for = self.cfg.clock.now_ms().saturating_sub(f.state.updated_at);
         let stalled =
             u128::from(still_for) >= self.cfg.lease.as_millis() * u128::from(self.cfg.max_deliver);
-        if !f.state.status.is_terminal() && job.attempt > self.cfg.max_deliver && stalled {
+        // A session waiting for quota is delivered again at every turn of its wait, and
+        // its log stands still meanwhile: that is no stall.
+        if !f.state.status.is_terminal()
+            && job.attempt > self.cfg.max_deliver
+            && stalled
+            && !self.waits_for_quota(&f.id).await
+        {
             // What the deliveries kept failing at, from the log: the step due next, and the
             // last model error when model calls failed.
             let due = match (self.def_for(&f.state).await, self.agents_of(&f.state).await) {
@@ -288,7 +294,10 @@ impl Runtime {
                 }
                 Step::CallModel { tool_names, .. } => {
                     let request = f.state.model_request(&def);
-                    self.call_model(f, &def, request, &tool_names, job).await?
+                    self.call_model(f, &def, request, &tool_names, job).await?;
+                    if self.quota_pending(&f.id) {
+                        return Ok(());
+                    }
                 }
                 Step::Refuse(rs) => self.refuse(f, rs).await?,
                 Step::Clarify(v) => self.clarify(f, v).await?,
@@ -296,7 +305,10 @@ impl Runtime {
                     let request = f.state.summary_request(model, max_chars);
                     let full = request.meta.context.as_deref().unwrap_or_default();
                     self.backend.blobs.put(full.as_bytes()).await?;
-                    self.call_model(f, &def, request, &[], job).await?
+                    self.call_model(f, &def, request, &[], job).await?;
+                    if self.quota_pending(&f.id) {
+                        return Ok(());
+                    }
                 }
                 Step::AskUser(asks) => {
                     let events = asks

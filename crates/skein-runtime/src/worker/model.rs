@@ -146,6 +146,18 @@ impl Runtime {
         // The model is shown the resume tokens its log holds references to; a token it
         // sends back is recorded as its reference again.
         let shown = self.reveal_tokens(&f.state, &mut request);
+        // The model's quota first: told to wait, the session's job goes back until then.
+        let held = match self.ask_quota(&f.id, &request).await? {
+            crate::quota::Asked::Wait => return Ok(()),
+            crate::quota::Asked::Go(h) => Some(h),
+            crate::quota::Asked::Free => None,
+        };
+        // Where the quota is declared, or shared by a cluster, a 429 is the quota's to
+        // wait for (every worker's), not this call's to retry in process.
+        let shared = self.backend.quota.is_some()
+            || held
+                .as_ref()
+                .is_some_and(|h| h.limits != skein_ports::quota::QuotaLimits::default());
         let started = Instant::now();
         // The answer's text goes out while it arrives, to whoever listens; the log gets it
         // whole below. A session that was shown resume tokens does not stream: a token
@@ -173,12 +185,25 @@ impl Runtime {
         };
         // A worker that drains abandons the call: nothing of it is recorded yet, and the
         // job goes back for another worker to make it.
-        let result = tokio::select! {
+        let call = skein_llm::ratelimit::watching(
+            shared,
+            models.complete_streaming(&request, &on_text),
+        );
+        let (result, heard) = tokio::select! {
             biased;
-            _ = self.draining() => return Err(Error::Interrupted(format!(
-                "the call to {} was abandoned", request.model))),
-            r = self.with_heartbeat(job, models.complete_streaming(&request, &on_text)) => r,
+            _ = self.draining() => {
+                self.after_call(held.as_ref(), &request.model, &[], None).await;
+                return Err(Error::Interrupted(format!(
+                    "the call to {} was abandoned", request.model)))
+            }
+            r = self.with_heartbeat(job, call) => r,
         };
+        let used = result
+            .as_ref()
+            .ok()
+            .map(|c| (c.usage.input_tokens, c.usage.output_tokens));
+        self.after_call(held.as_ref(), &request.model, &heard, used)
+            .await;
         let latency_ms = started.elapsed().as_millis() as u64;
         crate::metrics::model_call(
             &request.model,
@@ -272,7 +297,10 @@ impl Runtime {
                     worker: self.cfg.worker_id.clone(),
                 };
                 self.append(f, Event::ModelFailed(ev)).await?;
-                if retryable {
+                // A 429 under a shared quota was heard by the quota, which holds the next
+                // call back (and every other worker's): no sleep here.
+                let learned = shared && matches!(e, skein_llm::Error::Http { status: 429, .. });
+                if retryable && !learned {
                     let base = Duration::from_millis(250 * (1u64 << attempt.min(6)));
                     let jitter = crate::clock::up_to(&*self.cfg.clock, base.as_millis() as u64 / 2);
                     let wait = e

@@ -121,6 +121,11 @@ pub struct TreeView {
     /// `since_ms`, `reason`. They run on once there is room.
     #[schema(value_type = Vec<Object>)]
     pub waiting_for_room: Value,
+    /// Sessions of the tree waiting for a model's quota (their jobs are back in the queue
+    /// until their turn): `key` (`provider:model`), `session`, `root`, `since_ms`,
+    /// `due_ms`, `reason`.
+    #[schema(value_type = Vec<Object>)]
+    pub waiting_for_quota: Value,
 }
 
 /// One tree: every session, summarised (as `skein tree --json`).
@@ -150,6 +155,19 @@ pub(super) async fn tree(
         }
     }
     waiting.retain(|w| skein_core::SessionId::parse(&w.session).is_ok_and(|s| root.contains(&s)));
+    // Those waiting for a model's quota: this process's, and the shared quota's list.
+    let mut quota = match &ui.rt {
+        Ok(rt) => rt.waiting_for_quota(),
+        Err(_) => vec![],
+    };
+    if let Some(q) = &ui.backend.quota {
+        for w in q.waiting().await.unwrap_or_default() {
+            if !quota.iter().any(|x| x.session == w.session) {
+                quota.push(w);
+            }
+        }
+    }
+    quota.retain(|w| skein_core::SessionId::parse(&w.session).is_ok_and(|s| root.contains(&s)));
     Ok(Json(TreeView {
         root: root.display(),
         summary: json(&summarize(&rows))?,
@@ -163,6 +181,7 @@ pub(super) async fn tree(
             None => Value::Null,
         },
         waiting_for_room: json(&waiting)?,
+        waiting_for_quota: json(&quota)?,
     }))
 }
 

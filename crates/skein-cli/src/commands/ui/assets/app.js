@@ -285,6 +285,8 @@ async function treeView(root) {
         `${s.sessions} sessions · ${s.steps} model turns · ${s.tool_calls} tool calls · ${tokens(s.usage)} tokens · ${cost(s.usage)} · ${s.cache_hits} cache hits · ${fmtMs(s.wall_ms)}`),
       ...((t.waiting_for_room || []).length ? [el("p", { class: "error", id: "waiting-for-room" },
         `${t.waiting_for_room.length} session(s) wait for room in the store and run on once there is room: ${t.waiting_for_room[0].reason}`)] : []),
+      ...((t.waiting_for_quota || []).length ? [el("p", { class: "waiting", id: "waiting-for-quota" },
+        `${t.waiting_for_quota.length} session(s) waiting: ${t.waiting_for_quota[0].reason}`)] : []),
       el("p", { class: "links" },
         el("a", { href: `/api/trees/${enc(root)}/audit`, download: `${root}.audit.jsonl`, id: "audit" }, "Download the audit export"),
         " · ", el("a", { href: `#/session/${enc(root)}` }, "root's log")));
