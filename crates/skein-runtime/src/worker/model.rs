@@ -185,10 +185,8 @@ impl Runtime {
         };
         // A worker that drains abandons the call: nothing of it is recorded yet, and the
         // job goes back for another worker to make it.
-        let call = skein_llm::ratelimit::watching(
-            shared,
-            models.complete_streaming(&request, &on_text),
-        );
+        let call =
+            skein_llm::ratelimit::watching(shared, models.complete_streaming(&request, &on_text));
         let (result, heard) = tokio::select! {
             biased;
             _ = self.draining() => {
