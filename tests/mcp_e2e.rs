@@ -8,40 +8,11 @@ mod common;
 #[path = "../crates/skein-mcp/tests/common/mod.rs"]
 mod mcp_servers;
 
-use std::io::{BufReader, Write};
+use std::io::BufReader;
 use std::process::Stdio;
 
 use common::*;
 use serde_json::Value;
-
-fn configure(sb: &Sandbox, toml: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(sb.config())
-        .unwrap();
-    f.write_all(toml.as_bytes()).unwrap();
-}
-
-fn run(sb: &Sandbox, args: &[&str]) -> std::process::Output {
-    skein(&sb.config(), &sb.data()).args(args).output().unwrap()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn events(sb: &Sandbox, id: &str) -> Vec<Value> {
-    let out = run(sb, &["events", id, "--json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
-}
 
 fn toml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap()

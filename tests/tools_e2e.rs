@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,37 +13,6 @@ use common::*;
 use serde_json::Value;
 use skein_core::SessionId;
 use skein_sled::SledStore;
-
-/// Appends TOML to the sandbox's config file.
-fn configure(sb: &Sandbox, toml: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(sb.config())
-        .unwrap();
-    f.write_all(toml.as_bytes()).unwrap();
-}
-
-fn run(sb: &Sandbox, args: &[&str]) -> std::process::Output {
-    skein(&sb.config(), &sb.data()).args(args).output().unwrap()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Every event of a session, as `skein events ID --json` prints them.
-fn events(sb: &Sandbox, id: &str) -> Vec<Value> {
-    let out = run(sb, &["events", id, "--json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
-}
 
 /// A field of an event body as `skein events --json` prints it (`{type, data}`).
 fn field<'a>(body: &'a Value, name: &str) -> &'a Value {

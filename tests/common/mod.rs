@@ -233,3 +233,37 @@ pub fn fan_out(latency_ms: u64) -> Sandbox {
     );
     sb
 }
+
+/// Appends `toml` to the sandbox's config file.
+pub fn configure(sb: &Sandbox, toml: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(sb.config())
+        .unwrap();
+    f.write_all(toml.as_bytes()).unwrap();
+}
+
+/// `skein ARGS…` on the sandbox's config and data, its output taken.
+pub fn run(sb: &Sandbox, args: &[&str]) -> Output {
+    skein(&sb.config(), &sb.data()).args(args).output().unwrap()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Every event of a session, as `skein events ID --json` prints them.
+pub fn events(sb: &Sandbox, id: &str) -> Vec<serde_json::Value> {
+    let out = run(sb, &["events", id, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The events of `kind`.
+pub fn of_kind<'a>(events: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
+    events.iter().filter(|e| e["kind"] == kind).collect()
+}

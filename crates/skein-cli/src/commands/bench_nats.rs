@@ -168,20 +168,9 @@ impl Fleet {
     }
 }
 
-/// Starts a `skein worker` process on `pool` and waits until it is ready.
+/// Starts a `skein worker` process on `pool` (its submission intake on when `intake`) and
+/// waits until it is ready.
 pub(crate) async fn spawn_worker(
-    config: &std::path::Path,
-    dir: &std::path::Path,
-    url: &str,
-    pool: &str,
-    secret: &str,
-    concurrency: Option<usize>,
-) -> Result<Reaped> {
-    spawn_worker_with(config, dir, url, pool, secret, concurrency, false).await
-}
-
-/// [`spawn_worker`], with the submission intake on when `intake`.
-pub(crate) async fn spawn_worker_with(
     config: &std::path::Path,
     dir: &std::path::Path,
     url: &str,
@@ -290,11 +279,11 @@ async fn worker_process_memory(
     // Idle as deployed (the default concurrency), then with a loop for each of 1,100
     // sessions, which the loaded figure needs.
     let idle = {
-        let worker = spawn_worker(&config, tmp.path(), url, &pool, &secret, None).await?;
+        let worker = spawn_worker(&config, tmp.path(), url, &pool, &secret, None, false).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         rss_kib(worker.0.id())
     };
-    let worker = spawn_worker(&config, tmp.path(), url, &pool, &secret, Some(1100)).await?;
+    let worker = spawn_worker(&config, tmp.path(), url, &pool, &secret, Some(1100), false).await?;
     let pid = worker.0.id();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle_1100 = rss_kib(pid);

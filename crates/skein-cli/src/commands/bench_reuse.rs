@@ -56,7 +56,7 @@ pub async fn run(app: &App, a: &BenchArgs, runs: u32) -> Result<ExitCode> {
         version = format!("nats-server {}", client.server_info().version);
         let pool = pool.as_deref().unwrap_or_default();
         _worker = Some(
-            super::bench_nats::spawn_worker_with(
+            super::bench_nats::spawn_worker(
                 &config,
                 tmp.path(),
                 &url,

@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_nats::jetstream::{kv, stream};
+use async_nats::jetstream::kv;
 use async_trait::async_trait;
 use futures::StreamExt;
 use skein_ports::quota::{
@@ -49,30 +49,7 @@ impl NatsStore {
     /// The bucket, made on first use.
     async fn quota_kv(&self) -> Result<&kv::Store> {
         self.quota
-            .get_or_try_init(|| async {
-                if let Ok(kv) = self.js.get_key_value(QUOTA).await {
-                    return Ok(kv);
-                }
-                self.js
-                    .get_or_create_stream(stream::Config {
-                        name: format!("KV_{QUOTA}"),
-                        subjects: vec![format!("$KV.{QUOTA}.>")],
-                        max_messages_per_subject: 1,
-                        storage: stream::StorageType::Memory,
-                        num_replicas: self.cfg.replicas,
-                        allow_rollup: true,
-                        deny_delete: true,
-                        allow_direct: true,
-                        discard: stream::DiscardPolicy::New,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| nats_err(QUOTA, e))?;
-                self.js
-                    .get_key_value(QUOTA)
-                    .await
-                    .map_err(|e| nats_err(QUOTA, e))
-            })
+            .get_or_try_init(|| async { self.memory_bucket(QUOTA, None).await })
             .await
     }
 

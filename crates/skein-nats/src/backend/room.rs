@@ -23,35 +23,7 @@ impl NatsStore {
     /// The bucket, made on first use.
     async fn waiting(&self) -> Result<&kv::Store> {
         self.waiting
-            .get_or_try_init(|| async {
-                if let Ok(kv) = self.js.get_key_value(WAITING).await {
-                    return Ok(kv);
-                }
-                // The bucket's stream made by hand, as the topology makes its buckets (the
-                // client's bucket creation asks for account details some servers answer
-                // in a form it cannot read).
-                self.js
-                    .get_or_create_stream(stream::Config {
-                        name: format!("KV_{WAITING}"),
-                        subjects: vec![format!("$KV.{WAITING}.>")],
-                        max_messages_per_subject: 1,
-                        max_age: LAPSE,
-                        storage: stream::StorageType::Memory,
-                        num_replicas: self.cfg.replicas,
-                        allow_rollup: true,
-                        deny_delete: true,
-                        allow_direct: true,
-                        discard: stream::DiscardPolicy::New,
-                        duplicate_window: LAPSE,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| nats_err(WAITING, e))?;
-                self.js
-                    .get_key_value(WAITING)
-                    .await
-                    .map_err(|e| nats_err(WAITING, e))
-            })
+            .get_or_try_init(|| async { self.memory_bucket(WAITING, Some(LAPSE)).await })
             .await
     }
 
@@ -88,5 +60,42 @@ impl NatsStore {
         }
         out.sort_by(|a, b| a.session.cmp(&b.session));
         Ok(out)
+    }
+}
+
+impl NatsStore {
+    /// A KV bucket `name` kept in the servers' memory, each value living `lapse` at most,
+    /// made if missing. Its stream is made by hand, as the topology makes its buckets (the
+    /// client's bucket creation asks for account details some servers answer in a form it
+    /// cannot read).
+    pub(crate) async fn memory_bucket(
+        &self,
+        name: &str,
+        lapse: Option<Duration>,
+    ) -> Result<kv::Store> {
+        if let Ok(kv) = self.js.get_key_value(name).await {
+            return Ok(kv);
+        }
+        self.js
+            .get_or_create_stream(stream::Config {
+                name: format!("KV_{name}"),
+                subjects: vec![format!("$KV.{name}.>")],
+                max_messages_per_subject: 1,
+                max_age: lapse.unwrap_or_default(),
+                storage: stream::StorageType::Memory,
+                num_replicas: self.cfg.replicas,
+                allow_rollup: true,
+                deny_delete: true,
+                allow_direct: true,
+                discard: stream::DiscardPolicy::New,
+                duplicate_window: lapse.unwrap_or_default(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| nats_err(name, e))?;
+        self.js
+            .get_key_value(name)
+            .await
+            .map_err(|e| nats_err(name, e))
     }
 }
