@@ -191,27 +191,24 @@ mod tests {
         assert_eq!(parse_reset(""), None);
     }
 
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
     #[test]
     fn openai_and_anthropic_headers() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let mut h = HeaderMap::new();
-        h.insert(
-            "x-ratelimit-limit-requests",
-            HeaderValue::from_static("500"),
-        );
-        h.insert(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_static("0"),
-        );
-        h.insert(
-            "x-ratelimit-reset-requests",
-            HeaderValue::from_static("120ms"),
-        );
-        h.insert(
-            "x-ratelimit-limit-tokens",
-            HeaderValue::from_static("200000"),
-        );
-        h.insert("retry-after", HeaderValue::from_static("2"));
+        let h = headers(&[
+            ("x-ratelimit-limit-requests", "500"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "120ms"),
+            ("x-ratelimit-limit-tokens", "200000"),
+            ("retry-after", "2"),
+        ]);
         let i = RateLimitInfo::from_headers(429, &h, now);
         assert_eq!(i.requests_limit, Some(500));
         assert_eq!(i.requests_remaining, Some(0));
@@ -221,24 +218,13 @@ mod tests {
         // A Retry-After counts on a 429 only.
         assert_eq!(RateLimitInfo::from_headers(200, &h, now).retry_after, None);
 
-        let mut a = HeaderMap::new();
-        a.insert(
-            "anthropic-ratelimit-requests-limit",
-            HeaderValue::from_static("50"),
-        );
-        a.insert(
-            "anthropic-ratelimit-requests-remaining",
-            HeaderValue::from_static("0"),
-        );
-        // 1_700_000_000 is 2023-11-14T22:13:20Z.
-        a.insert(
-            "anthropic-ratelimit-requests-reset",
-            HeaderValue::from_static("2023-11-14T22:13:23Z"),
-        );
-        a.insert(
-            "anthropic-ratelimit-input-tokens-limit",
-            HeaderValue::from_static("40000"),
-        );
+        let a = headers(&[
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            // 1_700_000_000 is 2023-11-14T22:13:20Z.
+            ("anthropic-ratelimit-requests-reset", "2023-11-14T22:13:23Z"),
+            ("anthropic-ratelimit-input-tokens-limit", "40000"),
+        ]);
         let i = RateLimitInfo::from_headers(200, &a, now);
         assert_eq!(i.requests_limit, Some(50));
         assert_eq!(i.requests_remaining, Some(0));
