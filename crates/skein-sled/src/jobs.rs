@@ -116,8 +116,12 @@ impl SledStore {
     /// Reads back the jobs the last process handed on. One process holds the store, so
     /// any lease found belongs to a process that is gone: it is released.
     pub(crate) fn index_jobs(&self) -> Result<()> {
+        let Some(sled) = self.sled.get() else {
+            // Never flushed: nothing was handed on.
+            return Ok(());
+        };
         let mut idx = self.job_index();
-        for item in self.jobs.iter() {
+        for item in sled.jobs.iter() {
             let (k, v) = item.map_err(backend_err)?;
             let Some((pool, session)) = split_key(&k) else {
                 continue;
@@ -139,8 +143,13 @@ impl SledStore {
     /// here: the caller flushes the database.
     pub(crate) fn hand_on_jobs(&self) -> Result<()> {
         let idx = self.job_index();
+        if idx.pools.values().all(|p| p.jobs.is_empty()) && self.sled.get().is_none() {
+            // No job to hand on, and none was handed on before (or sled would be open).
+            return Ok(());
+        }
+        let jobs = &self.sled.open()?.jobs;
         let mut batch = sled::Batch::default();
-        for item in self.jobs.iter() {
+        for item in jobs.iter() {
             let (k, _) = item.map_err(backend_err)?;
             let kept = split_key(&k).is_some_and(|(pool, s)| idx.get(pool, &s).is_some());
             if !kept {
@@ -152,7 +161,7 @@ impl SledStore {
                 batch.insert(Self::job_key(pool, session), encode(rec)?);
             }
         }
-        self.jobs.apply_batch(batch).map_err(backend_err)
+        jobs.apply_batch(batch).map_err(backend_err)
     }
 
     fn job_key(pool: &str, session: &SessionId) -> Vec<u8> {
@@ -387,11 +396,14 @@ mod tests {
 
         // Then nothing of them is in sled until the store hands them on, and what it hands
         // on is what the queue holds: every job but the acked one.
-        assert!(s.jobs.is_empty(), "a job change was written to sled");
+        assert!(!s.sled_opened(), "a job change was written to sled");
         assert_eq!(s.depth("default").await.expect("depth"), 2);
         drop(s);
         let s = open().expect("opens again");
-        assert_eq!(s.jobs.len(), 2);
+        assert_eq!(
+            s.sled.get().expect("sled holds the hand-over").jobs.len(),
+            2
+        );
         assert_eq!(s.depth("default").await.expect("depth"), 2);
         let left = s.queued_sessions();
         assert!(!left.contains(&done.session), "{left:?}");
@@ -404,6 +416,6 @@ mod tests {
             .expect("a job");
         s.ack(&next).await.expect("ack");
         s.hand_on_jobs().expect("hand on");
-        assert_eq!(s.jobs.len(), 1);
+        assert_eq!(s.sled.get().expect("sled is open").jobs.len(), 1);
     }
 }

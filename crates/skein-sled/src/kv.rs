@@ -35,7 +35,10 @@ impl SledStore {
 #[async_trait]
 impl Cache for SledStore {
     async fn get(&self, hash: &str, now: u64) -> Result<Option<CacheEntry>> {
-        let Some(v) = self.cache.get(hash.as_bytes()).map_err(backend_err)? else {
+        let Some(sled) = self.sled.get() else {
+            return Ok(None);
+        };
+        let Some(v) = sled.cache.get(hash.as_bytes()).map_err(backend_err)? else {
             return Ok(None);
         };
         let e: CacheEntry = decode(&v)?;
@@ -46,7 +49,9 @@ impl Cache for SledStore {
     }
 
     async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()> {
-        self.cache
+        self.sled
+            .open()?
+            .cache
             .insert(hash.as_bytes(), encode(entry)?)
             .map_err(backend_err)?;
         self.wal_flusher.durable_db().await
@@ -85,11 +90,14 @@ impl Blobs for SledStore {
     async fn put(&self, data: &[u8]) -> Result<String> {
         let hash = blake3::hash(data);
         let hex = hash.to_hex().to_string();
-        if !self
-            .blobs
-            .contains_key(hex.as_bytes())
-            .map_err(backend_err)?
-        {
+        let in_sled = match self.sled.get() {
+            Some(sled) => sled
+                .blobs
+                .contains_key(hex.as_bytes())
+                .map_err(backend_err)?,
+            None => false,
+        };
+        if !in_sled {
             self.wal.put_blob(hash.as_bytes(), data)?;
         }
         Ok(hex)
@@ -101,7 +109,10 @@ impl Blobs for SledStore {
                 return Ok(Some(data));
             }
         }
-        Ok(self
+        let Some(sled) = self.sled.get() else {
+            return Ok(None);
+        };
+        Ok(sled
             .blobs
             .get(hash.as_bytes())
             .map_err(backend_err)?
@@ -146,7 +157,9 @@ impl Notices for SledStore {
     async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()> {
         let mut k = prefix(target.as_str());
         k.extend_from_slice(watcher.as_str().as_bytes());
-        self.watchers
+        self.sled
+            .open()?
+            .watchers
             .insert(k, pool.as_bytes())
             .map_err(backend_err)?;
         self.wal_flusher.durable_db().await
@@ -155,7 +168,10 @@ impl Notices for SledStore {
     async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>> {
         let p = prefix(target.as_str());
         let mut out = vec![];
-        for item in self.watchers.scan_prefix(&p) {
+        let Some(sled) = self.sled.get() else {
+            return Ok(out);
+        };
+        for item in sled.watchers.scan_prefix(&p) {
             let (k, v) = item.map_err(backend_err)?;
             let w =
                 std::str::from_utf8(&k[p.len()..]).map_err(|e| Error::corrupt("watcher key", e))?;
@@ -221,8 +237,11 @@ mod tests {
         let s = open(dir.path());
         let data = b"stored by an earlier version";
         let hash = blake3::hash(data).to_hex().to_string();
-        s.blobs.insert(hash.as_bytes(), &data[..]).expect("insert");
-        s.db.flush().expect("flush");
+        let sled = s.sled.open().expect("sled");
+        sled.blobs
+            .insert(hash.as_bytes(), &data[..])
+            .expect("insert");
+        sled.db.flush().expect("flush");
         drop(s);
 
         let s = open(dir.path());
@@ -234,5 +253,51 @@ mod tests {
             frames_end,
             "the blob was written to the log again"
         );
+    }
+
+    /// sled is opened by the first write into it, not before: a store that only reads
+    /// finds it empty without opening it, and what the first write put there outlives the
+    /// store, dropped as any other after `leave`.
+    #[tokio::test]
+    async fn sled_is_opened_by_the_first_write_and_what_it_holds_outlives_the_store() {
+        use skein_ports::ports::{Cache, CacheEntry, Notices};
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let s = open(dir.path());
+        let (root, watcher) = (
+            skein_core::SessionId::parse("s-root").expect("id"),
+            skein_core::SessionId::parse("s-watcher").expect("id"),
+        );
+        assert_eq!(
+            Cache::get(&*s, "no such mission", 0).await.expect("get"),
+            None
+        );
+        assert!(s.watchers(&root).await.expect("watchers").is_empty());
+        assert!(!s.sled_opened(), "a read opened sled");
+        s.leave().await.expect("leave");
+        assert!(!dir.path().join("data/db").exists(), "sled was made");
+
+        let s = open(dir.path());
+        let entry = CacheEntry {
+            answer: "forty-two".into(),
+            usage: Default::default(),
+            source: root.clone(),
+            steps: 1,
+            created: 1,
+            expires: None,
+        };
+        Cache::put(&*s, "mission", &entry).await.expect("put");
+        s.watch(&root, &watcher, "default").await.expect("watch");
+        assert!(s.sled_opened());
+        s.leave().await.expect("leave");
+
+        let s = open(dir.path());
+        assert!(
+            s.sled_opened(),
+            "sled holds something: it is opened at once"
+        );
+        let got = Cache::get(&*s, "mission", 2).await.expect("get");
+        assert_eq!(got.map(|e| e.answer).as_deref(), Some("forty-two"));
+        let w = s.watchers(&root).await.expect("watchers");
+        assert_eq!(w, vec![(watcher, "default".to_string())]);
     }
 }

@@ -276,23 +276,17 @@ impl Flusher {
 
 /// The embedded store.
 pub struct SledStore {
-    db: sled::Db,
+    /// The sled database, opened when first needed (see [`Sled`]).
+    sled: Arc<Sled>,
     wal: Arc<wal::Wal>,
     /// The store's one group commit: of the event log, and of the sled database for the
     /// writes that ask for it ([`Flusher::durable_db`]).
     wal_flusher: Arc<Flusher>,
-    jobs: sled::Tree,
-    cache: sled::Tree,
-    blobs: sled::Tree,
-    watchers: sled::Tree,
     /// Single-flight claims and notices: soft state, in memory (see `kv.rs`).
     soft: std::sync::Mutex<kv::Soft>,
-    /// Set by [`SledStore::leave`]: a store it did not forget hands on and flushes
-    /// nothing more when dropped (leave did).
+    /// Set by [`SledStore::leave`]: the store then hands on and flushes nothing more when
+    /// dropped (leave did what was needed).
     left: AtomicBool,
-    /// The database as the flusher's task holds it: emptied when the store is dropped, so
-    /// that the database (and its lock) closes then, not when that task next wakes.
-    flushed_db: Arc<std::sync::Mutex<Option<sled::Db>>>,
     job_ready: Notify,
     /// Every job, by when it is due; see `jobs.rs`.
     job_index: std::sync::Mutex<jobs::JobIndex>,
@@ -346,31 +340,28 @@ impl SledStore {
     ) -> Result<Arc<Self>> {
         std::fs::create_dir_all(dir).map_err(backend_err)?;
         let lock = lock_dir(dir)?;
-        let db = open_db(&dir.join("db"))?;
-        let tree = |n: &str| db.open_tree(n).map_err(backend_err);
         let wal = Arc::new(wal::Wal::open(&dir.join("events.log"), wrap)?);
-        migrate_sled_log(&db, &wal)?;
-        let roots = roots::RootsIndex::open(&db, &wal)?;
+        let sled = Arc::new(Sled::new(&dir.join("db")));
+        if !Sled::empty_on_disk(&dir.join("db")) {
+            migrate_sled_log(&sled.open()?.db, &wal)?;
+        }
+        let roots = roots::RootsIndex::open(&sled, &wal)?;
         let w = wal.clone();
-        let flushed_db = Arc::new(std::sync::Mutex::new(Some(db.clone())));
-        let slot = flushed_db.clone();
+        let slot = sled.flushed.clone();
         let store = Self {
             wal_flusher: Flusher::start(
                 move || w.sync(),
+                // Only a write into the database asks for its flush, and that write opened
+                // it; a database dropped with the store has nothing more to flush.
                 move || match &*slot.lock().unwrap_or_else(|p| p.into_inner()) {
                     Some(db) => db.flush().map(|_| ()).map_err(std::io::Error::other),
                     None => Ok(()),
                 },
             ),
             wal,
-            jobs: tree("jobs")?,
-            cache: tree("cache")?,
-            blobs: tree("blobs")?,
-            watchers: tree("watchers")?,
             soft: Default::default(),
             left: AtomicBool::new(false),
-            flushed_db,
-            db,
+            sled,
             job_ready: Notify::new(),
             job_index: Default::default(),
             workspace_root: workspace_root.to_path_buf(),
@@ -443,13 +434,9 @@ impl SledStore {
     /// and single-flight marks are soft state (see `jobs.rs` and `kv.rs`), and what sled
     /// holds that must last (cache entries, watchers) was flushed when it was written.
     ///
-    /// The store is then never dropped (`mem::forget`): sled flushes whatever it holds as
-    /// its last tree handle closes, unconditionally, and a new database holds its own
-    /// creation; that flush starts sled's pool of I/O threads, which cost a short
-    /// `skein run` several milliseconds of CPU on the way out (`tests/embedded.rs` checks
-    /// that a run leaves sled's file empty). So this is for a process that exits next; one
-    /// that goes on using the data directory (a test, a server) drops the store instead,
-    /// which hands every job on, flushes and closes it.
+    /// The store is then dropped as any other. A process that never wrote into sled never
+    /// opened it (see [`Sled`]), so there is no database to close; one that did flushed it
+    /// then, and closing it finds nothing left to write.
     pub async fn leave(self: Arc<Self>) -> Result<()> {
         self.close_log()?;
         self.left.store(true, Ordering::SeqCst);
@@ -464,8 +451,13 @@ impl SledStore {
                 return self.flush().await;
             }
         }
-        std::mem::forget(self);
         Ok(())
+    }
+
+    /// Whether this process has opened the sled database (it does so on its first write
+    /// there, or at open when the database holds something).
+    pub fn sled_opened(&self) -> bool {
+        self.sled.get().is_some()
     }
 
     /// Flushes everything (used at shutdown).
@@ -474,7 +466,10 @@ impl SledStore {
         if let Some(e) = self.wal_flusher.failure() {
             return Err(e);
         }
-        self.db.flush_async().await.map(|_| ()).map_err(backend_err)
+        match self.sled.get() {
+            Some(o) => o.db.flush_async().await.map(|_| ()).map_err(backend_err),
+            None => Ok(()),
+        }
     }
 
     /// Syncs the event log and moves its mark over all of it.
@@ -504,12 +499,90 @@ impl Drop for SledStore {
             if let Err(e) = self.hand_on_jobs() {
                 tracing::warn!(error = %e, "the job queue could not be handed on; `skein resume` derives it");
             }
-            let _ = self.db.flush();
+            if let Some(o) = self.sled.get() {
+                let _ = o.db.flush();
+            }
         }
-        self.flushed_db
+        self.sled
+            .flushed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+    }
+}
+
+/// The sled database of a store, opened when first needed: when the store is opened if
+/// the database holds anything on disk, otherwise at the first write into it (a cache
+/// entry, a watcher, the index of roots, jobs handed on). Until then every read finds it
+/// empty, which it is. A `skein run` that writes nothing there (`--no-cache`, or a store
+/// whose index of roots was never written) so never opens sled, and never pays for its
+/// open, its I/O threads or the flush with which it closes.
+pub(crate) struct Sled {
+    path: PathBuf,
+    opened: OnceLock<Opened>,
+    opening: std::sync::Mutex<()>,
+    /// The database as the flusher's task holds it: emptied when the store is dropped, so
+    /// that the database (and its lock) closes then, not when that task next wakes.
+    flushed: Arc<std::sync::Mutex<Option<sled::Db>>>,
+}
+
+/// The open database and the trees of the store's ports.
+pub(crate) struct Opened {
+    pub(crate) db: sled::Db,
+    pub(crate) jobs: sled::Tree,
+    pub(crate) cache: sled::Tree,
+    pub(crate) blobs: sled::Tree,
+    pub(crate) watchers: sled::Tree,
+}
+
+impl Sled {
+    fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            opened: OnceLock::new(),
+            opening: std::sync::Mutex::new(()),
+            flushed: Arc::new(std::sync::Mutex::new(None)),
+        }
+    }
+
+    /// Whether the database at `path` holds nothing: it was never made, or never flushed
+    /// (sled writes its file only when it flushes, and its snapshots after that).
+    fn empty_on_disk(path: &Path) -> bool {
+        let Ok(entries) = std::fs::read_dir(path) else {
+            return true;
+        };
+        let file_empty = std::fs::metadata(path.join("db")).map_or(true, |m| m.len() == 0);
+        let snapshot = entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("snap."));
+        file_empty && !snapshot
+    }
+
+    /// The database, if this process has opened it.
+    pub(crate) fn get(&self) -> Option<&Opened> {
+        self.opened.get()
+    }
+
+    /// The database, opened now if it was not.
+    pub(crate) fn open(&self) -> Result<&Opened> {
+        if let Some(o) = self.opened.get() {
+            return Ok(o);
+        }
+        let _one = self.opening.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = self.opened.get() {
+            return Ok(o);
+        }
+        let db = open_db(&self.path)?;
+        let tree = |n: &str| db.open_tree(n).map_err(backend_err);
+        let opened = Opened {
+            jobs: tree("jobs")?,
+            cache: tree("cache")?,
+            blobs: tree("blobs")?,
+            watchers: tree("watchers")?,
+            db: db.clone(),
+        };
+        *self.flushed.lock().unwrap_or_else(|p| p.into_inner()) = Some(db);
+        Ok(self.opened.get_or_init(|| opened))
     }
 }
 

@@ -20,29 +20,60 @@
 //! the log, or a summary does not decode, the whole index is rebuilt from the log.
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use skein_core::SessionId;
 use skein_ports::roots::{page, Cursor, RootFilter, RootSummary, RootsPage};
 use skein_ports::{Error, Result};
 
-use crate::{backend_err, decode, encode, wal::Wal};
+use crate::{backend_err, decode, encode, wal::Wal, Sled};
 
 /// The index's layout; another value rebuilds it.
 const FORMAT: u64 = 1;
 
 pub(crate) struct RootsIndex {
-    db: sled::Db,
-    by_time: sled::Tree,
-    starts: sled::Tree,
-    /// The roots not finished: `root` → nothing.
-    open: sled::Tree,
-    meta: sled::Tree,
+    /// The store's database, opened by the first write of the index if it was not.
+    sled: Arc<Sled>,
+    trees: OnceLock<Trees>,
     /// Roots whose summary may be out of date, and whether the whole index is to be
     /// rebuilt.
     dirty: Mutex<Dirty>,
     /// One refresh at a time.
     refreshing: Mutex<()>,
+}
+
+struct Trees {
+    by_time: sled::Tree,
+    starts: sled::Tree,
+    /// The roots not finished: `root` → nothing.
+    open: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl Trees {
+    /// Writes `root`'s summary (none: removes it).
+    fn put(&self, root: &str, summary: Option<&RootSummary>) -> Result<()> {
+        if let Some(old) = self.starts.get(root).map_err(backend_err)? {
+            self.by_time.remove(old).map_err(backend_err)?;
+        }
+        match summary {
+            Some(s) => {
+                let k = key(s.started_at, root);
+                self.by_time.insert(&k, encode(s)?).map_err(backend_err)?;
+                self.starts.insert(root, k).map_err(backend_err)?;
+                if s.is_finished() {
+                    self.open.remove(root).map_err(backend_err)?;
+                } else {
+                    self.open.insert(root, &[]).map_err(backend_err)?;
+                }
+            }
+            None => {
+                self.starts.remove(root).map_err(backend_err)?;
+                self.open.remove(root).map_err(backend_err)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Default)]
@@ -63,34 +94,51 @@ fn u64_of(v: &[u8]) -> Option<u64> {
 
 impl RootsIndex {
     /// Opens the index over `wal`, finding which roots it does not cover. Writes nothing.
-    pub(crate) fn open(db: &sled::Db, wal: &Wal) -> Result<Self> {
-        let tree = |n: &str| db.open_tree(n).map_err(backend_err);
-        let meta = tree("roots_meta")?;
+    /// A database not opened (it holds nothing on disk) holds no index: it is built whole
+    /// by the first listing.
+    pub(crate) fn open(sled: &Arc<Sled>, wal: &Wal) -> Result<Self> {
+        let index = Self {
+            sled: sled.clone(),
+            trees: OnceLock::new(),
+            dirty: Mutex::new(Dirty {
+                roots: BTreeSet::new(),
+                rebuild: true,
+            }),
+            refreshing: Mutex::new(()),
+        };
+        if sled.get().is_none() {
+            return Ok(index);
+        }
+        let meta = &index.trees()?.meta;
         let format = meta.get("format").map_err(backend_err)?;
         let covered = meta.get("covered").map_err(backend_err)?;
         let covered = match (format.as_deref().and_then(u64_of), covered) {
             (Some(FORMAT), Some(c)) => u64_of(&c).filter(|c| *c <= wal.end()),
             _ => None,
         };
-        let dirty = match covered {
-            Some(c) => Dirty {
+        if let Some(c) = covered {
+            *index.dirty() = Dirty {
                 roots: wal.roots_written_since(c).into_iter().collect(),
                 rebuild: false,
-            },
-            None => Dirty {
-                roots: BTreeSet::new(),
-                rebuild: true,
-            },
-        };
-        Ok(Self {
-            db: db.clone(),
+            };
+        }
+        Ok(index)
+    }
+
+    /// The index's trees, opening the database if it was not.
+    fn trees(&self) -> Result<&Trees> {
+        if let Some(t) = self.trees.get() {
+            return Ok(t);
+        }
+        let db = &self.sled.open()?.db;
+        let tree = |n: &str| db.open_tree(n).map_err(backend_err);
+        let trees = Trees {
             by_time: tree("roots")?,
             starts: tree("root_starts")?,
             open: tree("open_roots")?,
-            meta,
-            dirty: Mutex::new(dirty),
-            refreshing: Mutex::new(()),
-        })
+            meta: tree("roots_meta")?,
+        };
+        Ok(self.trees.get_or_init(|| trees))
     }
 
     fn dirty(&self) -> std::sync::MutexGuard<'_, Dirty> {
@@ -142,11 +190,12 @@ impl RootsIndex {
     }
 
     fn write(&self, wal: &Wal, end: u64, roots: BTreeSet<String>, rebuild: bool) -> Result<usize> {
+        let t = self.trees()?;
         let roots: Vec<String> = if rebuild {
-            self.meta.remove("covered").map_err(backend_err)?;
-            self.by_time.clear().map_err(backend_err)?;
-            self.starts.clear().map_err(backend_err)?;
-            self.open.clear().map_err(backend_err)?;
+            t.meta.remove("covered").map_err(backend_err)?;
+            t.by_time.clear().map_err(backend_err)?;
+            t.starts.clear().map_err(backend_err)?;
+            t.open.clear().map_err(backend_err)?;
             wal.sessions_from("")
                 .into_iter()
                 .filter(|s| !s.contains('.') && !s.starts_with('!'))
@@ -157,47 +206,23 @@ impl RootsIndex {
         for root in &roots {
             let id = SessionId::parse(root)?;
             let summary = RootSummary::of(&id, &wal.read(&id, 1)?);
-            self.put(root, summary.as_ref())?;
+            t.put(root, summary.as_ref())?;
         }
-        self.meta
+        t.meta
             .insert("format", &FORMAT.to_be_bytes())
             .map_err(backend_err)?;
-        self.meta
+        t.meta
             .insert("covered", &end.to_be_bytes())
             .map_err(backend_err)?;
-        self.db.flush().map_err(backend_err)?;
+        self.sled.open()?.db.flush().map_err(backend_err)?;
         Ok(roots.len())
-    }
-
-    /// Writes `root`'s summary (none: removes it).
-    fn put(&self, root: &str, summary: Option<&RootSummary>) -> Result<()> {
-        if let Some(old) = self.starts.get(root).map_err(backend_err)? {
-            self.by_time.remove(old).map_err(backend_err)?;
-        }
-        match summary {
-            Some(s) => {
-                let k = key(s.started_at, root);
-                self.by_time.insert(&k, encode(s)?).map_err(backend_err)?;
-                self.starts.insert(root, k).map_err(backend_err)?;
-                if s.is_finished() {
-                    self.open.remove(root).map_err(backend_err)?;
-                } else {
-                    self.open.insert(root, &[]).map_err(backend_err)?;
-                }
-            }
-            None => {
-                self.starts.remove(root).map_err(backend_err)?;
-                self.open.remove(root).map_err(backend_err)?;
-            }
-        }
-        Ok(())
     }
 
     /// The roots not finished, from an index brought up to date first.
     pub(crate) fn open_roots(&self, wal: &Wal) -> Result<Vec<SessionId>> {
         self.refresh(wal)?;
         let mut out = vec![];
-        for item in self.open.iter() {
+        for item in self.trees()?.open.iter() {
             let (k, _) = item.map_err(backend_err)?;
             let root = std::str::from_utf8(&k)
                 .map_err(|e| Error::corrupt("a root in the index of roots", e))?;
@@ -233,9 +258,10 @@ impl RootsIndex {
         limit: usize,
         cursor: Option<&Cursor>,
     ) -> Result<RootsPage> {
+        let by_time = &self.trees()?.by_time;
         let range = match cursor {
-            Some(c) => self.by_time.range(..key(c.started_at, &c.root)),
-            None => self.by_time.iter(),
+            Some(c) => by_time.range(..key(c.started_at, &c.root)),
+            None => by_time.iter(),
         };
         let items = range.rev().map(|item| {
             let (_, v) = item.map_err(backend_err)?;
@@ -248,13 +274,14 @@ impl RootsIndex {
     pub(crate) fn bytes(&self) -> Result<(u64, u64)> {
         let mut bytes = 0u64;
         let mut n = 0u64;
-        for t in [&self.by_time, &self.starts] {
+        let trees = self.trees()?;
+        for t in [&trees.by_time, &trees.starts] {
             for item in t.iter() {
                 let (k, v) = item.map_err(backend_err)?;
                 bytes += (k.len() + v.len()) as u64;
             }
         }
-        for _ in self.starts.iter() {
+        for _ in trees.starts.iter() {
             n += 1;
         }
         Ok((bytes, n))
@@ -303,7 +330,7 @@ impl RootsIndex {
         self.refresh(wal)?;
         let mut out = vec![];
         // A root's first event is no later than its last: only keys started before `before`.
-        for item in self.by_time.range(..key(before, "")) {
+        for item in self.trees()?.by_time.range(..key(before, "")) {
             let (_, v) = item.map_err(backend_err)?;
             let s: RootSummary = decode(&v)?;
             if s.is_finished() && s.updated_at < before {
