@@ -41,6 +41,8 @@ stage() {
 summary() {
   local rc=$? i
   [ -n "${lane_dir:-}" ] && rm -rf "$lane_dir"
+  [ -n "${later_pid:-}" ] && kill "$later_pid" 2>/dev/null
+  [ -n "${later_log:-}" ] && rm -f "$later_log"
   {
     echo
     echo "stage                                   seconds"
@@ -196,7 +198,20 @@ check_rust_version() {
 }
 stage "rust-version = pinned toolchain" check_rust_version
 
-# Every suite, the NATS ones on the current server.
+# Every suite, the NATS ones on the current server: built first, then run.
+stage "build: tests" cargo test --workspace --all-targets --locked --no-run
+# The simulation (release) and the fuzzer (with coverage counters) are built while the
+# suites run, at the lowest priority: the suites spend much of their time waiting on
+# servers and processes, and the builds take the cores they leave idle. Neither shares a
+# lock with the test build's directory while the suites run (the simulation builds in
+# target/release, the fuzzer for an explicit target). Their output is shown when they are
+# waited for, below.
+later_log="$(mktemp)"
+(
+  nice -n 19 cargo build --release --locked -p skein-sim &&
+    nice -n 19 bash tests/fuzz_coverage.sh --list
+) >"$later_log" 2>&1 &
+later_pid=$!
 stage "tests (nats-server $CURRENT_NATS)" env NATS_SERVER="$current_nats" \
   cargo test --workspace --all-targets --locked
 # The suites whose outcome can differ by server version, again on the system's (older)
@@ -253,13 +268,21 @@ stage "real model" bash tests/real_model/run.sh
 # Each simulation process runs its seeds on one thread, and so does the fuzzer: the seeds
 # run in two lanes, one per core, beside the fuzzer (below), and each lane's output is
 # shown whole when it ends.
-stage "build: simulation (release)" cargo build --release --locked -p skein-sim
 
 # Every fuzz target for a bounded time on the committed corpus, guided by the coverage
 # counters of its own build (tests/fuzz_coverage.sh); a crash fails the run and its input
 # is left in crates/skein-fuzz/crashes/. See the README's "Fuzzing" section. Its hang
 # limit counts the CPU time an input takes, so sharing the cores does not make hangs.
-stage "build: fuzzer with coverage counters" bash tests/fuzz_coverage.sh --list
+#
+# Both were built beside the suites above; this waits for what is left of that.
+later_builds() {
+  local rc=0
+  wait "$later_pid" || rc=$?
+  later_pid=
+  cat "$later_log" >&2
+  return "$rc"
+}
+stage "build: simulation and fuzzer (the rest)" later_builds
 
 # Lanes: `lane NAME COMMAND...` starts one in the background, `lanes_wait` shows each
 # lane's output and time and fails if any lane failed.
