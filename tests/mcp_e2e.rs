@@ -1,8 +1,9 @@
 //! Agents using MCP servers end to end through the real binary with the scripted model:
 //! the reference filesystem server from npm (a read runs, a write waits for approval),
-//! and a FastMCP server of the Python SDK killed with the worker mid-call (kill -9, then
+//! the "everything" server's long call (its progress shows in `skein run`'s live view and
+//! is not recorded), and a FastMCP server of the Python SDK killed with the worker mid-call (kill -9, then
 //! resume: the call's outcome is recorded once, the server is not called again, and the
-//! tree replays exactly). About 10 s on two cores once the servers are installed.
+//! tree replays exactly). About 14 s on two cores once the servers are installed.
 
 mod common;
 #[path = "../crates/skein-mcp/tests/common/mod.rs"]
@@ -122,6 +123,50 @@ turns:
     );
     // The approval is re-derived on replay: the tool's annotations are part of the rules.
     let verified = run(&sb, &["replay", "scr", "--verify"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+}
+
+#[test]
+fn a_long_calls_progress_shows_in_the_live_view_and_is_not_recorded() {
+    let bin = mcp_servers::npm_bin();
+    let sb = Sandbox::new();
+    let server = bin.join("mcp-server-everything");
+    configure(
+        &sb,
+        &format!(
+            "\n[mcp.servers.ev]\ncommand = {}\nargs = [\"stdio\"]\n",
+            toml_str(server.to_str().unwrap())
+        ),
+    );
+    sb.agent(
+        "waiter",
+        "mcp: [ev]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: ev__trigger-long-running-operation
+        args: {duration: 1.2, steps: 4}
+  - answer: "{{ results[0] }}"
+"#,
+    );
+    // Without --json, the live view goes to stderr (plain lines, as it is no terminal).
+    let out = run(&sb, &["run", "--agent", "waiter", "--id", "lro", "go"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    // The first of the four notifications always shows; the rest may be held back.
+    assert!(
+        err.contains("⋯ ev__trigger-long-running-operation 1/4"),
+        "no progress line in:\n{err}"
+    );
+    let shown = err.matches("ev__trigger-long-running-operation ").count();
+    assert!((1..=4).contains(&shown), "{shown} lines:\n{err}");
+    let log = events(&sb, "lro");
+    assert!(
+        log.iter().all(|e| !e.to_string().contains("tool_progress")),
+        "progress was recorded: {log:?}"
+    );
+    assert_eq!(of_kind(&log, "ToolReturned").len(), 1, "{log:?}");
+    let verified = run(&sb, &["replay", "lro", "--verify"]);
     assert!(verified.status.success(), "{}", stderr(&verified));
 }
 

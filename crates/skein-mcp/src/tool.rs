@@ -140,9 +140,15 @@ impl Tool for McpTool {
                 self.server.name
             )));
         }
+        // Progress the server sends goes to whoever watches, as `3/10 message`.
+        let listener = ctx.progress.clone().map(|sink| {
+            let name = self.name.clone();
+            Arc::new(move |p: &crate::protocol::Progress| sink(&name, &p.line()))
+                as crate::client::ProgressListener
+        });
         let result = self
             .server
-            .call(&self.tool, args)
+            .call_heard(&self.tool, args, listener)
             .await
             .map_err(|e| match e {
                 McpError::Timeout(d) => ToolError::Timeout(d),

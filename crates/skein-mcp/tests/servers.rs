@@ -45,6 +45,7 @@ fn ctx(dir: &std::path::Path, blobs: Arc<MemBlobs>) -> ToolContext {
         session: SessionId::root("mcp-test").unwrap(),
         workspace: Arc::new(LocalWorkspace::new(dir.to_path_buf())),
         blobs: Some(blobs),
+        progress: None,
     }
 }
 

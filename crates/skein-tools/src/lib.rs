@@ -38,7 +38,13 @@ pub struct ToolContext {
     /// Where a tool may keep binary results (an MCP server's images), when the caller
     /// offers a store.
     pub blobs: Option<Arc<dyn skein_ports::ports::Blobs>>,
+    /// Where a long call tells how far it has got (an MCP server's progress
+    /// notifications), when someone watches: shown live, never recorded.
+    pub progress: Option<ProgressSink>,
 }
+
+/// Takes a tool's name and a line saying how far its call has got (`3/10 copying`).
+pub type ProgressSink = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
 pub use skein_ports::workspace::ToolError;
 

@@ -77,6 +77,7 @@ impl Messages {
                 session: SessionId::root("fuzz").map_err(|e| setup(&e))?,
                 workspace: Arc::new(LocalWorkspace::new(dir.path().to_path_buf())),
                 blobs: None,
+                progress: None,
             },
             _dir: dir,
         })
