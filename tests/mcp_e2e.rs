@@ -1,9 +1,11 @@
 //! Agents using MCP servers end to end through the real binary with the scripted model:
-//! the reference filesystem server from npm (a read runs, a write waits for approval),
+//! the reference filesystem server from npm (a read runs, a write waits for approval);
 //! the "everything" server's long call (its progress shows in `skein run`'s live view and
-//! is not recorded), and a FastMCP server of the Python SDK killed with the worker mid-call (kill -9, then
-//! resume: the call's outcome is recorded once, the server is not called again, and the
-//! tree replays exactly). About 14 s on two cores once the servers are installed.
+//! is not recorded); a FastMCP server of the Python SDK that adds a tool while a session
+//! runs (called on the next turn without a restart; the tree replays exactly), and one
+//! killed with the worker mid-call (kill -9, then resume: the call's outcome is recorded
+//! once, the server is not called again, and the tree replays exactly). About 20 s on two
+//! cores once the servers are installed.
 
 mod common;
 #[path = "../crates/skein-mcp/tests/common/mod.rs"]
@@ -167,6 +169,56 @@ turns:
     );
     assert_eq!(of_kind(&log, "ToolReturned").len(), 1, "{log:?}");
     let verified = run(&sb, &["replay", "lro", "--verify"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+}
+
+#[test]
+fn a_tool_a_server_adds_while_a_session_runs_is_called_on_its_next_turn() {
+    let py = mcp_servers::python();
+    let sb = Sandbox::new();
+    let script = mcp_servers::write_fastmcp(sb.dir.path());
+    configure(
+        &sb,
+        &format!(
+            "\n[mcp.servers.py]\ncommand = {}\nargs = [{}, \"stdio\"]\n",
+            toml_str(py.to_str().unwrap()),
+            toml_str(script.to_str().unwrap())
+        ),
+    );
+    // `grow` adds `extra` (read-only) and `risky` (no annotations: it would need approval,
+    // which the rules fixed at start do not name), and says the list changed.
+    sb.agent(
+        "grower",
+        "mcp: [py]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: py__grow
+        args: {}
+  - tool_calls:
+      - tool: py__extra
+        args: {}
+      - tool: py__risky
+        args: {}
+  - answer: "{{ results[0] }} / {{ results[1] }}"
+"#,
+    );
+    let out = run(
+        &sb,
+        &["run", "--agent", "grower", "--id", "grow", "--json", "go"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "completed", "{v}");
+    let answer = v["answer"].as_str().unwrap();
+    assert!(answer.starts_with("extra / "), "{v}");
+    assert!(answer.contains("after the worker started"), "{v}");
+    let log = events(&sb, "grow");
+    assert_eq!(of_kind(&log, "ToolReturned").len(), 3, "{log:?}");
+    assert!(of_kind(&log, "ApprovalRequested").is_empty(), "{log:?}");
+    // Replay starts the server afresh (it lists neither new tool) and derives the same
+    // decisions from the log alone.
+    let verified = run(&sb, &["replay", "grow", "--verify"]);
     assert!(verified.status.success(), "{}", stderr(&verified));
 }
 

@@ -838,6 +838,24 @@ impl Server {
         self.conn.lock().await.clone()
     }
 
+    /// Re-lists the tools if the server said they changed since they were last listed
+    /// (a dead server is left for its next call to start again).
+    pub async fn relist_if_changed(&self) {
+        let Some(c) = self.conn.lock().await.clone() else {
+            return;
+        };
+        if !c.alive() || !c.signals.list_changed.load(Ordering::SeqCst) {
+            return;
+        }
+        match tokio::time::timeout(self.cfg.startup_timeout, c.list_tools()).await {
+            Ok(Ok(t)) => *lock(&self.tools) = t,
+            Ok(Err(e)) => {
+                tracing::warn!(server = %self.name, error = %e, "re-listing tools failed")
+            }
+            Err(_) => tracing::warn!(server = %self.name, "no answer to `tools/list`"),
+        }
+    }
+
     /// Re-lists the tools now.
     pub async fn refresh(&self) -> Result<Vec<ToolDef>, McpError> {
         let c = self.connection().await?;
