@@ -279,6 +279,10 @@ async fn a_fastmcp_server_over_stdio_is_started_again_when_it_dies() {
     assert!(names.iter().any(|n| n == "py__extra"), "{names:?}");
     assert!(!names.iter().any(|n| n == "py__risky"), "{names:?}");
     assert!(tb.spec("py__extra").is_some());
+    assert!(
+        tb.spec("py__risky").is_none(),
+        "named in `tools:`, it is still not shown"
+    );
     assert!(!tb.requires_approval("py__extra"));
     let out = tb.run(&c, "py__extra", &json!({})).await;
     assert!(!out.error && out.output == "extra", "{out:?}");

@@ -52,6 +52,10 @@ pub type ProgressSink = Arc<dyn Fn(&str, &str) + Send + Sync>;
 pub trait ToolSource: Send + Sync {
     /// Names of the tools offered now.
     fn names(&self) -> Vec<String>;
+    /// Whether `name` is offered now.
+    fn offers(&self, name: &str) -> bool {
+        self.names().iter().any(|n| n == name)
+    }
     /// A tool by name: one offered now, or one offered before, whose call then says why
     /// it does not run.
     fn get(&self, name: &str) -> Option<Arc<dyn Tool>>;
@@ -193,8 +197,17 @@ impl ToolBox {
         all.into_iter().collect()
     }
 
+    /// What a model is shown of a tool offered now.
     pub fn spec(&self, name: &str) -> Option<ToolSpec> {
-        self.get(name).map(|t| ToolSpec {
+        let tool = match self.tools.get(name) {
+            Some(t) => Some(t.clone()),
+            None => self
+                .sources
+                .iter()
+                .find(|s| s.offers(name))
+                .and_then(|s| s.get(name)),
+        };
+        tool.map(|t| ToolSpec {
             name: t.name().to_string(),
             description: t.description().to_string(),
             parameters: t.parameters(),
