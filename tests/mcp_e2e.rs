@@ -2,9 +2,10 @@
 //! the reference filesystem server from npm (a read runs, a write waits for approval);
 //! the "everything" server's long call (its progress shows in `skein run`'s live view and
 //! is not recorded); a FastMCP server of the Python SDK that adds a tool while a session
-//! runs (called on the next turn without a restart; the tree replays exactly), and one
+//! runs (called on the next turn without a restart, not by a child its caller narrowed
+//! with `allowed_tools`; the trees replay exactly), and one
 //! killed with the worker mid-call (kill -9, then resume: the call's outcome is recorded
-//! once, the server is not called again, and the tree replays exactly). About 20 s on two
+//! once, the server is not called again, and the tree replays exactly). About 25 s on two
 //! cores once the servers are installed.
 
 mod common;
@@ -202,6 +203,17 @@ turns:
         args: {}
   - answer: "{{ results[0] }} / {{ results[1] }}"
 "#,
+    )
+    .agent(
+        "narrow",
+        "agents: [grower]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: grower, mission: "grow", allowed_tools: [py__grow]}
+  - answer: "{{ results[0].result }}"
+"#,
     );
     let out = run(
         &sb,
@@ -219,6 +231,18 @@ turns:
     // Replay starts the server afresh (it lists neither new tool) and derives the same
     // decisions from the log alone.
     let verified = run(&sb, &["replay", "grow", "--verify"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+
+    // Narrowed by its caller to `py__grow`, the same agent may not call what `grow` adds.
+    let out = run(
+        &sb,
+        &["run", "--agent", "narrow", "--id", "narrow", "--json", "go"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = v["answer"].as_str().unwrap();
+    assert_eq!(answer.matches("may use only: py__grow").count(), 2, "{v}");
+    let verified = run(&sb, &["replay", "narrow", "--verify"]);
     assert!(verified.status.success(), "{}", stderr(&verified));
 }
 
