@@ -452,7 +452,9 @@ impl Progress {
     /// message is cut at 200 bytes and its control characters are dropped.
     pub fn line(&self) -> String {
         let num = |n: f64| {
-            if n.fract() == 0.0 && n.abs() < 1e15 {
+            if n.abs() >= 1e15 {
+                format!("{n:e}")
+            } else if n.fract() == 0.0 {
                 format!("{}", n as i64)
             } else {
                 format!("{n:.2}")
@@ -487,6 +489,7 @@ mod tests {
             "3/10 copying"
         );
         assert_eq!(p(json!({"progressToken": 1, "progress": 0.25})), "0.25");
+        assert_eq!(p(json!({"progressToken": 1, "progress": 1e300})), "1e300");
         let long = p(json!({"progressToken": 1, "progress": 1, "message": "x".repeat(500)}));
         assert!(long.len() <= 202, "{long}");
     }

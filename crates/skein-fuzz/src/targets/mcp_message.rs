@@ -110,10 +110,14 @@ impl Messages {
                 ok
             }
             Incoming::Response { result: Err(_), .. } | Incoming::Request { .. } => true,
-            Incoming::Notification { params, .. } => {
-                let _ = Progress::from_params(&params);
-                true
-            }
+            Incoming::Notification { params, .. } => match Progress::from_params(&params) {
+                // The live view's line stays one short line, whatever the server sent.
+                Some(p) => {
+                    let line = p.line();
+                    !line.contains(['\n', '\r']) && line.len() <= 2 * 64 + 2 + 200
+                }
+                None => true,
+            },
         }
     }
 }
