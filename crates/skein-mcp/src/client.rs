@@ -839,9 +839,10 @@ impl Server {
     }
 
     /// Re-lists the tools if the server said they changed since they were last listed
-    /// (a dead server is left for its next call to start again).
+    /// (a dead server is left for its next call to start again). Never waits for a
+    /// server being started again: its tools are listed when it is up.
     pub async fn relist_if_changed(&self) {
-        let Some(c) = self.conn.lock().await.clone() else {
+        let Some(c) = self.conn.try_lock().ok().and_then(|slot| slot.clone()) else {
             return;
         };
         if !c.alive() || !c.signals.list_changed.load(Ordering::SeqCst) {
