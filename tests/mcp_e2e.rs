@@ -1,8 +1,12 @@
 //! Agents using MCP servers end to end through the real binary with the scripted model:
-//! the reference filesystem server from npm (a read runs, a write waits for approval),
-//! and a FastMCP server of the Python SDK killed with the worker mid-call (kill -9, then
-//! resume: the call's outcome is recorded once, the server is not called again, and the
-//! tree replays exactly). About 10 s on two cores once the servers are installed.
+//! the reference filesystem server from npm (a read runs, a write waits for approval);
+//! the "everything" server's long call (its progress shows in `skein run`'s live view and
+//! is not recorded); a FastMCP server of the Python SDK that adds a tool while a session
+//! runs (called on the next turn without a restart, not by a child its caller narrowed
+//! with `allowed_tools`; the trees replay exactly), and one
+//! killed with the worker mid-call (kill -9, then resume: the call's outcome is recorded
+//! once, the server is not called again, and the tree replays exactly). About 25 s on two
+//! cores once the servers are installed.
 
 mod common;
 #[path = "../crates/skein-mcp/tests/common/mod.rs"]
@@ -122,6 +126,123 @@ turns:
     );
     // The approval is re-derived on replay: the tool's annotations are part of the rules.
     let verified = run(&sb, &["replay", "scr", "--verify"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+}
+
+#[test]
+fn a_long_calls_progress_shows_in_the_live_view_and_is_not_recorded() {
+    let bin = mcp_servers::npm_bin();
+    let sb = Sandbox::new();
+    let server = bin.join("mcp-server-everything");
+    configure(
+        &sb,
+        &format!(
+            "\n[mcp.servers.ev]\ncommand = {}\nargs = [\"stdio\"]\n",
+            toml_str(server.to_str().unwrap())
+        ),
+    );
+    sb.agent(
+        "waiter",
+        "mcp: [ev]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: ev__trigger-long-running-operation
+        args: {duration: 1.2, steps: 4}
+  - answer: "{{ results[0] }}"
+"#,
+    );
+    // Without --json, the live view goes to stderr (plain lines, as it is no terminal).
+    let out = run(&sb, &["run", "--agent", "waiter", "--id", "lro", "go"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    // The first of the four notifications always shows; the rest may be held back.
+    assert!(
+        err.contains("⋯ ev__trigger-long-running-operation 1/4"),
+        "no progress line in:\n{err}"
+    );
+    let shown = err.matches("ev__trigger-long-running-operation ").count();
+    assert!((1..=4).contains(&shown), "{shown} lines:\n{err}");
+    let log = events(&sb, "lro");
+    assert!(
+        log.iter().all(|e| !e.to_string().contains("tool_progress")),
+        "progress was recorded: {log:?}"
+    );
+    assert_eq!(of_kind(&log, "ToolReturned").len(), 1, "{log:?}");
+    let verified = run(&sb, &["replay", "lro", "--verify"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+}
+
+#[test]
+fn a_tool_a_server_adds_while_a_session_runs_is_called_on_its_next_turn() {
+    let py = mcp_servers::python();
+    let sb = Sandbox::new();
+    let script = mcp_servers::write_fastmcp(sb.dir.path());
+    configure(
+        &sb,
+        &format!(
+            "\n[mcp.servers.py]\ncommand = {}\nargs = [{}, \"stdio\"]\n",
+            toml_str(py.to_str().unwrap()),
+            toml_str(script.to_str().unwrap())
+        ),
+    );
+    // `grow` adds `extra` (read-only) and `risky` (no annotations: it would need approval,
+    // which the rules fixed at start do not name), and says the list changed.
+    sb.agent(
+        "grower",
+        "mcp: [py]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: py__grow
+        args: {}
+  - tool_calls:
+      - tool: py__extra
+        args: {}
+      - tool: py__risky
+        args: {}
+  - answer: "{{ results[0] }} / {{ results[1] }}"
+"#,
+    )
+    .agent(
+        "narrow",
+        "agents: [grower]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: grower, mission: "grow", allowed_tools: [py__grow]}
+  - answer: "{{ results[0].result }}"
+"#,
+    );
+    let out = run(
+        &sb,
+        &["run", "--agent", "grower", "--id", "grow", "--json", "go"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "completed", "{v}");
+    let answer = v["answer"].as_str().unwrap();
+    assert!(answer.starts_with("extra / "), "{v}");
+    assert!(answer.contains("after the worker started"), "{v}");
+    let log = events(&sb, "grow");
+    assert_eq!(of_kind(&log, "ToolReturned").len(), 3, "{log:?}");
+    assert!(of_kind(&log, "ApprovalRequested").is_empty(), "{log:?}");
+    // Replay starts the server afresh (it lists neither new tool) and derives the same
+    // decisions from the log alone.
+    let verified = run(&sb, &["replay", "grow", "--verify"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+
+    // Narrowed by its caller to `py__grow`, the same agent may not call what `grow` adds.
+    let out = run(
+        &sb,
+        &["run", "--agent", "narrow", "--id", "narrow", "--json", "go"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = v["answer"].as_str().unwrap();
+    assert_eq!(answer.matches("may use only: py__grow").count(), 2, "{v}");
+    let verified = run(&sb, &["replay", "narrow", "--verify"]);
     assert!(verified.status.success(), "{}", stderr(&verified));
 }
 

@@ -89,6 +89,22 @@ fn a_custom_agents_tool_allowlist_is_its_tools() {
 }
 
 #[test]
+fn allowed_tools_may_name_tools_of_a_server_the_child_has_whole() {
+    let call = |only: serde_json::Value| {
+        let set = agents(&[("boss", "agents: [gitter]\n"), ("gitter", "mcp: [git]\n")]);
+        let args = json!({"agent": "gitter", "mission": "m", "allowed_tools": only});
+        given(set, "boss").events([submitted("boss"), turn(&[("c1", "call_agent", args)], 10)])
+    };
+    for only in [json!(["git__status"]), json!(["git__*"])] {
+        let ds = call(only.clone()).when_deciding().then_delegates(&["c1"]);
+        assert_eq!(json!(ds[0].allowed_tools), only);
+    }
+    call(json!(["git__status", "hg__log"]))
+        .when_deciding()
+        .then_refused("c1", "it does not have `hg__log`");
+}
+
+#[test]
 fn allowed_tools_narrows_the_child_and_cannot_widen_it() {
     let ds = call_with(json!({"agent": "expert", "mission": "m", "allowed_tools": ["read_file"]}))
         .when_deciding()

@@ -55,7 +55,13 @@ pub struct Signals {
     pub list_changed: AtomicBool,
     /// Progress of calls in flight, by progress token (the request's id).
     pub progress: Mutex<HashMap<i64, protocol::Progress>>,
+    /// Who hears a call's progress as it arrives, by progress token.
+    listeners: Mutex<HashMap<i64, ProgressListener>>,
 }
+
+/// Hears each `notifications/progress` of one call. It runs on the task that reads the
+/// server, so it must not block.
+pub type ProgressListener = Arc<dyn Fn(&protocol::Progress) + Send + Sync>;
 
 impl Signals {
     fn notified(&self, method: &str, params: &Value) {
@@ -64,6 +70,10 @@ impl Signals {
             "notifications/progress" => {
                 if let Some(p) = protocol::Progress::from_params(params) {
                     if let Some(t) = p.token.as_i64() {
+                        let listener = lock(&self.listeners).get(&t).cloned();
+                        if let Some(l) = listener {
+                            l(&p);
+                        }
                         lock(&self.progress).insert(t, p);
                     }
                 }
@@ -544,6 +554,7 @@ impl Drop for CancelOnDrop {
                     );
                     let _ = conn.notify_raw(&msg).await;
                     lock(&conn.signals.progress).remove(&id);
+                    lock(&conn.signals.listeners).remove(&id);
                 });
             }
         }
@@ -631,16 +642,25 @@ impl Connection {
 
     /// Sends a request and waits for its answer. Dropped before the answer (a timeout, a
     /// cancelled step), it tells the server with `notifications/cancelled`.
-    pub async fn request(
+    pub async fn request(self: &Arc<Self>, method: &str, params: Value) -> Result<Value, McpError> {
+        self.request_heard(method, params, None).await
+    }
+
+    /// [`Connection::request`], with `listener` hearing the call's progress.
+    async fn request_heard(
         self: &Arc<Self>,
         method: &str,
         mut params: Value,
+        listener: Option<ProgressListener>,
     ) -> Result<Value, McpError> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         if method == "tools/call" {
             if let Value::Object(p) = &mut params {
                 p.insert("_meta".into(), json!({"progressToken": id}));
             }
+        }
+        if let Some(l) = listener {
+            lock(&self.signals.listeners).insert(id, l);
         }
         let mut guard = CancelOnDrop {
             conn: Some(self.clone()),
@@ -649,6 +669,7 @@ impl Connection {
         let r = self.send_request(id, method, params).await;
         guard.conn = None;
         lock(&self.signals.progress).remove(&id);
+        lock(&self.signals.listeners).remove(&id);
         r
     }
 
@@ -680,8 +701,22 @@ impl Connection {
         name: &str,
         args: Value,
     ) -> Result<CallResult, McpError> {
+        self.call_tool_heard(name, args, None).await
+    }
+
+    /// [`Connection::call_tool`], with `listener` hearing the call's progress.
+    pub async fn call_tool_heard(
+        self: &Arc<Self>,
+        name: &str,
+        args: Value,
+        listener: Option<ProgressListener>,
+    ) -> Result<CallResult, McpError> {
         let r = self
-            .request("tools/call", json!({"name": name, "arguments": args}))
+            .request_heard(
+                "tools/call",
+                json!({"name": name, "arguments": args}),
+                listener,
+            )
             .await?;
         Ok(CallResult::from_value(&r)?)
     }
@@ -803,6 +838,25 @@ impl Server {
         self.conn.lock().await.clone()
     }
 
+    /// Re-lists the tools if the server said they changed since they were last listed
+    /// (a dead server is left for its next call to start again). Never waits for a
+    /// server being started again: its tools are listed when it is up.
+    pub async fn relist_if_changed(&self) {
+        let Some(c) = self.conn.try_lock().ok().and_then(|slot| slot.clone()) else {
+            return;
+        };
+        if !c.alive() || !c.signals.list_changed.load(Ordering::SeqCst) {
+            return;
+        }
+        match tokio::time::timeout(self.cfg.startup_timeout, c.list_tools()).await {
+            Ok(Ok(t)) => *lock(&self.tools) = t,
+            Ok(Err(e)) => {
+                tracing::warn!(server = %self.name, error = %e, "re-listing tools failed")
+            }
+            Err(_) => tracing::warn!(server = %self.name, "no answer to `tools/list`"),
+        }
+    }
+
     /// Re-lists the tools now.
     pub async fn refresh(&self) -> Result<Vec<ToolDef>, McpError> {
         let c = self.connection().await?;
@@ -814,6 +868,16 @@ impl Server {
     /// Calls a tool, waiting for a free slot first, within the server's timeout (the
     /// wait for a slot included). Past the timeout the call is cancelled at the server.
     pub async fn call(&self, tool: &str, args: Value) -> Result<CallResult, McpError> {
+        self.call_heard(tool, args, None).await
+    }
+
+    /// [`Server::call`], with `listener` hearing the call's progress.
+    pub async fn call_heard(
+        &self,
+        tool: &str,
+        args: Value,
+        listener: Option<ProgressListener>,
+    ) -> Result<CallResult, McpError> {
         let limit = self.cfg.timeout;
         tokio::time::timeout(limit, async {
             let _permit = self
@@ -822,7 +886,7 @@ impl Server {
                 .await
                 .map_err(|_| McpError::Gone("the server is closed".into()))?;
             let c = self.connection().await?;
-            c.call_tool(tool, args).await
+            c.call_tool_heard(tool, args, listener).await
         })
         .await
         .map_err(|_| McpError::Timeout(limit))?

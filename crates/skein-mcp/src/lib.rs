@@ -3,8 +3,9 @@
 //! [`protocol`] holds the messages (revision 2025-06-18; 2025-03-26 accepted), [`client`]
 //! a connection over stdio or Streamable HTTP and the [`client::Server`] a worker keeps,
 //! [`tool`] a server's tool as a skein [`skein_tools::Tool`], and [`config`] the
-//! `[mcp.servers.NAME]` table. [`McpTools::start`] starts every configured server and
-//! adds their tools to a [`skein_tools::ToolBox`]. See docs/mcp.md.
+//! `[mcp.servers.NAME]` table. [`McpTools::start`] starts every configured server, and
+//! [`McpTools::add_to`] offers their tools in a [`skein_tools::ToolBox`], a list that
+//! follows the servers' changes. See docs/mcp.md.
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ pub mod tool;
 
 pub use client::{Connection, McpError, Server};
 pub use config::{Approval, McpConfig, ServerConfig, SEPARATOR};
-pub use tool::McpTool;
+pub use tool::{McpSource, McpTool};
 
 /// The servers a worker started.
 #[derive(Default, Clone)]
@@ -44,18 +45,12 @@ impl McpTools {
         out
     }
 
-    /// Adds every listed tool of every started server to `tools`; returns why some are
-    /// not offered (a name a model would not accept).
+    /// Offers the tools of every started server in `tools`, as a list that follows each
+    /// server's `notifications/tools/list_changed` ([`tool::McpSource`]); returns why
+    /// some are not offered (a name a model would not accept).
     pub fn add_to(&self, tools: &mut skein_tools::ToolBox) -> Vec<String> {
-        let mut skipped = vec![];
-        for s in &self.servers {
-            for def in s.tools() {
-                match McpTool::new(s.clone(), def) {
-                    Ok(t) => tools.insert(Arc::new(t)),
-                    Err(why) => skipped.push(why),
-                }
-            }
-        }
+        let (source, skipped) = tool::McpSource::new(self.servers.clone());
+        tools.add_source(Arc::new(source));
         skipped
     }
 

@@ -447,12 +447,52 @@ impl Progress {
             message: p.get("message").and_then(Value::as_str).map(str::to_string),
         })
     }
+
+    /// How far it has got, in one short line: `3/10 copying`, `0.5`, `2 steps done`. The
+    /// message is cut at 200 bytes and its control characters are dropped.
+    pub fn line(&self) -> String {
+        let num = |n: f64| {
+            if n.abs() >= 1e15 {
+                format!("{n:e}")
+            } else if n.fract() == 0.0 {
+                format!("{}", n as i64)
+            } else {
+                format!("{n:.2}")
+            }
+        };
+        let mut out = match self.total {
+            Some(t) => format!("{}/{}", num(self.progress), num(t)),
+            None => num(self.progress),
+        };
+        if let Some(m) = &self.message {
+            let m: String = m.chars().filter(|c| !c.is_control()).collect();
+            let m = skein_core::text::clip(m.trim(), 200);
+            if !m.is_empty() {
+                out.push(' ');
+                out.push_str(m);
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_is_told_in_one_short_line() {
+        let p = |v: Value| Progress::from_params(&v).unwrap().line();
+        assert_eq!(
+            p(json!({"progressToken": 1, "progress": 3, "total": 10, "message": "copying\n"})),
+            "3/10 copying"
+        );
+        assert_eq!(p(json!({"progressToken": 1, "progress": 0.25})), "0.25");
+        assert_eq!(p(json!({"progressToken": 1, "progress": 1e300})), "1e300");
+        let long = p(json!({"progressToken": 1, "progress": 1, "message": "x".repeat(500)}));
+        assert!(long.len() <= 202, "{long}");
+    }
 
     #[test]
     fn reads_responses_requests_notifications_and_batches() {

@@ -2,13 +2,14 @@
 //! approval decided from its annotations and the config, its result turned into the text
 //! a model reads (images, audio and resources kept as blobs).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use base64::Engine;
 use serde_json::Value;
-use skein_tools::{Result, Tool, ToolContext, ToolError};
+use skein_tools::{Result, Tool, ToolContext, ToolError, ToolSource};
 
 use crate::client::{McpError, Server};
 use crate::config::{Approval, MAX_TOOL_NAME, SEPARATOR};
@@ -63,6 +64,9 @@ pub struct McpTool {
     name: String,
     /// Decided at start: the runtime's approval rules are fixed for a worker's life.
     approval: bool,
+    /// First listed after the worker started: the approval rules do not name it, so it
+    /// runs only while it needs no approval.
+    later: bool,
     /// What it was first listed as, for a server that listed it no more.
     listed: ToolDef,
 }
@@ -72,11 +76,23 @@ impl McpTool {
         let name = exposed_name(&server.name, &def.name)?;
         Ok(Self {
             approval: needs_approval(&server, &def),
+            later: false,
             tool: def.name.clone(),
             name,
             listed: def,
             server,
         })
+    }
+
+    /// A tool the server listed after the worker started (after it said its list
+    /// changed, or once started again). The approval rules, fixed at start, do not name
+    /// it: it never waits for approval, and a call is refused while its annotations or
+    /// the config say it would need it.
+    pub fn listed_later(server: Arc<Server>, def: ToolDef) -> std::result::Result<Self, String> {
+        let mut t = Self::new(server, def)?;
+        t.approval = false;
+        t.later = true;
+        Ok(t)
     }
 
     fn current(&self) -> ToolDef {
@@ -134,15 +150,29 @@ impl Tool for McpTool {
         // The approval rule was fixed at start; a tool that has become one needing
         // approval since is not run without it.
         if !self.approval && needs_approval(&self.server, &def) {
-            return Err(ToolError::Refused(format!(
-                "the server `{}` now describes this tool as one that changes things; it \
-                 runs again once the worker restarts and asks for approval",
-                self.server.name
-            )));
+            return Err(ToolError::Refused(if self.later {
+                format!(
+                    "the server `{}` listed this tool after the worker started, and it needs \
+                     a person's approval; it can be called once the worker restarts",
+                    self.server.name
+                )
+            } else {
+                format!(
+                    "the server `{}` now describes this tool as one that changes things; it \
+                     runs again once the worker restarts and asks for approval",
+                    self.server.name
+                )
+            }));
         }
+        // Progress the server sends goes to whoever watches, as `3/10 message`.
+        let listener = ctx.progress.clone().map(|sink| {
+            let name = self.name.clone();
+            Arc::new(move |p: &crate::protocol::Progress| sink(&name, &p.line()))
+                as crate::client::ProgressListener
+        });
         let result = self
             .server
-            .call(&self.tool, args)
+            .call_heard(&self.tool, args, listener)
             .await
             .map_err(|e| match e {
                 McpError::Timeout(d) => ToolError::Timeout(d),
@@ -163,6 +193,84 @@ impl Tool for McpTool {
         } else {
             Ok(text)
         }
+    }
+}
+
+/// The tools of a worker's servers as a list that follows their changes. A tool a server
+/// lists now is offered, with two exceptions that keep the approval rules (fixed when the
+/// worker starts, and re-derived the same by replay) true: a tool first listed later that
+/// would need approval is not offered, and a call of it is refused; a tool listed no more
+/// is not offered, and a call of it is a tool error saying so.
+pub struct McpSource {
+    servers: Vec<Arc<Server>>,
+    /// Every tool seen, by the name the model knows it by.
+    seen: Mutex<BTreeMap<String, Arc<McpTool>>>,
+}
+
+impl McpSource {
+    /// The servers' tools as listed now, which the approval rules are made from; returns
+    /// why some are not offered too.
+    pub fn new(servers: Vec<Arc<Server>>) -> (Self, Vec<String>) {
+        let mut seen = BTreeMap::new();
+        let mut skipped = vec![];
+        for s in &servers {
+            for def in s.tools() {
+                match McpTool::new(s.clone(), def) {
+                    Ok(t) => {
+                        seen.insert(t.name.clone(), Arc::new(t));
+                    }
+                    Err(why) => skipped.push(why),
+                }
+            }
+        }
+        let source = Self {
+            servers,
+            seen: Mutex::new(seen),
+        };
+        (source, skipped)
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<McpTool>>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl ToolSource for McpSource {
+    fn names(&self) -> Vec<String> {
+        let seen = self.seen();
+        let mut out = vec![];
+        for s in &self.servers {
+            for def in s.tools() {
+                let Ok(name) = exposed_name(&s.name, &def.name) else {
+                    continue;
+                };
+                let offered = match seen.get(&name) {
+                    Some(t) => t.approval || !needs_approval(s, &def),
+                    None => !needs_approval(s, &def),
+                };
+                if offered {
+                    out.push(name);
+                }
+            }
+        }
+        out
+    }
+
+    fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        if let Some(t) = self.seen().get(name) {
+            return Some(t.clone());
+        }
+        let (server, tool) = name.split_once(SEPARATOR)?;
+        let s = self.servers.iter().find(|s| s.name == server)?;
+        let t = Arc::new(McpTool::listed_later(s.clone(), s.tool(tool)?).ok()?);
+        let mut seen = self.seen();
+        let t = seen.entry(name.to_string()).or_insert(t).clone();
+        Some(t)
+    }
+
+    async fn refresh(&self) {
+        futures::future::join_all(self.servers.iter().map(|s| s.relist_if_changed())).await;
     }
 }
 

@@ -45,6 +45,7 @@ fn ctx(dir: &std::path::Path, blobs: Arc<MemBlobs>) -> ToolContext {
         session: SessionId::root("mcp-test").unwrap(),
         workspace: Arc::new(LocalWorkspace::new(dir.to_path_buf())),
         blobs: Some(blobs),
+        progress: None,
     }
 }
 
@@ -270,8 +271,36 @@ async fn a_fastmcp_server_over_stdio_is_started_again_when_it_dies() {
     assert!(srv.tool("extra").is_none());
     let out = tb.run(&c, "py__grow", &json!({})).await;
     assert!(!out.error, "{out:?}");
-    let _ = tb.run(&c, "py__add", &json!({"a": 1, "b": 1})).await;
+    tb.refresh().await;
     assert!(srv.tool("extra").is_some(), "{:?}", srv.tools());
+    // It is offered at once, and runs; one that would need approval is neither offered
+    // nor run, since the approval rules were fixed at start.
+    let names = tb.names();
+    assert!(names.iter().any(|n| n == "py__extra"), "{names:?}");
+    assert!(!names.iter().any(|n| n == "py__risky"), "{names:?}");
+    assert!(tb.spec("py__extra").is_some());
+    assert!(
+        tb.spec("py__risky").is_none(),
+        "named in `tools:`, it is still not shown"
+    );
+    assert!(!tb.requires_approval("py__extra"));
+    let out = tb.run(&c, "py__extra", &json!({})).await;
+    assert!(!out.error && out.output == "extra", "{out:?}");
+    let out = tb.run(&c, "py__risky", &json!({})).await;
+    assert!(
+        out.error && out.output.contains("after the worker started"),
+        "{out:?}"
+    );
+    // A tool the server lists no more is not offered, and a call of it is a tool error.
+    let out = tb.run(&c, "py__shrink", &json!({})).await;
+    assert!(!out.error, "{out:?}");
+    tb.refresh().await;
+    assert!(!tb.names().iter().any(|n| n == "py__extra"));
+    let out = tb.run(&c, "py__extra", &json!({})).await;
+    assert!(
+        out.error && out.output.contains("no longer lists"),
+        "{out:?}"
+    );
 
     // A call past its timeout is cancelled at the server, which stops the tool.
     let naps = dir.path().join("naps.txt");

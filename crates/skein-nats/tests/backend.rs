@@ -344,6 +344,7 @@ async fn the_object_store_workspace_is_capped_as_a_whole() {
         session: root.clone(),
         workspace: store.backend().workspaces.for_tree(&root),
         blobs: None,
+        progress: None,
     };
     // Another tree's files do not count against this one.
     let other = store

@@ -75,7 +75,16 @@ pub struct Progress {
     pub kind: String,
     pub status: Status,
     pub steps: u32,
+    /// What a line of kind [`TOOL_PROGRESS`] says: the tool and how far its call has got
+    /// (`fs__copy 3/10 copying`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
+
+/// The kind of a [`Progress`] line that tells how far a running tool call has got (an
+/// MCP server's progress notifications). Such lines are never recorded: the model does
+/// not read them, so a replay is the same without them.
+pub const TOOL_PROGRESS: &str = "tool_progress";
 
 /// A piece of a model answer's text as it arrives from the provider. Deltas are
 /// ephemeral and best-effort: never recorded, dropped when nobody listens or a listener
@@ -161,6 +170,11 @@ impl<T: Clone> Broadcast<T> {
         self.tx
             .get_or_init(|| broadcast::channel(self.capacity).0)
             .subscribe()
+    }
+
+    /// A sender, when someone has subscribed.
+    pub(crate) fn sender(&self) -> Option<broadcast::Sender<T>> {
+        self.tx.get().filter(|tx| tx.receiver_count() > 0).cloned()
     }
 
     pub(crate) fn receiver_count(&self) -> usize {

@@ -255,6 +255,7 @@ impl Runtime {
                 kind: r.env.body.kind().to_string(),
                 status,
                 steps,
+                detail: None,
             });
         }
         Ok(())
@@ -277,6 +278,7 @@ impl Runtime {
             kind: kind.to_string(),
             status,
             steps,
+            detail: None,
         });
     }
 

@@ -38,6 +38,29 @@ pub struct ToolContext {
     /// Where a tool may keep binary results (an MCP server's images), when the caller
     /// offers a store.
     pub blobs: Option<Arc<dyn skein_ports::ports::Blobs>>,
+    /// Where a long call tells how far it has got (an MCP server's progress
+    /// notifications), when someone watches: shown live, never recorded.
+    pub progress: Option<ProgressSink>,
+}
+
+/// Takes a tool's name and a line saying how far its call has got (`3/10 copying`).
+pub type ProgressSink = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
+/// Tools whose list may change while the process runs (an MCP server's, after it says
+/// its list changed).
+#[async_trait]
+pub trait ToolSource: Send + Sync {
+    /// Names of the tools offered now.
+    fn names(&self) -> Vec<String>;
+    /// Whether `name` is offered now.
+    fn offers(&self, name: &str) -> bool {
+        self.names().iter().any(|n| n == name)
+    }
+    /// A tool by name: one offered now, or one offered before, whose call then says why
+    /// it does not run.
+    fn get(&self, name: &str) -> Option<Arc<dyn Tool>>;
+    /// Reads the list again where it was said to have changed.
+    async fn refresh(&self);
 }
 
 pub use skein_ports::workspace::ToolError;
@@ -89,10 +112,11 @@ pub struct ToolOutcome {
     pub ms: u64,
 }
 
-/// Tools by name.
+/// Tools by name: a fixed table, and sources whose lists may change.
 #[derive(Clone, Default)]
 pub struct ToolBox {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    sources: Vec<Arc<dyn ToolSource>>,
 }
 
 impl ToolBox {
@@ -142,16 +166,48 @@ impl ToolBox {
         self.tools.insert(tool.name().to_string(), tool);
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.get(name)
+    /// Adds tools whose list may change; a name of the fixed table comes first.
+    pub fn add_source(&mut self, source: Arc<dyn ToolSource>) {
+        self.sources.push(source);
     }
 
+    /// Reads again the lists of the sources that were told theirs changed.
+    pub async fn refresh(&self) {
+        for s in &self.sources {
+            s.refresh().await;
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.tools
+            .get(name)
+            .cloned()
+            .or_else(|| self.sources.iter().find_map(|s| s.get(name)))
+    }
+
+    /// Every tool offered now, by name.
     pub fn names(&self) -> Vec<String> {
-        self.tools.keys().cloned().collect()
+        if self.sources.is_empty() {
+            return self.tools.keys().cloned().collect();
+        }
+        let mut all: std::collections::BTreeSet<String> = self.tools.keys().cloned().collect();
+        for s in &self.sources {
+            all.extend(s.names());
+        }
+        all.into_iter().collect()
     }
 
+    /// What a model is shown of a tool offered now.
     pub fn spec(&self, name: &str) -> Option<ToolSpec> {
-        self.tools.get(name).map(|t| ToolSpec {
+        let tool = match self.tools.get(name) {
+            Some(t) => Some(t.clone()),
+            None => self
+                .sources
+                .iter()
+                .find(|s| s.offers(name))
+                .and_then(|s| s.get(name)),
+        };
+        tool.map(|t| ToolSpec {
             name: t.name().to_string(),
             description: t.description().to_string(),
             parameters: t.parameters(),
@@ -160,26 +216,26 @@ impl ToolBox {
 
     /// Every tool's spec, by name.
     pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.keys().filter_map(|n| self.spec(n)).collect()
+        self.names().iter().filter_map(|n| self.spec(n)).collect()
     }
 
     pub fn idempotent(&self, name: &str) -> bool {
-        self.tools.get(name).is_some_and(|t| t.idempotent())
+        self.get(name).is_some_and(|t| t.idempotent())
     }
 
     pub fn parallel(&self, name: &str) -> bool {
-        self.tools.get(name).is_some_and(|t| t.parallel())
+        self.get(name).is_some_and(|t| t.parallel())
     }
 
     /// Whether the tool asks a person first (`shell` does).
     pub fn requires_approval(&self, name: &str) -> bool {
-        self.tools.get(name).is_some_and(|t| t.requires_approval())
+        self.get(name).is_some_and(|t| t.requires_approval())
     }
 
     /// Checks the arguments against the tool's schema, then runs it with its timeout.
     /// A panicking tool is a [`ToolError::Failed`], not a panic of the caller.
     pub async fn try_run(&self, ctx: &ToolContext, name: &str, args: &Value) -> Result<String> {
-        let Some(tool) = self.tools.get(name) else {
+        let Some(tool) = self.get(name) else {
             return Err(ToolError::Refused(format!("unknown tool `{name}`")));
         };
         // A model that sends no arguments at all means "none".
@@ -190,7 +246,7 @@ impl ToolBox {
         schema::validate(&tool.parameters(), &args)
             .map_err(|errs| ToolError::InvalidArgs(errs.join("; ")))?;
         let limit = tool.timeout();
-        let (tool, ctx) = (tool.clone(), ctx.clone());
+        let ctx = ctx.clone();
         let mut task = tokio::spawn(async move { tool.call(&ctx, args).await });
         // A caller that stops waiting (its step abandoned at the session's deadline, or
         // its session cancelled) stops the call too: an MCP server is told so.

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use common::{builtin, err, Sandbox};
 use serde_json::{json, Value};
 use skein_tools::schema::{check_schema, validate};
-use skein_tools::{Tool, ToolBox, ToolContext, ToolError, ToolsConfig};
+use skein_tools::{Tool, ToolBox, ToolContext, ToolError, ToolSource, ToolsConfig};
 
 fn invalid(e: ToolError) -> String {
     match e {
@@ -208,6 +208,59 @@ impl Tool for Broken {
     async fn call(&self, _: &ToolContext, _: Value) -> Result<String, ToolError> {
         panic!("boom")
     }
+}
+
+/// A source whose list is what `offered` holds; it knows `broken` without offering it.
+struct Changing {
+    offered: std::sync::Mutex<Vec<&'static str>>,
+    refreshed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl ToolSource for Changing {
+    fn names(&self) -> Vec<String> {
+        let offered = self.offered.lock().unwrap();
+        offered.iter().map(|n| n.to_string()).collect()
+    }
+    fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        match name {
+            "sleepy" => Some(Arc::new(Sleepy)),
+            "broken" => Some(Arc::new(Broken)),
+            _ => None,
+        }
+    }
+    async fn refresh(&self) {
+        self.refreshed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.offered.lock().unwrap().push("sleepy");
+    }
+}
+
+#[tokio::test]
+async fn a_source_s_tools_follow_its_list_and_one_it_does_not_offer_still_answers() {
+    let s = Sandbox::new();
+    let mut tb = builtin();
+    let source = Arc::new(Changing {
+        offered: std::sync::Mutex::new(vec![]),
+        refreshed: Default::default(),
+    });
+    tb.add_source(source.clone());
+    assert!(!tb.names().iter().any(|n| n == "sleepy"));
+    assert!(tb.spec("sleepy").is_none());
+    tb.refresh().await;
+    assert!(source.refreshed.load(std::sync::atomic::Ordering::SeqCst));
+    let names = tb.names();
+    assert!(names.iter().any(|n| n == "sleepy"), "{names:?}");
+    assert!(names.iter().any(|n| n == "read_file"), "{names:?}");
+    assert_eq!(tb.spec("sleepy").unwrap().description, "sleeps");
+    assert!(tb.specs().iter().any(|s| s.name == "sleepy"));
+    // Known but not offered: not shown to a model, yet a call of it runs (and says why
+    // it fails) rather than being an unknown tool.
+    assert!(tb.spec("broken").is_none());
+    let out = tb.run(&s.ctx, "broken", &json!({})).await;
+    assert_eq!(out.output, "broken: the tool crashed");
+    let out = tb.run(&s.ctx, "nothing", &json!({})).await;
+    assert!(out.output.contains("unknown tool"), "{out:?}");
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ use skein_core::{AgentDef, AgentSet, SessionId, Status};
 use skein_llm::Registry;
 use skein_runtime::hitl::{waiting_in, InboxItem, InboxKind};
 use skein_runtime::inspect::{rows_of, summarize, tree_folds};
-use skein_runtime::worker::{Folded, Progress, Runtime, Submission, TextDelta};
+use skein_runtime::worker::{Folded, Progress, Runtime, Submission, TextDelta, TOOL_PROGRESS};
 use skein_sled::SledStore;
 use tokio::sync::broadcast;
 
@@ -355,6 +355,34 @@ fn label(id: &SessionId) -> String {
     }
 }
 
+/// Lets a running tool's progress through at most once per `every` for each session and
+/// tool, so a server that sends progress without pause cannot flood the terminal.
+struct Throttle {
+    every: std::time::Duration,
+    last: HashMap<(SessionId, String), Instant>,
+}
+
+impl Throttle {
+    fn new(every: std::time::Duration) -> Self {
+        Self {
+            every,
+            last: HashMap::new(),
+        }
+    }
+
+    /// Whether a line about `tool` of `session` is shown at `now`.
+    fn pass(&mut self, session: &SessionId, tool: &str, now: Instant) -> bool {
+        let key = (session.clone(), tool.to_string());
+        match self.last.get(&key) {
+            Some(t) if now.saturating_duration_since(*t) < self.every => false,
+            _ => {
+                self.last.insert(key, now);
+                true
+            }
+        }
+    }
+}
+
 /// Live progress: a spinner per session on a terminal, plain lines otherwise. Model
 /// answers show while they arrive: on a terminal as the tail of the spinner's line, else
 /// a line of text at a time, marked `│`.
@@ -369,6 +397,7 @@ async fn show_progress(
         .unwrap_or_else(|_| ProgressStyle::default_spinner());
     let mut bars: HashMap<SessionId, ProgressBar> = HashMap::new();
     let mut lines = Lines::default();
+    let mut throttle = Throttle::new(std::time::Duration::from_secs(1));
     let t0 = Instant::now();
     // Plain lines are gathered and written when nothing more is queued (or a good deal
     // is gathered): one write per line was a system call per record of a wide tree.
@@ -423,6 +452,13 @@ async fn show_progress(
         if !root.contains(&p.session) {
             continue;
         }
+        if p.kind == TOOL_PROGRESS {
+            let detail = p.detail.as_deref().unwrap_or_default();
+            let tool = detail.split(' ').next().unwrap_or_default();
+            if !throttle.pass(&p.session, tool, Instant::now()) {
+                continue;
+            }
+        }
         match p.kind.as_str() {
             "ModelCalled" => {
                 if let Some(rest) = lines.recorded(&p.session) {
@@ -440,6 +476,10 @@ async fn show_progress(
                 "waiting: no room in the store; runs on once there is room".to_string()
             }
             "RoomAgain" => "the store has room again".to_string(),
+            TOOL_PROGRESS => format!(
+                "⋯ {}",
+                render::safe_line(p.detail.as_deref().unwrap_or_default())
+            ),
             k => render::safe_line(k).into_owned(),
         };
         let msg = format!("{:<15} step {:<3} {}", p.status.as_str(), p.steps, kind);
@@ -507,6 +547,35 @@ mod tests {
         fn set_len(&self, len: u64) -> std::io::Result<()> {
             LogFile::set_len(&self.file, len)
         }
+    }
+
+    #[test]
+    fn a_tools_progress_shows_at_most_once_a_second_per_session_and_tool() {
+        let mut t = super::Throttle::new(std::time::Duration::from_secs(1));
+        let (a, b) = (
+            SessionId::parse("t-a").unwrap(),
+            SessionId::parse("t-b").unwrap(),
+        );
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        assert!(t.pass(&a, "ev__long", at(0)), "the first line shows");
+        for ms in [1, 200, 999] {
+            assert!(!t.pass(&a, "ev__long", at(ms)), "at {ms} ms");
+        }
+        assert!(
+            t.pass(&a, "ev__other", at(10)),
+            "another tool has its own pace"
+        );
+        assert!(
+            t.pass(&b, "ev__long", at(10)),
+            "another session has its own pace"
+        );
+        assert!(
+            t.pass(&a, "ev__long", at(1000)),
+            "a second later it shows again"
+        );
+        assert!(!t.pass(&a, "ev__long", at(1500)));
+        assert!(t.pass(&a, "ev__long", at(2100)));
     }
 
     #[tokio::test]

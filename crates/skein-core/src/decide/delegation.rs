@@ -164,9 +164,10 @@ impl Turn<'_> {
                     .map(AgentDef::allowed_tools)
                     .unwrap_or_default(),
             };
+            // A tool of a server the agent has whole (`SERVER__*`) is one it has.
             let extra: Vec<String> = only
                 .iter()
-                .filter(|t| !has.contains(*t))
+                .filter(|t| !has.contains(*t) && !crate::agent::tool_allowed(&has, t))
                 .map(|t| format!("`{t}`"))
                 .collect();
             if !extra.is_empty() {

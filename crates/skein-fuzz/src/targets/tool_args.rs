@@ -343,6 +343,7 @@ impl Target for ToolArgs {
             session: self.session.clone(),
             workspace: Arc::new(LocalWorkspace::new(self.root())),
             blobs: None,
+            progress: None,
         };
         let mut ok = true;
         for r in runs {

@@ -133,12 +133,24 @@ def extra() -> str:
     """A tool added while the server runs."""
     return "extra"
 
+def risky() -> str:
+    """A tool added while the server runs that may change things."""
+    return "risky"
+
 @mcp.tool(annotations={"readOnlyHint": True})
 async def grow(ctx: Context) -> str:
-    """Adds the tool `extra` and says the list changed."""
+    """Adds the tools `extra` and `risky` and says the list changed."""
     mcp.add_tool(extra, annotations={"readOnlyHint": True})
+    mcp.add_tool(risky)
     await ctx.session.send_tool_list_changed()
     return "grown"
+
+@mcp.tool(annotations={"readOnlyHint": True})
+async def shrink(ctx: Context) -> str:
+    """Removes the tool `extra` and says the list changed."""
+    mcp.remove_tool("extra")
+    await ctx.session.send_tool_list_changed()
+    return "shrunk"
 
 @mcp.tool()
 def mark(path: str, seconds: float) -> str:

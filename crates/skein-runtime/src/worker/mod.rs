@@ -44,7 +44,8 @@ use skein_core::decide::Refusal;
 use skein_core::{Event, Status, Step};
 
 pub use crate::runtime::{
-    default_worker_id, Progress, Runtime, RuntimeConfig, TextDelta, DEFAULT_POOL, MAX_MISSION_BYTES,
+    default_worker_id, Progress, Runtime, RuntimeConfig, TextDelta, DEFAULT_POOL,
+    MAX_MISSION_BYTES, TOOL_PROGRESS,
 };
 pub use crate::session::Folded;
 pub use crate::work_loop::retry_delay;

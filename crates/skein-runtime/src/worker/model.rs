@@ -97,6 +97,14 @@ impl Runtime {
         // The tree's version: its agents, and the models its scripts drive.
         let version = self.version_of(&f.state).await?;
         let (agents, models) = (&version.agents, &version.models);
+        // An MCP server that said its tools changed is listed again first, so this turn
+        // is offered what it lists now.
+        if tool_names
+            .iter()
+            .any(|t| skein_core::agent::mcp_server_of(t).is_some())
+        {
+            self.tools.refresh().await;
+        }
         // A server's tools had whole (`SERVER__*`) are the tools of it this worker has.
         let (whole, named): (Vec<&String>, Vec<&String>) = tool_names
             .iter()

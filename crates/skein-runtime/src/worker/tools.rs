@@ -12,11 +12,33 @@ use skein_core::{AgentDef, Event, Step};
 use skein_tools::ToolContext;
 
 use crate::ports::Job;
-use crate::runtime::Runtime;
+use crate::runtime::{Progress, Runtime, TOOL_PROGRESS};
 use crate::session::{Folded, Staged, Written};
 use crate::Result;
 
 impl Runtime {
+    /// Where the tools of `f`'s step tell how far they have got, when someone watches:
+    /// a [`Progress`] line of kind [`TOOL_PROGRESS`] each time, never recorded.
+    fn tool_progress(&self, f: &Folded) -> Option<skein_tools::ProgressSink> {
+        let tx = self.progress.sender()?;
+        let (session, seq, status, steps) = (
+            f.id.clone(),
+            f.state.last_seq,
+            f.state.status,
+            f.state.steps,
+        );
+        Some(std::sync::Arc::new(move |tool: &str, line: &str| {
+            let _ = tx.send(Progress {
+                session: session.clone(),
+                seq,
+                kind: TOOL_PROGRESS.to_string(),
+                status,
+                steps,
+                detail: Some(format!("{tool} {line}")),
+            });
+        }))
+    }
+
     pub(crate) async fn run_tools(
         &self,
         f: &mut Folded,
@@ -43,6 +65,7 @@ impl Runtime {
             session: f.id.clone(),
             workspace: self.backend.workspaces.for_tree(&f.id.root_id()),
             blobs: Some(self.backend.blobs.clone()),
+            progress: self.tool_progress(f),
         };
         let (resumed, fresh): (Vec<ToolRun>, Vec<ToolRun>) =
             runs.into_iter().partition(|r| r.resumed);

@@ -17,6 +17,7 @@ pub fn ctx_for(ws: Arc<dyn Workspace>) -> ToolContext {
         session: SessionId::root("test").unwrap(),
         workspace: ws,
         blobs: None,
+        progress: None,
     }
 }
 

@@ -70,6 +70,8 @@ pub fn follow_runtime(rt: &Arc<Runtime>, tx: broadcast::Sender<Live>, stop: watc
             let item = tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
                 p = progress.recv() => match p {
+                    // A running tool's progress is for `skein run`'s terminal view.
+                    Ok(p) if p.kind == skein_runtime::worker::TOOL_PROGRESS => continue,
                     Ok(p) => Live::Event {
                         session: p.session.display(),
                         root: p.session.root_id().to_string(),
