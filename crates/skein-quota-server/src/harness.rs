@@ -179,11 +179,22 @@ impl Fleet {
 
     /// Submits a tree whose root delegates `fanout` parts; `tag` keeps missions apart.
     pub async fn submit(&self, fanout: usize, tag: &str) -> Result<SessionId> {
+        self.submit_at(fanout, tag, None).await
+    }
+
+    /// [`Fleet::submit`], at a priority (`--priority`).
+    pub async fn submit_at(
+        &self,
+        fanout: usize,
+        tag: &str,
+        priority: Option<i32>,
+    ) -> Result<SessionId> {
         Ok(self.runtimes[0]
             .submit(Submission {
                 agent: "orchestrator".into(),
                 mission: format!("fanout={fanout} {tag}"),
                 no_cache: true,
+                priority,
                 ..Default::default()
             })
             .await?)

@@ -1,7 +1,8 @@
 //! Shared model quotas against a server that enforces one (its own process): a tree of
 //! 32 parts with a small tree submitted after it, at 600 requests a minute (20 per 2 s
 //! window), on the embedded store and on NATS with 3 workers; with the limit declared
-//! and with only what the server's answers say. Order and counts only, no timings.
+//! and with only what the server's answers say; two trees of one size, the later at a
+//! higher priority. Order and counts only, no timings.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -73,4 +74,57 @@ async fn nats_learned_limit_slows_every_worker() {
     let nats = skein_testnats::NatsServer::start();
     let f = run(Store::Nats(nats.url()), false, "nats learned").await;
     assert!(f.rate_limited <= 6, "{f:?}");
+}
+
+/// Two trees of the same size wait for one limited model; the one submitted second, at
+/// a higher priority, has its calls granted first and ends first. (Without the priority,
+/// the trees take turns and the first submitted ends first: the test can fail.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_tree_is_granted_first() {
+    // 120 requests a minute declared, the server allowing far more: nothing but the
+    // limiter's order decides.
+    let server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_skein-quota-server")),
+        100,
+        WINDOW_MS,
+    )
+    .unwrap();
+    let setup = Setup {
+        store: Store::Embedded,
+        declared_rpm: Some(120),
+        workers: 1,
+        concurrency: 8,
+    };
+    let fleet = Fleet::start(&server.url, &setup).await.unwrap();
+    let low = fleet.submit_at(4, "low", None).await.unwrap();
+    // The low tree's root has been answered: its parts are about to ask.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server.stats().await.unwrap()["ok"].as_u64().unwrap_or(0) < 1
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let high = fleet.submit_at(4, "high", Some(10)).await.unwrap();
+    let mut first = None;
+    while std::time::Instant::now() < deadline + Duration::from_secs(30) {
+        let (l, h) = (
+            fleet.status(&low).await.unwrap(),
+            fleet.status(&high).await.unwrap(),
+        );
+        if l.is_terminal() || h.is_terminal() {
+            first = Some(if h.is_terminal() && !l.is_terminal() {
+                "high"
+            } else if l.is_terminal() && !h.is_terminal() {
+                "low"
+            } else {
+                "both"
+            });
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    fleet.stop().await;
+    let stats = server.stats().await.unwrap();
+    assert_eq!(stats["rate_limited"], 0, "{stats}");
+    assert_eq!(first, Some("high"), "the tree that ended first; {stats}");
 }

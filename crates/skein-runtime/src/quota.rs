@@ -77,8 +77,13 @@ impl Runtime {
         lock(&self.quota_waits).values().cloned().collect()
     }
 
-    /// Asks for quota for `request` of session `id`.
-    pub(crate) async fn ask_quota(&self, id: &SessionId, request: &ModelRequest) -> Result<Asked> {
+    /// Asks for quota for `request` of session `id`, at `priority` (higher goes first).
+    pub(crate) async fn ask_quota(
+        &self,
+        id: &SessionId,
+        request: &ModelRequest,
+        priority: i32,
+    ) -> Result<Asked> {
         let Some(quota) = self.quota.get() else {
             return Ok(Asked::Free);
         };
@@ -90,7 +95,7 @@ impl Runtime {
             key: key.clone(),
             session: id.as_str().to_string(),
             root: id.root_id().as_str().to_string(),
-            priority: 0,
+            priority,
             input_tokens: skein_llm::estimate_usage(request, &Default::default()).input_tokens,
         };
         // A turn that comes within moments is waited for here: handing the job back

@@ -147,7 +147,15 @@ impl Runtime {
         // sends back is recorded as its reference again.
         let shown = self.reveal_tokens(&f.state, &mut request);
         // The model's quota first: told to wait, the session's job goes back until then.
-        let held = match self.ask_quota(&f.id, &request).await? {
+        // Its priority: its tree's (given at submission) plus its agent's.
+        let priority = f
+            .state
+            .submitted
+            .as_ref()
+            .and_then(|s| s.priority)
+            .unwrap_or(0)
+            .saturating_add(def.front.priority.unwrap_or(0));
+        let held = match self.ask_quota(&f.id, &request, priority).await? {
             crate::quota::Asked::Wait => return Ok(()),
             crate::quota::Asked::Go(h) => Some(h),
             crate::quota::Asked::Free => None,
