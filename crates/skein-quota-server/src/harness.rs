@@ -23,12 +23,19 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `bin` with a quota of `limit` requests per `window_ms` for each key.
     pub fn start(bin: &Path, limit: usize, window_ms: u64) -> Result<Self> {
+        Self::start_slow(bin, limit, window_ms, 0)
+    }
+
+    /// [`ServerProcess::start`], each admitted request answered after `latency_ms`.
+    pub fn start_slow(bin: &Path, limit: usize, window_ms: u64, latency_ms: u64) -> Result<Self> {
         let mut child = Command::new(bin)
             .args([
                 "--limit",
                 &limit.to_string(),
                 "--window-ms",
                 &window_ms.to_string(),
+                "--latency-ms",
+                &latency_ms.to_string(),
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
