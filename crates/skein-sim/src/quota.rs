@@ -84,6 +84,12 @@ pub struct SimQuota {
     running: Mutex<BTreeMap<String, (u64, u64)>>,
     /// Calls the model received.
     pub calls: AtomicU64,
+    /// When (virtual ms since the run began, plus one) workers were last killed: the
+    /// permits their dropped calls would give back are kept out (a kill -9 gives nothing
+    /// back; the place lapses).
+    killed_at: AtomicU64,
+    /// Permits kept out so.
+    pub lost_permits: AtomicU64,
 }
 
 impl SimQuota {
@@ -100,11 +106,20 @@ impl SimQuota {
             waits: AtomicU64::new(0),
             running: Mutex::new(BTreeMap::new()),
             calls: AtomicU64::new(0),
+            killed_at: AtomicU64::new(0),
+            lost_permits: AtomicU64::new(0),
         })
     }
 
     fn elapsed_ms(&self) -> u64 {
         self.t0.elapsed().as_millis() as u64
+    }
+
+    /// Workers are being killed now: what they would give back as they are dropped is
+    /// lost, as in a real crash.
+    pub fn killing(&self) {
+        self.killed_at
+            .store(self.elapsed_ms() + 1, Ordering::Relaxed);
     }
 
     /// Every grant, in the order given.
@@ -119,13 +134,22 @@ impl SimQuota {
     pub fn report(&self) -> String {
         let grants = self.grants();
         let last = grants.iter().map(|g| g.at_ms).max().unwrap_or(0);
+        let tail: Vec<String> = grants
+            .iter()
+            .rev()
+            .take(8)
+            .rev()
+            .map(|g| format!("{} {} at {}", g.key, g.session, g.at_ms))
+            .collect();
         format!(
             "quota {:?}: {} calls granted (the last at {last} virtual ms), told to wait {} \
-             times, the most at once {:?}",
+             times, {} permits lost to kills, the most at once {:?}; the last grants: {}",
             self.limits,
             grants.len(),
             self.waits.load(Ordering::Relaxed),
+            self.lost_permits.load(Ordering::Relaxed),
             self.most_at_once(),
+            tail.join(", "),
         )
     }
 
@@ -179,6 +203,12 @@ impl Quota for SimQuota {
         limits: &QuotaLimits,
         used: Option<(u64, u64)>,
     ) -> skein_ports::Result<()> {
+        // A permit given back unused at the moment of a kill is one a dropped call gave
+        // back: the crash keeps it.
+        if used.is_none() && self.killed_at.load(Ordering::Relaxed) == self.elapsed_ms() + 1 {
+            self.lost_permits.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
         self.inner.release(permit, limits, used).await
     }
 
@@ -232,6 +262,16 @@ pub async fn waits(q: Option<&SimQuota>, root: &skein_core::SessionId) -> bool {
     q.waiting()
         .await
         .is_ok_and(|ws| ws.iter().any(|w| w.root == root.as_str()))
+}
+
+/// How long the trees of a world have before its liveness check: a limited world's calls
+/// are spaced, and a permit a kill kept holds its place until it lapses, so it has
+/// [`PERMIT_LEASE`] more.
+pub fn extend(q: Option<&SimQuota>, limit: Duration) -> Duration {
+    match q {
+        Some(_) => limit + PERMIT_LEASE,
+        None => limit,
+    }
 }
 
 /// How long the trees of a world have to end once every fault stops: under a declared

@@ -430,6 +430,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     macro_rules! restart_if_stopped {
         () => {
             if store.disk().is_some_and(|d| d.stopped()) {
+                if let Some(q) = &quota {
+                    q.killing();
+                }
                 for w in workers.drain(..) {
                     w.kill();
                 }
@@ -488,7 +491,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
         restart_if_stopped!();
-        if roots_ended(&store, &roots) || t0.elapsed() > setup.time_limit {
+        if roots_ended(&store, &roots)
+            || t0.elapsed() > crate::quota::extend(quota.as_deref(), setup.time_limit)
+        {
             break;
         }
         if faults.cancel() {
@@ -514,6 +519,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         }
         if faults.crash() {
             let k = faults.draw(workers.len() as u64) as usize;
+            if let Some(q) = &quota {
+                q.killing();
+            }
             workers.remove(k).kill();
             runtimes.remove(k);
             crashes.push(t0.elapsed().as_millis() as u64);

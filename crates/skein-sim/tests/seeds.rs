@@ -256,6 +256,12 @@ const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[
         "a session dead-lettered at a delegation whose children were created but never \
          recorded left them running, uncounted and never cancelled",
     ),
+    (
+        2212,
+        "a session whose timeout ran out during its model call kept its quota permit, so \
+         a model limited to one call at a time stopped for ten minutes",
+    ),
+    (2382, "the same, under a limit of two"),
 ];
 
 #[test]

@@ -155,7 +155,7 @@ impl Runtime {
             .and_then(|s| s.priority)
             .unwrap_or(0)
             .saturating_add(def.front.priority.unwrap_or(0));
-        let held = match self.ask_quota(&f.id, &request, priority).await? {
+        let mut held = match self.ask_quota(&f.id, &request, priority).await? {
             crate::quota::Asked::Wait => return Ok(()),
             crate::quota::Asked::Go(h) => Some(h),
             crate::quota::Asked::Free => None,
@@ -198,7 +198,7 @@ impl Runtime {
         let (result, heard) = tokio::select! {
             biased;
             _ = self.draining() => {
-                self.after_call(held.as_ref(), &request.model, &[], None).await;
+                self.after_call(held.as_mut(), &request.model, &[], None).await;
                 return Err(Error::Interrupted(format!(
                     "the call to {} was abandoned", request.model)))
             }
@@ -208,7 +208,7 @@ impl Runtime {
             .as_ref()
             .ok()
             .map(|c| (c.usage.input_tokens, c.usage.output_tokens));
-        self.after_call(held.as_ref(), &request.model, &heard, used)
+        self.after_call(held.as_mut(), &request.model, &heard, used)
             .await;
         let latency_ms = started.elapsed().as_millis() as u64;
         crate::metrics::model_call(
