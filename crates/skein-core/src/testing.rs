@@ -286,6 +286,7 @@ impl Submitted {
             allowed_tools: None,
             team: None,
             defs: None,
+            priority: None,
         }
     }
 }

@@ -479,16 +479,33 @@ impl Bucket {
     }
 }
 
+/// A clock in ms since the epoch, for a [`LocalQuota`] that does not run on the system's.
+pub type ClockFn = std::sync::Arc<dyn Fn() -> u64 + Send + Sync>;
+
 /// The quotas of one process (the embedded backend): a [`Bucket`] per key in memory.
 #[derive(Default)]
 pub struct LocalQuota {
     buckets: Mutex<BTreeMap<String, Bucket>>,
     serial: std::sync::atomic::AtomicU64,
+    /// None: the system's clock.
+    clock: Option<ClockFn>,
 }
 
 impl LocalQuota {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Quotas that tell the time by `clock` (a simulation's virtual one).
+    pub fn with_clock(clock: ClockFn) -> Self {
+        Self {
+            clock: Some(clock),
+            ..Self::default()
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.as_ref().map_or_else(crate::now_ms, |c| c())
     }
 
     fn with<T>(&self, key: &str, f: impl FnOnce(&mut Bucket) -> T) -> T {
@@ -504,7 +521,7 @@ impl Quota for LocalQuota {
             .serial
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             .to_string();
-        let now = crate::now_ms();
+        let now = self.now();
         Ok(self.with(&ask.key, |b| b.acquire(ask, limits, now, &id)))
     }
 
@@ -514,20 +531,20 @@ impl Quota for LocalQuota {
         limits: &QuotaLimits,
         used: Option<(u64, u64)>,
     ) -> Result<()> {
-        let now = crate::now_ms();
+        let now = self.now();
         self.with(&permit.key, |b| b.release(permit, limits, used, now));
         Ok(())
     }
 
     async fn learn(&self, key: &str, learned: &Learned) -> Result<()> {
-        let now = crate::now_ms();
+        let now = self.now();
         self.with(key, |b| b.learn(learned, now));
         Ok(())
     }
 
     async fn waiting(&self) -> Result<Vec<QuotaWaiter>> {
         let b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let now = crate::now_ms();
+        let now = self.now();
         Ok(b.iter()
             .flat_map(|(k, b)| {
                 b.listed(k)

@@ -23,12 +23,19 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `bin` with a quota of `limit` requests per `window_ms` for each key.
     pub fn start(bin: &Path, limit: usize, window_ms: u64) -> Result<Self> {
+        Self::start_slow(bin, limit, window_ms, 0)
+    }
+
+    /// [`ServerProcess::start`], each admitted request answered after `latency_ms`.
+    pub fn start_slow(bin: &Path, limit: usize, window_ms: u64, latency_ms: u64) -> Result<Self> {
         let mut child = Command::new(bin)
             .args([
                 "--limit",
                 &limit.to_string(),
                 "--window-ms",
                 &window_ms.to_string(),
+                "--latency-ms",
+                &latency_ms.to_string(),
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -179,11 +186,22 @@ impl Fleet {
 
     /// Submits a tree whose root delegates `fanout` parts; `tag` keeps missions apart.
     pub async fn submit(&self, fanout: usize, tag: &str) -> Result<SessionId> {
+        self.submit_at(fanout, tag, None).await
+    }
+
+    /// [`Fleet::submit`], at a priority (`--priority`).
+    pub async fn submit_at(
+        &self,
+        fanout: usize,
+        tag: &str,
+        priority: Option<i32>,
+    ) -> Result<SessionId> {
         Ok(self.runtimes[0]
             .submit(Submission {
                 agent: "orchestrator".into(),
                 mission: format!("fanout={fanout} {tag}"),
                 no_cache: true,
+                priority,
                 ..Default::default()
             })
             .await?)

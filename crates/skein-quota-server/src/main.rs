@@ -1,6 +1,6 @@
-//! `skein-quota-server --limit N --window-ms W [--port P]`: serves OpenAI chat completions
-//! on 127.0.0.1 with a quota of N requests per W ms for each API key (see
-//! `skein_quota_server::server`), and prints `listening on http://127.0.0.1:PORT` once it
+//! `skein-quota-server --limit N --window-ms W [--latency-ms L] [--port P]`: serves OpenAI
+//! chat completions on 127.0.0.1 with a quota of N requests per W ms for each API key (see
+//! `skein_quota_server::server`), each admitted one answered after L ms (0), and prints `listening on http://127.0.0.1:PORT` once it
 //! listens. It stops when its standard input closes or it is killed.
 
 use std::time::Duration;
@@ -26,9 +26,10 @@ fn arg(args: &[String], name: &str) -> Result<Option<u64>> {
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     for a in args.iter().filter(|a| a.starts_with("--")) {
-        if !["--limit", "--window-ms", "--port"].contains(&a.as_str()) {
+        if !["--limit", "--window-ms", "--latency-ms", "--port"].contains(&a.as_str()) {
             bail!(
-                "unknown option {a}; usage: skein-quota-server --limit N --window-ms W [--port P]"
+                "unknown option {a}; usage: skein-quota-server --limit N --window-ms W \
+                 [--latency-ms L] [--port P]"
             );
         }
     }
@@ -44,6 +45,7 @@ async fn main() -> Result<()> {
     let quota = Quota {
         limit: limit as usize,
         window: Duration::from_millis(window),
+        latency: Duration::from_millis(arg(&args, "--latency-ms")?.unwrap_or(0)),
     };
     // Stops when the standard input closes (its parent went away).
     let stdin_closed = tokio::task::spawn_blocking(|| {

@@ -29,6 +29,8 @@ use serde_json::{json, Value};
 pub struct Quota {
     pub limit: usize,
     pub window: Duration,
+    /// How long an admitted request takes to be answered (a 429 is answered at once).
+    pub latency: Duration,
 }
 
 #[derive(Default)]
@@ -161,6 +163,9 @@ async fn complete(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes)
             return (StatusCode::BAD_REQUEST, h, body.to_string()).into_response();
         }
     };
+    if !q.latency.is_zero() {
+        tokio::time::sleep(q.latency).await;
+    }
     let model = req["model"].as_str().unwrap_or("").to_string();
     *lock(&s.counts).by_model.entry(model.clone()).or_default() += 1;
     let n = s.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

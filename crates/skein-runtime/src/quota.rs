@@ -33,6 +33,26 @@ pub(crate) struct Held {
     pub(crate) limits: QuotaLimits,
 }
 
+impl Drop for Held {
+    /// A step abandoned while its call was under way (a session's `limits.timeout` ran
+    /// out) gives its permit back too; else its place under `concurrent_requests` would
+    /// be held until the permit lapses, stopping every call of the model meanwhile.
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (quota, limits) = (self.quota.clone(), self.limits);
+        rt.spawn(async move {
+            if let Err(e) = quota.release(&permit, &limits, None).await {
+                tracing::warn!(key = %permit.key, error = %e.report(), "cannot give a quota permit back; it lapses");
+            }
+        });
+    }
+}
+
 /// The declared limits of a model, as the port takes them.
 fn port_limits(l: skein_llm::Limits) -> QuotaLimits {
     QuotaLimits {
@@ -77,8 +97,13 @@ impl Runtime {
         lock(&self.quota_waits).values().cloned().collect()
     }
 
-    /// Asks for quota for `request` of session `id`.
-    pub(crate) async fn ask_quota(&self, id: &SessionId, request: &ModelRequest) -> Result<Asked> {
+    /// Asks for quota for `request` of session `id`, at `priority` (higher goes first).
+    pub(crate) async fn ask_quota(
+        &self,
+        id: &SessionId,
+        request: &ModelRequest,
+        priority: i32,
+    ) -> Result<Asked> {
         let Some(quota) = self.quota.get() else {
             return Ok(Asked::Free);
         };
@@ -90,7 +115,7 @@ impl Runtime {
             key: key.clone(),
             session: id.as_str().to_string(),
             root: id.root_id().as_str().to_string(),
-            priority: 0,
+            priority,
             input_tokens: skein_llm::estimate_usage(request, &Default::default()).input_tokens,
         };
         // A turn that comes within moments is waited for here: handing the job back
@@ -156,18 +181,20 @@ impl Runtime {
     /// permit given back with the usage (none when it failed).
     pub(crate) async fn after_call(
         &self,
-        held: Option<&Held>,
+        held: Option<&mut Held>,
         key_of: &str,
         heard: &[skein_llm::ratelimit::RateLimitInfo],
         used: Option<(u64, u64)>,
     ) {
         let Some(quota) = held
+            .as_ref()
             .map(|h| h.quota.clone())
             .or_else(|| self.quota.get().cloned())
         else {
             return;
         };
         let key = held
+            .as_ref()
             .map(|h| h.key.clone())
             .or_else(|| self.models.limits(key_of).map(|(k, _)| k));
         let Some(key) = key else { return };
@@ -180,8 +207,8 @@ impl Runtime {
             }
         }
         if let Some(h) = held {
-            if let Some(p) = &h.permit {
-                if let Err(e) = h.quota.release(p, &h.limits, used).await {
+            if let Some(p) = h.permit.take() {
+                if let Err(e) = h.quota.release(&p, &h.limits, used).await {
                     tracing::warn!(key, error = %e.report(), "cannot give a quota permit back; it lapses");
                 }
             }

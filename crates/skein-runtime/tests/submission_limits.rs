@@ -1,6 +1,6 @@
 //! A submission's mission, context and inputs are capped where every entry (CLI, NATS
 //! intake, `skein.api.submit`) hands it over: `Runtime::submit`. A refusal names the part,
-//! its size and the limit, and creates nothing.
+//! its size and the limit, and creates nothing. So is a priority out of its range.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -70,6 +70,16 @@ async fn oversized_parts_of_a_submission_are_refused_and_nothing_is_created() {
             format!("mission is {} bytes", MAX_MISSION_BYTES + 1),
         ),
     ];
+    let mut cases = cases.to_vec();
+    for p in [101, -101, i32::MAX] {
+        cases.push((
+            Submission {
+                priority: Some(p),
+                ..sub("m".into(), None, json!(null))
+            },
+            format!("priority {p} is out of range"),
+        ));
+    }
     for (s, want) in cases {
         let e = rt.submit(s).await.unwrap_err();
         assert!(

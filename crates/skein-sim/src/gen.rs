@@ -37,6 +37,8 @@ pub struct Scenario {
     pub trees: Vec<Tree>,
     /// Tools that wait for a person's approval (`[limits] approval_required`).
     pub approval_required: Vec<String>,
+    /// The model's declared quota: the agents then run on `limited:` (see `quota.rs`).
+    pub quota: Option<skein_ports::quota::QuotaLimits>,
 }
 
 impl Scenario {
@@ -48,8 +50,16 @@ impl Scenario {
                 (
                     format!("{}.md", a.name),
                     format!(
-                        "---\nname: {}\nmodel: scripted:{}\n{}---\nYou are {}.\n",
-                        a.name, a.name, a.front, a.name
+                        "---\nname: {}\nmodel: {}:{}\n{}---\nYou are {}.\n",
+                        a.name,
+                        if self.quota.is_some() {
+                            crate::quota::PROVIDER
+                        } else {
+                            "scripted"
+                        },
+                        a.name,
+                        a.front,
+                        a.name
                     ),
                 )
             })
@@ -62,7 +72,13 @@ impl Scenario {
     pub fn dump(&self, dir: &Path) -> std::io::Result<Vec<String>> {
         std::fs::create_dir_all(dir.join("agents"))?;
         std::fs::create_dir_all(dir.join("scripts"))?;
-        for (name, text) in self.files() {
+        // The scripted model has no quota outside the simulation: the set is written as
+        // it runs without one, its limits noted in the configuration.
+        let plain = Scenario {
+            quota: None,
+            ..self.clone()
+        };
+        for (name, text) in plain.files() {
             std::fs::write(dir.join("agents").join(name), text)?;
         }
         for a in &self.agents {
@@ -80,7 +96,10 @@ impl Scenario {
             dir.join("skein.toml"),
             format!(
                 "# A generated agent set of the simulation.\nagents_dir = \"agents\"\n\
-                 scripts_dir = \"scripts\"\n\n[limits]\napproval_required = [{}]\n",
+                 scripts_dir = \"scripts\"\n{}\n[limits]\napproval_required = [{}]\n",
+                self.quota
+                    .map(|q| format!("# The simulation ran it under a declared quota: {q:?}\n"))
+                    .unwrap_or_default(),
                 approvals.join(", ")
             ),
         )?;
@@ -712,6 +731,7 @@ pub fn generate(seed: u64, opts: Options) -> Scenario {
         extra_tools: vec![],
         trees,
         approval_required: vec!["write_file".into()],
+        quota: crate::quota::draw(seed),
     }
 }
 

@@ -42,6 +42,9 @@ pub async fn check(run: &Run) -> Verdict {
                 .push(format!("{root}: submitted but has no log")),
         }
     }
+    if let Some(q) = &run.quota {
+        crate::quota::check(q, &mut v);
+    }
     for root in &run.unlisted {
         v.violations.push(format!(
             "{root}: the tree had not ended when the run's time was up, and nothing of it \

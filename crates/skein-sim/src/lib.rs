@@ -12,6 +12,7 @@ pub mod faults;
 pub mod gen;
 pub mod invariants;
 pub mod memory;
+pub mod quota;
 pub mod world;
 
 use std::time::Duration;

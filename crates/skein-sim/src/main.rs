@@ -318,6 +318,13 @@ fn generated_one(
         if let Some(d) = run.store.disk() {
             println!("{}; restarts at {:?} virtual ms", d.report(), run.restarts);
         }
+        if let Some(q) = &run.quota {
+            println!(
+                "{}; workers killed at {:?} virtual ms",
+                q.report(),
+                run.crashes
+            );
+        }
     }
     let v = &g.verdict;
     println!(

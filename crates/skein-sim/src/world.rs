@@ -249,6 +249,8 @@ pub struct Run {
     /// Trees that had not ended when the run's time was up, with nothing of theirs in
     /// the inbox: nobody could have moved them on.
     pub unlisted: Vec<SessionId>,
+    /// The shared limiter of a world with a declared quota.
+    pub quota: Option<Arc<crate::quota::SimQuota>>,
     pub _dir: tempfile::TempDir,
 }
 
@@ -278,6 +280,7 @@ pub fn fixed() -> Scenario {
             })
             .collect(),
         approval_required: vec!["write_file".into()],
+        quota: None,
     }
 }
 
@@ -360,6 +363,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     let mut tools_cfg = ToolsConfig::default();
     tools_cfg.http.enabled = false;
     let writes = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+    let quota = scenario
+        .quota
+        .map(|l| crate::quota::SimQuota::new(l, clock.clone()));
     let toolbox = || {
         let mut b = ToolBox::builtin(&tools_cfg);
         b.insert(Arc::new(AppendNote {
@@ -378,6 +384,21 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
                 lease: LEASE,
             }),
         );
+        let mut backend = store.backend();
+        if let Some(q) = &quota {
+            let model = Arc::new(Flaky {
+                inner: ScriptedProvider::new(dir.path()).on_tokio_clock(),
+                faults: faults.clone(),
+                lease: LEASE,
+            });
+            models.insert(crate::quota::PROVIDER, q.provider(model));
+            models.set_limits(
+                crate::quota::PROVIDER,
+                crate::quota::declared(&q.limits),
+                BTreeMap::new(),
+            );
+            backend.quota = Some(q.clone());
+        }
         let mut cfg = RuntimeConfig {
             worker_id: format!("w{n}"),
             lease: LEASE,
@@ -389,7 +410,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         };
         // The person approves or denies writes; nothing else waits for approval.
         cfg.limits.approval_required = scenario.approval_required.clone();
-        let rt = Runtime::new(store.backend(), agents.clone(), models, toolbox(), cfg);
+        let rt = Runtime::new(backend, agents.clone(), models, toolbox(), cfg);
         let (stop, handles) = rt.spawn_workers(vec!["default".into()], 4);
         (rt.clone(), Worker { stop, handles })
     };
@@ -409,6 +430,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     macro_rules! restart_if_stopped {
         () => {
             if store.disk().is_some_and(|d| d.stopped()) {
+                if let Some(q) = &quota {
+                    q.killing();
+                }
                 for w in workers.drain(..) {
                     w.kill();
                 }
@@ -467,7 +491,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
         restart_if_stopped!();
-        if roots_ended(&store, &roots) || t0.elapsed() > setup.time_limit {
+        if roots_ended(&store, &roots)
+            || t0.elapsed() > crate::quota::extend(quota.as_deref(), setup.time_limit)
+        {
             break;
         }
         if faults.cancel() {
@@ -493,6 +519,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         }
         if faults.crash() {
             let k = faults.draw(workers.len() as u64) as usize;
+            if let Some(q) = &quota {
+                q.killing();
+            }
             workers.remove(k).kill();
             runtimes.remove(k);
             crashes.push(t0.elapsed().as_millis() as u64);
@@ -511,12 +540,13 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         let items = skein_runtime::hitl::inbox(&runtimes[0], std::slice::from_ref(root))
             .await
             .unwrap_or_default();
-        if items.is_empty() {
+        if items.is_empty() && !crate::quota::waits(quota.as_deref(), root).await {
             unlisted.push(root.clone());
         }
     }
     let drained = tokio::time::Instant::now();
-    while !roots_ended(&store, &roots) && drained.elapsed() < setup.drain_limit {
+    let drain_limit = crate::quota::drain_limit(quota.as_deref(), setup.drain_limit);
+    while !roots_ended(&store, &roots) && drained.elapsed() < drain_limit {
         let open: Vec<SessionId> = roots.iter().filter(|r| !store.ended(r)).cloned().collect();
         person.answer_all(&runtimes[0], &open).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -551,6 +581,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         virtual_ms,
         jobs_at_end,
         unlisted,
+        quota,
         _dir: dir,
     })
 }

@@ -168,8 +168,15 @@ fn a_seed_takes_the_same_path_every_time() {
 fn generated_worlds_keep_every_invariant() {
     let mut kinds = std::collections::BTreeMap::new();
     let mut compared = 0;
+    // Worlds under a declared quota, and the calls their limiter held back.
+    let (mut limited, mut held) = (0, 0);
     for seed in 1..=30 {
         let g = skein_sim::simulate_generated(seed, false, Default::default());
+        if let Some(q) = g.run.as_ref().and_then(|r| r.quota.as_ref()) {
+            limited += 1;
+            held += q.waits.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(!q.grants().is_empty(), "seed {seed}: no call was granted");
+        }
         assert_eq!(g.refused, None, "seed {seed}: the loader refused the set");
         assert!(
             g.verdict.violations.is_empty(),
@@ -198,6 +205,7 @@ fn generated_worlds_keep_every_invariant() {
         );
     }
     assert!(compared > 0, "no cache hit was compared with a fresh run");
+    assert!(limited > 0 && held > 0, "no world's quota held a call back");
 }
 
 /// Generated worlds that found a bug, with the bug (every shape drawn, plain faults).
@@ -256,6 +264,12 @@ const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[
         "a session dead-lettered at a delegation whose children were created but never \
          recorded left them running, uncounted and never cancelled",
     ),
+    (
+        2212,
+        "a session whose timeout ran out during its model call kept its quota permit, so \
+         a model limited to one call at a time stopped for ten minutes",
+    ),
+    (2382, "the same, under a limit of two"),
 ];
 
 #[test]

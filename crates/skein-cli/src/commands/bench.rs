@@ -59,6 +59,23 @@ pub struct BenchArgs {
     /// measures each size and the growth between them) and time the commands that read it.
     #[arg(long, value_delimiter = ',')]
     pub history: Vec<usize>,
+    /// Instead of the runs above: the model-quota benchmark. A tree of the largest
+    /// `--fanout`, then a tree of one part, against a quota-enforcing test server (its
+    /// own process, `skein-quota-server` beside this binary), the limit declared and only
+    /// learned, on the embedded store and on NATS (`--nats URL`, else a nats-server
+    /// started for the run); prints the 429s, the wall time against the quota's floor
+    /// and the small tree's latency.
+    #[arg(long)]
+    pub quota: bool,
+    /// With `--quota`: the quota, in requests a minute.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub quota_rpm: u64,
+    /// With `--quota`: the window the test server counts requests in (ms).
+    #[arg(long, default_value_t = 6_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub quota_window_ms: u64,
+    /// With `--quota`: the NATS workers.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    pub quota_workers: u64,
     /// Print the figures as JSON.
     #[arg(long)]
     pub json: bool,
@@ -595,6 +612,9 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     if !a.history.is_empty() {
         super::bench_history::print(&a.history, a.json).await?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if a.quota {
+        return super::bench_quota::run(app, &a).await;
     }
     if a.nats_local || app.global.nats.is_some() {
         return super::bench_nats::run(app, &a).await;

@@ -58,6 +58,10 @@ pub struct SubmitArgs {
     pub inputs: Option<String>,
     #[arg(long)]
     pub no_cache: bool,
+    /// The tree's priority for model quotas, -100 to 100 (default 0): where a model's
+    /// limits make calls wait, a higher priority goes first.
+    #[arg(long, allow_negative_numbers = true, value_parser = super::run::parse_priority)]
+    pub priority: Option<i32>,
     /// Continue this W3C trace (`00-<trace id>-<span id>-<flags>`): sent as the
     /// `traceparent` header; the tree's sessions become spans of that trace.
     #[arg(long, value_name = "TRACEPARENT")]
@@ -402,6 +406,7 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
     let payload = serde_json::json!({
         "agent": a.agent, "mission": a.mission, "id": id.to_string(),
         "context": a.context, "inputs": inputs, "no_cache": a.no_cache,
+        "priority": a.priority,
     });
     let client = store.client.clone();
     // Everything listened to is subscribed before the submission is published.

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod bench_history;
 pub mod bench_hops;
 pub mod bench_nats;
+pub mod bench_quota;
 pub mod bench_reuse;
 pub mod cancel;
 pub mod cluster;

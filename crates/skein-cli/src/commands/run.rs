@@ -38,6 +38,10 @@ pub struct RunArgs {
     /// Do not answer delegations from the cache, nor cache this tree's answers.
     #[arg(long)]
     pub no_cache: bool,
+    /// The tree's priority for model quotas, -100 to 100 (default 0): where a model's
+    /// limits make calls wait, a higher priority goes first.
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_priority)]
+    pub priority: Option<i32>,
     /// Jobs worked on at once (default from config).
     #[arg(long)]
     pub concurrency: Option<usize>,
@@ -50,6 +54,15 @@ pub struct RunArgs {
     pub json: bool,
     /// What the root agent must do.
     pub mission: String,
+}
+
+/// A `--priority`: a whole number from -100 to 100.
+pub fn parse_priority(s: &str) -> std::result::Result<i32, String> {
+    let p: i32 = s.trim().parse().map_err(|_| {
+        format!("`{s}` is not a priority: a priority is a whole number from -100 to 100")
+    })?;
+    skein_core::agent::validate_priority(p)?;
+    Ok(p)
 }
 
 #[derive(Args, Debug)]
@@ -82,6 +95,7 @@ pub async fn run(app: &App, a: RunArgs) -> Result<ExitCode> {
             inputs,
             budget: None,
             no_cache: a.no_cache,
+            priority: a.priority,
             ..Default::default()
         })
         .await?;

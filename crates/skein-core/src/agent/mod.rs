@@ -110,6 +110,24 @@ pub const MAX_FRONT_MATTER_EXPANSION: usize = 1024 * 1024;
 /// multiply unchecked either.
 pub const NODE_COST: usize = 8;
 
+/// The largest priority a tree or an agent may have, and the opposite the smallest.
+pub const MAX_PRIORITY: i32 = 100;
+
+/// Checks a priority for model quotas (a tree's, `--priority`, or an agent's,
+/// `priority:`): a whole number from -[`MAX_PRIORITY`] to [`MAX_PRIORITY`]. A session's
+/// priority is its tree's plus its agent's; where a model's quota makes calls wait, a
+/// higher priority goes first.
+pub fn validate_priority(p: i32) -> std::result::Result<(), String> {
+    if (-MAX_PRIORITY..=MAX_PRIORITY).contains(&p) {
+        Ok(())
+    } else {
+        Err(format!(
+            "priority {p} is out of range: a priority is a whole number from \
+             -{MAX_PRIORITY} to {MAX_PRIORITY} (0 by default; higher goes first)"
+        ))
+    }
+}
+
 /// Longest pool name, in bytes.
 pub const MAX_POOL_LEN: usize = 64;
 
@@ -262,6 +280,10 @@ pub struct FrontMatter {
     pub recursive: bool,
     #[serde(default)]
     pub pool: Option<String>,
+    /// This agent's priority for model quotas, added to its tree's (see
+    /// [`validate_priority`]). None: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
     #[serde(default)]
     pub limits: AgentLimits,
     /// Tools that are safe to run again when a crash hid their outcome.
@@ -370,6 +392,12 @@ impl AgentDef {
             origin: origin.into(),
             reason: format!("name: {e}"),
         })?;
+        if let Some(p) = front.priority {
+            validate_priority(p).map_err(|e| Error::AgentDef {
+                origin: origin.into(),
+                reason: format!("agent `{}`: {e}", front.name),
+            })?;
+        }
         if let Some(pool) = &front.pool {
             validate_pool(pool).map_err(|e| Error::AgentDef {
                 origin: origin.into(),
@@ -434,6 +462,7 @@ impl AgentDef {
             agents: vec![],
             recursive: false,
             pool: caller.front.pool.clone(),
+            priority: caller.front.priority,
             limits: AgentLimits::default(),
             idempotent_tools: caller.front.idempotent_tools.clone(),
             requires_approval: caller.front.requires_approval.clone(),
@@ -663,6 +692,28 @@ mod tests {
         let files = vec![file("r", "router: {destinations: []}\n")];
         let e = AgentSet::load(&files, &[]).unwrap_err().to_string();
         assert!(e.contains("router without destinations"), "{e}");
+    }
+
+    #[test]
+    fn a_priority_is_a_whole_number_within_its_range() {
+        for ok in ["-100", "0", "7", "100"] {
+            let (o, t) = file("w", &format!("priority: {ok}\n"));
+            let def = AgentDef::parse(&o, &t).unwrap();
+            assert_eq!(def.front.priority, Some(ok.parse().unwrap()));
+        }
+        for bad in ["101", "-101", "2147483647"] {
+            let (o, t) = file("w", &format!("priority: {bad}\n"));
+            let e = AgentDef::parse(&o, &t).unwrap_err().to_string();
+            assert!(e.contains("agent `w`"), "{e}");
+            assert!(
+                e.contains(&format!("priority {bad} is out of range")),
+                "{e}"
+            );
+            assert!(e.contains("-100 to 100"), "{e}");
+        }
+        let (o, t) = file("w", "priority: high\n");
+        let e = AgentDef::parse(&o, &t).unwrap_err().to_string();
+        assert!(e.contains("priority"), "{e}");
     }
 
     #[test]

@@ -141,6 +141,10 @@ pub struct Submitted {
     /// cluster to which no definitions were pushed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defs: Option<String>,
+    /// The tree's priority for model quotas, given at its submission (`--priority`);
+    /// every session of the tree has it. None: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
 }
 
 /// Tasks of a parent's plan handed to a child with its delegation.

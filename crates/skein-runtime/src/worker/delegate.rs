@@ -176,6 +176,7 @@ impl Runtime {
                 allowed_tools: d.allowed_tools.clone(),
                 team: d.team.clone().map(Box::new),
                 defs: parent_sub.defs.clone(),
+                priority: parent_sub.priority,
             };
             jobs.push((submitted.pool(), d.child.clone()));
             creations.push((d.child.clone(), child_def, submitted));

@@ -155,7 +155,15 @@ impl Runtime {
         // sends back is recorded as its reference again.
         let shown = self.reveal_tokens(&f.state, &mut request);
         // The model's quota first: told to wait, the session's job goes back until then.
-        let held = match self.ask_quota(&f.id, &request).await? {
+        // Its priority: its tree's (given at submission) plus its agent's.
+        let priority = f
+            .state
+            .submitted
+            .as_ref()
+            .and_then(|s| s.priority)
+            .unwrap_or(0)
+            .saturating_add(def.front.priority.unwrap_or(0));
+        let mut held = match self.ask_quota(&f.id, &request, priority).await? {
             crate::quota::Asked::Wait => return Ok(()),
             crate::quota::Asked::Go(h) => Some(h),
             crate::quota::Asked::Free => None,
@@ -198,7 +206,7 @@ impl Runtime {
         let (result, heard) = tokio::select! {
             biased;
             _ = self.draining() => {
-                self.after_call(held.as_ref(), &request.model, &[], None).await;
+                self.after_call(held.as_mut(), &request.model, &[], None).await;
                 return Err(Error::Interrupted(format!(
                     "the call to {} was abandoned", request.model)))
             }
@@ -208,7 +216,7 @@ impl Runtime {
             .as_ref()
             .ok()
             .map(|c| (c.usage.input_tokens, c.usage.output_tokens));
-        self.after_call(held.as_ref(), &request.model, &heard, used)
+        self.after_call(held.as_mut(), &request.model, &heard, used)
             .await;
         let latency_ms = started.elapsed().as_millis() as u64;
         crate::metrics::model_call(

@@ -28,6 +28,9 @@ pub struct Submission {
     /// The caller's W3C traceparent: the tree continues its trace (else a new one starts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The tree's priority for model quotas (-100 to 100; higher goes first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
 }
 
 /// What differs between the submission that holds a root id and another one made under
@@ -88,6 +91,9 @@ impl Runtime {
         if !(sub.inputs.is_null() || sub.inputs.is_object()) {
             return Err(Error::invalid("inputs must be a JSON object"));
         }
+        if let Some(p) = sub.priority {
+            skein_core::agent::validate_priority(p).map_err(Error::invalid)?;
+        }
         let id = match &sub.id {
             Some(t) => SessionId::root(t).map_err(|e| Error::invalid(format!("id: {e}")))?,
             None => new_root_id(),
@@ -138,6 +144,7 @@ impl Runtime {
             allowed_tools: None,
             team: None,
             defs: version.digest.clone(),
+            priority: sub.priority.filter(|p| *p != 0),
         };
         let pool = submitted.pool();
         let hash = submitted.mission_hash.clone();
