@@ -9,6 +9,7 @@ use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use skein_core::{Record, SessionId};
 use skein_ports::ports::{check_numbering, Durability, EventLog};
+use skein_ports::roots::{RootFilter, RootsPage};
 use skein_ports::{Error, Result};
 use std::future::IntoFuture;
 use std::sync::Arc;
@@ -382,12 +383,29 @@ impl EventLog for NatsStore {
         records: &[Record],
         durability: Durability,
     ) -> Result<()> {
+        let indexed = session.is_root() && !records.is_empty();
+        if indexed && expected_last == 0 {
+            self.index_start(session, records).await?;
+        }
+        // An append that changes a root's index entry waits for its ack first: the index
+        // never says more than the log.
+        let durability = if indexed && Self::changes_index(expected_last, records) {
+            Durability::Now
+        } else {
+            durability
+        };
         match durability {
             Durability::Now | Durability::Ahead => {
-                self.append_now(session, expected_last, records).await
+                self.append_now(session, expected_last, records).await?
             }
-            Durability::Pipelined => self.append_pipelined(session, expected_last, records).await,
+            Durability::Pipelined => {
+                return self.append_pipelined(session, expected_last, records).await
+            }
         }
+        if indexed {
+            self.index_after(session, expected_last, records).await;
+        }
+        Ok(())
     }
 
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
@@ -449,6 +467,21 @@ impl EventLog for NatsStore {
         out.sort();
         out.dedup();
         Ok(out)
+    }
+
+    /// From the index of roots (`roots.rs`).
+    async fn roots_page(
+        &self,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<RootsPage> {
+        self.indexed_roots_page(filter, limit, cursor).await
+    }
+
+    /// From the open marks of the index of roots, each checked against its log.
+    async fn open_roots(&self) -> Result<Vec<SessionId>> {
+        self.indexed_open_roots().await
     }
 
     async fn roots(&self) -> Result<Vec<SessionId>> {

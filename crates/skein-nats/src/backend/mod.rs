@@ -6,6 +6,7 @@
 //! | `connection.rs` | connect options: credentials, TLS, reconnects |
 //! | `read.rs` | reading one subject of a stream (leader gets, streamed through a consumer when long) |
 //! | `log.rs` | EventLog |
+//! | `roots.rs` | the index of roots: pages of roots and the open roots |
 //! | `jobs.rs` | JobQueue (and the wake markers of job coalescing) |
 //! | `cache.rs` | Cache and single-flight claims |
 //! | `blobs.rs` | Blobs |
@@ -22,6 +23,7 @@
 //! | Cache | KV `skein_cache`; single-flight claims in KV `skein_inflight` |
 //! | Blobs | object store `skein_blobs`, named by blake3 hash |
 //! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
+//! | (index of roots) | streams `SKEIN_ROOTS` (`skein.roots.<root>`: each root's start, in submit order) and `SKEIN_ROOT_STATE` (`skein.rootstate.<root>`, `skein.rootopen.<root>`): see `roots.rs` |
 //! | Announcer | stream `SKEIN_RESULTS`, subject `skein.ended.<root>`, republished by the stream on `skein.results.<root>`: each ending once |
 //! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
 //! | (definitions) | versions as blobs of `skein_blobs`; KV `skein_defs`: `version.<digest>`, `current` |
@@ -41,6 +43,7 @@ mod quota;
 mod read;
 mod results;
 mod room;
+mod roots;
 mod topology;
 mod workers;
 mod workspace;
@@ -58,7 +61,7 @@ use skein_ports::{Backend, Error, Result};
 pub use connection::{connect_client, connect_options};
 pub use defs::{Current, Move, VersionInfo, DEFS_BUCKET};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
-pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES};
+pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_STATE};
 pub use workers::{WorkerInfo, WORKERS_BUCKET, WORKER_TTL_SECS};
 pub use workspace::{clean_path, ObjectWorkspace};
 
@@ -132,6 +135,11 @@ pub struct NatsStore {
     pub client: async_nats::Client,
     pub js: Context,
     events: stream::Stream,
+    /// The index of roots (see `roots.rs`): `SKEIN_ROOTS`, `SKEIN_ROOT_STATE`, and whether
+    /// this process has found it built.
+    roots_starts: stream::Stream,
+    root_state: stream::Stream,
+    roots_checked: tokio::sync::OnceCell<()>,
     jobs_stream: stream::Stream,
     notices: stream::Stream,
     /// Every tree's endings (`results.rs`).
@@ -219,6 +227,9 @@ impl NatsStore {
         let jobs_stream = s(JOBS).await?;
         Ok(Arc::new(Self {
             events,
+            roots_starts: s(ROOTS).await?,
+            root_state: s(ROOT_STATE).await?,
+            roots_checked: tokio::sync::OnceCell::new(),
             feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease)),
             jobs_stream,
             notices: s(NOTICES).await?,

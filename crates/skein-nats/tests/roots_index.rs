@@ -1,0 +1,171 @@
+//! The index of roots on a real server: rebuilt from the log when its streams are gone,
+//! and put right when an ending reached the log but not the index.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
+use skein_core::event::{genesis_hash, Cancelled};
+use skein_core::{Envelope, Event, Record, SessionId};
+use skein_nats::{NatsConfig, NatsStore, ROOTS, ROOT_STATE};
+use skein_runtime::new_root_id;
+use skein_runtime::ports::roots::RootFilter;
+use skein_runtime::ports::{Durability, EventLog};
+use skein_testnats::NatsServer;
+
+async fn store_on(server: &NatsServer) -> std::sync::Arc<NatsStore> {
+    let cfg = NatsConfig {
+        urls: vec![server.url()],
+        ..NatsConfig::default()
+    };
+    NatsStore::connect(&cfg, Duration::from_secs(1))
+        .await
+        .unwrap()
+}
+
+/// A record at `seq` and time `at`: a cancellation when `ends`, else a tool result.
+fn rec(s: &SessionId, seq: u64, at: u64, prev: String, ends: bool) -> Record {
+    let body = if ends {
+        Event::Cancelled(Cancelled {
+            reason: "done".into(),
+        })
+    } else {
+        Event::tool_result("call", "output", false)
+    };
+    Record::decode(
+        Envelope::new(s.clone(), seq, at, prev, body)
+            .encode()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// Appends one record as the first of a fresh root.
+async fn start(store: &NatsStore, at: u64, ends: bool) -> (SessionId, Record) {
+    let r = new_root_id();
+    let first = rec(&r, 1, at, genesis_hash(&r), ends);
+    store
+        .append(&r, 0, std::slice::from_ref(&first), Durability::Now)
+        .await
+        .unwrap();
+    (r, first)
+}
+
+async fn listed(store: &NatsStore, status: Option<&str>) -> Vec<(String, String)> {
+    let f = RootFilter {
+        status: status.map(str::to_string),
+        ..Default::default()
+    };
+    let page = store.roots_page(&f, 100, None).await.unwrap();
+    page.roots.into_iter().map(|s| (s.root, s.status)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_index_is_rebuilt_from_the_log() {
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let (ended, _) = start(&store, 1_000, true).await;
+    let (open, _) = start(&store, 2_000, false).await;
+    let (later, first) = start(&store, 3_000, false).await;
+    let end = rec(&later, 2, 4_000, first.hash(), true);
+    store
+        .append(&later, 1, std::slice::from_ref(&end), Durability::Now)
+        .await
+        .unwrap();
+    let want = vec![
+        (later.to_string(), "cancelled".to_string()),
+        (open.to_string(), "new".to_string()),
+        (ended.to_string(), "cancelled".to_string()),
+    ];
+    assert_eq!(listed(&store, None).await, want);
+
+    for name in [ROOTS, ROOT_STATE] {
+        store.js.delete_stream(name).await.unwrap();
+    }
+    // A process that opens the store makes the streams again, empty; its first listing
+    // finds the index unbuilt and builds it from the log.
+    let again = store_on(&server).await;
+    assert_eq!(listed(&again, None).await, want);
+    assert_eq!(again.open_roots().await.unwrap(), vec![open.clone()]);
+    assert_eq!(
+        listed(&again, Some("cancelled")).await,
+        vec![want[0].clone(), want[2].clone()]
+    );
+    // A root submitted after the rebuild lists first.
+    let (newest, _) = start(&again, 5_000, false).await;
+    assert_eq!(listed(&again, None).await[0].0, newest.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ending_the_index_missed_is_put_right_when_listed() {
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let (a, a1) = start(&store, 1_000, false).await;
+    let (b, b1) = start(&store, 2_000, false).await;
+    let mut open = vec![a.clone(), b.clone()];
+    open.sort();
+    assert_eq!(store.open_roots().await.unwrap(), open);
+    // Each ends in the log, written past the index (as by a writer that stopped between
+    // its append and the index's update). The list of open roots passes `a` and clears
+    // its mark; a page shows `b` ended.
+    end_past_the_index(&store, &a, &a1).await;
+    assert_eq!(store.open_roots().await.unwrap(), vec![b.clone()]);
+    assert_eq!(open_marks(&store).await, 1);
+    end_past_the_index(&store, &b, &b1).await;
+    assert_eq!(
+        listed(&store, None).await,
+        vec![
+            (b.to_string(), "cancelled".to_string()),
+            (a.to_string(), "cancelled".to_string())
+        ]
+    );
+    assert_eq!(
+        open_marks(&store).await,
+        0,
+        "the open marks of ended roots are gone"
+    );
+    assert!(store.open_roots().await.unwrap().is_empty());
+}
+
+async fn end_past_the_index(store: &NatsStore, root: &SessionId, first: &Record) {
+    let end = rec(root, 2, 9_000, first.hash(), true);
+    let last = store
+        .js
+        .get_stream("SKEIN_EVENTS")
+        .await
+        .unwrap()
+        .get_last_raw_message_by_subject(&format!("skein.events.{root}"))
+        .await
+        .unwrap()
+        .sequence;
+    let mut h = HeaderMap::new();
+    h.insert(
+        NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+        last.to_string().as_str(),
+    );
+    store
+        .js
+        .publish_with_headers(
+            format!("skein.events.{root}"),
+            h,
+            skein_nats::frame::encode(std::slice::from_ref(&end)).into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+async fn open_marks(store: &NatsStore) -> usize {
+    use futures::StreamExt;
+    store
+        .js
+        .get_stream(ROOT_STATE)
+        .await
+        .unwrap()
+        .info_with_subjects("skein.rootopen.*")
+        .await
+        .unwrap()
+        .count()
+        .await
+}
