@@ -16,6 +16,7 @@ pub mod cancel;
 pub mod cluster;
 pub mod docs;
 pub mod gc;
+pub mod gc_nats;
 pub mod hitl;
 pub mod init;
 pub mod mcp;

@@ -7,6 +7,7 @@
 //! | `read.rs` | reading one subject of a stream (leader gets, streamed through a consumer when long) |
 //! | `log.rs` | EventLog |
 //! | `roots.rs` | the index of roots: pages of roots and the open roots |
+//! | `retention.rs` | finding and removing finished trees older than an age; archives in object store `skein_archive` |
 //! | `jobs.rs` | JobQueue (and the wake markers of job coalescing) |
 //! | `cache.rs` | Cache and single-flight claims |
 //! | `blobs.rs` | Blobs |
@@ -42,6 +43,7 @@ mod notices;
 mod quota;
 mod read;
 mod results;
+mod retention;
 mod room;
 mod roots;
 mod topology;
@@ -61,6 +63,7 @@ use skein_ports::{Backend, Error, Result};
 pub use connection::{connect_client, connect_options};
 pub use defs::{Current, Move, VersionInfo, DEFS_BUCKET};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
+pub use retention::{RemovedTree, ARCHIVE};
 pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_STATE};
 pub use workers::{WorkerInfo, WORKERS_BUCKET, WORKER_TTL_SECS};
 pub use workspace::{clean_path, ObjectWorkspace};

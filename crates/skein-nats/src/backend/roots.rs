@@ -39,7 +39,7 @@ const FORMAT: &[u8] = b"1";
 const INDEX_SUBJECT: &str = "skein.rootindex";
 /// How many stream sequences past a cursor's own a page reads again: roots submitted
 /// at once by several clients may be stored a little out of their start order.
-const SKEW: u64 = 16;
+pub(crate) const SKEW: u64 = 16;
 /// Roots rebuilt at once.
 const REBUILD_WIDTH: usize = 32;
 
@@ -216,7 +216,7 @@ impl NatsStore {
 
     /// Makes sure the index exists: when its format mark is missing, rebuilds it from
     /// the log (once per process).
-    async fn roots_ready(&self) -> Result<()> {
+    pub(crate) async fn roots_ready(&self) -> Result<()> {
         self.roots_checked
             .get_or_try_init(|| async {
                 match last_of(&self.root_state, INDEX_SUBJECT).await? {
@@ -258,7 +258,7 @@ impl NatsStore {
 
     /// The start at stream sequence `seq` of `SKEIN_ROOTS`, as the root and its summary
     /// (none if it does not decode); none where no message is.
-    async fn start_at(&self, seq: u64) -> Result<Option<(String, Option<RootSummary>)>> {
+    pub(crate) async fn start_at(&self, seq: u64) -> Result<Option<(String, Option<RootSummary>)>> {
         match self.roots_starts.get_raw_message(seq).await {
             Ok(m) => {
                 let root = m
@@ -276,7 +276,11 @@ impl NatsStore {
     /// A root's summary as the index should have it: its latest state, else its start;
     /// one that is not final is checked against the log's last record, and made again
     /// from the log (and written) when it is behind. None for a root without records.
-    async fn current(&self, root: &str, start: Option<RootSummary>) -> Result<Option<RootSummary>> {
+    pub(crate) async fn current(
+        &self,
+        root: &str,
+        start: Option<RootSummary>,
+    ) -> Result<Option<RootSummary>> {
         let id = SessionId::parse(root)?;
         let state = last_of(&self.root_state, &state_subject(root))
             .await?
@@ -395,5 +399,21 @@ impl NatsStore {
         let mut open: Vec<SessionId> = checked.into_iter().flatten().collect();
         open.sort();
         Ok(open)
+    }
+}
+impl NatsStore {
+    /// Takes `root` out of the index (its tree was removed from the log).
+    pub(crate) async fn unindex(&self, root: &str) -> Result<()> {
+        for (st, subject) in [
+            (&self.roots_starts, start_subject(root)),
+            (&self.root_state, state_subject(root)),
+            (&self.root_state, open_subject(root)),
+        ] {
+            st.purge()
+                .filter(subject)
+                .await
+                .map_err(|e| nats_err("remove a root from the index", e))?;
+        }
+        Ok(())
     }
 }

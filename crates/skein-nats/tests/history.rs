@@ -1,5 +1,6 @@
-//! The index of roots on a real server: rebuilt from the log when its streams are gone,
-//! and put right when an ending reached the log but not the index.
+//! History on a real server: the index of roots rebuilt from the log when its streams are
+//! gone and put right when an ending reached the log but not the index; retention's
+//! choice of trees and their removal.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -168,4 +169,74 @@ async fn open_marks(store: &NatsStore) -> usize {
         .unwrap()
         .count()
         .await
+}
+
+/// Appends `records` to a fresh log of `s`.
+async fn append(store: &NatsStore, s: &SessionId, at: u64, ends: &[bool]) -> Vec<Record> {
+    let mut prev = genesis_hash(s);
+    let mut out = vec![];
+    for (i, e) in ends.iter().enumerate() {
+        let r = rec(s, i as u64 + 1, at + i as u64, prev, *e);
+        store
+            .append(s, i as u64, std::slice::from_ref(&r), Durability::Now)
+            .await
+            .unwrap();
+        prev = r.hash();
+        out.push(r);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_takes_only_old_finished_trees_and_removes_them_whole() {
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let now = skein_runtime::now_ms();
+    // Old and ended, with an ended child: removable.
+    let old = new_root_id();
+    append(&store, &old, 1_000, &[true]).await;
+    let child = old.child("helper", 1);
+    append(&store, &child, 1_100, &[false, true]).await;
+    // Old, ended, but a child still runs: kept.
+    let busy = new_root_id();
+    append(&store, &busy, 2_000, &[true]).await;
+    append(&store, &busy.child("helper", 1), 2_100, &[false]).await;
+    // Old and open: kept.
+    let open = new_root_id();
+    append(&store, &open, 3_000, &[false]).await;
+    // Ended, but recent: kept.
+    let recent = new_root_id();
+    append(&store, &recent, now, &[true]).await;
+
+    let before = now - 60_000;
+    let found = store.removable_trees(before).await.unwrap();
+    let ids: Vec<&str> = found.iter().map(|s| s.root.as_str()).collect();
+    assert_eq!(ids, vec![old.as_str()]);
+
+    let removed = store.remove_tree(&old).await.unwrap().expect("removed");
+    assert_eq!((removed.sessions, removed.records), (2, 3));
+    assert!(removed.bytes > 0);
+    assert!(store.read(&old, 1).await.unwrap().is_empty());
+    assert!(store.read(&child, 1).await.unwrap().is_empty());
+    let left: Vec<String> = listed(&store, None)
+        .await
+        .into_iter()
+        .map(|l| l.0)
+        .collect();
+    assert!(!left.contains(&old.to_string()), "{left:?}");
+    assert_eq!(left.len(), 3, "{left:?}");
+    // Removed once: a second removal (another worker's) finds nothing and counts nothing.
+    assert_eq!(store.remove_tree(&old).await.unwrap(), None);
+    assert!(store.removable_trees(before).await.unwrap().is_empty());
+
+    // Archives round-trip through the object store.
+    store
+        .archive_put("x.jsonl", b"line\n".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.archive_get("x.jsonl").await.unwrap().as_deref(),
+        Some(&b"line\n"[..])
+    );
+    assert_eq!(store.archive_get("y.jsonl").await.unwrap(), None);
 }
