@@ -9,6 +9,7 @@ pub mod agents;
 pub mod audit;
 pub mod bench;
 pub mod bench_history;
+pub mod bench_history_nats;
 pub mod bench_hops;
 pub mod bench_nats;
 pub mod bench_reuse;
