@@ -65,6 +65,7 @@ async fn listed(store: &NatsStore, status: Option<&str>) -> Vec<(String, String)
 async fn a_deleted_index_is_rebuilt_from_the_log() {
     let server = NatsServer::start();
     let store = store_on(&server).await;
+    assert!(marked(&store).await, "a new store's index is built (empty)");
     let (ended, _) = start(&store, 1_000, true).await;
     let (open, _) = start(&store, 2_000, false).await;
     let (later, first) = start(&store, 3_000, false).await;
@@ -86,7 +87,12 @@ async fn a_deleted_index_is_rebuilt_from_the_log() {
     // A process that opens the store makes the streams again, empty; its first listing
     // finds the index unbuilt and builds it from the log.
     let again = store_on(&server).await;
+    assert!(
+        !marked(&again).await,
+        "made again over a log that is not empty: unbuilt"
+    );
     assert_eq!(listed(&again, None).await, want);
+    assert!(marked(&again).await);
     assert_eq!(again.open_roots().await.unwrap(), vec![open.clone()]);
     assert_eq!(
         listed(&again, Some("cancelled")).await,
@@ -239,4 +245,16 @@ async fn retention_takes_only_old_finished_trees_and_removes_them_whole() {
         Some(&b"line\n"[..])
     );
     assert_eq!(store.archive_get("y.jsonl").await.unwrap(), None);
+}
+
+/// Whether the index of roots says it is built.
+async fn marked(store: &NatsStore) -> bool {
+    store
+        .js
+        .get_stream(ROOT_STATE)
+        .await
+        .unwrap()
+        .get_last_raw_message_by_subject("skein.rootindex")
+        .await
+        .is_ok()
 }

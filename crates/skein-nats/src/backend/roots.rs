@@ -19,9 +19,10 @@
 //! final is checked against the log's last record when it is listed (one get); one
 //! behind the log is made again from the root's log and written. An open mark whose root
 //! has ended (a writer that stopped between its append and the index write) is put
-//! right by the listing of open roots. When `skein.rootindex` is missing (a store from
-//! before the index, or streams deleted), the first listing rebuilds the index from the
-//! roots of `SKEIN_EVENTS`.
+//! right by the listing of open roots. The streams made for a new store (an empty log)
+//! are marked built at once. When `skein.rootindex` is missing (a store from before the
+//! index, or streams deleted), the first listing rebuilds the index from the roots of
+//! `SKEIN_EVENTS`.
 
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
 use async_nats::jetstream::{context, stream};
@@ -79,6 +80,30 @@ async fn last_of(st: &stream::Stream, subject: &str) -> Result<Option<(u64, Byte
         Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => Ok(None),
         Err(e) => Err(nats_err("read the index of roots", e)),
     }
+}
+
+/// Marks the index built when the log is empty (a new store): there is nothing to rebuild
+/// it from. Called when the index's streams were just made.
+pub(crate) async fn mark_built_if_empty(js: &context::Context) -> Result<()> {
+    let mut events = js
+        .get_stream(super::EVENTS)
+        .await
+        .map_err(|e| nats_err(super::EVENTS, e))?;
+    let empty = events
+        .info()
+        .await
+        .map_err(|e| nats_err(super::EVENTS, e))?
+        .state
+        .messages
+        == 0;
+    if empty {
+        js.publish(INDEX_SUBJECT, Bytes::from_static(FORMAT))
+            .await
+            .map_err(|e| nats_err("mark the index of roots", e))?
+            .await
+            .map_err(|e| nats_err("mark the index of roots", e))?;
+    }
+    Ok(())
 }
 
 impl NatsStore {

@@ -50,6 +50,7 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
     // The index of roots (see `roots.rs`): one start message per root, in the order
     // roots were submitted, and the latest summary and open mark of each. Derived from
     // `SKEIN_EVENTS`, aging out with it.
+    let fresh_index = js.get_stream(ROOT_STATE).await.is_err();
     for (name, subjects) in [
         (ROOTS, vec!["skein.roots.*".to_string()]),
         (
@@ -73,6 +74,9 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
             ..Default::default()
         })
         .await?;
+    }
+    if fresh_index {
+        super::roots::mark_built_if_empty(js).await?;
     }
     // Limits retention, not a work queue: on a work queue each replica deletes an acked
     // job through the consumer, in its own order, so replicas judge the conditional
