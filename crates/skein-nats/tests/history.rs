@@ -258,3 +258,39 @@ async fn marked(store: &NatsStore) -> bool {
         .await
         .is_ok()
 }
+
+/// A root's ending appended pipelined is indexed once its writer reads the ack (here the
+/// ack of the session's job), never before: the index says no more than the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_ending_is_indexed_once_its_ack_is_read() {
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let b = store.backend();
+    let (root, first) = start(&store, 1_000, false).await;
+    let end = rec(&root, 2, 2_000, first.hash(), true);
+    b.log
+        .append(&root, 1, std::slice::from_ref(&end), Durability::Pipelined)
+        .await
+        .unwrap();
+    assert_eq!(open_marks(&store).await, 1, "not indexed before its ack is read");
+    b.jobs.push("default", &root).await.unwrap();
+    let job = b
+        .jobs
+        .claim("default", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the pushed job");
+    b.jobs.ack(&job).await.unwrap();
+    assert_eq!(open_marks(&store).await, 0, "indexed once the job's ack read it");
+    let state = store
+        .js
+        .get_stream(ROOT_STATE)
+        .await
+        .unwrap()
+        .get_last_raw_message_by_subject(&format!("skein.rootstate.{root}"))
+        .await
+        .expect("the root's final summary");
+    let s: skein_runtime::ports::roots::RootSummary =
+        serde_json::from_slice(&state.payload).unwrap();
+    assert_eq!((s.status.as_str(), s.last_seq), ("cancelled", 2));
+}

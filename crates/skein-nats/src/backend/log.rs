@@ -239,8 +239,19 @@ impl NatsStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(session);
+        let pending = self
+            .index_pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session);
         match sent {
-            Some(sent) => self.settle(session, sent).await,
+            Some(sent) => {
+                self.settle(session, sent).await?;
+                if let Some((expected_last, records)) = pending {
+                    self.index_after(session, expected_last, &records).await;
+                }
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -387,23 +398,27 @@ impl EventLog for NatsStore {
         if indexed && expected_last == 0 {
             self.index_start(session, records).await?;
         }
-        // An append that changes a root's index entry waits for its ack first: the index
-        // never says more than the log.
-        let durability = if indexed && Self::changes_index(expected_last, records) {
-            Durability::Now
-        } else {
-            durability
-        };
         match durability {
             Durability::Now | Durability::Ahead => {
-                self.append_now(session, expected_last, records).await?
+                self.append_now(session, expected_last, records).await?;
+                if indexed {
+                    self.index_after(session, expected_last, records).await;
+                }
             }
             Durability::Pipelined => {
-                return self.append_pipelined(session, expected_last, records).await
+                self.append_pipelined(session, expected_last, records)
+                    .await?;
+                // The index never says more than the log: an ending pipelined is indexed
+                // once its ack is read (`make_sure`).
+                if indexed && Self::changes_index(expected_last, records) {
+                    let mut pending = self.index_pending.lock().unwrap_or_else(|p| p.into_inner());
+                    if pending.len() > 10_000 {
+                        // Left by writers that went away: a listing puts their roots right.
+                        pending.clear();
+                    }
+                    pending.insert(session.clone(), (expected_last, records.to_vec()));
+                }
             }
-        }
-        if indexed {
-            self.index_after(session, expected_last, records).await;
         }
         Ok(())
     }

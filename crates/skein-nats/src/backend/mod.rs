@@ -175,6 +175,9 @@ pub struct NatsStore {
     heads: Mutex<HashMap<SessionId, log::Head>>,
     /// Each session's pipelined append whose ack nobody has read yet.
     pipelined: Mutex<HashMap<SessionId, log::Sent>>,
+    /// A root's pipelined records that change its entry in the index of roots, indexed
+    /// once their ack is read: `expected_last` and the records.
+    index_pending: Mutex<HashMap<SessionId, (u64, Vec<skein_core::Record>)>>,
     consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
     /// The owner task of each pool's claims (`feed.rs`).
     feeds: Mutex<feed::Feeds>,
@@ -256,6 +259,7 @@ impl NatsStore {
             cfg: cfg.clone(),
             heads: Mutex::new(HashMap::new()),
             pipelined: Mutex::new(HashMap::new()),
+            index_pending: Mutex::new(HashMap::new()),
             consumers: tokio::sync::Mutex::new(HashMap::new()),
             lease,
             workspace_local: std::sync::OnceLock::new(),
