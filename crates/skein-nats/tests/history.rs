@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
 use skein_core::event::{genesis_hash, Cancelled};
 use skein_core::{Envelope, Event, Record, SessionId};
-use skein_nats::{NatsConfig, NatsStore, ROOTS, ROOT_STATE};
+use skein_nats::{NatsConfig, NatsStore, ROOTS, ROOT_OPEN, ROOT_STATE};
 use skein_runtime::new_root_id;
 use skein_runtime::ports::roots::RootFilter;
 use skein_runtime::ports::{Durability, EventLog};
@@ -81,7 +81,7 @@ async fn a_deleted_index_is_rebuilt_from_the_log() {
     ];
     assert_eq!(listed(&store, None).await, want);
 
-    for name in [ROOTS, ROOT_STATE] {
+    for name in [ROOTS, ROOT_STATE, ROOT_OPEN] {
         store.js.delete_stream(name).await.unwrap();
     }
     // A process that opens the store makes the streams again, empty; its first listing
@@ -167,7 +167,7 @@ async fn open_marks(store: &NatsStore) -> usize {
     use futures::StreamExt;
     store
         .js
-        .get_stream(ROOT_STATE)
+        .get_stream(ROOT_OPEN)
         .await
         .unwrap()
         .info_with_subjects("skein.rootopen.*")
@@ -272,7 +272,11 @@ async fn a_pipelined_ending_is_indexed_once_its_ack_is_read() {
         .append(&root, 1, std::slice::from_ref(&end), Durability::Pipelined)
         .await
         .unwrap();
-    assert_eq!(open_marks(&store).await, 1, "not indexed before its ack is read");
+    assert_eq!(
+        open_marks(&store).await,
+        1,
+        "not indexed before its ack is read"
+    );
     b.jobs.push("default", &root).await.unwrap();
     let job = b
         .jobs
@@ -281,7 +285,11 @@ async fn a_pipelined_ending_is_indexed_once_its_ack_is_read() {
         .unwrap()
         .expect("the pushed job");
     b.jobs.ack(&job).await.unwrap();
-    assert_eq!(open_marks(&store).await, 0, "indexed once the job's ack read it");
+    assert_eq!(
+        open_marks(&store).await,
+        0,
+        "indexed once the job's ack read it"
+    );
     let state = store
         .js
         .get_stream(ROOT_STATE)

@@ -24,7 +24,7 @@
 //! | Cache | KV `skein_cache`; single-flight claims in KV `skein_inflight` |
 //! | Blobs | object store `skein_blobs`, named by blake3 hash |
 //! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
-//! | (index of roots) | streams `SKEIN_ROOTS` (`skein.roots.<root>`: each root's start, in submit order) and `SKEIN_ROOT_STATE` (`skein.rootstate.<root>`, `skein.rootopen.<root>`): see `roots.rs` |
+//! | (index of roots) | streams `SKEIN_ROOTS` (`skein.roots.<root>`: each root's start, in submit order), `SKEIN_ROOT_STATE` (`skein.rootstate.<root>`) and `SKEIN_ROOT_OPEN` (`skein.rootopen.<root>`): see `roots.rs` |
 //! | Announcer | stream `SKEIN_RESULTS`, subject `skein.ended.<root>`, republished by the stream on `skein.results.<root>`: each ending once |
 //! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
 //! | (definitions) | versions as blobs of `skein_blobs`; KV `skein_defs`: `version.<digest>`, `current` |
@@ -64,7 +64,9 @@ pub use connection::{connect_client, connect_options};
 pub use defs::{Current, Move, VersionInfo, DEFS_BUCKET};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
 pub use retention::{RemovedTree, ARCHIVE};
-pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_STATE};
+pub use topology::{
+    ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_OPEN, ROOT_STATE,
+};
 pub use workers::{WorkerInfo, WORKERS_BUCKET, WORKER_TTL_SECS};
 pub use workspace::{clean_path, ObjectWorkspace};
 
@@ -142,6 +144,7 @@ pub struct NatsStore {
     /// this process has found it built.
     roots_starts: stream::Stream,
     root_state: stream::Stream,
+    root_open: stream::Stream,
     roots_checked: tokio::sync::OnceCell<()>,
     jobs_stream: stream::Stream,
     notices: stream::Stream,
@@ -235,6 +238,7 @@ impl NatsStore {
             events,
             roots_starts: s(ROOTS).await?,
             root_state: s(ROOT_STATE).await?,
+            root_open: s(ROOT_OPEN).await?,
             roots_checked: tokio::sync::OnceCell::new(),
             feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease)),
             jobs_stream,

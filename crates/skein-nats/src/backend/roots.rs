@@ -9,10 +9,11 @@
 //!   record carries the submitter's clock): a page reads it backwards by sequence, a
 //!   block of direct gets at a time.
 //! - `SKEIN_ROOT_STATE`: `skein.rootstate.<root>`, a root's latest summary, written when
-//!   it ends (or is reopened by a question); `skein.rootopen.<root>`, a mark published
-//!   with the root's start and purged when it ends, so that the open roots are one
-//!   subject listing; `skein.rootindex`, the index's format, written once a rebuild is
-//!   done.
+//!   it ends (or is reopened by a question); `skein.rootindex`, the index's format,
+//!   written once a rebuild is done.
+//! - `SKEIN_ROOT_OPEN`: `skein.rootopen.<root>`, a mark published with the root's start
+//!   and purged when it ends, so that the open roots are one subject listing of a stream
+//!   that holds only them (a subject filter costs the stream's subjects).
 //!
 //! The index may lag the log but never loses a root: the start is written before the
 //! root's first record, so a root with records always has one. A summary that is not
@@ -141,7 +142,7 @@ impl NatsStore {
         let state = self.publish_acked(state_subject(&s.root), encode(s)?);
         let open = async {
             if s.is_finished() {
-                self.root_state
+                self.root_open
                     .purge()
                     .filter(open_subject(&s.root))
                     .await
@@ -395,7 +396,7 @@ impl NatsStore {
         self.roots_ready().await?;
         let mut marked = vec![];
         let mut info = self
-            .root_state
+            .root_open
             .info_with_subjects("skein.rootopen.*")
             .await
             .map_err(|e| nats_err("open roots", e))?;
@@ -432,7 +433,7 @@ impl NatsStore {
         for (st, subject) in [
             (&self.roots_starts, start_subject(root)),
             (&self.root_state, state_subject(root)),
-            (&self.root_state, open_subject(root)),
+            (&self.root_open, open_subject(root)),
         ] {
             st.purge()
                 .filter(subject)

@@ -16,8 +16,10 @@ pub const NOTICES: &str = "SKEIN_NOTICES";
 pub const MISSIONS: &str = "SKEIN_MISSIONS";
 /// The start of every root, in the order they were submitted (`roots.rs`).
 pub const ROOTS: &str = "SKEIN_ROOTS";
-/// The latest summary of each root, the open roots and the index's format (`roots.rs`).
+/// The latest summary of each root and the index's format (`roots.rs`).
 pub const ROOT_STATE: &str = "SKEIN_ROOT_STATE";
+/// A mark for each open root (`roots.rs`).
+pub const ROOT_OPEN: &str = "SKEIN_ROOT_OPEN";
 
 /// Creates every missing stream and bucket; existing ones are left alone. Idempotent.
 pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
@@ -57,10 +59,11 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
             ROOT_STATE,
             vec![
                 "skein.rootstate.*".to_string(),
-                "skein.rootopen.*".to_string(),
                 "skein.rootindex".to_string(),
             ],
         ),
+        // A stream of its own, so that listing its subjects costs the open roots.
+        (ROOT_OPEN, vec!["skein.rootopen.*".to_string()]),
     ] {
         put(stream::Config {
             name: name.into(),
