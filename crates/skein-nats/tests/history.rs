@@ -251,7 +251,7 @@ async fn retention_takes_only_old_finished_trees_and_removes_them_whole() {
 async fn marked(store: &NatsStore) -> bool {
     store
         .js
-        .get_stream(ROOT_STATE)
+        .get_stream(ROOT_OPEN)
         .await
         .unwrap()
         .get_last_raw_message_by_subject("skein.rootindex")

@@ -9,11 +9,14 @@
 //!   record carries the submitter's clock): a page reads it backwards by sequence, a
 //!   block of direct gets at a time.
 //! - `SKEIN_ROOT_STATE`: `skein.rootstate.<root>`, a root's latest summary, written when
-//!   it ends (or is reopened by a question); `skein.rootindex`, the index's format,
-//!   written once a rebuild is done.
+//!   it ends (or is reopened by a question).
 //! - `SKEIN_ROOT_OPEN`: `skein.rootopen.<root>`, a mark published with the root's start
 //!   and purged when it ends, so that the open roots are one subject listing of a stream
-//!   that holds only them (a subject filter costs the stream's subjects).
+//!   that holds only them (a subject filter, and a purge by subject, cost the stream's
+//!   subjects); and `skein.rootindex`, the index's format, written when a new store's
+//!   streams are made or once a rebuild is done (kept out of the large streams, where
+//!   finding an old subject's last message walks back through the stream on some
+//!   servers).
 //!
 //! The index may lag the log but never loses a root: the start is written before the
 //! root's first record, so a root with records always has one. A summary that is not
@@ -245,7 +248,7 @@ impl NatsStore {
     pub(crate) async fn roots_ready(&self) -> Result<()> {
         self.roots_checked
             .get_or_try_init(|| async {
-                match last_of(&self.root_state, INDEX_SUBJECT).await? {
+                match last_of(&self.root_open, INDEX_SUBJECT).await? {
                     Some((_, f)) if f.as_ref() == FORMAT => Ok(()),
                     _ => self.rebuild_roots_index().await.map(|_| ()),
                 }

@@ -16,9 +16,9 @@ pub const NOTICES: &str = "SKEIN_NOTICES";
 pub const MISSIONS: &str = "SKEIN_MISSIONS";
 /// The start of every root, in the order they were submitted (`roots.rs`).
 pub const ROOTS: &str = "SKEIN_ROOTS";
-/// The latest summary of each root and the index's format (`roots.rs`).
+/// The latest summary of each root (`roots.rs`).
 pub const ROOT_STATE: &str = "SKEIN_ROOT_STATE";
-/// A mark for each open root (`roots.rs`).
+/// A mark for each open root, and the index's format (`roots.rs`).
 pub const ROOT_OPEN: &str = "SKEIN_ROOT_OPEN";
 
 /// Creates every missing stream and bucket; existing ones are left alone. Idempotent.
@@ -52,18 +52,19 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
     // The index of roots (see `roots.rs`): one start message per root, in the order
     // roots were submitted, and the latest summary and open mark of each. Derived from
     // `SKEIN_EVENTS`, aging out with it.
-    let fresh_index = js.get_stream(ROOT_STATE).await.is_err();
+    let fresh_index = js.get_stream(ROOT_OPEN).await.is_err();
     for (name, subjects) in [
         (ROOTS, vec!["skein.roots.*".to_string()]),
+        (ROOT_STATE, vec!["skein.rootstate.*".to_string()]),
+        // A small stream: listing its subjects costs the open roots, and the format mark
+        // is found without a walk back through every summary.
         (
-            ROOT_STATE,
+            ROOT_OPEN,
             vec![
-                "skein.rootstate.*".to_string(),
+                "skein.rootopen.*".to_string(),
                 "skein.rootindex".to_string(),
             ],
         ),
-        // A stream of its own, so that listing its subjects costs the open roots.
-        (ROOT_OPEN, vec!["skein.rootopen.*".to_string()]),
     ] {
         put(stream::Config {
             name: name.into(),
