@@ -183,10 +183,17 @@ async fn run(app: &App, url: &str, n: usize) -> Result<serde_json::Value> {
         "one hop",
     ]))?;
 
-    // What a worker's sweep and start read: the open roots (none are open).
-    let t = Instant::now();
-    let open = b.log.open_roots().await?;
-    let open_roots_ms = t.elapsed().as_secs_f64() * 1000.0;
+    // What a worker's sweep and start read: the open roots (none are open). The median
+    // of five calls.
+    let mut calls = vec![];
+    let mut open = vec![];
+    for _ in 0..5 {
+        let t = Instant::now();
+        open = b.log.open_roots().await?;
+        calls.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    calls.sort_by(f64::total_cmp);
+    let open_roots_ms = calls[2];
     let t = Instant::now();
     let second =
         super::bench_nats::spawn_worker(&config, tmp.path(), url, "default", SECRET, None, false)
@@ -220,7 +227,7 @@ const FIGURES: [(&str, &str); 9] = [
     ("events_ms", "skein events"),
     ("run_ms", "submit --wait, one turn"),
     ("hop_run_ms", "submit --wait, one hop"),
-    ("open_roots_ms", "open roots (in process)"),
+    ("open_roots_ms", "open roots (in process, median of 5)"),
     ("worker_start_ms", "a worker until ready"),
 ];
 

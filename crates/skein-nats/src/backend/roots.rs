@@ -142,9 +142,17 @@ impl NatsStore {
 
     /// Writes `s` as its root's latest summary, and marks the root open or not.
     async fn put_state(&self, s: &RootSummary) -> Result<()> {
+        self.put_state_marked(s, true).await
+    }
+
+    /// [`Self::put_state`]; `marked`: whether the root may have an open mark to take off
+    /// (not a root whose first records ended it).
+    async fn put_state_marked(&self, s: &RootSummary, marked: bool) -> Result<()> {
         let state = self.publish_acked(state_subject(&s.root), encode(s)?);
         let open = async {
-            if s.is_finished() {
+            if s.is_finished() && !marked {
+                Ok(())
+            } else if s.is_finished() {
                 self.root_open
                     .purge()
                     .filter(open_subject(&s.root))
@@ -228,7 +236,8 @@ impl NatsStore {
             }
         };
         match summary {
-            Some(s) => self.put_state(&s).await,
+            // A root whose first records ended it was never marked open.
+            Some(s) => self.put_state_marked(&s, expected_last > 0).await,
             None => Ok(()),
         }
     }
