@@ -1304,3 +1304,119 @@ async fn a_tree_is_one_trace_across_workers() {
         );
     }
 }
+
+/// Retention on NATS: `skein gc --nats` archives a finished tree to files and removes it
+/// (a dry run first lists it and removes nothing); then a worker with
+/// `nats.retain_finished` removes the next finished tree by itself, archives it in the
+/// object store, and counts what it removed in /metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_on_nats_archives_removes_and_counts_finished_trees() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let tmp = tempfile::tempdir().unwrap();
+    let gc = |args: &[&str]| {
+        let out = Command::new(bin())
+            .arg("--config")
+            .arg(demo_config())
+            .args(["--nats", &url, "gc", "--older-than", "0s", "--json"])
+            .args(args)
+            .env("SKEIN_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let run_tree = |id: &str| {
+        let out = submit(
+            &url,
+            &demo_config(),
+            &[
+                "--id",
+                id,
+                "--no-cache",
+                "--wait",
+                "Brief on event sourcing",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SessionId::root(id).unwrap()
+    };
+    let st = store(&url, 1).await;
+    let b = st.backend();
+    let listed = |b: skein_runtime::ports::Backend| async move {
+        let f = skein_runtime::ports::roots::RootFilter::default();
+        let page = b.log.roots_page(&f, 100, None).await.unwrap();
+        page.roots.into_iter().map(|s| s.root).collect::<Vec<_>>()
+    };
+
+    let first = {
+        let _w = Worker::start(&url, "gc-1", &demo_config(), &[], &[]);
+        run_tree(&format!("gc-{}", common::cluster::tag()))
+    };
+    let dry = gc(&["--dry-run"]);
+    assert_eq!(
+        dry["removable"],
+        serde_json::json!([first.as_str()]),
+        "{dry}"
+    );
+    assert_eq!(
+        b.log.tree(&first).await.unwrap().len(),
+        5,
+        "nothing removed"
+    );
+    let dir = tmp.path().join("archive");
+    let out = gc(&["--archive", dir.to_str().unwrap()]);
+    assert_eq!(out["removed"]["trees"], 1, "{out}");
+    assert_eq!(out["removed"]["sessions"], 5, "{out}");
+    let export = std::fs::read(dir.join(format!("{}.jsonl", first.as_str()))).unwrap();
+    let check = skein_runtime::audit::verify(&mut export.as_slice()).unwrap();
+    assert!(check.findings.is_empty(), "{:?}", check.findings);
+    assert!(b.log.tree(&first).await.unwrap().is_empty());
+    assert!(!listed(b.clone()).await.contains(&first.to_string()));
+
+    let w = Worker::start(
+        &url,
+        "gc-2",
+        &demo_config(),
+        &[
+            ("SKEIN__NATS__RETAIN_FINISHED", "1s"),
+            ("SKEIN__NATS__RETENTION_EVERY", "1s"),
+        ],
+        &[],
+    );
+    let second = run_tree(&format!("gc-{}", common::cluster::tag()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = metrics(w.port);
+        if sum(&m, "skein_gc_removed_trees_total", &[]) >= 1.0 {
+            assert_eq!(sum(&m, "skein_gc_removed_trees_total", &[]), 1.0);
+            assert_eq!(sum(&m, "skein_gc_removed_sessions_total", &[]), 5.0);
+            assert!(sum(&m, "skein_gc_removed_bytes_total", &[]) > 0.0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker removed nothing: {}",
+            w.logged()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(b.log.tree(&second).await.unwrap().is_empty());
+    assert!(!listed(b.clone()).await.contains(&second.to_string()));
+    let archived = st
+        .archive_get(&format!("{}.jsonl", second.as_str()))
+        .await
+        .unwrap()
+        .expect("archived in skein_archive");
+    let check = skein_runtime::audit::verify(&mut archived.as_slice()).unwrap();
+    assert!(check.findings.is_empty(), "{:?}", check.findings);
+}

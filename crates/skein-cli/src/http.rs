@@ -57,6 +57,7 @@ pub fn install_recorder() -> Result<PrometheusHandle> {
     m::ready(false);
     metrics::counter!(m::NATS_RECONNECTS).increment(0);
     metrics::counter!(m::INTAKE_ACCEPTED).increment(0);
+    m::gc_removed(0, 0, 0);
     Ok(handle)
 }
 

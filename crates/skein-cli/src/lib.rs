@@ -249,7 +249,7 @@ pub enum Command {
     /// Check the embedded store's event log, or set its damaged part aside.
     #[command(subcommand)]
     Store(commands::store::StoreCmd),
-    /// Remove finished trees older than an age from the embedded store, archiving them first.
+    /// Remove finished trees older than an age (the embedded store, or the cluster with --nats), archiving them first.
     Gc(Deferred<commands::gc::GcArgs>),
     /// Serve a web view of the trees: live, replayable, answerable (see docs/ui.md).
     Ui(Deferred<commands::ui::UiArgs>),

@@ -43,6 +43,17 @@ pub struct NatsConfig {
     /// Window in which a repeated `Nats-Msg-Id` is dropped as a duplicate.
     #[serde(deserialize_with = "skein_core::duration::serde::text")]
     pub duplicate_window: String,
+    /// Retention run by the workers: remove the finished trees whose last event is older
+    /// than this ("0": keep every tree). A tree in flight or waiting for a person is never
+    /// removed.
+    #[serde(deserialize_with = "skein_core::duration::serde::text")]
+    pub retain_finished: String,
+    /// Archive each tree (its audit export) in the object store `skein_archive` before it
+    /// is removed.
+    pub archive_finished: bool,
+    /// How often a worker looks for trees to remove.
+    #[serde(deserialize_with = "skein_core::duration::serde::text")]
+    pub retention_every: String,
     /// Tree workspaces as directories `<workspace_dir>/<root>` on a volume every worker
     /// mounts (and `shell` can run in), instead of the object store `skein_workspace`.
     pub workspace_dir: Option<PathBuf>,
@@ -68,6 +79,9 @@ impl Default for NatsConfig {
             cache_max_age: "0".into(),
             inflight_max_age: "1h".into(),
             duplicate_window: "2m".into(),
+            retain_finished: "0".into(),
+            archive_finished: true,
+            retention_every: "1h".into(),
             workspace_dir: None,
         }
     }

@@ -20,6 +20,7 @@ use skein_ports::ports::{
     Announcer, Blobs, Cache, CacheEntry, Durability, EventLog, Job, JobQueue, Notices, RootResult,
     SessionFilter, WaitingForRoom,
 };
+use skein_ports::roots::{RootFilter, RootsPage};
 use skein_ports::{Error, Result};
 
 use crate::backend::NatsStore;
@@ -101,6 +102,10 @@ bounded!(EventLog {
     fn last(session: &SessionId) -> Result<Option<Record>> = "last of SKEIN_EVENTS";
     fn tree(root: &SessionId) -> Result<Vec<SessionId>> = "subjects of SKEIN_EVENTS";
     fn roots() -> Result<Vec<SessionId>> = "subjects of SKEIN_EVENTS";
+    // The first listing of a process may rebuild a missing index from the whole log.
+    fn roots_page(filter: &RootFilter, limit: usize, cursor: Option<&str>) -> Result<RootsPage>
+        = "page of SKEIN_ROOTS", within |limit| limit * 20;
+    fn open_roots() -> Result<Vec<SessionId>> = "open roots of SKEIN_ROOT_STATE", within |limit| limit * 20;
 });
 
 bounded!(JobQueue {

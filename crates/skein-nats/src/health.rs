@@ -8,10 +8,14 @@ use std::time::Duration;
 use async_nats::connection::State;
 use async_nats::Event;
 
-use crate::backend::{NatsStore, EVENTS, JOBS, MISSIONS, NOTICES, RESULTS};
+use crate::backend::{
+    NatsStore, EVENTS, JOBS, MISSIONS, NOTICES, RESULTS, ROOTS, ROOT_OPEN, ROOT_STATE,
+};
 
 /// The streams a worker needs.
-pub const STREAMS: [&str; 5] = [EVENTS, JOBS, NOTICES, MISSIONS, RESULTS];
+pub const STREAMS: [&str; 8] = [
+    EVENTS, JOBS, NOTICES, MISSIONS, RESULTS, ROOTS, ROOT_STATE, ROOT_OPEN,
+];
 
 /// The counter of connections made again, the same name as the worker's metrics list
 /// (`skein_runtime::metrics::NATS_RECONNECTS`) gives it.

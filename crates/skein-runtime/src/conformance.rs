@@ -317,6 +317,98 @@ pub async fn log_lists_trees_and_roots(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+/// A record of `session` at `seq` and time `at`: a cancellation when `ends`, else a tool
+/// result (which leaves the session open).
+fn record_at(session: &SessionId, seq: u64, at: u64, prev: String, ends: bool) -> Result<Record> {
+    let body = if ends {
+        Event::Cancelled(Cancelled {
+            reason: "done".into(),
+        })
+    } else {
+        Event::tool_result("call", "output", false)
+    };
+    let env = Envelope::new(session.clone(), seq, at, prev, body);
+    Ok(Record::decode(env.encode()?)?)
+}
+
+/// Pages of roots follow their start order across pages and filters, and the open roots
+/// follow each root's last record, including a root that ended after it was submitted.
+pub async fn log_pages_roots_and_lists_open_ones(b: &Backend) -> Result<()> {
+    // Start times of their own (far from the other checks'), one second apart.
+    let salt = new_root_id()
+        .as_str()
+        .bytes()
+        .fold(0u64, |h, c| h.wrapping_mul(31).wrapping_add(u64::from(c)));
+    let t0 = 1_800_000_000_000 + (salt % 1_000_000_000) * 16;
+    let roots: Vec<SessionId> = (0..5).map(|_| new_root_id()).collect();
+    let mut firsts = vec![];
+    for (i, r) in roots.iter().enumerate() {
+        // Roots 2 and 4 start open; the others end with their first record.
+        let ends = i != 2 && i != 4;
+        let rec = record_at(r, 1, t0 + i as u64 * 1000, genesis_hash(r), ends)?;
+        b.log
+            .append(r, 0, std::slice::from_ref(&rec), Durability::Now)
+            .await?;
+        firsts.push(rec);
+    }
+    // Root 4 ends later.
+    let end = record_at(&roots[4], 2, t0 + 9000, firsts[4].hash(), true)?;
+    b.log
+        .append(&roots[4], 1, std::slice::from_ref(&end), Durability::Now)
+        .await?;
+
+    let mine = crate::ports::roots::RootFilter {
+        since: Some(t0),
+        until: Some(t0 + 5000),
+        ..Default::default()
+    };
+    let ids = |p: &crate::ports::roots::RootsPage| {
+        p.roots.iter().map(|s| s.root.clone()).collect::<Vec<_>>()
+    };
+    let name = |i: usize| roots[i].to_string();
+    let one = b.log.roots_page(&mine, 2, None).await?;
+    ensure(
+        ids(&one) == [name(4), name(3)],
+        format!("first page: {:?}", ids(&one)),
+    )?;
+    let two = b.log.roots_page(&mine, 2, one.next.as_deref()).await?;
+    ensure(
+        ids(&two) == [name(2), name(1)],
+        format!("second page: {:?}", ids(&two)),
+    )?;
+    let three = b.log.roots_page(&mine, 2, two.next.as_deref()).await?;
+    ensure(
+        ids(&three) == [name(0)] && three.next.is_none(),
+        format!("last page: {:?} then {:?}", ids(&three), three.next),
+    )?;
+    let ended = b
+        .log
+        .roots_page(
+            &crate::ports::roots::RootFilter {
+                status: Some("cancelled".into()),
+                ..mine.clone()
+            },
+            10,
+            None,
+        )
+        .await?;
+    ensure(
+        ids(&ended) == [name(4), name(3), name(1), name(0)],
+        format!("cancelled roots: {:?}", ids(&ended)),
+    )?;
+    let four = &one.roots[0];
+    ensure(
+        four.last_seq == 2 && four.updated_at == t0 + 9000 && four.started_at == t0 + 4000,
+        format!("the summary of a root that ended later: {four:?}"),
+    )?;
+    let open = b.log.open_roots().await?;
+    ensure(
+        open.contains(&roots[2]) && !open.contains(&roots[4]) && !open.contains(&roots[0]),
+        format!("open roots: {open:?}"),
+    )?;
+    Ok(())
+}
+
 pub async fn jobs_claim_ack_and_coalesce(b: &Backend) -> Result<()> {
     let pool = format!("conf{}", &new_root_id().as_str()[20..]);
     let s = new_root_id();
@@ -937,6 +1029,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(log_appends_batches);
     check!(log_pipelines_appends);
     check!(log_lists_trees_and_roots);
+    check!(log_pages_roots_and_lists_open_ones);
     check!(jobs_claim_ack_and_coalesce);
     check!(jobs_redeliver_after_lease_and_retry);
     check!(cache_gets_puts_and_expires);
@@ -963,7 +1056,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, log_pages_roots_and_lists_open_ones, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(

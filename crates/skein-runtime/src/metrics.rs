@@ -30,6 +30,9 @@ pub const QUOTA_QUEUE: &str = "skein_quota_queue_length";
 pub const QUOTA_WAIT: &str = "skein_quota_wait_seconds";
 pub const QUOTA_THROTTLED: &str = "skein_quota_throttled_total";
 pub const MODEL_RATE_LIMITED: &str = "skein_model_rate_limited_total";
+pub const GC_REMOVED_TREES: &str = "skein_gc_removed_trees_total";
+pub const GC_REMOVED_SESSIONS: &str = "skein_gc_removed_sessions_total";
+pub const GC_REMOVED_BYTES: &str = "skein_gc_removed_bytes_total";
 
 /// Every metric with its help text.
 pub const NAMES: &[(&str, &str)] = &[
@@ -110,7 +113,26 @@ pub const NAMES: &[(&str, &str)] = &[
         "Times the NATS connection was made again after it was lost.",
     ),
     (READY, "1 while the worker is ready (see /readyz), else 0."),
+    (
+        GC_REMOVED_TREES,
+        "Finished trees removed by retention (`nats.retain_finished`, `skein gc`).",
+    ),
+    (
+        GC_REMOVED_SESSIONS,
+        "Sessions of the trees removed by retention.",
+    ),
+    (
+        GC_REMOVED_BYTES,
+        "Bytes of records of the trees removed by retention.",
+    ),
 ];
+
+/// Trees removed by retention, with their sessions and the bytes of their records.
+pub fn gc_removed(trees: u64, sessions: u64, bytes: u64) {
+    metrics::counter!(GC_REMOVED_TREES).increment(trees);
+    metrics::counter!(GC_REMOVED_SESSIONS).increment(sessions);
+    metrics::counter!(GC_REMOVED_BYTES).increment(bytes);
+}
 
 /// Upper bounds of the duration histograms, in seconds.
 pub const DURATION_BUCKETS: &[f64] = &[

@@ -609,6 +609,10 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     if let Some(runs) = a.reuse {
         return super::bench_reuse::run(app, &a, runs).await;
     }
+    if !a.history.is_empty() && (a.nats_local || app.global.nats.is_some()) {
+        super::bench_history_nats::print(app, &a.history, a.sync.as_deref(), a.json).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if !a.history.is_empty() {
         super::bench_history::print(&a.history, a.json).await?;
         return Ok(ExitCode::SUCCESS);

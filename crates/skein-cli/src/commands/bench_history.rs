@@ -44,11 +44,11 @@ fn write_agent(dir: &Path) -> Result<PathBuf> {
 }
 
 /// A finished whole process: its wall ms, the most memory it held (KiB), its output.
-struct Whole {
-    ms: f64,
+pub(crate) struct Whole {
+    pub(crate) ms: f64,
     max_rss_kib: Option<u64>,
-    stdout: String,
-    stderr: String,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 /// Runs `exe` with `args` on the bench's config and data directory, to its end.
@@ -122,7 +122,7 @@ fn watch_peak(pid: u32) -> std::thread::JoinHandle<Option<u64>> {
 const REPEATS: usize = 5;
 
 /// [`whole`] [`REPEATS`] times: the run of median wall time (with its memory and output).
-fn median_of(exe: &Path, config: &Path, data: &Path, args: &[&str]) -> Result<Whole> {
+pub(crate) fn median_of(exe: &Path, config: &Path, data: &Path, args: &[&str]) -> Result<Whole> {
     let mut runs = (0..REPEATS)
         .map(|_| whole(exe, config, data, args))
         .collect::<Result<Vec<_>>>()?;
@@ -131,7 +131,12 @@ fn median_of(exe: &Path, config: &Path, data: &Path, args: &[&str]) -> Result<Wh
 }
 
 /// Writes the records of `template` again as the tree `id`, started at `at`, with `mission`.
-fn replicate(template: &[Record], id: &SessionId, at: u64, mission: &str) -> Result<Vec<Record>> {
+pub(crate) fn replicate(
+    template: &[Record],
+    id: &SessionId,
+    at: u64,
+    mission: &str,
+) -> Result<Vec<Record>> {
     let t0 = template.first().map_or(0, |r| r.env.at);
     let mut prev = genesis_hash(id);
     let mut out = Vec::with_capacity(template.len());

@@ -235,6 +235,13 @@ pub async fn worker(app: &App, a: WorkerArgs) -> Result<ExitCode> {
         pools.clone(),
         stop.subscribe(),
     ));
+    // Retention (`nats.retain_finished`): nothing to do unless it is set.
+    tokio::spawn(super::gc_nats::policy(
+        store.clone(),
+        store.backend(),
+        rt.cfg.worker_id.clone(),
+        stop.subscribe(),
+    ));
     // Pushes and rollbacks take effect here without a restart.
     tokio::spawn(follow_definitions(
         rt.clone(),

@@ -1,14 +1,15 @@
-//! `skein gc`: retention on the embedded store. Finished trees older than an age are
-//! exported (the audit format, one file per tree) when asked, then removed.
+//! `skein gc`: retention. Finished trees older than an age are exported (the audit format,
+//! one file per tree) when asked, then removed: from the embedded store here, from the
+//! cluster with `--nats` (`gc_nats.rs`).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use skein_core::SessionId;
+use skein_runtime::ports::roots::RootSummary;
 use skein_sled::gc::remove_trees;
 
 use crate::app::App;
@@ -25,6 +26,10 @@ pub struct GcArgs {
     /// export is written, synced and verified.
     #[arg(long)]
     pub archive: Option<PathBuf>,
+    /// With `--nats`: first archive each tree in the cluster's object store
+    /// `skein_archive`, as `<root>.jsonl`.
+    #[arg(long, conflicts_with = "archive")]
+    pub archive_store: bool,
     /// Only list the trees that would be removed.
     #[arg(long)]
     pub dry_run: bool,
@@ -33,6 +38,13 @@ pub struct GcArgs {
 }
 
 pub async fn gc(app: &App, a: GcArgs) -> Result<ExitCode> {
+    if app.global.nats.is_some() {
+        return gc_on_nats(app, a).await;
+    }
+    anyhow::ensure!(
+        !a.archive_store,
+        "--archive-store archives into the cluster's object store: use it with --nats"
+    );
     let (store, b) = app.open_embedded()?;
     let before = skein_runtime::now_ms().saturating_sub(a.older_than.as_millis() as u64);
     let found = store.removable_trees(before).await?;
@@ -41,57 +53,12 @@ pub async fn gc(app: &App, a: GcArgs) -> Result<ExitCode> {
         .map(|s| SessionId::parse(&s.root))
         .collect::<std::result::Result<_, _>>()?;
     if a.dry_run || roots.is_empty() {
-        if a.json {
-            let ids: Vec<&str> = found.iter().map(|s| s.root.as_str()).collect();
-            crate::outln!(
-                "{}",
-                serde_json::json!({ "removable": ids, "removed": null })
-            )?;
-        } else {
-            for s in &found {
-                crate::outln!(
-                    "{} {} {}",
-                    render::safe_line(&s.root),
-                    s.status,
-                    s.updated_at
-                )?;
-            }
-            crate::errln!(
-                "{} finished tree(s) older than the cut-off{}",
-                found.len(),
-                if a.dry_run {
-                    "; nothing removed (--dry-run)"
-                } else {
-                    ""
-                }
-            );
-        }
-        return Ok(ExitCode::SUCCESS);
+        return list_removable(&a, &found);
     }
     if let Some(dir) = &a.archive {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         for root in &roots {
-            let path = dir.join(format!("{}.jsonl", root.as_str()));
-            let tmp = dir.join(format!(".{}.jsonl.part", root.as_str()));
-            let mut f = std::io::BufWriter::new(
-                std::fs::File::create(&tmp)
-                    .with_context(|| format!("cannot create {}", tmp.display()))?,
-            );
-            skein_runtime::audit::export(&b, root, &mut f).await?;
-            f.flush()?;
-            f.into_inner()?.sync_all()?;
-            let check = skein_runtime::audit::verify(&mut std::io::BufReader::new(
-                std::fs::File::open(&tmp)?,
-            ))?;
-            anyhow::ensure!(
-                check.findings.is_empty(),
-                "the export of {} does not verify; nothing was removed",
-                root.display()
-            );
-            std::fs::rename(&tmp, &path)
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            super::gc_nats::archive_to_dir(&b, dir, root).await?;
         }
-        std::fs::File::open(dir)?.sync_all()?;
     }
     let workspaces = app
         .cfg
@@ -101,6 +68,13 @@ pub async fn gc(app: &App, a: GcArgs) -> Result<ExitCode> {
     drop(b);
     drop(store);
     let removed = remove_trees(&app.global.data, &roots)?;
+    skein_runtime::metrics::gc_removed(
+        removed.trees,
+        removed.sessions,
+        removed
+            .log_bytes_before
+            .saturating_sub(removed.log_bytes_after),
+    );
     for root in &roots {
         let ws = workspaces.join(root.as_str());
         if ws.is_dir() {
@@ -131,6 +105,78 @@ pub async fn gc(app: &App, a: GcArgs) -> Result<ExitCode> {
                 .as_ref()
                 .map(|d| format!("; archived in {}", d.display()))
                 .unwrap_or_default()
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the trees that would be removed (`--dry-run`, or nothing to remove).
+fn list_removable(a: &GcArgs, found: &[RootSummary]) -> Result<ExitCode> {
+    if a.json {
+        let ids: Vec<&str> = found.iter().map(|s| s.root.as_str()).collect();
+        crate::outln!(
+            "{}",
+            serde_json::json!({ "removable": ids, "removed": null })
+        )?;
+    } else {
+        for s in found {
+            crate::outln!(
+                "{} {} {}",
+                render::safe_line(&s.root),
+                s.status,
+                s.updated_at
+            )?;
+        }
+        crate::errln!(
+            "{} finished tree(s) older than the cut-off{}",
+            found.len(),
+            if a.dry_run {
+                "; nothing removed (--dry-run)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `skein gc --nats …`: the same on the cluster's streams, while workers run.
+async fn gc_on_nats(app: &App, a: GcArgs) -> Result<ExitCode> {
+    use super::gc_nats::{remove_trees, Archive};
+    let store = app.nats().await?;
+    let b = store.backend();
+    let before = skein_runtime::now_ms().saturating_sub(a.older_than.as_millis() as u64);
+    let found = store.removable_trees(before).await?;
+    if a.dry_run || found.is_empty() {
+        return list_removable(&a, &found);
+    }
+    let archive = match (&a.archive, a.archive_store) {
+        (Some(dir), _) => Archive::Dir(dir),
+        (None, true) => Archive::Store,
+        (None, false) => Archive::None,
+    };
+    let removed = remove_trees(&store, &b, &found, &archive).await?;
+    if a.json {
+        crate::outln!(
+            "{}",
+            serde_json::json!({
+                "removable": found.iter().map(|s| s.root.as_str()).collect::<Vec<_>>(),
+                "removed": removed,
+            })
+        )?;
+    } else {
+        crate::outln!(
+            "removed {} trees ({} sessions, {} records, {} bytes, {} workspace objects){}",
+            removed.trees,
+            removed.sessions,
+            removed.records,
+            removed.bytes,
+            removed.workspace_objects,
+            match &archive {
+                Archive::Dir(d) => format!("; archived in {}", d.display()),
+                Archive::Store => "; archived in the object store skein_archive".to_string(),
+                Archive::None => String::new(),
+            }
         )?;
     }
     Ok(ExitCode::SUCCESS)

@@ -9,6 +9,7 @@ use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use skein_core::{Record, SessionId};
 use skein_ports::ports::{check_numbering, Durability, EventLog};
+use skein_ports::roots::{RootFilter, RootsPage};
 use skein_ports::{Error, Result};
 use std::future::IntoFuture;
 use std::sync::Arc;
@@ -238,8 +239,19 @@ impl NatsStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(session);
+        let pending = self
+            .index_pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session);
         match sent {
-            Some(sent) => self.settle(session, sent).await,
+            Some(sent) => {
+                self.settle(session, sent).await?;
+                if let Some((expected_last, records)) = pending {
+                    self.index_after(session, expected_last, &records).await;
+                }
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -382,12 +394,33 @@ impl EventLog for NatsStore {
         records: &[Record],
         durability: Durability,
     ) -> Result<()> {
+        let indexed = session.is_root() && !records.is_empty();
+        if indexed && expected_last == 0 {
+            self.index_start(session, records).await?;
+        }
         match durability {
             Durability::Now | Durability::Ahead => {
-                self.append_now(session, expected_last, records).await
+                self.append_now(session, expected_last, records).await?;
+                if indexed {
+                    self.index_after(session, expected_last, records).await;
+                }
             }
-            Durability::Pipelined => self.append_pipelined(session, expected_last, records).await,
+            Durability::Pipelined => {
+                self.append_pipelined(session, expected_last, records)
+                    .await?;
+                // The index never says more than the log: an ending pipelined is indexed
+                // once its ack is read (`make_sure`).
+                if indexed && Self::changes_index(expected_last, records) {
+                    let mut pending = self.index_pending.lock().unwrap_or_else(|p| p.into_inner());
+                    if pending.len() > 10_000 {
+                        // Left by writers that went away: a listing puts their roots right.
+                        pending.clear();
+                    }
+                    pending.insert(session.clone(), (expected_last, records.to_vec()));
+                }
+            }
         }
+        Ok(())
     }
 
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
@@ -449,6 +482,21 @@ impl EventLog for NatsStore {
         out.sort();
         out.dedup();
         Ok(out)
+    }
+
+    /// From the index of roots (`roots.rs`).
+    async fn roots_page(
+        &self,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<RootsPage> {
+        self.indexed_roots_page(filter, limit, cursor).await
+    }
+
+    /// From the open marks of the index of roots, each checked against its log.
+    async fn open_roots(&self) -> Result<Vec<SessionId>> {
+        self.indexed_open_roots().await
     }
 
     async fn roots(&self) -> Result<Vec<SessionId>> {

@@ -6,6 +6,8 @@
 //! | `connection.rs` | connect options: credentials, TLS, reconnects |
 //! | `read.rs` | reading one subject of a stream (leader gets, streamed through a consumer when long) |
 //! | `log.rs` | EventLog |
+//! | `roots.rs` | the index of roots: pages of roots and the open roots |
+//! | `retention.rs` | finding and removing finished trees older than an age; archives in object store `skein_archive` |
 //! | `jobs.rs` | JobQueue (and the wake markers of job coalescing) |
 //! | `cache.rs` | Cache and single-flight claims |
 //! | `blobs.rs` | Blobs |
@@ -22,6 +24,7 @@
 //! | Cache | KV `skein_cache`; single-flight claims in KV `skein_inflight` |
 //! | Blobs | object store `skein_blobs`, named by blake3 hash |
 //! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
+//! | (index of roots) | streams `SKEIN_ROOTS` (`skein.roots.<root>`: each root's start, in submit order), `SKEIN_ROOT_STATE` (`skein.rootstate.<root>`) and `SKEIN_ROOT_OPEN` (`skein.rootopen.<root>`): see `roots.rs` |
 //! | Announcer | stream `SKEIN_RESULTS`, subject `skein.ended.<root>`, republished by the stream on `skein.results.<root>`: each ending once |
 //! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
 //! | (definitions) | versions as blobs of `skein_blobs`; KV `skein_defs`: `version.<digest>`, `current` |
@@ -40,7 +43,9 @@ mod notices;
 mod quota;
 mod read;
 mod results;
+mod retention;
 mod room;
+mod roots;
 mod topology;
 mod workers;
 mod workspace;
@@ -58,7 +63,10 @@ use skein_ports::{Backend, Error, Result};
 pub use connection::{connect_client, connect_options};
 pub use defs::{Current, Move, VersionInfo, DEFS_BUCKET};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
-pub use topology::{ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES};
+pub use retention::{RemovedTree, ARCHIVE};
+pub use topology::{
+    ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_OPEN, ROOT_STATE,
+};
 pub use workers::{WorkerInfo, WORKERS_BUCKET, WORKER_TTL_SECS};
 pub use workspace::{clean_path, ObjectWorkspace};
 
@@ -132,6 +140,12 @@ pub struct NatsStore {
     pub client: async_nats::Client,
     pub js: Context,
     events: stream::Stream,
+    /// The index of roots (see `roots.rs`): `SKEIN_ROOTS`, `SKEIN_ROOT_STATE`, and whether
+    /// this process has found it built.
+    roots_starts: stream::Stream,
+    root_state: stream::Stream,
+    root_open: stream::Stream,
+    roots_checked: tokio::sync::OnceCell<()>,
     jobs_stream: stream::Stream,
     notices: stream::Stream,
     /// Every tree's endings (`results.rs`).
@@ -164,6 +178,9 @@ pub struct NatsStore {
     heads: Mutex<HashMap<SessionId, log::Head>>,
     /// Each session's pipelined append whose ack nobody has read yet.
     pipelined: Mutex<HashMap<SessionId, log::Sent>>,
+    /// A root's pipelined records that change its entry in the index of roots, indexed
+    /// once their ack is read: `expected_last` and the records.
+    index_pending: Mutex<HashMap<SessionId, (u64, Vec<skein_core::Record>)>>,
     consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
     /// The owner task of each pool's claims (`feed.rs`).
     feeds: Mutex<feed::Feeds>,
@@ -219,6 +236,10 @@ impl NatsStore {
         let jobs_stream = s(JOBS).await?;
         Ok(Arc::new(Self {
             events,
+            roots_starts: s(ROOTS).await?,
+            root_state: s(ROOT_STATE).await?,
+            root_open: s(ROOT_OPEN).await?,
+            roots_checked: tokio::sync::OnceCell::new(),
             feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease)),
             jobs_stream,
             notices: s(NOTICES).await?,
@@ -242,6 +263,7 @@ impl NatsStore {
             cfg: cfg.clone(),
             heads: Mutex::new(HashMap::new()),
             pipelined: Mutex::new(HashMap::new()),
+            index_pending: Mutex::new(HashMap::new()),
             consumers: tokio::sync::Mutex::new(HashMap::new()),
             lease,
             workspace_local: std::sync::OnceLock::new(),

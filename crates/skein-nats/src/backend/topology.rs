@@ -14,6 +14,12 @@ pub const EVENTS: &str = "SKEIN_EVENTS";
 pub const JOBS: &str = "SKEIN_JOBS";
 pub const NOTICES: &str = "SKEIN_NOTICES";
 pub const MISSIONS: &str = "SKEIN_MISSIONS";
+/// The start of every root, in the order they were submitted (`roots.rs`).
+pub const ROOTS: &str = "SKEIN_ROOTS";
+/// The latest summary of each root (`roots.rs`).
+pub const ROOT_STATE: &str = "SKEIN_ROOT_STATE";
+/// A mark for each open root, and the index's format (`roots.rs`).
+pub const ROOT_OPEN: &str = "SKEIN_ROOT_OPEN";
 
 /// Creates every missing stream and bucket; existing ones are left alone. Idempotent.
 pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
@@ -43,6 +49,39 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         ..Default::default()
     })
     .await?;
+    // The index of roots (see `roots.rs`): one start message per root, in the order
+    // roots were submitted, and the latest summary and open mark of each. Derived from
+    // `SKEIN_EVENTS`, aging out with it.
+    let fresh_index = js.get_stream(ROOT_OPEN).await.is_err();
+    for (name, subjects) in [
+        (ROOTS, vec!["skein.roots.*".to_string()]),
+        (ROOT_STATE, vec!["skein.rootstate.*".to_string()]),
+        // A small stream: listing its subjects costs the open roots, and the format mark
+        // is found without a walk back through every summary.
+        (
+            ROOT_OPEN,
+            vec![
+                "skein.rootopen.*".to_string(),
+                "skein.rootindex".to_string(),
+            ],
+        ),
+    ] {
+        put(stream::Config {
+            name: name.into(),
+            subjects,
+            retention: stream::RetentionPolicy::Limits,
+            max_messages_per_subject: 1,
+            storage: st,
+            num_replicas: r,
+            allow_direct: true,
+            max_age: age(&cfg.events_max_age),
+            ..Default::default()
+        })
+        .await?;
+    }
+    if fresh_index {
+        super::roots::mark_built_if_empty(js).await?;
+    }
     // Limits retention, not a work queue: on a work queue each replica deletes an acked
     // job through the consumer, in its own order, so replicas judge the conditional
     // publish of the next job differently (servers before 2.11 then reset the stream for

@@ -41,6 +41,34 @@ impl Workspaces for NatsStore {
     }
 }
 
+impl NatsStore {
+    /// Removes a tree's workspace (its directory under `workspace_dir`, or its objects);
+    /// how many objects went (0 for a directory).
+    pub(crate) async fn remove_workspace(&self, root: &SessionId) -> skein_ports::Result<u64> {
+        if let Some(dir) = &self.cfg.workspace_dir {
+            let dir = dir.join(root.as_str());
+            if dir.is_dir() {
+                std::fs::remove_dir_all(&dir).map_err(|e| {
+                    skein_ports::Error::unavailable(
+                        format!("removing the workspace {}", dir.display()),
+                        e,
+                    )
+                })?;
+            }
+            return Ok(0);
+        }
+        let ws = ObjectWorkspace {
+            store: self.workspace.clone(),
+            meta: self.workspace_stream.clone(),
+            names: self.workspace_names.clone(),
+            root: root.to_string(),
+        };
+        ws.remove_all()
+            .await
+            .map_err(|e| skein_ports::Error::unavailable_because(e.to_string()))
+    }
+}
+
 /// A tree's workspace in the object store: objects named `<root>/<path>`, so a file one
 /// worker writes is there for every other.
 pub struct ObjectWorkspace {
@@ -160,6 +188,19 @@ impl Names {
 }
 
 impl ObjectWorkspace {
+    /// Deletes every object of this tree; how many.
+    pub(crate) async fn remove_all(&self) -> std::result::Result<u64, ToolError> {
+        let mut n = 0;
+        for info in self.objects().await? {
+            self.store
+                .delete(&info.name)
+                .await
+                .map_err(|e| ToolError::Failed(format!("removing `{}`: {e}", info.name)))?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// The description of every object of this tree that is not deleted: the names of
     /// every tree's objects (see [`Names`]), then the descriptions of this tree's, by
     /// direct gets. An earlier version read every tree's descriptions through a consumer

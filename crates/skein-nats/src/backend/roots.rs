@@ -1,0 +1,457 @@
+//! The index of roots on NATS, so that a page of the newest roots and the list of open
+//! roots cost what they return, not what the store holds.
+//!
+//! Two streams, both derived from `SKEIN_EVENTS` and rebuilt from it:
+//! - `SKEIN_ROOTS`, subject `skein.roots.<root>`: one message per root, its summary as its
+//!   first records make it, published *before* those records are appended (with an
+//!   expected last subject sequence of 0, so that it is written once). Stream order is
+//!   the order roots were submitted, which is their start order (each root's first
+//!   record carries the submitter's clock): a page reads it backwards by sequence, a
+//!   block of direct gets at a time.
+//! - `SKEIN_ROOT_STATE`: `skein.rootstate.<root>`, a root's latest summary, written when
+//!   it ends (or is reopened by a question).
+//! - `SKEIN_ROOT_OPEN`: `skein.rootopen.<root>`, a mark published with the root's start
+//!   and purged when it ends, so that the open roots are one subject listing of a stream
+//!   that holds only them (a subject filter, and a purge by subject, cost the stream's
+//!   subjects); and `skein.rootindex`, the index's format, written when a new store's
+//!   streams are made or once a rebuild is done (kept out of the large streams, where
+//!   finding an old subject's last message walks back through the stream on some
+//!   servers).
+//!
+//! The index may lag the log but never loses a root: the start is written before the
+//! root's first record, so a root with records always has one. A summary that is not
+//! final is checked against the log's last record when it is listed (one get); one
+//! behind the log is made again from the root's log and written. An open mark whose root
+//! has ended (a writer that stopped between its append and the index write) is put
+//! right by the listing of open roots. The streams made for a new store (an empty log)
+//! are marked built at once. When `skein.rootindex` is missing (a store from before the
+//! index, or streams deleted), the first listing rebuilds the index from the roots of
+//! `SKEIN_EVENTS`.
+
+use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
+use async_nats::jetstream::{context, stream};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use skein_core::{Event, Record, SessionId, Status};
+use skein_ports::ports::EventLog;
+use skein_ports::roots::{Cursor, RootFilter, RootSummary, RootsPage, MAX_PAGE};
+use skein_ports::{Error, Result};
+
+use super::{nats_err, NatsStore};
+
+/// The index's layout; another value (or none) rebuilds it.
+const FORMAT: &[u8] = b"1";
+const INDEX_SUBJECT: &str = "skein.rootindex";
+/// How many stream sequences past a cursor's own a page reads again: roots submitted
+/// at once by several clients may be stored a little out of their start order.
+pub(crate) const SKEW: u64 = 16;
+/// Roots rebuilt at once.
+const REBUILD_WIDTH: usize = 32;
+
+fn start_subject(root: &str) -> String {
+    format!("skein.roots.{root}")
+}
+fn state_subject(root: &str) -> String {
+    format!("skein.rootstate.{root}")
+}
+fn open_subject(root: &str) -> String {
+    format!("skein.rootopen.{root}")
+}
+
+fn encode(s: &RootSummary) -> Result<Bytes> {
+    serde_json::to_vec(s)
+        .map(Bytes::from)
+        .map_err(|e| Error::corrupt("a root summary", e))
+}
+
+fn decode(b: &[u8]) -> Option<RootSummary> {
+    serde_json::from_slice(b).ok()
+}
+
+/// The status a terminal record leaves its session in.
+fn ending(r: &Record) -> Option<Status> {
+    match r.env.body {
+        Event::Completed(_) => Some(Status::Completed),
+        Event::Failed(_) => Some(Status::Failed),
+        Event::Cancelled(_) => Some(Status::Cancelled),
+        _ => None,
+    }
+}
+
+async fn last_of(st: &stream::Stream, subject: &str) -> Result<Option<(u64, Bytes)>> {
+    match st.get_last_raw_message_by_subject(subject).await {
+        Ok(m) => Ok(Some((m.sequence, m.payload))),
+        Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => Ok(None),
+        Err(e) => Err(nats_err("read the index of roots", e)),
+    }
+}
+
+/// Marks the index built when the log is empty (a new store): there is nothing to rebuild
+/// it from. Called when the index's streams were just made.
+pub(crate) async fn mark_built_if_empty(js: &context::Context) -> Result<()> {
+    let mut events = js
+        .get_stream(super::EVENTS)
+        .await
+        .map_err(|e| nats_err(super::EVENTS, e))?;
+    let empty = events
+        .info()
+        .await
+        .map_err(|e| nats_err(super::EVENTS, e))?
+        .state
+        .messages
+        == 0;
+    if empty {
+        js.publish(INDEX_SUBJECT, Bytes::from_static(FORMAT))
+            .await
+            .map_err(|e| nats_err("mark the index of roots", e))?
+            .await
+            .map_err(|e| nats_err("mark the index of roots", e))?;
+    }
+    Ok(())
+}
+
+impl NatsStore {
+    async fn publish_acked(&self, subject: String, payload: Bytes) -> Result<()> {
+        self.js
+            .publish(subject, payload)
+            .await
+            .map_err(|e| nats_err("write the index of roots", e))?
+            .await
+            .map_err(|e| nats_err("write the index of roots", e))?;
+        Ok(())
+    }
+
+    /// Publishes `root`'s start unless it has one.
+    async fn put_start(&self, s: &RootSummary) -> Result<()> {
+        let mut h = HeaderMap::new();
+        h.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, "0");
+        let sent = self
+            .js
+            .publish_with_headers(start_subject(&s.root), h, encode(s)?)
+            .await;
+        let acked = match sent {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match acked {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.kind(), context::PublishErrorKind::WrongLastSequence) => Ok(()),
+            Err(e) => Err(nats_err("write the start of a root", e)),
+        }
+    }
+
+    /// Writes `s` as its root's latest summary, and marks the root open or not.
+    async fn put_state(&self, s: &RootSummary) -> Result<()> {
+        self.put_state_marked(s, true).await
+    }
+
+    /// [`Self::put_state`]; `marked`: whether the root may have an open mark to take off
+    /// (not a root whose first records ended it).
+    async fn put_state_marked(&self, s: &RootSummary, marked: bool) -> Result<()> {
+        let state = self.publish_acked(state_subject(&s.root), encode(s)?);
+        let open = async {
+            if s.is_finished() && !marked {
+                Ok(())
+            } else if s.is_finished() {
+                self.root_open
+                    .purge()
+                    .filter(open_subject(&s.root))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| nats_err("unmark an open root", e))
+            } else {
+                self.publish_acked(open_subject(&s.root), Bytes::new())
+                    .await
+            }
+        };
+        let (a, b) = futures::join!(state, open);
+        a.and(b)
+    }
+
+    /// Indexes a root before its first records are appended: its start, and its open
+    /// mark unless those records end it. Failing here fails the append: a root is never
+    /// in the log without being in the index.
+    pub(crate) async fn index_start(&self, root: &SessionId, records: &[Record]) -> Result<()> {
+        let Some(s) = RootSummary::of(root, records) else {
+            return Ok(());
+        };
+        let open = async {
+            if s.is_finished() {
+                Ok(())
+            } else {
+                self.publish_acked(open_subject(&s.root), Bytes::new())
+                    .await
+            }
+        };
+        let (a, b) = futures::join!(self.put_start(&s), open);
+        a.and(b)
+    }
+
+    /// Updates the index after records of a root were appended and acknowledged, if they
+    /// change whether it is open: an ending, or a question that reopens it. A failure is
+    /// only logged (the append stands; a listing puts the index right).
+    pub(crate) async fn index_after(
+        &self,
+        root: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) {
+        if let Err(e) = self.index_after_inner(root, expected_last, records).await {
+            tracing::warn!(%root, error = %e.report(), "the index of roots lags the log; a listing will put it right");
+        }
+    }
+
+    /// Whether records appended to a root change what its index entry says.
+    pub(crate) fn changes_index(expected_last: u64, records: &[Record]) -> bool {
+        records.last().is_some_and(|r| r.env.body.is_terminal())
+            || (expected_last > 0
+                && records
+                    .iter()
+                    .any(|r| matches!(r.env.body, Event::ClarificationRequested(_))))
+    }
+
+    async fn index_after_inner(
+        &self,
+        root: &SessionId,
+        expected_last: u64,
+        records: &[Record],
+    ) -> Result<()> {
+        let Some(last) = records.last() else {
+            return Ok(());
+        };
+        if !Self::changes_index(expected_last, records) {
+            return Ok(());
+        }
+        let summary = if expected_last == 0 {
+            RootSummary::of(root, records)
+        } else {
+            match (ending(last), self.root_start(root.as_str()).await?) {
+                (Some(status), Some(mut s)) => {
+                    s.status = status.as_str().to_string();
+                    s.updated_at = last.env.at;
+                    s.last_seq = last.env.seq;
+                    Some(s)
+                }
+                _ => self.summary_from_log(root).await?,
+            }
+        };
+        match summary {
+            // A root whose first records ended it was never marked open.
+            Some(s) => self.put_state_marked(&s, expected_last > 0).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn root_start(&self, root: &str) -> Result<Option<RootSummary>> {
+        Ok(last_of(&self.roots_starts, &start_subject(root))
+            .await?
+            .and_then(|(_, b)| decode(&b)))
+    }
+
+    async fn summary_from_log(&self, root: &SessionId) -> Result<Option<RootSummary>> {
+        Ok(RootSummary::of(root, &self.read(root, 1).await?))
+    }
+
+    /// Makes sure the index exists: when its format mark is missing, rebuilds it from
+    /// the log (once per process).
+    pub(crate) async fn roots_ready(&self) -> Result<()> {
+        self.roots_checked
+            .get_or_try_init(|| async {
+                match last_of(&self.root_open, INDEX_SUBJECT).await? {
+                    Some((_, f)) if f.as_ref() == FORMAT => Ok(()),
+                    _ => self.rebuild_roots_index().await.map(|_| ()),
+                }
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Indexes every root of `SKEIN_EVENTS` that the index lacks, oldest first, then
+    /// writes the format mark. Returns how many roots it read.
+    pub async fn rebuild_roots_index(&self) -> Result<usize> {
+        let roots = self.roots().await?;
+        let n = roots.len();
+        tracing::info!(roots = n, "building the index of roots from SKEIN_EVENTS");
+        let mut summaries: Vec<RootSummary> = futures::stream::iter(roots)
+            .map(|r| async move { self.summary_from_log(&r).await })
+            .buffer_unordered(REBUILD_WIDTH)
+            .try_filter_map(|s| async move { Ok(s) })
+            .try_collect()
+            .await?;
+        summaries.sort_by_key(|s| s.position());
+        // Starts go in start order, one after the other (so that stream order is start
+        // order); states and marks in any order.
+        for s in &summaries {
+            self.put_start(s).await?;
+        }
+        futures::stream::iter(summaries.clone())
+            .map(|s| async move { self.put_state(&s).await })
+            .buffer_unordered(REBUILD_WIDTH)
+            .try_collect::<Vec<()>>()
+            .await?;
+        self.publish_acked(INDEX_SUBJECT.to_string(), Bytes::from_static(FORMAT))
+            .await?;
+        Ok(summaries.len())
+    }
+
+    /// The start at stream sequence `seq` of `SKEIN_ROOTS`, as the root and its summary
+    /// (none if it does not decode); none where no message is.
+    pub(crate) async fn start_at(&self, seq: u64) -> Result<Option<(String, Option<RootSummary>)>> {
+        match self.roots_starts.get_raw_message(seq).await {
+            Ok(m) => {
+                let root = m
+                    .subject
+                    .strip_prefix("skein.roots.")
+                    .unwrap_or_default()
+                    .to_string();
+                Ok(Some((root, decode(&m.payload))))
+            }
+            Err(e) if matches!(e.kind(), stream::RawMessageErrorKind::NoMessageFound) => Ok(None),
+            Err(e) => Err(nats_err("read the index of roots", e)),
+        }
+    }
+
+    /// A root's summary as the index should have it: its latest state, else its start;
+    /// one that is not final is checked against the log's last record, and made again
+    /// from the log (and written) when it is behind. None for a root without records.
+    pub(crate) async fn current(
+        &self,
+        root: &str,
+        start: Option<RootSummary>,
+    ) -> Result<Option<RootSummary>> {
+        let id = SessionId::parse(root)?;
+        let state = last_of(&self.root_state, &state_subject(root))
+            .await?
+            .and_then(|(_, b)| decode(&b));
+        if let Some(s) = &state {
+            if s.is_finished() {
+                return Ok(state);
+            }
+        }
+        let known = state.or(start);
+        match (self.last_with_seq(&id).await?, known) {
+            (None, _) => Ok(None),
+            (Some((r, _)), Some(s)) if r.env.seq == s.last_seq => Ok(Some(s)),
+            _ => {
+                let s = self.summary_from_log(&id).await?;
+                if let Some(s) = &s {
+                    self.put_state(s).await?;
+                }
+                Ok(s)
+            }
+        }
+    }
+
+    /// A page of roots from the index: blocks of `SKEIN_ROOTS` read backwards from the
+    /// newest (or from the cursor's root), each root's summary brought up to date, until
+    /// the page is full or the stream read.
+    pub(crate) async fn indexed_roots_page(
+        &self,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<RootsPage> {
+        let cursor = cursor.map(Cursor::parse).transpose()?;
+        self.roots_ready().await?;
+        let filter = filter.normalized();
+        let limit = limit.clamp(1, MAX_PAGE);
+        let info = self
+            .roots_starts
+            .get_info()
+            .await
+            .map_err(|e| nats_err("read the index of roots", e))?;
+        let (first, last) = (info.state.first_sequence.max(1), info.state.last_sequence);
+        let mut upper = match &cursor {
+            Some(c) => match last_of(&self.roots_starts, &start_subject(&c.root)).await? {
+                Some((seq, _)) => (seq + SKEW).min(last),
+                // The cursor's root is gone (removed since): read from the newest.
+                None => last,
+            },
+            None => last,
+        };
+        let mut found: Vec<RootSummary> = vec![];
+        let mut block = (limit as u64 + SKEW).max(32);
+        while upper >= first && upper > 0 && found.len() <= limit {
+            let lower = upper.saturating_sub(block - 1).max(first);
+            let got = futures::future::try_join_all((lower..=upper).map(|seq| async move {
+                match self.start_at(seq).await? {
+                    Some((root, start)) if !root.is_empty() => self.current(&root, start).await,
+                    _ => Ok(None),
+                }
+            }))
+            .await?;
+            for s in got.into_iter().flatten() {
+                if cursor.as_ref().is_some_and(|c| s.position() >= *c) || !filter.matches(&s) {
+                    continue;
+                }
+                found.push(s);
+            }
+            if lower <= first {
+                break;
+            }
+            upper = lower - 1;
+            block = (block * 2).min(1024);
+        }
+        found.sort_by_key(|s| std::cmp::Reverse(s.position()));
+        let next = if found.len() > limit {
+            found.truncate(limit);
+            found.last().map(|s| s.position().to_string())
+        } else {
+            None
+        };
+        Ok(RootsPage { roots: found, next })
+    }
+
+    /// The open roots from their marks, each checked against its log's last record: a
+    /// mark whose root has ended is put right, one whose root has no records is passed.
+    pub(crate) async fn indexed_open_roots(&self) -> Result<Vec<SessionId>> {
+        self.roots_ready().await?;
+        let mut marked = vec![];
+        let mut info = self
+            .root_open
+            .info_with_subjects("skein.rootopen.*")
+            .await
+            .map_err(|e| nats_err("open roots", e))?;
+        while let Some(item) = info.next().await {
+            let (subject, _) = item.map_err(|e| nats_err("open roots", e))?;
+            if let Some(id) = subject.strip_prefix("skein.rootopen.") {
+                marked.push(SessionId::parse(id)?);
+            }
+        }
+        let checked: Vec<Option<SessionId>> = futures::stream::iter(marked)
+            .map(|root| async move {
+                match self.last_with_seq(&root).await? {
+                    None => Ok::<_, Error>(None),
+                    Some((r, _)) if r.env.body.is_terminal() => {
+                        if let Some(s) = self.summary_from_log(&root).await? {
+                            self.put_state(&s).await?;
+                        }
+                        Ok(None)
+                    }
+                    Some(_) => Ok(Some(root)),
+                }
+            })
+            .buffer_unordered(REBUILD_WIDTH)
+            .try_collect()
+            .await?;
+        let mut open: Vec<SessionId> = checked.into_iter().flatten().collect();
+        open.sort();
+        Ok(open)
+    }
+}
+impl NatsStore {
+    /// Takes `root` out of the index (its tree was removed from the log).
+    pub(crate) async fn unindex(&self, root: &str) -> Result<()> {
+        for (st, subject) in [
+            (&self.roots_starts, start_subject(root)),
+            (&self.root_state, state_subject(root)),
+            (&self.root_open, open_subject(root)),
+        ] {
+            st.purge()
+                .filter(subject)
+                .await
+                .map_err(|e| nats_err("remove a root from the index", e))?;
+        }
+        Ok(())
+    }
+}
