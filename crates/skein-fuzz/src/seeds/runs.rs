@@ -33,6 +33,7 @@ pub(super) async fn runs(corpus: &Path) -> Result<()> {
         budget: None,
         no_cache: true,
         traceparent: None,
+        priority: None,
     };
 
     let brief = rt

@@ -84,6 +84,7 @@ async fn pause(rt: &Runtime) -> skein_runtime::Result<()> {
             budget: None,
             no_cache: true,
             traceparent: None,
+            priority: None,
         })
         .await?;
     let (mut f, _) = rt.load(&id).await?;
