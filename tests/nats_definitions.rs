@@ -393,7 +393,7 @@ fn records(
 }
 
 #[test]
-fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
+fn a_worker_without_an_agent_or_a_tool_leaves_its_work_to_workers_that_have_it() {
     let server = NatsServer::start();
     let url = server.url();
     // No definitions pushed: each worker runs on its own files. Two have `boss` and
@@ -407,6 +407,25 @@ fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
     partial.agent("placeholder", "", "turns:\n  - answer: hi\n");
     let (mut lacking, addr) = worker_with(&partial, &url, "lacking", &[], true);
     let addr = addr.expect("the worker's listener");
+    // Every agent lists `http_fetch` (unused by its script); one worker has every agent
+    // but not that tool.
+    for a in ["boss", "helper"] {
+        let f = full.dir.path().join(format!("agents/{a}.md"));
+        let text = std::fs::read_to_string(&f).unwrap();
+        std::fs::write(
+            &f,
+            text.replacen("cache: false", "cache: false\ntools: [http_fetch]", 1),
+        )
+        .unwrap();
+    }
+    let (mut no_http, no_http_addr) = worker_with(
+        &full,
+        &url,
+        "no-http",
+        &[("SKEIN__TOOLS__HTTP__ENABLED", "false")],
+        true,
+    );
+    let no_http_addr = no_http_addr.expect("the worker's listener");
     let mut others: Vec<Child> = ["has-1", "has-2"]
         .iter()
         .map(|n| worker(&full, &url, n))
@@ -432,6 +451,10 @@ fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
                     m.worker, "lacking",
                     "{s}: run by the worker without its agent"
                 );
+                assert_ne!(
+                    m.worker, "no-http",
+                    "{s}: run by the worker without its tool"
+                );
             }
         }
     }
@@ -448,6 +471,18 @@ fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
     assert!(
         ready.contains("handed back for want of the agent"),
         "{ready}"
+    );
+    let ready = http_get(&no_http_addr, "/readyz");
+    assert!(
+        ready.contains("handed back for want of the tool `http_fetch`"),
+        "{ready}"
+    );
+    let metrics = http_get(&no_http_addr, "/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("skein_jobs_lacking_total{") && l.contains("tool:http_fetch")),
+        "{metrics}"
     );
 
     // Nobody has the provider of `stray`: its tree fails after a few deliveries, saying so.
@@ -475,6 +510,7 @@ fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
         f.error
     );
     stop(&mut lacking);
+    stop(&mut no_http);
     for w in &mut others {
         let _ = w.kill();
         let _ = w.wait();

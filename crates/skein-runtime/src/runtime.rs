@@ -255,6 +255,15 @@ impl Runtime {
             != v
     }
 
+    /// Writes the newest record format every live worker reads: `reads`, what each live
+    /// worker says it reads (this one's own counted too). A worker of an earlier release
+    /// that appears brings the format back to the one it reads. Returns whether it changed.
+    pub fn agree_on_format(&self, reads: impl IntoIterator<Item = u16>) -> bool {
+        let me = skein_core::event::read_format();
+        let all = reads.into_iter().chain([me]).min().unwrap_or(me);
+        self.set_write_format(all)
+    }
+
     /// Every pool the catalogue's agents use.
     pub fn pools(&self) -> Vec<String> {
         let mut p: BTreeSet<String> = [DEFAULT_POOL.to_string()].into();

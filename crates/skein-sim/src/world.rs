@@ -249,6 +249,8 @@ pub struct Run {
     /// Trees that had not ended when the run's time was up, with nothing of theirs in
     /// the inbox: nobody could have moved them on.
     pub unlisted: Vec<SessionId>,
+    /// The definition versions and the workers' differences, when the run has them.
+    pub mix: Option<Arc<crate::versions::Mix>>,
     pub _dir: tempfile::TempDir,
 }
 
@@ -330,9 +332,21 @@ pub async fn run(seed: u64, swarm: bool, disk: bool) -> Run {
 
 /// Runs a world to its end; an agent set the loader refuses is returned as its error.
 pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Result<Run, String> {
-    let agents = Arc::new(
-        AgentSet::load(&scenario.files(), &scenario.extra_tools).map_err(|e| e.to_string())?,
-    );
+    run_mixed(seed, setup, scenario, None).await
+}
+
+/// [`run_scenario`], with definition versions and workers that differ (`mix`) or without.
+pub async fn run_mixed(
+    seed: u64,
+    setup: Setup,
+    scenario: &Scenario,
+    mix: Option<Arc<crate::versions::Mix>>,
+) -> Result<Run, String> {
+    let files = mix
+        .as_ref()
+        .map_or_else(|| scenario.files(), |m| m.local_files.clone());
+    let agents =
+        Arc::new(AgentSet::load(&files, &scenario.extra_tools).map_err(|e| e.to_string())?);
     let mut rng = Rng::new(seed);
     let rates = if setup.calm {
         Rates::NONE
@@ -357,6 +371,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         Disk::start(rates, faults.clone(), rng)
     });
     let store = MemStore::on_disk(LEASE, faults.clone(), dir.path().join("ws"), disk);
+    if mix.is_some() {
+        store.shuffle_claims();
+    }
     let mut tools_cfg = ToolsConfig::default();
     tools_cfg.http.enabled = false;
     let writes = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
@@ -370,14 +387,14 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     };
     let start = |n: usize| -> (Arc<Runtime>, Worker) {
         let mut models = Registry::new();
-        models.insert(
-            "scripted",
+        let scripted = || {
             Arc::new(Flaky {
                 inner: ScriptedProvider::new(dir.path()).on_tokio_clock(),
                 faults: faults.clone(),
                 lease: LEASE,
-            }),
-        );
+            })
+        };
+        models.insert("scripted", scripted());
         let mut cfg = RuntimeConfig {
             worker_id: format!("w{n}"),
             lease: LEASE,
@@ -389,7 +406,21 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         };
         // The person approves or denies writes; nothing else waits for approval.
         cfg.limits.approval_required = scenario.approval_required.clone();
-        let rt = Runtime::new(store.backend(), agents.clone(), models, toolbox(), cfg);
+        let (agents, tools, backend) = match &mix {
+            Some(m) => m.worker(
+                &cfg.worker_id,
+                agents.clone(),
+                &mut models,
+                scripted(),
+                toolbox(),
+                &store,
+            ),
+            None => (agents.clone(), toolbox(), store.backend()),
+        };
+        let rt = Runtime::new(backend, agents, models, tools, cfg);
+        if let Some(m) = &mix {
+            m.started(&rt);
+        }
         let (stop, handles) = rt.spawn_workers(vec!["default".into()], 4);
         (rt.clone(), Worker { stop, handles })
     };
@@ -411,6 +442,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
             if store.disk().is_some_and(|d| d.stopped()) {
                 for w in workers.drain(..) {
                     w.kill();
+                }
+                if let Some(m) = &mix {
+                    runtimes.iter().for_each(|rt| m.gone(rt));
                 }
                 runtimes.clear();
                 restarts.push(t0.elapsed().as_millis() as u64);
@@ -467,7 +501,12 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
         restart_if_stopped!();
-        if roots_ended(&store, &roots) || t0.elapsed() > setup.time_limit {
+        if let Some(m) = &mix {
+            let t = t0.elapsed().as_millis() as u64;
+            m.tick(t, &runtimes, &store, &mut roots).await;
+        }
+        let pending = mix.as_ref().is_some_and(|m| m.pending());
+        if (roots_ended(&store, &roots) && !pending) || t0.elapsed() > setup.time_limit {
             break;
         }
         if faults.cancel() {
@@ -493,6 +532,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         }
         if faults.crash() {
             let k = faults.draw(workers.len() as u64) as usize;
+            if let Some(m) = &mix {
+                m.gone(&runtimes[k]);
+            }
             workers.remove(k).kill();
             runtimes.remove(k);
             crashes.push(t0.elapsed().as_millis() as u64);
@@ -551,6 +593,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         virtual_ms,
         jobs_at_end,
         unlisted,
+        mix,
         _dir: dir,
     })
 }
