@@ -620,3 +620,100 @@ fn workers_restarted_one_at_a_time_onto_a_newer_record_format_lose_no_tree() {
         let _ = w.wait();
     }
 }
+
+#[test]
+fn a_pushed_version_holds_its_limits_and_a_pinned_tree_keeps_them() {
+    let server = NatsServer::start();
+    let url = server.url();
+    // The worker's own `[limits]` let `boss` start `helper`; the first version pushed
+    // forbids any child (`max_depth = 0`), the second allows them again.
+    let sb = version("limits");
+    let strict = version("limits");
+    common::configure(&strict, "[limits]\nmax_depth = 0\n");
+    let d1 = cli_json(&strict, &url, &["agents", "push", "--json"])["version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Started after the push, it reads the current version before it takes any work.
+    let own = Sandbox::new();
+    own.agent("placeholder", "", "turns:\n  - answer: hi\n");
+    let (mut w, addr) = worker_with(&own, &url, "w1", &[], true);
+    let addr = addr.expect("the worker's listener");
+
+    let rt = rt();
+    let store = rt.block_on(common::cluster::store(&url, 1));
+    let b = store.backend();
+    let first = submit(&url, "strict", 1);
+    rt.block_on(until_submitted(&b, &first));
+    // Pushed while the first tree thinks (its call comes seconds later).
+    let pushed = cli_json(&sb, &url, &["agents", "push", "--json"]);
+    let d2 = pushed["version"].as_str().unwrap().to_string();
+    assert_ne!(d1, d2);
+    let changes: Vec<&str> = pushed["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(changes, ["~ [limits]"]);
+    // The worker serves the new version once it has seen the pointer move.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http_get(&addr, "/readyz").contains(skein_core::definitions::short(&d2)) {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never took the pushed version"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let second = submit(&url, "loose", 1);
+    let roots: Vec<SessionId> = first.iter().chain(&second).cloned().collect();
+    rt.block_on(common::cluster::wait_all(
+        &url,
+        1,
+        &roots,
+        Duration::from_secs(60),
+    ));
+    for (root, digest, children) in [(&first[0], &d1, 0), (&second[0], &d2, 1)] {
+        let tree = records(&rt, &b, std::slice::from_ref(root));
+        let Event::Submitted(sub) = &tree[0].1[0].env.body else {
+            panic!("{root}: no Submitted")
+        };
+        assert_eq!(sub.defs.as_deref(), Some(digest.as_str()), "{root}");
+        assert!(
+            matches!(tree[0].1.last().unwrap().env.body, Event::Completed(_)),
+            "{root}: {:?}",
+            tree[0].1.last().unwrap().env.body
+        );
+        assert_eq!(tree.len() - 1, children, "{root}: sessions {tree:?}");
+        // Replay decides under the pinned version's limits, whatever the caller's are.
+        let verdicts = rt
+            .block_on(skein_runtime::replay::verify_tree(
+                &b,
+                root,
+                &AgentSet::default(),
+                &Limits::default(),
+            ))
+            .unwrap();
+        for v in verdicts {
+            assert!(v.ok, "{}: {:?} at {:?}", v.session, v.problem, v.seq);
+        }
+    }
+
+    // A key in a pushed file is refused, naming the file and not the key.
+    let leaky = version("leaky");
+    leaky.agent(
+        "helper",
+        "cache: false\n",
+        "turns:\n  - answer: \"use sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t\"\n",
+    );
+    let out = cli(&leaky, &url, &["agents", "push"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("helper") && err.contains("secret") && !err.contains("Ab3dEf6h"),
+        "{err}"
+    );
+    let listed = cli_json(&sb, &url, &["agents", "list", "--json"]);
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    stop(&mut w);
+}

@@ -22,6 +22,10 @@ pub struct Version {
     pub digest: Option<String>,
     pub agents: Arc<AgentSet>,
     pub models: Registry,
+    /// The `[limits]` its trees decide under: the version's, else the worker's own.
+    pub limits: skein_core::Limits,
+    /// [`skein_core::hash::RunShape::limits_digest`] of `limits`.
+    pub limits_digest: String,
 }
 
 /// The local version, the cluster's current one, and every pushed version read so far.
@@ -33,12 +37,14 @@ pub struct Catalogue {
 }
 
 impl Catalogue {
-    pub(crate) fn new(agents: Arc<AgentSet>, models: Registry) -> Self {
+    pub(crate) fn new(agents: Arc<AgentSet>, models: Registry, limits: skein_core::Limits) -> Self {
         Self {
             local: Some(Arc::new(Version {
                 digest: None,
                 agents,
                 models,
+                limits: limits.clone(),
+                limits_digest: skein_core::hash::RunShape::limits_digest(&limits),
             })),
             ..Default::default()
         }
@@ -53,6 +59,8 @@ impl Runtime {
                 digest: None,
                 agents: self.agents.clone(),
                 models: self.models.clone(),
+                limits: self.cfg.limits.clone(),
+                limits_digest: skein_core::hash::RunShape::limits_digest(&self.cfg.limits),
             }),
         }
     }
@@ -122,10 +130,27 @@ impl Runtime {
                 ))),
             );
         }
+        if defs.default_provider.is_some() {
+            models.set_default_provider(defs.default_provider.clone());
+        }
+        let limits = match defs.limits {
+            Some(mut l) => {
+                // A tool that asks for a person's approval gets it whatever they say.
+                for name in self.tools.names() {
+                    if self.tools.requires_approval(&name) && !l.approval_required.contains(&name) {
+                        l.approval_required.push(name);
+                    }
+                }
+                l
+            }
+            None => self.cfg.limits.clone(),
+        };
         let v = Arc::new(Version {
             digest: Some(digest.to_string()),
             agents,
             models,
+            limits_digest: skein_core::hash::RunShape::limits_digest(&limits),
+            limits,
         });
         lock(&self.defs.read).insert(digest.to_string(), v.clone());
         Ok(v)

@@ -131,11 +131,10 @@ pub struct Runtime {
     pub(crate) quota_pending: Mutex<std::collections::HashSet<String>>,
 }
 
-/// See [`Runtime::shape_memo`]. The limits of a runtime never change, nor does a version
-/// of its definitions: what each agent may start is kept per version and agent.
+/// See [`Runtime::shape_memo`]. A version of the definitions never changes: what each
+/// agent may start is kept per version and agent.
 #[derive(Default)]
 pub(crate) struct ShapeMemo {
-    pub(crate) limits: std::sync::OnceLock<String>,
     pub(crate) reachable:
         Mutex<std::collections::HashMap<String, Arc<std::collections::BTreeSet<String>>>>,
 }
@@ -205,7 +204,7 @@ impl Runtime {
         Arc::new(Self {
             scrubber: crate::scrub::Scrubber::new(secrets),
             backend,
-            defs: crate::defs::Catalogue::new(agents.clone(), models.clone()),
+            defs: crate::defs::Catalogue::new(agents.clone(), models.clone(), cfg.limits.clone()),
             lacks: Default::default(),
             write_format: skein_core::event::ENVELOPE_VERSION.into(),
             agents,

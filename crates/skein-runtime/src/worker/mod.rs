@@ -214,8 +214,11 @@ impl Runtime {
         {
             // What the deliveries kept failing at, from the log: the step due next, and the
             // last model error when model calls failed.
-            let next = match (self.def_for(&f.state).await, self.agents_of(&f.state).await) {
-                (Ok(def), Ok(agents)) => Ok(f.state.next(&def, &self.cfg.limits, &*agents)),
+            let next = match (
+                self.def_for(&f.state).await,
+                self.version_of(&f.state).await,
+            ) {
+                (Ok(def), Ok(v)) => Ok(f.state.next(&def, &v.limits, &*v.agents)),
                 (_, Err(e)) => Err(format!(
                     "none: its definitions version cannot be read ({e})"
                 )),
@@ -269,8 +272,8 @@ impl Runtime {
                 return self.on_terminal(f).await;
             }
             let def = self.def_for(&f.state).await?;
-            let agents = self.agents_of(&f.state).await?;
-            let step = f.state.next(&def, &self.cfg.limits, &*agents);
+            let version = self.version_of(&f.state).await?;
+            let step = f.state.next(&def, &version.limits, &*version.agents);
             tracing::debug!(session = %f.id, step = step.name(), "step");
             let _timer = crate::metrics::StepTimer::start(step.name());
             match step {
