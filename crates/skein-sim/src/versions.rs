@@ -441,6 +441,19 @@ impl Mix {
         }
     }
 
+    /// The first of `runtimes` that reads every record format (an operator's commands go
+    /// through it), else the first.
+    pub fn reader(&self, runtimes: &[Arc<Runtime>]) -> usize {
+        let live = lock(&self.live);
+        runtimes
+            .iter()
+            .position(|rt| {
+                live.get(&rt.cfg.worker_id)
+                    .is_some_and(|l| l.reads == skein_core::event::read_format())
+            })
+            .unwrap_or(0)
+    }
+
     /// Trees still to be submitted.
     pub fn pending(&self) -> bool {
         !lock(&self.late).is_empty()

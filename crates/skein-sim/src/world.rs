@@ -424,6 +424,8 @@ pub async fn run_mixed(
         let (stop, handles) = rt.spawn_workers(vec!["default".into()], 4);
         (rt.clone(), Worker { stop, handles })
     };
+    // The worker an operator's commands go through: one that reads every record.
+    let reader = |runtimes: &[Arc<Runtime>]| mix.as_ref().map_or(0, |m| m.reader(runtimes));
     let mut workers: Vec<Worker> = vec![];
     let mut runtimes = vec![];
     for n in 0..WORKERS {
@@ -457,7 +459,7 @@ pub async fn run_mixed(
                     workers.push(w);
                 }
                 for _ in 0..20 {
-                    match runtimes[0].sweep_open_trees().await {
+                    match runtimes[reader(&runtimes)].sweep_open_trees().await {
                         Err(e) if e.is_retryable() => {
                             tokio::time::sleep(Duration::from_millis(100)).await
                         }
@@ -550,9 +552,10 @@ pub async fn run_mixed(
     restart_if_stopped!();
     let mut unlisted = vec![];
     for root in roots.iter().filter(|r| !store.ended(r)) {
-        let items = skein_runtime::hitl::inbox(&runtimes[0], std::slice::from_ref(root))
-            .await
-            .unwrap_or_default();
+        let items =
+            skein_runtime::hitl::inbox(&runtimes[reader(&runtimes)], std::slice::from_ref(root))
+                .await
+                .unwrap_or_default();
         if items.is_empty() {
             unlisted.push(root.clone());
         }
@@ -560,7 +563,7 @@ pub async fn run_mixed(
     let drained = tokio::time::Instant::now();
     while !roots_ended(&store, &roots) && drained.elapsed() < setup.drain_limit {
         let open: Vec<SessionId> = roots.iter().filter(|r| !store.ended(r)).cloned().collect();
-        person.answer_all(&runtimes[0], &open).await;
+        person.answer_all(&runtimes[reader(&runtimes)], &open).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         restart_if_stopped!();
     }
