@@ -151,12 +151,26 @@ impl Runtime {
         let left = at.saturating_sub(self.cfg.clock.now_ms()) + 5;
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(left)).await;
-            if let Err(e) = jobs.push(&pool, &id).await {
-                tracing::warn!(session = %id, error = %e.report(), "timeout wake-up failed");
+            // A backend that cannot be reached now may be soon: the wake-up is all that
+            // moves a session waiting on its deadline, so it is tried again for a while.
+            for tries in 1..=WAKE_TRIES {
+                match jobs.push(&pool, &id).await {
+                    Ok(()) => return,
+                    Err(e) if e.is_retryable() && tries < WAKE_TRIES => {
+                        tokio::time::sleep(Duration::from_millis(250 * u64::from(tries))).await
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %id, error = %e.report(), "timeout wake-up failed");
+                        return;
+                    }
+                }
             }
         });
     }
 }
+
+/// Tries of a deadline's wake-up while the backend cannot be reached (some 30 s in all).
+const WAKE_TRIES: u32 = 15;
 
 /// A session's deadline (ms since the epoch) and the reason it ends with then.
 struct Deadline {
