@@ -393,7 +393,7 @@ fn records(
 }
 
 #[test]
-fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
+fn a_worker_without_an_agent_or_a_tool_leaves_its_work_to_workers_that_have_it() {
     let server = NatsServer::start();
     let url = server.url();
     // No definitions pushed: each worker runs on its own files. Two have `boss` and
@@ -407,6 +407,25 @@ fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
     partial.agent("placeholder", "", "turns:\n  - answer: hi\n");
     let (mut lacking, addr) = worker_with(&partial, &url, "lacking", &[], true);
     let addr = addr.expect("the worker's listener");
+    // Every agent lists `http_fetch` (unused by its script); one worker has every agent
+    // but not that tool.
+    for a in ["boss", "helper"] {
+        let f = full.dir.path().join(format!("agents/{a}.md"));
+        let text = std::fs::read_to_string(&f).unwrap();
+        std::fs::write(
+            &f,
+            text.replacen("cache: false", "cache: false\ntools: [http_fetch]", 1),
+        )
+        .unwrap();
+    }
+    let (mut no_http, no_http_addr) = worker_with(
+        &full,
+        &url,
+        "no-http",
+        &[("SKEIN__TOOLS__HTTP__ENABLED", "false")],
+        true,
+    );
+    let no_http_addr = no_http_addr.expect("the worker's listener");
     let mut others: Vec<Child> = ["has-1", "has-2"]
         .iter()
         .map(|n| worker(&full, &url, n))
@@ -432,6 +451,10 @@ fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
                     m.worker, "lacking",
                     "{s}: run by the worker without its agent"
                 );
+                assert_ne!(
+                    m.worker, "no-http",
+                    "{s}: run by the worker without its tool"
+                );
             }
         }
     }
@@ -448,6 +471,18 @@ fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
     assert!(
         ready.contains("handed back for want of the agent"),
         "{ready}"
+    );
+    let ready = http_get(&no_http_addr, "/readyz");
+    assert!(
+        ready.contains("handed back for want of the tool `http_fetch`"),
+        "{ready}"
+    );
+    let metrics = http_get(&no_http_addr, "/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("skein_jobs_lacking_total{") && l.contains("tool:http_fetch")),
+        "{metrics}"
     );
 
     // Nobody has the provider of `stray`: its tree fails after a few deliveries, saying so.
@@ -475,6 +510,7 @@ fn a_worker_without_an_agent_leaves_its_work_to_workers_that_have_it() {
         f.error
     );
     stop(&mut lacking);
+    stop(&mut no_http);
     for w in &mut others {
         let _ = w.kill();
         let _ = w.wait();
@@ -583,4 +619,101 @@ fn workers_restarted_one_at_a_time_onto_a_newer_record_format_lose_no_tree() {
         let _ = w.kill();
         let _ = w.wait();
     }
+}
+
+#[test]
+fn a_pushed_version_holds_its_limits_and_a_pinned_tree_keeps_them() {
+    let server = NatsServer::start();
+    let url = server.url();
+    // The worker's own `[limits]` let `boss` start `helper`; the first version pushed
+    // forbids any child (`max_depth = 0`), the second allows them again.
+    let sb = version("limits");
+    let strict = version("limits");
+    common::configure(&strict, "[limits]\nmax_depth = 0\n");
+    let d1 = cli_json(&strict, &url, &["agents", "push", "--json"])["version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Started after the push, it reads the current version before it takes any work.
+    let own = Sandbox::new();
+    own.agent("placeholder", "", "turns:\n  - answer: hi\n");
+    let (mut w, addr) = worker_with(&own, &url, "w1", &[], true);
+    let addr = addr.expect("the worker's listener");
+
+    let rt = rt();
+    let store = rt.block_on(common::cluster::store(&url, 1));
+    let b = store.backend();
+    let first = submit(&url, "strict", 1);
+    rt.block_on(until_submitted(&b, &first));
+    // Pushed while the first tree thinks (its call comes seconds later).
+    let pushed = cli_json(&sb, &url, &["agents", "push", "--json"]);
+    let d2 = pushed["version"].as_str().unwrap().to_string();
+    assert_ne!(d1, d2);
+    let changes: Vec<&str> = pushed["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(changes, ["~ [limits]"]);
+    // The worker serves the new version once it has seen the pointer move.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http_get(&addr, "/readyz").contains(skein_core::definitions::short(&d2)) {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never took the pushed version"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let second = submit(&url, "loose", 1);
+    let roots: Vec<SessionId> = first.iter().chain(&second).cloned().collect();
+    rt.block_on(common::cluster::wait_all(
+        &url,
+        1,
+        &roots,
+        Duration::from_secs(60),
+    ));
+    for (root, digest, children) in [(&first[0], &d1, 0), (&second[0], &d2, 1)] {
+        let tree = records(&rt, &b, std::slice::from_ref(root));
+        let Event::Submitted(sub) = &tree[0].1[0].env.body else {
+            panic!("{root}: no Submitted")
+        };
+        assert_eq!(sub.defs.as_deref(), Some(digest.as_str()), "{root}");
+        assert!(
+            matches!(tree[0].1.last().unwrap().env.body, Event::Completed(_)),
+            "{root}: {:?}",
+            tree[0].1.last().unwrap().env.body
+        );
+        assert_eq!(tree.len() - 1, children, "{root}: sessions {tree:?}");
+        // Replay decides under the pinned version's limits, whatever the caller's are.
+        let verdicts = rt
+            .block_on(skein_runtime::replay::verify_tree(
+                &b,
+                root,
+                &AgentSet::default(),
+                &Limits::default(),
+            ))
+            .unwrap();
+        for v in verdicts {
+            assert!(v.ok, "{}: {:?} at {:?}", v.session, v.problem, v.seq);
+        }
+    }
+
+    // A key in a pushed file is refused, naming the file and not the key.
+    let leaky = version("leaky");
+    leaky.agent(
+        "helper",
+        "cache: false\n",
+        "turns:\n  - answer: \"use sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t\"\n",
+    );
+    let out = cli(&leaky, &url, &["agents", "push"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("helper") && err.contains("secret") && !err.contains("Ab3dEf6h"),
+        "{err}"
+    );
+    let listed = cli_json(&sb, &url, &["agents", "list", "--json"]);
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    stop(&mut w);
 }

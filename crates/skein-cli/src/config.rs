@@ -261,6 +261,11 @@ pub fn apply_nats_flags(t: &mut toml::Table, g: &crate::GlobalArgs) {
 /// and error messages are scrubbed of them before they are written.
 static SECRETS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
+/// Every secret value registered so far (see [`register_secrets`]).
+pub fn known_secrets() -> Vec<String> {
+    SECRETS.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 pub fn register_secrets(secrets: impl IntoIterator<Item = String>) {
     let mut known = SECRETS.lock().unwrap_or_else(|p| p.into_inner());
     for s in secrets {

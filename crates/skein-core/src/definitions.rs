@@ -1,5 +1,6 @@
 //! A version of the definitions that shape a run, as a cluster holds them: every agent
-//! file and every script of the `scripted` model, by name. A version is immutable and
+//! file and every script of the `scripted` model, by name, and the settings a tree's
+//! decisions depend on (`[limits]`, `[models] default_provider`) when they were pushed. A version is immutable and
 //! named by its digest, the blake3 of its canonical encoding (maps sorted by name, fields
 //! named), so the same files always make the same version, wherever they are pushed from.
 
@@ -8,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::agent::AgentSet;
+use crate::limits::Limits;
 use crate::{Error, Result};
 
 /// The format of an encoded version; a reader refuses one it does not know.
@@ -15,12 +17,20 @@ pub const DEFINITIONS_FORMAT: u16 = 1;
 
 /// One version of the definitions: agent files and scripts, by their names relative to
 /// the directory they were pushed from (`writer.md`, `planner/agent.md`, `writer.yaml`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Definitions {
     pub format: u16,
     pub agents: BTreeMap<String, String>,
     #[serde(default)]
     pub scripts: BTreeMap<String, String>,
+    /// The `[limits]` every tree pinned to this version decides under (None: each
+    /// worker's own). Absent from a version pushed without it, whose digest stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// `[models] default_provider`: the provider of a bare model name in this version's
+    /// agents (None: each worker's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_provider: Option<String>,
 }
 
 impl Definitions {
@@ -29,7 +39,38 @@ impl Definitions {
             format: DEFINITIONS_FORMAT,
             agents,
             scripts,
+            limits: None,
+            default_provider: None,
         }
+    }
+
+    /// Where this version holds one of `secrets`, or text shaped like a provider's API key
+    /// or a private key (values no definition may carry: keys stay in each worker's
+    /// environment): the files and settings, by name. Values shorter than 8 characters
+    /// are not looked for.
+    pub fn secrets_in(&self, secrets: &[String]) -> Vec<String> {
+        let secrets: Vec<&str> = secrets
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| s.len() >= 8)
+            .collect();
+        let holds = |text: &str| secrets.iter().any(|s| text.contains(s)) || key_shaped(text);
+        let mut out: Vec<String> = self
+            .agents
+            .iter()
+            .chain(&self.scripts)
+            .filter(|(_, t)| holds(t))
+            .map(|(n, _)| n.clone())
+            .collect();
+        if let Some(l) = &self.limits {
+            if holds(&serde_json::to_string(l).unwrap_or_default()) {
+                out.push("[limits]".into());
+            }
+        }
+        if self.default_provider.as_deref().is_some_and(holds) {
+            out.push("[models] default_provider".into());
+        }
+        out
     }
 
     /// The canonical bytes of this version (what is stored, and what its digest hashes).
@@ -88,8 +129,39 @@ impl Definitions {
                 }
             }
         }
+        if self.limits != older.limits {
+            out.push("~ [limits]".into());
+        }
+        if self.default_provider != older.default_provider {
+            out.push("~ [models] default_provider".into());
+        }
         out
     }
+}
+
+/// Whether `text` holds something shaped like a key: a private key block, or a word that
+/// starts as the API keys of common providers do and goes on for 20 or more key
+/// characters.
+fn key_shaped(text: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "sk-",
+        "sk_live_",
+        "ghp_",
+        "github_pat_",
+        "xoxb-",
+        "AKIA",
+        "AIza",
+    ];
+    if text.contains("PRIVATE KEY-----") {
+        return true;
+    }
+    let key_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    text.split(|c: char| !key_char(c)).any(|word| {
+        PREFIXES.iter().any(|p| {
+            word.strip_prefix(p)
+                .is_some_and(|rest| rest.len() >= 20 && rest.chars().any(|c| c.is_ascii_digit()))
+        })
+    })
 }
 
 /// The short form of a version's digest shown to people (its first 12 hex digits).
@@ -148,6 +220,44 @@ mod tests {
         assert!(e.contains("cycle") || e.contains("a → b"), "{e}");
         let e = defs(&[]).agent_set(&[]).unwrap_err().to_string();
         assert!(e.contains("no agent definitions"), "{e}");
+    }
+
+    #[test]
+    fn the_settings_pushed_with_a_version_are_part_of_it_and_no_secret_is() {
+        let plain = defs(&[("a.md", agent("a", &[]))]);
+        let mut with = plain.clone();
+        with.limits = Some(Limits {
+            max_depth: 1,
+            ..Limits::default()
+        });
+        with.default_provider = Some("openai".into());
+        assert_ne!(plain.digest().unwrap(), with.digest().unwrap());
+        assert_eq!(Definitions::decode(&with.encode().unwrap()).unwrap(), with);
+        assert_eq!(
+            with.diff(&plain),
+            ["~ [limits]", "~ [models] default_provider"]
+        );
+        let key = "a-value-from-the-environment-1".to_string();
+        assert!(with.secrets_in(std::slice::from_ref(&key)).is_empty());
+        let mut leaky = with.clone();
+        leaky
+            .agents
+            .insert("b.md".into(), format!("{}use {key}\n", agent("b", &[])));
+        assert_eq!(leaky.secrets_in(&[key, "short".into()]), ["b.md"]);
+        // A key of a known shape is found without being known.
+        let mut shaped = with.clone();
+        shaped.scripts.insert(
+            "a.yaml".into(),
+            "turns:\n  - answer: \"sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t\"\n".into(),
+        );
+        assert_eq!(shaped.secrets_in(&[]), ["a.yaml"]);
+        // Words that only start like one are not.
+        let mut plain_words = with.clone();
+        plain_words.scripts.insert(
+            "a.yaml".into(),
+            "turns:\n  - answer: sk-learn and AKIA\n".into(),
+        );
+        assert!(plain_words.secrets_in(&[]).is_empty());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use skein_nats::backend::{NatsStore, WorkerInfo, WORKER_TTL_SECS};
-use skein_runtime::defs::{Need, Peers};
+use skein_runtime::defs::{Need, Offer, Peers};
 use skein_runtime::worker::Runtime;
 use skein_runtime::Result;
 use tokio::sync::watch;
@@ -18,11 +18,14 @@ const FRESH: Duration = Duration::from_secs(1);
 
 /// What this worker says of itself now.
 pub fn info(rt: &Runtime, pools: &[String]) -> WorkerInfo {
+    let offer = rt.offer();
     WorkerInfo {
         worker: rt.cfg.worker_id.clone(),
         at: skein_runtime::now_ms(),
-        agents: rt.agents.agents.keys().cloned().collect(),
-        providers: rt.models.names().into_iter().map(str::to_string).collect(),
+        agents: offer.agents,
+        providers: offer.providers,
+        tools: offer.tools,
+        mcp: offer.mcp,
         pools: pools.to_vec(),
         defs: rt.current_version().digest.clone(),
         reads: skein_core::event::read_format(),
@@ -58,9 +61,7 @@ pub async fn advertise(
 /// reads within one round of advertisements; until a worker has read the others it writes
 /// the first format.
 pub fn agree_on_format(rt: &Runtime, live: &[WorkerInfo]) {
-    let me = skein_core::event::read_format();
-    let all = live.iter().map(|w| w.reads).chain([me]).min().unwrap_or(me);
-    if rt.set_write_format(all) {
+    if rt.agree_on_format(live.iter().map(|w| w.reads)) {
         tracing::info!(
             format = rt.write_format(),
             workers = live.len(),
@@ -102,14 +103,14 @@ impl NatsPeers {
 impl Peers for NatsPeers {
     async fn served_elsewhere(&self, need: &Need, defs: Option<&str>) -> Result<bool> {
         let live = self.live().await?;
-        Ok(live
-            .iter()
-            .filter(|w| w.worker != self.me)
-            .any(|w| match need {
-                // A pushed version is the same on every worker; an agent of the workers' own
-                // files is there only where its file is.
-                Need::Agent(a) => defs.is_some() || w.agents.iter().any(|x| x == a),
-                Need::Provider(p) => w.providers.iter().any(|x| x == p),
-            }))
+        Ok(live.iter().filter(|w| w.worker != self.me).any(|w| {
+            let offer = Offer {
+                agents: w.agents.clone(),
+                providers: w.providers.clone(),
+                tools: w.tools.clone(),
+                mcp: w.mcp.clone(),
+            };
+            need.met_by(defs, &offer)
+        }))
     }
 }

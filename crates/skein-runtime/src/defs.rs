@@ -22,6 +22,10 @@ pub struct Version {
     pub digest: Option<String>,
     pub agents: Arc<AgentSet>,
     pub models: Registry,
+    /// The `[limits]` its trees decide under: the version's, else the worker's own.
+    pub limits: skein_core::Limits,
+    /// [`skein_core::hash::RunShape::limits_digest`] of `limits`.
+    pub limits_digest: String,
 }
 
 /// The local version, the cluster's current one, and every pushed version read so far.
@@ -33,12 +37,14 @@ pub struct Catalogue {
 }
 
 impl Catalogue {
-    pub(crate) fn new(agents: Arc<AgentSet>, models: Registry) -> Self {
+    pub(crate) fn new(agents: Arc<AgentSet>, models: Registry, limits: skein_core::Limits) -> Self {
         Self {
             local: Some(Arc::new(Version {
                 digest: None,
                 agents,
                 models,
+                limits: limits.clone(),
+                limits_digest: skein_core::hash::RunShape::limits_digest(&limits),
             })),
             ..Default::default()
         }
@@ -53,6 +59,8 @@ impl Runtime {
                 digest: None,
                 agents: self.agents.clone(),
                 models: self.models.clone(),
+                limits: self.cfg.limits.clone(),
+                limits_digest: skein_core::hash::RunShape::limits_digest(&self.cfg.limits),
             }),
         }
     }
@@ -122,10 +130,27 @@ impl Runtime {
                 ))),
             );
         }
+        if defs.default_provider.is_some() {
+            models.set_default_provider(defs.default_provider.clone());
+        }
+        let limits = match defs.limits {
+            Some(mut l) => {
+                // A tool that asks for a person's approval gets it whatever they say.
+                for name in self.tools.names() {
+                    if self.tools.requires_approval(&name) && !l.approval_required.contains(&name) {
+                        l.approval_required.push(name);
+                    }
+                }
+                l
+            }
+            None => self.cfg.limits.clone(),
+        };
         let v = Arc::new(Version {
             digest: Some(digest.to_string()),
             agents,
             models,
+            limits_digest: skein_core::hash::RunShape::limits_digest(&limits),
+            limits,
         });
         lock(&self.defs.read).insert(digest.to_string(), v.clone());
         Ok(v)
@@ -158,6 +183,10 @@ pub enum Need {
     Agent(String),
     /// The model provider of the session's agent.
     Provider(String),
+    /// A tool of the session's agent (one of the worker's tool box, not the runtime's).
+    Tool(String),
+    /// An MCP server whose tools the session's agent lists (`SERVER__TOOL`).
+    Mcp(String),
 }
 
 impl std::fmt::Display for Need {
@@ -165,18 +194,48 @@ impl std::fmt::Display for Need {
         match self {
             Need::Agent(a) => write!(f, "the agent `{a}`"),
             Need::Provider(p) => write!(f, "the model provider `{p}`"),
+            Need::Tool(t) => write!(f, "the tool `{t}`"),
+            Need::Mcp(m) => write!(f, "the MCP server `{m}`"),
         }
     }
 }
 
 impl Need {
-    /// A short label for metrics: `agent:NAME`, `provider:NAME`.
+    /// A short label for metrics: `agent:NAME`, `provider:NAME`, `tool:NAME`, `mcp:NAME`.
     pub fn label(&self) -> String {
         match self {
             Need::Agent(a) => format!("agent:{a}"),
             Need::Provider(p) => format!("provider:{p}"),
+            Need::Tool(t) => format!("tool:{t}"),
+            Need::Mcp(m) => format!("mcp:{m}"),
         }
     }
+
+    /// Whether a worker that advertises `offer` has this need, for a tree pinned to
+    /// `defs` (none: the workers' own files). A pushed version's agents are the same on
+    /// every worker; what a worker does not say (an earlier release advertises no tools)
+    /// it may have.
+    pub fn met_by(&self, defs: Option<&str>, offer: &Offer) -> bool {
+        match self {
+            Need::Agent(a) => defs.is_some() || offer.agents.iter().any(|x| x == a),
+            Need::Provider(p) => offer.providers.iter().any(|x| x == p),
+            Need::Tool(t) => offer
+                .tools
+                .as_ref()
+                .is_none_or(|v| v.iter().any(|x| x == t)),
+            Need::Mcp(m) => offer.mcp.as_ref().is_none_or(|v| v.iter().any(|x| x == m)),
+        }
+    }
+}
+
+/// What a worker has that a session may need: its own agents, its model providers, its
+/// tools and MCP servers (None: not said, as by an earlier release).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Offer {
+    pub agents: Vec<String>,
+    pub providers: Vec<String>,
+    pub tools: Option<Vec<String>>,
+    pub mcp: Option<Vec<String>>,
 }
 
 /// The other live workers of a cluster, as they advertise themselves.
@@ -213,8 +272,8 @@ impl Runtime {
     }
 
     /// What a session's steps need that this worker lacks: an agent it may start (on the
-    /// workers' own files only: a pushed version is the same everywhere), or its model's
-    /// provider.
+    /// workers' own files only: a pushed version is the same everywhere), its model's
+    /// provider, or a tool or MCP server its agent lists.
     pub async fn lacks(&self, state: &SessionState) -> Result<Option<Need>> {
         let def = self.def_for(state).await?;
         let version = self.version_of(state).await?;
@@ -241,7 +300,55 @@ impl Runtime {
                 return Ok(Some(Need::Provider(provider.to_string())));
             }
         }
-        Ok(None)
+        Ok(self.lacks_tool(&def))
+    }
+
+    /// The first MCP server or tool of `def` (its `mcp` and its `tools`) this worker's
+    /// tool box lacks; the runtime's own tools every worker has.
+    fn lacks_tool(&self, def: &skein_core::AgentDef) -> Option<Need> {
+        let names = self.tools.names();
+        let has_server = |server: &str| {
+            let prefix = format!("{server}{}", skein_core::agent::MCP_SEPARATOR);
+            names.iter().any(|n| n.starts_with(&prefix))
+        };
+        if let Some(server) = def.front.mcp.iter().find(|s| !has_server(s)) {
+            return Some(Need::Mcp(server.clone()));
+        }
+        for t in &def.front.tools {
+            if skein_core::runtime_tool::RuntimeTool::parse(t).is_some() {
+                continue;
+            }
+            if let Some(server) = skein_core::agent::mcp_server_of(t) {
+                if !has_server(server) {
+                    return Some(Need::Mcp(server.to_string()));
+                }
+            } else if self.tools.get(t).is_none() {
+                return Some(Need::Tool(t.clone()));
+            }
+        }
+        None
+    }
+
+    /// What this worker has that a session may need (what it advertises).
+    pub fn offer(&self) -> Offer {
+        let tools = self.tools.names();
+        let mut mcp: Vec<String> = tools
+            .iter()
+            .filter_map(|t| skein_core::agent::mcp_server_of(t).map(str::to_string))
+            .collect();
+        mcp.sort();
+        mcp.dedup();
+        Offer {
+            agents: self.agents.agents.keys().cloned().collect(),
+            providers: self
+                .models
+                .names()
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            tools: Some(tools),
+            mcp: Some(mcp),
+        }
     }
 
     /// Whether another live worker has `need`; false when this worker knows of no others

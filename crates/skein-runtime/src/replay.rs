@@ -54,14 +54,16 @@ async fn def_cached(
     Ok(Some(d))
 }
 
-/// The agents of the pushed definitions version `digest`.
-async fn pinned_set(b: &Backend, digest: &str) -> Result<AgentSet> {
+/// The agents of the pushed definitions version `digest`, and its `[limits]` if it holds
+/// them.
+async fn pinned_set(b: &Backend, digest: &str) -> Result<(AgentSet, Option<Limits>)> {
     let bytes = b.blobs.get(digest).await?.ok_or_else(|| {
         Error::NotFound(format!(
             "definitions version {digest}, which the tree is pinned to, is not in the blob store"
         ))
     })?;
-    Ok(skein_core::Definitions::decode(&bytes)?.agent_set(&[])?)
+    let d = skein_core::Definitions::decode(&bytes)?;
+    Ok((d.agent_set(&[])?, d.limits))
 }
 
 /// Re-folds every log under `id` (the session and its descendants), checks each hash
@@ -96,7 +98,18 @@ pub async fn verify_tree(
         },
         _ => None,
     };
-    let current = pinned.as_ref().unwrap_or(current);
+    // ... and under its `[limits]` when the version holds them (with the approvals the
+    // caller's tools ask for themselves, as a worker adds them).
+    let pinned_limits = pinned.as_ref().and_then(|(_, l)| l.clone()).map(|mut l| {
+        for t in &limits.approval_required {
+            if !l.approval_required.contains(t) {
+                l.approval_required.push(t.clone());
+            }
+        }
+        l
+    });
+    let limits = pinned_limits.as_ref().unwrap_or(limits);
+    let current = pinned.as_ref().map(|(set, _)| set).unwrap_or(current);
     let catalog = RecordedCatalog { recorded, current };
     let mut out = vec![];
     for (s, records) in logs {

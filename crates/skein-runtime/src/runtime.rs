@@ -140,11 +140,10 @@ pub struct Runtime {
     pub(crate) quota_pending: Mutex<std::collections::HashSet<String>>,
 }
 
-/// See [`Runtime::shape_memo`]. The limits of a runtime never change, nor does a version
-/// of its definitions: what each agent may start is kept per version and agent.
+/// See [`Runtime::shape_memo`]. A version of the definitions never changes: what each
+/// agent may start is kept per version and agent.
 #[derive(Default)]
 pub(crate) struct ShapeMemo {
-    pub(crate) limits: std::sync::OnceLock<String>,
     pub(crate) reachable:
         Mutex<std::collections::HashMap<String, Arc<std::collections::BTreeSet<String>>>>,
 }
@@ -219,7 +218,7 @@ impl Runtime {
         Arc::new(Self {
             scrubber: crate::scrub::Scrubber::new(secrets),
             backend,
-            defs: crate::defs::Catalogue::new(agents.clone(), models.clone()),
+            defs: crate::defs::Catalogue::new(agents.clone(), models.clone(), cfg.limits.clone()),
             lacks: Default::default(),
             write_format: skein_core::event::ENVELOPE_VERSION.into(),
             agents,
@@ -267,6 +266,15 @@ impl Runtime {
         self.write_format
             .swap(v, std::sync::atomic::Ordering::Relaxed)
             != v
+    }
+
+    /// Writes the newest record format every live worker reads: `reads`, what each live
+    /// worker says it reads (this one's own counted too). A worker of an earlier release
+    /// that appears brings the format back to the one it reads. Returns whether it changed.
+    pub fn agree_on_format(&self, reads: impl IntoIterator<Item = u16>) -> bool {
+        let me = skein_core::event::read_format();
+        let all = reads.into_iter().chain([me]).min().unwrap_or(me);
+        self.set_write_format(all)
     }
 
     /// Every pool the catalogue's agents use.

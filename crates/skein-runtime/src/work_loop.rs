@@ -317,7 +317,16 @@ impl Runtime {
                         got = true;
                         // Boxed: a job's future is some 30 KB, and a loop that held it
                         // inline would carry that much while it waits for a job.
-                        Box::pin(self.handle(job)).await;
+                        if Box::pin(self.handle(job)).await {
+                            // Handed back for want of something: this slot stands aside
+                            // until the job is due again, so that a worker that has it
+                            // takes it rather than this one, again.
+                            tokio::select! {
+                                biased;
+                                _ = stop.changed() => break,
+                                _ = tokio::time::sleep(LACKING_DELAY + LACKING_DELAY / 2) => {}
+                            }
+                        }
                     }
                     Ok(None) => health.ok(pool),
                     Err(e) => {
@@ -339,11 +348,13 @@ impl Runtime {
     /// Processes one job: transient failures are retried in place, the job is acked on
     /// success, handed back otherwise. What the backend publishes meanwhile carries the
     /// session's trace context.
-    pub async fn handle(&self, job: Job) {
+    /// Returns whether the job was handed back for want of something this worker lacks
+    /// (or cannot read).
+    pub async fn handle(&self, job: Job) -> bool {
         crate::spans::scoped(self.handle_job(job)).await
     }
 
-    async fn handle_job(&self, job: Job) {
+    async fn handle_job(&self, job: Job) -> bool {
         let _in_flight = crate::metrics::InFlight::enter(&job.pool);
         let _held = {
             let mut h = self.loops.held.lock().unwrap_or_else(|p| p.into_inner());
@@ -433,6 +444,11 @@ impl Runtime {
         }
         tracing::trace!(session = %job.session, ok = res.is_ok(), "job processed");
         let quota_wait = self.take_quota_wait(&job.session);
+        let lacking = matches!(
+            res,
+            Err(crate::Error::Lacking(_))
+                | Err(crate::Error::Core(skein_core::Error::NewerFormat { .. }))
+        );
         match res {
             // The step waits for a model's quota: the job goes back until then, and no
             // worker slot is held meanwhile.
@@ -516,6 +532,7 @@ impl Runtime {
                 }
             }
         }
+        lacking
     }
 
     /// Every session whose step waits for room in the store now, in id order.

@@ -97,7 +97,11 @@ pub async fn check(run: &Run) -> Verdict {
             Ok(text) => match AgentDef::parse("stored", &text) {
                 Ok(def) => {
                     let envs: Vec<_> = recs.iter().map(|r| r.env.clone()).collect();
-                    if let Err(d) = verify(&envs, &def, &limits, run.agents.as_ref()) {
+                    let agents = run.mix.as_ref().map_or_else(
+                        || run.agents.clone(),
+                        |m| m.agents_of(sub.defs.as_deref(), &run.agents),
+                    );
+                    if let Err(d) = verify(&envs, &def, &limits, agents.as_ref()) {
                         bad(format!("replay diverges: {d}"));
                     }
                 }
@@ -297,6 +301,9 @@ pub async fn check(run: &Run) -> Verdict {
             "a used token was accepted again {} time(s)",
             run.person.reused_accepted
         ));
+    }
+    if let Some(m) = &run.mix {
+        m.check(&run.logs, &run.roots, &run.agents, &mut v.violations);
     }
     let _: Option<SessionId> = None;
     v

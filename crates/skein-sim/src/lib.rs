@@ -13,6 +13,7 @@ pub mod gen;
 pub mod invariants;
 pub mod memory;
 pub mod quota;
+pub mod versions;
 pub mod world;
 
 use std::time::Duration;
@@ -121,5 +122,38 @@ pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: b
             hits_checked: checked,
             hits_unmatched: unmatched,
         }
+    })
+}
+
+/// A generated world with definition versions pushed and rolled back while it runs and
+/// workers that differ in what they can serve (`versions.rs`), under the seed's faults.
+/// The process reads the newer record format from then on (workers of the earlier
+/// release are modelled by what their log reads refuse). None when the loader refuses
+/// the generated set (nothing runs).
+pub fn simulate_versions(seed: u64, swarm: bool, disk: bool) -> Option<(world::Run, Verdict)> {
+    skein_core::event::act_as_next_format();
+    let generated = gen::generate(seed, gen::Options::default());
+    skein_core::AgentSet::load(&generated.files(), &generated.extra_tools).ok()?;
+    let (scenario, mix) = versions::Mix::draw(seed, &generated);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let setup = world::Setup {
+            swarm,
+            calm: false,
+            no_cache: false,
+            time_limit: world::GENERATED_TIME_LIMIT,
+            drain_limit: world::GENERATED_DRAIN_LIMIT,
+            disk,
+        };
+        let run = world::run_mixed(seed, setup, &scenario, Some(std::sync::Arc::new(mix)))
+            .await
+            .expect("a generated world loads");
+        let verdict = invariants::check(&run).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        Some((run, verdict))
     })
 }

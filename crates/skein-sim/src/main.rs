@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: skein-sim [--generated [--known-shapes-only]] (--seeds N [--from S] | --seed S [--dump DIR]) [--swarm] [--no-disk-faults]"
+        "usage: skein-sim [--generated [--known-shapes-only] | --versions] (--seeds N [--from S] | --seed S [--dump DIR]) [--swarm] [--no-disk-faults]"
     );
     ExitCode::from(2)
 }
@@ -22,6 +22,13 @@ fn main() -> ExitCode {
         let i = args.iter().position(|a| a == flag)?;
         args.get(i + 1)?.parse().ok()
     };
+    if args.iter().any(|a| a == "--versions") {
+        return match (value("--seed"), value("--seeds")) {
+            (Some(seed), _) => versions_many(seed, 1, swarm, disk, true),
+            (None, Some(n)) => versions_many(value("--from").unwrap_or(1), n, swarm, disk, false),
+            _ => usage(),
+        };
+    }
     if args.iter().any(|a| a == "--generated") {
         let opts = skein_sim::gen::Options {
             // Every shape is drawn unless told otherwise (`--open-bugs`, which asked for
@@ -487,5 +494,93 @@ fn print_records(run: &skein_sim::world::Run) {
                 );
             }
         }
+    }
+}
+
+/// Generated worlds with definition versions and workers that differ (`--versions`).
+fn versions_many(from: u64, n: u64, swarm: bool, disk: bool, show: bool) -> ExitCode {
+    let started = Instant::now();
+    let (mut bad, mut refused, mut trees, mut newer_refused, mut newer_written) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut asked = std::collections::BTreeMap::<String, u64>::new();
+    let mut lacks = std::collections::BTreeMap::<String, u64>::new();
+    for seed in from..from + n {
+        let Some((run, v)) = skein_sim::simulate_versions(seed, swarm, disk) else {
+            refused += 1;
+            continue;
+        };
+        let Some(mix) = &run.mix else { continue };
+        trees += run.roots.len() as u64;
+        newer_refused += mix.newer_refused.load(Ordering::Relaxed);
+        newer_written += mix.newer_written.load(Ordering::Relaxed);
+        fn guard<T: Clone>(m: &std::sync::Mutex<T>) -> T {
+            m.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        }
+        let seen: std::collections::BTreeMap<String, u64> = guard(&mix.asked);
+        for (k, c) in seen {
+            *asked.entry(k).or_default() += c;
+        }
+        let l: std::collections::BTreeMap<String, skein_sim::versions::Lack> = guard(&mix.lacks);
+        for lack in l.values() {
+            let k = format!("{lack:?}");
+            let k = k.split('(').next().unwrap_or_default().to_string();
+            *lacks.entry(k).or_default() += 1;
+        }
+        if show {
+            for (id, recs) in &run.logs {
+                if let Some(skein_core::Event::Submitted(s)) = recs.first().map(|r| &r.env.body) {
+                    println!(
+                        "{id}: {} on {:?}, ends {}",
+                        s.agent,
+                        s.defs.as_deref().map(skein_core::definitions::short),
+                        recs.last().map(|r| r.env.body.kind()).unwrap_or("-")
+                    );
+                    if let Some(skein_core::Event::Failed(f)) = recs.last().map(|r| &r.env.body) {
+                        println!("  failed: {}", f.error);
+                    }
+                }
+            }
+            println!("jobs at the end: {:?}", run.jobs_at_end);
+            println!(
+                "asked: {:?}; newer refused {}",
+                mix.asked.lock().map(|l| l.clone()).unwrap_or_default(),
+                mix.newer_refused.load(Ordering::Relaxed)
+            );
+            println!(
+                "workers' lacks: {:?}",
+                mix.lacks.lock().map(|l| l.clone()).unwrap_or_default()
+            );
+            println!(
+                "crashes at {:?}, restarts at {:?}, {} virtual ms",
+                run.crashes, run.restarts, run.virtual_ms
+            );
+            println!("violations: {:#?}", v.violations);
+        }
+        if let Some(first) = v.violations.first() {
+            bad += 1;
+            println!(
+                "seed {seed}: {first} (replay with --versions --seed {seed}{}{})",
+                if swarm { " --swarm" } else { "" },
+                if disk { "" } else { " --no-disk-faults" }
+            );
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "versions: {n} seeds (from {from}{}), {trees} trees, refused by the loader {refused}, \
+         violations {bad}; {secs:.1} s",
+        if swarm { ", swarm" } else { "" }
+    );
+    println!("workers by what they lacked: {lacks:?}");
+    println!("asked whether another worker has it, by need: {asked:?}");
+    println!(
+        "records of the newer format written {newer_written}; reads an earlier release refused {newer_refused}"
+    );
+    if bad > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }

@@ -67,6 +67,9 @@ pub struct MemStore {
     me: std::sync::Weak<MemStore>,
     /// The disk under the log, when the seed's faults include a disk's (see `disk.rs`).
     disk: Option<Arc<Disk>>,
+    /// Claimers woken at once take turns in a shifting order (see
+    /// [`MemStore::shuffle_claims`]); 0: in the timer's order.
+    shuffle: AtomicU64,
 }
 
 impl MemStore {
@@ -91,7 +94,16 @@ impl MemStore {
             workspaces,
             me: me.clone(),
             disk,
+            shuffle: AtomicU64::new(0),
         })
+    }
+
+    /// Claimers woken at the same instant no longer claim in the order of their timers,
+    /// which would let one worker win a job it hands back every time (a JetStream
+    /// consumer serves waiting pulls in the order they came): each yields a varying
+    /// number of turns first.
+    pub fn shuffle_claims(&self) {
+        self.shuffle.store(1, Ordering::Relaxed);
     }
 
     pub fn backend(self: &Arc<Self>) -> Backend {
@@ -316,6 +328,13 @@ impl MemStore {
                 nap = nap.min(Duration::from_millis(due.saturating_sub(self.now()).max(1)));
             }
             let _ = tokio::time::timeout(nap, notified).await;
+            let turn = self.shuffle.load(Ordering::Relaxed);
+            if turn > 0 {
+                let n = self.shuffle.fetch_add(1, Ordering::Relaxed);
+                for _ in 0..n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 62 {
+                    tokio::task::yield_now().await;
+                }
+            }
         }
     }
 

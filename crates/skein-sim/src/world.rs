@@ -251,6 +251,8 @@ pub struct Run {
     pub unlisted: Vec<SessionId>,
     /// The shared limiter of a world with a declared quota.
     pub quota: Option<Arc<crate::quota::SimQuota>>,
+    /// The definition versions and the workers' differences, when the run has them.
+    pub mix: Option<Arc<crate::versions::Mix>>,
     pub _dir: tempfile::TempDir,
 }
 
@@ -333,9 +335,21 @@ pub async fn run(seed: u64, swarm: bool, disk: bool) -> Run {
 
 /// Runs a world to its end; an agent set the loader refuses is returned as its error.
 pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Result<Run, String> {
-    let agents = Arc::new(
-        AgentSet::load(&scenario.files(), &scenario.extra_tools).map_err(|e| e.to_string())?,
-    );
+    run_mixed(seed, setup, scenario, None).await
+}
+
+/// [`run_scenario`], with definition versions and workers that differ (`mix`) or without.
+pub async fn run_mixed(
+    seed: u64,
+    setup: Setup,
+    scenario: &Scenario,
+    mix: Option<Arc<crate::versions::Mix>>,
+) -> Result<Run, String> {
+    let files = mix
+        .as_ref()
+        .map_or_else(|| scenario.files(), |m| m.local_files.clone());
+    let agents =
+        Arc::new(AgentSet::load(&files, &scenario.extra_tools).map_err(|e| e.to_string())?);
     let mut rng = Rng::new(seed);
     let rates = if setup.calm {
         Rates::NONE
@@ -360,6 +374,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         Disk::start(rates, faults.clone(), rng)
     });
     let store = MemStore::on_disk(LEASE, faults.clone(), dir.path().join("ws"), disk);
+    if mix.is_some() {
+        store.shuffle_claims();
+    }
     let mut tools_cfg = ToolsConfig::default();
     tools_cfg.http.enabled = false;
     let writes = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
@@ -376,29 +393,23 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     };
     let start = |n: usize| -> (Arc<Runtime>, Worker) {
         let mut models = Registry::new();
-        models.insert(
-            "scripted",
+        let scripted = || {
             Arc::new(Flaky {
                 inner: ScriptedProvider::new(dir.path()).on_tokio_clock(),
                 faults: faults.clone(),
                 lease: LEASE,
-            }),
-        );
-        let mut backend = store.backend();
-        if let Some(q) = &quota {
-            let model = Arc::new(Flaky {
-                inner: ScriptedProvider::new(dir.path()).on_tokio_clock(),
-                faults: faults.clone(),
-                lease: LEASE,
-            });
-            models.insert(crate::quota::PROVIDER, q.provider(model));
+            })
+        };
+        models.insert("scripted", scripted());
+        let quota_model = quota.as_ref().map(|q| {
+            models.insert(crate::quota::PROVIDER, q.provider(scripted()));
             models.set_limits(
                 crate::quota::PROVIDER,
                 crate::quota::declared(&q.limits),
                 BTreeMap::new(),
             );
-            backend.quota = Some(q.clone());
-        }
+            q.clone()
+        });
         let mut cfg = RuntimeConfig {
             worker_id: format!("w{n}"),
             lease: LEASE,
@@ -410,10 +421,29 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         };
         // The person approves or denies writes; nothing else waits for approval.
         cfg.limits.approval_required = scenario.approval_required.clone();
-        let rt = Runtime::new(backend, agents.clone(), models, toolbox(), cfg);
+        let (agents, tools, mut backend) = match &mix {
+            Some(m) => m.worker(
+                &cfg.worker_id,
+                agents.clone(),
+                &mut models,
+                scripted(),
+                toolbox(),
+                &store,
+            ),
+            None => (agents.clone(), toolbox(), store.backend()),
+        };
+        if let Some(q) = quota_model {
+            backend.quota = Some(q);
+        }
+        let rt = Runtime::new(backend, agents, models, tools, cfg);
+        if let Some(m) = &mix {
+            m.started(&rt);
+        }
         let (stop, handles) = rt.spawn_workers(vec!["default".into()], 4);
         (rt.clone(), Worker { stop, handles })
     };
+    // The worker an operator's commands go through: one that reads every record.
+    let reader = |runtimes: &[Arc<Runtime>]| mix.as_ref().map_or(0, |m| m.reader(runtimes));
     let mut workers: Vec<Worker> = vec![];
     let mut runtimes = vec![];
     for n in 0..WORKERS {
@@ -436,6 +466,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
                 for w in workers.drain(..) {
                     w.kill();
                 }
+                if let Some(m) = &mix {
+                    runtimes.iter().for_each(|rt| m.gone(rt));
+                }
                 runtimes.clear();
                 restarts.push(t0.elapsed().as_millis() as u64);
                 tokio::time::sleep(Duration::from_millis(200 + faults.draw(1800))).await;
@@ -447,7 +480,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
                     workers.push(w);
                 }
                 for _ in 0..20 {
-                    match runtimes[0].sweep_open_trees().await {
+                    match runtimes[reader(&runtimes)].sweep_open_trees().await {
                         Err(e) if e.is_retryable() => {
                             tokio::time::sleep(Duration::from_millis(100)).await
                         }
@@ -491,7 +524,12 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
         restart_if_stopped!();
-        if roots_ended(&store, &roots)
+        if let Some(m) = &mix {
+            let t = t0.elapsed().as_millis() as u64;
+            m.tick(t, &runtimes, &store, &mut roots).await;
+        }
+        let pending = mix.as_ref().is_some_and(|m| m.pending());
+        if (roots_ended(&store, &roots) && !pending)
             || t0.elapsed() > crate::quota::extend(quota.as_deref(), setup.time_limit)
         {
             break;
@@ -522,6 +560,9 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
             if let Some(q) = &quota {
                 q.killing();
             }
+            if let Some(m) = &mix {
+                m.gone(&runtimes[k]);
+            }
             workers.remove(k).kill();
             runtimes.remove(k);
             crashes.push(t0.elapsed().as_millis() as u64);
@@ -537,9 +578,10 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     restart_if_stopped!();
     let mut unlisted = vec![];
     for root in roots.iter().filter(|r| !store.ended(r)) {
-        let items = skein_runtime::hitl::inbox(&runtimes[0], std::slice::from_ref(root))
-            .await
-            .unwrap_or_default();
+        let items =
+            skein_runtime::hitl::inbox(&runtimes[reader(&runtimes)], std::slice::from_ref(root))
+                .await
+                .unwrap_or_default();
         if items.is_empty() && !crate::quota::waits(quota.as_deref(), root).await {
             unlisted.push(root.clone());
         }
@@ -548,7 +590,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
     let drain_limit = crate::quota::drain_limit(quota.as_deref(), setup.drain_limit);
     while !roots_ended(&store, &roots) && drained.elapsed() < drain_limit {
         let open: Vec<SessionId> = roots.iter().filter(|r| !store.ended(r)).cloned().collect();
-        person.answer_all(&runtimes[0], &open).await;
+        person.answer_all(&runtimes[reader(&runtimes)], &open).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         restart_if_stopped!();
     }
@@ -582,6 +624,7 @@ pub async fn run_scenario(seed: u64, setup: Setup, scenario: &Scenario) -> Resul
         jobs_at_end,
         unlisted,
         quota,
+        mix,
         _dir: dir,
     })
 }

@@ -318,3 +318,17 @@ fn a_generated_set_is_the_same_every_time_and_loads_from_its_files() {
         assert!(dir.path().join("skein.toml").exists());
     }
 }
+
+/// Worlds of definition versions and workers that differ (`--versions`, swarm) whose seeds
+/// found bugs: a waiting parent dead-lettered after hand-backs counted as deliveries (17,
+/// 38, 74), and jobs handed back by a worker that lacked something, won back by it every
+/// time while the worker that had it waited (140, 933, 1011).
+const VERSIONS_REGRESSIONS: &[u64] = &[17, 38, 74, 140, 933, 1011];
+
+#[test]
+fn the_versions_seeds_that_found_bugs_keep_every_invariant() {
+    for seed in VERSIONS_REGRESSIONS {
+        let (_, v) = skein_sim::simulate_versions(*seed, true, true).expect("the world loads");
+        assert!(v.violations.is_empty(), "seed {seed}: {:?}", v.violations);
+    }
+}

@@ -235,7 +235,17 @@ fn read_version(app: &App, dir: Option<PathBuf>, scripts: Option<PathBuf>) -> Re
             (agents, scripts)
         }
     };
-    Ok(Definitions::new(agents, scripts))
+    let mut defs = Definitions::new(agents, scripts);
+    // What a tree's decisions depend on beyond its agents goes with them: `[limits]` and
+    // the provider of a bare model name. Provider settings and keys stay each worker's.
+    defs.limits = Some(app.cfg.limits.clone());
+    defs.default_provider = app
+        .cfg
+        .models
+        .get("default_provider")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
+    Ok(defs)
 }
 
 /// Every `NAME.yaml` of `dir`, by NAME (none when `dir` does not exist: a set of agents
@@ -313,6 +323,21 @@ async fn push(
         for p in &problems {
             crate::errln!("  {}", render::safe(p));
         }
+        return Ok(ExitCode::FAILURE);
+    }
+    // Keys stay in each worker's environment: a version holding one (a value this process
+    // knows as secret, or text shaped like a key) is refused, naming where it is.
+    let _ = app.models();
+    let mut secrets = crate::config::known_secrets();
+    secrets.extend(std::env::var("SKEIN_TOKEN_SECRET").ok());
+    let leaks = defs.secrets_in(&secrets);
+    if !leaks.is_empty() {
+        crate::errln!(
+            "definitions refused, nothing pushed: {} hold(s) what looks like a secret (an API \
+             key, a token); keys stay in each worker's environment (`api_key_env`), never in \
+             pushed definitions",
+            leaks.join(", ")
+        );
         return Ok(ExitCode::FAILURE);
     }
     let store = app.nats().await?;

@@ -120,16 +120,22 @@ impl Envelope {
 
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let env = Self::decode_any(bytes)?;
-        let reads = super::read_format();
-        if env.v > reads {
+        env.readable_by(super::read_format())?;
+        Ok(env)
+    }
+
+    /// Whether a reader of formats up to `reads` reads this record: an error naming the
+    /// record and its format when it is newer.
+    pub fn readable_by(&self, reads: u16) -> Result<()> {
+        if self.v > reads {
             return Err(Error::NewerFormat {
-                session: env.session.to_string(),
-                seq: env.seq,
-                found: env.v,
+                session: self.session.to_string(),
+                seq: self.seq,
+                found: self.v,
                 reads,
             });
         }
-        Ok(env)
+        Ok(())
     }
 
     fn decode_any(bytes: &[u8]) -> Result<Self> {

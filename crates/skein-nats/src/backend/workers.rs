@@ -1,6 +1,7 @@
 //! Live workers, as each advertises itself: KV `skein_workers`, one entry per worker,
 //! written again every few seconds and gone when it is not (the bucket's entries age out).
-//! What a worker has (its own agents, its model providers, its pools) lets one that lacks
+//! What a worker has (its own agents, its model providers, tools and MCP servers, its
+//! pools) lets one that lacks
 //! something leave the work for one that has it; the record formats it reads let every
 //! worker write only what all of them read.
 
@@ -27,6 +28,12 @@ pub struct WorkerInfo {
     /// Its model providers.
     #[serde(default)]
     pub providers: Vec<String>,
+    /// Its tools (none: not said, by an earlier release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// The MCP servers whose tools it has (none: not said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<Vec<String>>,
     #[serde(default)]
     pub pools: Vec<String>,
     /// The definitions version it holds current, if a pushed one.

@@ -279,7 +279,7 @@ impl Runtime {
         request: Option<&str>,
     ) -> RunShape {
         let mut tools = def.allowed_tools();
-        tools.retain(|t| self.cfg.limits.sub_agent_may_use(depth, t));
+        tools.retain(|t| version.limits.sub_agent_may_use(depth, t));
         if let Some(only) = narrowed {
             tools.retain(|t| only.contains(t));
         }
@@ -301,13 +301,9 @@ impl Runtime {
             .collect();
         RunShape {
             tools: tools.into_iter().collect(),
-            depth_left: self.cfg.limits.max_depth.saturating_sub(depth),
+            depth_left: version.limits.max_depth.saturating_sub(depth),
             budget,
-            limits: self
-                .shape_memo
-                .limits
-                .get_or_init(|| RunShape::limits_digest(&self.cfg.limits))
-                .clone(),
+            limits: version.limits_digest.clone(),
             on_path: on_path.into_iter().collect(),
             request: request.map(RunShape::request_digest),
         }

@@ -152,12 +152,26 @@ impl Runtime {
         let left = at.saturating_sub(self.cfg.clock.now_ms()) + 5;
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(left)).await;
-            if let Err(e) = jobs.push(&pool, &id).await {
-                tracing::warn!(session = %id, error = %e.report(), "timeout wake-up failed");
+            // A backend that cannot be reached now may be soon: the wake-up is all that
+            // moves a session waiting on its deadline, so it is tried again for a while.
+            for tries in 1..=WAKE_TRIES {
+                match jobs.push(&pool, &id).await {
+                    Ok(()) => return,
+                    Err(e) if e.is_retryable() && tries < WAKE_TRIES => {
+                        tokio::time::sleep(Duration::from_millis(250 * u64::from(tries))).await
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %id, error = %e.report(), "timeout wake-up failed");
+                        return;
+                    }
+                }
             }
         });
     }
 }
+
+/// Tries of a deadline's wake-up while the backend cannot be reached (some 30 s in all).
+const WAKE_TRIES: u32 = 15;
 
 /// A session's deadline (ms since the epoch) and the reason it ends with then.
 struct Deadline {
@@ -215,37 +229,54 @@ impl Runtime {
         {
             // What the deliveries kept failing at, from the log: the step due next, and the
             // last model error when model calls failed.
-            let due = match (self.def_for(&f.state).await, self.agents_of(&f.state).await) {
-                (Ok(def), Ok(agents)) => f.state.next(&def, &self.cfg.limits, &*agents).describe(),
-                (_, Err(e)) => format!("none: its definitions version cannot be read ({e})"),
-                (Err(e), _) => format!("none: its definition cannot be read ({e})"),
+            let next = match (
+                self.def_for(&f.state).await,
+                self.version_of(&f.state).await,
+            ) {
+                (Ok(def), Ok(v)) => Ok(f.state.next(&def, &v.limits, &*v.agents)),
+                (_, Err(e)) => Err(format!(
+                    "none: its definitions version cannot be read ({e})"
+                )),
+                (Err(e), _) => Err(format!("none: its definition cannot be read ({e})")),
             };
-            let mut error = format!(
-                "the job of this session was delivered {} times without \
+            // A session that waits (on its children, a person, a deadline) has no step to
+            // get past: its deliveries were handed back by workers that lacked something
+            // or drained, and its log stands still because it waits. This drive acks it.
+            if matches!(next, Ok(Step::Wait)) {
+                tracing::debug!(session = %f.id, attempt = job.attempt,
+                    "a waiting session delivered often: not dead-lettered");
+            } else {
+                let due = match &next {
+                    Ok(step) => step.describe(),
+                    Err(why) => why.clone(),
+                };
+                let mut error = format!(
+                    "the job of this session was delivered {} times without \
                  finishing (max_deliver {}); the step it could not get past: {due}",
-                job.attempt - 1,
-                self.cfg.max_deliver
-            );
-            if let Some(m) = &f.state.failures.last_model_error {
-                error.push_str(&format!("; the last model error: {m}"));
-            }
-            // The step it could not get past may have created children (their logs are
-            // written ahead of the parent's record of them) and never recorded them: no
-            // one would settle, count or cancel those. They end here, and what they spent
-            // counts in this session's total.
-            let mut usage_total = f.state.usage_total();
-            for orphan in self.unrecorded_children(f).await? {
-                let reason = format!(
-                    "its parent {} was dead-lettered before it recorded this child",
-                    f.id.display()
+                    job.attempt - 1,
+                    self.cfg.max_deliver
                 );
-                crate::control::cancel(self, &orphan, &reason).await?;
-                let (spent, _) = self.spent_under(&orphan).await?;
-                usage_total.add(&spent);
+                if let Some(m) = &f.state.failures.last_model_error {
+                    error.push_str(&format!("; the last model error: {m}"));
+                }
+                // The step it could not get past may have created children (their logs are
+                // written ahead of the parent's record of them) and never recorded them: no
+                // one would settle, count or cancel those. They end here, and what they spent
+                // counts in this session's total.
+                let mut usage_total = f.state.usage_total();
+                for orphan in self.unrecorded_children(f).await? {
+                    let reason = format!(
+                        "its parent {} was dead-lettered before it recorded this child",
+                        f.id.display()
+                    );
+                    crate::control::cancel(self, &orphan, &reason).await?;
+                    let (spent, _) = self.spent_under(&orphan).await?;
+                    usage_total.add(&spent);
+                }
+                let body = Event::dead_lettered(&error, usage_total, f.state.steps);
+                self.append(f, body).await?;
+                crate::metrics::job_dead_lettered(&job.pool);
             }
-            let body = Event::dead_lettered(&error, usage_total, f.state.steps);
-            self.append(f, body).await?;
-            crate::metrics::job_dead_lettered(&job.pool);
         }
         // Children whose jobs this drive published itself.
         let mut pushed = BTreeSet::new();
@@ -256,8 +287,8 @@ impl Runtime {
                 return self.on_terminal(f).await;
             }
             let def = self.def_for(&f.state).await?;
-            let agents = self.agents_of(&f.state).await?;
-            let step = f.state.next(&def, &self.cfg.limits, &*agents);
+            let version = self.version_of(&f.state).await?;
+            let step = f.state.next(&def, &version.limits, &*version.agents);
             tracing::debug!(session = %f.id, step = step.name(), "step");
             let _timer = crate::metrics::StepTimer::start(step.name());
             match step {

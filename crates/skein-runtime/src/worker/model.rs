@@ -338,7 +338,8 @@ impl Runtime {
     fn after_turn(&self, f: &Folded, def: &AgentDef, answers: bool) -> Option<Then> {
         let st = &f.state;
         let reads = |r: &ToolRun| !r.resumed && self.is_read(def, &r.tool);
-        match st.next(def, &self.cfg.limits, &*self.version_known(st).agents) {
+        let version = self.version_known(st);
+        match st.next(def, &version.limits, &*version.agents) {
             Step::Complete { answer } if answers => Some(Then::End(Box::new(Event::completed(
                 answer,
                 st.usage_total(),

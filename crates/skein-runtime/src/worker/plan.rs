@@ -68,7 +68,11 @@ impl Runtime {
                 .state
                 .planning
                 .plan
-                .merge(author, patch, self.cfg.limits.plan_unlink)
+                .merge(
+                    author,
+                    patch,
+                    self.version_known(&pf.state).limits.plan_unlink,
+                )
                 .map(|p| p.version);
             let body =
                 Event::patch_verdict(from, agent, Some(call.to_string()), patch.clone(), &verdict);
@@ -126,7 +130,7 @@ impl Runtime {
                     session: &from,
                     agent: &agent,
                 };
-                let v = plan.merge(author, &p, self.cfg.limits.plan_unlink);
+                let v = plan.merge(author, &p, self.version_known(&f.state).limits.plan_unlink);
                 let verdict = v.as_ref().map(|n| n.version).map_err(Clone::clone);
                 events.push(Event::patch_verdict(from.clone(), agent, None, p, &verdict));
                 if let Ok(next) = v {

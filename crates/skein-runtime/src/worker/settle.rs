@@ -383,8 +383,11 @@ impl Runtime {
                 .iter()
                 .any(|slot| matches!(slot.state, SlotState::Delegated { .. }))
             && matches!(
-                f.state
-                    .next(def, &self.cfg.limits, &*self.version_known(&f.state).agents),
+                f.state.next(
+                    def,
+                    &self.version_known(&f.state).limits,
+                    &*self.version_known(&f.state).agents
+                ),
                 Step::CallModel { .. }
             );
         let how = if pipelined {

@@ -105,7 +105,7 @@ impl Runtime {
                 .budget
                 .and_then(|b| b.tokens)
                 .or(def.front.limits.max_tokens)
-                .or(self.cfg.limits.max_tokens),
+                .or(version.limits.max_tokens),
             max_steps: sub.budget.and_then(|b| b.max_steps),
         };
         let shape = self.shape_of(&version, def, def.name(), None, &[], &[], 0, budget, None);

@@ -162,8 +162,11 @@ impl Runtime {
         let how = if !write_ahead
             && !refused
             && matches!(
-                f.state
-                    .next(def, &self.cfg.limits, &*self.version_known(&f.state).agents),
+                f.state.next(
+                    def,
+                    &self.version_known(&f.state).limits,
+                    &*self.version_known(&f.state).agents
+                ),
                 Step::CallModel { .. }
             ) {
             Written::Pipelined
