@@ -290,10 +290,15 @@ pub fn drain_limit(q: Option<&SimQuota>, drain: Duration) -> Duration {
 pub fn check(q: &SimQuota, v: &mut Verdict) {
     let grants = q.grants();
     let mut by_key: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for g in &grants {
+    // Only the limited provider's models have declared limits; a world may run agents
+    // on other providers too (the definition versions' `alt`), whose grants the limiter
+    // also records.
+    let limited = format!("{PROVIDER}:");
+    for g in grants.iter().filter(|g| g.key.starts_with(&limited)) {
         by_key.entry(g.key.as_str()).or_default().push(g.at_ms);
     }
-    for (key, mut times) in by_key {
+    for (key, times) in &by_key {
+        let mut times = times.clone();
         let Some(rpm) = q.limits.requests_per_minute else {
             break;
         };
@@ -325,10 +330,10 @@ pub fn check(q: &SimQuota, v: &mut Verdict) {
     // Every call the model received was granted: a call without leave would escape the
     // limit (a retry under an old permit is not one, the permit is asked for each call).
     let calls = q.calls.load(Ordering::Relaxed);
-    if calls > grants.len() as u64 {
+    let granted = by_key.values().map(Vec::len).sum::<usize>() as u64;
+    if calls > granted {
         v.violations.push(format!(
-            "quota: the model received {calls} calls, {} were granted",
-            grants.len()
+            "quota: the model received {calls} calls, {granted} were granted"
         ));
     }
 }
