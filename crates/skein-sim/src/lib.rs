@@ -28,11 +28,7 @@ pub fn simulate(seed: u64, swarm: bool) -> (world::Run, Verdict) {
 
 /// [`simulate`], with the disk's faults (`disk`) or without.
 pub fn simulate_on(seed: u64, swarm: bool, disk: bool) -> (world::Run, Verdict) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
+    let rt = paused_runtime();
     rt.block_on(async {
         let run = world::run(seed, swarm, disk).await;
         let verdict = invariants::check(&run).await;
@@ -65,20 +61,9 @@ pub fn simulate_generated(seed: u64, swarm: bool, opts: gen::Options) -> Generat
 /// [`simulate_generated`], with the disk's faults (`disk`) or without.
 pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: bool) -> Generated {
     let scenario = gen::generate(seed, opts);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
+    let rt = paused_runtime();
     rt.block_on(async {
-        let setup = world::Setup {
-            swarm,
-            calm: false,
-            no_cache: false,
-            time_limit: world::GENERATED_TIME_LIMIT,
-            drain_limit: world::GENERATED_DRAIN_LIMIT,
-            disk,
-        };
+        let setup = world::Setup::generated(swarm, disk);
         let run = match world::run_scenario(seed, setup, &scenario).await {
             Ok(run) => run,
             Err(e) => {
@@ -135,20 +120,9 @@ pub fn simulate_versions(seed: u64, swarm: bool, disk: bool) -> Option<(world::R
     let generated = gen::generate(seed, gen::Options::default());
     skein_core::AgentSet::load(&generated.files(), &generated.extra_tools).ok()?;
     let (scenario, mix) = versions::Mix::draw(seed, &generated);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
+    let rt = paused_runtime();
     rt.block_on(async {
-        let setup = world::Setup {
-            swarm,
-            calm: false,
-            no_cache: false,
-            time_limit: world::GENERATED_TIME_LIMIT,
-            drain_limit: world::GENERATED_DRAIN_LIMIT,
-            disk,
-        };
+        let setup = world::Setup::generated(swarm, disk);
         let run = world::run_mixed(seed, setup, &scenario, Some(std::sync::Arc::new(mix)))
             .await
             .expect("a generated world loads");
@@ -156,4 +130,14 @@ pub fn simulate_versions(seed: u64, swarm: bool, disk: bool) -> Option<(world::R
         tokio::time::sleep(Duration::from_millis(1)).await;
         Some((run, verdict))
     })
+}
+
+/// The simulation's runtime: one thread, its clock paused (time moves only when every task
+/// waits, straight to the next timer).
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
 }

@@ -302,6 +302,21 @@ pub struct Setup {
     pub disk: bool,
 }
 
+impl Setup {
+    /// A generated world's run under the seed's faults (`swarm`: rates drawn per seed),
+    /// with the disk's faults or without.
+    pub fn generated(swarm: bool, disk: bool) -> Self {
+        Self {
+            swarm,
+            calm: false,
+            no_cache: false,
+            time_limit: GENERATED_TIME_LIMIT,
+            drain_limit: GENERATED_DRAIN_LIMIT,
+            disk,
+        }
+    }
+}
+
 struct Worker {
     stop: tokio::sync::watch::Sender<bool>,
     handles: Vec<JoinHandle<()>>,

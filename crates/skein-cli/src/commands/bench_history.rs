@@ -318,11 +318,19 @@ pub(crate) async fn print(sizes: &[usize], as_json: bool) -> Result<()> {
         }
         all.push(v);
     }
+    report(&all, "history", &FIGURES, as_json)
+}
+
+/// Prints the figures of every size taken, as JSON under `key`, or (the sizes were printed
+/// as they were taken) each of `figures`' growth from the first size to the last.
+pub(crate) fn report(
+    all: &[serde_json::Value],
+    key: &str,
+    figures: &[(&str, &str)],
+    as_json: bool,
+) -> Result<()> {
     if as_json {
-        crate::outln!(
-            "{}",
-            serde_json::to_string_pretty(&json!({ "history": all }))?
-        )?;
+        crate::outln!("{}", serde_json::to_string_pretty(&json!({ key: all }))?)?;
         return Ok(());
     }
     if let (Some(first), Some(last)) = (all.first(), all.last()) {
@@ -332,7 +340,7 @@ pub(crate) async fn print(sizes: &[usize], as_json: bool) -> Result<()> {
                 first["trees"],
                 last["trees"]
             )?;
-            for k in FIGURES {
+            for k in figures {
                 if let (Some(a), Some(b)) = (first[k.0].as_f64(), last[k.0].as_f64()) {
                     if a > 0.0 {
                         crate::outln!("  {:<28} {:.2}×", k.1, b / a)?;

@@ -254,30 +254,7 @@ pub(crate) async fn print(
         }
         all.push(v);
     }
-    if as_json {
-        crate::outln!(
-            "{}",
-            serde_json::to_string_pretty(&json!({ "history_nats": all }))?
-        )?;
-        return Ok(());
-    }
-    if let (Some(first), Some(last)) = (all.first(), all.last()) {
-        if all.len() > 1 {
-            crate::outln!(
-                "growth from {} to {} trees (last ÷ first):",
-                first["trees"],
-                last["trees"]
-            )?;
-            for k in FIGURES {
-                if let (Some(a), Some(b)) = (first[k.0].as_f64(), last[k.0].as_f64()) {
-                    if a > 0.0 {
-                        crate::outln!("  {:<28} {:.2}×", k.1, b / a)?;
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
+    super::bench_history::report(&all, "history_nats", &FIGURES, as_json)
 }
 
 fn print_one(v: &serde_json::Value) -> Result<()> {
