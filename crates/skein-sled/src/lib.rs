@@ -673,7 +673,15 @@ impl Workspaces for SledStore {
     }
 }
 
+/// How long [`lock_dir`] waits for a lock it finds taken.
+const DIR_LOCK_WAIT: Duration = Duration::from_millis(500);
+
 /// Takes the data directory's lock file, or says which directory another process holds.
+///
+/// A lock found taken is tried again for up to [`DIR_LOCK_WAIT`] before that is said: a
+/// store this process has just dropped can still hold it for a moment, when another
+/// thread forked a child in between (the child's copy of the descriptor keeps the lock
+/// until its exec closes it). A process that holds the directory holds it far longer.
 pub(crate) fn lock_dir(dir: &Path) -> Result<std::fs::File> {
     let path = dir.join("lock");
     let file = std::fs::OpenOptions::new()
@@ -685,7 +693,13 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<std::fs::File> {
     #[cfg(unix)]
     {
         use rustix::fs::{flock, FlockOperation};
-        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        let started = std::time::Instant::now();
+        let mut taken = flock(&file, FlockOperation::NonBlockingLockExclusive);
+        while taken == Err(rustix::io::Errno::WOULDBLOCK) && started.elapsed() < DIR_LOCK_WAIT {
+            std::thread::sleep(Duration::from_millis(5));
+            taken = flock(&file, FlockOperation::NonBlockingLockExclusive);
+        }
+        match taken {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
                 return Err(Error::unavailable_because(format!(
