@@ -23,8 +23,9 @@ use skein_core::{Envelope, Event, Record, SessionId};
 use skein_runtime::ports::Durability;
 use skein_sled::SledStore;
 
-/// The one-turn agent the trees are runs of.
-fn write_agent(dir: &Path) -> Result<PathBuf> {
+/// Writes `one`, the one-turn agent (and its script) the trees are runs of, into `dir`'s
+/// `agents/` and `scripts/`.
+pub(crate) fn write_one(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir.join("agents"))?;
     std::fs::create_dir_all(dir.join("scripts"))?;
     std::fs::write(
@@ -35,6 +36,12 @@ fn write_agent(dir: &Path) -> Result<PathBuf> {
         dir.join("scripts/one.yaml"),
         "latency_ms: 0\nturns:\n  - answer: \"done: {{ mission }}\"\n",
     )?;
+    Ok(())
+}
+
+/// The one-turn agent the trees are runs of, and a config naming it.
+fn write_agent(dir: &Path) -> Result<PathBuf> {
+    write_one(dir)?;
     let config = dir.join("skein.toml");
     std::fs::write(
         &config,

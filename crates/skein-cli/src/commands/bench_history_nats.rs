@@ -28,16 +28,7 @@ const SECRET: &str = "bench-history-secret";
 
 /// The agents: `one` answers at once; `two` hands one part to `one`, then answers.
 fn write_agents(dir: &Path) -> Result<std::path::PathBuf> {
-    std::fs::create_dir_all(dir.join("agents"))?;
-    std::fs::create_dir_all(dir.join("scripts"))?;
-    std::fs::write(
-        dir.join("agents/one.md"),
-        "---\nname: one\nmodel: scripted:one\ncache: false\n---\nAnswer at once.\n",
-    )?;
-    std::fs::write(
-        dir.join("scripts/one.yaml"),
-        "latency_ms: 0\nturns:\n  - answer: \"done: {{ mission }}\"\n",
-    )?;
+    super::bench_history::write_one(dir)?;
     std::fs::write(
         dir.join("agents/two.md"),
         "---\nname: two\nmodel: scripted:two\nagents: [one]\ncache: false\n---\nHand one part on.\n",
