@@ -2,8 +2,9 @@
 //! handoff's target, a route's destination or a team's member reaches the inbox and its
 //! answer runs the tree on; two recursive agents delegating one mission to each other end;
 //! a child run under narrowed tools never answers a call with its full tools from the
-//! cache; a handoff chain longer than the depth limit runs; and a cancelled session's
-//! tokens no longer answer. Every tree is checked with `replay --tree --verify`.
+//! cache; a handoff chain longer than the depth limit runs; a cancelled session's
+//! tokens no longer answer; and an approval asked by a child two trees share (single-flight)
+//! is in both trees' inboxes. Every tree is checked with `replay --tree --verify`.
 
 mod common;
 
@@ -247,4 +248,59 @@ fn a_cancelled_sessions_tokens_no_longer_answer_from_any_entry_point() {
         assert!(w.inbox("cancelled").is_empty());
         w.verify("cancelled");
     });
+}
+
+#[test]
+fn an_approval_asked_by_a_child_two_trees_share_is_in_both_inboxes() {
+    let sandbox = || {
+        let sb = Sandbox::new();
+        sb.agent(
+            "boss",
+            "agents: [looker]\n",
+            "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: looker, mission: \"look around\"}\n  - answer: \"boss: {{ results[0].result or results[0] }}\"\n",
+        )
+        .agent(
+            "looker",
+            "tools: [list_dir]\n",
+            "turns:\n  - tool_calls:\n      - tool: list_dir\n        args: {path: \".\"}\n  - answer: looked\n",
+        );
+        configure(&sb, "[limits]\napproval_required = [\"list_dir\"]\n");
+        sb
+    };
+    // Single-flight across trees is the cluster's (the embedded store's claims of runs in
+    // flight live in its one process, and each `skein run` is one).
+    {
+        let w = &World::nats(sandbox());
+        assert_eq!(w.start("boss", "first", "go"), "waiting");
+        let first = w.inbox("first");
+        assert_eq!(first.len(), 1, "{}: {first:?}", w.name());
+        // The second tree joins the first one's child, which waits for the approval: the
+        // second tree waits on it too, and its inbox says so.
+        assert_eq!(w.start("boss", "second", "go"), "waiting");
+        let tree = w.tree("second");
+        let sessions = tree["sessions"].as_array().unwrap();
+        assert_eq!(
+            sessions.len(),
+            1,
+            "{}: the child is shared: {tree}",
+            w.name()
+        );
+        let second = w.inbox("second");
+        assert_eq!(second, first, "{}", w.name());
+        assert_eq!(second[0]["session"], "first/looker-1");
+        let token = second[0]["token"].as_str().unwrap().to_string();
+        let (out, status) = w.act("first", &["approve", &token]);
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            w.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(status, "completed", "{}: {}", w.name(), w.tree("first"));
+        assert_eq!(w.settle("second"), "completed", "{}", w.name());
+        assert_eq!(w.answer_of("second"), "boss: looked", "{}", w.name());
+        assert!(w.inbox("second").is_empty());
+        w.verify("first");
+        w.verify("second");
+    }
 }

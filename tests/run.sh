@@ -264,7 +264,12 @@ stage "real model" bash tests/real_model/run.sh
 #  - 10,000 generated worlds: an agent set, its scripts and trees drawn from each seed
 #    (patterns, questions and approvals at any depth, caching on and off, shared
 #    missions), under the plain faults; liveness through the inbox, and every cache hit
-#    compared with a fresh run.
+#    compared with a fresh run;
+#  - 2,000 worlds of definition versions and workers that differ (1,000 plain, 1,000 swarm):
+#    versions pushed and rolled back while trees run, workers that lack an agent, a
+#    provider, a tool or the newer record format; each session on its tree's pinned
+#    version, nothing failed for what one worker lacked, every tree ends. They run after
+#    the fuzzer, in its lane.
 # Each simulation process runs its seeds on one thread, and so does the fuzzer: the seeds
 # run in two lanes, one per core, beside the fuzzer (below), and each lane's output is
 # shown whole when it ends.
@@ -314,8 +319,8 @@ simulate_and_fuzz() {
     bash -c "'$sim' --seeds 10000 && '$sim' --generated --seeds 3000"
   lane "simulation: 5,000 swarm seeds, generated worlds 3,001-10,000" \
     bash -c "'$sim' --seeds 5000 --from 10001 --swarm && '$sim' --generated --seeds 7000 --from 3001"
-  lane "fuzzing: 12 targets x 12 s, guided by coverage" \
-    bash tests/fuzz_coverage.sh --coverage --seconds 12
+  lane "fuzzing: 12 targets x 12 s, guided by coverage; then 2,000 versions worlds" \
+    bash -c "bash tests/fuzz_coverage.sh --coverage --seconds 12 && '$sim' --versions --seeds 1000 && '$sim' --versions --seeds 1000 --from 1001 --swarm"
   lanes_wait
 }
 stage "simulation and fuzzing, side by side" simulate_and_fuzz

@@ -51,7 +51,7 @@ pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize>
         };
         let pool = f.state.pool();
         rt.keep_state(f);
-        rt.backend.jobs.push(&pool, &s).await?;
+        crate::worker::wake(&*rt.backend.jobs, &pool, &s).await?;
         n += 1;
     }
     Ok(n)

@@ -127,7 +127,7 @@ pub async fn check_token(rt: &Runtime, token: &str, kind: TokenKind) -> Result<(
             // wake the session now (if that fails too, the caller is told so, and tries
             // again), and still refuse the token.
             let pool = f.state.pool();
-            if let Err(e) = rt.backend.jobs.push(&pool, &claims.session).await {
+            if let Err(e) = crate::worker::wake(&*rt.backend.jobs, &pool, &claims.session).await {
                 rt.keep_state(f);
                 return Err(e);
             }
@@ -331,17 +331,36 @@ pub struct InboxItem {
 }
 
 /// Every question for a person (see [`SessionState::asks_a_person`]) and every approval
-/// in the trees of `roots`.
+/// in the trees of `roots`, and in the runs of other trees they wait on: a child shared
+/// by single-flight lives in the tree that started it, and a person asked there holds up
+/// every tree that joined it. Each item is listed once.
 ///
 /// [`SessionState::asks_a_person`]: skein_core::state::SessionState::asks_a_person
 pub async fn inbox(rt: &Runtime, roots: &[SessionId]) -> Result<Vec<InboxItem>> {
     let mut out = vec![];
+    let mut seen = std::collections::HashSet::new();
     for root in roots {
-        for id in rt.backend.log.tree(root).await? {
+        let mut todo = rt.backend.log.tree(root).await?;
+        while let Some(id) = todo.pop() {
+            if !seen.insert(id.clone()) {
+                continue;
+            }
             let records = rt.backend.log.read(&id, 1).await?;
             let mut f = Folded::new(id.clone());
             f.absorb(&records)?;
             out.extend(waiting_in(&rt.cfg.token_secret, &f));
+            if f.state.status.is_terminal() {
+                continue;
+            }
+            for c in f.state.children.values() {
+                if c.outcome.is_none() && !id.root_id().contains(&c.child) {
+                    match rt.backend.subtree(&c.child).await {
+                        Ok(ids) => todo.extend(ids),
+                        Err(crate::Error::NotFound(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
         }
     }
     Ok(out)
@@ -420,6 +439,6 @@ async fn record_and_wake(
     };
     let pool = f.state.pool();
     rt.keep_state(f);
-    rt.backend.jobs.push(&pool, session).await?;
+    crate::worker::wake(&*rt.backend.jobs, &pool, session).await?;
     Ok(session.clone())
 }

@@ -284,6 +284,6 @@ pub async fn fork(
     let mut f = Folded::new(id.clone());
     rt.append_all(&mut f, bodies).await?;
     let pool = sub.pool();
-    b.jobs.push(&pool, &id).await?;
+    crate::worker::wake(&*b.jobs, &pool, &id).await?;
     Ok(id)
 }

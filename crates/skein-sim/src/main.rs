@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: skein-sim [--generated [--known-shapes-only] | --versions] (--seeds N [--from S] | --seed S [--dump DIR]) [--swarm] [--no-disk-faults]"
+        "usage: skein-sim [--generated [--known-shapes-only] | --versions] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
     );
     ExitCode::from(2)
 }
@@ -23,9 +23,14 @@ fn main() -> ExitCode {
         args.get(i + 1)?.parse().ok()
     };
     if args.iter().any(|a| a == "--versions") {
+        let trace = args
+            .iter()
+            .position(|a| a == "--trace")
+            .and_then(|i| args.get(i + 1))
+            .cloned();
         return match (value("--seed"), value("--seeds")) {
-            (Some(seed), _) => versions_many(seed, 1, swarm, disk, true),
-            (None, Some(n)) => versions_many(value("--from").unwrap_or(1), n, swarm, disk, false),
+            (Some(seed), _) => versions_many(seed, 1, swarm, disk, Some(trace)),
+            (None, Some(n)) => versions_many(value("--from").unwrap_or(1), n, swarm, disk, None),
             _ => usage(),
         };
     }
@@ -498,7 +503,15 @@ fn print_records(run: &skein_sim::world::Run) {
 }
 
 /// Generated worlds with definition versions and workers that differ (`--versions`).
-fn versions_many(from: u64, n: u64, swarm: bool, disk: bool, show: bool) -> ExitCode {
+/// `show`: print each session and what the run saw (one seed), with every record of the
+/// sessions under the traced one (virtual ms since the start, kind, body).
+fn versions_many(
+    from: u64,
+    n: u64,
+    swarm: bool,
+    disk: bool,
+    show: Option<Option<String>>,
+) -> ExitCode {
     let started = Instant::now();
     let (mut bad, mut refused, mut trees, mut newer_refused, mut newer_written) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -528,7 +541,7 @@ fn versions_many(from: u64, n: u64, swarm: bool, disk: bool, show: bool) -> Exit
             let k = k.split('(').next().unwrap_or_default().to_string();
             *lacks.entry(k).or_default() += 1;
         }
-        if show {
+        if let Some(trace) = &show {
             for (id, recs) in &run.logs {
                 if let Some(skein_core::Event::Submitted(s)) = recs.first().map(|r| &r.env.body) {
                     println!(
@@ -539,6 +552,24 @@ fn versions_many(from: u64, n: u64, swarm: bool, disk: bool, show: bool) -> Exit
                     );
                     if let Some(skein_core::Event::Failed(f)) = recs.last().map(|r| &r.env.body) {
                         println!("  failed: {}", f.error);
+                    }
+                }
+            }
+            if let Some(traced) = trace
+                .as_deref()
+                .and_then(|t| skein_core::SessionId::parse(t).ok())
+            {
+                for (id, recs) in run.logs.iter().filter(|(id, _)| traced.contains(id)) {
+                    for r in recs {
+                        let body = format!("{:?}", r.env.body);
+                        println!(
+                            "  {id} #{} +{} ms {}",
+                            r.env.seq,
+                            r.env
+                                .at
+                                .saturating_sub(skein_sim::faults::SimClock::EPOCH_MS),
+                            body.chars().take(300).collect::<String>()
+                        );
                     }
                 }
             }

@@ -152,6 +152,10 @@ pub const WORKERS: usize = 2;
 pub const LEASE: Duration = Duration::from_secs(5);
 /// Virtual time a run may take before a tree that has not ended is a violation.
 pub const TIME_LIMIT: Duration = Duration::from_secs(30 * 60);
+/// Virtual time after it, with no fault and nobody at the inbox, for a tree between two
+/// steps to end or come to rest waiting on a person (a lease, a retry's wait, a sweep
+/// after trouble).
+pub const SETTLE: Duration = Duration::from_secs(30);
 /// Virtual time after it, with no fault and every item of the inbox answered, for the
 /// trees still open to end.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(10 * 60);
@@ -591,16 +595,29 @@ pub async fn run_mixed(
     // the person answers and approves everything, with no fault, until every tree ends.
     faults.stop();
     restart_if_stopped!();
-    let mut unlisted = vec![];
-    for root in roots.iter().filter(|r| !store.ended(r)) {
-        let items =
-            skein_runtime::hitl::inbox(&runtimes[reader(&runtimes)], std::slice::from_ref(root))
-                .await
-                .unwrap_or_default();
-        if items.is_empty() && !crate::quota::waits(quota.as_deref(), root).await {
-            unlisted.push(root.clone());
+    // A tree may be between two steps when the faults stop (a person answered it just
+    // before): it has a little while, with nobody at the inbox, to end or come to rest
+    // waiting on a person. One that does neither is stuck.
+    let settling = tokio::time::Instant::now();
+    let unlisted = loop {
+        let mut unlisted = vec![];
+        for root in roots.iter().filter(|r| !store.ended(r)) {
+            let items = skein_runtime::hitl::inbox(
+                &runtimes[reader(&runtimes)],
+                std::slice::from_ref(root),
+            )
+            .await
+            .unwrap_or_default();
+            if items.is_empty() && !crate::quota::waits(quota.as_deref(), root).await {
+                unlisted.push(root.clone());
+            }
         }
-    }
+        if unlisted.is_empty() || settling.elapsed() >= SETTLE {
+            break unlisted;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        restart_if_stopped!();
+    };
     let drained = tokio::time::Instant::now();
     let drain_limit = crate::quota::drain_limit(quota.as_deref(), setup.drain_limit);
     while !roots_ended(&store, &roots) && drained.elapsed() < drain_limit {

@@ -247,15 +247,20 @@ async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Re
     let read = tree_folds(&rt.backend, &root.id).await?;
     let rows = rows_of(&read);
     let summary = summarize(&rows);
-    let waiting = || -> Vec<InboxItem> {
-        read.iter()
-            .flat_map(|(_, f)| waiting_in(&rt.cfg.token_secret, f))
-            .collect()
-    };
     let st = &root.state;
+    let mut items: Vec<InboxItem> = read
+        .iter()
+        .flat_map(|(_, f)| waiting_in(&rt.cfg.token_secret, f))
+        .collect();
+    if items.is_empty() && !st.status.is_terminal() {
+        // It may wait on a child it shares with another tree (single-flight), and that
+        // child on a person.
+        items = skein_runtime::hitl::inbox(rt, std::slice::from_ref(&root.id)).await?;
+    }
+    let waiting = || items.clone();
     // A tree that is neither ended nor waiting for a person, once nothing is left to run,
     // can never move on: a fault of skein's, reported as such rather than as a pause.
-    let stalled = !st.status.is_terminal() && waiting().is_empty();
+    let stalled = !st.status.is_terminal() && items.is_empty();
     if json {
         let inbox = waiting();
         let mut v = serde_json::json!({

@@ -152,25 +152,36 @@ impl Runtime {
         let left = at.saturating_sub(self.cfg.clock.now_ms()) + 5;
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(left)).await;
-            // A backend that cannot be reached now may be soon: the wake-up is all that
-            // moves a session waiting on its deadline, so it is tried again for a while.
-            for tries in 1..=WAKE_TRIES {
-                match jobs.push(&pool, &id).await {
-                    Ok(()) => return,
-                    Err(e) if e.is_retryable() && tries < WAKE_TRIES => {
-                        tokio::time::sleep(Duration::from_millis(250 * u64::from(tries))).await
-                    }
-                    Err(e) => {
-                        tracing::warn!(session = %id, error = %e.report(), "timeout wake-up failed");
-                        return;
-                    }
-                }
+            if let Err(e) = wake(&*jobs, &pool, &id).await {
+                tracing::warn!(session = %id, error = %e.report(), "timeout wake-up failed");
             }
         });
     }
 }
 
-/// Tries of a deadline's wake-up while the backend cannot be reached (some 30 s in all).
+/// Pushes the job that wakes `session`, trying again while the backend cannot be reached
+/// (some 30 s in all). A wake-up after a record written from outside (an answer, an
+/// approval, a cancel, a deadline) is all that moves a waiting session: the record is
+/// already written, so a wake-up lost to a passing outage would leave the session
+/// waiting on nothing until a sweep.
+pub(crate) async fn wake(
+    jobs: &dyn crate::ports::JobQueue,
+    pool: &str,
+    session: &skein_core::SessionId,
+) -> Result<()> {
+    let mut tries = 1;
+    loop {
+        match jobs.push(pool, session).await {
+            Err(e) if e.is_retryable() && tries < WAKE_TRIES => {
+                tokio::time::sleep(Duration::from_millis(250 * u64::from(tries))).await;
+                tries += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Tries of a wake-up while the backend cannot be reached (some 30 s in all).
 const WAKE_TRIES: u32 = 15;
 
 /// A session's deadline (ms since the epoch) and the reason it ends with then.

@@ -167,7 +167,7 @@ impl Runtime {
                     differs,
                 });
             }
-            self.backend.jobs.push(&pool, &id).await?;
+            super::wake(&*self.backend.jobs, &pool, &id).await?;
             return Ok(id);
         };
         // A root mission answered before: record the hit; the worker completes it.
@@ -191,7 +191,7 @@ impl Runtime {
             }
         }
         crate::spans::set_current(&f.id, &f.state);
-        self.backend.jobs.push(&pool, &id).await?;
+        super::wake(&*self.backend.jobs, &pool, &id).await?;
         Ok(id)
     }
 }
