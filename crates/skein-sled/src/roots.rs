@@ -215,6 +215,7 @@ impl RootsIndex {
     /// How many roots the index does not cover yet, and whether it is to be rebuilt
     /// whole (an index that cannot be read is).
     pub(crate) fn pending(&self, wal: &Wal) -> (usize, bool) {
+        let _one = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = self.load(wal) {
             tracing::warn!(error = %e.report(), "the index of roots cannot be read");
             return (0, true);

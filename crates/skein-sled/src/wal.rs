@@ -1032,11 +1032,31 @@ impl Wal {
         Record::decode(buf).map_err(|e| Error::corrupt(format!("record of {session}"), e))
     }
 
-    /// The roots whose last record lies at or past `offset`: from the records past the
-    /// checkpoint's table, and from the table only when `offset` lies before its end.
+    /// The roots whose last record lies at or past `offset` (where a frame begins): from
+    /// the records past the checkpoint's table when `offset` lies past its end, else from
+    /// the frames from `offset` on (so the cost follows what was written since, not
+    /// history), or the table when those frames cannot be read through to the end.
     pub(crate) fn roots_written_since(&self, offset: u64) -> Result<Vec<String>> {
         let is_root = |k: &str| !k.contains('.') && !k.starts_with('!');
         let mut ix = self.lock();
+        if ix.table.as_ref().is_some_and(|t| offset < t.end) && offset >= self.base {
+            let (frames, stop) = scan(&*self.file, &self.path, offset, None)?;
+            if stop.is_none_or(|s| s.offset >= ix.end) {
+                let mut out = BTreeSet::new();
+                for f in frames {
+                    if let Frame::Records {
+                        session, records, ..
+                    } = f
+                    {
+                        let before_end = records.last().is_some_and(|a| end_of(*a) <= ix.end);
+                        if before_end && is_root(&session) {
+                            out.insert(session);
+                        }
+                    }
+                }
+                return Ok(out.into_iter().collect());
+            }
+        }
         loop {
             let mut out: BTreeSet<String> = ix
                 .sessions

@@ -290,3 +290,42 @@ fn sled_db_at(path: &Path) -> sled::Db {
         }
     }
 }
+
+#[tokio::test]
+async fn roots_written_past_the_index_and_into_a_checkpoint_are_found_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for i in 0..3 {
+        write_root(&store, i, false).await;
+    }
+    assert_eq!(everything(&store).await.len(), 3);
+    // Then more than the checkpoint's step of frames, never listed: the close writes a
+    // checkpoint that ends past what the index covers.
+    for i in 3..6 {
+        let id = write_root(&store, i, true).await;
+        let prev = store.last(&id).await.unwrap().unwrap().hash();
+        let big = record(
+            &id,
+            2,
+            2000,
+            prev,
+            Event::Completed(Completed {
+                answer: "x".repeat(400 << 10),
+                usage_total: Default::default(),
+                steps: 1,
+            }),
+        );
+        store.append(&id, 1, &[big], Durability::Now).await.unwrap();
+    }
+    drop(store);
+    assert!(dir.path().join("data/events.idx").exists());
+
+    let store = open(dir.path());
+    assert_eq!(
+        store.roots_pending(),
+        (3, false),
+        "only the roots written since"
+    );
+    assert_eq!(everything(&store).await, truth(&store).await);
+    assert_eq!(everything(&store).await.len(), 6);
+}
