@@ -1283,7 +1283,14 @@ pub(crate) fn scan(
     limit: Option<usize>,
 ) -> Result<(Vec<Frame>, Option<Stop>)> {
     let len = file.len().map_err(|e| io_err("cannot stat", path, e))?;
-    let mut r = BufReader::with_capacity(1 << 20, Reader { file, pos: from });
+    // A read of a frame or two (the header, at every open) takes a small buffer: one of
+    // 1 MiB made each open copy megabytes for a few hundred bytes.
+    let cap = if limit.is_some_and(|l| l <= 2) {
+        16 << 10
+    } else {
+        1 << 20
+    };
+    let mut r = BufReader::with_capacity(cap, Reader { file, pos: from });
     let mut frames = vec![];
     let mut pos = from;
     let stopped = loop {
