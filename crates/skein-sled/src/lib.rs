@@ -9,6 +9,7 @@
 //! | Blobs | `kv.rs`, `wal.rs` | none: frames of `events.log` (tree `blobs` read for older ones) |
 //! | JobQueue | `jobs.rs` | none while open: in memory; tree `jobs` holds what was handed on to the next process |
 //! | Cache, Notices | `kv.rs` | trees `cache`, `watchers`; single-flight claims and notices are in memory |
+//! | EventLog's index of roots | `roots.rs` | a database of its own, `roots/`, opened by a listing |
 //! | Workspaces | here | a directory per tree |
 //!
 //! The event log is an append-only file of its own (`wal.rs`): one frame per append, one
@@ -519,10 +520,10 @@ impl Drop for SledStore {
 
 /// The sled database of a store, opened when first needed: when the store is opened if
 /// the database holds anything on disk, otherwise at the first write into it (a cache
-/// entry, a watcher, the index of roots, jobs handed on). Until then every read finds it
-/// empty, which it is. A `skein run` that writes nothing there (`--no-cache`, or a store
-/// whose index of roots was never written) so never opens sled, and never pays for its
-/// open, its I/O threads or the flush with which it closes.
+/// entry, a watcher, jobs handed on). Until then every read finds it empty, which it is.
+/// A `skein run` that writes nothing there (`--no-cache`) so never opens sled, and never
+/// pays for its open, its I/O threads or the flush with which it closes. The index of
+/// roots is a sled database of its own (`roots.rs`), opened by a listing only.
 pub(crate) struct Sled {
     path: PathBuf,
     opened: OnceLock<Opened>,
