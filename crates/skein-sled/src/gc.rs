@@ -17,7 +17,7 @@ use skein_ports::ports::CacheEntry;
 use skein_ports::roots::RootSummary;
 use skein_ports::{Error, Result};
 
-use crate::{backend_err, decode, lock_dir, open_db, roots, wal, SledStore};
+use crate::{backend_err, decode, lock_dir, open_db, roots, wal, Sled, SledStore};
 
 /// What [`remove_trees`] removed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -40,7 +40,7 @@ impl SledStore {
         for s in self.roots.finished_before(&self.wal, before)? {
             let root = SessionId::parse(&s.root)?;
             let mut ended = true;
-            for session in self.wal.sessions_from(root.as_str()) {
+            for session in self.wal.sessions_from(root.as_str())? {
                 let id = SessionId::parse(&session)?;
                 if !root.contains(&id) {
                     continue;
@@ -99,14 +99,28 @@ pub fn remove_trees(dir: &Path, roots: &[SessionId]) -> Result<Removed> {
             }
         }
     }
-    let covered = roots::forget(&db, roots)?;
+    roots::drop_old_trees(&db)?;
     db.flush().map_err(backend_err)?;
+    let roots_path = dir.join(roots::DIR);
+    let roots_db = if Sled::empty_on_disk(&roots_path) {
+        None
+    } else {
+        Some(open_db(&roots_path)?)
+    };
+    let mut covered = None;
+    if let Some(rdb) = &roots_db {
+        covered = roots::forget(rdb, roots)?;
+        rdb.flush().map_err(backend_err)?;
+    }
     let c = wal::compact(&dir.join("events.log"), &of_removed)?;
     // The index covered the whole log (the trees were found through it): it covers the
-    // new one too. Otherwise the next open rebuilds it.
-    if covered == Some(c.bytes_before) {
-        roots::set_covered(&db, c.bytes_after)?;
-        db.flush().map_err(backend_err)?;
+    // new one too. Otherwise the next listing rebuilds it.
+    if let Some(rdb) = roots_db
+        .as_ref()
+        .filter(|_| covered == Some(c.bytes_before))
+    {
+        roots::set_covered(rdb, c.bytes_after)?;
+        rdb.flush().map_err(backend_err)?;
     }
     removed.sessions = c.sessions;
     removed.records = c.records;

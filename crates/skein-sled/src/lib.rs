@@ -9,6 +9,7 @@
 //! | Blobs | `kv.rs`, `wal.rs` | none: frames of `events.log` (tree `blobs` read for older ones) |
 //! | JobQueue | `jobs.rs` | none while open: in memory; tree `jobs` holds what was handed on to the next process |
 //! | Cache, Notices | `kv.rs` | trees `cache`, `watchers`; single-flight claims and notices are in memory |
+//! | EventLog's index of roots | `roots.rs` | a database of its own, `roots/`, opened by a listing |
 //! | Workspaces | here | a directory per tree |
 //!
 //! The event log is an append-only file of its own (`wal.rs`): one frame per append, one
@@ -345,7 +346,7 @@ impl SledStore {
         if !Sled::empty_on_disk(&dir.join("db")) {
             migrate_sled_log(&sled.open()?.db, &wal)?;
         }
-        let roots = roots::RootsIndex::open(&sled, &wal)?;
+        let roots = roots::RootsIndex::open(dir);
         let w = wal.clone();
         let slot = sled.flushed.clone();
         let store = Self {
@@ -389,7 +390,13 @@ impl SledStore {
     /// How many roots the index of roots does not cover yet, and whether it is to be
     /// rebuilt whole.
     pub fn roots_pending(&self) -> (usize, bool) {
-        self.roots.pending()
+        self.roots.pending(&self.wal)
+    }
+
+    /// Whether this process has opened the database of the index of roots (a listing
+    /// does; nothing else).
+    pub fn roots_index_opened(&self) -> bool {
+        self.roots.opened()
     }
 
     /// The bytes of keys and values the index of roots holds, and how many roots.
@@ -513,10 +520,10 @@ impl Drop for SledStore {
 
 /// The sled database of a store, opened when first needed: when the store is opened if
 /// the database holds anything on disk, otherwise at the first write into it (a cache
-/// entry, a watcher, the index of roots, jobs handed on). Until then every read finds it
-/// empty, which it is. A `skein run` that writes nothing there (`--no-cache`, or a store
-/// whose index of roots was never written) so never opens sled, and never pays for its
-/// open, its I/O threads or the flush with which it closes.
+/// entry, a watcher, jobs handed on). Until then every read finds it empty, which it is.
+/// A `skein run` that writes nothing there (`--no-cache`) so never opens sled, and never
+/// pays for its open, its I/O threads or the flush with which it closes. The index of
+/// roots is a sled database of its own (`roots.rs`), opened by a listing only.
 pub(crate) struct Sled {
     path: PathBuf,
     opened: OnceLock<Opened>,
@@ -547,7 +554,7 @@ impl Sled {
 
     /// Whether the database at `path` holds nothing: it was never made, or never flushed
     /// (sled writes its file only when it flushes, and its snapshots after that).
-    fn empty_on_disk(path: &Path) -> bool {
+    pub(crate) fn empty_on_disk(path: &Path) -> bool {
         let Ok(entries) = std::fs::read_dir(path) else {
             return true;
         };
@@ -573,6 +580,7 @@ impl Sled {
             return Ok(o);
         }
         let db = open_db(&self.path)?;
+        roots::drop_old_trees(&db)?;
         let tree = |n: &str| db.open_tree(n).map_err(backend_err);
         let opened = Opened {
             jobs: tree("jobs")?,
@@ -636,7 +644,7 @@ fn migrate_sled_log(db: &sled::Db, wal: &wal::Wal) -> Result<()> {
         let (k, _) = item.map_err(backend_err)?;
         let id = std::str::from_utf8(&k).map_err(|e| Error::corrupt("session key", e))?;
         let session = SessionId::parse(id)?;
-        if !wal.sessions_from(id).iter().any(|s| s == id) {
+        if !wal.sessions_from(id)?.iter().any(|s| s == id) {
             let mut records = vec![];
             for item in events.scan_prefix(prefix(id)) {
                 let (_, v) = item.map_err(backend_err)?;

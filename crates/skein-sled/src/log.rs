@@ -82,7 +82,7 @@ impl EventLog for SledStore {
 
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
         let mut out = vec![];
-        for id in self.wal.sessions_from(root.as_str()) {
+        for id in self.wal.sessions_from(root.as_str())? {
             let id = SessionId::parse(&id)?;
             if root.contains(&id) {
                 out.push(id);
@@ -93,7 +93,7 @@ impl EventLog for SledStore {
 
     async fn roots(&self) -> Result<Vec<SessionId>> {
         self.wal
-            .sessions_from("")
+            .sessions_from("")?
             .into_iter()
             .filter(|k| !k.contains('.'))
             .map(|k| SessionId::parse(&k).map_err(Error::from))

@@ -1,6 +1,9 @@
-//! The index of roots: a summary of every root ([`RootSummary`]) kept in sled, so that a
+//! The index of roots: a summary of every root ([`RootSummary`]) kept in a sled database
+//! of its own (`roots/` in the data directory, apart from the store's `db/`), so that a
 //! page of the newest roots, filtered or not, is read from the index rather than by
-//! folding every root's log.
+//! folding every root's log. That database is opened by the first listing of a process,
+//! never by a process that lists nothing (a `skein run`, `skein tree`, `skein events`):
+//! their cost does not grow with the index.
 //!
 //! The log stays the one truth; the index is derived from it and can always be rebuilt:
 //! - tree `roots`: `started_at u64 BE | root` → summary (msgpack), iterated backwards for
@@ -17,23 +20,38 @@
 //! a `skein run` that lists nothing does not touch the database. At open, the roots whose
 //! last record lies at or past `covered` are the dirty ones (what a process wrote and never
 //! listed, or a crash lost); when `covered` or the format is missing, lies past the end of
-//! the log, or a summary does not decode, the whole index is rebuilt from the log.
+//! the log, or a summary does not decode, the whole index is rebuilt from the log. That
+//! reading of `covered` waits for the first listing too (with the roots this process
+//! wrote until then kept as dirty).
+//!
+//! Before the index had a database of its own it was kept in the store's `db/`: such
+//! trees there are dropped when that database is next opened, and the index is built anew
+//! in `roots/` by the first listing.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use skein_core::SessionId;
 use skein_ports::roots::{page, Cursor, RootFilter, RootSummary, RootsPage};
 use skein_ports::{Error, Result};
 
-use crate::{backend_err, decode, encode, wal::Wal, Sled};
+use crate::{backend_err, decode, encode, open_db, wal::Wal, Sled};
 
 /// The index's layout; another value rebuilds it.
 const FORMAT: u64 = 1;
 
+/// The directory of the index's database, in the data directory.
+pub(crate) const DIR: &str = "roots";
+
+/// The trees the index kept in the store's database before it had one of its own.
+const OLD_TREES: [&str; 4] = ["roots", "root_starts", "open_roots", "roots_meta"];
+
 pub(crate) struct RootsIndex {
-    /// The store's database, opened by the first write of the index if it was not.
-    sled: Arc<Sled>,
+    /// Where the index's own database is; opened by the first listing.
+    path: PathBuf,
+    db: OnceLock<sled::Db>,
+    opening: Mutex<()>,
     trees: OnceLock<Trees>,
     /// Roots whose summary may be out of date, and whether the whole index is to be
     /// rebuilt.
@@ -80,6 +98,9 @@ impl Trees {
 struct Dirty {
     roots: BTreeSet<String>,
     rebuild: bool,
+    /// Whether the index's `covered` has been read (by the first listing): until then
+    /// `roots` holds only the roots this process wrote.
+    loaded: bool,
 }
 
 fn key(started_at: u64, root: &str) -> Vec<u8> {
@@ -93,36 +114,65 @@ fn u64_of(v: &[u8]) -> Option<u64> {
 }
 
 impl RootsIndex {
-    /// Opens the index over `wal`, finding which roots it does not cover. Writes nothing.
-    /// A database not opened (it holds nothing on disk) holds no index: it is built whole
-    /// by the first listing.
-    pub(crate) fn open(sled: &Arc<Sled>, wal: &Wal) -> Result<Self> {
-        let index = Self {
-            sled: sled.clone(),
+    /// The index kept in `dir`'s `roots/`. Reads nothing: the first listing does.
+    pub(crate) fn open(dir: &Path) -> Self {
+        Self {
+            path: dir.join(DIR),
+            db: OnceLock::new(),
+            opening: Mutex::new(()),
             trees: OnceLock::new(),
-            dirty: Mutex::new(Dirty {
-                roots: BTreeSet::new(),
-                rebuild: true,
-            }),
+            dirty: Mutex::new(Dirty::default()),
             refreshing: Mutex::new(()),
-        };
-        if sled.get().is_none() {
-            return Ok(index);
         }
-        let meta = &index.trees()?.meta;
-        let format = meta.get("format").map_err(backend_err)?;
-        let covered = meta.get("covered").map_err(backend_err)?;
-        let covered = match (format.as_deref().and_then(u64_of), covered) {
-            (Some(FORMAT), Some(c)) => u64_of(&c).filter(|c| *c <= wal.end()),
-            _ => None,
-        };
-        if let Some(c) = covered {
-            *index.dirty() = Dirty {
-                roots: wal.roots_written_since(c).into_iter().collect(),
-                rebuild: false,
-            };
+    }
+
+    /// Finds, once, which roots the index does not cover: those whose last record lies at
+    /// or past its `covered`, beside those this process wrote; everything when the index
+    /// is missing or of another format. A database with nothing on disk is not opened.
+    fn load(&self, wal: &Wal) -> Result<()> {
+        if self.dirty().loaded {
+            return Ok(());
         }
-        Ok(index)
+        let covered = if Sled::empty_on_disk(&self.path) {
+            None
+        } else {
+            let meta = &self.trees()?.meta;
+            let format = meta.get("format").map_err(backend_err)?;
+            let covered = meta.get("covered").map_err(backend_err)?;
+            match (format.as_deref().and_then(u64_of), covered) {
+                (Some(FORMAT), Some(c)) => u64_of(&c).filter(|c| *c <= wal.end()),
+                _ => None,
+            }
+        };
+        let since = covered.map(|c| wal.roots_written_since(c)).transpose()?;
+        let mut d = self.dirty();
+        match since {
+            Some(roots) if !d.rebuild => d.roots.extend(roots),
+            _ => {
+                d.rebuild = true;
+                d.roots.clear();
+            }
+        }
+        d.loaded = true;
+        Ok(())
+    }
+
+    /// Whether this process has opened the index's database.
+    pub(crate) fn opened(&self) -> bool {
+        self.db.get().is_some()
+    }
+
+    /// The index's database, opened now if it was not.
+    fn db(&self) -> Result<&sled::Db> {
+        if let Some(db) = self.db.get() {
+            return Ok(db);
+        }
+        let _one = self.opening.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(db) = self.db.get() {
+            return Ok(db);
+        }
+        let db = open_db(&self.path)?;
+        Ok(self.db.get_or_init(|| db))
     }
 
     /// The index's trees, opening the database if it was not.
@@ -130,7 +180,7 @@ impl RootsIndex {
         if let Some(t) = self.trees.get() {
             return Ok(t);
         }
-        let db = &self.sled.open()?.db;
+        let db = self.db()?;
         let tree = |n: &str| db.open_tree(n).map_err(backend_err);
         let trees = Trees {
             by_time: tree("roots")?,
@@ -162,8 +212,14 @@ impl RootsIndex {
         d.roots.clear();
     }
 
-    /// How many roots the index does not cover yet.
-    pub(crate) fn pending(&self) -> (usize, bool) {
+    /// How many roots the index does not cover yet, and whether it is to be rebuilt
+    /// whole (an index that cannot be read is).
+    pub(crate) fn pending(&self, wal: &Wal) -> (usize, bool) {
+        let _one = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = self.load(wal) {
+            tracing::warn!(error = %e.report(), "the index of roots cannot be read");
+            return (0, true);
+        }
         let d = self.dirty();
         (d.roots.len(), d.rebuild)
     }
@@ -173,10 +229,12 @@ impl RootsIndex {
     /// summarized.
     pub(crate) fn refresh(&self, wal: &Wal) -> Result<usize> {
         let _one = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+        self.load(wal)?;
         let end = wal.end();
         let (roots, rebuild) = {
             let mut d = self.dirty();
-            (std::mem::take(&mut d.roots), std::mem::take(&mut d.rebuild))
+            let rebuild = std::mem::take(&mut d.rebuild);
+            (std::mem::take(&mut d.roots), rebuild)
         };
         if roots.is_empty() && !rebuild {
             return Ok(0);
@@ -196,7 +254,7 @@ impl RootsIndex {
             t.by_time.clear().map_err(backend_err)?;
             t.starts.clear().map_err(backend_err)?;
             t.open.clear().map_err(backend_err)?;
-            wal.sessions_from("")
+            wal.sessions_from("")?
                 .into_iter()
                 .filter(|s| !s.contains('.') && !s.starts_with('!'))
                 .collect()
@@ -214,7 +272,7 @@ impl RootsIndex {
         t.meta
             .insert("covered", &end.to_be_bytes())
             .map_err(backend_err)?;
-        self.sled.open()?.db.flush().map_err(backend_err)?;
+        self.db()?.flush().map_err(backend_err)?;
         Ok(roots.len())
     }
 
@@ -286,6 +344,18 @@ impl RootsIndex {
         }
         Ok((bytes, n))
     }
+}
+
+/// Drops the trees an earlier version kept the index in from the store's database `db`,
+/// if it has them.
+pub(crate) fn drop_old_trees(db: &sled::Db) -> Result<()> {
+    let names = db.tree_names();
+    for t in OLD_TREES {
+        if names.iter().any(|n| n.as_ref() == t.as_bytes()) {
+            db.drop_tree(t).map_err(backend_err)?;
+        }
+    }
+    Ok(())
 }
 
 /// Takes `roots` out of the index in `db` (a closed store's), and `covered` with them: until

@@ -27,10 +27,13 @@
 //!
 //! An append checks the session's last seq, writes its frame at the end of the file and
 //! indexes it under one lock, then waits for a group commit: one `fdatasync` covers every
-//! append written before it started. The index (each session's record offsets) lives in
-//! memory. Opening reads it from the checkpoint `events.idx` (`checkpoint.rs`) when one
-//! matches the log, and rebuilds the rest by reading the frames past it (all of the file
-//! without one); a close writes a new checkpoint once 1 MiB of frames lies past the last.
+//! append written before it started. The index (each session's record offsets) is the
+//! checkpoint `events.idx` (`checkpoint.rs`), a sorted table read where a session is
+//! looked up, and in memory each session's records past it: opening reads the frames past
+//! the checkpoint (all of the file without one, when all the index is in memory); a close
+//! writes a new checkpoint once 1 MiB of frames lies past the last. A block of the table
+//! found damaged when read makes the log drop the checkpoint and index every frame in
+//! memory, as without one.
 //!
 //! The file is kept 64–128 KiB longer than its frames, with zeros: an append writes into
 //! that reserve, and writes the reserve anew past itself before it reaches the end, so
@@ -59,7 +62,7 @@
 //! `skein store repair` sets it aside. A frame whose crc matches but whose kind this
 //! version does not know, or whose body does not parse, is an error wherever it lies.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -148,13 +151,23 @@ pub(crate) struct At {
     pub(crate) len: u32,
 }
 
+/// A session's records past the checkpoint's table.
+pub(crate) struct Tail {
+    /// How many records of the session the table holds.
+    pub(crate) before: u64,
+    /// The records after them, in seq order (entry `i` is seq `before + i + 1`).
+    pub(crate) recs: Vec<At>,
+}
+
 struct Index {
     /// Where the next frame goes.
     end: u64,
     /// The file's length: zeros from `end` on.
     reserved: u64,
-    /// Each session's records in seq order (entry `i` is seq `i + 1`).
-    sessions: BTreeMap<String, Vec<At>>,
+    /// The checkpoint's table of the sessions' records up to where it ends.
+    table: Option<checkpoint::Table>,
+    /// Each session's records past the table (all of them without one).
+    sessions: BTreeMap<String, Tail>,
     /// Each blob's bytes, by its blake3 hash.
     blobs: HashMap<[u8; 32], At>,
 }
@@ -562,9 +575,9 @@ impl Wal {
     fn open_on(path: &Path, file: Box<dyn LogFile>) -> Result<Self> {
         let len = file.len().map_err(|e| io_err("cannot stat", path, e))?;
         let ck = checkpoint::read(path, &*file, len);
-        let mut ex = examine_from(&*file, path, ck.as_ref().map(|c| c.end))?;
+        let mut ex = examine_from(&*file, path, ck.as_ref().map(|c| c.table.end))?;
         // The checkpoint is used only if the scan went on from where it ends.
-        let ck = ck.filter(|c| c.end >= ex.base && ex.format >= 1);
+        let ck = ck.filter(|c| c.table.end >= ex.base && ex.format >= 1);
         let mut reserved = ex.len;
         if ex.format == 0 {
             // No frame yet: the header page, synced before anything else is written.
@@ -594,10 +607,24 @@ impl Wal {
             }
         }
         let good_end = ex.good_end;
-        let checkpointed = ck.as_ref().map_or(0, |c| c.end);
-        let (sessions, blobs) = match ck {
-            Some(c) => index_frames_into(path, ex.frames, c.sessions, c.blobs)?,
-            None => index_frames(path, ex.frames)?,
+        let mut checkpointed = ck.as_ref().map_or(0, |c| c.table.end);
+        let (table, sessions, blobs) = match ck {
+            Some(c) => match index_frames(path, ex.frames, Some(&c.table), c.blobs)? {
+                Ok((sessions, blobs)) => (Some(c.table), sessions, blobs),
+                Err(e) => {
+                    tracing::warn!(log = %path.display(), error = %e, "reading the whole log instead");
+                    checkpointed = 0;
+                    let frames = frames_upto(&*file, path, ex.base, good_end)?;
+                    let (s, b) = index_frames(path, frames, None, HashMap::new())?
+                        .map_err(|e| path_err(path, e))?;
+                    (None, s, b)
+                }
+            },
+            None => {
+                let (s, b) = index_frames(path, ex.frames, None, HashMap::new())?
+                    .map_err(|e| path_err(path, e))?;
+                (None, s, b)
+            }
         };
         Ok(Self {
             path: path.to_path_buf(),
@@ -605,6 +632,7 @@ impl Wal {
             index: Mutex::new(Index {
                 end: good_end,
                 reserved,
+                table,
                 sessions,
                 blobs,
             }),
@@ -661,13 +689,19 @@ impl Wal {
         let frame = framed(MAGIC, &body);
 
         let mut ix = self.lock();
-        let last = ix.sessions.get(sid).map_or(0, |v| v.len() as u64);
+        let last = match ix.sessions.get(sid) {
+            Some(t) => t.before + t.recs.len() as u64,
+            None => self.records_of(&mut ix, sid)?.map_or(0, |v| v.len() as u64),
+        };
         if last != expected_last {
             return Ok(Err(last));
         }
         let start = self.write_frame(&mut ix, &frame)?;
-        let recs = ix.sessions.entry(sid.to_string()).or_default();
-        recs.extend(at.into_iter().map(|(off, len)| At {
+        let tail = ix.sessions.entry(sid.to_string()).or_insert(Tail {
+            before: last,
+            recs: vec![],
+        });
+        tail.recs.extend(at.into_iter().map(|(off, len)| At {
             offset: start + off as u64,
             len,
         }));
@@ -818,7 +852,8 @@ impl Wal {
         if self.format < 2 || ix.end != synced || ix.end < from + CHECKPOINT_EVERY {
             return;
         }
-        match checkpoint::write(&self.path, &*self.file, ix.end, &ix.sessions, &ix.blobs) {
+        let mut entries = checkpoint::merged(ix.table.as_ref(), &ix.sessions);
+        match checkpoint::write(&self.path, &*self.file, ix.end, &mut entries, &ix.blobs) {
             Ok(()) => self.checkpointed.store(ix.end, Ordering::Release),
             Err(e) => tracing::warn!(
                 log = %self.path.display(),
@@ -854,11 +889,66 @@ impl Wal {
     /// without records).
     pub(crate) fn last_synced(&self, session: &SessionId) -> bool {
         let synced = self.synced.load(Ordering::Acquire);
-        self.lock()
+        let mut ix = self.lock();
+        let last = match ix
             .sessions
             .get(session.as_str())
-            .and_then(|v| v.last())
-            .is_none_or(|at| at.offset + u64::from(at.len) <= synced)
+            .and_then(|t| t.recs.last())
+        {
+            Some(a) => Ok(Some(*a)),
+            None => self
+                .records_of(&mut ix, session.as_str())
+                .map(|v| v.and_then(|v| v.last().copied())),
+        };
+        // A session whose records cannot be looked up counts as not synced.
+        last.is_ok_and(|l| l.is_none_or(|at| at.offset + u64::from(at.len) <= synced))
+    }
+
+    /// All of `sid`'s records: those the checkpoint's table holds, then those past it; none
+    /// for a session the log does not hold. A block of the table found damaged drops the
+    /// table (see [`Wal::drop_table`]).
+    fn records_of(&self, ix: &mut Index, sid: &str) -> Result<Option<Vec<At>>> {
+        loop {
+            let tail = ix.sessions.get(sid);
+            let Some(table) = ix
+                .table
+                .as_ref()
+                .filter(|_| tail.is_none_or(|t| t.before > 0))
+            else {
+                return Ok(tail.map(|t| t.recs.clone()));
+            };
+            match table.get(sid) {
+                Ok(found) => {
+                    let Some(mut recs) = found else {
+                        return Ok(tail.map(|t| t.recs.clone()));
+                    };
+                    if let Some(t) = tail {
+                        recs.extend_from_slice(&t.recs);
+                    }
+                    return Ok(Some(recs));
+                }
+                Err(e) => self.drop_table(ix, e)?,
+            }
+        }
+    }
+
+    /// Drops the checkpoint's table, found damaged, and indexes every frame of the log in
+    /// memory instead, as an open without a checkpoint does; the next close that is due
+    /// writes a new one.
+    fn drop_table(&self, ix: &mut Index, e: io::Error) -> Result<()> {
+        tracing::warn!(
+            log = %self.path.display(),
+            error = %e,
+            "reading the whole event log to index it instead of the checkpoint"
+        );
+        let frames = frames_upto(&*self.file, &self.path, self.base, ix.end)?;
+        let (sessions, blobs) = index_frames(&self.path, frames, None, HashMap::new())?
+            .map_err(|e| path_err(&self.path, e))?;
+        ix.table = None;
+        ix.sessions = sessions;
+        ix.blobs = blobs;
+        self.checkpointed.store(0, Ordering::Release);
+        Ok(())
     }
 
     /// Where the last frame ends.
@@ -874,8 +964,8 @@ impl Wal {
     /// `session`'s records from `from_seq` on.
     pub(crate) fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
         let at: Vec<At> = {
-            let ix = self.lock();
-            match ix.sessions.get(session.as_str()) {
+            let mut ix = self.lock();
+            match self.records_of(&mut ix, session.as_str())? {
                 None => return Ok(vec![]),
                 Some(v) => {
                     let from = (from_seq.max(1) - 1) as usize;
@@ -919,11 +1009,19 @@ impl Wal {
 
     /// `session`'s last record.
     pub(crate) fn last(&self, session: &SessionId) -> Result<Option<Record>> {
-        let at = self
-            .lock()
-            .sessions
-            .get(session.as_str())
-            .and_then(|v| v.last().copied());
+        let at = {
+            let mut ix = self.lock();
+            match ix
+                .sessions
+                .get(session.as_str())
+                .and_then(|t| t.recs.last())
+            {
+                Some(a) => Some(*a),
+                None => self
+                    .records_of(&mut ix, session.as_str())?
+                    .and_then(|v| v.last().copied()),
+            }
+        };
         at.map(|a| self.record(session, a)).transpose()
     }
 
@@ -934,29 +1032,91 @@ impl Wal {
         Record::decode(buf).map_err(|e| Error::corrupt(format!("record of {session}"), e))
     }
 
-    /// The roots whose last record lies at or past `offset`.
-    pub(crate) fn roots_written_since(&self, offset: u64) -> Vec<String> {
-        self.lock()
-            .sessions
-            .iter()
-            .filter(|(k, v)| {
-                !k.contains('.')
-                    && !k.starts_with('!')
+    /// The roots whose last record lies at or past `offset` (where a frame begins): from
+    /// the records past the checkpoint's table when `offset` lies past its end, else from
+    /// the frames from `offset` on (so the cost follows what was written since, not
+    /// history), or the table when those frames cannot be read through to the end.
+    pub(crate) fn roots_written_since(&self, offset: u64) -> Result<Vec<String>> {
+        let is_root = |k: &str| !k.contains('.') && !k.starts_with('!');
+        let mut ix = self.lock();
+        if ix.table.as_ref().is_some_and(|t| offset < t.end) && offset >= self.base {
+            let (frames, stop) = scan(&*self.file, &self.path, offset, None)?;
+            if stop.is_none_or(|s| s.offset >= ix.end) {
+                let mut out = BTreeSet::new();
+                for f in frames {
+                    if let Frame::Records {
+                        session, records, ..
+                    } = f
+                    {
+                        let before_end = records.last().is_some_and(|a| end_of(*a) <= ix.end);
+                        if before_end && is_root(&session) {
+                            out.insert(session);
+                        }
+                    }
+                }
+                return Ok(out.into_iter().collect());
+            }
+        }
+        loop {
+            let mut out: BTreeSet<String> = ix
+                .sessions
+                .iter()
+                .filter(|(k, t)| is_root(k) && t.recs.last().is_some_and(|a| a.offset >= offset))
+                .map(|(k, _)| k.clone())
+                .collect();
+            let Some(table) = ix.table.as_ref().filter(|t| offset < t.end) else {
+                return Ok(out.into_iter().collect());
+            };
+            let found = table.for_each(|(k, v)| {
+                if is_root(&k)
+                    && !ix.sessions.contains_key(&k)
                     && v.last().is_some_and(|a| a.offset >= offset)
-            })
-            .map(|(k, _)| k.clone())
-            .collect()
+                {
+                    out.insert(k);
+                }
+                Ok(())
+            });
+            match found {
+                Ok(()) => return Ok(out.into_iter().collect()),
+                Err(e) => self.drop_table(&mut ix, e)?,
+            }
+        }
     }
 
     /// Every session whose id starts with `prefix`, in id order.
-    pub(crate) fn sessions_from(&self, prefix: &str) -> Vec<String> {
-        self.lock()
-            .sessions
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, _)| k.clone())
-            .collect()
+    pub(crate) fn sessions_from(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut ix = self.lock();
+        loop {
+            let tails = ix
+                .sessions
+                .range(prefix.to_string()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, _)| k.clone());
+            let Some(table) = ix.table.as_ref() else {
+                return Ok(tails.collect());
+            };
+            match table.ids_from(prefix) {
+                Ok(ids) => {
+                    let mut all: BTreeSet<String> = ids.into_iter().collect();
+                    all.extend(tails);
+                    return Ok(all.into_iter().collect());
+                }
+                Err(e) => self.drop_table(&mut ix, e)?,
+            }
+        }
     }
+}
+
+/// The frames of the log from `from` to `end`.
+fn frames_upto(file: &dyn LogFile, path: &Path, from: u64, end: u64) -> Result<Vec<Frame>> {
+    let (frames, _) = scan(file, path, from, None)?;
+    Ok(frames
+        .into_iter()
+        .filter(|f| match f {
+            Frame::Records { records, .. } => records.last().is_none_or(|a| end_of(*a) <= end),
+            Frame::Blob { data, .. } => end_of(*data) <= end,
+        })
+        .collect())
 }
 
 /// What [`compact`] kept and dropped.
@@ -1067,23 +1227,16 @@ pub(crate) fn compact(path: &Path, remove: &dyn Fn(&str) -> bool) -> Result<Comp
 }
 
 /// Each session's records and each blob of `frames`, checking that every session's frames
-/// follow on from each other.
+/// follow on from each other, going on from `table` (the checkpoint's, whose end is where
+/// the frames begin) and its `blobs`. `Ok(Err(_))` when a block of the table is damaged.
 #[allow(clippy::type_complexity)]
 fn index_frames(
     path: &Path,
     frames: Vec<Frame>,
-) -> Result<(BTreeMap<String, Vec<At>>, HashMap<[u8; 32], At>)> {
-    index_frames_into(path, frames, BTreeMap::new(), HashMap::new())
-}
-
-/// As [`index_frames`], going on from the index of the frames before them.
-#[allow(clippy::type_complexity)]
-fn index_frames_into(
-    path: &Path,
-    frames: Vec<Frame>,
-    mut sessions: BTreeMap<String, Vec<At>>,
+    table: Option<&checkpoint::Table>,
     mut blobs: HashMap<[u8; 32], At>,
-) -> Result<(BTreeMap<String, Vec<At>>, HashMap<[u8; 32], At>)> {
+) -> Result<io::Result<(BTreeMap<String, Tail>, HashMap<[u8; 32], At>)>> {
+    let mut sessions: BTreeMap<String, Tail> = BTreeMap::new();
     for f in frames {
         let (session, first_seq, records) = match f {
             Frame::Blob { hash, data } => {
@@ -1096,19 +1249,29 @@ fn index_frames_into(
                 records,
             } => (session, first_seq, records),
         };
-        let recs = sessions.entry(session.clone()).or_default();
-        if recs.len() as u64 + 1 != first_seq {
+        let tail = match sessions.entry(session.clone()) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let before = match table.map(|t| t.get(&session)).transpose() {
+                    Ok(found) => found.flatten().map_or(0, |r| r.len() as u64),
+                    Err(e) => return Ok(Err(e)),
+                };
+                v.insert(Tail {
+                    before,
+                    recs: vec![],
+                })
+            }
+        };
+        let have = tail.before + tail.recs.len() as u64;
+        if have + 1 != first_seq {
             return Err(path_err(
                 path,
-                format!(
-                    "a frame of {session} starts at seq {first_seq} after seq {}",
-                    recs.len()
-                ),
+                format!("a frame of {session} starts at seq {first_seq} after seq {have}"),
             ));
         }
-        recs.extend(records);
+        tail.recs.extend(records);
     }
-    Ok((sessions, blobs))
+    Ok(Ok((sessions, blobs)))
 }
 
 /// Reads frames from `from` on, at most `limit` of them; returns them, and where and why
@@ -1120,7 +1283,14 @@ pub(crate) fn scan(
     limit: Option<usize>,
 ) -> Result<(Vec<Frame>, Option<Stop>)> {
     let len = file.len().map_err(|e| io_err("cannot stat", path, e))?;
-    let mut r = BufReader::with_capacity(1 << 20, Reader { file, pos: from });
+    // A read of a frame or two (the header, at every open) takes a small buffer: one of
+    // 1 MiB made each open copy megabytes for a few hundred bytes.
+    let cap = if limit.is_some_and(|l| l <= 2) {
+        16 << 10
+    } else {
+        1 << 20
+    };
+    let mut r = BufReader::with_capacity(cap, Reader { file, pos: from });
     let mut frames = vec![];
     let mut pos = from;
     let stopped = loop {

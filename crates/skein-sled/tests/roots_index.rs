@@ -16,11 +16,11 @@ fn open(dir: &Path) -> Arc<SledStore> {
     SledStore::open(&dir.join("data"), &dir.join("ws")).unwrap()
 }
 
-/// The store's sled database, opened directly once the store's last handle has let it go.
+/// The index's sled database, opened directly once the store's last handle has let it go.
 fn sled_db(dir: &Path) -> sled::Db {
     let started = std::time::Instant::now();
     loop {
-        match sled::open(dir.join("data/db")) {
+        match sled::open(dir.join("data/roots")) {
             Ok(db) => return db,
             Err(e) if started.elapsed().as_secs() < 5 => {
                 let _ = e;
@@ -227,4 +227,105 @@ async fn a_deleted_or_damaged_index_is_rebuilt_from_the_log() {
     }
     let store = open(dir.path());
     assert_eq!(everything(&store).await, want);
+}
+
+#[tokio::test]
+async fn only_a_listing_opens_the_index_and_one_kept_where_older_versions_did_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for i in 0..3 {
+        write_root(&store, i, false).await;
+    }
+    assert_eq!(everything(&store).await.len(), 3);
+    assert!(store.roots_index_opened());
+    drop(store);
+
+    // A process that writes a root and reads logs, as `skein run` and `skein tree` do,
+    // does not open the index; the next listing finds the root.
+    let store = open(dir.path());
+    let id = write_root(&store, 3, false).await;
+    assert_eq!(store.read(&id, 1).await.unwrap().len(), 2);
+    assert_eq!(store.tree(&id).await.unwrap(), vec![id.clone()]);
+    assert!(!store.roots_index_opened(), "the index was opened");
+    drop(store);
+    let store = open(dir.path());
+    let want = truth(&store).await;
+    assert_eq!(everything(&store).await, want);
+    drop(store);
+
+    // The index as an earlier version kept it, in the store's own database: its trees are
+    // dropped there, and the index is built anew in its own.
+    std::fs::remove_dir_all(dir.path().join("data/roots")).unwrap();
+    {
+        let db = sled::open(dir.path().join("data/db")).unwrap();
+        let meta = db.open_tree("roots_meta").unwrap();
+        meta.insert("format", &1u64.to_be_bytes()).unwrap();
+        meta.insert("covered", &0u64.to_be_bytes()).unwrap();
+        db.open_tree("roots").unwrap().insert("k", "v").unwrap();
+        db.flush().unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(store.roots_pending(), (0, true), "rebuilt whole");
+    assert_eq!(everything(&store).await, want);
+    drop(store);
+    let names = sled_db_at(&dir.path().join("data/db")).tree_names();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.as_ref() == b"roots_meta" || n.as_ref() == b"roots"),
+        "the old trees are still there"
+    );
+}
+
+fn sled_db_at(path: &Path) -> sled::Db {
+    let started = std::time::Instant::now();
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(e) if started.elapsed().as_secs() < 5 => {
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn roots_written_past_the_index_and_into_a_checkpoint_are_found_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for i in 0..3 {
+        write_root(&store, i, false).await;
+    }
+    assert_eq!(everything(&store).await.len(), 3);
+    // Then more than the checkpoint's step of frames, never listed: the close writes a
+    // checkpoint that ends past what the index covers.
+    for i in 3..6 {
+        let id = write_root(&store, i, true).await;
+        let prev = store.last(&id).await.unwrap().unwrap().hash();
+        let big = record(
+            &id,
+            2,
+            2000,
+            prev,
+            Event::Completed(Completed {
+                answer: "x".repeat(400 << 10),
+                usage_total: Default::default(),
+                steps: 1,
+            }),
+        );
+        store.append(&id, 1, &[big], Durability::Now).await.unwrap();
+    }
+    drop(store);
+    assert!(dir.path().join("data/events.idx").exists());
+
+    let store = open(dir.path());
+    assert_eq!(
+        store.roots_pending(),
+        (3, false),
+        "only the roots written since"
+    );
+    assert_eq!(everything(&store).await, truth(&store).await);
+    assert_eq!(everything(&store).await.len(), 6);
 }
