@@ -381,6 +381,17 @@ pub async fn log_pages_roots_and_lists_open_ones(b: &Backend) -> Result<()> {
         ids(&three) == [name(0)] && three.next.is_none(),
         format!("last page: {:?} then {:?}", ids(&three), three.next),
     )?;
+    // A range's start is in it, its end is not.
+    let inner = crate::ports::roots::RootFilter {
+        since: Some(t0 + 1000),
+        until: Some(t0 + 3000),
+        ..Default::default()
+    };
+    let middle = b.log.roots_page(&inner, 10, None).await?;
+    ensure(
+        ids(&middle) == [name(2), name(1)] && middle.next.is_none(),
+        format!("roots started in [t0+1s, t0+3s): {:?}", ids(&middle)),
+    )?;
     let ended = b
         .log
         .roots_page(

@@ -109,6 +109,28 @@ fn key(started_at: u64, root: &str) -> Vec<u8> {
     k
 }
 
+/// Whether a summary, as encoded in the index, may pass the (normalized) filter `f`: a
+/// look at its bytes that a filtered page makes before it decodes one, and that never
+/// turns away a summary that passes. MessagePack keeps a string as its UTF-8 bytes, so
+/// an agent or status that matches is among them, and so is a mission's text, ASCII
+/// case aside; a summary with other than ASCII bytes is decoded, since lowering some
+/// letters beyond ASCII gives ASCII ones.
+fn may_match(f: &RootFilter, encoded: &[u8]) -> bool {
+    let holds = |needle: &[u8], eq: fn(&[u8], &[u8]) -> bool| {
+        needle.is_empty() || encoded.windows(needle.len()).any(|w| eq(w, needle))
+    };
+    let exact = |a: &[u8], b: &[u8]| a == b;
+    f.agent
+        .as_deref()
+        .is_none_or(|a| holds(a.as_bytes(), exact))
+        && f.status
+            .as_deref()
+            .is_none_or(|a| holds(a.as_bytes(), exact))
+        && f.text.as_deref().is_none_or(|t| {
+            !encoded.is_ascii() || holds(t.as_bytes(), |a, b| a.eq_ignore_ascii_case(b))
+        })
+}
+
 fn u64_of(v: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(v.try_into().ok()?))
 }
@@ -317,15 +339,27 @@ impl RootsIndex {
         cursor: Option<&Cursor>,
     ) -> Result<RootsPage> {
         let by_time = &self.trees()?.by_time;
-        let range = match cursor {
-            Some(c) => by_time.range(..key(c.started_at, &c.root)),
-            None => by_time.iter(),
+        let f = filter.normalized();
+        // A time range and the cursor bound the keys read (they begin with the start time).
+        let mut hi = cursor.map(|c| key(c.started_at, &c.root));
+        if let Some(until) = f.until {
+            let k = key(until, "");
+            hi = Some(hi.map_or(k.clone(), |h| h.min(k)));
+        }
+        let lo = f.since.map(|t| key(t, ""));
+        let range = match (lo, hi) {
+            (Some(l), Some(h)) if l >= h => return Ok(RootsPage::default()),
+            (Some(l), Some(h)) => by_time.range(l..h),
+            (Some(l), None) => by_time.range(l..),
+            (None, Some(h)) => by_time.range(..h),
+            (None, None) => by_time.iter(),
         };
-        let items = range.rev().map(|item| {
-            let (_, v) = item.map_err(backend_err)?;
-            decode::<RootSummary>(&v)
+        let items = range.rev().filter_map(|item| match item {
+            Ok((_, v)) if !may_match(&f, &v) => None,
+            Ok((_, v)) => Some(decode::<RootSummary>(&v)),
+            Err(e) => Some(Err(backend_err(e))),
         });
-        page(items, filter, limit, cursor)
+        page(items, &f, limit, cursor)
     }
 
     /// Bytes the index keeps on disk per root, keys and values (not sled's own overhead).
@@ -408,5 +442,66 @@ impl RootsIndex {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_look_at_encoded_bytes_never_turns_away_a_summary_that_passes() {
+        let missions = [
+            "Plan the Q3 launch",
+            "say \"hi\" to the team",
+            "ÜBER-Plan für Köln",
+            "a 5 \u{212A}m run",   // the Kelvin sign lowers to an ASCII k
+            "\u{130}stanbul trip", // a dotted capital I lowers to an i and a mark
+            "",
+        ];
+        let texts = [
+            "plan", "\"hi\"", "über", "köln", "km", "k", "i", "istanbul", "zzz",
+        ];
+        for (n, mission) in missions.iter().enumerate() {
+            for status in ["completed", "awaiting_input"] {
+                let s = RootSummary {
+                    root: format!("r{n}"),
+                    agent: "planner".into(),
+                    status: status.into(),
+                    started_at: 1_700_000_000_000 + n as u64,
+                    updated_at: 1_700_000_000_000 + n as u64,
+                    mission: (*mission).into(),
+                    last_seq: 3,
+                };
+                let bytes = encode(&s).unwrap();
+                let mut filters = vec![RootFilter::default()];
+                for t in texts {
+                    filters.push(RootFilter {
+                        text: Some(t.to_uppercase()),
+                        ..Default::default()
+                    });
+                }
+                for a in ["planner", "plan", "other"] {
+                    filters.push(RootFilter {
+                        agent: Some(a.into()),
+                        status: Some("completed".into()),
+                        ..Default::default()
+                    });
+                }
+                for f in filters {
+                    let f = f.normalized();
+                    if f.matches(&s) {
+                        assert!(may_match(&f, &bytes), "{f:?} turned away {s:?}");
+                    }
+                }
+                // It does turn away what cannot match, or it would save nothing.
+                let other = RootFilter {
+                    agent: Some("other".into()),
+                    ..Default::default()
+                };
+                assert!(!may_match(&other.normalized(), &bytes));
+            }
+        }
     }
 }
