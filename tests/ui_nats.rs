@@ -104,7 +104,8 @@ async fn a_tree_started_from_the_page_runs_on_the_clusters_workers_and_streams_l
 
 /// On a cluster the inboxes read the open roots (`SKEIN_ROOT_OPEN`): a question still
 /// waiting is listed by the page's API, `skein inbox` and the MCP tool, and the question
-/// of a tree cancelled since is not.
+/// of a tree cancelled since is not. `/metrics` (the embedded store's retention totals)
+/// answers 404 on a cluster.
 #[tokio::test(flavor = "multi_thread")]
 async fn on_a_cluster_the_inboxes_list_a_waiting_question_and_not_an_ended_trees() {
     let sb = Sandbox::new();
@@ -182,6 +183,15 @@ async fn on_a_cluster_the_inboxes_list_a_waiting_question_and_not_an_ended_trees
         api,
         "the MCP tool and the page's API differ"
     );
+    // The retention totals of /metrics are the embedded store's: here the workers count.
+    let r = http
+        .get(format!("{}/metrics", ui.url))
+        .send()
+        .await
+        .expect("metrics");
+    assert_eq!(r.status(), 404);
+    let why = r.text().await.expect("text");
+    assert!(why.contains("skein worker --http"), "{why}");
     let _ = w.kill();
     let _ = w.wait();
 }
