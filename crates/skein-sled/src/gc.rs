@@ -7,7 +7,8 @@
 //! records (see [`crate::wal`]'s `compact`), and first takes out of the sled database
 //! what names them: the trees' entries in the index of roots, cache entries whose answer
 //! came from them, watchers and jobs of their sessions. Blobs stay (another tree may name
-//! the same one).
+//! the same one). Last it adds what it removed to the store's totals ([`RemovedTotals`],
+//! tree `retention`), which `skein ui` serves at `/metrics`.
 
 use std::collections::HashSet;
 use std::path::Path;
