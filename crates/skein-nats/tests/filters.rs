@@ -182,6 +182,17 @@ async fn every_kind_of_filter_lists_what_the_logs_say_page_by_page() {
             until: Some(T0 + 200_000),
         },
         RootFilter {
+            status: Some("completed".into()),
+            since: Some(T0 + 290_000),
+            ..f()
+        },
+        RootFilter {
+            status: Some("completed".into()),
+            since: Some(T0 + 9_000),
+            until: Some(T0 + 14_000),
+            ..f()
+        },
+        RootFilter {
             agent: Some("nobody".into()),
             ..f()
         },

@@ -617,7 +617,12 @@ impl NatsStore {
                     break;
                 }
             }
-            if lower <= first {
+            // Older blocks ended before the range starts, so they started before it too.
+            if lower <= first
+                || filter
+                    .since
+                    .is_some_and(|t| ended_before.saturating_add(CLOCK_MARGIN_MS) < t)
+            {
                 break;
             }
             upper = lower - 1;
