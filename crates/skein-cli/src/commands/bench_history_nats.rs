@@ -164,7 +164,8 @@ async fn run(app: &App, url: &str, n: usize) -> Result<serde_json::Value> {
         (
             "rare_text_ms",
             vec!["--text".to_string(), format!("HISTORY TREE {k}")],
-            None,
+            // Tree k alone: k·10 is past the newest.
+            (n > 10).then_some(1),
         ),
         (
             "rare_agent_ms",

@@ -51,7 +51,9 @@ pub(crate) const SKEW: u64 = 16;
 const REBUILD_WIDTH: usize = 32;
 /// The largest block of the index a page reads at once; blocks above
 /// [`DIRECT_BLOCK`] sequences come through a consumer.
-const MAX_BLOCK: u64 = 16_384;
+const MAX_BLOCK: u64 = 65_536;
+/// The most sequences one consumer reads: a larger block is read by several at once.
+const CONSUMER_PART: u64 = 16_384;
 const DIRECT_BLOCK: u64 = 64;
 /// The statuses of an ended root.
 const FINISHED: [&str; 3] = ["completed", "failed", "cancelled"];
@@ -86,6 +88,38 @@ fn ending(r: &Record) -> Option<Status> {
         Event::Cancelled(_) => Some(Status::Cancelled),
         _ => None,
     }
+}
+
+/// The messages of `st` in `lower..=upper`, through consumers, a part of at most
+/// [`CONSUMER_PART`] sequences each, all at once; none when a consumer could not be made.
+async fn read_range(
+    st: &stream::Stream,
+    subject: &str,
+    lower: u64,
+    upper: u64,
+) -> Result<Option<Vec<(u64, Bytes)>>> {
+    let parts = (lower..=upper)
+        .step_by(CONSUMER_PART as usize)
+        .map(|from| async move {
+            let mut msgs = vec![];
+            let to = (from + CONSUMER_PART - 1).min(upper);
+            let made = super::read::read_through_consumer_to(
+                st,
+                subject,
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                Some(to),
+                &mut msgs,
+            )
+            .await?;
+            Ok::<_, Error>(made.then_some(msgs))
+        });
+    let got = futures::future::try_join_all(parts).await?;
+    Ok(got
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .map(|parts| parts.concat()))
 }
 
 async fn last_of(st: &stream::Stream, subject: &str) -> Result<Option<(u64, Bytes)>> {
@@ -501,18 +535,8 @@ impl NatsStore {
         upper: u64,
     ) -> Result<Vec<(u64, String, Option<RootSummary>)>> {
         if upper - lower + 1 > DIRECT_BLOCK {
-            let mut msgs = vec![];
-            let streamed = super::read::read_through_consumer_to(
-                &self.roots_starts,
-                "skein.roots.*",
-                consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: lower,
-                },
-                Some(upper),
-                &mut msgs,
-            )
-            .await;
-            if let Ok(true) = streamed {
+            let streamed = read_range(&self.roots_starts, "skein.roots.*", lower, upper).await;
+            if let Ok(Some(msgs)) = streamed {
                 let mut out = Vec::with_capacity(msgs.len());
                 for (seq, payload) in msgs {
                     match decode(&payload) {
@@ -586,22 +610,13 @@ impl NatsStore {
         let mut block = (limit as u64 + SKEW).max(32);
         while upper >= first && upper > 0 {
             let lower = upper.saturating_sub(block - 1).max(first);
-            let mut msgs = vec![];
-            let streamed = super::read::read_through_consumer_to(
-                &self.root_state,
-                "skein.rootstate.*",
-                consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: lower,
-                },
-                Some(upper),
-                &mut msgs,
-            )
-            .await?;
-            if !streamed {
+            let Some(msgs) =
+                read_range(&self.root_state, "skein.rootstate.*", lower, upper).await?
+            else {
                 return Err(Error::unavailable_because(
                     "no consumer could be made to read the ended roots".to_string(),
                 ));
-            }
+            };
             let mut ended_before = u64::MAX;
             for s in msgs.iter().filter_map(|(_, b)| decode(b)) {
                 ended_before = ended_before.min(s.updated_at);
