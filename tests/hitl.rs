@@ -985,3 +985,68 @@ turns:
         used
     );
 }
+
+/// The inboxes read the open roots only: a question and an approval still waiting are
+/// listed by `skein inbox` and the MCP tool, while a tree that asked and was then
+/// cancelled, and one that finished, are not.
+#[test]
+fn the_inbox_lists_what_open_trees_wait_for_and_nothing_of_an_ended_tree() {
+    let sb = Sandbox::new();
+    writer_agent(&sb);
+    sb.agent("helper", "tools: [ask_user]\n", HELPER).agent(
+        "quick",
+        "",
+        "turns:\n  - answer: \"done\"\n",
+    );
+    for (agent, id) in [
+        ("scribe", "approval"),
+        ("helper", "asks"),
+        ("helper", "ended"),
+    ] {
+        let out = run(&sb, &["run", "--agent", agent, "--id", id, "--json", "go"]);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    stdout_of(&run(
+        &sb,
+        &["run", "--agent", "quick", "--id", "finished", "go"],
+    ));
+    let before: Vec<String> = inbox(&sb)
+        .iter()
+        .map(|i| i["session"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(before, ["approval", "asks", "ended"], "{before:?}");
+    stdout_of(&run(
+        &sb,
+        &["cancel", "ended", "--reason", "no longer needed"],
+    ));
+    for (via, items) in [
+        ("skein inbox", inbox(&sb)),
+        (
+            "list_inbox",
+            mcp_list_inbox(skein(&sb.config(), &sb.data())),
+        ),
+    ] {
+        let listed: Vec<(String, String)> = items
+            .iter()
+            .map(|i| {
+                (
+                    i["session"].as_str().unwrap().to_string(),
+                    i["kind"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("approval".to_string(), "approval".to_string()),
+                ("asks".to_string(), "question".to_string())
+            ],
+            "{via}: {items:?}"
+        );
+    }
+}

@@ -531,3 +531,78 @@ async fn the_live_feed_streams_a_running_trees_events() {
         .expect("live");
     assert_eq!(r.status(), 400);
 }
+
+/// `/metrics` of `ui`: its samples, `name value` each, and the whole text.
+async fn samples(ui: &UiServer, http: &reqwest::Client) -> (Vec<String>, String) {
+    let r = http
+        .get(format!("{}/metrics", ui.url))
+        .send()
+        .await
+        .expect("metrics");
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.expect("text");
+    let samples = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    (samples, text)
+}
+
+/// On the embedded store `skein ui` serves `/metrics` with what retention removed: zero
+/// before any `skein gc`, then the sums of every run's trees, sessions and bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_what_every_gc_removed_from_the_embedded_store() {
+    let sb = Sandbox::new();
+    sb.agent("quick", "", "turns:\n  - answer: \"done\"\n");
+    let http = reqwest::Client::new();
+    {
+        let ui = UiServer::start(&sb.config(), &sb.data(), &[]);
+        let (samples, text) = samples(&ui, &http).await;
+        assert_eq!(
+            samples,
+            [
+                "skein_gc_removed_trees_total 0",
+                "skein_gc_removed_sessions_total 0",
+                "skein_gc_removed_bytes_total 0"
+            ],
+            "{text}"
+        );
+        assert!(text.contains("# TYPE skein_gc_removed_trees_total counter"));
+    }
+    let run = |args: &[&str]| -> Value {
+        let out = skein(&sb.config(), &sb.data())
+            .args(args)
+            .output()
+            .expect("skein");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let mut bytes = 0;
+    for ids in [&["one", "two"][..], &["three"]] {
+        for id in ids {
+            run(&["run", "--agent", "quick", "--id", id, "--json", "go"]);
+        }
+        let gc = run(&["gc", "--older-than", "0s", "--json"]);
+        assert_eq!(gc["removed"]["trees"], ids.len(), "{gc}");
+        let r = &gc["removed"];
+        bytes += r["log_bytes_before"].as_u64().expect("before")
+            - r["log_bytes_after"].as_u64().expect("after");
+    }
+    assert!(bytes > 0);
+    let ui = UiServer::start(&sb.config(), &sb.data(), &[]);
+    let (samples, text) = samples(&ui, &http).await;
+    assert_eq!(
+        samples,
+        [
+            "skein_gc_removed_trees_total 3".to_string(),
+            "skein_gc_removed_sessions_total 3".to_string(),
+            format!("skein_gc_removed_bytes_total {bytes}")
+        ],
+        "{text}"
+    );
+}

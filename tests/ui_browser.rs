@@ -788,36 +788,44 @@ async fn screenshots() {
     b.close().await;
 }
 
-/// A store of 10,000 finished one-session trees, written straight into the store's log (a
-/// submission and an answer each, the newest last), under `dir`.
-async fn history(dir: &Path, trees: usize) {
+/// History tree `k`: a finished one-session tree `hist{k:05}` (a submission of agent
+/// `writer`, mission "history tree {k}", and an answer), started `k` seconds after the
+/// first, so the higher `k` the newer.
+fn history_tree(k: usize) -> (skein_core::SessionId, Vec<skein_core::Record>) {
     use skein_core::event::{genesis_hash, Completed, Submitted};
     use skein_core::{Envelope, Event, Record, SessionId};
+    let id = SessionId::root(&format!("hist{k:05}")).expect("id");
+    let at = 1_700_000_000_000 + k as u64 * 1000;
+    let mut prev = genesis_hash(&id);
+    let mut records = vec![];
+    let bodies = [
+        Event::Submitted(Submitted {
+            mission: format!("history tree {k}"),
+            ..Submitted::for_test("writer")
+        }),
+        Event::Completed(Completed {
+            answer: format!("answer {k}"),
+            usage_total: Default::default(),
+            steps: 1,
+        }),
+    ];
+    for (i, body) in bodies.into_iter().enumerate() {
+        let env = Envelope::new(id.clone(), i as u64 + 1, at + i as u64, prev, body);
+        let bytes = env.encode().expect("encode");
+        let r = Record { env, bytes };
+        prev = r.hash();
+        records.push(r);
+    }
+    (id, records)
+}
+
+/// A store of `trees` history trees, written straight into the embedded store's log under
+/// `dir`, the newest last.
+async fn history(dir: &Path, trees: usize) {
     use skein_runtime::ports::{Durability, EventLog};
     let store = skein_sled::SledStore::open(&data_of(dir), &dir.join("workspaces")).expect("store");
     for k in 0..trees {
-        let id = SessionId::root(&format!("hist{k:05}")).expect("id");
-        let at = 1_700_000_000_000 + k as u64 * 1000;
-        let mut prev = genesis_hash(&id);
-        let mut records = vec![];
-        let bodies = [
-            Event::Submitted(Submitted {
-                mission: format!("history tree {k}"),
-                ..Submitted::for_test("writer")
-            }),
-            Event::Completed(Completed {
-                answer: format!("answer {k}"),
-                usage_total: Default::default(),
-                steps: 1,
-            }),
-        ];
-        for (i, body) in bodies.into_iter().enumerate() {
-            let env = Envelope::new(id.clone(), i as u64 + 1, at + i as u64, prev, body);
-            let bytes = env.encode().expect("encode");
-            let r = Record { env, bytes };
-            prev = r.hash();
-            records.push(r);
-        }
+        let (id, records) = history_tree(k);
         store
             .append(&id, 0, &records, Durability::Ahead)
             .await
@@ -826,35 +834,121 @@ async fn history(dir: &Path, trees: usize) {
     store.flush().await.expect("flush");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_list_pages_through_ten_thousand_trees_and_opens_one() {
-    let cfg = slow_demo(0);
-    history(cfg.path(), 10_000).await;
-    let ui = UiServer::start(&cfg.path().join("skein.toml"), &data_of(cfg.path()), &[]);
+/// The same trees on the NATS server at `url`, through its event log port (so the index
+/// of roots is written as a submission writes it), in start order, a few at a time (as
+/// `skein bench --history --nats-local` writes them).
+async fn history_on_nats(url: &str, trees: usize) {
+    use futures::StreamExt;
+    use skein_runtime::ports::Durability;
+    let cfg = skein_nats::NatsConfig {
+        urls: vec![url.to_string()],
+        ..skein_nats::NatsConfig::default()
+    };
+    let store = skein_nats::NatsStore::connect(&cfg, Duration::from_secs(30))
+        .await
+        .expect("the store on NATS");
+    let b = store.backend();
+    let mut writes = futures::stream::iter((0..trees).map(|k| {
+        let b = &b;
+        async move {
+            let (id, records) = history_tree(k);
+            b.log.append(&id, 0, &records, Durability::Now).await
+        }
+    }))
+    .buffered(8);
+    while let Some(r) = writes.next().await {
+        r.expect("append");
+    }
+}
+
+/// The roots of `/api/sessions` with `query`, and the next page's cursor.
+async fn api_page(ui: &UiServer, query: &str) -> (Vec<String>, Option<String>) {
+    let r = reqwest::get(format!("{}/api/sessions?{query}", ui.url))
+        .await
+        .expect("sessions");
+    assert_eq!(r.status(), 200, "{query}");
+    let next = r
+        .headers()
+        .get("x-skein-next-cursor")
+        .map(|v| v.to_str().expect("cursor").to_string());
+    let rows: Value = r.json().await.expect("rows");
+    let roots = rows
+        .as_array()
+        .unwrap_or_else(|| panic!("{query}: {rows}"))
+        .iter()
+        .map(|row| row["session"].as_str().expect("session").to_string())
+        .collect();
+    (roots, next)
+}
+
+/// `hist{k:05}` for each `k` of `ks`.
+fn hist(ks: impl Iterator<Item = usize>) -> Vec<String> {
+    ks.map(|k| format!("hist{k:05}")).collect()
+}
+
+/// The API's answers on a store of the 10,000 history trees: whole pages, newest first,
+/// a cursor's next page, filters, and one tree.
+async fn the_api_pages_through_the_history(ui: &UiServer) {
+    let (first, next) = api_page(ui, "limit=20").await;
+    assert_eq!(first, hist((9980..10_000).rev()), "the newest page");
+    let next = next.expect("a cursor after the newest page");
+    let (second, _) = api_page(ui, &format!("limit=20&cursor={next}")).await;
+    assert_eq!(second, hist((9960..9980).rev()), "the next page");
+    let (filtered, more) = api_page(
+        ui,
+        "limit=20&status=completed&agent=writer&q=HISTORY%20TREE%20123",
+    )
+    .await;
+    // 123 and 1230–1239: eleven of them, newest first, and no page after.
+    let mut want = hist(1230..1240);
+    want.reverse();
+    want.push("hist00123".to_string());
+    assert_eq!((filtered, more), (want, None), "the mission filter");
+    let range = format!(
+        "limit=20&since={}&until={}",
+        1_700_000_000_000u64 + 5_000 * 1000,
+        1_700_000_000_000u64 + 5_003 * 1000
+    );
+    let (in_range, _) = api_page(ui, &range).await;
+    assert_eq!(in_range, hist((5000..5003).rev()), "the time range");
+    let tree: Value = reqwest::get(format!("{}/api/trees/hist04321", ui.url))
+        .await
+        .expect("tree")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(tree["sessions"][0]["status"], "completed", "{tree}");
+    assert_eq!(tree["sessions"][0]["answer"], "answer 4321", "{tree}");
+}
+
+/// In Chromium on a store of the 10,000 history trees: the newest page, the next one, a
+/// filter and one tree opened from the list.
+async fn the_page_pages_through_the_history(ui: &UiServer) {
     let b = Browser::start().await;
     let c = &b.client;
     c.goto(&format!("{}/#/?limit=20", ui.url))
         .await
         .expect("page");
-    let first = b
-        .until(
-            "the newest page",
-            "document.querySelectorAll('#sessions tbody tr').length === 20 && \
-             document.getElementById('next-page') && \
-             document.querySelector('#sessions a.root-link').textContent",
-        )
-        .await;
-    assert_eq!(first, json!("hist09999"));
+    let roots = "[...document.querySelectorAll('#sessions a.root-link')].map(a => a.textContent)";
+    b.until(
+        "the newest page",
+        "document.querySelectorAll('#sessions tbody tr').length === 20 && \
+         document.getElementById('next-page') && \
+         document.querySelector('#sessions a.root-link').textContent",
+    )
+    .await;
+    let first: Vec<String> = serde_json::from_value(b.js(roots).await).expect("roots");
+    assert_eq!(first, hist((9980..10_000).rev()), "the newest page");
     b.js("document.getElementById('next-page').click()").await;
-    let second = b
-        .until(
-            "the next page",
-            "document.getElementById('newest-page') && \
-             document.querySelector('#sessions a.root-link').textContent !== 'hist09999' && \
-             document.querySelector('#sessions a.root-link').textContent",
-        )
-        .await;
-    assert_eq!(second, json!("hist09979"));
+    b.until(
+        "the next page",
+        "document.getElementById('newest-page') && \
+         document.querySelector('#sessions a.root-link').textContent !== 'hist09999' && \
+         document.querySelectorAll('#sessions tbody tr').length === 20",
+    )
+    .await;
+    let second: Vec<String> = serde_json::from_value(b.js(roots).await).expect("roots");
+    assert_eq!(second, hist((9960..9980).rev()), "the next page");
     // A filter reads the index too, and starts again from the newest page.
     b.js(
         "(() => { const q = document.querySelector('input[name=q]'); \
@@ -880,4 +974,38 @@ async fn the_list_pages_through_ten_thousand_trees_and_opens_one() {
     )
     .await;
     b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_list_pages_through_ten_thousand_trees_and_opens_one() {
+    let cfg = slow_demo(0);
+    history(cfg.path(), 10_000).await;
+    let ui = UiServer::start(&cfg.path().join("skein.toml"), &data_of(cfg.path()), &[]);
+    the_api_pages_through_the_history(&ui).await;
+    the_page_pages_through_the_history(&ui).await;
+}
+
+/// The same on NATS: the 10,000 trees written through the event log port to a real
+/// nats-server, the page served by `skein ui --nats` (read-only: no worker is needed to
+/// read).
+#[tokio::test(flavor = "multi_thread")]
+async fn on_nats_the_list_pages_through_ten_thousand_trees_and_opens_one() {
+    let server = skein_testnats::NatsServer::start();
+    let url = server.url();
+    history_on_nats(&url, 10_000).await;
+    let cfg = slow_demo(0);
+    let ui = UiServer::start(
+        &cfg.path().join("skein.toml"),
+        &data_of(cfg.path()),
+        &["--nats", &url],
+    );
+    let info: Value = reqwest::get(format!("{}/api/info", ui.url))
+        .await
+        .expect("info")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(info["backend"], "nats", "{info}");
+    the_api_pages_through_the_history(&ui).await;
+    the_page_pages_through_the_history(&ui).await;
 }

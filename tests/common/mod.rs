@@ -267,3 +267,48 @@ pub fn events(sb: &Sandbox, id: &str) -> Vec<serde_json::Value> {
 pub fn of_kind<'a>(events: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
     events.iter().filter(|e| e["kind"] == kind).collect()
 }
+
+/// The items the MCP tool `list_inbox` (no root) answers with, from `skein mcp` over
+/// stdio started as `cmd` (a `skein` command with its global options, not yet its
+/// subcommand).
+pub fn mcp_list_inbox(mut cmd: Command) -> Vec<serde_json::Value> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = cmd
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("skein mcp starts");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout"))
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(&l.expect("line")).expect("JSON"));
+    // The call is sent once the server has answered `initialize` (it takes messages
+    // concurrently, so one sent sooner could be read first).
+    let mut send = |msg: &str| {
+        writeln!(stdin, "{msg}").expect("write");
+        stdin.flush().expect("flush");
+    };
+    send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"inbox-check","version":"1"}}}"#,
+    );
+    let init = lines.by_ref().find(|v| v["id"] == 1);
+    assert!(
+        init.as_ref().is_some_and(|v| v["result"].is_object()),
+        "initialize: {init:?}"
+    );
+    send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    send(
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"list_inbox","arguments":{}}}"#,
+    );
+    let answer = lines.find(|v| v["id"] == 2);
+    // The server ends when its input does.
+    drop(stdin);
+    let _ = child.wait();
+    let answer = answer.expect("an answer to list_inbox");
+    assert_ne!(answer["result"]["isError"], true, "{answer}");
+    answer["result"]["structuredContent"]["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no items: {answer}"))
+        .clone()
+}

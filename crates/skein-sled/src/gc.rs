@@ -7,7 +7,8 @@
 //! records (see [`crate::wal`]'s `compact`), and first takes out of the sled database
 //! what names them: the trees' entries in the index of roots, cache entries whose answer
 //! came from them, watchers and jobs of their sessions. Blobs stay (another tree may name
-//! the same one).
+//! the same one). Last it adds what it removed to the store's totals ([`RemovedTotals`],
+//! tree `retention`), which `skein ui` serves at `/metrics`.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -31,7 +32,64 @@ pub struct Removed {
     pub log_bytes_after: u64,
 }
 
+/// What retention removed from a store over its whole life: the sum of every
+/// [`remove_trees`] on it, kept in its sled database (tree `retention`), so a process that
+/// serves `/metrics` on the store can show it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RemovedTotals {
+    pub trees: u64,
+    pub sessions: u64,
+    /// By how much the event log shrank.
+    pub bytes: u64,
+}
+
+/// The sled tree of the totals, and its keys.
+const TOTALS: &str = "retention";
+const TOTAL_KEYS: [&str; 3] = ["trees", "sessions", "bytes"];
+
+fn totals_in(db: &sled::Db) -> Result<RemovedTotals> {
+    let tree = db.open_tree(TOTALS).map_err(backend_err)?;
+    let mut n = [0u64; 3];
+    for (slot, key) in n.iter_mut().zip(TOTAL_KEYS) {
+        if let Some(v) = tree.get(key).map_err(backend_err)? {
+            let bytes: [u8; 8] = v.as_ref().try_into().map_err(|_| {
+                Error::corrupt_because(format!(
+                    "the retention total `{key}` is {} bytes, not 8",
+                    v.len()
+                ))
+            })?;
+            *slot = u64::from_be_bytes(bytes);
+        }
+    }
+    Ok(RemovedTotals {
+        trees: n[0],
+        sessions: n[1],
+        bytes: n[2],
+    })
+}
+
+fn add_to_totals(db: &sled::Db, r: &Removed) -> Result<()> {
+    let was = totals_in(db)?;
+    let now = [
+        was.trees.saturating_add(r.trees),
+        was.sessions.saturating_add(r.sessions),
+        was.bytes
+            .saturating_add(r.log_bytes_before.saturating_sub(r.log_bytes_after)),
+    ];
+    let tree = db.open_tree(TOTALS).map_err(backend_err)?;
+    for (key, n) in TOTAL_KEYS.into_iter().zip(now) {
+        tree.insert(key, &n.to_be_bytes()).map_err(backend_err)?;
+    }
+    Ok(())
+}
+
 impl SledStore {
+    /// What [`remove_trees`] removed from this store so far, summed over every run (all
+    /// zero for a store never collected). Opens the sled database if it is not yet.
+    pub fn removed_totals(&self) -> Result<RemovedTotals> {
+        totals_in(&self.sled.open()?.db)
+    }
+
     /// The trees that may be removed as older than `before` (ms since the epoch): the
     /// root's last event is before it, and the root and every session of its tree have
     /// ended. Oldest first.
@@ -126,6 +184,9 @@ pub fn remove_trees(dir: &Path, roots: &[SessionId]) -> Result<Removed> {
     removed.records = c.records;
     removed.log_bytes_before = c.bytes_before;
     removed.log_bytes_after = c.bytes_after;
+    // Counted once the log is written anew, while this process still holds the lock.
+    add_to_totals(&db, &removed)?;
+    db.flush().map_err(backend_err)?;
     tracing::info!(
         trees = removed.trees,
         sessions = removed.sessions,

@@ -10,7 +10,7 @@ use skein_core::event::{genesis_hash, Completed, InputRequested, Submitted};
 use skein_core::{Envelope, Event, Record, SessionId};
 use skein_ports::roots::RootFilter;
 use skein_runtime::ports::{Durability, EventLog};
-use skein_sled::gc::remove_trees;
+use skein_sled::gc::{remove_trees, RemovedTotals};
 use skein_sled::SledStore;
 
 fn open(dir: &Path) -> Arc<SledStore> {
@@ -165,4 +165,40 @@ async fn only_old_finished_trees_are_removed_and_the_rest_stays_whole() {
     drop(store);
     let store = open(dir.path());
     assert_eq!(store.read(&id("after"), 1).await.unwrap().len(), 1);
+}
+
+/// Each removal adds what it removed to the store's totals, which outlive the process
+/// and start at zero.
+#[tokio::test]
+async fn the_totals_of_what_was_removed_add_up_over_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let id = |s: &str| SessionId::root(s).unwrap();
+    assert_eq!(store.removed_totals().unwrap(), RemovedTotals::default());
+    write(&store, &id("a"), 1_000, vec![submitted("a"), completed()]).await;
+    let b = id("b");
+    write(&store, &b, 2_000, vec![submitted("b"), completed()]).await;
+    write(
+        &store,
+        &b.child("helper", 1),
+        2_100,
+        vec![submitted("h"), completed()],
+    )
+    .await;
+    write(&store, &id("kept"), 3_000, vec![submitted("k")]).await;
+    drop(store);
+    let data = dir.path().join("data");
+    let first = remove_trees(&data, &[id("a")]).unwrap();
+    let second = remove_trees(&data, &[b]).unwrap();
+    let shrank = |r: &skein_sled::gc::Removed| r.log_bytes_before - r.log_bytes_after;
+    assert!(shrank(&first) > 0 && shrank(&second) > 0);
+    let store = open(dir.path());
+    assert_eq!(
+        store.removed_totals().unwrap(),
+        RemovedTotals {
+            trees: 2,
+            sessions: 3,
+            bytes: shrank(&first) + shrank(&second),
+        }
+    );
 }

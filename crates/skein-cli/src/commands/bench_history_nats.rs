@@ -6,7 +6,8 @@
 //! log port (so the index of roots is written as a submission writes it), one tree after
 //! the other in start order, each a second before the next. Then each command runs as a
 //! whole process against the server, five times, and its median wall time is kept:
-//! `skein sessions` (the newest 20, the next page, a filtered page), `skein tree` and
+//! `skein sessions` (the newest 20, the next page, a filtered page, and a filter of each
+//! kind that matches few trees or none: mission text, agent, status, time range), `skein tree` and
 //! `skein events` of one tree, `skein submit --wait` of a one-turn tree (its submission,
 //! its step and its completion) and of a tree with one delegation hop. Beside them, in
 //! this process: the open roots (what a worker's sweep and start read), and how long a
@@ -150,6 +151,54 @@ async fn run(app: &App, url: &str, n: usize) -> Result<serde_json::Value> {
         "--text",
         "HISTORY TREE",
     ]))?;
+    // Filters that match few trees or none, each of its kind: they read as far back as
+    // any filter does. Tree k = n / 10 is far back, in the oldest tenth.
+    let k = n / 10;
+    let at_k = newest - ((n - 1 - k) as u64) * 1000;
+    let rows_of = |w: &Whole| -> Result<usize> {
+        let v: serde_json::Value = serde_json::from_str(&w.stdout)?;
+        Ok(v.as_array().map_or(0, Vec::len))
+    };
+    let mut rare = vec![];
+    for (key, args, want) in [
+        (
+            "rare_text_ms",
+            vec!["--text".to_string(), format!("HISTORY TREE {k}")],
+            // Tree k alone: k·10 is past the newest.
+            (n > 10).then_some(1),
+        ),
+        (
+            "rare_agent_ms",
+            vec!["--agent".into(), "two".into()],
+            Some(0),
+        ),
+        (
+            "rare_status_ms",
+            vec!["--status".into(), "failed".into()],
+            Some(0),
+        ),
+        (
+            "rare_range_ms",
+            vec![
+                "--since".into(),
+                at_k.to_string(),
+                "--until".into(),
+                (at_k + 5000).to_string(),
+            ],
+            (n > 10).then_some(5.min(n - 1 - k)),
+        ),
+    ] {
+        let mut all = vec!["sessions".to_string(), "--json".to_string()];
+        all.extend(args);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let w = whole_of(nats(&all))?;
+        let rows = rows_of(&w)?;
+        anyhow::ensure!(
+            want.is_none_or(|want| rows == want) && rows <= 20,
+            "{key}: {rows} trees listed"
+        );
+        rare.push((key, w.ms));
+    }
     let middle = if n > 1 {
         format!("h{tag}{:07}", (n - 1) / 2)
     } else {
@@ -192,7 +241,7 @@ async fn run(app: &App, url: &str, n: usize) -> Result<serde_json::Value> {
     let worker_start_ms = t.elapsed().as_secs_f64() * 1000.0;
     drop(second);
     drop(worker);
-    Ok(json!({
+    let mut figures = json!({
         "trees": n,
         "events_per_tree": events_per_tree,
         "build": {"write_ms": write_ms},
@@ -206,13 +255,21 @@ async fn run(app: &App, url: &str, n: usize) -> Result<serde_json::Value> {
         "open_roots_ms": open_roots_ms,
         "open_roots": open.len(),
         "worker_start_ms": worker_start_ms,
-    }))
+    });
+    for (key, ms) in rare {
+        figures[key] = json!(ms);
+    }
+    Ok(figures)
 }
 
 /// The figures compared across sizes: key and label.
-const FIGURES: [(&str, &str); 9] = [
+const FIGURES: [(&str, &str); 13] = [
     ("sessions_ms", "skein sessions (newest 20)"),
     ("filtered_ms", "skein sessions, filtered"),
+    ("rare_text_ms", "sessions, rare mission text"),
+    ("rare_agent_ms", "sessions, agent of none"),
+    ("rare_status_ms", "sessions, status of none"),
+    ("rare_range_ms", "sessions, rare time range"),
     ("next_page_ms", "skein sessions, next page"),
     ("tree_ms", "skein tree"),
     ("events_ms", "skein events"),

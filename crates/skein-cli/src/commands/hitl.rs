@@ -14,7 +14,7 @@ use crate::render;
 
 #[derive(Args, Debug)]
 pub struct InboxArgs {
-    /// Only this tree (default: every tree).
+    /// Only this tree (default: every tree not yet ended).
     pub id: Option<String>,
     #[arg(long)]
     pub json: bool,
@@ -53,7 +53,9 @@ pub async fn inbox(app: &App, a: InboxArgs) -> Result<ExitCode> {
     let rt = app.runtime(backend)?;
     let roots = match &a.id {
         Some(id) => vec![SessionId::parse(id)?.root_id()],
-        None => rt.backend.log.roots().await?,
+        // Only a tree not yet ended can wait for a person: the open roots (from the index
+        // of roots), so listing costs what is open, not the whole history.
+        None => rt.backend.log.open_roots().await?,
     };
     let items = hitl::inbox(&rt, &roots).await?;
     if a.json {

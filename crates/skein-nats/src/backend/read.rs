@@ -152,6 +152,22 @@ pub(crate) async fn read_through_consumer(
     deliver: consumer::DeliverPolicy,
     out: &mut Vec<(u64, Bytes)>,
 ) -> Result<bool> {
+    read_through_consumer_to(st, subject, deliver, None, out).await
+}
+
+/// [`read_through_consumer`], stopping after stream seq `last` when one is given (a
+/// block of a stream read at once).
+pub(crate) async fn read_through_consumer_to(
+    st: &stream::Stream,
+    subject: &str,
+    deliver: consumer::DeliverPolicy,
+    last: Option<u64>,
+    out: &mut Vec<(u64, Bytes)>,
+) -> Result<bool> {
+    let from = match deliver {
+        consumer::DeliverPolicy::ByStartSequence { start_sequence } => Some(start_sequence),
+        _ => None,
+    };
     let made = tokio::time::timeout(
         Duration::from_secs(2),
         st.create_consumer(consumer::pull::Config {
@@ -177,6 +193,9 @@ pub(crate) async fn read_through_consumer(
     };
     let name = cons.cached_info().name.clone();
     let mut left = cons.cached_info().num_pending;
+    if let (Some(from), Some(last)) = (from, last) {
+        left = left.min((last + 1).saturating_sub(from));
+    }
     let res = async {
         while left > 0 {
             let mut batch = cons
@@ -198,8 +217,20 @@ pub(crate) async fn read_through_consumer(
                 let Some(m) = next else { break };
                 let m = m.map_err(|e| nats_err("read", e))?;
                 let sseq = m.info().map_err(|e| nats_err("read", e))?.stream_sequence;
+                if last.is_some_and(|l| sseq > l) {
+                    // Past the block (sequences below it were removed): done.
+                    left = 0;
+                    break;
+                }
                 out.push((sseq, m.payload.clone()));
                 got += 1;
+                if last.is_some_and(|l| sseq == l) {
+                    left = 0;
+                    break;
+                }
+            }
+            if left == 0 {
+                break;
             }
             if got == 0 {
                 return Err(Error::unavailable_because(format!(

@@ -7,9 +7,11 @@
 //!   expected last subject sequence of 0, so that it is written once). Stream order is
 //!   the order roots were submitted, which is their start order (each root's first
 //!   record carries the submitter's clock): a page reads it backwards by sequence, a
-//!   block of direct gets at a time.
+//!   small block by direct gets, a large one through a consumer; a time range starts at
+//!   its end, found by a binary search over the starts, and stops past its start.
 //! - `SKEIN_ROOT_STATE`: `skein.rootstate.<root>`, a root's latest summary, written when
-//!   it ends (or is reopened by a question).
+//!   it ends (or is reopened by a question). A page of an ended status reads it
+//!   backwards (the order roots ended in); one of an open status reads the open marks.
 //! - `SKEIN_ROOT_OPEN`: `skein.rootopen.<root>`, a mark published with the root's start
 //!   and purged when it ends, so that the open roots are one subject listing of a stream
 //!   that holds only them (a subject filter, and a purge by subject, cost the stream's
@@ -29,7 +31,7 @@
 //! `SKEIN_EVENTS`.
 
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
-use async_nats::jetstream::{context, stream};
+use async_nats::jetstream::{consumer, context, stream};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use skein_core::{Event, Record, SessionId, Status};
@@ -47,6 +49,16 @@ const INDEX_SUBJECT: &str = "skein.rootindex";
 pub(crate) const SKEW: u64 = 16;
 /// Roots rebuilt at once.
 const REBUILD_WIDTH: usize = 32;
+/// The largest block of the index a page reads at once; blocks above
+/// [`DIRECT_BLOCK`] sequences come through a consumer.
+const MAX_BLOCK: u64 = 65_536;
+/// The most sequences one consumer reads: a larger block is read by several at once.
+const CONSUMER_PART: u64 = 16_384;
+const DIRECT_BLOCK: u64 = 64;
+/// The statuses of an ended root.
+const FINISHED: [&str; 3] = ["completed", "failed", "cancelled"];
+/// How far apart the clocks of the processes that end roots may be.
+const CLOCK_MARGIN_MS: u64 = 60_000;
 
 fn start_subject(root: &str) -> String {
     format!("skein.roots.{root}")
@@ -76,6 +88,38 @@ fn ending(r: &Record) -> Option<Status> {
         Event::Cancelled(_) => Some(Status::Cancelled),
         _ => None,
     }
+}
+
+/// The messages of `st` in `lower..=upper`, through consumers, a part of at most
+/// [`CONSUMER_PART`] sequences each, all at once; none when a consumer could not be made.
+async fn read_range(
+    st: &stream::Stream,
+    subject: &str,
+    lower: u64,
+    upper: u64,
+) -> Result<Option<Vec<(u64, Bytes)>>> {
+    let parts = (lower..=upper)
+        .step_by(CONSUMER_PART as usize)
+        .map(|from| async move {
+            let mut msgs = vec![];
+            let to = (from + CONSUMER_PART - 1).min(upper);
+            let made = super::read::read_through_consumer_to(
+                st,
+                subject,
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                Some(to),
+                &mut msgs,
+            )
+            .await?;
+            Ok::<_, Error>(made.then_some(msgs))
+        });
+    let got = futures::future::try_join_all(parts).await?;
+    Ok(got
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .map(|parts| parts.concat()))
 }
 
 async fn last_of(st: &stream::Stream, subject: &str) -> Result<Option<(u64, Bytes)>> {
@@ -342,9 +386,11 @@ impl NatsStore {
         }
     }
 
-    /// A page of roots from the index: blocks of `SKEIN_ROOTS` read backwards from the
-    /// newest (or from the cursor's root), each root's summary brought up to date, until
-    /// the page is full or the stream read.
+    /// A page of roots from the index. A filter on an open status reads the open marks
+    /// (what is open); one on a finished status reads `SKEIN_ROOT_STATE` backwards (where
+    /// finished roots are, in the order they ended); any other reads `SKEIN_ROOTS`
+    /// backwards from the newest, from the cursor's root or from the end of the time
+    /// range, to its start. Large blocks come through a consumer, not a get apiece.
     pub(crate) async fn indexed_roots_page(
         &self,
         filter: &RootFilter,
@@ -355,44 +401,15 @@ impl NatsStore {
         self.roots_ready().await?;
         let filter = filter.normalized();
         let limit = limit.clamp(1, MAX_PAGE);
-        let info = self
-            .roots_starts
-            .get_info()
-            .await
-            .map_err(|e| nats_err("read the index of roots", e))?;
-        let (first, last) = (info.state.first_sequence.max(1), info.state.last_sequence);
-        let mut upper = match &cursor {
-            Some(c) => match last_of(&self.roots_starts, &start_subject(&c.root)).await? {
-                Some((seq, _)) => (seq + SKEW).min(last),
-                // The cursor's root is gone (removed since): read from the newest.
-                None => last,
-            },
-            None => last,
+        let mut found = match filter.status.as_deref() {
+            Some(status) if FINISHED.contains(&status) => {
+                self.finished_page(&filter, limit, cursor.as_ref()).await?
+            }
+            Some(_) => self.open_page(&filter, cursor.as_ref()).await?,
+            None => self.starts_page(&filter, limit, cursor.as_ref()).await?,
         };
-        let mut found: Vec<RootSummary> = vec![];
-        let mut block = (limit as u64 + SKEW).max(32);
-        while upper >= first && upper > 0 && found.len() <= limit {
-            let lower = upper.saturating_sub(block - 1).max(first);
-            let got = futures::future::try_join_all((lower..=upper).map(|seq| async move {
-                match self.start_at(seq).await? {
-                    Some((root, start)) if !root.is_empty() => self.current(&root, start).await,
-                    _ => Ok(None),
-                }
-            }))
-            .await?;
-            for s in got.into_iter().flatten() {
-                if cursor.as_ref().is_some_and(|c| s.position() >= *c) || !filter.matches(&s) {
-                    continue;
-                }
-                found.push(s);
-            }
-            if lower <= first {
-                break;
-            }
-            upper = lower - 1;
-            block = (block * 2).min(1024);
-        }
         found.sort_by_key(|s| std::cmp::Reverse(s.position()));
+        found.dedup_by(|a, b| a.root == b.root);
         let next = if found.len() > limit {
             found.truncate(limit);
             found.last().map(|s| s.position().to_string())
@@ -400,6 +417,233 @@ impl NatsStore {
             None
         };
         Ok(RootsPage { roots: found, next })
+    }
+
+    /// Reads `SKEIN_ROOTS` backwards, a block at a time, until more than `limit` roots
+    /// pass (or the time range's start is passed, or the stream read). The start's
+    /// agent, mission and start time never change, so those conditions (and the cursor)
+    /// are tried on it first; only a root that passes them costs a get of its state.
+    async fn starts_page(
+        &self,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Vec<RootSummary>> {
+        let info = self
+            .roots_starts
+            .get_info()
+            .await
+            .map_err(|e| nats_err("read the index of roots", e))?;
+        let (first, last) = (info.state.first_sequence.max(1), info.state.last_sequence);
+        let mut upper = match cursor {
+            Some(c) => match last_of(&self.roots_starts, &start_subject(&c.root)).await? {
+                Some((seq, _)) => (seq + SKEW).min(last),
+                // The cursor's root is gone (removed since): read from the newest.
+                None => last,
+            },
+            None => last,
+        };
+        if let Some(until) = filter.until {
+            upper = upper.min(self.first_start_at_or_after(until, first, last).await? - 1 + SKEW);
+        }
+        let fixed = RootFilter {
+            status: None,
+            ..filter.clone()
+        };
+        // The lowest sequence still to read: set once a start before the range is seen.
+        let mut floor = first;
+        let mut found: Vec<RootSummary> = vec![];
+        let mut block = (limit as u64 + SKEW).max(32);
+        while upper >= floor && upper > 0 && found.len() <= limit {
+            let lower = upper.saturating_sub(block - 1).max(floor);
+            let starts = self.starts_between(lower, upper).await?;
+            if let Some(since) = filter.since {
+                if let Some(seq) = starts
+                    .iter()
+                    .filter(|(_, _, s)| s.as_ref().is_some_and(|s| s.started_at < since))
+                    .map(|(seq, _, _)| *seq)
+                    .max()
+                {
+                    floor = floor.max(seq.saturating_sub(SKEW));
+                }
+            }
+            let wanted = starts.into_iter().filter(|(_, _, start)| match start {
+                Some(s) => fixed.matches(s) && cursor.is_none_or(|c| s.position() < *c),
+                None => true,
+            });
+            let got = futures::stream::iter(wanted)
+                .map(|(_, root, start)| async move { self.current(&root, start).await })
+                .buffer_unordered(REBUILD_WIDTH)
+                .try_collect::<Vec<_>>()
+                .await?;
+            for s in got.into_iter().flatten() {
+                if cursor.is_some_and(|c| s.position() >= *c) || !filter.matches(&s) {
+                    continue;
+                }
+                found.push(s);
+            }
+            if lower <= floor {
+                break;
+            }
+            upper = lower - 1;
+            block = (block * 2).min(MAX_BLOCK);
+        }
+        Ok(found)
+    }
+
+    /// The first sequence of `SKEIN_ROOTS` whose start is at or after `at` (one past
+    /// `last` if none is), by a binary search: the stream is in start order (within
+    /// [`SKEW`]). A start that does not decode counts as before `at`.
+    async fn first_start_at_or_after(&self, at: u64, first: u64, last: u64) -> Result<u64> {
+        // The newest start before `at` means every start is, in start order; a stream
+        // that says otherwise (starts far in the future of later ones) is read whole.
+        match self.start_from(last).await? {
+            Some((_, Some(s))) if s.started_at >= at => {}
+            _ => return Ok(last + 1),
+        }
+        let (mut lo, mut hi) = (first, last + 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.start_from(mid).await? {
+                Some((seq, Some(s))) if s.started_at < at => lo = seq + 1,
+                Some((seq, None)) => lo = seq + 1,
+                _ => hi = mid,
+            }
+        }
+        Ok(lo)
+    }
+
+    /// The first start at or after sequence `seq`, as its sequence and summary.
+    async fn start_from(&self, seq: u64) -> Result<Option<(u64, Option<RootSummary>)>> {
+        match self
+            .roots_starts
+            .direct_get_next_for_subject("skein.roots.*", Some(seq))
+            .await
+        {
+            Ok(m) => Ok(Some((m.sequence, decode(&m.payload)))),
+            Err(e) if matches!(e.kind(), stream::DirectGetErrorKind::NotFound) => Ok(None),
+            Err(e) => Err(nats_err("read the index of roots", e)),
+        }
+    }
+
+    /// The starts of `SKEIN_ROOTS` in `lower..=upper`: as sequence, root and summary.
+    /// A small block by direct gets; a large one through a consumer (by gets when none
+    /// can be made).
+    async fn starts_between(
+        &self,
+        lower: u64,
+        upper: u64,
+    ) -> Result<Vec<(u64, String, Option<RootSummary>)>> {
+        if upper - lower + 1 > DIRECT_BLOCK {
+            let streamed = read_range(&self.roots_starts, "skein.roots.*", lower, upper).await;
+            if let Ok(Some(msgs)) = streamed {
+                let mut out = Vec::with_capacity(msgs.len());
+                for (seq, payload) in msgs {
+                    match decode(&payload) {
+                        Some(s) => out.push((seq, s.root.clone(), Some(s))),
+                        // The root is in the subject only: one get for it.
+                        None => match self.start_at(seq).await? {
+                            Some((root, start)) if !root.is_empty() => out.push((seq, root, start)),
+                            _ => {}
+                        },
+                    }
+                }
+                return Ok(out);
+            }
+        }
+        let got = futures::future::try_join_all(
+            (lower..=upper)
+                .map(|seq| async move { Ok::<_, Error>((seq, self.start_at(seq).await?)) }),
+        )
+        .await?;
+        Ok(got
+            .into_iter()
+            .filter_map(|(seq, m)| match m {
+                Some((root, start)) if !root.is_empty() => Some((seq, root, start)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The open roots that pass `filter` (an open status), each brought up to date.
+    async fn open_page(
+        &self,
+        filter: &RootFilter,
+        cursor: Option<&Cursor>,
+    ) -> Result<Vec<RootSummary>> {
+        let open = self.indexed_open_roots().await?;
+        let got = futures::stream::iter(open)
+            .map(|root| async move {
+                let start = self.root_start(root.as_str()).await?;
+                self.current(root.as_str(), start).await
+            })
+            .buffer_unordered(REBUILD_WIDTH)
+            .try_collect::<Vec<_>>()
+            .await?;
+        Ok(got
+            .into_iter()
+            .flatten()
+            .filter(|s| filter.matches(s) && cursor.is_none_or(|c| s.position() < *c))
+            .collect())
+    }
+
+    /// Reads `SKEIN_ROOT_STATE` (one summary per ended root, in the order they ended)
+    /// backwards, a block at a time, for roots in a finished status. A root ends after
+    /// it starts, so once a block's roots all ended (less a margin for clocks) before the
+    /// start of the page's last root, no older block holds one that sorts before it.
+    /// An ended root whose state was not written yet is an open mark: the listing of
+    /// open roots writes it first.
+    async fn finished_page(
+        &self,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Vec<RootSummary>> {
+        self.indexed_open_roots().await?;
+        let info = self
+            .root_state
+            .get_info()
+            .await
+            .map_err(|e| nats_err("read the index of roots", e))?;
+        let (first, mut upper) = (info.state.first_sequence.max(1), info.state.last_sequence);
+        let mut found: Vec<RootSummary> = vec![];
+        let mut block = (limit as u64 + SKEW).max(32);
+        while upper >= first && upper > 0 {
+            let lower = upper.saturating_sub(block - 1).max(first);
+            let Some(msgs) =
+                read_range(&self.root_state, "skein.rootstate.*", lower, upper).await?
+            else {
+                return Err(Error::unavailable_because(
+                    "no consumer could be made to read the ended roots".to_string(),
+                ));
+            };
+            let mut ended_before = u64::MAX;
+            for s in msgs.iter().filter_map(|(_, b)| decode(b)) {
+                ended_before = ended_before.min(s.updated_at);
+                if filter.matches(&s) && cursor.is_none_or(|c| s.position() < *c) {
+                    found.push(s);
+                }
+            }
+            if found.len() > limit {
+                found.sort_by_key(|s| std::cmp::Reverse(s.position()));
+                found.truncate(limit + 1);
+                let kth = found[limit].started_at;
+                if ended_before.saturating_add(CLOCK_MARGIN_MS) < kth {
+                    break;
+                }
+            }
+            // Older blocks ended before the range starts, so they started before it too.
+            if lower <= first
+                || filter
+                    .since
+                    .is_some_and(|t| ended_before.saturating_add(CLOCK_MARGIN_MS) < t)
+            {
+                break;
+            }
+            upper = lower - 1;
+            block = (block * 2).min(MAX_BLOCK);
+        }
+        Ok(found)
     }
 
     /// The open roots from their marks, each checked against its log's last record: a

@@ -60,7 +60,7 @@ pub(crate) struct StatusArgs {
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct InboxArgs {
-    /// Only this tree (any session id of it); every tree when left out.
+    /// Only this tree (any session id of it); every tree not yet ended when left out.
     pub(crate) root: Option<String>,
 }
 
@@ -342,7 +342,9 @@ async fn inbox(host: &Arc<Host>, a: Value) -> Result<Value, Value> {
     let q: InboxArgs = args("list_inbox", a)?;
     let roots = match q.root.as_deref().filter(|r| !r.trim().is_empty()) {
         Some(r) => vec![root_of(r)?],
-        None => host.backend.log.roots().await.map_err(failed)?,
+        // Only a tree not yet ended can wait for a person: the open roots, so the call
+        // costs what is open, not the whole history.
+        None => host.backend.log.open_roots().await.map_err(failed)?,
     };
     let items = hitl::inbox(&host.rt, &roots).await.map_err(failed)?;
     let v = serde_json::to_value(items).map_err(failed)?;

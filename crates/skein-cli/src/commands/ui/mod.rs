@@ -99,6 +99,8 @@ pub struct Ui {
     pub stopping: watch::Receiver<bool>,
     /// On NATS, where trees' announced results are read (stream `SKEIN_RESULTS`).
     pub results: Option<Arc<skein_nats::NatsStore>>,
+    /// The embedded store, whose retention totals `/metrics` shows.
+    pub store: Option<Arc<SledStore>>,
 }
 
 /// Refuses an address other than loopback without a token, and a token too short to
@@ -206,6 +208,7 @@ pub async fn ui(app: &App, a: UiArgs) -> Result<ExitCode> {
         live: live_tx,
         stopping: stop_rx,
         results,
+        store: store.clone(),
     });
     let listener = tokio::net::TcpListener::bind(a.addr)
         .await
@@ -250,8 +253,60 @@ pub fn router(ui: Arc<Ui>) -> axum::Router {
     axum::Router::new()
         .merge(assets::routes())
         .merge(api::routes())
+        .route("/metrics", axum::routing::get(metrics))
         .layer(axum::middleware::from_fn_with_state(ui.clone(), guard))
         .with_state(ui)
+}
+
+/// `/metrics` on the embedded store: what retention (`skein gc`) removed from it so far,
+/// in the Prometheus text format, under the names a worker uses. Like a worker's, it asks
+/// no token: it shows counts only. On a cluster the workers serve it (`--http`).
+async fn metrics(State(ui): State<Arc<Ui>>) -> Response {
+    let Some(store) = ui.store.clone() else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "on a cluster the workers serve /metrics (skein worker --http)",
+        );
+    };
+    match tokio::task::spawn_blocking(move || store.removed_totals()).await {
+        Ok(Ok(t)) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            retention_text(&t),
+        )
+            .into_response(),
+        Ok(Err(e)) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot read the retention totals: {}", e.report()),
+        ),
+        Err(e) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot read the retention totals: {e}"),
+        ),
+    }
+}
+
+/// The retention totals as Prometheus counters, with the help texts of
+/// [`skein_runtime::metrics::NAMES`].
+fn retention_text(t: &skein_sled::gc::RemovedTotals) -> String {
+    use skein_runtime::metrics as m;
+    let mut out = String::new();
+    for (name, n) in [
+        (m::GC_REMOVED_TREES, t.trees),
+        (m::GC_REMOVED_SESSIONS, t.sessions),
+        (m::GC_REMOVED_BYTES, t.bytes),
+    ] {
+        let help = m::NAMES
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map_or("", |(_, h)| *h);
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {n}\n"
+        ));
+    }
+    out
 }
 
 fn refuse(status: StatusCode, why: &str) -> Response {
@@ -377,6 +432,32 @@ mod tests {
         assert_eq!(host_part("localhost"), "localhost");
         assert_eq!(host_part("[::1]:80"), "[::1]");
         assert_eq!(host_part("http://evil.example:8080"), "evil.example");
+    }
+
+    #[test]
+    fn retention_totals_read_as_prometheus_counters() {
+        let text = retention_text(&skein_sled::gc::RemovedTotals {
+            trees: 3,
+            sessions: 7,
+            bytes: 4096,
+        });
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            samples,
+            [
+                "skein_gc_removed_trees_total 3",
+                "skein_gc_removed_sessions_total 7",
+                "skein_gc_removed_bytes_total 4096"
+            ]
+        );
+        assert!(
+            text.contains("# TYPE skein_gc_removed_bytes_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP skein_gc_removed_trees_total Finished trees"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -9,7 +9,8 @@ pub struct InboxQuery {
 }
 
 /// Every pending question (of a root) and approval, with its token (as
-/// `skein inbox --json`). An approval's `preview` is the call's whole arguments.
+/// `skein inbox --json`), of the trees not yet ended (read through the index of open
+/// roots, so the cost follows the open trees, not the history). An approval's `preview` is the call's whole arguments.
 #[utoipa::path(get, path = "/api/inbox", tag = "inbox", params(InboxQuery),
     responses((status = 200, description = "InboxItem objects, as `skein inbox --json`",
         body = Vec<Object>), (status = 503, body = ErrorBody)))]
@@ -20,7 +21,8 @@ pub(super) async fn inbox(
     let rt = ui.runtime()?;
     let roots = match &q.root {
         Some(r) => vec![session_id(r)?.root_id()],
-        None => ui.backend.log.roots().await?,
+        // The open roots only: an ended tree waits for nobody.
+        None => ui.backend.log.open_roots().await?,
     };
     Ok(Json(json(&hitl::inbox(rt, &roots).await?)?))
 }

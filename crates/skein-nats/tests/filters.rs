@@ -1,0 +1,234 @@
+//! Filtered pages of the index of roots on a real server: each kind of filter (status
+//! open and ended, agent, mission text, time range, and together), walked page by page
+//! with its cursor, lists exactly the roots the filter picks from the logs, newest first;
+//! enough roots that pages read blocks through a consumer, and roots that ended long
+//! after the others started (so the order roots ended in is not their start order).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use skein_core::event::{genesis_hash, Cancelled, Completed, Submitted};
+use skein_core::{Envelope, Event, Record, SessionId};
+use skein_nats::{NatsConfig, NatsStore};
+use skein_runtime::ports::roots::{RootFilter, RootSummary};
+use skein_runtime::ports::{Durability, EventLog};
+use skein_testnats::NatsServer;
+
+const ROOTS: u64 = 300;
+const T0: u64 = 1_700_000_000_000;
+/// Roots that stay open while the others are written, then end last: more than a
+/// small page holds, so that a page of ended roots must read past them.
+const LATE: std::ops::Range<u64> = 10..14;
+
+fn record(id: &SessionId, seq: u64, at: u64, prev: String, body: Event) -> Record {
+    Record::decode(
+        Envelope::new(id.clone(), seq, at, prev, body)
+            .encode()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+fn completed() -> Event {
+    Event::Completed(Completed {
+        answer: "done".into(),
+        usage_total: Default::default(),
+        steps: 1,
+    })
+}
+
+/// Root `i`'s first records: a few of a rare agent, a few with a rare mission, a few
+/// cancelled, a few left open, the rest completed.
+fn first_records(id: &SessionId, i: u64) -> Vec<Record> {
+    let at = T0 + i * 1000;
+    let agent = if i % 97 == 5 { "rare" } else { "common" };
+    let mission = if i % 89 == 3 {
+        format!("find the Needle {i}")
+    } else {
+        format!("history tree {i}")
+    };
+    let sub = record(
+        id,
+        1,
+        at,
+        genesis_hash(id),
+        Event::Submitted(Submitted {
+            mission,
+            ..Submitted::for_test(agent)
+        }),
+    );
+    let prev = sub.hash();
+    let mut out = vec![sub];
+    if i % 50 == 7 || LATE.contains(&i) {
+        return out;
+    }
+    let end = if i % 71 == 2 {
+        Event::Cancelled(Cancelled {
+            reason: "stopped".into(),
+        })
+    } else {
+        completed()
+    };
+    out.push(record(id, 2, at + 500, prev, end));
+    out
+}
+
+/// Every page of `filter`, `limit` at a time, following the cursors.
+async fn walk(store: &NatsStore, filter: &RootFilter, limit: usize) -> Vec<String> {
+    let (mut seen, mut cursor) = (vec![], None::<String>);
+    for _ in 0..1000 {
+        let page = store
+            .roots_page(filter, limit, cursor.as_deref())
+            .await
+            .unwrap();
+        seen.extend(page.roots.into_iter().map(|s| s.root));
+        match page.next {
+            Some(c) => cursor = Some(c),
+            None => return seen,
+        }
+    }
+    panic!("pages without end for {filter:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_filter_lists_what_the_logs_say_page_by_page() {
+    let server = NatsServer::start();
+    let cfg = NatsConfig {
+        urls: vec![server.url()],
+        ..NatsConfig::default()
+    };
+    let store = NatsStore::connect(&cfg, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let mut logs: Vec<(SessionId, Vec<Record>)> = vec![];
+    for i in 0..ROOTS {
+        let id = SessionId::root(&format!("f{i:05}")).unwrap();
+        let records = first_records(&id, i);
+        store
+            .append(&id, 0, &records, Durability::Now)
+            .await
+            .unwrap();
+        logs.push((id, records));
+    }
+    // The late roots end after all the others.
+    for i in LATE {
+        let (late, records) = &mut logs[i as usize];
+        let end = record(
+            late,
+            2,
+            T0 + ROOTS * 1000 + i * 1000,
+            records[0].hash(),
+            completed(),
+        );
+        store
+            .append(late, 1, std::slice::from_ref(&end), Durability::Now)
+            .await
+            .unwrap();
+        records.push(end);
+    }
+
+    let mut summaries: Vec<RootSummary> = logs
+        .iter()
+        .map(|(id, r)| RootSummary::of(id, r).unwrap())
+        .collect();
+    summaries.sort_by_key(|s| std::cmp::Reverse(s.position()));
+    let open_status = summaries
+        .iter()
+        .find(|s| !s.is_finished())
+        .map(|s| s.status.clone())
+        .unwrap();
+
+    let f = RootFilter::default;
+    let filters = [
+        f(),
+        RootFilter {
+            agent: Some("rare".into()),
+            ..f()
+        },
+        RootFilter {
+            text: Some("NEEDLE".into()),
+            ..f()
+        },
+        RootFilter {
+            status: Some("cancelled".into()),
+            ..f()
+        },
+        RootFilter {
+            status: Some("completed".into()),
+            ..f()
+        },
+        RootFilter {
+            status: Some(open_status),
+            ..f()
+        },
+        RootFilter {
+            since: Some(T0 + 40_000),
+            until: Some(T0 + 45_000),
+            ..f()
+        },
+        RootFilter {
+            since: Some(T0 + 295_000),
+            ..f()
+        },
+        RootFilter {
+            until: Some(T0 + 3_000),
+            ..f()
+        },
+        RootFilter {
+            status: Some("completed".into()),
+            agent: Some("common".into()),
+            text: Some("tree".into()),
+            since: Some(T0 + 8_000),
+            until: Some(T0 + 200_000),
+        },
+        RootFilter {
+            status: Some("completed".into()),
+            since: Some(T0 + 290_000),
+            ..f()
+        },
+        RootFilter {
+            status: Some("completed".into()),
+            since: Some(T0 + 9_000),
+            until: Some(T0 + 14_000),
+            ..f()
+        },
+        RootFilter {
+            agent: Some("nobody".into()),
+            ..f()
+        },
+    ];
+    for filter in &filters {
+        let norm = filter.normalized();
+        let want: Vec<String> = summaries
+            .iter()
+            .filter(|s| norm.matches(s))
+            .map(|s| s.root.clone())
+            .collect();
+        // Three a page: fewer than the late roots, which end after every other.
+        let small = if norm.status.as_deref() == Some("completed") {
+            3
+        } else {
+            7
+        };
+        for limit in [small, 1000] {
+            assert_eq!(
+                walk(&store, filter, limit).await,
+                want,
+                "{filter:?}, {limit} a page"
+            );
+        }
+    }
+    // The summaries of an ended-status page are the logs' own.
+    let page = store
+        .roots_page(
+            &RootFilter {
+                status: Some("completed".into()),
+                ..f()
+            },
+            1,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.roots[0], summaries[0], "the newest completed root");
+}
