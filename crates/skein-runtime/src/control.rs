@@ -27,13 +27,17 @@ pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value> {
     }))
 }
 
-/// Cancels every unfinished session of the tree under `id` (`id` itself included):
-/// each gets a `Cancelled` event and a job, so that its worker tells its parent. Returns
-/// how many were cancelled; sessions that had ended are left as they are.
+/// Cancels every unfinished session of the tree under `id` (`id` itself included), the
+/// deepest first: each gets a `Cancelled` event and a job, so that its worker tells its
+/// parent. Returns how many were cancelled; sessions that had ended are left as they are.
 pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize> {
     let mut n = 0;
+    // The deepest first (the subtree is sorted, so every session comes after its
+    // ancestors): a session ends only once everything under it has, so a cancel cut
+    // short (the backend unreachable, no room) leaves the session open for its retry,
+    // never ended above descendants that still run and spend what its total missed.
     let sessions = rt.backend.subtree(id).await?;
-    for s in sessions {
+    for s in sessions.into_iter().rev() {
         let (f, _) = rt.load(&s).await?;
         if f.state.status.is_terminal() {
             rt.keep_state(f);

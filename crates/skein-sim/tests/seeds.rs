@@ -250,6 +250,11 @@ const GENERATED_REGRESSIONS: &[(u64, &str)] = &[
          child's tokens",
     ),
     (1938, "the same, in another world"),
+    (
+        9710,
+        "a timed-out session's cancel, cut short after the session's own record, let a \
+         child under it run on and spend what the session's total never counted",
+    ),
 ];
 
 /// The same, found with swarm faults.
