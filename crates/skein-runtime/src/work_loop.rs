@@ -171,6 +171,10 @@ pub struct Loops {
     waiting_for_room: Mutex<std::collections::BTreeMap<String, WaitingForRoom>>,
     /// When the sessions waiting for room were last reported at error level.
     room_reported: Mutex<Option<Instant>>,
+    /// Pools this worker stands aside from, and until when: it handed a job of the pool
+    /// back for want of something, and every one of its slots leaves that job to the
+    /// workers that have it when it is due again.
+    aside: Mutex<HashMap<String, Instant>>,
 }
 
 impl Default for Loops {
@@ -180,6 +184,7 @@ impl Default for Loops {
             draining: watch::Sender::new(false),
             held: Mutex::new(HashMap::new()),
             waiting_for_room: Mutex::default(),
+            aside: Mutex::default(),
             room_reported: Mutex::default(),
         }
     }
@@ -295,6 +300,13 @@ impl Runtime {
         while !*stop.borrow() {
             let mut got = false;
             for pool in &pools {
+                if let Some(until) = self.aside_until(pool) {
+                    tokio::select! {
+                        biased;
+                        _ = stop.changed() => break,
+                        _ = tokio::time::sleep_until(until) => {}
+                    }
+                }
                 let claim = async {
                     match &scope {
                         Some(s) => {
@@ -318,14 +330,11 @@ impl Runtime {
                         // Boxed: a job's future is some 30 KB, and a loop that held it
                         // inline would carry that much while it waits for a job.
                         if Box::pin(self.handle(job)).await {
-                            // Handed back for want of something: this slot stands aside
-                            // until the job is due again, so that a worker that has it
-                            // takes it rather than this one, again.
-                            tokio::select! {
-                                biased;
-                                _ = stop.changed() => break,
-                                _ = tokio::time::sleep(LACKING_DELAY + LACKING_DELAY / 2) => {}
-                            }
+                            // Handed back for want of something: every slot of this
+                            // worker stands aside from the pool until the job is due
+                            // again and past, so that a worker that has what it needs
+                            // takes it rather than another slot of this one.
+                            self.stand_aside(pool, LACKING_DELAY + LACKING_DELAY / 2);
                         }
                     }
                     Ok(None) => health.ok(pool),
@@ -342,6 +351,27 @@ impl Runtime {
             if !got {
                 tokio::task::yield_now().await;
             }
+        }
+    }
+
+    /// Every slot of this worker stands aside from `pool` for `how_long` from now.
+    fn stand_aside(&self, pool: &str, how_long: Duration) {
+        let until = Instant::now() + how_long;
+        let mut a = self.loops.aside.lock().unwrap_or_else(|p| p.into_inner());
+        let at = a.entry(pool.to_string()).or_insert(until);
+        *at = (*at).max(until);
+    }
+
+    /// Until when this worker stands aside from `pool`, if it does now.
+    fn aside_until(&self, pool: &str) -> Option<Instant> {
+        let mut a = self.loops.aside.lock().unwrap_or_else(|p| p.into_inner());
+        match a.get(pool) {
+            Some(until) if *until > Instant::now() => Some(*until),
+            Some(_) => {
+                a.remove(pool);
+                None
+            }
+            None => None,
         }
     }
 
