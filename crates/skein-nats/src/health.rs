@@ -75,6 +75,11 @@ pub async fn check(store: &NatsStore) -> Result<(), String> {
     }))
     .await;
     let missing: Vec<String> = infos.into_iter().filter_map(Result::err).collect();
+    // Requests sent just as the server went away time out before the client notices the
+    // lost connection: the lost connection is the reason to give.
+    if !missing.is_empty() && store.client.connection_state() != State::Connected {
+        return Err("not connected to NATS".into());
+    }
     if missing.is_empty() {
         Ok(())
     } else {
