@@ -534,9 +534,11 @@ struct Seen {
 impl Runtime {
     /// What `id` spent with everything it started, and its model turns: its own total,
     /// plus what each child it never settled (still running, or paused) spent beyond what
-    /// `id` had already counted of it. A session cancelled while children run (a timeout
-    /// cancels its whole subtree) settles none of them, so without this their tokens
-    /// would reach no total.
+    /// `id` had already counted of it, and all that the children it started but never
+    /// recorded spent. A session cancelled while children run (a timeout cancels its
+    /// whole subtree) settles none of them, and one cancelled in the middle of a step
+    /// that delegated (the children's logs are written before the parent's record of
+    /// them) never records them, so without this their tokens would reach no total.
     pub(crate) fn spent_under<'a>(
         &'a self,
         id: &'a SessionId,
@@ -561,7 +563,12 @@ impl Runtime {
                     (c.child.clone(), counted.copied().unwrap_or_default())
                 })
                 .collect();
+            let unrecorded = self.unrecorded_children(&f).await;
             self.keep_state(f);
+            for child in unrecorded? {
+                let (whole, _) = self.spent_under(&child).await?;
+                total.add(&whole);
+            }
             for (child, counted) in unsettled {
                 let (whole, _) = self.spent_under(&child).await?;
                 total.add(&usage_since(&whole, &counted));
