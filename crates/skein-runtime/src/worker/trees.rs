@@ -67,7 +67,7 @@ impl Runtime {
     /// [`EventLog::tree`](crate::ports::EventLog::tree): the fold this runtime keeps of it
     /// with whatever its log holds past that, or, where none is kept, its whole log read
     /// and folded ([`crate::inspect::tree_folds`]). At the end of a run, which folded every
-    /// record of the tree as it wrote it, this reads no log again.
+    /// record of the tree as it wrote it, this reads no record again.
     pub async fn tree_folds_held(&self, root: &SessionId) -> Result<Vec<Folded>> {
         let ids = self.backend.log.tree(root).await?;
         let mut out: Vec<Option<Folded>> = Vec::with_capacity(ids.len());
