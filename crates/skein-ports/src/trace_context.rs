@@ -10,9 +10,11 @@ tokio::task_local! {
     static CURRENT: RefCell<Option<String>>;
 }
 
-/// Runs `fut` with a current trace context of its own (none until [`set`]).
-pub async fn scoped<F: Future>(fut: F) -> F::Output {
-    CURRENT.scope(RefCell::new(None), fut).await
+/// Runs `fut` with a current trace context of its own (none until [`set`]). Not an
+/// `async fn`: one would hold `fut` twice (as its argument, and inside the scope it
+/// awaits), doubling the size of every future it wraps.
+pub fn scoped<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+    CURRENT.scope(RefCell::new(None), fut)
 }
 
 /// Makes `traceparent` (or nothing) the current trace context of this task's scope. Outside

@@ -2,7 +2,7 @@
 //! Works on any backend.
 
 use serde::Serialize;
-use skein_core::{Event, Record, SessionId, SessionState, Usage};
+use skein_core::{Envelope, Event, Record, SessionId, SessionState, Usage};
 
 use crate::ports::Backend;
 use crate::worker::Folded;
@@ -67,15 +67,22 @@ pub fn fold_records(id: &SessionId, records: &[Record]) -> Result<Folded> {
     Ok(f)
 }
 
-pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionRow {
-    let mut workers: Vec<String> = vec![];
-    let mut tool_calls = 0;
-    let mut ended_at = None;
-    let mut hits = vec![];
-    for r in records {
-        let w = match &r.env.body {
+/// What a session's row takes from its records beyond its folded state: the workers that
+/// made its calls, its tool calls, when it ended, and its cache hits.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Seen {
+    workers: Vec<String>,
+    tool_calls: u32,
+    ended_at: Option<u64>,
+    hits: Vec<HitRow>,
+}
+
+impl Seen {
+    /// Takes in the next record of the session.
+    pub(crate) fn record(&mut self, env: &Envelope) {
+        let w = match &env.body {
             Event::CacheHit(h) => {
-                hits.push(HitRow {
+                self.hits.push(HitRow {
                     call: h.call.clone(),
                     source: h.source.display(),
                     mission_hash: h.mission_hash.clone(),
@@ -85,21 +92,43 @@ pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionR
             }
             Event::ModelCalled(m) => Some(&m.worker),
             Event::ToolCalled(t) => {
-                tool_calls += 1;
+                self.tool_calls += 1;
                 Some(&t.worker)
             }
             e if e.is_terminal() => {
-                ended_at = Some(r.env.at);
+                self.ended_at = Some(env.at);
                 None
             }
             _ => None,
         };
         if let Some(w) = w.filter(|w| !w.is_empty()) {
-            if !workers.contains(w) {
-                workers.push(w.clone());
+            if !self.workers.contains(w) {
+                self.workers.push(w.clone());
             }
         }
     }
+}
+
+pub fn row(id: &SessionId, records: &[Record], state: &SessionState) -> SessionRow {
+    let mut seen = Seen::default();
+    for r in records {
+        seen.record(&r.env);
+    }
+    row_seen(id, &seen, state)
+}
+
+/// The row of a fold: what its records showed as they were folded in.
+pub fn row_of(f: &Folded) -> SessionRow {
+    row_seen(&f.id, &f.seen, &f.state)
+}
+
+fn row_seen(id: &SessionId, seen: &Seen, state: &SessionState) -> SessionRow {
+    let Seen {
+        workers,
+        tool_calls,
+        ended_at,
+        hits,
+    } = seen.clone();
     let sub = state.submitted.as_ref();
     let end = ended_at.unwrap_or(state.updated_at);
     SessionRow {
@@ -149,6 +178,13 @@ pub fn rows_of(read: &[(Vec<Record>, Folded)]) -> Vec<SessionRow> {
     out
 }
 
+/// The rows of folds, parents before children, siblings in id order.
+pub fn rows_of_folds(folds: &[Folded]) -> Vec<SessionRow> {
+    let mut out: Vec<SessionRow> = folds.iter().map(row_of).collect();
+    out.sort_by_key(|r| natural_key(&r.session));
+    out
+}
+
 /// How many logs [`tree_folds`] reads at once.
 const READERS: usize = 8;
 
@@ -157,8 +193,18 @@ const READERS: usize = 8;
 /// (decoding and hashing every record) uses every core; the order is that of
 /// [`EventLog::tree`](crate::ports::EventLog::tree).
 pub async fn tree_folds(b: &Backend, root: &SessionId) -> Result<Vec<(Vec<Record>, Folded)>> {
-    use futures::StreamExt;
     let ids = b.log.tree(root).await?;
+    read_and_fold(b, root, ids).await
+}
+
+/// The logs of `ids` (sessions of the tree of `root`), each read whole and folded, in
+/// that order, on up to [`READERS`] tasks at once.
+pub(crate) async fn read_and_fold(
+    b: &Backend,
+    root: &SessionId,
+    ids: Vec<SessionId>,
+) -> Result<Vec<(Vec<Record>, Folded)>> {
+    use futures::StreamExt;
     let mut out = Vec::with_capacity(ids.len());
     let mut reads = futures::stream::iter(ids.into_iter().map(|id| {
         let log = b.log.clone();

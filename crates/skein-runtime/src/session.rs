@@ -45,6 +45,9 @@ pub struct Folded {
     /// Records were folded in ([`Runtime::stage`]) that the log does not hold yet: set
     /// until their [`Runtime::commit`] succeeds. Such a fold is never cached.
     ahead: bool,
+    /// What a row of the tree's report needs from the records beyond the state
+    /// ([`crate::inspect::SessionRow`]), gathered as they are folded.
+    pub(crate) seen: crate::inspect::Seen,
 }
 
 impl Folded {
@@ -58,6 +61,7 @@ impl Folded {
             notes: None,
             ends: None,
             ahead: false,
+            seen: Default::default(),
         }
     }
 
@@ -73,6 +77,7 @@ impl Folded {
                 )));
             }
             self.state.apply(&r.env);
+            self.seen.record(&r.env);
             self.last_hash = r.hash();
         }
         Ok(())
@@ -125,6 +130,11 @@ impl FoldCache {
     /// Drops the session's fold, if one is kept: its next load reads the log.
     pub(crate) fn forget(&self, id: &SessionId) {
         lock(&self.states).remove(id);
+    }
+
+    /// A copy of the session's fold, if one is kept.
+    pub(crate) fn kept(&self, id: &SessionId) -> Option<Folded> {
+        lock(&self.states).get(id).cloned()
     }
 }
 
@@ -197,6 +207,7 @@ impl Runtime {
         let r = self.seal(f, f.state.last_seq + 1, f.last_hash.clone(), body)?;
         f.ahead = true;
         f.state.apply(&r.env);
+        f.seen.record(&r.env);
         f.last_hash = r.hash();
         staged.marks.push((f.state.status, f.state.steps));
         staged.records.push(r);

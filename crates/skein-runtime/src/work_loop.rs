@@ -666,9 +666,64 @@ impl Runtime {
     }
 }
 
+/// The size in bytes of the future of one job ([`Runtime::handle`]) and of the parts of a
+/// drive that make it up, as this build lays them out: each job in flight is such a
+/// future, boxed.
+#[doc(hidden)]
+pub fn job_future_sizes() -> Vec<(&'static str, usize)> {
+    fn s2<A, B, F>(_: fn(A, B) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+    fn s3<A, B, C, F>(_: fn(A, B, C) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+    fn s4<A, B, C, D, F>(_: fn(A, B, C, D) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+    fn s5<A, B, C, D, E, F>(_: fn(A, B, C, D, E) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+    fn s6<A, B, C, D, E, G, F>(_: fn(A, B, C, D, E, G) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+    fn s7<A, B, C, D, E, G, H, F>(_: fn(A, B, C, D, E, G, H) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+    vec![
+        ("handle", s2(Runtime::handle)),
+        ("handle_job", s2(Runtime::handle_job)),
+        ("process_again", s3(Runtime::process_again)),
+        ("drive", s4(Runtime::drive)),
+        ("call_model", s6(Runtime::call_model)),
+        ("run_tools", s5(Runtime::run_tools)),
+        ("delegate", s4(Runtime::delegate)),
+        ("collect_settlements", s7(Runtime::collect_settlements)),
+        ("on_terminal", s2(Runtime::on_terminal)),
+        ("end_team", s2(Runtime::end_team)),
+        ("broadcast", s3(Runtime::broadcast)),
+        ("propose", s3(Runtime::propose)),
+        ("clarify", s3(Runtime::clarify)),
+        ("append", s3(Runtime::append)),
+        ("append_all", s3(Runtime::append_all)),
+        ("load_for_job", s2(Runtime::load_for_job)),
+        ("refuse", s3(Runtime::refuse)),
+        ("member_exit", s2(Runtime::member_exit)),
+        ("cancel", s3(crate::control::cancel)),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jobs_future_stays_small() {
+        // Every job in flight is one such future, boxed; the steps a job seldom takes are
+        // boxed apart so as not to make it larger (it was some 36 KB in a debug build).
+        let sizes = job_future_sizes();
+        let handle = sizes.iter().find(|(n, _)| *n == "handle").map(|(_, s)| *s);
+        assert!(handle.is_some_and(|s| s < 12 * 1024), "{sizes:?}");
+    }
 
     #[test]
     fn outages_back_off_long_enough_to_outlast_a_leader_election() {

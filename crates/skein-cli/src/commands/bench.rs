@@ -753,6 +753,14 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
                         "runs_ms": runs_ms}));
     }
     results.insert("fanout".into(), json!(fan));
+    let sizes = skein_runtime::work_loop::job_future_sizes();
+    let job_future = sizes.iter().find(|(n, _)| *n == "handle").map(|(_, s)| *s);
+    results.insert("job_future_bytes".into(), json!(job_future));
+    if !a.json {
+        if let Some(b) = job_future {
+            crate::outln!("  each job in flight is a future of {b} bytes, boxed")?;
+        }
+    }
     let (whole, inside) = whole_process_fanout(8).await.context("whole-process run")?;
     results.insert(
         "whole_process_l0_n8".into(),

@@ -12,7 +12,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use skein_core::{AgentDef, AgentSet, SessionId, Status};
 use skein_llm::Registry;
 use skein_runtime::hitl::{waiting_in, InboxItem, InboxKind};
-use skein_runtime::inspect::{rows_of, summarize, tree_folds};
+use skein_runtime::inspect::{rows_of_folds, summarize};
 use skein_runtime::worker::{Folded, Progress, Runtime, Submission, TextDelta, TOOL_PROGRESS};
 use skein_sled::SledStore;
 use tokio::sync::broadcast;
@@ -243,14 +243,15 @@ pub async fn drive(
 }
 
 async fn report(rt: &Runtime, root: &Folded, started: Instant, json: bool) -> Result<ExitCode> {
-    // Every log of the tree is read once, for the rows and for what waits for a person.
-    let read = tree_folds(&rt.backend, &root.id).await?;
-    let rows = rows_of(&read);
+    // The folds the run kept of its sessions (a log is read again only past its fold, or
+    // whole where no fold was kept), for the rows and for what waits for a person.
+    let read = rt.tree_folds_held(&root.id).await?;
+    let rows = rows_of_folds(&read);
     let summary = summarize(&rows);
     let st = &root.state;
     let mut items: Vec<InboxItem> = read
         .iter()
-        .flat_map(|(_, f)| waiting_in(&rt.cfg.token_secret, f))
+        .flat_map(|f| waiting_in(&rt.cfg.token_secret, f))
         .collect();
     if items.is_empty() && !st.status.is_terminal() {
         // It may wait on a child it shares with another tree (single-flight), and that

@@ -109,7 +109,7 @@ impl Runtime {
             Ok(Err(e)) => Err(e),
             Err(_) => {
                 drop(f);
-                self.time_out(job, &deadline.reason).await
+                Box::pin(self.time_out(job, &deadline.reason)).await
             }
         }
     }
@@ -280,7 +280,7 @@ impl Runtime {
                         "its parent {} was dead-lettered before it recorded this child",
                         f.id.display()
                     );
-                    crate::control::cancel(self, &orphan, &reason).await?;
+                    Box::pin(crate::control::cancel(self, &orphan, &reason)).await?;
                     let (spent, _) = self.spent_under(&orphan).await?;
                     usage_total.add(&spent);
                 }
@@ -318,7 +318,7 @@ impl Runtime {
                     // in a model call, and tell this session only when it returns).
                     let ending = !f.state.team_leftovers().is_empty();
                     if ending {
-                        self.end_team(f).await?;
+                        Box::pin(self.end_team(f)).await?;
                     }
                     let look = self
                         .collect_settlements(f, &def, cold, ending, &pushed, !looked)
@@ -343,7 +343,7 @@ impl Runtime {
                     }
                 }
                 Step::Refuse(rs) => self.refuse(f, rs).await?,
-                Step::Clarify(v) => self.clarify(f, v).await?,
+                Step::Clarify(v) => Box::pin(self.clarify(f, v)).await?,
                 Step::Summarize { model, max_chars } => {
                     let request = f.state.summary_request(model, max_chars);
                     let full = request.meta.context.as_deref().unwrap_or_default();
@@ -371,13 +371,13 @@ impl Runtime {
                     // Their jobs are pushed by `delegate`: a cold reconciliation in this
                     // drive need not push them again.
                     pushed.extend(ds.iter().map(|d| d.child.clone()));
-                    self.delegate(f, &def, ds).await?
+                    Box::pin(self.delegate(f, &def, ds)).await?
                 }
                 Step::RunTools(runs) => self.run_tools(f, &def, runs, job).await?,
                 Step::EditPlan(e) => self.append(f, e.into_event()).await?,
                 Step::Orchestrate(e) => self.append(f, *e).await?,
-                Step::Broadcast(bs) => self.broadcast(f, bs).await?,
-                Step::ProposePatch(ps) => self.propose(f, ps).await?,
+                Step::Broadcast(bs) => Box::pin(self.broadcast(f, bs)).await?,
+                Step::ProposePatch(ps) => Box::pin(self.propose(f, ps)).await?,
                 Step::Complete { answer } => {
                     let body = Event::completed(answer, f.state.usage_total(), f.state.steps);
                     self.append(f, body).await?

@@ -87,7 +87,8 @@ impl Runtime {
             message,
             turns: Some(f.state.steps),
         };
-        self.deliver(&seat.peers, &msg).await?;
+        // Boxed: every session's end awaits this step, which a team member alone takes.
+        Box::pin(self.deliver(&seat.peers, &msg)).await?;
         Ok(())
     }
 

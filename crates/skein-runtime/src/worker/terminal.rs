@@ -68,7 +68,7 @@ impl Runtime {
                     f.id.display(),
                     f.state.status.as_str()
                 );
-                crate::control::cancel(self, &child, &reason).await?;
+                Box::pin(crate::control::cancel(self, &child, &reason)).await?;
             }
         }
         let watchers = if sub.no_cache {

@@ -63,6 +63,43 @@ impl Runtime {
         Ok(out.into_iter().collect())
     }
 
+    /// Every session of the tree of `root`, folded to the end of its log, in the order of
+    /// [`EventLog::tree`](crate::ports::EventLog::tree): the fold this runtime keeps of it
+    /// with whatever its log holds past that, or, where none is kept, its whole log read
+    /// and folded ([`crate::inspect::tree_folds`]). At the end of a run, which folded every
+    /// record of the tree as it wrote it, this reads no record again.
+    pub async fn tree_folds_held(&self, root: &SessionId) -> Result<Vec<Folded>> {
+        let ids = self.backend.log.tree(root).await?;
+        let mut out: Vec<Option<Folded>> = Vec::with_capacity(ids.len());
+        let mut missing = vec![];
+        for (i, id) in ids.iter().enumerate() {
+            match self.sessions.kept(id) {
+                Some(mut f) => {
+                    let new = self.backend.log.read(id, f.state.last_seq + 1).await?;
+                    f.absorb(&new)?;
+                    out.push(Some(f));
+                }
+                None => {
+                    missing.push((i, id.clone()));
+                    out.push(None);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let at: Vec<usize> = missing.iter().map(|(i, _)| *i).collect();
+            let read = crate::inspect::read_and_fold(
+                &self.backend,
+                root,
+                missing.into_iter().map(|(_, id)| id).collect(),
+            )
+            .await?;
+            for (i, (_, f)) in at.into_iter().zip(read) {
+                out[i] = Some(f);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
     /// Re-enqueues every session of the tree that has not ended (what makes `resume`
     /// work after a crash). Returns how many were enqueued.
     pub async fn requeue_tree(&self, root: &SessionId) -> Result<usize> {
