@@ -915,6 +915,68 @@ async fn claims_at_once_share_pulls_and_a_given_up_claim_hands_its_job_on() {
     assert_eq!(b.jobs.depth("p").await.unwrap(), 0);
 }
 
+/// Claims that come one after another while a pull is open are gathered into a few pulls,
+/// not one each (a pull is a request and a subscription made and dropped, on both sides),
+/// and each of them still takes exactly one job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_that_come_while_a_pull_is_open_are_gathered_into_few_pulls() {
+    use futures::StreamExt;
+    let server = NatsServer::start();
+    let store = NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let b = store.backend();
+    let watcher = async_nats::connect(server.url()).await.unwrap();
+    let mut pulls = watcher
+        .subscribe("$JS.API.CONSUMER.MSG.NEXT.SKEIN_JOBS.pool-q")
+        .await
+        .unwrap();
+    watcher.flush().await.unwrap();
+    let claim = |b: skein_runtime::ports::Backend| {
+        tokio::spawn(async move { b.jobs.claim("q", Duration::from_secs(30)).await })
+    };
+    // The first claim's pull is open before the others come.
+    let mut claims = vec![claim(b.clone())];
+    tokio::time::timeout(Duration::from_secs(10), pulls.next())
+        .await
+        .expect("the first claim pulls")
+        .unwrap();
+    const MORE: usize = 200;
+    for _ in 0..MORE {
+        claims.push(claim(b.clone()));
+        tokio::task::yield_now().await;
+    }
+    let mut pushed = std::collections::BTreeSet::new();
+    for _ in 0..=MORE {
+        let s = skein_runtime::new_root_id();
+        b.jobs.push("q", &s).await.unwrap();
+        pushed.insert(s);
+    }
+    let mut claimed = std::collections::BTreeSet::new();
+    for c in claims {
+        let job = c.await.unwrap().unwrap().expect("a job for every claim");
+        assert!(
+            claimed.insert(job.session.clone()),
+            "{} claimed twice",
+            job.session
+        );
+        b.jobs.ack(&job).await.unwrap();
+    }
+    assert_eq!(claimed, pushed);
+    // Every pull made so far has been heard once the watcher's connection has had a round
+    // trip after the last claim got its job.
+    watcher.flush().await.unwrap();
+    let mut n = 1;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), pulls.next()).await {
+        n += 1;
+    }
+    assert!(
+        n <= MORE / 8,
+        "{n} pulls for {} claims: the claims were not gathered",
+        MORE + 1
+    );
+}
+
 /// A heartbeat after the lease ran out is refused: the server may have given the job to
 /// another worker already, and ignores it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,8 +5,9 @@
 //! channel. The owner pulls exactly as many messages as there are wants not yet covered by
 //! a pull in flight (credit), so no job is taken from the server before a loop can run it:
 //! a job pulled ahead would sit in a queue while its lease and delivery count ran. Pulls
-//! run beside the owner, several at once when wants arrive while one is open, and report
-//! each message and their end back to it. A message goes to the oldest want still waiting;
+//! run beside the owner, several at once when wants arrive while one is open (those are
+//! gathered for up to 2 ms first, so that one pull covers many), and report each message
+//! and their end back to it. A message goes to the oldest want still waiting;
 //! a message nobody waits for any more (its loop stopped claiming, the worker drains) is
 //! handed back at once instead of waiting out its lease. A pull that fails passes its
 //! error to the wants it covered, and the consumer is looked up again before the next one.
@@ -29,6 +30,19 @@ use super::PULL_GRACE;
 
 /// Wants a pool's owner may have queued before a claim waits to send its own.
 const WANTS: usize = 4096;
+
+/// How long wants that come while pulls are in flight are gathered before one pull
+/// covers them all, and how many are pulled for at once without waiting longer.
+const GATHER: Duration = Duration::from_millis(2);
+const GATHER_MAX: usize = 64;
+
+/// Sleeps until `at`; never, without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// A work loop's claim, waiting for a job or for its pull to end empty.
 struct Want {
@@ -143,6 +157,8 @@ impl Owner {
     async fn run(mut self, mut wants: mpsc::Receiver<Want>) {
         let (pulled_tx, mut pulled) = mpsc::unbounded_channel();
         let mut open = true;
+        // When the pull for the wants no pull covers is due (see `GATHER`).
+        let mut due: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 w = wants.recv(), if open => match w {
@@ -151,6 +167,8 @@ impl Owner {
                     None => open = false,
                 },
                 Some(p) = pulled.recv() => self.pulled(p),
+                // Due: the check below finds it so and pulls.
+                _ = sleep_until(due), if due.is_some() => {}
             }
             while let Ok(w) = wants.try_recv() {
                 self.waiting.push_back(w);
@@ -158,6 +176,26 @@ impl Owner {
             if !open && self.covered == 0 {
                 return;
             }
+            let uncovered = self.waiting.len().saturating_sub(self.covered);
+            if uncovered == 0 {
+                due = None;
+                continue;
+            }
+            // With no pull in flight a claim is pulled for at once. With pulls in flight,
+            // which deliver to the oldest wants first, the newer ones are gathered a
+            // moment so that one pull covers many: a thousand loops asking again one
+            // after another had made a pull (a request, and a subscription made and
+            // dropped) each.
+            let now = tokio::time::Instant::now();
+            if self.covered > 0 && uncovered < GATHER_MAX {
+                let at = *due.get_or_insert(now + GATHER);
+                if at > now {
+                    continue;
+                }
+            }
+            due = None;
+            // Wants whose claimers stopped waiting are dropped here, where they would be
+            // covered, rather than at every message.
             self.waiting.retain(|w| !w.reply.is_closed());
             if self.waiting.len() > self.covered {
                 self.pull(&pulled_tx).await;
