@@ -36,6 +36,8 @@ pub(crate) const BLOCK_ROOTS: u64 = 1_000;
 /// The longest agent and mission a row keeps whole, in bytes; a longer one is cut at a
 /// character boundary and its row marked, so that a filter on it reads the whole start.
 pub(crate) const KEPT_BYTES: usize = 320;
+/// The largest block written, in bytes (under the server's default largest message).
+const BLOCK_BYTES: usize = 512 * 1024;
 /// The block layout; a block of another is made again.
 const LAYOUT: u32 = 1;
 /// Blocks read (or made) at once.
@@ -79,27 +81,78 @@ pub(crate) struct Packed {
 }
 
 /// A message of the range: its sequence and summary (none when it does not decode),
-/// agent and mission cut to [`KEPT_BYTES`].
-#[derive(Debug, Serialize, Deserialize)]
+/// agent and mission cut to what the block keeps. Written as a JSON array, without the
+/// names of the fields, a block being read whole.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(from = "Wire", into = "Wire")]
 pub(crate) struct Row {
     pub(crate) seq: u64,
     pub(crate) s: Option<RootSummary>,
-    #[serde(default, skip_serializing_if = "is_false")]
     cut_agent: bool,
-    #[serde(default, skip_serializing_if = "is_false")]
     cut_mission: bool,
 }
 
-fn is_false(b: &bool) -> bool {
-    !*b
+/// [`Row`] as stored: sequence, then root, agent, status, started at, updated at,
+/// mission and last seq (none for a message that does not decode), then what was cut
+/// (1 the agent, 2 the mission).
+#[derive(Serialize, Deserialize)]
+struct Wire(
+    u64,
+    Option<(String, String, String, u64, u64, String, u64)>,
+    u8,
+);
+
+impl From<Row> for Wire {
+    fn from(r: Row) -> Self {
+        let s = r.s.map(|s| {
+            (
+                s.root,
+                s.agent,
+                s.status,
+                s.started_at,
+                s.updated_at,
+                s.mission,
+                s.last_seq,
+            )
+        });
+        Self(
+            r.seq,
+            s,
+            u8::from(r.cut_agent) | (u8::from(r.cut_mission) << 1),
+        )
+    }
 }
 
-/// Cuts `s` to at most [`KEPT_BYTES`] at a character boundary; whether it was cut.
-fn keep(s: &mut String) -> bool {
-    if s.len() <= KEPT_BYTES {
+impl From<Wire> for Row {
+    fn from(Wire(seq, s, cut): Wire) -> Self {
+        let s = s.map(
+            |(root, agent, status, started_at, updated_at, mission, last_seq)| RootSummary {
+                root,
+                agent,
+                status,
+                started_at,
+                updated_at,
+                mission,
+                last_seq,
+            },
+        );
+        // A row without its summary decides nothing.
+        let whole = s.is_some();
+        Self {
+            seq,
+            s,
+            cut_agent: cut & 1 != 0 || !whole,
+            cut_mission: cut & 2 != 0 || !whole,
+        }
+    }
+}
+
+/// Cuts `s` to at most `kept` bytes at a character boundary; whether it was cut.
+fn keep(s: &mut String, kept: usize) -> bool {
+    if s.len() <= kept {
         return false;
     }
-    let mut at = KEPT_BYTES;
+    let mut at = kept;
     while !s.is_char_boundary(at) {
         at -= 1;
     }
@@ -108,11 +161,11 @@ fn keep(s: &mut String) -> bool {
 }
 
 impl Row {
-    fn of(seq: u64, payload: &[u8]) -> Self {
+    fn of(seq: u64, payload: &[u8], kept: usize) -> Self {
         match decode(payload) {
             Some(mut s) => {
-                let cut_agent = keep(&mut s.agent);
-                let cut_mission = keep(&mut s.mission);
+                let cut_agent = keep(&mut s.agent, kept);
+                let cut_mission = keep(&mut s.mission, kept);
                 Self {
                     seq,
                     s: Some(s),
@@ -196,15 +249,24 @@ async fn pack(
     let Some(msgs) = read_range(st, src.filter(), first, last).await? else {
         return Ok(None);
     };
-    let packed = Packed {
-        layout: LAYOUT,
-        first,
-        last,
-        rows: msgs.iter().map(|(seq, b)| Row::of(*seq, b)).collect(),
+    // Agents and missions are kept shorter until the block fits in a message.
+    let mut kept = KEPT_BYTES;
+    let (packed, payload) = loop {
+        let packed = Packed {
+            layout: LAYOUT,
+            first,
+            last,
+            rows: msgs.iter().map(|(seq, b)| Row::of(*seq, b, kept)).collect(),
+        };
+        let payload = serde_json::to_vec(&packed);
+        match payload {
+            Ok(p) if p.len() > BLOCK_BYTES && kept > 0 => kept /= 4,
+            _ => break (packed, payload),
+        }
     };
     let subject = src.subject((first - 1) / per);
     let written = async {
-        let payload = Bytes::from(serde_json::to_vec(&packed).map_err(|e| e.to_string())?);
+        let payload = Bytes::from(payload.map_err(|e| e.to_string())?);
         js.publish(subject.clone(), payload)
             .await
             .map_err(|e| e.to_string())?
@@ -442,6 +504,7 @@ fn before_since<'a>(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -458,9 +521,29 @@ mod tests {
     #[test]
     fn a_long_field_is_cut_at_a_character_boundary_and_marked() {
         let mut s = "é".repeat(KEPT_BYTES);
-        assert!(keep(&mut s));
+        assert!(keep(&mut s, KEPT_BYTES));
         assert!(s.len() <= KEPT_BYTES && s.chars().all(|c| c == 'é'));
         let mut short = "short".to_string();
-        assert!(!keep(&mut short));
+        assert!(!keep(&mut short, KEPT_BYTES));
+    }
+
+    #[test]
+    fn a_row_reads_back_as_written() {
+        let mut long = br#"{"root":"r-1","agent":"a","status":"completed","started_at":5,"updated_at":6,"mission":""#.to_vec();
+        long.extend("m".repeat(KEPT_BYTES + 10).bytes());
+        long.extend(br#"","last_seq":3}"#);
+        for row in [
+            Row::of(7, &long, KEPT_BYTES),
+            Row::of(8, b"{damaged", KEPT_BYTES),
+        ] {
+            let back: Row = serde_json::from_slice(&serde_json::to_vec(&row).unwrap()).unwrap();
+            assert_eq!(back.s, row.s);
+            assert_eq!(
+                (back.seq, back.cut_agent, back.cut_mission),
+                (row.seq, row.cut_agent, row.cut_mission)
+            );
+        }
+        let row = Row::of(7, &long, KEPT_BYTES);
+        assert!(row.whole().is_none() && !row.cut_agent && row.cut_mission);
     }
 }

@@ -19,6 +19,9 @@
 //!   streams are made or once a rebuild is done (kept out of the large streams, where
 //!   finding an old subject's last message walks back through the stream on some
 //!   servers).
+//! - `SKEIN_ROOT_BLOCKS`: the first two packed a thousand messages at a time, read by a
+//!   filter that matches few roots (an agent, mission text, an ended status) past its
+//!   first block; see `root_blocks.rs`.
 //!
 //! The index may lag the log but never loses a root: the start is written before the
 //! root's first record, so a root with records always has one. A summary that is not
