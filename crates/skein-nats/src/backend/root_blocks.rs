@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use skein_ports::roots::{Cursor, RootFilter, RootSummary};
 use skein_ports::Result;
 
-use super::roots::{decode, last_of, read_range};
+use super::roots::{decode, read_range};
 use super::NatsStore;
 
 /// Roots a block packs (stream sequences per range).
@@ -71,81 +71,29 @@ impl Source {
     }
 }
 
-/// One full range of a stream of the index, packed.
+/// One full range of a stream of the index, packed: for each message, what a filter
+/// looks at, not the whole summary (a candidate is read again whole). Agents and statuses
+/// are kept once per block, rows name them by their place.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Packed {
     layout: u32,
     first: u64,
     last: u64,
-    pub(crate) rows: Vec<Row>,
+    agents: Vec<String>,
+    statuses: Vec<String>,
+    rows: Vec<Row>,
 }
 
-/// A message of the range: its sequence and summary (none when it does not decode),
-/// agent and mission cut to what the block keeps. Written as a JSON array, without the
-/// names of the fields, a block being read whole.
+/// A message of the range, as a JSON array: its sequence less the range's first, its
+/// agent's and status's places in the block's lists, its start time, its latest time
+/// less its start time, its mission in lower case, and what was cut ([`CUT_AGENT`],
+/// [`CUT_MISSION`]; [`UNREAD`] for a message that does not decode).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(from = "Wire", into = "Wire")]
-pub(crate) struct Row {
-    pub(crate) seq: u64,
-    pub(crate) s: Option<RootSummary>,
-    cut_agent: bool,
-    cut_mission: bool,
-}
+struct Row(u64, u32, u32, u64, u64, String, u8);
 
-/// [`Row`] as stored: sequence, then root, agent, status, started at, updated at,
-/// mission and last seq (none for a message that does not decode), then what was cut
-/// (1 the agent, 2 the mission).
-#[derive(Serialize, Deserialize)]
-struct Wire(
-    u64,
-    Option<(String, String, String, u64, u64, String, u64)>,
-    u8,
-);
-
-impl From<Row> for Wire {
-    fn from(r: Row) -> Self {
-        let s = r.s.map(|s| {
-            (
-                s.root,
-                s.agent,
-                s.status,
-                s.started_at,
-                s.updated_at,
-                s.mission,
-                s.last_seq,
-            )
-        });
-        Self(
-            r.seq,
-            s,
-            u8::from(r.cut_agent) | (u8::from(r.cut_mission) << 1),
-        )
-    }
-}
-
-impl From<Wire> for Row {
-    fn from(Wire(seq, s, cut): Wire) -> Self {
-        let s = s.map(
-            |(root, agent, status, started_at, updated_at, mission, last_seq)| RootSummary {
-                root,
-                agent,
-                status,
-                started_at,
-                updated_at,
-                mission,
-                last_seq,
-            },
-        );
-        // A row without its summary decides nothing.
-        let whole = s.is_some();
-        Self {
-            seq,
-            s,
-            cut_agent: cut & 1 != 0 || !whole,
-            cut_mission: cut & 2 != 0 || !whole,
-        }
-    }
-}
+const CUT_AGENT: u8 = 1;
+const CUT_MISSION: u8 = 2;
+const UNREAD: u8 = 4;
 
 /// Cuts `s` to at most `kept` bytes at a character boundary; whether it was cut.
 fn keep(s: &mut String, kept: usize) -> bool {
@@ -160,61 +108,115 @@ fn keep(s: &mut String, kept: usize) -> bool {
     true
 }
 
-impl Row {
-    fn of(seq: u64, payload: &[u8], kept: usize) -> Self {
-        match decode(payload) {
-            Some(mut s) => {
-                let cut_agent = keep(&mut s.agent, kept);
-                let cut_mission = keep(&mut s.mission, kept);
-                Self {
-                    seq,
-                    s: Some(s),
-                    cut_agent,
-                    cut_mission,
-                }
+impl Packed {
+    /// Packs `msgs` (of `first..=last`), agents and missions cut to `kept` bytes.
+    fn of(first: u64, last: u64, msgs: &[(u64, Bytes)], kept: usize) -> Self {
+        let mut p = Self {
+            layout: LAYOUT,
+            first,
+            last,
+            agents: vec![],
+            statuses: vec![],
+            rows: Vec::with_capacity(msgs.len()),
+        };
+        let place = |list: &mut Vec<String>, v: String| {
+            let at = list.iter().position(|x| *x == v).unwrap_or_else(|| {
+                list.push(v);
+                list.len() - 1
+            });
+            u32::try_from(at).unwrap_or(u32::MAX)
+        };
+        for (seq, payload) in msgs {
+            let off = seq - first;
+            let Some(mut s) = decode(payload) else {
+                p.rows.push(Row(off, 0, 0, 0, 0, String::new(), UNREAD));
+                continue;
+            };
+            let mut cut = 0;
+            if keep(&mut s.agent, kept) {
+                cut |= CUT_AGENT;
             }
-            None => Self {
-                seq,
-                s: None,
-                cut_agent: true,
-                cut_mission: true,
-            },
+            let mut mission = s.mission.to_lowercase();
+            if keep(&mut mission, kept) {
+                cut |= CUT_MISSION;
+            }
+            let agent = place(&mut p.agents, s.agent);
+            let status = place(&mut p.statuses, s.status);
+            let since = s.updated_at.saturating_sub(s.started_at);
+            p.rows
+                .push(Row(off, agent, status, s.started_at, since, mission, cut));
         }
+        p
     }
 
-    /// The row's summary when nothing of it was cut.
-    pub(crate) fn whole(&self) -> Option<&RootSummary> {
-        self.s
-            .as_ref()
-            .filter(|_| !self.cut_agent && !self.cut_mission)
+    fn fits(&self, first: u64, last: u64) -> bool {
+        self.layout == LAYOUT
+            && self.first == first
+            && self.last == last
+            && self.rows.iter().all(|r| {
+                r.6 & UNREAD != 0
+                    || (r.0 <= last - first
+                        && (r.1 as usize) < self.agents.len()
+                        && (r.2 as usize) < self.statuses.len())
+            })
     }
 
-    /// Whether the row's root may pass `filter` (normalized) and `cursor`. `status`:
-    /// whether the row's status counts (a state's, which is final for its message; a
-    /// start's status changes later).
-    pub(crate) fn may_pass(
+    /// The sequences of the messages that may pass `filter` (normalized) and `cursor`.
+    /// `status`: whether a row's status counts (a state's is final for its message; a
+    /// start's changes later).
+    pub(crate) fn candidates(
         &self,
         filter: &RootFilter,
         cursor: Option<&Cursor>,
         status: bool,
-    ) -> bool {
-        let Some(s) = &self.s else {
-            return true;
-        };
-        let agent = |want: &str| {
-            if self.cut_agent {
-                want.starts_with(s.agent.as_str())
+    ) -> Vec<u64> {
+        let agent_ok = |r: &Row, want: &str| {
+            let a = self.agents[r.1 as usize].as_str();
+            if r.6 & CUT_AGENT != 0 {
+                want.starts_with(a)
             } else {
-                s.agent == want
+                a == want
             }
         };
-        let text = |t: &str| self.cut_mission || s.mission.to_lowercase().contains(t);
-        (!status || filter.status.as_deref().is_none_or(|v| s.status == v))
-            && filter.agent.as_deref().is_none_or(agent)
-            && filter.since.is_none_or(|t| s.started_at >= t)
-            && filter.until.is_none_or(|t| s.started_at < t)
-            && filter.text.as_deref().is_none_or(text)
-            && cursor.is_none_or(|c| s.position() < *c)
+        self.rows
+            .iter()
+            .filter(|r| {
+                r.6 & UNREAD != 0
+                    || ((!status
+                        || filter
+                            .status
+                            .as_deref()
+                            .is_none_or(|v| self.statuses[r.2 as usize] == v))
+                        && filter.agent.as_deref().is_none_or(|a| agent_ok(r, a))
+                        && filter.since.is_none_or(|t| r.3 >= t)
+                        && filter.until.is_none_or(|t| r.3 < t)
+                        && filter
+                            .text
+                            .as_deref()
+                            .is_none_or(|t| r.6 & CUT_MISSION != 0 || r.5.contains(t))
+                        && cursor.is_none_or(|c| r.3 <= c.started_at))
+            })
+            .map(|r| self.first + r.0)
+            .collect()
+    }
+
+    /// The earliest latest time of its messages (`u64::MAX` if none).
+    pub(crate) fn ended_before(&self) -> u64 {
+        self.rows
+            .iter()
+            .filter(|r| r.6 & UNREAD == 0)
+            .map(|r| r.3.saturating_add(r.4))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The newest sequence of a message started before `since`.
+    pub(crate) fn started_before(&self, since: u64) -> Option<u64> {
+        self.rows
+            .iter()
+            .filter(|r| r.6 & UNREAD == 0 && r.3 < since)
+            .map(|r| self.first + r.0)
+            .max()
     }
 }
 
@@ -252,12 +254,7 @@ async fn pack(
     // Agents and missions are kept shorter until the block fits in a message.
     let mut kept = KEPT_BYTES;
     let (packed, payload) = loop {
-        let packed = Packed {
-            layout: LAYOUT,
-            first,
-            last,
-            rows: msgs.iter().map(|(seq, b)| Row::of(*seq, b, kept)).collect(),
-        };
+        let packed = Packed::of(first, last, &msgs, kept);
         let payload = serde_json::to_vec(&packed);
         match payload {
             Ok(p) if p.len() > BLOCK_BYTES && kept > 0 => kept /= 4,
@@ -325,12 +322,18 @@ impl NatsStore {
     pub(crate) async fn block(&self, src: Source, first: u64) -> Result<Option<Packed>> {
         let per = self.block_roots();
         let last = first + per - 1;
-        let stored = last_of(&self.root_blocks, &src.subject((first - 1) / per)).await;
+        let stored = match self
+            .root_blocks
+            .direct_get_last_for_subject(src.subject((first - 1) / per))
+            .await
+        {
+            Ok(m) => Ok(Some(m.payload)),
+            Err(e) if matches!(e.kind(), stream::DirectGetErrorKind::NotFound) => Ok(None),
+            Err(e) => Err(super::nats_err("read a block of the index of roots", e)),
+        };
         match stored {
-            Ok(Some((_, b))) => match serde_json::from_slice::<Packed>(&b) {
-                Ok(p) if p.layout == LAYOUT && p.first == first && p.last == last => {
-                    return Ok(Some(p))
-                }
+            Ok(Some(b)) => match serde_json::from_slice::<Packed>(&b) {
+                Ok(p) if p.fits(first, last) => return Ok(Some(p)),
                 _ => tracing::debug!(
                     first,
                     "a block of the index of roots is damaged; packing it again"
@@ -346,8 +349,9 @@ impl NatsStore {
 
     /// The starts of `SKEIN_ROOTS` in `lower..=upper` that may pass `filter` and
     /// `cursor` (as sequence, root and summary), and the newest sequence of a start
-    /// before `since` (if any). Whole ranges through their blocks; the rest, and a range
-    /// whose block has too many cut candidates or cannot be read, from the stream.
+    /// before `since` (if any). Whole ranges through their blocks, each candidate read
+    /// again by a get; the rest, and a range whose block has too many candidates or
+    /// cannot be read, from the stream.
     pub(crate) async fn starts_packed(
         &self,
         lower: u64,
@@ -360,44 +364,35 @@ impl NatsStore {
             .map(|(from, to, whole)| async move {
                 if whole {
                     if let Some(p) = self.block(Source::Starts, from).await? {
-                        let before = filter.since.and_then(|t| {
-                            before_since(
-                                p.rows
-                                    .iter()
-                                    .filter_map(|r| r.s.as_ref().map(|s| (r.seq, s))),
-                                t,
-                            )
-                        });
-                        let cand: Vec<&Row> = p
-                            .rows
-                            .iter()
-                            .filter(|r| r.may_pass(filter, cursor, false))
-                            .collect();
-                        if cand.iter().filter(|r| r.whole().is_none()).count() <= MAX_GETS {
-                            let mut out = vec![];
-                            for r in cand {
-                                match r.whole() {
-                                    Some(s) => out.push((r.seq, s.root.clone(), Some(s.clone()))),
-                                    None => match self.start_at(r.seq).await? {
-                                        Some((root, start)) if !root.is_empty() => {
-                                            out.push((r.seq, root, start))
-                                        }
-                                        _ => {}
-                                    },
-                                }
-                            }
+                        let before = filter.since.and_then(|t| p.started_before(t));
+                        let cand = p.candidates(filter, cursor, false);
+                        if cand.len() <= MAX_GETS {
+                            let got = futures::future::try_join_all(cand.into_iter().map(
+                                |seq| async move {
+                                    Ok::<_, skein_ports::Error>((seq, self.start_at(seq).await?))
+                                },
+                            ))
+                            .await?;
+                            let out = got
+                                .into_iter()
+                                .filter_map(|(seq, m)| match m {
+                                    Some((root, start)) if !root.is_empty() => {
+                                        Some((seq, root, start))
+                                    }
+                                    _ => None,
+                                })
+                                .collect();
                             return Ok::<_, skein_ports::Error>((out, before));
                         }
                     }
                 }
                 let starts = self.starts_between(from, to).await?;
                 let before = filter.since.and_then(|t| {
-                    before_since(
-                        starts
-                            .iter()
-                            .filter_map(|(q, _, s)| s.as_ref().map(|s| (*q, s))),
-                        t,
-                    )
+                    starts
+                        .iter()
+                        .filter(|(_, _, s)| s.as_ref().is_some_and(|s| s.started_at < t))
+                        .map(|(q, _, _)| *q)
+                        .max()
                 });
                 Ok((starts, before))
             })
@@ -425,30 +420,24 @@ impl NatsStore {
                 .map(|(from, to, whole)| async move {
                     if whole {
                         if let Some(p) = self.block(Source::States, from).await? {
-                            let cand: Vec<u64> = p
-                                .rows
-                                .iter()
-                                .filter(|r| r.may_pass(filter, cursor, true))
-                                .map(|r| r.seq)
-                                .collect();
+                            let cand = p.candidates(filter, cursor, true);
                             if cand.len() <= MAX_GETS {
-                                let ended_before = p
-                                    .rows
-                                    .iter()
-                                    .filter_map(|r| r.s.as_ref().map(|s| s.updated_at))
-                                    .min()
-                                    .unwrap_or(u64::MAX);
-                                let mut found = vec![];
-                                for seq in cand {
-                                    if let Some(s) = self.state_at(seq).await? {
-                                        if filter.matches(&s)
+                                let got = futures::future::try_join_all(
+                                    cand.into_iter().map(|seq| self.state_at(seq)),
+                                )
+                                .await?;
+                                let found = got
+                                    .into_iter()
+                                    .flatten()
+                                    .filter(|s| {
+                                        filter.matches(s)
                                             && cursor.is_none_or(|c| s.position() < *c)
-                                        {
-                                            found.push(s);
-                                        }
-                                    }
-                                }
-                                return Ok::<_, skein_ports::Error>(Some((found, ended_before)));
+                                    })
+                                    .collect();
+                                return Ok::<_, skein_ports::Error>(Some((
+                                    found,
+                                    p.ended_before(),
+                                )));
                             }
                         }
                     }
@@ -491,17 +480,6 @@ impl NatsStore {
     }
 }
 
-/// The newest sequence of a start before `since`.
-fn before_since<'a>(
-    starts: impl Iterator<Item = (u64, &'a RootSummary)>,
-    since: u64,
-) -> Option<u64> {
-    starts
-        .filter(|(_, s)| s.started_at < since)
-        .map(|(q, _)| q)
-        .max()
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -528,22 +506,71 @@ mod tests {
     }
 
     #[test]
-    fn a_row_reads_back_as_written() {
-        let mut long = br#"{"root":"r-1","agent":"a","status":"completed","started_at":5,"updated_at":6,"mission":""#.to_vec();
-        long.extend("m".repeat(KEPT_BYTES + 10).bytes());
-        long.extend(br#"","last_seq":3}"#);
-        for row in [
-            Row::of(7, &long, KEPT_BYTES),
-            Row::of(8, b"{damaged", KEPT_BYTES),
-        ] {
-            let back: Row = serde_json::from_slice(&serde_json::to_vec(&row).unwrap()).unwrap();
-            assert_eq!(back.s, row.s);
-            assert_eq!(
-                (back.seq, back.cut_agent, back.cut_mission),
-                (row.seq, row.cut_agent, row.cut_mission)
-            );
-        }
-        let row = Row::of(7, &long, KEPT_BYTES);
-        assert!(row.whole().is_none() && !row.cut_agent && row.cut_mission);
+    fn a_block_reads_back_and_picks_what_may_pass() {
+        let start = |root: &str, agent: &str, status: &str, at: u64, mission: &str| {
+            Bytes::from(
+                serde_json::to_vec(&RootSummary {
+                    root: root.into(),
+                    agent: agent.into(),
+                    status: status.into(),
+                    started_at: at,
+                    updated_at: at + 10,
+                    mission: mission.into(),
+                    last_seq: 2,
+                })
+                .unwrap(),
+            )
+        };
+        let long = format!("{} Needle", "m".repeat(KEPT_BYTES));
+        let msgs = vec![
+            (11, start("r-1", "a", "completed", 5, "Find the NEEDLE")),
+            (
+                12,
+                start("r-2", &"b".repeat(KEPT_BYTES + 1), "failed", 6, &long),
+            ),
+            (14, Bytes::from_static(b"{damaged")),
+            (15, start("r-4", "a", "failed", 8, "other")),
+        ];
+        let p = Packed::of(11, 20, &msgs, KEPT_BYTES);
+        let back: Packed = serde_json::from_slice(&serde_json::to_vec(&p).unwrap()).unwrap();
+        assert!(back.fits(11, 20) && !back.fits(1, 10));
+        let f = |agent: Option<&str>, status: Option<&str>, text: Option<&str>| {
+            RootFilter {
+                agent: agent.map(str::to_string),
+                status: status.map(str::to_string),
+                text: text.map(str::to_string),
+                ..RootFilter::default()
+            }
+            .normalized()
+        };
+        // The damaged message is always a candidate; a cut field may hold anything.
+        assert_eq!(
+            back.candidates(&f(Some("a"), None, None), None, false),
+            vec![11, 14, 15]
+        );
+        assert_eq!(
+            back.candidates(&f(Some("z"), None, None), None, false),
+            vec![14]
+        );
+        let b_long = "b".repeat(KEPT_BYTES + 1);
+        assert_eq!(
+            back.candidates(&f(Some(&b_long), None, None), None, false),
+            vec![12, 14]
+        );
+        assert_eq!(
+            back.candidates(&f(None, None, Some("needle")), None, false),
+            vec![11, 12, 14]
+        );
+        assert_eq!(
+            back.candidates(&f(None, Some("failed"), None), None, true),
+            vec![12, 14, 15]
+        );
+        assert_eq!(
+            back.candidates(&f(None, Some("failed"), None), None, false)
+                .len(),
+            4
+        );
+        assert_eq!(back.ended_before(), 15);
+        assert_eq!(back.started_before(7), Some(12));
     }
 }

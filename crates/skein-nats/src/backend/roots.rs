@@ -126,7 +126,7 @@ pub(crate) async fn read_range(
         .map(|parts| parts.concat()))
 }
 
-pub(crate) async fn last_of(st: &stream::Stream, subject: &str) -> Result<Option<(u64, Bytes)>> {
+async fn last_of(st: &stream::Stream, subject: &str) -> Result<Option<(u64, Bytes)>> {
     match st.get_last_raw_message_by_subject(subject).await {
         Ok(m) => Ok(Some((m.sequence, m.payload))),
         Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => Ok(None),
