@@ -477,10 +477,9 @@ impl NatsStore {
         let per = self.block_roots();
         let top = upper;
         while upper >= floor && upper > 0 && found.len() <= limit {
-            // Blocks smaller than a range as they are (a page that fills from the newest
-            // reads no more than before), larger ones from a range's start.
+            // The first block as it is (a page that fills from the newest reads no more).
             let mut lower = upper.saturating_sub(block - 1);
-            if packed && upper < top && block >= per {
+            if packed && upper < top {
                 lower = range_start(lower, per);
             }
             let lower = lower.max(floor);
@@ -643,12 +642,11 @@ impl NatsStore {
         let mut block = (limit as u64 + SKEW).max(32);
         let per = self.block_roots();
         while upper >= first && upper > 0 {
-            // Once blocks are as large as a range, whole ranges go through their packed
-            // blocks (`root_blocks.rs`): a status (or agent, or text) that few roots
-            // ended in costs a message per range, not one per root. Smaller blocks are
-            // read as they are (a page that fills from the newest reads no more).
+            // Past the first block (read as it is), whole ranges go through their packed blocks
+            // (`root_blocks.rs`): a status (or agent, or text) that few roots ended in
+            // costs a message per range, not one per root.
             let mut lower = upper.saturating_sub(block - 1);
-            if upper < info.state.last_sequence && block >= per {
+            if upper < info.state.last_sequence {
                 lower = range_start(lower, per);
             }
             let lower = lower.max(first);
