@@ -3,13 +3,17 @@
 //! with its cursor, lists exactly the roots the filter picks from the logs, newest first;
 //! enough roots that pages read blocks through a consumer, and roots that ended long
 //! after the others started (so the order roots ended in is not their start order).
+//! Walked three times: reading whole ranges of the index through its packed blocks (with
+//! agents and missions too long for a block to keep whole), again once the blocks are
+//! deleted (they are packed again) or damaged, and without blocks (ranges of 1,000).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use skein_core::event::{genesis_hash, Cancelled, Completed, Submitted};
 use skein_core::{Envelope, Event, Record, SessionId};
-use skein_nats::{NatsConfig, NatsStore};
+use skein_nats::{NatsConfig, NatsStore, ROOT_BLOCKS};
 use skein_runtime::ports::roots::{RootFilter, RootSummary};
 use skein_runtime::ports::{Durability, EventLog};
 use skein_testnats::NatsServer;
@@ -37,13 +41,29 @@ fn completed() -> Event {
     })
 }
 
-/// Root `i`'s first records: a few of a rare agent, a few with a rare mission, a few
+/// Roots a packed block of the index holds in this test.
+const BLOCK: u64 = 16;
+
+/// An agent name longer than a block keeps whole; two of them share what it keeps.
+fn long_agent(tail: &str) -> String {
+    format!("{}{tail}", "agent-".repeat(70))
+}
+
+/// Root `i`'s first records: a few of a rare agent, a few of long agents, a few with a
+/// rare mission (some of them long, the rare text past what a block keeps), a few
 /// cancelled, a few left open, the rest completed.
 fn first_records(id: &SessionId, i: u64) -> Vec<Record> {
     let at = T0 + i * 1000;
-    let agent = if i % 97 == 5 { "rare" } else { "common" };
+    let agent = match i % 101 {
+        _ if i % 97 == 5 => "rare".to_string(),
+        6 => long_agent("a"),
+        7 => long_agent("b"),
+        _ => "common".to_string(),
+    };
     let mission = if i % 89 == 3 {
         format!("find the Needle {i}")
+    } else if i % 83 == 4 {
+        format!("{}, then the needle {i}", "a long mission ".repeat(40))
     } else {
         format!("history tree {i}")
     };
@@ -54,7 +74,7 @@ fn first_records(id: &SessionId, i: u64) -> Vec<Record> {
         genesis_hash(id),
         Event::Submitted(Submitted {
             mission,
-            ..Submitted::for_test(agent)
+            ..Submitted::for_test(&agent)
         }),
     );
     let prev = sub.hash();
@@ -100,6 +120,7 @@ async fn every_kind_of_filter_lists_what_the_logs_say_page_by_page() {
     let store = NatsStore::connect(&cfg, Duration::from_secs(1))
         .await
         .unwrap();
+    store.set_index_block_roots(BLOCK);
     let mut logs: Vec<(SessionId, Vec<Record>)> = vec![];
     for i in 0..ROOTS {
         let id = SessionId::root(&format!("f{i:05}")).unwrap();
@@ -196,8 +217,103 @@ async fn every_kind_of_filter_lists_what_the_logs_say_page_by_page() {
             agent: Some("nobody".into()),
             ..f()
         },
+        RootFilter {
+            agent: Some(long_agent("a")),
+            ..f()
+        },
+        RootFilter {
+            text: Some("THE NEEDLE".into()),
+            ..f()
+        },
+        RootFilter {
+            status: Some("cancelled".into()),
+            text: Some("needle".into()),
+            ..f()
+        },
+        RootFilter {
+            status: Some("completed".into()),
+            agent: Some("rare".into()),
+            ..f()
+        },
+        RootFilter {
+            status: Some("failed".into()),
+            ..f()
+        },
     ];
-    for filter in &filters {
+    check(&store, &filters, &summaries).await;
+    let blocks = store.js.get_stream(ROOT_BLOCKS).await.unwrap();
+    let packed = blocks.get_info().await.unwrap().state.messages;
+    assert!(
+        packed >= ROOTS / BLOCK,
+        "the full ranges of starts are packed: {packed}"
+    );
+
+    // Deleted: a process that opens the store makes the stream again, and its pages
+    // pack the blocks again from the index.
+    store.js.delete_stream(ROOT_BLOCKS).await.unwrap();
+    let again = NatsStore::connect(&cfg, Duration::from_secs(1))
+        .await
+        .unwrap();
+    again.set_index_block_roots(BLOCK);
+    check(&again, &filters, &summaries).await;
+    let mut blocks = again.js.get_stream(ROOT_BLOCKS).await.unwrap();
+    assert!(blocks.info().await.unwrap().state.messages >= ROOTS / BLOCK);
+
+    // Damaged: a block that does not decode, or that covers other sequences.
+    let starts = blocks
+        .get_last_raw_message_by_subject("skein.rootblock.starts.1")
+        .await
+        .unwrap()
+        .payload;
+    for (subject, payload) in [
+        ("skein.rootblock.starts.0", Bytes::from_static(b"{not json")),
+        ("skein.rootblock.states.0", Bytes::from_static(b"[]")),
+        ("skein.rootblock.starts.2", starts),
+    ] {
+        again
+            .js
+            .publish(subject, payload)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    check(&again, &filters, &summaries).await;
+    for subject in ["skein.rootblock.starts.0", "skein.rootblock.starts.2"] {
+        let made = blocks
+            .get_last_raw_message_by_subject(subject)
+            .await
+            .unwrap()
+            .payload;
+        let v: serde_json::Value = serde_json::from_slice(&made).unwrap();
+        assert_eq!(
+            v["first"],
+            1 + BLOCK * subject.ends_with('2') as u64 * 2,
+            "{subject}"
+        );
+    }
+
+    // Ranges larger than the store: no block is used.
+    again.set_index_block_roots(1_000);
+    check(&again, &filters, &summaries).await;
+    // The summaries of an ended-status page are the logs' own.
+    let page = store
+        .roots_page(
+            &RootFilter {
+                status: Some("completed".into()),
+                ..f()
+            },
+            1,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.roots[0], summaries[0], "the newest completed root");
+}
+
+/// Walks every filter's pages, a few and many at a time, against what the logs say.
+async fn check(store: &NatsStore, filters: &[RootFilter], summaries: &[RootSummary]) {
+    for filter in filters {
         let norm = filter.normalized();
         let want: Vec<String> = summaries
             .iter()
@@ -212,23 +328,10 @@ async fn every_kind_of_filter_lists_what_the_logs_say_page_by_page() {
         };
         for limit in [small, 1000] {
             assert_eq!(
-                walk(&store, filter, limit).await,
+                walk(store, filter, limit).await,
                 want,
                 "{filter:?}, {limit} a page"
             );
         }
     }
-    // The summaries of an ended-status page are the logs' own.
-    let page = store
-        .roots_page(
-            &RootFilter {
-                status: Some("completed".into()),
-                ..f()
-            },
-            1,
-            None,
-        )
-        .await
-        .unwrap();
-    assert_eq!(page.roots[0], summaries[0], "the newest completed root");
 }

@@ -24,7 +24,7 @@
 //! | Cache | KV `skein_cache`; single-flight claims in KV `skein_inflight` |
 //! | Blobs | object store `skein_blobs`, named by blake3 hash |
 //! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
-//! | (index of roots) | streams `SKEIN_ROOTS` (`skein.roots.<root>`: each root's start, in submit order), `SKEIN_ROOT_STATE` (`skein.rootstate.<root>`) and `SKEIN_ROOT_OPEN` (`skein.rootopen.<root>`): see `roots.rs` |
+//! | (index of roots) | streams `SKEIN_ROOTS` (`skein.roots.<root>`: each root's start, in submit order), `SKEIN_ROOT_STATE` (`skein.rootstate.<root>`) and `SKEIN_ROOT_OPEN` (`skein.rootopen.<root>`): see `roots.rs`; `SKEIN_ROOT_BLOCKS` (`skein.rootblock.{starts,states}.<k>`: the two large ones packed a thousand at a time): see `root_blocks.rs` |
 //! | Announcer | stream `SKEIN_RESULTS`, subject `skein.ended.<root>`, republished by the stream on `skein.results.<root>`: each ending once |
 //! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
 //! | (definitions) | versions as blobs of `skein_blobs`; KV `skein_defs`: `version.<digest>`, `current` |
@@ -45,6 +45,7 @@ mod read;
 mod results;
 mod retention;
 mod room;
+mod root_blocks;
 mod roots;
 mod topology;
 mod workers;
@@ -65,7 +66,7 @@ pub use defs::{Current, Move, VersionInfo, DEFS_BUCKET};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
 pub use retention::{RemovedTree, ARCHIVE};
 pub use topology::{
-    ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_OPEN, ROOT_STATE,
+    ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_BLOCKS, ROOT_OPEN, ROOT_STATE,
 };
 pub use workers::{WorkerInfo, WORKERS_BUCKET, WORKER_TTL_SECS};
 pub use workspace::{clean_path, ObjectWorkspace};
@@ -145,6 +146,10 @@ pub struct NatsStore {
     roots_starts: stream::Stream,
     root_state: stream::Stream,
     root_open: stream::Stream,
+    /// `SKEIN_ROOT_BLOCKS`: packed blocks of the index (`root_blocks.rs`), and the roots
+    /// each packs.
+    root_blocks: stream::Stream,
+    block_roots: std::sync::atomic::AtomicU64,
     roots_checked: tokio::sync::OnceCell<()>,
     jobs_stream: stream::Stream,
     notices: stream::Stream,
@@ -239,6 +244,8 @@ impl NatsStore {
             roots_starts: s(ROOTS).await?,
             root_state: s(ROOT_STATE).await?,
             root_open: s(ROOT_OPEN).await?,
+            root_blocks: s(ROOT_BLOCKS).await?,
+            block_roots: std::sync::atomic::AtomicU64::new(root_blocks::BLOCK_ROOTS),
             roots_checked: tokio::sync::OnceCell::new(),
             feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease)),
             jobs_stream,

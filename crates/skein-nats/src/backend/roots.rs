@@ -19,6 +19,9 @@
 //!   streams are made or once a rebuild is done (kept out of the large streams, where
 //!   finding an old subject's last message walks back through the stream on some
 //!   servers).
+//! - `SKEIN_ROOT_BLOCKS`: the first two packed a thousand messages at a time, read by a
+//!   filter that matches few roots (an agent, mission text, an ended status) past its
+//!   first block; see `root_blocks.rs`.
 //!
 //! The index may lag the log but never loses a root: the start is written before the
 //! root's first record, so a root with records always has one. A summary that is not
@@ -39,6 +42,7 @@ use skein_ports::ports::EventLog;
 use skein_ports::roots::{Cursor, RootFilter, RootSummary, RootsPage, MAX_PAGE};
 use skein_ports::{Error, Result};
 
+use super::root_blocks::{range_start, Source};
 use super::{nats_err, NatsStore};
 
 /// The index's layout; another value (or none) rebuilds it.
@@ -76,7 +80,7 @@ fn encode(s: &RootSummary) -> Result<Bytes> {
         .map_err(|e| Error::corrupt("a root summary", e))
 }
 
-fn decode(b: &[u8]) -> Option<RootSummary> {
+pub(crate) fn decode(b: &[u8]) -> Option<RootSummary> {
     serde_json::from_slice(b).ok()
 }
 
@@ -92,7 +96,7 @@ fn ending(r: &Record) -> Option<Status> {
 
 /// The messages of `st` in `lower..=upper`, through consumers, a part of at most
 /// [`CONSUMER_PART`] sequences each, all at once; none when a consumer could not be made.
-async fn read_range(
+pub(crate) async fn read_range(
     st: &stream::Stream,
     subject: &str,
     lower: u64,
@@ -155,14 +159,16 @@ pub(crate) async fn mark_built_if_empty(js: &context::Context) -> Result<()> {
 }
 
 impl NatsStore {
-    async fn publish_acked(&self, subject: String, payload: Bytes) -> Result<()> {
-        self.js
+    /// Publishes and waits for the ack; the message's stream sequence.
+    async fn publish_acked(&self, subject: String, payload: Bytes) -> Result<u64> {
+        Ok(self
+            .js
             .publish(subject, payload)
             .await
             .map_err(|e| nats_err("write the index of roots", e))?
             .await
-            .map_err(|e| nats_err("write the index of roots", e))?;
-        Ok(())
+            .map_err(|e| nats_err("write the index of roots", e))?
+            .sequence)
     }
 
     /// Publishes `root`'s start unless it has one.
@@ -178,7 +184,10 @@ impl NatsStore {
             Err(e) => Err(e),
         };
         match acked {
-            Ok(_) => Ok(()),
+            Ok(ack) => {
+                self.pack_if_full(Source::Starts, ack.sequence);
+                Ok(())
+            }
             Err(e) if matches!(e.kind(), context::PublishErrorKind::WrongLastSequence) => Ok(()),
             Err(e) => Err(nats_err("write the start of a root", e)),
         }
@@ -192,7 +201,13 @@ impl NatsStore {
     /// [`Self::put_state`]; `marked`: whether the root may have an open mark to take off
     /// (not a root whose first records ended it).
     async fn put_state_marked(&self, s: &RootSummary, marked: bool) -> Result<()> {
-        let state = self.publish_acked(state_subject(&s.root), encode(s)?);
+        let state = async {
+            let seq = self
+                .publish_acked(state_subject(&s.root), encode(s)?)
+                .await?;
+            self.pack_if_full(Source::States, seq);
+            Ok(())
+        };
         let open = async {
             if s.is_finished() && !marked {
                 Ok(())
@@ -206,6 +221,7 @@ impl NatsStore {
             } else {
                 self.publish_acked(open_subject(&s.root), Bytes::new())
                     .await
+                    .map(|_| ())
             }
         };
         let (a, b) = futures::join!(state, open);
@@ -225,6 +241,7 @@ impl NatsStore {
             } else {
                 self.publish_acked(open_subject(&s.root), Bytes::new())
                     .await
+                    .map(|_| ())
             }
         };
         let (a, b) = futures::join!(self.put_start(&s), open);
@@ -454,18 +471,33 @@ impl NatsStore {
         let mut floor = first;
         let mut found: Vec<RootSummary> = vec![];
         let mut block = (limit as u64 + SKEW).max(32);
+        // An agent or mission text may match few roots: whole ranges are read through
+        // their packed blocks (`root_blocks.rs`), so blocks start at range boundaries.
+        let packed = fixed.agent.is_some() || fixed.text.is_some();
+        let per = self.block_roots();
+        let top = upper;
         while upper >= floor && upper > 0 && found.len() <= limit {
-            let lower = upper.saturating_sub(block - 1).max(floor);
-            let starts = self.starts_between(lower, upper).await?;
-            if let Some(since) = filter.since {
-                if let Some(seq) = starts
-                    .iter()
-                    .filter(|(_, _, s)| s.as_ref().is_some_and(|s| s.started_at < since))
-                    .map(|(seq, _, _)| *seq)
-                    .max()
-                {
-                    floor = floor.max(seq.saturating_sub(SKEW));
-                }
+            // The first block as it is (a page that fills from the newest reads no more).
+            let mut lower = upper.saturating_sub(block - 1);
+            if packed && upper < top {
+                lower = range_start(lower, per);
+            }
+            let lower = lower.max(floor);
+            let (starts, before_since) = if packed {
+                self.starts_packed(lower, upper, &fixed, cursor).await?
+            } else {
+                let starts = self.starts_between(lower, upper).await?;
+                let before = filter.since.and_then(|since| {
+                    starts
+                        .iter()
+                        .filter(|(_, _, s)| s.as_ref().is_some_and(|s| s.started_at < since))
+                        .map(|(seq, _, _)| *seq)
+                        .max()
+                });
+                (starts, before)
+            };
+            if let Some(seq) = before_since {
+                floor = floor.max(seq.saturating_sub(SKEW));
             }
             let wanted = starts.into_iter().filter(|(_, _, start)| match start {
                 Some(s) => fixed.matches(s) && cursor.is_none_or(|c| s.position() < *c),
@@ -529,7 +561,7 @@ impl NatsStore {
     /// The starts of `SKEIN_ROOTS` in `lower..=upper`: as sequence, root and summary.
     /// A small block by direct gets; a large one through a consumer (by gets when none
     /// can be made).
-    async fn starts_between(
+    pub(crate) async fn starts_between(
         &self,
         lower: u64,
         upper: u64,
@@ -608,22 +640,24 @@ impl NatsStore {
         let (first, mut upper) = (info.state.first_sequence.max(1), info.state.last_sequence);
         let mut found: Vec<RootSummary> = vec![];
         let mut block = (limit as u64 + SKEW).max(32);
+        let per = self.block_roots();
         while upper >= first && upper > 0 {
-            let lower = upper.saturating_sub(block - 1).max(first);
-            let Some(msgs) =
-                read_range(&self.root_state, "skein.rootstate.*", lower, upper).await?
+            // Past the first block (read as it is), whole ranges go through their packed blocks
+            // (`root_blocks.rs`): a status (or agent, or text) that few roots ended in
+            // costs a message per range, not one per root.
+            let mut lower = upper.saturating_sub(block - 1);
+            if upper < info.state.last_sequence {
+                lower = range_start(lower, per);
+            }
+            let lower = lower.max(first);
+            let Some((got, ended_before)) =
+                self.states_packed(lower, upper, filter, cursor).await?
             else {
                 return Err(Error::unavailable_because(
                     "no consumer could be made to read the ended roots".to_string(),
                 ));
             };
-            let mut ended_before = u64::MAX;
-            for s in msgs.iter().filter_map(|(_, b)| decode(b)) {
-                ended_before = ended_before.min(s.updated_at);
-                if filter.matches(&s) && cursor.is_none_or(|c| s.position() < *c) {
-                    found.push(s);
-                }
-            }
+            found.extend(got);
             if found.len() > limit {
                 found.sort_by_key(|s| std::cmp::Reverse(s.position()));
                 found.truncate(limit + 1);

@@ -20,6 +20,8 @@ pub const ROOTS: &str = "SKEIN_ROOTS";
 pub const ROOT_STATE: &str = "SKEIN_ROOT_STATE";
 /// A mark for each open root, and the index's format (`roots.rs`).
 pub const ROOT_OPEN: &str = "SKEIN_ROOT_OPEN";
+/// Packed blocks of `SKEIN_ROOTS` and `SKEIN_ROOT_STATE` (`root_blocks.rs`).
+pub const ROOT_BLOCKS: &str = "SKEIN_ROOT_BLOCKS";
 
 /// Creates every missing stream and bucket; existing ones are left alone. Idempotent.
 pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
@@ -65,6 +67,8 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
                 "skein.rootindex".to_string(),
             ],
         ),
+        // Made again from the two above when missing (an older store's included).
+        (ROOT_BLOCKS, vec!["skein.rootblock.>".to_string()]),
     ] {
         put(stream::Config {
             name: name.into(),
