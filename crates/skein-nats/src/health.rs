@@ -9,12 +9,12 @@ use async_nats::connection::State;
 use async_nats::Event;
 
 use crate::backend::{
-    NatsStore, EVENTS, JOBS, MISSIONS, NOTICES, RESULTS, ROOTS, ROOT_OPEN, ROOT_STATE,
+    NatsStore, EVENTS, JOBS, MISSIONS, NOTICES, RESULTS, ROOTS, ROOT_OPEN, ROOT_STATE, TREES,
 };
 
 /// The streams a worker needs.
-pub const STREAMS: [&str; 8] = [
-    EVENTS, JOBS, NOTICES, MISSIONS, RESULTS, ROOTS, ROOT_STATE, ROOT_OPEN,
+pub const STREAMS: [&str; 9] = [
+    EVENTS, JOBS, NOTICES, MISSIONS, RESULTS, ROOTS, ROOT_STATE, ROOT_OPEN, TREES,
 ];
 
 /// The counter of connections made again, the same name as the worker's metrics list

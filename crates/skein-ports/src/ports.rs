@@ -56,7 +56,11 @@ pub trait EventLog: Send + Sync {
     /// The last record, if any.
     async fn last(&self, session: &SessionId) -> Result<Option<Record>>;
 
-    /// Every session of the tree rooted at `root` (the root included), sorted.
+    /// Every session of the tree rooted at `root` that has records (the root included),
+    /// sorted. It may also name a session that has none: a backend that writes a tree's
+    /// list of sessions ahead of their first records (NATS) keeps a name whose record
+    /// was never written (its writer stopped between the two). Callers pass over a
+    /// session whose log is empty.
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>>;
 
     /// Every root session, sorted.

@@ -39,7 +39,9 @@ pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize>
     let sessions = rt.backend.subtree(id).await?;
     for s in sessions.into_iter().rev() {
         let (f, _) = rt.load(&s).await?;
-        if f.state.status.is_terminal() {
+        // A session named in the tree whose first record was never written (see
+        // `EventLog::tree`) has nothing to cancel.
+        if f.state.last_seq == 0 || f.state.status.is_terminal() {
             rt.keep_state(f);
             continue;
         }

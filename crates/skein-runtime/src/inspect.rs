@@ -194,7 +194,11 @@ const READERS: usize = 8;
 /// [`EventLog::tree`](crate::ports::EventLog::tree).
 pub async fn tree_folds(b: &Backend, root: &SessionId) -> Result<Vec<(Vec<Record>, Folded)>> {
     let ids = b.log.tree(root).await?;
-    read_and_fold(b, root, ids).await
+    let mut read = read_and_fold(b, root, ids).await?;
+    // A session named in the tree whose first record was never written (see
+    // `EventLog::tree`) is passed over.
+    read.retain(|(records, _)| !records.is_empty());
+    Ok(read)
 }
 
 /// The logs of `ids` (sessions of the tree of `root`), each read whole and folded, in

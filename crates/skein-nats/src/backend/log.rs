@@ -396,7 +396,14 @@ impl EventLog for NatsStore {
     ) -> Result<()> {
         let indexed = session.is_root() && !records.is_empty();
         if indexed && expected_last == 0 {
-            self.index_start(session, records).await?;
+            let (started, named) = futures::join!(
+                self.index_start(session, records),
+                self.name_in_tree(session)
+            );
+            started.and(named)?;
+        } else if expected_last == 0 && !records.is_empty() {
+            // Named in its tree's list before its first record (`trees.rs`).
+            self.name_in_tree(session).await?;
         }
         match durability {
             Durability::Now | Durability::Ahead => {
@@ -464,24 +471,9 @@ impl EventLog for NatsStore {
         Ok(self.last_with_seq(session).await?.map(|(r, _)| r))
     }
 
+    /// From the tree's list (`trees.rs`).
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
-        let mut out = vec![];
-        for filter in [events_subject(root), format!("{}.>", events_subject(root))] {
-            let mut info = self
-                .events
-                .info_with_subjects(filter)
-                .await
-                .map_err(|e| nats_err("tree", e))?;
-            while let Some(item) = info.next().await {
-                let (subject, _) = item.map_err(|e| nats_err("tree", e))?;
-                if let Some(id) = subject.strip_prefix("skein.events.") {
-                    out.push(SessionId::parse(id)?);
-                }
-            }
-        }
-        out.sort();
-        out.dedup();
-        Ok(out)
+        self.tree_sessions(root).await
     }
 
     /// From the index of roots (`roots.rs`).

@@ -25,6 +25,7 @@
 //! | Blobs | object store `skein_blobs`, named by blake3 hash |
 //! | Notices | stream `SKEIN_NOTICES`: `skein.notices.<parent>` (a child ended or paused), `skein.watch.<session>` (single-flight waiters) |
 //! | (index of roots) | streams `SKEIN_ROOTS` (`skein.roots.<root>`: each root's start, in submit order), `SKEIN_ROOT_STATE` (`skein.rootstate.<root>`) and `SKEIN_ROOT_OPEN` (`skein.rootopen.<root>`): see `roots.rs`; `SKEIN_ROOT_BLOCKS` (`skein.rootblock.{starts,states}.<k>`: the two large ones packed a thousand at a time): see `root_blocks.rs` |
+//! | (index of trees) | stream `SKEIN_TREES`, subject `skein.tree.<root>`: each session of the tree, named before its first record; see `trees.rs` |
 //! | Announcer | stream `SKEIN_RESULTS`, subject `skein.ended.<root>`, republished by the stream on `skein.results.<root>`: each ending once |
 //! | Workspaces | object store `skein_workspace`, objects `<root>/<path>` |
 //! | (definitions) | versions as blobs of `skein_blobs`; KV `skein_defs`: `version.<digest>`, `current` |
@@ -48,6 +49,7 @@ mod room;
 mod root_blocks;
 mod roots;
 mod topology;
+mod trees;
 mod workers;
 mod workspace;
 
@@ -68,6 +70,7 @@ pub use retention::{RemovedTree, ARCHIVE};
 pub use topology::{
     ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_BLOCKS, ROOT_OPEN, ROOT_STATE,
 };
+pub use trees::TREES;
 pub use workers::{WorkerInfo, WORKERS_BUCKET, WORKER_TTL_SECS};
 pub use workspace::{clean_path, ObjectWorkspace};
 
@@ -150,6 +153,10 @@ pub struct NatsStore {
     /// each packs.
     root_blocks: stream::Stream,
     block_roots: std::sync::atomic::AtomicU64,
+    /// `SKEIN_TREES`: each tree's list of sessions (`trees.rs`), and the names waiting to
+    /// be written to it.
+    trees: stream::Stream,
+    naming: trees::Naming,
     roots_checked: tokio::sync::OnceCell<()>,
     jobs_stream: stream::Stream,
     notices: stream::Stream,
@@ -246,6 +253,8 @@ impl NatsStore {
             root_open: s(ROOT_OPEN).await?,
             root_blocks: s(ROOT_BLOCKS).await?,
             block_roots: std::sync::atomic::AtomicU64::new(root_blocks::BLOCK_ROOTS),
+            trees: s(TREES).await?,
+            naming: trees::Naming::default(),
             roots_checked: tokio::sync::OnceCell::new(),
             feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease)),
             jobs_stream,

@@ -77,13 +77,14 @@ impl NatsStore {
         Ok(out)
     }
 
-    /// Whether every session of the tree has ended.
+    /// Whether every session of the tree has ended (a session named in the tree's list
+    /// but never written has nothing to end).
     async fn tree_ended(&self, root: &SessionId) -> Result<bool> {
         for s in self.tree(root).await? {
-            if !self
+            if self
                 .last(&s)
                 .await?
-                .is_some_and(|r| r.env.body.is_terminal())
+                .is_some_and(|r| !r.env.body.is_terminal())
             {
                 return Ok(false);
             }
@@ -138,6 +139,9 @@ impl NatsStore {
             purge(&self.jobs_stream, subject).await?;
         }
         purge(&self.results, format!("skein.ended.{root}")).await?;
+        // After the logs: a list left by a removal cut short names sessions without
+        // records, which readers pass over.
+        purge(&self.trees, super::trees::tree_subject(root)).await?;
         removed.workspace_objects = self.remove_workspace(root).await?;
         self.unindex(root.as_str()).await?;
         Ok((purged > 0).then_some(removed))

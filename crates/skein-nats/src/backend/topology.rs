@@ -86,6 +86,19 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
     if fresh_index {
         super::roots::mark_built_if_empty(js).await?;
     }
+    // Each tree's list of sessions (`trees.rs`): read by its one subject, so a tree is
+    // listed at the same cost whatever the history. Derived from `SKEIN_EVENTS`.
+    put(stream::Config {
+        name: super::TREES.into(),
+        subjects: vec!["skein.tree.*".into()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: st,
+        num_replicas: r,
+        allow_direct: true,
+        max_age: age(&cfg.events_max_age),
+        ..Default::default()
+    })
+    .await?;
     // Limits retention, not a work queue: on a work queue each replica deletes an acked
     // job through the consumer, in its own order, so replicas judge the conditional
     // publish of the next job differently (servers before 2.11 then reset the stream for

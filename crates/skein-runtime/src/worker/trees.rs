@@ -97,7 +97,13 @@ impl Runtime {
                 out[i] = Some(f);
             }
         }
-        Ok(out.into_iter().flatten().collect())
+        // A session named in the tree whose first record was never written is passed
+        // over (see `EventLog::tree`).
+        Ok(out
+            .into_iter()
+            .flatten()
+            .filter(|f| f.state.last_seq > 0)
+            .collect())
     }
 
     /// Re-enqueues every session of the tree that has not ended (what makes `resume`
@@ -106,6 +112,10 @@ impl Runtime {
         let mut n = 0;
         for id in self.backend.log.tree(root).await? {
             let (f, _) = self.load(&id).await?;
+            if f.state.last_seq == 0 {
+                // Named in the tree, never written (see `EventLog::tree`).
+                continue;
+            }
             let pool = f.state.pool();
             let terminal = f.state.status.is_terminal();
             // A finished child whose parent may not have heard of it is woken too.
