@@ -90,13 +90,9 @@ async fn a_tree_is_listed_the_same_from_its_list_from_the_log_and_after_damage()
         store.tree(&other).await.unwrap(),
         vec![other.clone(), id("t2.x-1")]
     );
-    // The mark first, before any child; children created at one moment share messages.
+    // The mark first, before any child.
     let messages = list_messages(&js, &root).await;
     assert_eq!(messages[0], "t1");
-    assert!(
-        messages.len() < 1 + 40 + 1,
-        "children written at once were named one message each: {messages:?}"
-    );
 
     // A name whose record was never written (its writer stopped between the two) is
     // listed: the list, not the log's subjects, answered.

@@ -58,7 +58,8 @@ pub(crate) fn tree_subject(root: &SessionId) -> String {
 
 type Waiting = Vec<(SessionId, oneshot::Sender<Result<()>>)>;
 
-/// Names waiting to be written, per root: the first to come writes them all.
+/// Names waiting to be written, per root, and whether a writer is at work on them: one
+/// write per tree is in flight at a time, and what comes meanwhile goes in the next.
 #[derive(Default, Clone)]
 pub(crate) struct Naming {
     pending: Arc<Mutex<HashMap<SessionId, Waiting>>>,
@@ -112,26 +113,45 @@ impl NatsStore {
         let (tx, rx) = oneshot::channel();
         let first = {
             let mut pending = lock(&self.naming.pending);
-            let list = pending.entry(root.clone()).or_default();
-            list.push((session.clone(), tx));
-            list.len() == 1
+            let list = pending.entry(root.clone());
+            let first = matches!(list, std::collections::hash_map::Entry::Vacant(_));
+            list.or_default().push((session.clone(), tx));
+            first
         };
         if first {
-            // On a task of its own: a caller that goes away must not strand the others.
+            // A writer of its own, so that a caller that goes away strands nobody. While
+            // its write is in flight, names that come wait in the root's entry; it takes
+            // them next, and leaves when it finds none (the entry then goes with it).
             let naming = self.naming.clone();
             let js = self.js.clone();
             tokio::spawn(async move {
-                // The other sessions created at this moment join first.
-                tokio::task::yield_now().await;
-                let waiting = lock(&naming.pending).remove(&root).unwrap_or_default();
-                for part in chunks(waiting) {
-                    let names: Vec<&str> = part.iter().map(|(s, _)| s.as_str()).collect();
-                    let written = publish(&js, &root, names.join("\n"))
-                        .await
-                        .map_err(|e| e.report().to_string());
-                    for (_, tx) in part {
-                        let _ = tx.send(written.clone().map_err(Error::unavailable_because));
-                    }
+                loop {
+                    let waiting = {
+                        let mut pending = lock(&naming.pending);
+                        let Some(list) = pending.get_mut(&root) else {
+                            break;
+                        };
+                        if list.is_empty() {
+                            pending.remove(&root);
+                            break;
+                        }
+                        std::mem::take(list)
+                    };
+                    let writes = chunks(waiting).into_iter().map(|part| {
+                        let js = js.clone();
+                        let root = root.clone();
+                        async move {
+                            let names: Vec<&str> = part.iter().map(|(s, _)| s.as_str()).collect();
+                            let written = publish(&js, &root, names.join("\n"))
+                                .await
+                                .map_err(|e| e.report().to_string());
+                            for (_, tx) in part {
+                                let _ =
+                                    tx.send(written.clone().map_err(Error::unavailable_because));
+                            }
+                        }
+                    });
+                    futures::future::join_all(writes).await;
                 }
             });
         }
