@@ -162,3 +162,115 @@ async fn a_tree_is_listed_the_same_from_its_list_from_the_log_and_after_damage()
     assert!(reopened.tree(&id("t9")).await.unwrap().is_empty());
     assert!(list_messages(&js, &id("t9")).await.is_empty());
 }
+
+/// A runtime on `backend` whose `fanout` agent delegates to three `leaf` children.
+fn fanout_runtime(
+    backend: skein_runtime::ports::Backend,
+    dir: &std::path::Path,
+) -> Arc<skein_runtime::worker::Runtime> {
+    std::fs::write(
+        dir.join("fanout.yaml"),
+        "turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: 3\n        args: {agent: leaf, mission: \"part {{ i }}\"}\n  - answer: \"{{ results | length }} parts done\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("leaf.yaml"), "turns:\n  - answer: done\n").unwrap();
+    let agents = skein_core::AgentSet::load(
+        &[
+            (
+                "fanout.md".into(),
+                "---\nname: fanout\nmodel: scripted:fanout\nagents: [leaf]\ncache: false\n---\nFan out.\n"
+                    .into(),
+            ),
+            (
+                "leaf.md".into(),
+                "---\nname: leaf\nmodel: scripted:leaf\ncache: false\n---\nAnswer.\n".into(),
+            ),
+        ],
+        &[],
+    )
+    .unwrap();
+    let mut models = skein_llm::Registry::new();
+    models.insert(
+        "scripted",
+        Arc::new(skein_llm::scripted::ScriptedProvider::new(dir)),
+    );
+    skein_runtime::worker::Runtime::new(
+        backend,
+        Arc::new(agents),
+        models,
+        skein_tools::ToolBox::new(),
+        skein_runtime::worker::RuntimeConfig::default(),
+    )
+}
+
+/// A session named in its tree's list whose first record was never written (its writer
+/// stopped between the two) meets the runtime's readers of whole trees: a report, a
+/// resume and a cancel pass over it, and nothing is written to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_named_but_never_written_is_passed_over_by_report_resume_and_cancel() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let rt = fanout_runtime(store.backend(), dir.path());
+    let root = rt
+        .submit(skein_runtime::worker::Submission {
+            agent: "fanout".into(),
+            mission: "parts".into(),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The root's first turn: three children created and recorded, none run.
+    let job = rt
+        .backend
+        .jobs
+        .claim("default", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the root's job");
+    assert_eq!(job.session, root);
+    rt.process(&job).await.unwrap();
+    rt.backend.jobs.ack(&job).await.unwrap();
+    let gone = SessionId::parse(&format!("{root}.leaf-99")).unwrap();
+    store
+        .js
+        .publish(format!("skein.tree.{root}"), Bytes::from(gone.to_string()))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let listed = store.tree(&root).await.unwrap();
+    assert_eq!(
+        listed.len(),
+        5,
+        "root, three children and the name: {listed:?}"
+    );
+    assert!(listed.contains(&gone));
+
+    let folds = skein_runtime::inspect::tree_folds(&rt.backend, &root)
+        .await
+        .unwrap();
+    let ids: Vec<&SessionId> = folds.iter().map(|(_, f)| &f.id).collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    assert!(!ids.contains(&&gone));
+    let rows = skein_runtime::inspect::tree_rows(&rt.backend, &root)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 4);
+
+    // A resume wakes the root and its three children, not the name.
+    assert_eq!(rt.requeue_tree(&root).await.unwrap(), 4);
+    // A cancel ends those four and writes nothing under the name.
+    assert_eq!(
+        skein_runtime::control::cancel(&rt, &root, "stop")
+            .await
+            .unwrap(),
+        4
+    );
+    assert!(store.read(&gone, 1).await.unwrap().is_empty());
+    for s in listed.iter().filter(|s| **s != gone) {
+        let last = store.last(s).await.unwrap().unwrap();
+        assert!(matches!(last.env.body, Event::Cancelled(_)), "{s}");
+    }
+}
