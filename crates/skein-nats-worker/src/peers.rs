@@ -31,6 +31,7 @@ pub fn info(rt: &Runtime, pools: &[String]) -> WorkerInfo {
         reads: skein_core::event::read_format(),
         build: env!("CARGO_PKG_VERSION").to_string(),
         stopped: false,
+        lists_trees: true,
     }
 }
 

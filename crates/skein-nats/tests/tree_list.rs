@@ -274,3 +274,59 @@ async fn a_session_named_but_never_written_is_passed_over_by_report_resume_and_c
         assert!(matches!(last.env.body, Event::Cancelled(_)), "{s}");
     }
 }
+
+/// While a worker of a release before the lists runs (it would create sessions without
+/// naming them), no tree's list is marked complete: new trees and listings go by the
+/// log's subjects. Once it has stopped, a listing marks the list again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_list_is_marked_while_a_worker_of_an_earlier_release_runs() {
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let js = store.js.clone();
+    // An entry as an earlier release writes it: no `lists_trees`.
+    let old = br#"{"worker":"old-1","at":1,"reads":1,"build":"0.0.9"}"#;
+    let workers = js.get_key_value("skein_workers").await.unwrap();
+    workers.put("old-1", Bytes::from_static(old)).await.unwrap();
+    assert!(!store.live_workers().await.unwrap()[0].lists_trees);
+
+    let root = id("m1");
+    write(&store, &[root.clone()]).await;
+    // A child the older worker made: a record, no name.
+    let theirs = id("m1.a-1");
+    js.publish(
+        format!("skein.events.{theirs}"),
+        Bytes::from(skein_nats::frame::encode(&[first_record(&theirs)])),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    assert!(
+        list_messages(&js, &root).await.is_empty(),
+        "a mark was written"
+    );
+    assert_eq!(
+        store.tree(&root).await.unwrap(),
+        vec![root.clone(), theirs.clone()]
+    );
+    assert!(
+        list_messages(&js, &root).await.is_empty(),
+        "a listing marked it"
+    );
+
+    // The older worker stops: the next reading of the live workers lets lists be marked.
+    let mut gone: serde_json::Value = serde_json::from_slice(old).unwrap();
+    gone["stopped"] = true.into();
+    workers
+        .put("old-1", Bytes::from(gone.to_string()))
+        .await
+        .unwrap();
+    assert!(store.live_workers().await.unwrap().is_empty());
+    assert_eq!(
+        store.tree(&root).await.unwrap(),
+        vec![root.clone(), theirs.clone()]
+    );
+    let messages = list_messages(&js, &root).await;
+    assert_eq!(messages, vec!["m1.a-1\nm1".to_string()]);
+    assert_eq!(store.tree(&root).await.unwrap(), vec![root.clone(), theirs]);
+}

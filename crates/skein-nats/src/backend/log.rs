@@ -396,10 +396,8 @@ impl EventLog for NatsStore {
     ) -> Result<()> {
         let indexed = session.is_root() && !records.is_empty();
         if indexed && expected_last == 0 {
-            let (started, named) = futures::join!(
-                self.index_start(session, records),
-                self.name_in_tree(session)
-            );
+            let (started, named) =
+                futures::join!(self.index_start(session, records), self.mark_tree(session));
             started.and(named)?;
         } else if expected_last == 0 && !records.is_empty() {
             // Named in its tree's list before its first record (`trees.rs`).

@@ -32,6 +32,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -40,7 +41,7 @@ use skein_ports::{Error, Result};
 use tokio::sync::oneshot;
 
 use super::read::read_subject_expecting;
-use super::{events_subject, nats_err, NatsStore};
+use super::{events_subject, nats_err, NatsStore, WorkerInfo};
 
 /// The stream of the index of trees.
 pub const TREES: &str = "SKEIN_TREES";
@@ -63,7 +64,14 @@ type Waiting = Vec<(SessionId, oneshot::Sender<Result<()>>)>;
 #[derive(Default, Clone)]
 pub(crate) struct Naming {
     pending: Arc<Mutex<HashMap<SessionId, Waiting>>>,
+    /// Whether every live worker names sessions (`WorkerInfo::lists_trees`), and when
+    /// that was read: a list is marked only then.
+    all_name: Arc<Mutex<Option<(Instant, bool)>>>,
 }
+
+/// How long a reading of the live workers decides whether lists are marked, when no
+/// worker's round of advertisements (every 5 s) reads them sooner.
+const ALL_NAME_FRESH: Duration = Duration::from_secs(20);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -106,6 +114,39 @@ pub(crate) fn listed(root: &SessionId, messages: &[Bytes]) -> Listed {
 }
 
 impl NatsStore {
+    /// Notes whether every live worker names sessions in their trees' lists.
+    pub(crate) fn note_live_workers(&self, live: &[WorkerInfo]) {
+        let all = live.iter().all(|w| w.lists_trees);
+        *lock(&self.naming.all_name) = Some((Instant::now(), all));
+    }
+
+    /// Whether a tree's list may be marked complete: only while every live worker names
+    /// the sessions it creates (none of an earlier release runs), as last read.
+    async fn may_mark(&self) -> bool {
+        let known = *lock(&self.naming.all_name);
+        match known {
+            Some((at, all)) if at.elapsed() < ALL_NAME_FRESH => all,
+            _ => match self.live_workers().await {
+                Ok(live) => live.iter().all(|w| w.lists_trees),
+                Err(e) => {
+                    tracing::debug!(error = %e.report(), "live workers not read; a tree's list is not marked");
+                    false
+                }
+            },
+        }
+    }
+
+    /// Before a root's first record: marks its tree's list, unless a live worker of an
+    /// earlier release could create sessions in it without naming them (the tree is then
+    /// listed from the log, and marked by a listing once none runs).
+    pub(crate) async fn mark_tree(&self, root: &SessionId) -> Result<()> {
+        if self.may_mark().await {
+            self.name_in_tree(root).await
+        } else {
+            Ok(())
+        }
+    }
+
     /// Names `session` in its tree's list; returns once the server has it. Called before
     /// the session's first record is written.
     pub(crate) async fn name_in_tree(&self, session: &SessionId) -> Result<()> {
@@ -169,7 +210,7 @@ impl NatsStore {
             return Ok(ids);
         }
         let ids = self.tree_from_subjects(root).await?;
-        if !ids.is_empty() {
+        if !ids.is_empty() && self.may_mark().await {
             if let Err(e) = self.rebuild_tree_list(root, &ids).await {
                 tracing::warn!(%root, error = %e.report(), "the tree's list was not written again; the next listing tries again");
             }

@@ -48,6 +48,10 @@ pub struct WorkerInfo {
     /// It said it stops (it drains): not counted as live.
     #[serde(default)]
     pub stopped: bool,
+    /// It names each session in its tree's list before the session's first record
+    /// (`trees.rs`); an earlier release does not say so.
+    #[serde(default)]
+    pub lists_trees: bool,
 }
 
 fn first_format() -> u16 {
@@ -103,6 +107,7 @@ impl NatsStore {
                 }
             }
         }
+        self.note_live_workers(&out);
         Ok(out)
     }
 }
