@@ -290,7 +290,7 @@ async fn no_list_is_marked_while_a_worker_of_an_earlier_release_runs() {
     assert!(!store.live_workers().await.unwrap()[0].lists_trees);
 
     let root = id("m1");
-    write(&store, &[root.clone()]).await;
+    write(&store, std::slice::from_ref(&root)).await;
     // A child the older worker made: a record, no name.
     let theirs = id("m1.a-1");
     js.publish(
