@@ -275,40 +275,55 @@ async fn a_session_named_but_never_written_is_passed_over_by_report_resume_and_c
     }
 }
 
-/// While a worker of a release before the lists runs (it would create sessions without
-/// naming them), no tree's list is marked complete: new trees and listings go by the
-/// log's subjects. Once it has stopped, a listing marks the list again.
+/// While a worker of a release before the lists runs (it creates sessions without naming
+/// them), no tree's list is marked complete, and no mark written before it was seen
+/// vouches for its list: listings go by the log's subjects. Once it has stopped, a listing
+/// marks the list again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_list_is_marked_while_a_worker_of_an_earlier_release_runs() {
+async fn no_list_is_trusted_while_a_worker_of_an_earlier_release_runs() {
     let server = NatsServer::start();
     let store = store_on(&server).await;
     let js = store.js.clone();
+    // A tree marked before the older worker appears (a rollback, say).
+    let before = id("p1");
+    write(&store, std::slice::from_ref(&before)).await;
+    assert_eq!(list_messages(&js, &before).await, vec!["p1".to_string()]);
+
     // An entry as an earlier release writes it: no `lists_trees`.
     let old = br#"{"worker":"old-1","at":1,"reads":1,"build":"0.0.9"}"#;
     let workers = js.get_key_value("skein_workers").await.unwrap();
     workers.put("old-1", Bytes::from_static(old)).await.unwrap();
     assert!(!store.live_workers().await.unwrap()[0].lists_trees);
 
+    // Children the older worker made: a record each, no name.
+    let unnamed = |s: SessionId| {
+        let js = js.clone();
+        async move {
+            js.publish(
+                format!("skein.events.{s}"),
+                Bytes::from(skein_nats::frame::encode(&[first_record(&s)])),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        }
+    };
+    unnamed(id("p1.a-1")).await;
     let root = id("m1");
     write(&store, std::slice::from_ref(&root)).await;
-    // A child the older worker made: a record, no name.
-    let theirs = id("m1.a-1");
-    js.publish(
-        format!("skein.events.{theirs}"),
-        Bytes::from(skein_nats::frame::encode(&[first_record(&theirs)])),
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
+    unnamed(id("m1.a-1")).await;
     assert!(
         list_messages(&js, &root).await.is_empty(),
         "a mark was written"
     );
-    assert_eq!(
-        store.tree(&root).await.unwrap(),
-        vec![root.clone(), theirs.clone()]
-    );
+    let whole_before = vec![before.clone(), id("p1.a-1")];
+    let whole = vec![root.clone(), id("m1.a-1")];
+    assert_eq!(store.tree(&before).await.unwrap(), whole_before);
+    assert_eq!(store.tree(&root).await.unwrap(), whole);
+    // So does another process, which reads when the older worker was seen.
+    let other = store_on(&server).await;
+    assert_eq!(other.tree(&before).await.unwrap(), whole_before);
     assert!(
         list_messages(&js, &root).await.is_empty(),
         "a listing marked it"
@@ -322,11 +337,15 @@ async fn no_list_is_marked_while_a_worker_of_an_earlier_release_runs() {
         .await
         .unwrap();
     assert!(store.live_workers().await.unwrap().is_empty());
+    assert_eq!(store.tree(&root).await.unwrap(), whole);
     assert_eq!(
-        store.tree(&root).await.unwrap(),
-        vec![root.clone(), theirs.clone()]
+        list_messages(&js, &root).await,
+        vec!["m1.a-1\nm1".to_string()]
     );
-    let messages = list_messages(&js, &root).await;
-    assert_eq!(messages, vec!["m1.a-1\nm1".to_string()]);
-    assert_eq!(store.tree(&root).await.unwrap(), vec![root.clone(), theirs]);
+    assert_eq!(store.tree(&before).await.unwrap(), whole_before);
+    assert_eq!(
+        list_messages(&js, &before).await.last().unwrap(),
+        "p1.a-1\np1"
+    );
+    assert_eq!(store.tree(&root).await.unwrap(), whole);
 }

@@ -90,7 +90,8 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
     // listed at the same cost whatever the history. Derived from `SKEIN_EVENTS`.
     put(stream::Config {
         name: super::TREES.into(),
-        subjects: vec!["skein.tree.*".into()],
+        subjects: vec!["skein.tree.*".into(), super::trees::SINCE_SUBJECT.into()],
+        allow_rollup: true,
         retention: stream::RetentionPolicy::Limits,
         storage: st,
         num_replicas: r,

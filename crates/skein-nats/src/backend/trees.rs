@@ -67,11 +67,22 @@ pub(crate) struct Naming {
     /// Whether every live worker names sessions (`WorkerInfo::lists_trees`), and when
     /// that was read: a list is marked only then.
     all_name: Arc<Mutex<Option<(Instant, bool)>>>,
+    /// The sequence of the last [`SINCE_SUBJECT`] message, and when it was read: marks
+    /// before it vouch for nothing.
+    since: Arc<Mutex<Option<(Instant, u64)>>>,
 }
 
 /// How long a reading of the live workers decides whether lists are marked, when no
 /// worker's round of advertisements (every 5 s) reads them sooner.
 const ALL_NAME_FRESH: Duration = Duration::from_secs(20);
+
+/// How long a reading of [`SINCE_SUBJECT`] is used again.
+const SINCE_FRESH: Duration = Duration::from_secs(5);
+
+/// Written (one message, rolled up) whenever a process sees a live worker that does not
+/// name sessions: a mark written before it no longer vouches for its list, since that
+/// worker may have created sessions in the tree without naming them.
+pub(crate) const SINCE_SUBJECT: &str = "skein.treesince";
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -86,11 +97,12 @@ pub(crate) enum Listed {
     Unmarked,
 }
 
-/// Reads the messages of a tree's list, in stream order.
-pub(crate) fn listed(root: &SessionId, messages: &[Bytes]) -> Listed {
+/// Reads the messages of a tree's list (stream sequence and payload), in stream order: a
+/// mark vouches only when written after sequence `since`.
+pub(crate) fn listed(root: &SessionId, messages: &[(u64, Bytes)], since: u64) -> Listed {
     let mut all = BTreeSet::new();
     let mut vouched = false;
-    for payload in messages {
+    for (seq, payload) in messages {
         let names = std::str::from_utf8(payload).ok().and_then(|text| {
             text.lines()
                 .map(|l| SessionId::parse(l).ok().filter(|s| s.root_id() == *root))
@@ -98,7 +110,7 @@ pub(crate) fn listed(root: &SessionId, messages: &[Bytes]) -> Listed {
         });
         match names {
             Some(names) if !names.is_empty() => {
-                if names.contains(root) {
+                if names.contains(root) && *seq > since {
                     vouched = true;
                 }
                 all.extend(names);
@@ -114,10 +126,58 @@ pub(crate) fn listed(root: &SessionId, messages: &[Bytes]) -> Listed {
 }
 
 impl NatsStore {
-    /// Notes whether every live worker names sessions in their trees' lists.
-    pub(crate) fn note_live_workers(&self, live: &[WorkerInfo]) {
+    /// Notes whether every live worker names sessions in their trees' lists; when one
+    /// does not, writes [`SINCE_SUBJECT`] again, so that no mark written before now
+    /// vouches for its list (that worker may have created sessions without naming them).
+    pub(crate) async fn note_live_workers(&self, live: &[WorkerInfo]) {
         let all = live.iter().all(|w| w.lists_trees);
         *lock(&self.naming.all_name) = Some((Instant::now(), all));
+        if all {
+            return;
+        }
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Rollup", "sub");
+        let written = async {
+            self.js
+                .publish_with_headers(SINCE_SUBJECT, h, Bytes::new())
+                .await?
+                .await
+        }
+        .await;
+        match written {
+            Ok(ack) => *lock(&self.naming.since) = Some((Instant::now(), ack.sequence)),
+            Err(e) => {
+                tracing::warn!(error = %e, "a worker of an earlier release runs, and the trees' lists could not be told; listings may miss what it creates")
+            }
+        }
+    }
+
+    /// The sequence before which marks vouch for nothing (0: none).
+    async fn since(&self) -> Result<u64> {
+        let known = *lock(&self.naming.since);
+        if let Some((at, seq)) = known {
+            if at.elapsed() < SINCE_FRESH {
+                return Ok(seq);
+            }
+        }
+        let seq = match self
+            .trees
+            .get_last_raw_message_by_subject(SINCE_SUBJECT)
+            .await
+        {
+            Ok(m) => m.sequence,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound
+                ) =>
+            {
+                0
+            }
+            Err(e) => return Err(nats_err("read the trees' lists", e)),
+        };
+        *lock(&self.naming.since) = Some((Instant::now(), seq));
+        Ok(seq)
     }
 
     /// Whether a tree's list may be marked complete: only while every live worker names
@@ -204,9 +264,12 @@ impl NatsStore {
     /// Every session of the tree of `root`: from its list, or, when the list is not
     /// vouched for, from the subjects of `SKEIN_EVENTS`, then written as the list.
     pub(crate) async fn tree_sessions(&self, root: &SessionId) -> Result<Vec<SessionId>> {
-        let messages = read_subject_expecting(&self.trees, &tree_subject(root), 0).await?;
-        let payloads: Vec<Bytes> = messages.into_iter().map(|(_, p)| p).collect();
-        if let Listed::Complete(ids) = listed(root, &payloads) {
+        let subject = tree_subject(root);
+        let (messages, since) = futures::join!(
+            read_subject_expecting(&self.trees, &subject, 0),
+            self.since()
+        );
+        if let Listed::Complete(ids) = listed(root, &messages?, since?) {
             return Ok(ids);
         }
         let ids = self.tree_from_subjects(root).await?;
@@ -290,6 +353,10 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::{listed, Listed};
+
+    fn listed_at(root: &SessionId, since: u64, messages: &[(u64, Bytes)]) -> Listed {
+        listed(root, messages, since)
+    }
     use bytes::Bytes;
     use skein_core::SessionId;
 
@@ -297,36 +364,52 @@ mod tests {
         SessionId::parse(s).unwrap()
     }
 
-    fn msgs(texts: &[&str]) -> Vec<Bytes> {
-        texts.iter().map(|t| Bytes::from(t.to_string())).collect()
+    fn msgs(texts: &[&str]) -> Vec<(u64, Bytes)> {
+        (1..)
+            .zip(texts)
+            .map(|(i, t)| (i, Bytes::from(t.to_string())))
+            .collect()
     }
 
     #[test]
     fn a_list_is_complete_from_its_mark_and_not_past_damage() {
         let root = id("r1");
         let all = |v: &[&str]| Listed::Complete(v.iter().map(|s| id(s)).collect());
-        assert_eq!(listed(&root, &msgs(&[])), Listed::Unmarked);
-        assert_eq!(listed(&root, &msgs(&["r1"])), all(&["r1"]));
+        assert_eq!(listed_at(&root, 0, &msgs(&[])), Listed::Unmarked);
+        assert_eq!(listed_at(&root, 0, &msgs(&["r1"])), all(&["r1"]));
         assert_eq!(
-            listed(&root, &msgs(&["r1", "r1.a-1\nr1.b-2", "r1.a-1.c-1"])),
+            listed_at(&root, 0, &msgs(&["r1", "r1.a-1\nr1.b-2", "r1.a-1.c-1"])),
             all(&["r1", "r1.a-1", "r1.a-1.c-1", "r1.b-2"])
         );
         // Names without the mark: a tree from before the index, or its mark aged out.
-        assert_eq!(listed(&root, &msgs(&["r1.a-1"])), Listed::Unmarked);
+        assert_eq!(listed_at(&root, 0, &msgs(&["r1.a-1"])), Listed::Unmarked);
         // Damage after the mark, then a rebuild's mark again.
         assert_eq!(
-            listed(&root, &msgs(&["r1", "r1.a-1", "\u{0}garbage"])),
+            listed_at(&root, 0, &msgs(&["r1", "r1.a-1", "\u{0}garbage"])),
             Listed::Unmarked
         );
         assert_eq!(
-            listed(&root, &msgs(&["r1", "", "r1.a-1"])),
+            listed_at(&root, 0, &msgs(&["r1", "", "r1.a-1"])),
             Listed::Unmarked
         );
         assert_eq!(
-            listed(&root, &msgs(&["r1", "zzz", "r1.a-1\nr1"])),
+            listed_at(&root, 0, &msgs(&["r1", "zzz", "r1.a-1\nr1"])),
+            all(&["r1", "r1.a-1"])
+        );
+        // A mark written before a worker of an earlier release was seen vouches for
+        // nothing; one written after it does.
+        assert_eq!(
+            listed_at(&root, 1, &msgs(&["r1", "r1.a-1"])),
+            Listed::Unmarked
+        );
+        assert_eq!(
+            listed_at(&root, 1, &msgs(&["r1", "r1.a-1", "r1.a-1\nr1"])),
             all(&["r1", "r1.a-1"])
         );
         // A name of another tree is damage too.
-        assert_eq!(listed(&root, &msgs(&["r1", "r2.a-1"])), Listed::Unmarked);
+        assert_eq!(
+            listed_at(&root, 0, &msgs(&["r1", "r2.a-1"])),
+            Listed::Unmarked
+        );
     }
 }

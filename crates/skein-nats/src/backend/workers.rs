@@ -107,7 +107,7 @@ impl NatsStore {
                 }
             }
         }
-        self.note_live_workers(&out);
+        self.note_live_workers(&out).await;
         Ok(out)
     }
 }
