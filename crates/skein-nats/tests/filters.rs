@@ -335,3 +335,106 @@ async fn check(store: &NatsStore, filters: &[RootFilter], summaries: &[RootSumma
         }
     }
 }
+
+/// Retention removes the oldest roots: the packed blocks of the ranges they emptied are
+/// dropped, a range that still holds a root keeps its block, and every filter still lists
+/// what the remaining logs say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocks_of_ranges_retention_emptied_are_dropped() {
+    let server = NatsServer::start();
+    let cfg = NatsConfig {
+        urls: vec![server.url()],
+        ..NatsConfig::default()
+    };
+    let store = NatsStore::connect(&cfg, Duration::from_secs(1))
+        .await
+        .unwrap();
+    store.set_index_block_roots(BLOCK);
+    let mut logs = vec![];
+    for i in 0..4 * BLOCK {
+        let id = SessionId::root(&format!("g{i:05}")).unwrap();
+        let records = first_records(&id, i);
+        store
+            .append(&id, 0, &records, Durability::Now)
+            .await
+            .unwrap();
+        logs.push((id, records));
+    }
+    let rare = RootFilter {
+        agent: Some("rare".into()),
+        ..RootFilter::default()
+    };
+    // A rare filter packs every full range that is missing its block.
+    walk(&store, &rare, 5).await;
+    let blocks = |prefix: &'static str| {
+        let js = store.js.clone();
+        async move {
+            let st = js.get_stream(ROOT_BLOCKS).await.unwrap();
+            let subjects = st.info_with_subjects(format!("{prefix}*")).await.unwrap();
+            let mut ks: Vec<u64> = futures::StreamExt::collect::<Vec<_>>(subjects)
+                .await
+                .into_iter()
+                .map(|x| x.unwrap().0[prefix.len()..].parse().unwrap())
+                .collect();
+            ks.sort();
+            ks
+        }
+    };
+    assert_eq!(blocks("skein.rootblock.starts.").await, vec![0, 1, 2, 3]);
+    let states_before = blocks("skein.rootblock.states.").await;
+    assert!(states_before.contains(&0), "{states_before:?}");
+
+    // The oldest 40 roots removed: the starts of ranges 0 and 1 (1-32) are all gone,
+    // range 2 (33-48) keeps eight.
+    for (id, _) in &logs[..40] {
+        store.remove_tree(id).await.unwrap().expect("removed");
+    }
+    let dropped = store.drop_emptied_blocks().await.unwrap();
+    assert_eq!(blocks("skein.rootblock.starts.").await, vec![2, 3]);
+    // The ended roots' states: those of the removed roots are gone, so the ranges before
+    // the first state left are empty.
+    let first_state = store
+        .js
+        .get_stream("SKEIN_ROOT_STATE")
+        .await
+        .unwrap()
+        .get_info()
+        .await
+        .unwrap()
+        .state
+        .first_sequence;
+    let states = blocks("skein.rootblock.states.").await;
+    let kept: Vec<u64> = states_before
+        .iter()
+        .copied()
+        .filter(|k| (k + 1) * BLOCK >= first_state)
+        .collect();
+    assert_eq!(states, kept, "first state left at {first_state}");
+    assert!(states.len() < states_before.len());
+    assert_eq!(dropped, 2 + (states_before.len() - states.len()) as u64);
+    assert_eq!(
+        store.drop_emptied_blocks().await.unwrap(),
+        0,
+        "dropped twice"
+    );
+
+    let mut summaries: Vec<RootSummary> = logs[40..]
+        .iter()
+        .map(|(id, r)| RootSummary::of(id, r).unwrap())
+        .collect();
+    summaries.sort_by_key(|s| std::cmp::Reverse(s.position()));
+    let f = RootFilter::default;
+    let filters = [
+        f(),
+        rare,
+        RootFilter {
+            text: Some("NEEDLE".into()),
+            ..f()
+        },
+        RootFilter {
+            status: Some("completed".into()),
+            ..f()
+        },
+    ];
+    check(&store, &filters, &summaries).await;
+}

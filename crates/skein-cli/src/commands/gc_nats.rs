@@ -108,6 +108,17 @@ pub async fn remove_trees(
             out.workspace_objects += r.workspace_objects;
         }
     }
+    if out.trees > 0 {
+        // The packed blocks of the index whose roots are all gone go too; only a hint,
+        // so a failure is only told.
+        match store.drop_emptied_blocks().await {
+            Ok(n) if n > 0 => tracing::debug!(blocks = n, "blocks of removed roots dropped"),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e.report(), "blocks of removed roots were not dropped; the next pass tries again")
+            }
+        }
+    }
     Ok(out)
 }
 

@@ -62,12 +62,15 @@ impl Source {
             Self::States => "skein.rootstate.*",
         }
     }
+    /// The subjects of this stream's blocks, less the range's number.
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Starts => "skein.rootblock.starts.",
+            Self::States => "skein.rootblock.states.",
+        }
+    }
     fn subject(self, k: u64) -> String {
-        let kind = match self {
-            Self::Starts => "starts",
-            Self::States => "states",
-        };
-        format!("skein.rootblock.{kind}.{k}")
+        format!("{}{k}", self.prefix())
     }
 }
 
@@ -300,6 +303,50 @@ impl NatsStore {
             Source::Starts => &self.roots_starts,
             Source::States => &self.root_state,
         }
+    }
+
+    /// Removes the blocks of ranges that lie wholly before the first message left in
+    /// their stream: every root they packed was removed (by retention, or aged out), so
+    /// no listing reads them again. Returns how many were removed. A range that still
+    /// holds a root keeps its block.
+    pub async fn drop_emptied_blocks(&self) -> Result<u64> {
+        let per = self.block_roots();
+        let mut dropped = 0;
+        for src in [Source::Starts, Source::States] {
+            let first = self
+                .source(src)
+                .get_info()
+                .await
+                .map_err(|e| super::nats_err("the index of roots", e))?
+                .state
+                .first_sequence;
+            let prefix = src.prefix();
+            let mut emptied = vec![];
+            let mut subjects = self
+                .root_blocks
+                .info_with_subjects(format!("{prefix}*"))
+                .await
+                .map_err(|e| super::nats_err("the blocks of the index", e))?;
+            while let Some(item) = subjects.next().await {
+                let (subject, _) =
+                    item.map_err(|e| super::nats_err("the blocks of the index", e))?;
+                let k = subject
+                    .strip_prefix(prefix)
+                    .and_then(|k| k.parse::<u64>().ok());
+                if let Some(k) = k.filter(|k| (k + 1) * per < first) {
+                    emptied.push(k);
+                }
+            }
+            for k in emptied {
+                self.root_blocks
+                    .purge()
+                    .filter(src.subject(k))
+                    .await
+                    .map_err(|e| super::nats_err("remove a block of the index", e))?;
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
     }
 
     /// After a message of `src` was stored at `seq`: when it ends a range, packs the
