@@ -491,19 +491,34 @@ impl EventLog for NatsStore {
 
     async fn roots(&self) -> Result<Vec<SessionId>> {
         let mut out = vec![];
+        self.sessions_with_subjects("skein.events.*".into(), "roots", &mut out)
+            .await?;
+        out.sort();
+        Ok(out)
+    }
+}
+
+impl NatsStore {
+    /// Adds to `out` the session of each subject of `SKEIN_EVENTS` that `filter` picks (a
+    /// stream info listing its subjects; `what` names it in an error).
+    pub(crate) async fn sessions_with_subjects(
+        &self,
+        filter: String,
+        what: &str,
+        out: &mut Vec<SessionId>,
+    ) -> Result<()> {
         let mut info = self
             .events
-            .info_with_subjects("skein.events.*")
+            .info_with_subjects(filter)
             .await
-            .map_err(|e| nats_err("roots", e))?;
+            .map_err(|e| nats_err(what, e))?;
         while let Some(item) = info.next().await {
-            let (subject, _) = item.map_err(|e| nats_err("roots", e))?;
+            let (subject, _) = item.map_err(|e| nats_err(what, e))?;
             if let Some(id) = subject.strip_prefix("skein.events.") {
                 out.push(SessionId::parse(id)?);
             }
         }
-        out.sort();
-        Ok(out)
+        Ok(())
     }
 }
 

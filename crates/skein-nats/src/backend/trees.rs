@@ -35,7 +35,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
 use skein_core::SessionId;
 use skein_ports::{Error, Result};
 use tokio::sync::oneshot;
@@ -306,17 +305,8 @@ impl NatsStore {
     pub(crate) async fn tree_from_subjects(&self, root: &SessionId) -> Result<Vec<SessionId>> {
         let mut out = vec![];
         for filter in [events_subject(root), format!("{}.>", events_subject(root))] {
-            let mut info = self
-                .events
-                .info_with_subjects(filter)
-                .await
-                .map_err(|e| nats_err("tree", e))?;
-            while let Some(item) = info.next().await {
-                let (subject, _) = item.map_err(|e| nats_err("tree", e))?;
-                if let Some(id) = subject.strip_prefix("skein.events.") {
-                    out.push(SessionId::parse(id)?);
-                }
-            }
+            self.sessions_with_subjects(filter, "tree", &mut out)
+                .await?;
         }
         out.sort();
         out.dedup();
