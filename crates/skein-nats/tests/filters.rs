@@ -93,6 +93,37 @@ fn first_records(id: &SessionId, i: u64) -> Vec<Record> {
     out
 }
 
+/// A store on `server` whose index packs blocks of [`BLOCK`] roots.
+async fn store_of_blocks(server: &NatsServer) -> std::sync::Arc<NatsStore> {
+    let store = NatsStore::connect(&cfg_of(server), Duration::from_secs(1))
+        .await
+        .unwrap();
+    store.set_index_block_roots(BLOCK);
+    store
+}
+
+fn cfg_of(server: &NatsServer) -> NatsConfig {
+    NatsConfig {
+        urls: vec![server.url()],
+        ..NatsConfig::default()
+    }
+}
+
+/// Roots `<prefix>00000`… with [`first_records`], one after the other.
+async fn write_roots(store: &NatsStore, prefix: &str, n: u64) -> Vec<(SessionId, Vec<Record>)> {
+    let mut logs = vec![];
+    for i in 0..n {
+        let id = SessionId::root(&format!("{prefix}{i:05}")).unwrap();
+        let records = first_records(&id, i);
+        store
+            .append(&id, 0, &records, Durability::Now)
+            .await
+            .unwrap();
+        logs.push((id, records));
+    }
+    logs
+}
+
 /// Every page of `filter`, `limit` at a time, following the cursors.
 async fn walk(store: &NatsStore, filter: &RootFilter, limit: usize) -> Vec<String> {
     let (mut seen, mut cursor) = (vec![], None::<String>);
@@ -113,24 +144,8 @@ async fn walk(store: &NatsStore, filter: &RootFilter, limit: usize) -> Vec<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_filter_lists_what_the_logs_say_page_by_page() {
     let server = NatsServer::start();
-    let cfg = NatsConfig {
-        urls: vec![server.url()],
-        ..NatsConfig::default()
-    };
-    let store = NatsStore::connect(&cfg, Duration::from_secs(1))
-        .await
-        .unwrap();
-    store.set_index_block_roots(BLOCK);
-    let mut logs: Vec<(SessionId, Vec<Record>)> = vec![];
-    for i in 0..ROOTS {
-        let id = SessionId::root(&format!("f{i:05}")).unwrap();
-        let records = first_records(&id, i);
-        store
-            .append(&id, 0, &records, Durability::Now)
-            .await
-            .unwrap();
-        logs.push((id, records));
-    }
+    let store = store_of_blocks(&server).await;
+    let mut logs = write_roots(&store, "f", ROOTS).await;
     // The late roots end after all the others.
     for i in LATE {
         let (late, records) = &mut logs[i as usize];
@@ -251,7 +266,7 @@ async fn every_kind_of_filter_lists_what_the_logs_say_page_by_page() {
     // Deleted: a process that opens the store makes the stream again, and its pages
     // pack the blocks again from the index.
     store.js.delete_stream(ROOT_BLOCKS).await.unwrap();
-    let again = NatsStore::connect(&cfg, Duration::from_secs(1))
+    let again = NatsStore::connect(&cfg_of(&server), Duration::from_secs(1))
         .await
         .unwrap();
     again.set_index_block_roots(BLOCK);
@@ -342,24 +357,8 @@ async fn check(store: &NatsStore, filters: &[RootFilter], summaries: &[RootSumma
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_blocks_of_ranges_retention_emptied_are_dropped() {
     let server = NatsServer::start();
-    let cfg = NatsConfig {
-        urls: vec![server.url()],
-        ..NatsConfig::default()
-    };
-    let store = NatsStore::connect(&cfg, Duration::from_secs(1))
-        .await
-        .unwrap();
-    store.set_index_block_roots(BLOCK);
-    let mut logs = vec![];
-    for i in 0..4 * BLOCK {
-        let id = SessionId::root(&format!("g{i:05}")).unwrap();
-        let records = first_records(&id, i);
-        store
-            .append(&id, 0, &records, Durability::Now)
-            .await
-            .unwrap();
-        logs.push((id, records));
-    }
+    let store = store_of_blocks(&server).await;
+    let logs = write_roots(&store, "g", 4 * BLOCK).await;
     let rare = RootFilter {
         agent: Some("rare".into()),
         ..RootFilter::default()
