@@ -26,9 +26,11 @@
 //! of more than about ten thousand sessions is written again in several messages, the
 //! mark in the last; they age out within the moment they were written in.)
 //!
-//! One gap, written in docs/nats.md: a worker of a release before this index creates
-//! sessions without naming them. A tree one of them worked on lists, after the upgrade,
-//! the sessions its records name through their parents and those named since.
+//! A worker of a release before these lists creates sessions without naming them. So a
+//! list is marked only while every live worker says it names sessions
+//! (`WorkerInfo::lists_trees`), and a process that sees one that does not writes
+//! [`SINCE_SUBJECT`]: a mark older than that vouches for nothing, and the tree is listed
+//! from the log until a listing marks it again (docs/nats.md).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
