@@ -206,9 +206,9 @@ pub async fn audit(urls: &str, replicas: usize, roots: &[SessionId]) -> BTreeSet
     let mut workers = BTreeSet::new();
     for root in roots {
         let started = Instant::now();
-        let verdicts = skein_runtime::replay::verify_tree(&b, root, &agents, &Limits::default())
-            .await
-            .unwrap();
+        let limits = Limits::default();
+        let verdicts =
+            settled(|| skein_runtime::replay::verify_tree(&b, root, &agents, &limits)).await;
         if started.elapsed() > Duration::from_secs(2) {
             eprintln!("audit: verifying {root} took {:?}", started.elapsed());
         }
@@ -216,8 +216,8 @@ pub async fn audit(urls: &str, replicas: usize, roots: &[SessionId]) -> BTreeSet
         for v in verdicts {
             assert!(v.ok, "{}: {:?} at {:?}", v.session, v.problem, v.seq);
         }
-        for s in b.log.tree(root).await.unwrap() {
-            check_log(&s, &b.log.read(&s, 1).await.unwrap(), &mut workers);
+        for s in settled(|| b.log.tree(root)).await {
+            check_log(&s, &settled(|| b.log.read(&s, 1)).await, &mut workers);
         }
     }
     workers
@@ -239,7 +239,7 @@ pub async fn chains(urls: &str, roots: &[SessionId]) {
 
 /// A read made right after a node loss, tried again while the cluster answers that it is
 /// unavailable (it is electing leaders), for at most 30 s; any other error fails the test.
-async fn settled<T, F, Fut>(mut read: F) -> T
+pub async fn settled<T, F, Fut>(mut read: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = skein_runtime::Result<T>>,
@@ -289,8 +289,11 @@ pub fn rt() -> tokio::runtime::Runtime {
 /// `skein.results.>`: the NATS text protocol over a plain TCP socket (no skein code, no
 /// NATS client library), on the first of `urls` that answers, and on the next one should
 /// its connection drop (a node killed under it).
+/// Per tree: how many results were heard, and the headers of each.
+type Heard = std::collections::BTreeMap<String, (u32, Vec<String>)>;
+
 pub struct ResultTally {
-    counts: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>,
+    counts: std::sync::Arc<std::sync::Mutex<Heard>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -326,7 +329,7 @@ impl ResultTally {
 
     fn listen(
         url: &str,
-        counts: &std::sync::Mutex<std::collections::BTreeMap<String, u32>>,
+        counts: &std::sync::Mutex<Heard>,
         ready: &mut Option<std::sync::mpsc::Sender<()>>,
         halt: &std::sync::atomic::AtomicBool,
     ) -> std::io::Result<()> {
@@ -380,11 +383,24 @@ impl ResultTally {
                     let mut body = vec![0u8; total + 2];
                     r.read_exact(&mut body)?;
                     let root = words[1].trim_start_matches("skein.results.").to_string();
-                    *counts
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .entry(root)
-                        .or_default() += 1;
+                    // The stream's seq and the ending's, for a failure message.
+                    let headers = match words.first().copied() {
+                        Some("HMSG") => {
+                            let len: usize = words[words.len() - 2].parse().unwrap_or(0);
+                            String::from_utf8_lossy(&body[..len.min(body.len())])
+                                .lines()
+                                .filter(|l| {
+                                    l.starts_with("Nats-Sequence") || l.starts_with("Skein-Ended")
+                                })
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        }
+                        _ => String::new(),
+                    };
+                    let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
+                    let entry = counts.entry(root).or_default();
+                    entry.0 += 1;
+                    entry.1.push(headers);
                 }
                 _ => {}
             }
@@ -396,12 +412,21 @@ impl ResultTally {
         self.counts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .iter()
+            .map(|(root, (n, _))| (root.clone(), *n))
+            .collect()
     }
 
-    /// Fails on any tree announced more than once.
+    /// Fails on any tree announced more than once, naming what each hearing carried.
     pub fn assert_at_most_once(&self) {
-        let twice: Vec<(String, u32)> = self.counts().into_iter().filter(|(_, n)| *n > 1).collect();
+        let twice: Vec<(String, (u32, Vec<String>))> = self
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, (n, _))| *n > 1)
+            .map(|(root, heard)| (root.clone(), heard.clone()))
+            .collect();
         assert!(
             twice.is_empty(),
             "results announced more than once: {twice:?}"
