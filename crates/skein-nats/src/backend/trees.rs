@@ -270,8 +270,20 @@ impl NatsStore {
             read_subject_expecting(&self.trees, &subject, 0),
             self.since()
         );
-        if let Listed::Complete(ids) = listed(root, &messages?, since?) {
-            return Ok(ids);
+        match messages.and_then(|m| Ok((m, since?))) {
+            Ok((messages, since)) => {
+                if let Listed::Complete(ids) = listed(root, &messages, since) {
+                    return Ok(ids);
+                }
+            }
+            // The list is a hint and the log the truth: a list that cannot be read (its
+            // stream electing a leader after a node loss, or deleted) is no reason to fail
+            // a listing the log can answer. Nothing is written back: the stream that could
+            // not be read would not take it either.
+            Err(e) => {
+                tracing::debug!(%root, error = %e.report(), "a tree's list not read; listed from the log");
+                return self.tree_from_subjects(root).await;
+            }
         }
         let ids = self.tree_from_subjects(root).await?;
         if !ids.is_empty() && self.may_mark().await {
