@@ -224,6 +224,24 @@ fn a_different_mission_under_a_taken_id_is_refused_everywhere_and_the_same_one_i
             why.contains("`dup-1`") && why.contains("another mission"),
             "{why}"
         );
+        // Another priority is another submission too; naming the same one (none is 0) is not.
+        let (code, why) = api(
+            &client,
+            "submit",
+            json!({"agent": "quick", "mission": "first", "id": "dup-1", "priority": 7}),
+        )
+        .await
+        .expect_err("another priority under a taken id");
+        assert_eq!(code, 409, "{why}");
+        assert!(why.contains("priority 0, not 7"), "{why}");
+        let same = api(
+            &client,
+            "submit",
+            json!({"agent": "quick", "mission": "first", "id": "dup-1", "priority": 0}),
+        )
+        .await
+        .expect("the same priority is the same submission");
+        assert_eq!(same["session"], "dup-1");
         let status = wait_status(&client, "dup-1", "completed").await;
         assert_eq!(status["answer"], "done: first");
         // The status of a root carries its announced result, read from the stream.

@@ -52,8 +52,8 @@ fn a_different_submission_under_a_taken_id_is_refused_and_the_same_one_is_a_no_o
     let before = log_of(&sb, "job-7");
 
     // The same submission again: the old tree's answer, nothing new in its log. Inputs
-    // left out and given as `{}` are the same request.
-    for extra in [&[][..], &["--inputs", "{}"][..]] {
+    // left out and given as `{}` are the same request, and so are no priority and 0.
+    for extra in [&[][..], &["--inputs", "{}"][..], &["--priority", "0"][..]] {
         let mut args = vec![
             "run",
             "--agent",
@@ -76,7 +76,19 @@ fn a_different_submission_under_a_taken_id_is_refused_and_the_same_one_is_a_no_o
     }
 
     // Anything else under that id is refused with a reason naming the id and what differs.
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &[
+                "--agent",
+                "echo",
+                "--context",
+                "ctx",
+                "--priority",
+                "5",
+                "first",
+            ],
+            "priority 0, not 5",
+        ),
         (
             &["--agent", "echo", "--context", "ctx", "second"],
             "another mission",

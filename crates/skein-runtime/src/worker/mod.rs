@@ -49,7 +49,7 @@ pub use crate::runtime::{
 };
 pub use crate::session::Folded;
 pub use crate::work_loop::retry_delay;
-pub use submit::{resubmission_differs, Submission};
+pub use submit::{resubmission_differs, Named, Submission};
 pub(crate) use trees::Scope;
 
 use crate::ports::Job;

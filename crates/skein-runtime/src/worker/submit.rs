@@ -35,11 +35,11 @@ pub struct Submission {
 
 /// What differs between the submission that holds a root id and another one made under
 /// the same id: none when they ask for the same thing (agent, mission, context, inputs and,
-/// when the new one names it, the budget).
+/// when the new one names them, the budget and the priority).
 pub fn resubmission_differs(
     existing: &Submitted,
     asked: &Submitted,
-    budget_named: bool,
+    named: Named,
 ) -> Option<String> {
     let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|o| o.is_empty());
     let mut diffs = vec![];
@@ -55,13 +55,26 @@ pub fn resubmission_differs(
     if existing.inputs != asked.inputs && !(empty(&existing.inputs) && empty(&asked.inputs)) {
         diffs.push("other inputs".to_string());
     }
-    if budget_named && existing.budget != asked.budget {
+    if named.budget && existing.budget != asked.budget {
         diffs.push(format!(
             "budget {:?} tokens, not {:?}",
             existing.budget.tokens, asked.budget.tokens
         ));
     }
+    // No priority and priority 0 are the same (the log keeps only one that is not 0).
+    let (had, wants) = (existing.priority.unwrap_or(0), asked.priority.unwrap_or(0));
+    if named.priority && had != wants {
+        diffs.push(format!("priority {had}, not {wants}"));
+    }
     (!diffs.is_empty()).then(|| format!("it has {}", diffs.join(", ")))
+}
+
+/// Which of the fields a resubmission may leave out it names: those it leaves out are
+/// not compared.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Named {
+    pub budget: bool,
+    pub priority: bool,
 }
 
 impl Runtime {
@@ -100,6 +113,7 @@ impl Runtime {
         };
         let def_digest = self.backend.blobs.put(def.text.as_bytes()).await?;
         let asked_budget = sub.budget;
+        let asked_priority = sub.priority;
         let budget = Budget {
             tokens: sub
                 .budget
@@ -161,7 +175,11 @@ impl Runtime {
                     )))
                 }
             };
-            if let Some(differs) = resubmission_differs(existing, &asked, asked_budget.is_some()) {
+            let named = Named {
+                budget: asked_budget.is_some(),
+                priority: asked_priority.is_some(),
+            };
+            if let Some(differs) = resubmission_differs(existing, &asked, named) {
                 return Err(Error::IdTaken {
                     id: id.to_string(),
                     differs,
