@@ -12,8 +12,9 @@
 //!   a request every `60 s ÷ rpm`, a call of `n` input tokens taking `n` tokens' worth of
 //!   the minute (a generic cell rate: one "next free" time per figure, no burst). So no
 //!   window of a minute ever holds more than the rate.
-//! - **Concurrency**: at most `concurrent_requests` permits out at once; a permit not
-//!   given back within [`PERMIT_LEASE`] (its worker died) lapses.
+//! - **Concurrency**: at most `concurrent_requests` permits out at once. A permit holds
+//!   its place for [`PERMIT_LEASE`], renewed every [`PERMIT_RENEW`] while its call runs
+//!   ([`Quota::renew`]); one whose worker died is renewed no more and lapses.
 //! - **Learned**: a `Retry-After`, or a provider's remaining count of 0 with its reset,
 //!   pauses the key until then; a limit the provider states (`x-ratelimit-limit-requests`)
 //!   is used where none is declared.
@@ -29,10 +30,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::Result;
 
-/// How long a permit holds a place under `concurrent_requests` without being given back.
-pub const PERMIT_LEASE_MS: u64 = 10 * 60 * 1000;
+/// How long a permit holds a place under `concurrent_requests` without being renewed or
+/// given back: how long a worker that died during a call keeps its model's place.
+pub const PERMIT_LEASE_MS: u64 = 60 * 1000;
 /// See [`PERMIT_LEASE_MS`].
 pub const PERMIT_LEASE: std::time::Duration = std::time::Duration::from_millis(PERMIT_LEASE_MS);
+/// How often a call under way renews its permit: a third of the lease, so that two
+/// renewals in a row may fail (a leader election of the shared store) before it lapses.
+pub const PERMIT_RENEW: std::time::Duration = std::time::Duration::from_millis(PERMIT_LEASE_MS / 3);
 /// A waiter that has not asked again this long after the time it was given is dropped
 /// (its worker died; the job comes back, and asks again).
 pub const WAITER_LAPSE_MS: u64 = 30_000;
@@ -145,6 +150,10 @@ pub trait Quota: Send + Sync {
         limits: &QuotaLimits,
         used: Option<(u64, u64)>,
     ) -> Result<()>;
+
+    /// The call of `permit` is still under way: its place is held for another
+    /// [`PERMIT_LEASE`] from now (taken again if it had lapsed, since the call runs).
+    async fn renew(&self, permit: &Permit, limits: &QuotaLimits) -> Result<()>;
 
     /// What a provider's answer said of `key`'s limits.
     async fn learn(&self, key: &str, learned: &Learned) -> Result<()>;
@@ -439,6 +448,15 @@ impl Bucket {
         }
     }
 
+    /// Holds the place of permit `id` for another [`PERMIT_LEASE_MS`] from `now`, under a
+    /// concurrency limit (without one no permit holds a place).
+    pub fn renew(&mut self, id: &str, limits: &QuotaLimits, now: u64) {
+        if limits.concurrent_requests.is_some() {
+            self.permits
+                .insert(id.to_string(), now.saturating_add(PERMIT_LEASE_MS));
+        }
+    }
+
     /// Takes in what a provider said at `now`; whether anything changed.
     pub fn learn(&mut self, l: &Learned, now: u64) -> bool {
         let before = self.clone();
@@ -533,6 +551,12 @@ impl Quota for LocalQuota {
     ) -> Result<()> {
         let now = self.now();
         self.with(&permit.key, |b| b.release(permit, limits, used, now));
+        Ok(())
+    }
+
+    async fn renew(&self, permit: &Permit, limits: &QuotaLimits) -> Result<()> {
+        let now = self.now();
+        self.with(&permit.key, |b| b.renew(&permit.id, limits, now));
         Ok(())
     }
 

@@ -53,6 +53,19 @@ impl Drop for Held {
     }
 }
 
+impl Held {
+    /// What keeps this permit's place while its call runs: the quota, the permit and the
+    /// limits, owned, so that the renewals need no borrow of the permit's holder. None
+    /// when the permit holds no place (no concurrency limit).
+    pub(crate) fn renewal(&self) -> Option<(Arc<dyn Quota>, Permit, QuotaLimits)> {
+        let permit = self.permit.clone()?;
+        self.limits
+            .concurrent_requests
+            .is_some()
+            .then(|| (self.quota.clone(), permit, self.limits))
+    }
+}
+
 /// The declared limits of a model, as the port takes them.
 fn port_limits(l: skein_llm::Limits) -> QuotaLimits {
     QuotaLimits {

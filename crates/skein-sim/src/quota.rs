@@ -212,6 +212,10 @@ impl Quota for SimQuota {
         self.inner.release(permit, limits, used).await
     }
 
+    async fn renew(&self, permit: &Permit, limits: &QuotaLimits) -> skein_ports::Result<()> {
+        self.inner.renew(permit, limits).await
+    }
+
     async fn learn(&self, key: &str, learned: &Learned) -> skein_ports::Result<()> {
         self.inner.learn(key, learned).await
     }

@@ -7,7 +7,8 @@
 //!
 //! Cost per model call, under declared or learned limits: one read and one conditional
 //! write to ask, one of each to give the permit back (only under a concurrency or token
-//! limit, or to share a provider's answer that changed what is known). A model with no
+//! limit, or to share a provider's answer that changed what is known), and under a
+//! concurrency limit one of each every `PERMIT_RENEW` (20 s) that the call lasts. A model with no
 //! limit declared or learned costs one read. Within a process the asks of one key take
 //! turns, so only the processes of a cluster race for an entry.
 
@@ -139,6 +140,15 @@ impl Quota for NatsStore {
             return Ok(());
         }
         self.with_bucket(&permit.key, |b, now| b.release(permit, limits, used, now))
+            .await
+    }
+
+    async fn renew(&self, permit: &Permit, limits: &QuotaLimits) -> Result<()> {
+        // Only a concurrency limit gives a permit a place to hold.
+        if limits.concurrent_requests.is_none() {
+            return Ok(());
+        }
+        self.with_bucket(&permit.key, |b, now| b.renew(&permit.id, limits, now))
             .await
     }
 

@@ -203,6 +203,21 @@ impl Runtime {
         // job goes back for another worker to make it.
         let call =
             skein_llm::ratelimit::watching(shared, models.complete_streaming(&request, &on_text));
+        // Under a concurrency limit the permit's place is renewed while the call runs: a
+        // call may outlast the lease, and a worker that dies stops renewing, so its place
+        // lapses a lease after.
+        let renewal = held.as_ref().and_then(crate::quota::Held::renewal);
+        let call = async {
+            let Some((quota, permit, limits)) = &renewal else {
+                return call.await;
+            };
+            beating(call, skein_ports::quota::PERMIT_RENEW, || async {
+                if let Err(e) = quota.renew(permit, limits).await {
+                    tracing::warn!(key = %permit.key, error = %e.report(), "cannot renew a quota permit; it lapses unless a later renewal lands");
+                }
+            })
+            .await
+        };
         let (result, heard) = tokio::select! {
             biased;
             _ = self.draining() => {
