@@ -134,7 +134,7 @@ pub fn simulate_versions(seed: u64, swarm: bool, disk: bool) -> Option<(world::R
 
 /// The simulation's runtime: one thread, its clock paused (time moves only when every task
 /// waits, straight to the next timer).
-fn paused_runtime() -> tokio::runtime::Runtime {
+pub fn paused_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)

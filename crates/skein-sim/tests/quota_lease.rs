@@ -106,17 +106,9 @@ async fn until_ended(store: &MemStore, roots: &[SessionId], limit: Duration) {
     }
 }
 
-fn paused() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn a_call_longer_than_the_lease_keeps_its_place_until_it_ends() {
-    paused().block_on(async {
+    skein_sim::paused_runtime().block_on(async {
         let w = world();
         let rt = worker(&w, "w0");
         let roots = [submit(&rt, "a").await, submit(&rt, "b").await];
@@ -141,7 +133,7 @@ fn a_call_longer_than_the_lease_keeps_its_place_until_it_ends() {
 
 #[test]
 fn a_worker_that_dies_during_its_call_frees_the_place_a_lease_later() {
-    paused().block_on(async {
+    skein_sim::paused_runtime().block_on(async {
         let w = world();
         let rt = worker(&w, "w0");
         let first = submit(&rt, "a").await;
