@@ -606,3 +606,40 @@ async fn metrics_count_what_every_gc_removed_from_the_embedded_store() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tree_started_from_the_ui_takes_its_priority() {
+    let sb = Sandbox::new();
+    asking(&sb);
+    let ui = UiServer::start(&sb.config(), &sb.data(), &[]);
+    let http = reqwest::Client::new();
+    let csrf = ui.csrf(&http).await;
+    let post = |body: Value| {
+        http.post(format!("{}/api/sessions", ui.url))
+            .header("x-skein-csrf", csrf.clone())
+            .json(&body)
+            .send()
+    };
+    let r = post(json!({"agent": "asker", "mission": "go", "id": "p7", "priority": 7}))
+        .await
+        .expect("post");
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let state: Value = ui.get_json(&http, "/api/sessions/p7/state").await;
+    assert_eq!(state["state"]["submitted"]["priority"], 7, "{state}");
+    // Out of range: refused, naming the range; nothing started.
+    let r = post(json!({"agent": "asker", "mission": "go", "id": "p500", "priority": 500}))
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 400);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("-100"), "{body}");
+    // The same id with another priority is another submission.
+    let r = post(json!({"agent": "asker", "mission": "go", "id": "p7", "priority": 3}))
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 409);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("priority 7, not 3"), "{body}");
+    let sessions: Value = ui.get_json(&http, "/api/sessions").await;
+    assert_eq!(sessions.as_array().map(Vec::len), Some(1), "{sessions}");
+}

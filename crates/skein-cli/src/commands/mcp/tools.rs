@@ -42,6 +42,9 @@ pub(crate) struct StartArgs {
     /// Do not answer delegations from the cache, nor cache this tree's answers.
     #[serde(default)]
     pub(crate) no_cache: bool,
+    /// The tree's priority for model quotas, -100 to 100 (default 0): where a model's
+    /// limits make calls wait, a higher priority goes first.
+    pub(crate) priority: Option<i32>,
     /// Wait until the tree ends or waits for a person, and return its status and answer
     /// (default); false returns the tree's id at once.
     pub(crate) wait: Option<bool>,
@@ -260,6 +263,7 @@ async fn start(host: &Arc<Host>, a: Value, progress: Option<ProgressSink>) -> Re
             inputs: s.inputs.map(Value::Object).unwrap_or(Value::Null),
             budget: None,
             no_cache: s.no_cache,
+            priority: s.priority,
             ..Default::default()
         })
         .await

@@ -65,6 +65,9 @@ pub struct Start {
     pub context: Option<String>,
     #[serde(default)]
     pub no_cache: bool,
+    /// The tree's priority for model quotas, -100 to 100 (default 0): where a model's
+    /// limits make calls wait, a higher priority goes first.
+    pub priority: Option<i32>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -91,6 +94,7 @@ pub(super) async fn start(State(ui): State<Arc<Ui>>, Json(s): Json<Start>) -> Ap
             inputs: Value::Null,
             budget: None,
             no_cache: s.no_cache,
+            priority: s.priority,
             ..Default::default()
         })
         .await?;
