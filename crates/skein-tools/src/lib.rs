@@ -115,8 +115,16 @@ pub struct ToolOutcome {
 /// Tools by name: a fixed table, and sources whose lists may change.
 #[derive(Clone, Default)]
 pub struct ToolBox {
-    tools: BTreeMap<String, Arc<dyn Tool>>,
+    tools: BTreeMap<String, Fixed>,
     sources: Vec<Arc<dyn ToolSource>>,
+}
+
+/// A tool of the fixed table, with its schema: derived once when the tool is added, not
+/// on every turn that offers it and every call that checks its arguments.
+#[derive(Clone)]
+struct Fixed {
+    tool: Arc<dyn Tool>,
+    parameters: Arc<Value>,
 }
 
 impl ToolBox {
@@ -160,10 +168,28 @@ impl ToolBox {
     /// Adds (or replaces) a tool. A schema using keywords the validator does not know is
     /// logged: those keywords would not be enforced.
     pub fn insert(&mut self, tool: Arc<dyn Tool>) {
-        if let Err(e) = schema::check_schema(&tool.parameters()) {
+        let parameters = Arc::new(tool.parameters());
+        if let Err(e) = schema::check_schema(&parameters) {
             tracing::warn!(tool = tool.name(), error = %e, "tool schema is only partly enforced");
         }
-        self.tools.insert(tool.name().to_string(), tool);
+        self.tools
+            .insert(tool.name().to_string(), Fixed { tool, parameters });
+    }
+
+    /// A tool and its schema: the fixed table's as derived when it was added, a source's
+    /// as the tool gives it now (its list may have changed). With `offered`, only a tool a
+    /// source offers now; without, also one it offered before, as [`ToolBox::get`].
+    fn with_schema(&self, name: &str, offered: bool) -> Option<(Arc<dyn Tool>, Arc<Value>)> {
+        if let Some(f) = self.tools.get(name) {
+            return Some((f.tool.clone(), f.parameters.clone()));
+        }
+        let tool = self
+            .sources
+            .iter()
+            .filter(|s| !offered || s.offers(name))
+            .find_map(|s| s.get(name))?;
+        let parameters = Arc::new(tool.parameters());
+        Some((tool, parameters))
     }
 
     /// Adds tools whose list may change; a name of the fixed table comes first.
@@ -181,7 +207,7 @@ impl ToolBox {
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.tools
             .get(name)
-            .cloned()
+            .map(|f| f.tool.clone())
             .or_else(|| self.sources.iter().find_map(|s| s.get(name)))
     }
 
@@ -199,19 +225,12 @@ impl ToolBox {
 
     /// What a model is shown of a tool offered now.
     pub fn spec(&self, name: &str) -> Option<ToolSpec> {
-        let tool = match self.tools.get(name) {
-            Some(t) => Some(t.clone()),
-            None => self
-                .sources
-                .iter()
-                .find(|s| s.offers(name))
-                .and_then(|s| s.get(name)),
-        };
-        tool.map(|t| ToolSpec {
-            name: t.name().to_string(),
-            description: t.description().to_string(),
-            parameters: t.parameters(),
-        })
+        self.with_schema(name, true)
+            .map(|(t, parameters)| ToolSpec {
+                name: t.name().to_string(),
+                description: t.description().to_string(),
+                parameters: Arc::unwrap_or_clone(parameters),
+            })
     }
 
     /// Every tool's spec, by name.
@@ -235,7 +254,7 @@ impl ToolBox {
     /// Checks the arguments against the tool's schema, then runs it with its timeout.
     /// A panicking tool is a [`ToolError::Failed`], not a panic of the caller.
     pub async fn try_run(&self, ctx: &ToolContext, name: &str, args: &Value) -> Result<String> {
-        let Some(tool) = self.get(name) else {
+        let Some((tool, parameters)) = self.with_schema(name, false) else {
             return Err(ToolError::Refused(format!("unknown tool `{name}`")));
         };
         // A model that sends no arguments at all means "none".
@@ -243,7 +262,7 @@ impl ToolBox {
             Value::Null => Value::Object(Default::default()),
             a => a.clone(),
         };
-        schema::validate(&tool.parameters(), &args)
+        schema::validate(&parameters, &args)
             .map_err(|errs| ToolError::InvalidArgs(errs.join("; ")))?;
         let limit = tool.timeout();
         let ctx = ctx.clone();

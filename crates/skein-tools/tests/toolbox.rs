@@ -402,3 +402,44 @@ fn bad_config_is_refused_with_the_reason() {
     let e = toml::from_str::<ToolsConfig>("[shell]\nenable = true\n").unwrap_err();
     assert!(e.to_string().contains("enable"), "{e}");
 }
+
+/// A tool that counts how often its schema is derived, and refuses a call without `n`.
+struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait]
+impl Tool for Counted {
+    fn name(&self) -> &str {
+        "counted"
+    }
+    fn description(&self) -> &str {
+        "counts"
+    }
+    fn parameters(&self) -> Value {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    }
+    async fn call(&self, _: &ToolContext, a: Value) -> Result<String, ToolError> {
+        Ok(a["n"].to_string())
+    }
+}
+
+#[tokio::test]
+async fn a_fixed_tool_s_schema_is_derived_once_and_still_checks_every_call() {
+    let s = Sandbox::new();
+    let derived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tb = ToolBox::new();
+    tb.insert(Arc::new(Counted(derived.clone())));
+    for n in 0..3 {
+        let spec = tb.spec("counted").unwrap();
+        assert_eq!(spec.parameters["required"], json!(["n"]));
+        assert_eq!(
+            tb.try_run(&s.ctx, "counted", &json!({"n": n}))
+                .await
+                .unwrap(),
+            n.to_string()
+        );
+        let m = invalid(tb.try_run(&s.ctx, "counted", &json!({})).await.unwrap_err());
+        assert_eq!(m, "`n` is required but missing");
+    }
+    assert_eq!(derived.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
