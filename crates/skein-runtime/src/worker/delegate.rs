@@ -31,6 +31,8 @@ impl Runtime {
         let mut parent_events = Vec::with_capacity(ds.len());
         let mut creations = vec![];
         let mut jobs = vec![];
+        // A wide turn delegates mostly to a few agents: each definition is copied once.
+        let mut named: std::collections::HashMap<String, Arc<AgentDef>> = Default::default();
         for d in ds {
             if let Some(resume) = &d.resume {
                 parent_events.push(self.resume_child(f, &d, resume).await?);
@@ -44,8 +46,12 @@ impl Runtime {
             }
             let child_def: Arc<AgentDef> = match &d.custom {
                 Some(c) => Arc::new(AgentDef::custom(def, &c.system_prompt, &c.tools)?),
-                None => match version.agents.get(&d.agent) {
-                    Some(x) => Arc::new(x.clone()),
+                None => match named.get(&d.agent).cloned().or_else(|| {
+                    let x = Arc::new(version.agents.get(&d.agent)?.clone());
+                    named.insert(d.agent.clone(), x.clone());
+                    Some(x)
+                }) {
+                    Some(x) => x,
                     None => {
                         parent_events.push(Event::tool_error(
                             d.call.clone(),
