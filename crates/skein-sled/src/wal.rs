@@ -580,18 +580,23 @@ impl Wal {
         let ck = ck.filter(|c| c.table.end >= ex.base && ex.format >= 1);
         let mut reserved = ex.len;
         if ex.format == 0 {
-            // No frame yet: the header page, synced before anything else is written.
-            let page = header_page();
+            // No frame yet: the header page and the first reserve behind it (see
+            // `write_frame`), synced before anything else is written. The sync that makes
+            // the new file durable grows it once, so the first appends' syncs keep its
+            // length, as every later one in the reserve does.
+            let mut page = header_page();
+            let base = page.len() as u64;
+            let first_reserve = (base + RESERVE).next_multiple_of(RESERVE);
+            page.resize(first_reserve as usize, 0);
             write_all_at(&*file, &page, 0)
                 .and_then(|()| file.sync_data())
                 .map_err(|e| io_err("cannot write the header of", path, e))?;
-            let base = page.len() as u64;
             ex.format = FORMAT;
             ex.slots = mark_slots(base - 2 * MARK_FRAME as u64);
             ex.base = base;
             ex.mark = base;
             ex.good_end = base;
-            reserved = ex.len.max(base);
+            reserved = ex.len.max(first_reserve);
         } else {
             match ex.verdict(&*file, path)? {
                 Verdict::Whole => {}

@@ -199,6 +199,55 @@ async fn the_zeros_past_the_last_frame_are_kept_and_a_frame_found_behind_them_is
 }
 
 #[tokio::test]
+async fn a_new_log_is_made_with_its_reserve_so_its_first_appends_keep_its_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
+    let log = data.join("events.log");
+    let a = SessionId::parse("t-new").unwrap();
+    let ra = records(&a, 1, 3, &mut genesis_hash(&a));
+
+    // A new store's log holds its header and, behind it, the reserve, already synced.
+    let store = SledStore::open(&data, &ws).unwrap();
+    let header = store.log_len() as usize;
+    let made = std::fs::read(&log).unwrap();
+    assert!(
+        made.len() >= header + (64 << 10),
+        "the new log is {} bytes, its header {header}: no reserve",
+        made.len()
+    );
+    assert!(
+        made[header..].iter().all(|&x| x == 0),
+        "the reserve is zeros"
+    );
+
+    // Its first appends are written into it: the file keeps its length.
+    let be = store.backend();
+    for (seq, r) in ra.iter().enumerate() {
+        be.log
+            .append(&a, seq as u64, std::slice::from_ref(r), Durability::Now)
+            .await
+            .unwrap();
+    }
+    assert!(store.log_len() as usize > header);
+    assert_eq!(std::fs::metadata(&log).unwrap().len() as usize, made.len());
+    drop(be);
+    drop(store);
+
+    // And opened again, they are read back, nothing set aside.
+    let store = SledStore::open(&data, &ws).unwrap();
+    assert_eq!(
+        reasons(&store.backend().log.read(&a, 1).await.unwrap()),
+        reasons(&ra)
+    );
+    let set_aside: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("events.log."))
+        .collect();
+    assert!(set_aside.is_empty(), "set aside: {set_aside:?}");
+}
+
+#[tokio::test]
 async fn a_last_frame_whose_crc_does_not_match_is_cut_with_nothing_before_it() {
     let dir = tempfile::tempdir().unwrap();
     let (data, ws) = (dir.path().join("data"), dir.path().join("ws"));
