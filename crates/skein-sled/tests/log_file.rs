@@ -39,6 +39,15 @@ fn reasons(rs: &[Record]) -> Vec<String> {
         .collect()
 }
 
+/// The files the log set aside in `data` (`events.log.<why>-<offset>`).
+fn set_aside(data: &Path) -> Vec<String> {
+    std::fs::read_dir(data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("events.log."))
+        .collect()
+}
+
 /// Two sessions, `a` with 5 records (one batch of 3, then 2 single appends), `b` with 2.
 /// The last is where the frames end in `events.log`.
 ///
@@ -147,11 +156,7 @@ async fn the_zeros_past_the_last_frame_are_kept_and_a_frame_found_behind_them_is
     let store = SledStore::open(&data, &ws).unwrap();
     assert_eq!(store.log_len() as usize, end);
     assert_eq!(std::fs::metadata(&log).unwrap().len() as usize, bytes.len());
-    let leftovers: Vec<_> = std::fs::read_dir(&data)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with("events.log."))
-        .collect();
+    let leftovers = set_aside(&data);
     assert!(leftovers.is_empty(), "set aside: {leftovers:?}");
     // The next frame goes where the last one ended, into the reserve.
     let mut prev = ra[4].hash();
@@ -239,12 +244,8 @@ async fn a_new_log_is_made_with_its_reserve_so_its_first_appends_keep_its_length
         reasons(&store.backend().log.read(&a, 1).await.unwrap()),
         reasons(&ra)
     );
-    let set_aside: Vec<_> = std::fs::read_dir(&data)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with("events.log."))
-        .collect();
-    assert!(set_aside.is_empty(), "set aside: {set_aside:?}");
+    let aside = set_aside(&data);
+    assert!(aside.is_empty(), "set aside: {aside:?}");
 }
 
 #[tokio::test]
