@@ -2,9 +2,9 @@
 //! directory with no repository around it and no skein variables in its environment, it
 //! runs the built-in demo offline, writes a project with `init`, checks it and runs it.
 //!
-//! The binary is copied rather than built by `cargo install --path . --root PREFIX`: that
-//! builds the release profile from scratch, minutes on two cores, for the same code this
-//! test has already built. What is checked is that nothing outside the binary is read.
+//! The binary is copied rather than built by `cargo install --path . --profile dist --root
+//! PREFIX`: that builds the `dist` profile from scratch, about nine minutes on two cores,
+//! for the same code this test has already built. What is checked is that nothing outside the binary is read.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
