@@ -84,6 +84,11 @@ const MAX_BODY: usize = 1 << 30;
 /// as many: an `fdatasync` of a file whose length is unchanged writes only its data pages,
 /// where one that grew the file writes its inode too.
 const RESERVE: u64 = 64 << 10;
+/// Where the reserve written past a frame ending at `end` ends: [`RESERVE`] bytes or more
+/// past it, on a multiple of [`RESERVE`].
+fn reserve_past(end: u64) -> u64 {
+    (end + RESERVE).next_multiple_of(RESERVE)
+}
 /// The format this version writes, and the newest it reads.
 pub(crate) const FORMAT: u64 = 2;
 /// The session of the mark's frames.
@@ -586,7 +591,7 @@ impl Wal {
             // length, as every later one in the reserve does.
             let mut page = header_page();
             let base = page.len() as u64;
-            let first_reserve = (base + RESERVE).next_multiple_of(RESERVE);
+            let first_reserve = reserve_past(base);
             page.resize(first_reserve as usize, 0);
             write_all_at(&*file, &page, 0)
                 .and_then(|()| file.sync_data())
@@ -727,7 +732,7 @@ impl Wal {
         let start = ix.end;
         let end = start + frame.len() as u64;
         if end > ix.reserved {
-            let to = (end + RESERVE).next_multiple_of(RESERVE);
+            let to = reserve_past(end);
             let zeros = vec![0u8; (to - ix.reserved) as usize];
             write_all_at(&*self.file, &zeros, ix.reserved)
                 .map_err(|e| io_err("cannot write", &self.path, e))?;
