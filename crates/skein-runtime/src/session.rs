@@ -122,7 +122,9 @@ pub(crate) struct Staged {
 /// The folds and agent definitions a runtime keeps in memory between jobs.
 #[derive(Default)]
 pub(crate) struct FoldCache {
-    states: Mutex<HashMap<SessionId, Folded>>,
+    /// Boxed: a fold is some 1.5 KB, and a wide fan-out keeps a thousand of them, which
+    /// the map's growth and every insert and removal would otherwise copy.
+    states: Mutex<HashMap<SessionId, Box<Folded>>>,
     defs: Mutex<HashMap<String, Arc<AgentDef>>>,
 }
 
@@ -134,7 +136,7 @@ impl FoldCache {
 
     /// A copy of the session's fold, if one is kept.
     pub(crate) fn kept(&self, id: &SessionId) -> Option<Folded> {
-        lock(&self.states).get(id).cloned()
+        lock(&self.states).get(id).map(|f| Folded::clone(f))
     }
 }
 
@@ -298,7 +300,7 @@ impl Runtime {
     pub async fn load(&self, id: &SessionId) -> Result<(Folded, bool)> {
         let cached = lock(&self.sessions.states).remove(id);
         let cold = cached.is_none();
-        let mut f = cached.unwrap_or_else(|| Folded::new(id.clone()));
+        let mut f = cached.map_or_else(|| Folded::new(id.clone()), |f| *f);
         let new = self.backend.log.read(id, f.state.last_seq + 1).await?;
         f.absorb(&new)?;
         Ok((f, cold))
@@ -372,7 +374,7 @@ impl Runtime {
                 states.remove(&v);
             }
         }
-        states.insert(f.id.clone(), f);
+        states.insert(f.id.clone(), Box::new(f));
     }
 
     /// The definition a session was submitted with.
