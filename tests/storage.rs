@@ -200,24 +200,25 @@ fn a_byte_flipped_at_the_start_middle_or_end_is_found_refused_and_repaired_on_re
     );
 }
 
-#[test]
-fn a_kill_9_during_a_fan_out_leaves_a_log_that_opens_and_resumes() {
-    // Given a fan-out killed with SIGKILL while its leaves write.
+/// Runs a fan-out of `n` leaves (10 ms a model call), kills it with SIGKILL once `seen`
+/// progress lines containing `trigger` were printed, then checks that the log opens whole
+/// and the tree resumes to its end and replays.
+fn kill_9_during_a_fan_out(n: usize, trigger: &str, seen: usize) {
     let sb = fan_out(10);
     let data = sb.dir.path().join("data");
-    let mut c = run_fan_out(&sb, &data, 60);
+    let mut c = run_fan_out(&sb, &data, n);
     c.stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut root = None;
-    let mut seen = 0;
+    let mut count = 0;
     for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(id) = line.strip_prefix("root ") {
             root = Some(id.trim().to_string());
         }
-        seen += usize::from(line.contains("ToolReturned"));
-        if seen == 30 {
+        count += usize::from(line.contains(trigger));
+        if count == seen {
             break;
         }
     }
@@ -235,6 +236,21 @@ fn a_kill_9_during_a_fan_out_leaves_a_log_that_opens_and_resumes() {
     let mut c = skein(&sb.config(), &data);
     c.args(["resume", &root]);
     let out = run_ok(c);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "60 parts done");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{n} parts done")
+    );
     replay_verifies(&sb, &data, &root);
+}
+
+#[test]
+fn a_kill_9_during_a_fan_out_leaves_a_log_that_opens_and_resumes() {
+    kill_9_during_a_fan_out(60, "ToolReturned", 30);
+}
+
+#[test]
+fn a_kill_9_as_a_wide_delegation_writes_its_children_loses_none_and_doubles_none() {
+    // The first child's record is written ahead of the parent's: the kill lands between
+    // them, or a little after.
+    kill_9_during_a_fan_out(100, "Submitted", 1);
 }
