@@ -4,11 +4,16 @@
 //! with `Nats-Expected-Last-Subject-Sequence: 0`, which the stream accepts only while the
 //! subject holds no message (an acked job is deleted from the work queue). The stream itself
 //! has no per-subject limit: replicas of servers before 2.10 cannot catch up on a stream
-//! that refuses new messages per subject. A push refused because a job exists writes a wake
-//! marker (KV `skein_wake`) and tries once more (the job may have been acked in between); a
-//! holder, after its ack, reads the marker and, if set, clears it and pushes again. Either
-//! the second publish lands, or the marker was written before the ack and is seen after it:
-//! no wake-up is lost.
+//! that refuses new messages per subject. A push refused because a job exists reads the
+//! wake marker (KV `skein_wake`); if it is not set, it writes it and tries once more (the job
+//! may have been acked in between). A holder, after its ack, reads the marker and, if set,
+//! clears it and pushes again, by the same steps. Either the second publish lands, or the
+//! marker was set after the refusal and is seen by a holder whose ack came after it; a
+//! holder that clears it pushes after clearing it. So every refused push is followed by a
+//! claim that comes after it: no wake-up is lost. (A holder that cleared the marker and
+//! found a newer job held by another worker sets it again for that worker: a bare publish
+//! there would leave the newer holder, whose run may have begun before the push it was
+//! refused for, to ack without waking the session.)
 
 use std::time::Duration;
 
@@ -200,6 +205,47 @@ impl NatsStore {
             Response::Err { error } => Err(nats_err(&what(), error)),
         }
     }
+
+    /// A job's ack without its wake-up: its message deleted, then its delivery acked.
+    /// The outer error comes before the ack is sent (the job stays held or was not held
+    /// here); the inner one is the ack's own outcome.
+    async fn ack_only(&self, job: &Job) -> Result<Result<()>> {
+        // What the job appended is stored before the job is done; if it was not, the
+        // job is not acked and its delivery comes back.
+        self.make_sure(&job.session).await?;
+        // Not held (never claimed here, or acked already): its message, which may be
+        // another holder's, is left alone.
+        let held = Held::take(job)?;
+        // The job's message is deleted through the stream (every replica applies the
+        // delete in the same order as the publishes it gates), then acked. A holder that
+        // dies in between leaves an acked delivery of a deleted message: nothing to redo.
+        let acked = match self.delete_job_message(held.sseq).await {
+            Err(e) => {
+                // Held again: the delivery runs out and comes back.
+                held.done.store(false, Ordering::SeqCst);
+                return Err(e);
+            }
+            Ok(()) => held.acker.ack().await.map_err(|e| nats_err("ack", e)),
+        };
+        tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
+        Ok(acked)
+    }
+
+    /// After a job's ack: a push that found the job held left a marker, so the session
+    /// runs once more. The marker is cleared and the push made whole (a job held by
+    /// another worker by now gets the marker back). When the marker cannot be read, or the
+    /// ack's outcome is unknown, push anyway: an extra wake-up costs one idle step, a lost
+    /// one strands a session.
+    async fn wake_after_ack(&self, job: &Job, acked: bool) -> Result<()> {
+        match self.wake.get(job.session.as_str()).await {
+            Ok(None) if acked => Ok(()),
+            Ok(Some(_)) => {
+                let _ = self.wake.delete(job.session.as_str()).await;
+                self.push(&job.pool, &job.session).await
+            }
+            _ => self.push(&job.pool, &job.session).await,
+        }
+    }
 }
 
 #[async_trait]
@@ -229,7 +275,13 @@ impl JobQueue for NatsStore {
         if self.publish_job(pool, session).await? {
             return Ok(());
         }
-        // A job exists, pending or held: leave a wake marker, then try once more.
+        // A job exists, pending or held. A marker set already is one a holder will read
+        // after its ack (or one it is clearing, to push after): a wide tree's children
+        // ending while their parent's job is held find it set, and stop here.
+        if let Ok(Some(_)) = self.wake.get(session.as_str()).await {
+            return Ok(());
+        }
+        // Leave a wake marker, then try once more.
         self.wake
             .put(session.as_str(), Bytes::from_static(b"1"))
             .await
@@ -266,37 +318,8 @@ impl JobQueue for NatsStore {
     }
 
     async fn ack(&self, job: &Job) -> Result<()> {
-        // What the job appended is stored before the job is done; if it was not, the
-        // job is not acked and its delivery comes back.
-        self.make_sure(&job.session).await?;
-        // Not held (never claimed here, or acked already): its message, which may be
-        // another holder's, is left alone.
-        let held = Held::take(job)?;
-        // The job's message is deleted through the stream (every replica applies the
-        // delete in the same order as the publishes it gates), then acked. A holder that
-        // dies in between leaves an acked delivery of a deleted message: nothing to redo.
-        let acked = match self.delete_job_message(held.sseq).await {
-            Err(e) => {
-                // Held again: the delivery runs out and comes back.
-                held.done.store(false, Ordering::SeqCst);
-                return Err(e);
-            }
-            Ok(()) => held.acker.ack().await.map_err(|e| nats_err("ack", e)),
-        };
-        tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
-        // A push that found this job held left a marker: run the session once more. When
-        // the marker cannot be read (or the ack's outcome is unknown) push anyway: an extra
-        // wake-up costs one idle step, a lost one strands a session.
-        match self.wake.get(job.session.as_str()).await {
-            Ok(None) if acked.is_ok() => {}
-            Ok(Some(_)) => {
-                let _ = self.wake.delete(job.session.as_str()).await;
-                self.publish_job(&job.pool, &job.session).await?;
-            }
-            _ => {
-                self.publish_job(&job.pool, &job.session).await?;
-            }
-        }
+        let acked = self.ack_only(job).await?;
+        self.wake_after_ack(job, acked.is_ok()).await?;
         acked
     }
 
@@ -324,5 +347,99 @@ impl JobQueue for NatsStore {
             }
         };
         Ok(info.num_pending + info.num_ack_pending as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::NatsConfig;
+    use skein_testnats::NatsServer;
+
+    async fn store(server: &NatsServer) -> std::sync::Arc<NatsStore> {
+        let cfg = NatsConfig {
+            urls: vec![server.url()],
+            replicas: 1,
+            ..NatsConfig::default()
+        };
+        NatsStore::connect(&cfg, Duration::from_secs(30))
+            .await
+            .unwrap()
+    }
+
+    /// A holder slow to read the wake marker after its ack, while the session's next job
+    /// is already held by another worker whose run began before the push that left the
+    /// marker: clearing the marker must hand it on to that worker, or its ack ends the
+    /// session's wake-ups and the pushed-for step never runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_marker_cleared_by_a_slow_former_holder_still_wakes_the_session() {
+        let server = NatsServer::start();
+        let (a, b) = (store(&server).await, store(&server).await);
+        let pool = "slowholder";
+        let s = skein_runtime::new_root_id();
+        let wait = Duration::from_secs(3);
+
+        a.push(pool, &s).await.unwrap();
+        let first = a.claim(pool, wait).await.unwrap().expect("the first job");
+        // The first holder acks; its look at the marker comes later.
+        a.ack_only(&first).await.unwrap().unwrap();
+        // A second job lands and another worker starts running it.
+        b.push(pool, &s).await.unwrap();
+        let second = b.claim(pool, wait).await.unwrap().expect("the second job");
+        assert_eq!(second.session, s);
+        // A push for something the running job may not have read: refused, so it leaves
+        // the marker.
+        a.push(pool, &s).await.unwrap();
+        assert!(
+            a.wake.get(s.as_str()).await.unwrap().is_some(),
+            "the marker is set"
+        );
+        // Now the first holder reads the marker, clears it and pushes; the second holder
+        // acks.
+        a.wake_after_ack(&first, true).await.unwrap();
+        b.ack(&second).await.unwrap();
+        let third = a.claim(pool, wait).await.unwrap();
+        assert_eq!(
+            third.map(|j| j.session),
+            Some(s),
+            "the session runs once more after the push the running job may have missed"
+        );
+    }
+
+    /// A push refused while the marker is set already leaves it as it is and publishes
+    /// nothing more; the holder's ack still wakes the session once, not twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pushes_while_held_wake_the_session_once_after_the_ack() {
+        let server = NatsServer::start();
+        let a = store(&server).await;
+        let pool = "manypushes";
+        let s = skein_runtime::new_root_id();
+        let wait = Duration::from_secs(3);
+        a.push(pool, &s).await.unwrap();
+        let held = a.claim(pool, wait).await.unwrap().expect("the job");
+        for _ in 0..5 {
+            a.push(pool, &s).await.unwrap();
+        }
+        a.ack(&held).await.unwrap();
+        let again = a
+            .claim(pool, wait)
+            .await
+            .unwrap()
+            .expect("woken after the ack");
+        assert_eq!(again.session, s);
+        assert!(
+            a.wake.get(s.as_str()).await.unwrap().is_none(),
+            "the marker was cleared by the ack that used it"
+        );
+        a.ack(&again).await.unwrap();
+        assert!(
+            a.claim(pool, Duration::from_millis(500))
+                .await
+                .unwrap()
+                .is_none(),
+            "one wake-up for the five pushes"
+        );
     }
 }
