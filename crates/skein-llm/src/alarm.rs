@@ -98,9 +98,15 @@ impl Alarms {
         let mut g = self.due.lock().unwrap_or_else(|p| p.into_inner());
         // No clock thread: `tx` is dropped, and the caller falls back.
         if let Some(heap) = g.as_mut() {
+            // The clock thread sleeps until the earliest alarm: only one due before that
+            // needs it woken. (Waking it for every alarm set was a context switch per
+            // model turn in a wide fan-out, where each new alarm is due after the others.)
+            let sooner = heap.peek().is_none_or(|d| at < d.at);
             heap.push(Due { at, tx });
             drop(g);
-            self.changed.notify_one();
+            if sooner {
+                self.changed.notify_one();
+            }
         }
     }
 
