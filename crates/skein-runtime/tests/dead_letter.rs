@@ -213,3 +213,88 @@ async fn a_definition_no_one_can_read_is_retried_then_fails_the_session_in_its_l
         other => panic!("expected Failed, got {}", other.kind()),
     }
 }
+
+/// A child whose definition no worker can read ends dead-lettered, and its parent still
+/// hears of it: its end does not stop at the definition it could not read (which says
+/// whether its mission could have been shared).
+#[tokio::test]
+async fn a_child_no_one_can_read_is_failed_and_its_parent_told() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("boss.yaml"),
+        "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: solo, mission: \"m\"}\n  - answer: done\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("solo.yaml"), "turns:\n  - answer: done\n").unwrap();
+    let agents = skein_core::AgentSet::load(
+        &[
+            (
+                "boss.md".into(),
+                "---\nname: boss\nmodel: scripted:boss\nagents: [solo]\n---\nDelegate.\n".into(),
+            ),
+            (
+                "solo.md".into(),
+                "---\nname: solo\nmodel: scripted:solo\ncache: false\n---\nAnswer.\n".into(),
+            ),
+        ],
+        &[],
+    )
+    .unwrap();
+    let store =
+        skein_sled::SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
+    let mut models = skein_llm::Registry::new();
+    models.insert(
+        "scripted",
+        std::sync::Arc::new(skein_llm::scripted::ScriptedProvider::new(dir.path())),
+    );
+    let rt = skein_runtime::worker::Runtime::new(
+        store.backend(),
+        std::sync::Arc::new(agents),
+        models,
+        skein_tools::ToolBox::new(),
+        RuntimeConfig::default(),
+    );
+    let boss = rt
+        .submit(skein_runtime::worker::Submission {
+            agent: "boss".into(),
+            mission: "delegate".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The boss's first job delegates: the child's log is written and its job queued.
+    let j = claim(rt.backend.jobs.as_ref()).await;
+    assert_eq!(j.session, boss);
+    rt.process(&j).await.unwrap();
+    rt.backend.jobs.ack(&j).await.unwrap();
+    let child = boss.child("solo", 1);
+    assert!(rt.backend.log.last(&child).await.unwrap().is_some());
+    // The child moves to a worker that knows no agent, on a store without the definition.
+    let cfg = RuntimeConfig {
+        max_deliver: 2,
+        lease: Duration::from_millis(20),
+        ..RuntimeConfig::default()
+    };
+    let other = bare_runtime(dir.path(), skein_core::AgentSet::default(), cfg);
+    move_session(&rt, &other, &child).await;
+    let jobs = &other.backend.jobs;
+    for _ in 1..=2 {
+        let j = claim(jobs.as_ref()).await;
+        assert!(other.process(&j).await.unwrap_err().is_retryable());
+        jobs.retry(&j, Duration::ZERO).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let j = claim(jobs.as_ref()).await;
+    other.process(&j).await.unwrap();
+    let last = other.backend.log.last(&child).await.unwrap().unwrap();
+    assert!(
+        matches!(&last.env.body, Event::Failed(f) if f.dead_letter),
+        "expected a dead letter, got {}",
+        last.env.body.kind()
+    );
+    let told = other.backend.notices.read(&boss, 0).await.unwrap();
+    assert!(
+        told.iter().any(|(_, c)| *c == child),
+        "the parent was not told of its child's end: {told:?}"
+    );
+}

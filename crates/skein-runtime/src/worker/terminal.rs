@@ -47,7 +47,7 @@ impl Runtime {
         // holder of such a claim is ever watched. One that cannot have been shared has
         // neither a claim to release nor watchers to tell: on NATS that saves two round
         // trips on the way to its parent.
-        let shared = self.may_be_shared(f).await?;
+        let shared = self.may_be_shared(f).await;
         if shared {
             self.backend
                 .cache
@@ -109,21 +109,25 @@ impl Runtime {
     /// by default depends on what it and the agents it may start can do, which a rolling
     /// change of definitions or binaries may judge differently; `cache: false` in its own
     /// file cannot be judged otherwise, so only that, and `no_cache`, say no. A root is
-    /// never created by a delegation, but is taken as shared, as before.
-    pub(crate) async fn may_be_shared(&self, f: &Folded) -> Result<bool> {
+    /// never created by a delegation, but is taken as shared, as before; so is a session
+    /// whose definition cannot be read now (it may have ended for that very reason, and
+    /// its parent must still hear of it).
+    async fn may_be_shared(&self, f: &Folded) -> bool {
         let Some(sub) = &f.state.submitted else {
-            return Ok(false);
+            return false;
         };
         if sub.no_cache {
-            return Ok(false);
+            return false;
         }
         if sub.parent.is_none() {
-            return Ok(true);
+            return true;
         }
-        let def = self.def_for(&f.state).await?;
-        Ok(!matches!(
-            def.front.cache,
-            Some(skein_core::agent::CacheSetting::Enabled(false))
-        ))
+        match self.def_for(&f.state).await {
+            Ok(def) => !matches!(
+                def.front.cache,
+                Some(skein_core::agent::CacheSetting::Enabled(false))
+            ),
+            Err(_) => true,
+        }
     }
 }
