@@ -748,3 +748,24 @@ fn a_failed_supervisor_fails_the_team() {
     .when_deciding()
     .then_fails("the team's supervisor `chief` failed: step limit reached");
 }
+
+/// A root of a handoff agent answered from the cache takes the cached run's answer, which
+/// is the end of its chain already: it completes with it and hands nothing on again (a
+/// generated world of the simulation found the second handoff: world 5417, with a change
+/// that moved its faults).
+#[test]
+fn a_root_answered_from_the_cache_completes_and_does_not_hand_off_again() {
+    let hit = Event::CacheHit(skein_core::event::CacheHit {
+        call: String::new(),
+        mission_hash: "h".into(),
+        source: SessionId::parse("earlier").unwrap(),
+        answer: "the chain's answer".into(),
+        saved: Default::default(),
+        steps: 3,
+        key: None,
+    });
+    given(patterns(), "drafter")
+        .events([submitted("drafter"), hit])
+        .when_deciding()
+        .then_completes("the chain's answer");
+}

@@ -222,12 +222,15 @@ impl SessionState {
                     },
                 );
             }
-            // A root answered from the cache (no call: nothing delegated).
+            // A root answered from the cache (no call: nothing delegated). The answer is
+            // the cached run's whole answer, its own handoff already made: it is neither
+            // handed on again nor summarised a second time.
             Event::CacheHit(h) if h.call.is_empty() => {
                 self.accounting.cache_hits += 1;
                 self.accounting.saved.add(&h.saved);
                 self.ending.pending_answer = Some(h.answer.clone());
                 self.ending.summary = Some(h.answer.clone());
+                self.pattern.handed_off = true;
             }
             Event::CacheHit(h) => {
                 self.accounting.delegations += 1;
