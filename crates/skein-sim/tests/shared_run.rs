@@ -195,8 +195,9 @@ fn runtime_on(
 
 // The second test: who is told when a child ends. A shared run (one whose mission another
 // tree joined) releases its single-flight claim and tells its watchers, and the tree that
-// joined it completes; a child of an agent with `cache: false` is never shared. Features
-// that meet: the cache's single flight, `cache: false`, and the wake-up of a parent.
+// joined it completes; a child of an agent with `cache: false` is never shared, so its end
+// asks for neither (on NATS each is a round trip on the way to its parent). Features that
+// meet: the cache's single flight, `cache: false`, and the wake-up of a parent.
 
 /// The store's cache and notices, noting whose claim was released and whose watchers
 /// were read.
@@ -257,7 +258,7 @@ impl Notices for Noting {
 }
 
 #[test]
-fn a_shared_run_tells_its_watchers_and_an_uncached_child_is_never_shared() {
+fn a_shared_run_tells_its_watchers_and_an_uncached_child_asks_for_none() {
     skein_sim::paused_runtime().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         // The shared run takes a while, so the second tree's call finds it under way.
@@ -349,5 +350,11 @@ fn a_shared_run_tells_its_watchers_and_an_uncached_child_is_never_shared() {
             released.contains(&helper) && watched.contains(&helper),
             "the shared run released its claim ({released:?}) and read its watchers ({watched:?})"
         );
+        for p in &plains {
+            assert!(
+                !released.contains(p) && !watched.contains(p),
+                "{p} (cache: false) asked for a claim it never held or for watchers"
+            );
+        }
     });
 }

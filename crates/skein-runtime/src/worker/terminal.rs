@@ -43,12 +43,12 @@ impl Runtime {
                 self.backend.cache.put(&sub.mission_hash, &entry).await?;
             }
         }
-        // Only a session created to be shared claims its mission's run (`delegate` claims
-        // only for a child it creates without `no_cache`), and only the holder of such a
-        // claim is ever watched. A `no_cache` session has neither a claim to
-        // release nor watchers to tell: on NATS that saves two round trips on the way to
-        // its parent.
-        if !sub.no_cache {
+        // Only a session created to be shared claims its mission's run, and only the
+        // holder of such a claim is ever watched. One that cannot have been shared has
+        // neither a claim to release nor watchers to tell: on NATS that saves two round
+        // trips on the way to its parent.
+        let shared = self.may_be_shared(f).await;
+        if shared {
             self.backend
                 .cache
                 .release_inflight(&sub.mission_hash, &f.id)
@@ -71,10 +71,10 @@ impl Runtime {
                 Box::pin(crate::control::cancel(self, &child, &reason)).await?;
             }
         }
-        let watchers = if sub.no_cache {
-            vec![]
-        } else {
+        let watchers = if shared {
             self.backend.notices.watchers(&f.id).await?
+        } else {
+            vec![]
         };
         for (w, pool) in watchers {
             self.backend.notices.post(&w, &f.id).await?;
@@ -101,5 +101,33 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+
+    /// Whether `f` may hold its mission's single-flight claim, and so have watchers.
+    /// `delegate` claims only for a child it creates with caching on: not `no_cache`
+    /// (which plan tasks and teams imply) and its agent cached. Whether an agent is cached
+    /// by default depends on what it and the agents it may start can do, which a rolling
+    /// change of definitions or binaries may judge differently; `cache: false` in its own
+    /// file cannot be judged otherwise, so only that, and `no_cache`, say no. A root is
+    /// never created by a delegation, but is taken as shared, as before; so is a session
+    /// whose definition cannot be read now (it may have ended for that very reason, and
+    /// its parent must still hear of it).
+    async fn may_be_shared(&self, f: &Folded) -> bool {
+        let Some(sub) = &f.state.submitted else {
+            return false;
+        };
+        if sub.no_cache {
+            return false;
+        }
+        if sub.parent.is_none() {
+            return true;
+        }
+        match self.def_for(&f.state).await {
+            Ok(def) => !matches!(
+                def.front.cache,
+                Some(skein_core::agent::CacheSetting::Enabled(false))
+            ),
+            Err(_) => true,
+        }
     }
 }
