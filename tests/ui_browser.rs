@@ -634,13 +634,26 @@ async fn cancel_from_the_page(b: &Browser, base: &str, id: &str) {
     )
     .await;
     b.js("(window.confirm = () => true, 1)").await;
-    b.client
-        .find(Locator::Id("cancel"))
-        .await
-        .expect("cancel button")
-        .click()
-        .await
-        .expect("click");
+    // The page re-renders as the tree's records come in, and a button found just before a
+    // re-render is gone by the click: find it again then.
+    let mut tries = 0;
+    loop {
+        let button = b
+            .client
+            .find(Locator::Id("cancel"))
+            .await
+            .expect("cancel button");
+        match button.click().await {
+            Ok(_) => break,
+            Err(fantoccini::error::CmdError::Standard(e))
+                if e.error == fantoccini::error::ErrorStatus::StaleElementReference
+                    && tries < 5 =>
+            {
+                tries += 1;
+            }
+            Err(e) => panic!("click: {e:?}"),
+        }
+    }
     b.until(
         "the tree cancelled",
         "document.querySelector('#tree .node .badge').textContent === 'cancelled' && \
