@@ -311,3 +311,105 @@ turns:
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A child's end rides in its parent's notice only where nothing can follow it: a
+/// `chat: true` child, which may be asked a follow-up, is settled from its log each time,
+/// and the tree's answer and its audit come out as on the embedded store.
+#[test]
+fn a_notice_carries_a_childs_end_only_where_nothing_can_follow_it() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [expert, plain]\ntools: [ask_clarification]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: expert, mission: "estimate the load"}
+      - tool: call_agent
+        args: {agent: plain, mission: "say hi"}
+  - tool_calls:
+      - tool: ask_clarification
+        args: {session_id: "{{ results[0].session_id }}", question: "and the error bars?"}
+  - answer: "first: {{ all_results[0].result }} | then: {{ results[0].result }} | plain: {{ all_results[1].result }}"
+"#,
+    )
+    .agent(
+        "expert",
+        "chat: true\n",
+        "turns:\n  - answer: \"the load is 42\"\n  - answer: \"error bars are plus or minus 3\"\n",
+    )
+    .agent("plain", "", "turns:\n  - answer: hi\n");
+    let server = NatsServer::start();
+    let url = server.url();
+    let _w = Workers(vec![worker(&sb, &url, "e1")]);
+    let out = cli(
+        &sb,
+        &url,
+        &[
+            "submit",
+            "--agent",
+            "boss",
+            "--id",
+            "ends-nats",
+            "--wait",
+            "go",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "first: the load is 42 | then: error bars are plus or minus 3 | plain: hi"
+    );
+    // The root's notices, with whether each carried an end.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let notices: Vec<(String, bool)> = rt.block_on(async {
+        let client = async_nats::connect(url.as_str()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream("SKEIN_NOTICES").await.unwrap();
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                filter_subject: "skein.notices.ends-nats".into(),
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut batch = consumer
+            .fetch()
+            .max_messages(100)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+            .unwrap();
+        let mut out = vec![];
+        while let Some(m) = futures::StreamExt::next(&mut batch).await {
+            let m = m.unwrap();
+            let carried = m
+                .headers
+                .as_ref()
+                .is_some_and(|h| h.get("Skein-End").is_some());
+            out.push((String::from_utf8_lossy(&m.payload).to_string(), carried));
+        }
+        out
+    });
+    let of = |agent: &str| -> Vec<bool> {
+        notices
+            .iter()
+            .filter(|(c, _)| c.contains(agent))
+            .map(|(_, carried)| *carried)
+            .collect()
+    };
+    assert_eq!(of("plain"), vec![true], "{notices:?}");
+    assert_eq!(of("expert"), vec![false, false], "{notices:?}");
+    let out = cli(&sb, &url, &["replay", "ends-nats", "--verify", "--tree"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -17,8 +17,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_ports::ports::{
-    Announcer, Blobs, Cache, CacheEntry, Durability, EventLog, Job, JobQueue, Notices, RootResult,
-    SessionFilter, WaitingForRoom,
+    Announcer, Blobs, Cache, CacheEntry, Durability, EventLog, Job, JobQueue, NoticeRead, Notices,
+    RootResult, SessionFilter, WaitingForRoom,
 };
 use skein_ports::roots::{RootFilter, RootsPage};
 use skein_ports::{Error, Result};
@@ -144,6 +144,10 @@ bounded!(Blobs {
 bounded!(Notices {
     fn post(parent: &SessionId, child: &SessionId) -> Result<()> = "post to SKEIN_NOTICES";
     fn read(parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>>
+        = "read from SKEIN_NOTICES";
+    fn post_end(parent: &SessionId, child: &SessionId, end: &Record) -> Result<()>
+        = "post to SKEIN_NOTICES";
+    fn read_ends(parent: &SessionId, after: u64) -> Result<Vec<NoticeRead>>
         = "read from SKEIN_NOTICES";
     fn watch(target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()>
         = "watch on SKEIN_NOTICES";

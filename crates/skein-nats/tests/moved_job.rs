@@ -222,8 +222,13 @@ async fn a_parent_loaded_by_another_worker_reads_its_notices_not_every_child() {
             "worker B read the log of {child}, still running: {read:?}"
         );
     }
+    // The ended children's ends came with their notices: worker B settles them without
+    // reading their logs either.
     for child in &ended {
-        assert!(read.contains(child), "{child} was settled unread: {read:?}");
+        assert!(
+            !read.contains(child),
+            "{child}'s end came with its notice, yet its log was read: {read:?}"
+        );
     }
     let mut want = ended.clone();
     want.sort();

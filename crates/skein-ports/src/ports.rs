@@ -271,6 +271,10 @@ pub trait Blobs: Send + Sync {
     async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>>;
 }
 
+/// A notice read back: its position, the child it names, and the child's end when the
+/// notice carries it ([`Notices::post_end`]).
+pub type NoticeRead = (u64, SessionId, Option<Record>);
+
 /// "Child C of session P has ended": a durable inbox per parent, so a parent reads only
 /// the notices it has not seen instead of polling every child.
 #[async_trait]
@@ -278,6 +282,27 @@ pub trait Notices: Send + Sync {
     async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()>;
     /// Notices with position > `after`, in order, as (position, child).
     async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>>;
+
+    /// [`Notices::post`] for a child that has ended, with the record that ended it: durable
+    /// in the child's log, and the last record that log will ever hold (its agent takes no
+    /// follow-up questions). A backend may carry the record in the notice, so that the
+    /// parent settles the child without reading its log; one that does not posts the bare
+    /// notice, and the parent reads the log as it would anyway.
+    async fn post_end(&self, parent: &SessionId, child: &SessionId, end: &Record) -> Result<()> {
+        let _ = end;
+        self.post(parent, child).await
+    }
+
+    /// [`Notices::read`], with the end each notice carries ([`Notices::post_end`]), where
+    /// it carries one.
+    async fn read_ends(&self, parent: &SessionId, after: u64) -> Result<Vec<NoticeRead>> {
+        Ok(self
+            .read(parent, after)
+            .await?
+            .into_iter()
+            .map(|(pos, child)| (pos, child, None))
+            .collect())
+    }
 
     /// Asks that `watcher` (run by `pool`) gets a notice and a wake-up when `target` ends,
     /// as its parent does: how single-flight waiters hear of a shared run.

@@ -42,6 +42,10 @@ pub struct Folded {
     /// fold cached, and then the later looks of the job read them too. Never kept between
     /// jobs.
     pub(crate) ends: Option<HashMap<SessionId, Record>>,
+    /// The record that ended the session, when its log is known to end with it durably
+    /// (read from the log, or written here and acknowledged): what its parent's notice
+    /// may carry ([`crate::ports::Notices::post_end`]).
+    pub(crate) end: Option<Box<Record>>,
     /// Records were folded in ([`Runtime::stage`]) that the log does not hold yet: set
     /// until their [`Runtime::commit`] succeeds. Such a fold is never cached.
     ahead: bool,
@@ -60,6 +64,7 @@ impl Folded {
             cursor: 0,
             notes: None,
             ends: None,
+            end: None,
             ahead: false,
             seen: Default::default(),
         }
@@ -79,6 +84,7 @@ impl Folded {
             self.state.apply(&r.env);
             self.seen.record(&r.env);
             self.last_hash = r.hash();
+            self.end = r.env.body.is_terminal().then(|| Box::new(r.clone()));
         }
         Ok(())
     }
@@ -109,6 +115,33 @@ pub(crate) fn few_children_waited_on(state: &SessionState) -> Vec<SessionId> {
         }
     }
     children
+}
+
+/// The notices read, as (position, child), with the ends they carry
+/// ([`crate::ports::Notices::post_end`]) put in `ends`, where they stand for a read of
+/// the child's log: not for a child with a follow-up question outstanding, whose earlier
+/// end an old notice may still carry (a notice carries an end only when nothing can
+/// follow it; this is the parent's own check of the same). An end read from the log is
+/// kept over a carried one.
+pub(crate) fn carried_ends(
+    state: &skein_core::SessionState,
+    read: Vec<crate::ports::NoticeRead>,
+    ends: &mut HashMap<SessionId, skein_core::Record>,
+) -> Vec<(u64, SessionId)> {
+    let followed_up: std::collections::HashSet<&SessionId> = state
+        .children
+        .values()
+        .filter(|c| c.max_steps.is_some())
+        .map(|c| &c.child)
+        .collect();
+    read.into_iter()
+        .map(|(pos, child, end)| {
+            if let Some(end) = end.filter(|_| !followed_up.contains(&child)) {
+                ends.entry(child.clone()).or_insert(end);
+            }
+            (pos, child)
+        })
+        .collect()
 }
 
 /// Records sealed and folded by [`Runtime::stage`], not yet written, with the status and
@@ -248,6 +281,11 @@ impl Runtime {
             return Err(e);
         }
         f.ahead = false;
+        f.end = staged
+            .records
+            .last()
+            .filter(|r| how == Written::Durable && r.env.body.is_terminal())
+            .map(|r| Box::new(r.clone()));
         self.appended.fetch_add(
             staged.records.len() as u64,
             std::sync::atomic::Ordering::Relaxed,
@@ -322,16 +360,16 @@ impl Runtime {
         let Some((true, cursor, children)) = waiting else {
             return self.load(id).await;
         };
-        let (loaded, notes, ends) = futures::future::join3(
+        let (loaded, notes, mut ends) = futures::future::join3(
             self.load(id),
-            self.backend.notices.read(id, cursor),
+            self.backend.notices.read_ends(id, cursor),
             self.children_ends(&children),
         )
         .await;
         let (mut f, cold) = loaded?;
         // Read from where this fold's own cursor stands (a fold loaded cold has none).
         if !cold && f.cursor == cursor {
-            f.notes = Some(notes?);
+            f.notes = Some(carried_ends(&f.state, notes?, &mut ends));
             f.ends = Some(ends);
         }
         Ok((f, cold))
@@ -500,5 +538,81 @@ impl std::fmt::Display for Moot {
             Moot::Ended(why) => f.write_str(why),
             Moot::MovedOn => f.write_str("stale token: the session moved on"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use skein_core::event::{genesis_hash, Cancelled};
+    use skein_core::state::ChildInfo;
+    use skein_core::{Envelope, Event};
+
+    fn end_of(child: &SessionId) -> Record {
+        let env = Envelope::new(
+            child.clone(),
+            1,
+            1_700_000_000_000,
+            genesis_hash(child),
+            Event::Cancelled(Cancelled {
+                reason: "done".into(),
+            }),
+        );
+        Record::decode(env.encode().unwrap()).unwrap()
+    }
+
+    fn info(call: &str, child: &SessionId, max_steps: Option<u32>) -> ChildInfo {
+        ChildInfo {
+            call: call.into(),
+            child: child.clone(),
+            agent: "leaf".into(),
+            mission_hash: "h".into(),
+            outcome: None,
+            cached: false,
+            shared: false,
+            steps: 0,
+            max_steps,
+        }
+    }
+
+    /// A carried end stands for a read of the child's log, except for a child with a
+    /// follow-up question outstanding: an old notice of its first end may still be read
+    /// (a cold load reads notices from the start), and that end is no longer its last. An
+    /// end read from the log is kept over a carried one.
+    #[test]
+    fn carried_ends_are_taken_unless_the_child_was_asked_a_follow_up() {
+        let root = crate::new_root_id();
+        let (a, b, c) = (root.child("w", 1), root.child("w", 2), root.child("w", 3));
+        let mut state = SessionState::default();
+        state
+            .children
+            .insert("call-a".into(), info("call-a", &a, None));
+        // `b` answered once and was asked again: a follow-up call names it.
+        state
+            .children
+            .insert("call-b".into(), info("call-b", &b, None));
+        state
+            .children
+            .insert("call-b2".into(), info("call-b2", &b, Some(4)));
+        state
+            .children
+            .insert("call-c".into(), info("call-c", &c, None));
+        let from_log = end_of(&c);
+        let mut ends = HashMap::from([(c.clone(), from_log.clone())]);
+        let read = vec![
+            (1, a.clone(), Some(end_of(&a))),
+            (2, b.clone(), Some(end_of(&b))),
+            (3, c.clone(), Some(end_of(&a))),
+        ];
+        let notes = carried_ends(&state, read, &mut ends);
+        assert_eq!(notes, vec![(1, a.clone()), (2, b.clone()), (3, c.clone())]);
+        assert_eq!(ends.get(&a).map(Record::hash), Some(end_of(&a).hash()));
+        assert!(
+            !ends.contains_key(&b),
+            "a followed-up child's carried end was taken"
+        );
+        assert_eq!(ends.get(&c).map(Record::hash), Some(from_log.hash()));
     }
 }

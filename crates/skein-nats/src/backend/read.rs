@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{consumer, stream};
+use async_nats::HeaderMap;
 use bytes::Bytes;
 use futures::StreamExt;
 use skein_ports::{Error, Result};
@@ -21,18 +22,36 @@ pub(crate) async fn read_subject(
     subject: &str,
     after: u64,
 ) -> Result<Vec<(u64, Bytes)>> {
+    Ok(plain(read_all(st, subject, after).await?))
+}
+
+/// A message read: its stream sequence, payload and headers.
+pub(crate) struct Got {
+    pub(crate) seq: u64,
+    pub(crate) payload: Bytes,
+    pub(crate) headers: Option<HeaderMap>,
+}
+
+/// The messages without their headers.
+fn plain(got: Vec<Got>) -> Vec<(u64, Bytes)> {
+    got.into_iter().map(|g| (g.seq, g.payload)).collect()
+}
+
+/// [`read_subject`], with each message's headers.
+async fn read_all(st: &stream::Stream, subject: &str, after: u64) -> Result<Vec<Got>> {
     const DIRECT_READS: usize = 8;
     let mut out = vec![];
     if read_direct(st, subject, after + 1, Some(DIRECT_READS), &mut out).await? {
         return Ok(out);
     }
-    let next = out.last().map_or(after, |(seq, _)| *seq) + 1;
-    let streamed = read_through_consumer(
+    let next = out.last().map_or(after, |g| g.seq) + 1;
+    let streamed = read_consumer(
         st,
         subject,
         consumer::DeliverPolicy::ByStartSequence {
             start_sequence: next,
         },
+        None,
         &mut out,
     )
     .await;
@@ -44,7 +63,7 @@ pub(crate) async fn read_subject(
             if let Err(e) = &streamed {
                 tracing::debug!(subject, error = %e, "streamed read failed; reading the rest by direct gets");
             }
-            let next = out.last().map_or(after, |(seq, _)| *seq) + 1;
+            let next = out.last().map_or(after, |g| g.seq) + 1;
             read_direct(st, subject, next, None, &mut out).await?;
         }
     }
@@ -66,6 +85,30 @@ pub(crate) async fn read_subject_expecting(
     subject: &str,
     after: u64,
 ) -> Result<Vec<(u64, Bytes)>> {
+    Ok(plain(read_expecting(st, subject, after, false).await?))
+}
+
+/// [`read_subject_expecting`], reading no further than the subject's last message when
+/// the read began, for a subject others keep appending to while it is read: a parent's
+/// notices while its children end. Read to its end as it grew, a wake that came with the
+/// first of a thousand children's ends read all thousand notices as they came, in round
+/// trips slowed by those very children, and settled none before the last had ended. What
+/// comes after the bound is the next read's: each notice is followed by a wake-up of its
+/// reader, which comes after this one.
+pub(crate) async fn read_subject_to_its_last(
+    st: &stream::Stream,
+    subject: &str,
+    after: u64,
+) -> Result<Vec<Got>> {
+    read_expecting(st, subject, after, true).await
+}
+
+async fn read_expecting(
+    st: &stream::Stream,
+    subject: &str,
+    after: u64,
+    bounded: bool,
+) -> Result<Vec<Got>> {
     let mut first = vec![];
     let (read, last) = futures::join!(
         read_direct(st, subject, after + 1, Some(1), &mut first),
@@ -73,15 +116,19 @@ pub(crate) async fn read_subject_expecting(
     );
     let ended = read?;
     let last = match last {
-        Ok(m) => Some((m.sequence, m.payload)),
+        Ok(m) => Some(Got {
+            seq: m.sequence,
+            payload: m.payload,
+            headers: Some(m.headers),
+        }),
         Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => None,
         Err(e) => return Err(nats_err("read last", e)),
     };
-    let from = match (first.last(), last) {
+    let from = match (first.last().map(|g| g.seq), last) {
         (None, _) if ended => return Ok(first),
-        (Some((seq, _)), Some((last, _))) if *seq >= last => return Ok(first),
-        (Some(&(seq, _)), Some((last, payload))) if last - seq - 1 <= PROBES => {
-            let probes = futures::future::join_all((seq + 1..last).map(|s| async move {
+        (Some(seq), Some(last)) if seq >= last.seq => return Ok(first),
+        (Some(seq), Some(last)) if last.seq - seq - 1 <= PROBES => {
+            let probes = futures::future::join_all((seq + 1..last.seq).map(|s| async move {
                 let mut got = vec![];
                 read_direct(st, subject, s, Some(1), &mut got).await?;
                 Ok::<_, Error>(got)
@@ -89,18 +136,56 @@ pub(crate) async fn read_subject_expecting(
             .await;
             let mut between = vec![];
             for got in probes {
-                between.extend(got?.into_iter().filter(|(s, _)| *s < last));
+                between.extend(got?.into_iter().filter(|g| g.seq < last.seq));
             }
-            between.sort_by_key(|(s, _)| *s);
-            between.dedup_by_key(|(s, _)| *s);
+            between.sort_by_key(|g| g.seq);
+            between.dedup_by_key(|g| g.seq);
             first.extend(between);
-            first.push((last, payload));
+            first.push(last);
             return Ok(first);
         }
-        (seen, _) => seen.map_or(after, |(seq, _)| *seq),
+        (Some(seq), Some(last)) if bounded => {
+            read_between(st, subject, seq + 1, last.seq, &mut first).await?;
+            return Ok(first);
+        }
+        (seen, _) => seen.unwrap_or(after),
     };
-    first.extend(read_subject(st, subject, from).await?);
+    first.extend(read_all(st, subject, from).await?);
     Ok(first)
+}
+
+/// Appends the messages of `subject` from stream seq `from` through `last` (the
+/// subject's last message when the caller looked) to `out`: through a short-lived
+/// consumer stopped at `last`, or, where none can be made, by direct gets (which may read
+/// past `last`: what they find is the subject's all the same).
+async fn read_between(
+    st: &stream::Stream,
+    subject: &str,
+    from: u64,
+    last: u64,
+    out: &mut Vec<Got>,
+) -> Result<()> {
+    let streamed = read_consumer(
+        st,
+        subject,
+        consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: from,
+        },
+        Some(last),
+        out,
+    )
+    .await;
+    match streamed {
+        Ok(true) => Ok(()),
+        Ok(false) | Err(_) => {
+            if let Err(e) = &streamed {
+                tracing::debug!(subject, error = %e, "streamed read failed; reading the rest by direct gets");
+            }
+            let next = out.last().map_or(from, |g| g.seq + 1);
+            read_direct(st, subject, next, None, out).await?;
+            Ok(())
+        }
+    }
 }
 
 /// How many stream sequences may lie between the first new message and the last one of a
@@ -116,7 +201,7 @@ async fn read_direct(
     subject: &str,
     from: u64,
     limit: Option<usize>,
-    out: &mut Vec<(u64, Bytes)>,
+    out: &mut Vec<Got>,
 ) -> Result<bool> {
     let mut next = from;
     let mut n = 0;
@@ -130,7 +215,11 @@ async fn read_direct(
         {
             Ok(m) => {
                 next = m.sequence + 1;
-                out.push((m.sequence, m.payload));
+                out.push(Got {
+                    seq: m.sequence,
+                    payload: m.payload,
+                    headers: Some(m.headers),
+                });
                 n += 1;
             }
             Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
@@ -144,25 +233,29 @@ async fn read_direct(
 
 /// Appends to `out` the messages of `subject` (wildcards allowed) that `deliver` picks, as
 /// they stand when the read starts, through an ephemeral consumer that needs no acks and
-/// is deleted when the read ends (the server would keep it for its inactivity threshold).
+/// is deleted when the read ends (the server would keep it for its inactivity threshold),
+/// stopping after stream seq `last` when one is given (a block of a stream read at once).
 /// False (and nothing read) when no consumer could be made in time.
-pub(crate) async fn read_through_consumer(
-    st: &stream::Stream,
-    subject: &str,
-    deliver: consumer::DeliverPolicy,
-    out: &mut Vec<(u64, Bytes)>,
-) -> Result<bool> {
-    read_through_consumer_to(st, subject, deliver, None, out).await
-}
-
-/// [`read_through_consumer`], stopping after stream seq `last` when one is given (a
-/// block of a stream read at once).
 pub(crate) async fn read_through_consumer_to(
     st: &stream::Stream,
     subject: &str,
     deliver: consumer::DeliverPolicy,
     last: Option<u64>,
     out: &mut Vec<(u64, Bytes)>,
+) -> Result<bool> {
+    let mut got = vec![];
+    let res = read_consumer(st, subject, deliver, last, &mut got).await;
+    out.extend(plain(got));
+    res
+}
+
+/// [`read_through_consumer_to`], with each message's headers.
+async fn read_consumer(
+    st: &stream::Stream,
+    subject: &str,
+    deliver: consumer::DeliverPolicy,
+    last: Option<u64>,
+    out: &mut Vec<Got>,
 ) -> Result<bool> {
     let from = match deliver {
         consumer::DeliverPolicy::ByStartSequence { start_sequence } => Some(start_sequence),
@@ -222,7 +315,12 @@ pub(crate) async fn read_through_consumer_to(
                     left = 0;
                     break;
                 }
-                out.push((sseq, m.payload.clone()));
+                let (m, _) = m.split();
+                out.push(Got {
+                    seq: sseq,
+                    payload: m.payload,
+                    headers: m.headers,
+                });
                 got += 1;
                 if last.is_some_and(|l| sseq == l) {
                     left = 0;
@@ -242,7 +340,12 @@ pub(crate) async fn read_through_consumer_to(
         Ok(true)
     }
     .await;
-    // Done with it either way; the server drops it by itself if this is lost.
-    let _ = st.delete_consumer(&name).await;
+    // Done with it either way; the server drops it by itself if this is lost. The read
+    // does not wait for the delete: it would be one more round trip on the way of every
+    // long read (a parent's notices while its children end, a cold load of a long log).
+    let st = st.clone();
+    tokio::spawn(async move {
+        let _ = st.delete_consumer(&name).await;
+    });
     res
 }

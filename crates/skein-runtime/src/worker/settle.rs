@@ -95,20 +95,27 @@ impl Runtime {
                 read_with_the_log,
                 f.ends.replace(HashMap::new()).unwrap_or_default(),
             ),
-            None if f.ends.is_none() => (
-                self.backend.notices.read(&f.id, f.cursor).await?,
-                HashMap::new(),
-            ),
+            None if f.ends.is_none() => {
+                let mut ends = HashMap::new();
+                let read = self.backend.notices.read_ends(&f.id, f.cursor).await?;
+                (
+                    crate::session::carried_ends(&f.state, read, &mut ends),
+                    ends,
+                )
+            }
             None => {
                 // Not those whose jobs this drive pushed: they have only just started.
                 let mut children = crate::session::few_children_waited_on(&f.state);
                 children.retain(|c| !pushed.contains(c));
-                let (notes, ends) = futures::future::join(
-                    self.backend.notices.read(&f.id, f.cursor),
+                let (read, mut ends) = futures::future::join(
+                    self.backend.notices.read_ends(&f.id, f.cursor),
                     self.children_ends(&children),
                 )
                 .await;
-                (notes?, ends)
+                (
+                    crate::session::carried_ends(&f.state, read?, &mut ends),
+                    ends,
+                )
             }
         };
         if let Some((pos, _)) = notes.last() {

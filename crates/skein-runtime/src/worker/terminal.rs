@@ -82,7 +82,15 @@ impl Runtime {
         }
         match &sub.parent {
             Some(p) => {
-                self.backend.notices.post(&p.session, &f.id).await?;
+                match self.end_to_carry(f).await {
+                    Some(end) => {
+                        self.backend
+                            .notices
+                            .post_end(&p.session, &f.id, end)
+                            .await?
+                    }
+                    None => self.backend.notices.post(&p.session, &f.id).await?,
+                }
                 let pool = p.pool();
                 self.backend.jobs.push(&pool, &p.session).await?;
             }
@@ -101,6 +109,17 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+
+    /// The record that ended `f`, for its parent's notice to carry: only when the log is
+    /// known to end with it durably, and only when nothing can follow it (an agent that
+    /// takes follow-up questions, `chat: true`, may be woken again, and an old notice would
+    /// then carry an end that is no longer the last). The parent checks the same from its
+    /// side (no follow-up outstanding), and reads the log where either says no.
+    async fn end_to_carry<'a>(&self, f: &'a Folded) -> Option<&'a skein_core::Record> {
+        let end = f.end.as_deref().filter(|r| r.env.seq == f.state.last_seq)?;
+        let def = self.def_for(&f.state).await.ok()?;
+        (!def.front.chat).then_some(end)
     }
 
     /// Whether `f` may hold its mission's single-flight claim, and so have watchers.
