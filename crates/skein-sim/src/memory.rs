@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_runtime::ports::{
-    Backend, Blobs, Cache, CacheEntry, Capabilities, Durability, EventLog, Job, JobQueue, Notices,
-    SessionFilter, WaitingForRoom, Workspaces,
+    Backend, Blobs, Cache, CacheEntry, Capabilities, Durability, EventLog, Job, JobQueue,
+    NoticeRead, Notices, SessionFilter, WaitingForRoom, Workspaces,
 };
 use skein_runtime::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
@@ -46,7 +46,9 @@ struct Inner {
     cache: HashMap<String, CacheEntry>,
     inflight: HashMap<String, SessionId>,
     blobs: HashMap<String, Vec<u8>>,
-    notices: HashMap<SessionId, Vec<(u64, SessionId)>>,
+    /// Each parent's notices: position, child, and the child's end when the notice
+    /// carries it (as NATS notices do).
+    notices: HashMap<SessionId, Vec<NoticeRead>>,
     watchers: HashMap<SessionId, Vec<(SessionId, String)>>,
     /// Sessions whose last pipelined append was refused, and the seq its writer expects
     /// to follow on from: their writer has not heard yet.
@@ -620,16 +622,21 @@ impl Blobs for MemStore {
     }
 }
 
-#[async_trait]
-impl Notices for MemStore {
-    async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()> {
+impl MemStore {
+    async fn post_notice(
+        &self,
+        parent: &SessionId,
+        child: &SessionId,
+        end: Option<Record>,
+    ) -> Result<()> {
         self.reach("notice")?;
         // A notice may be lost (the parent heals from its children's logs when it is
         // next loaded cold) or posted twice.
         let copies = self.faults.notice_copies();
         for _ in 0..copies {
             if let Some(late) = self.faults.notice_delay() {
-                let (me, parent, child) = (self.me.clone(), parent.clone(), child.clone());
+                let (me, parent, child, end) =
+                    (self.me.clone(), parent.clone(), child.clone(), end.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep(late).await;
                     let Some(me) = me.upgrade() else { return };
@@ -638,7 +645,7 @@ impl Notices for MemStore {
                         .notices
                         .entry(parent)
                         .or_default()
-                        .push((pos, child));
+                        .push((pos, child, end));
                 });
                 continue;
             }
@@ -647,18 +654,40 @@ impl Notices for MemStore {
                 .notices
                 .entry(parent.clone())
                 .or_default()
-                .push((pos, child.clone()));
+                .push((pos, child.clone(), end.clone()));
         }
         Ok(())
     }
+}
+
+#[async_trait]
+impl Notices for MemStore {
+    async fn post(&self, parent: &SessionId, child: &SessionId) -> Result<()> {
+        self.post_notice(parent, child, None).await
+    }
 
     async fn read(&self, parent: &SessionId, after: u64) -> Result<Vec<(u64, SessionId)>> {
+        Ok(self
+            .read_ends(parent, after)
+            .await?
+            .into_iter()
+            .map(|(pos, child, _)| (pos, child))
+            .collect())
+    }
+
+    /// Carried as NATS carries it, so that the simulation's faults (notices lost, posted
+    /// twice, late) meet the parents that settle children from their notices.
+    async fn post_end(&self, parent: &SessionId, child: &SessionId, end: &Record) -> Result<()> {
+        self.post_notice(parent, child, Some(end.clone())).await
+    }
+
+    async fn read_ends(&self, parent: &SessionId, after: u64) -> Result<Vec<NoticeRead>> {
         self.reach("notices")?;
         Ok(self
             .lock()
             .notices
             .get(parent)
-            .map(|v| v.iter().filter(|(p, _)| *p > after).cloned().collect())
+            .map(|v| v.iter().filter(|(p, _, _)| *p > after).cloned().collect())
             .unwrap_or_default())
     }
 
