@@ -471,31 +471,7 @@ fn an_approved_tool_runs_and_a_denied_one_never_does() {
 
 #[test]
 fn a_finished_chat_child_answers_a_follow_up_and_its_log_simply_continues() {
-    let sb = Sandbox::new();
-    sb.agent(
-        "boss",
-        "agents: [expert, plain]\ntools: [ask_clarification]\n",
-        r#"
-turns:
-  - tool_calls:
-      - tool: call_agent
-        args: {agent: expert, mission: "estimate the load"}
-      - tool: call_agent
-        args: {agent: plain, mission: "say hi"}
-  - tool_calls:
-      - tool: ask_clarification
-        args: {session_id: "{{ results[0].session_id }}", question: "and the error bars?"}
-      - tool: ask_clarification
-        args: {session_id: "{{ results[1].session_id }}", question: "anything else?"}
-  - answer: "first: {{ all_results[0].result }} | then: {{ results[0].result }} | plain: {{ results[1] }}"
-"#,
-    )
-    .agent(
-        "expert",
-        "chat: true\n",
-        "turns:\n  - answer: \"the load is 42\"\n  - answer: \"error bars are plus or minus 3\"\n",
-    )
-    .agent("plain", "", "turns:\n  - answer: hi\n");
+    let sb = follow_ups();
     let out = run(&sb, &["run", "--agent", "boss", "--json", "estimate"]);
     assert!(
         out.status.success(),
@@ -504,14 +480,7 @@ turns:
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let answer = v["answer"].as_str().unwrap();
-    assert!(
-        answer.starts_with("first: the load is 42 | then: error bars are plus or minus 3"),
-        "{answer}"
-    );
-    assert!(
-        answer.contains("does not take follow-up questions"),
-        "{answer}"
-    );
+    follow_ups_answered(answer);
     let root = v["session"].as_str().unwrap().to_string();
     // The expert's log continued: question, a second model turn, a second answer.
     let ev = run(&sb, &["events", &format!("{root}/expert-1")]);

@@ -314,32 +314,10 @@ turns:
 
 /// A child's end rides in its parent's notice only where nothing can follow it: a
 /// `chat: true` child, which may be asked a follow-up, is settled from its log each time,
-/// and the tree's answer and its audit come out as on the embedded store.
+/// and the tree's answer and its audit come out as on the embedded store (`hitl.rs`).
 #[test]
 fn a_notice_carries_a_childs_end_only_where_nothing_can_follow_it() {
-    let sb = Sandbox::new();
-    sb.agent(
-        "boss",
-        "agents: [expert, plain]\ntools: [ask_clarification]\n",
-        r#"
-turns:
-  - tool_calls:
-      - tool: call_agent
-        args: {agent: expert, mission: "estimate the load"}
-      - tool: call_agent
-        args: {agent: plain, mission: "say hi"}
-  - tool_calls:
-      - tool: ask_clarification
-        args: {session_id: "{{ results[0].session_id }}", question: "and the error bars?"}
-  - answer: "first: {{ all_results[0].result }} | then: {{ results[0].result }} | plain: {{ all_results[1].result }}"
-"#,
-    )
-    .agent(
-        "expert",
-        "chat: true\n",
-        "turns:\n  - answer: \"the load is 42\"\n  - answer: \"error bars are plus or minus 3\"\n",
-    )
-    .agent("plain", "", "turns:\n  - answer: hi\n");
+    let sb = follow_ups();
     let server = NatsServer::start();
     let url = server.url();
     let _w = Workers(vec![worker(&sb, &url, "e1")]);
@@ -361,10 +339,8 @@ turns:
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "first: the load is 42 | then: error bars are plus or minus 3 | plain: hi"
-    );
+    let answer = String::from_utf8_lossy(&out.stdout);
+    follow_ups_answered(&answer);
     // The root's notices, with whether each carried an end.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let notices: Vec<(String, bool)> = rt.block_on(async {

@@ -234,6 +234,52 @@ pub fn fan_out(latency_ms: u64) -> Sandbox {
     sb
 }
 
+/// A root (`boss`) that asks two children, then puts a follow-up question to each: the
+/// `chat: true` expert answers it and its log simply continues; `plain` takes no follow-up
+/// questions, so that one is refused. The root's answer starts with "first: the load is 42
+/// | then: error bars are plus or minus 3".
+pub fn follow_ups() -> Sandbox {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [expert, plain]\ntools: [ask_clarification]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: expert, mission: "estimate the load"}
+      - tool: call_agent
+        args: {agent: plain, mission: "say hi"}
+  - tool_calls:
+      - tool: ask_clarification
+        args: {session_id: "{{ results[0].session_id }}", question: "and the error bars?"}
+      - tool: ask_clarification
+        args: {session_id: "{{ results[1].session_id }}", question: "anything else?"}
+  - answer: "first: {{ all_results[0].result }} | then: {{ results[0].result }} | plain: {{ results[1] }}"
+"#,
+    )
+    .agent(
+        "expert",
+        "chat: true\n",
+        "turns:\n  - answer: \"the load is 42\"\n  - answer: \"error bars are plus or minus 3\"\n",
+    )
+    .agent("plain", "", "turns:\n  - answer: hi\n");
+    sb
+}
+
+/// Checks the root's answer of [`follow_ups`]: the expert answered both questions, and
+/// the follow-up to `plain` was refused.
+pub fn follow_ups_answered(answer: &str) {
+    assert!(
+        answer.starts_with("first: the load is 42 | then: error bars are plus or minus 3"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("does not take follow-up questions"),
+        "{answer}"
+    );
+}
+
 /// Appends `toml` to the sandbox's config file.
 pub fn configure(sb: &Sandbox, toml: &str) {
     use std::io::Write;
