@@ -400,6 +400,9 @@ impl Runtime {
         }
         f.notes = None;
         f.ends = None;
+        // Its copy of the last record was for the notice this job posted: a kept fold
+        // would hold the answer twice. A job run again reposts the notice bare.
+        f.end = None;
         let mut states = lock(&self.sessions.states);
         if states.len() >= self.cfg.state_cache {
             // Drop finished sessions first; then anything.
