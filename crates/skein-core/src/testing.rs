@@ -291,6 +291,19 @@ impl Submitted {
     }
 }
 
+/// The first record of `session`'s log, sealed as a log stores it, with `body`.
+pub fn first_record(session: &SessionId, body: Event) -> crate::Record {
+    let env = Envelope::new(
+        session.clone(),
+        1,
+        1_700_000_000_000,
+        crate::event::genesis_hash(session),
+        body,
+    );
+    crate::Record::decode(env.encode().expect("an envelope encodes"))
+        .expect("an encoded envelope decodes")
+}
+
 /// The root session of `agent` was submitted (no budget).
 pub fn submitted(agent: &str) -> Event {
     submitted_with(agent, 0, &[], None)

@@ -549,21 +549,18 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use skein_core::event::{genesis_hash, Cancelled};
+    use skein_core::event::Cancelled;
     use skein_core::state::ChildInfo;
-    use skein_core::{Envelope, Event};
+    use skein_core::testing::first_record;
+    use skein_core::Event;
 
     fn end_of(child: &SessionId) -> Record {
-        let env = Envelope::new(
-            child.clone(),
-            1,
-            1_700_000_000_000,
-            genesis_hash(child),
+        first_record(
+            child,
             Event::Cancelled(Cancelled {
                 reason: "done".into(),
             }),
-        );
-        Record::decode(env.encode().unwrap()).unwrap()
+        )
     }
 
     fn info(call: &str, child: &SessionId, max_steps: Option<u32>) -> ChildInfo {

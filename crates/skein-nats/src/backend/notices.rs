@@ -135,21 +135,11 @@ mod tests {
 
     use super::*;
     use crate::NatsConfig;
-    use skein_core::event::{genesis_hash, Cancelled};
-    use skein_core::{Envelope, Event};
+    use skein_core::event::Cancelled;
+    use skein_core::testing::first_record;
+    use skein_core::Event;
     use skein_testnats::NatsServer;
     use std::time::Duration;
-
-    fn first_record(session: &SessionId, body: Event) -> Record {
-        let env = Envelope::new(
-            session.clone(),
-            1,
-            1_700_000_000_000,
-            genesis_hash(session),
-            body,
-        );
-        Record::decode(env.encode().unwrap()).unwrap()
-    }
 
     fn cancelled(session: &SessionId, reason: &str) -> Record {
         first_record(

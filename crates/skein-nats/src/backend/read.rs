@@ -45,28 +45,7 @@ async fn read_all(st: &stream::Stream, subject: &str, after: u64) -> Result<Vec<
         return Ok(out);
     }
     let next = out.last().map_or(after, |g| g.seq) + 1;
-    let streamed = read_consumer(
-        st,
-        subject,
-        consumer::DeliverPolicy::ByStartSequence {
-            start_sequence: next,
-        },
-        None,
-        &mut out,
-    )
-    .await;
-    match streamed {
-        Ok(true) => {}
-        // No consumer could be made, or it failed on the way (a leader lost while it
-        // delivered, say): direct gets read what it did not.
-        Ok(false) | Err(_) => {
-            if let Err(e) = &streamed {
-                tracing::debug!(subject, error = %e, "streamed read failed; reading the rest by direct gets");
-            }
-            let next = out.last().map_or(after, |g| g.seq) + 1;
-            read_direct(st, subject, next, None, &mut out).await?;
-        }
-    }
+    read_rest(st, subject, next, None, &mut out).await?;
     Ok(out)
 }
 
@@ -145,7 +124,7 @@ async fn read_expecting(
             return Ok(first);
         }
         (Some(seq), Some(last)) if bounded => {
-            read_between(st, subject, seq + 1, last.seq, &mut first).await?;
+            read_rest(st, subject, seq + 1, Some(last.seq), &mut first).await?;
             return Ok(first);
         }
         (seen, _) => seen.unwrap_or(after),
@@ -154,15 +133,16 @@ async fn read_expecting(
     Ok(first)
 }
 
-/// Appends the messages of `subject` from stream seq `from` through `last` (the
-/// subject's last message when the caller looked) to `out`: through a short-lived
-/// consumer stopped at `last`, or, where none can be made, by direct gets (which may read
-/// past `last`: what they find is the subject's all the same).
-async fn read_between(
+/// Appends the messages of `subject` from stream seq `from` on to `out`, through `last`
+/// when one is given (the subject's last message when the caller looked): through a
+/// short-lived consumer, or, where none can be made or it fails on the way (a leader lost
+/// while it delivered, say), by direct gets of what it did not read (which may read past
+/// `last`: what they find is the subject's all the same).
+async fn read_rest(
     st: &stream::Stream,
     subject: &str,
     from: u64,
-    last: u64,
+    last: Option<u64>,
     out: &mut Vec<Got>,
 ) -> Result<()> {
     let streamed = read_consumer(
@@ -171,21 +151,19 @@ async fn read_between(
         consumer::DeliverPolicy::ByStartSequence {
             start_sequence: from,
         },
-        Some(last),
+        last,
         out,
     )
     .await;
-    match streamed {
-        Ok(true) => Ok(()),
-        Ok(false) | Err(_) => {
-            if let Err(e) = &streamed {
-                tracing::debug!(subject, error = %e, "streamed read failed; reading the rest by direct gets");
-            }
-            let next = out.last().map_or(from, |g| g.seq + 1);
-            read_direct(st, subject, next, None, out).await?;
-            Ok(())
-        }
+    if let Ok(true) = streamed {
+        return Ok(());
     }
+    if let Err(e) = &streamed {
+        tracing::debug!(subject, error = %e, "streamed read failed; reading the rest by direct gets");
+    }
+    let next = out.last().map_or(from, |g| g.seq + 1).max(from);
+    read_direct(st, subject, next, None, out).await?;
+    Ok(())
 }
 
 /// How many stream sequences may lie between the first new message and the last one of a
