@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream, AckKind};
@@ -24,6 +24,7 @@ use skein_ports::ports::{Job, Lease};
 use skein_ports::{Error, Result};
 use tokio::sync::{mpsc, oneshot};
 
+use super::holds::Holds;
 use super::jobs::{open_consumer, Held};
 use super::JOBS;
 use super::PULL_GRACE;
@@ -74,12 +75,13 @@ impl Drop for Feed {
 }
 
 impl Feed {
-    fn start(jobs: stream::Stream, pool: &str, lease: Duration) -> Self {
+    fn start(jobs: stream::Stream, pool: &str, lease: Duration, holds: Arc<Holds>) -> Self {
         let (tx, rx) = mpsc::channel(WANTS);
         let owner = Owner {
             jobs,
             pool: pool.to_string(),
             lease,
+            holds,
             consumer: None,
             waiting: VecDeque::new(),
             covered: 0,
@@ -103,7 +105,7 @@ impl Feed {
             match fresh(&f) {
                 Some(w) => w,
                 None => {
-                    let feed = Feed::start(f.jobs.clone(), pool, f.lease);
+                    let feed = Feed::start(f.jobs.clone(), pool, f.lease, f.holds.clone());
                     let w = feed.wants.clone();
                     f.feeds.insert(pool.to_string(), feed);
                     w
@@ -128,14 +130,16 @@ impl Feed {
 pub(crate) struct Feeds {
     jobs: stream::Stream,
     lease: Duration,
+    holds: Arc<Holds>,
     feeds: std::collections::HashMap<String, Feed>,
 }
 
 impl Feeds {
-    pub(crate) fn new(jobs: stream::Stream, lease: Duration) -> Self {
+    pub(crate) fn new(jobs: stream::Stream, lease: Duration, holds: Arc<Holds>) -> Self {
         Feeds {
             jobs,
             lease,
+            holds,
             feeds: Default::default(),
         }
     }
@@ -145,6 +149,7 @@ struct Owner {
     jobs: stream::Stream,
     pool: String,
     lease: Duration,
+    holds: Arc<Holds>,
     /// The pool's consumer, looked up again after a pull failed.
     consumer: Option<consumer::PullConsumer>,
     /// Wants in the order they came.
@@ -290,7 +295,7 @@ impl Owner {
 
     /// Gives a pulled message to the oldest want still waiting, or hands it back.
     fn deliver(&mut self, m: Box<jetstream::Message>) {
-        let mut job = job_of(&self.pool, *m, self.lease);
+        let mut job = job_of(&self.pool, *m, self.lease, &self.holds);
         while let Some(w) = self.waiting.pop_front() {
             match w.reply.send(job) {
                 Ok(()) => return,
@@ -367,7 +372,12 @@ async fn pull(
 }
 
 /// The job a pulled message is, held by this process.
-fn job_of(pool: &str, msg: jetstream::Message, lease: Duration) -> Result<Option<Job>> {
+fn job_of(
+    pool: &str,
+    msg: jetstream::Message,
+    lease: Duration,
+    holds: &Arc<Holds>,
+) -> Result<Option<Job>> {
     let (attempt, sseq) = {
         let info = msg
             .info()
@@ -389,6 +399,8 @@ fn job_of(pool: &str, msg: jetstream::Message, lease: Duration) -> Result<Option
     let session = SessionId::parse(&id)?;
     tracing::trace!(%session, attempt, "job claimed");
     let (_, acker) = msg.split();
+    let since = Arc::new(Mutex::new(Instant::now()));
+    let hold = holds.hold(pool, &session, since.clone(), lease);
     Ok(Some(Job {
         pool: pool.into(),
         handle: format!("{sseq}:{attempt}"),
@@ -398,7 +410,8 @@ fn job_of(pool: &str, msg: jetstream::Message, lease: Duration) -> Result<Option
             acker,
             done: AtomicBool::new(false),
             lease,
-            since: Mutex::new(Instant::now()),
+            since,
+            hold,
         })),
         session,
         attempt,

@@ -27,6 +27,7 @@ use skein_ports::ports::{
 use skein_ports::{Error, Result};
 
 use super::feed::Feed;
+use super::holds::Hold;
 use super::{nats_err, NatsStore};
 use super::{trace_headers, JOBS};
 use async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE;
@@ -54,7 +55,9 @@ pub(crate) struct Held {
     /// give to another worker.
     pub(crate) lease: Duration,
     /// When the delivery came, or its last heartbeat was sent.
-    pub(crate) since: std::sync::Mutex<std::time::Instant>,
+    pub(crate) since: std::sync::Arc<std::sync::Mutex<std::time::Instant>>,
+    /// Its entry among the process's holds, which pushes for the session may mark.
+    pub(crate) hold: Hold,
 }
 
 impl Held {
@@ -225,7 +228,12 @@ impl NatsStore {
                 held.done.store(false, Ordering::SeqCst);
                 return Err(e);
             }
-            Ok(()) => held.acker.ack().await.map_err(|e| nats_err("ack", e)),
+            Ok(()) => {
+                // A push from here from now on goes to the server, where the job's
+                // message is gone; one that came before marked the hold.
+                held.hold.release();
+                held.acker.ack().await.map_err(|e| nats_err("ack", e))
+            }
         };
         tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
         Ok(acked)
@@ -237,8 +245,14 @@ impl NatsStore {
     /// ack's outcome is unknown, push anyway: an extra wake-up costs one idle step, a lost
     /// one strands a session.
     async fn wake_after_ack(&self, job: &Job, acked: bool) -> Result<()> {
+        // A push made here while the job was held marked its hold instead of the marker.
+        let woken_here = job
+            .lease
+            .as_ref()
+            .and_then(|l| l.get::<Held>())
+            .is_some_and(|h| h.hold.was_woken());
         match self.wake.get(job.session.as_str()).await {
-            Ok(None) if acked => Ok(()),
+            Ok(None) if acked && !woken_here => Ok(()),
             Ok(Some(_)) => {
                 let _ = self.wake.delete(job.session.as_str()).await;
                 self.push(&job.pool, &job.session).await
@@ -272,6 +286,11 @@ impl JobQueue for NatsStore {
     }
 
     async fn push(&self, pool: &str, session: &SessionId) -> Result<()> {
+        // Held here: its holder pushes after its ack (see `holds.rs`).
+        if self.holds.wake(session) {
+            tracing::trace!(%session, "push marked the job held here");
+            return Ok(());
+        }
         if self.publish_job(pool, session).await? {
             return Ok(());
         }
@@ -334,7 +353,10 @@ impl JobQueue for NatsStore {
         held.acker
             .ack_with(jetstream::AckKind::Nak(delay))
             .await
-            .map_err(|e| nats_err("nak", e))
+            .map_err(|e| nats_err("nak", e))?;
+        // The job stays, and its next run reads what a push marking the hold was for.
+        held.hold.release();
+        Ok(())
     }
 
     async fn depth(&self, pool: &str) -> Result<u64> {
@@ -409,19 +431,25 @@ mod tests {
     }
 
     /// A push refused while the marker is set already leaves it as it is and publishes
-    /// nothing more; the holder's ack still wakes the session once, not twice.
+    /// nothing more; the holder's ack still wakes the session once, not twice. (The
+    /// pushes come from another process: one from the holder's own is a mark on its hold,
+    /// below.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn pushes_while_held_wake_the_session_once_after_the_ack() {
         let server = NatsServer::start();
-        let a = store(&server).await;
+        let (a, b) = (store(&server).await, store(&server).await);
         let pool = "manypushes";
         let s = skein_runtime::new_root_id();
         let wait = Duration::from_secs(3);
         a.push(pool, &s).await.unwrap();
         let held = a.claim(pool, wait).await.unwrap().expect("the job");
         for _ in 0..5 {
-            a.push(pool, &s).await.unwrap();
+            b.push(pool, &s).await.unwrap();
         }
+        assert!(
+            b.wake.get(s.as_str()).await.unwrap().is_some(),
+            "a push from another process leaves the marker"
+        );
         a.ack(&held).await.unwrap();
         let again = a
             .claim(pool, wait)
@@ -440,6 +468,156 @@ mod tests {
                 .unwrap()
                 .is_none(),
             "one wake-up for the five pushes"
+        );
+    }
+
+    async fn store_leasing(server: &NatsServer, lease: Duration) -> std::sync::Arc<NatsStore> {
+        let cfg = NatsConfig {
+            urls: vec![server.url()],
+            replicas: 1,
+            ..NatsConfig::default()
+        };
+        NatsStore::connect(&cfg, lease).await.unwrap()
+    }
+
+    /// The stream sequence of the session's job message, if one is stored.
+    async fn job_message(a: &NatsStore, pool: &str, s: &SessionId) -> Option<u64> {
+        a.jobs_stream
+            .get_last_raw_message_by_subject(&format!("skein.jobs.{pool}.{}", s.as_str()))
+            .await
+            .ok()
+            .map(|m| m.sequence)
+    }
+
+    /// Pushes for a session whose job this process holds go to no server: they mark the
+    /// hold, and the holder's ack wakes the session once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_push_for_a_job_held_here_marks_its_hold_and_the_ack_wakes_the_session() {
+        let server = NatsServer::start();
+        let a = store(&server).await;
+        let pool = "heldhere";
+        let s = skein_runtime::new_root_id();
+        let wait = Duration::from_secs(3);
+        a.push(pool, &s).await.unwrap();
+        let held = a.claim(pool, wait).await.unwrap().expect("the job");
+        let job_seq = job_message(&a, pool, &s).await;
+        assert!(job_seq.is_some());
+        for _ in 0..5 {
+            a.push(pool, &s).await.unwrap();
+        }
+        assert!(
+            a.wake.get(s.as_str()).await.unwrap().is_none(),
+            "no marker was written"
+        );
+        assert_eq!(
+            job_message(&a, pool, &s).await,
+            job_seq,
+            "nothing was published"
+        );
+        a.ack(&held).await.unwrap();
+        assert_eq!(a.holds.len(), 0, "the ack released the hold");
+        let again = a
+            .claim(pool, wait)
+            .await
+            .unwrap()
+            .expect("woken after the ack");
+        assert_eq!(again.session, s);
+        a.ack(&again).await.unwrap();
+        assert!(
+            a.claim(pool, Duration::from_millis(500))
+                .await
+                .unwrap()
+                .is_none(),
+            "one wake-up for the five pushes"
+        );
+    }
+
+    /// A marked hold whose job is dropped without its ack or a retry (its run gave up, say,
+    /// its lease lost) still pushes; the push finds the delivery still pending and leaves
+    /// the marker, so the session runs once more after the delivery that comes back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_woken_hold_dropped_without_its_ack_still_wakes_the_session() {
+        let server = NatsServer::start();
+        let a = store_leasing(&server, Duration::from_secs(2)).await;
+        let pool = "droppedhold";
+        let s = skein_runtime::new_root_id();
+        let wait = Duration::from_secs(5);
+        a.push(pool, &s).await.unwrap();
+        let held = a.claim(pool, wait).await.unwrap().expect("the job");
+        a.push(pool, &s).await.unwrap();
+        assert!(a.wake.get(s.as_str()).await.unwrap().is_none());
+        drop(held);
+        let mut marked = false;
+        for _ in 0..40 {
+            if a.wake.get(s.as_str()).await.unwrap().is_some() {
+                marked = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(marked, "the dropped hold's push left the marker");
+        let back = a
+            .claim(pool, wait)
+            .await
+            .unwrap()
+            .expect("the delivery comes back");
+        assert_eq!(back.session, s);
+        a.ack(&back).await.unwrap();
+        let once_more = a.claim(pool, wait).await.unwrap();
+        assert_eq!(
+            once_more.map(|j| j.session),
+            Some(s),
+            "the marker woke the session after the run that came back"
+        );
+    }
+
+    /// A hold past half its lease is not marked: another worker may soon hold its
+    /// delivery, so the push goes to the server and leaves the marker there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hold_past_half_its_lease_leaves_the_push_to_the_server() {
+        let server = NatsServer::start();
+        let a = store_leasing(&server, Duration::from_secs(2)).await;
+        let pool = "latehold";
+        let s = skein_runtime::new_root_id();
+        a.push(pool, &s).await.unwrap();
+        let held = a
+            .claim(pool, Duration::from_secs(3))
+            .await
+            .unwrap()
+            .expect("the job");
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        a.push(pool, &s).await.unwrap();
+        assert!(
+            a.wake.get(s.as_str()).await.unwrap().is_some(),
+            "the push went to the server"
+        );
+        drop(held);
+    }
+
+    /// A retried job keeps its message and runs again, reading what a push marking its
+    /// hold was for: the retry drops the mark rather than pushing a second run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retry_drops_the_mark_and_the_job_runs_again() {
+        let server = NatsServer::start();
+        let a = store(&server).await;
+        let pool = "retriedhold";
+        let s = skein_runtime::new_root_id();
+        let wait = Duration::from_secs(3);
+        a.push(pool, &s).await.unwrap();
+        let held = a.claim(pool, wait).await.unwrap().expect("the job");
+        a.push(pool, &s).await.unwrap();
+        a.retry(&held, Duration::ZERO).await.unwrap();
+        drop(held);
+        let again = a.claim(pool, wait).await.unwrap().expect("the job again");
+        assert_eq!((again.session.clone(), again.attempt), (s.clone(), 2));
+        a.ack(&again).await.unwrap();
+        assert!(a.wake.get(s.as_str()).await.unwrap().is_none());
+        assert!(
+            a.claim(pool, Duration::from_millis(500))
+                .await
+                .unwrap()
+                .is_none(),
+            "the retried run was the wake-up"
         );
     }
 }

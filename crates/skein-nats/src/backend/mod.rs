@@ -38,6 +38,7 @@ mod cache;
 mod connection;
 mod defs;
 mod feed;
+mod holds;
 mod jobs;
 mod log;
 mod notices;
@@ -196,6 +197,8 @@ pub struct NatsStore {
     consumers: tokio::sync::Mutex<HashMap<String, consumer::PullConsumer>>,
     /// The owner task of each pool's claims (`feed.rs`).
     feeds: Mutex<feed::Feeds>,
+    /// The jobs this process holds (see `holds.rs`).
+    holds: Arc<holds::Holds>,
     /// Lease given to pool consumers (their ack wait).
     lease: Duration,
     /// Whether `workspace_dir` lies on a local disk (looked at on the first tool call): its
@@ -246,7 +249,8 @@ impl NatsStore {
         let events = s(EVENTS).await?;
         let workspace_stream = s("OBJ_skein_workspace").await?;
         let jobs_stream = s(JOBS).await?;
-        Ok(Arc::new(Self {
+        let holds = Arc::new(holds::Holds::default());
+        let store = Arc::new(Self {
             events,
             roots_starts: s(ROOTS).await?,
             root_state: s(ROOT_STATE).await?,
@@ -256,7 +260,8 @@ impl NatsStore {
             trees: s(TREES).await?,
             naming: trees::Naming::default(),
             roots_checked: tokio::sync::OnceCell::new(),
-            feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease)),
+            feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease, holds.clone())),
+            holds,
             jobs_stream,
             notices: s(NOTICES).await?,
             results: s(RESULTS).await?,
@@ -283,7 +288,9 @@ impl NatsStore {
             consumers: tokio::sync::Mutex::new(HashMap::new()),
             lease,
             workspace_local: std::sync::OnceLock::new(),
-        }))
+        });
+        store.holds.set_store(Arc::downgrade(&store));
+        Ok(store)
     }
 
     /// The ports, each call bounded by [`crate::deadline::OPERATION_LIMIT`].
