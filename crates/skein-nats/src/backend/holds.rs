@@ -159,10 +159,24 @@ impl Drop for Hold {
             return;
         };
         let (pool, session) = (self.pool.clone(), self.session.clone());
+        // Nobody waits for this push to fail, so it keeps trying a while on its own: the
+        // session's job may be gone (another holder acked it after this lease ran out).
         rt.spawn(async move {
-            if let Err(e) = store.push(&pool, &session).await {
-                tracing::warn!(%session, error = %e,
-                    "push for a woken hold failed; its delivery comes back after its lease");
+            let mut delay = Duration::from_millis(200);
+            loop {
+                match store.push(&pool, &session).await {
+                    Ok(()) => return,
+                    Err(e) if delay < Duration::from_secs(30) => {
+                        tracing::debug!(%session, error = %e, "push for a woken hold failed; trying again");
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%session, error = %e,
+                            "push for a woken hold failed; the next sweep of open trees wakes it");
+                        return;
+                    }
+                }
             }
         });
     }
