@@ -381,14 +381,7 @@ mod tests {
     use skein_testnats::NatsServer;
 
     async fn store(server: &NatsServer) -> std::sync::Arc<NatsStore> {
-        let cfg = NatsConfig {
-            urls: vec![server.url()],
-            replicas: 1,
-            ..NatsConfig::default()
-        };
-        NatsStore::connect(&cfg, Duration::from_secs(30))
-            .await
-            .unwrap()
+        store_leasing(server, Duration::from_secs(30)).await
     }
 
     /// A holder slow to read the wake marker after its ack, while the session's next job
