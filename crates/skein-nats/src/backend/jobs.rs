@@ -380,6 +380,26 @@ mod tests {
     use crate::NatsConfig;
     use skein_testnats::NatsServer;
 
+    /// A new session's job, pushed and claimed through `a`.
+    async fn held_job(a: &NatsStore, pool: &str) -> (SessionId, Job) {
+        let s = skein_runtime::new_root_id();
+        a.push(pool, &s).await.unwrap();
+        let held = a
+            .claim(pool, Duration::from_secs(3))
+            .await
+            .unwrap()
+            .expect("the job");
+        assert_eq!(held.session, s);
+        (s, held)
+    }
+
+    /// Claims through `a` the job of `s`, which must come: `why` says why it should.
+    async fn runs_again(a: &NatsStore, pool: &str, s: &SessionId, why: &str) -> Job {
+        let job = a.claim(pool, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(job.as_ref().map(|j| &j.session), Some(s), "{why}");
+        job.unwrap()
+    }
+
     async fn store(server: &NatsServer) -> std::sync::Arc<NatsStore> {
         store_leasing(server, Duration::from_secs(30)).await
     }
@@ -415,12 +435,13 @@ mod tests {
         // acks.
         a.wake_after_ack(&first, true).await.unwrap();
         b.ack(&second).await.unwrap();
-        let third = a.claim(pool, wait).await.unwrap();
-        assert_eq!(
-            third.map(|j| j.session),
-            Some(s),
-            "the session runs once more after the push the running job may have missed"
-        );
+        runs_again(
+            &a,
+            pool,
+            &s,
+            "the session runs once more after the push the running job may have missed",
+        )
+        .await;
     }
 
     /// A push refused while the marker is set already leaves it as it is and publishes
@@ -432,10 +453,8 @@ mod tests {
         let server = NatsServer::start();
         let (a, b) = (store(&server).await, store(&server).await);
         let pool = "manypushes";
-        let s = skein_runtime::new_root_id();
         let wait = Duration::from_secs(3);
-        a.push(pool, &s).await.unwrap();
-        let held = a.claim(pool, wait).await.unwrap().expect("the job");
+        let (s, held) = held_job(&a, pool).await;
         for _ in 0..5 {
             b.push(pool, &s).await.unwrap();
         }
@@ -489,10 +508,8 @@ mod tests {
         let server = NatsServer::start();
         let a = store(&server).await;
         let pool = "heldhere";
-        let s = skein_runtime::new_root_id();
         let wait = Duration::from_secs(3);
-        a.push(pool, &s).await.unwrap();
-        let held = a.claim(pool, wait).await.unwrap().expect("the job");
+        let (s, held) = held_job(&a, pool).await;
         let job_seq = job_message(&a, pool, &s).await;
         assert!(job_seq.is_some());
         for _ in 0..5 {
@@ -533,10 +550,8 @@ mod tests {
         let server = NatsServer::start();
         let a = store_leasing(&server, Duration::from_secs(2)).await;
         let pool = "droppedhold";
-        let s = skein_runtime::new_root_id();
         let wait = Duration::from_secs(5);
-        a.push(pool, &s).await.unwrap();
-        let held = a.claim(pool, wait).await.unwrap().expect("the job");
+        let (s, held) = held_job(&a, pool).await;
         a.push(pool, &s).await.unwrap();
         assert!(a.wake.get(s.as_str()).await.unwrap().is_none());
         drop(held);
@@ -556,12 +571,13 @@ mod tests {
             .expect("the delivery comes back");
         assert_eq!(back.session, s);
         a.ack(&back).await.unwrap();
-        let once_more = a.claim(pool, wait).await.unwrap();
-        assert_eq!(
-            once_more.map(|j| j.session),
-            Some(s),
-            "the marker woke the session after the run that came back"
-        );
+        runs_again(
+            &a,
+            pool,
+            &s,
+            "the marker woke the session after the run that came back",
+        )
+        .await;
     }
 
     /// A hold past half its lease is not marked: another worker may soon hold its
@@ -571,13 +587,7 @@ mod tests {
         let server = NatsServer::start();
         let a = store_leasing(&server, Duration::from_secs(2)).await;
         let pool = "latehold";
-        let s = skein_runtime::new_root_id();
-        a.push(pool, &s).await.unwrap();
-        let held = a
-            .claim(pool, Duration::from_secs(3))
-            .await
-            .unwrap()
-            .expect("the job");
+        let (s, held) = held_job(&a, pool).await;
         tokio::time::sleep(Duration::from_millis(1100)).await;
         a.push(pool, &s).await.unwrap();
         assert!(
@@ -594,10 +604,8 @@ mod tests {
         let server = NatsServer::start();
         let a = store(&server).await;
         let pool = "retriedhold";
-        let s = skein_runtime::new_root_id();
         let wait = Duration::from_secs(3);
-        a.push(pool, &s).await.unwrap();
-        let held = a.claim(pool, wait).await.unwrap().expect("the job");
+        let (s, held) = held_job(&a, pool).await;
         a.push(pool, &s).await.unwrap();
         a.retry(&held, Duration::ZERO).await.unwrap();
         drop(held);
