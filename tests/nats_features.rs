@@ -389,3 +389,107 @@ fn a_notice_carries_a_childs_end_only_where_nothing_can_follow_it() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A push for a session whose job the pushing worker holds marks the hold there instead of
+/// leaving a wake marker on the server. Here the worker is killed with SIGKILL the moment a
+/// child's push has marked its parent's hold (trees are submitted one after another until
+/// one such push is logged): the mark dies with the process, the parent's delivery comes
+/// back after its lease, and every tree still ends, each child settled once, each log
+/// replaying as recorded.
+#[test]
+fn a_worker_killed_after_a_push_marked_its_hold_loses_no_wake_up() {
+    let sb = fan_out(2);
+    let server = NatsServer::start();
+    let url = server.url();
+    let log = common::cluster::LogLines::default();
+    // Both workers lease jobs for 2 s: the pool's consumer takes the ack wait of the last
+    // worker that opened it.
+    let leasing = |name: &str, filter: &str, log: Option<common::cluster::LogLines>| {
+        let mut c = skein(&sb.config(), &sb.data());
+        c.args(["--nats", &url, "worker", "--concurrency", "64"])
+            .env("SKEIN_TOKEN_SECRET", SECRET)
+            .env("SKEIN__RUNTIME__LEASE", "2s")
+            .env("SKEIN__RUNTIME__WORKER_ID", name)
+            .env("SKEIN_LOG", filter);
+        start_worker_logged(c, name, log)
+    };
+    let mut workers = Workers(vec![leasing(
+        "m1",
+        "warn,skein_nats::backend::jobs=trace",
+        Some(log.clone()),
+    )]);
+    let n = 64;
+    let marked = || {
+        log.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|l| l.contains("push marked the job held here"))
+    };
+    let mut roots = vec![];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    'trees: while Instant::now() < deadline {
+        let id = format!("marked-{}", roots.len());
+        let out = cli(
+            &sb,
+            &url,
+            &[
+                "submit",
+                "--agent",
+                "fanout",
+                "--id",
+                &id,
+                "--inputs",
+                &format!("{{\"n\": {n}}}"),
+                "go",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        roots.push(id);
+        let next = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < next {
+            if marked() {
+                break 'trees;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert!(
+        marked(),
+        "in {} trees no child's push found its parent's job held by its worker",
+        roots.len()
+    );
+    eprintln!(
+        "DEBUG trees {} at {:?}",
+        roots.len(),
+        deadline - Instant::now()
+    );
+    common::cluster::kill9(&mut workers.0[0]);
+    workers.0.push(leasing("m2", "warn", None));
+    for id in &roots {
+        let t = wait_status(&sb, &url, id, "completed");
+        assert_eq!(t["sessions"][0]["answer"], format!("{n} parts done"));
+        let out = cli(&sb, &url, &["events", id, "--json"]);
+        let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            let e = serde_json::from_str::<serde_json::Value>(l).unwrap();
+            *kinds
+                .entry(e["kind"].as_str().unwrap_or("?").to_string())
+                .or_default() += 1;
+        }
+        assert_eq!(
+            (kinds.get("Delegated"), kinds.get("ChildSettled")),
+            (Some(&n), Some(&n)),
+            "{id}: each child delegated and settled once: {kinds:?}"
+        );
+        let out = cli(&sb, &url, &["replay", id, "--verify", "--tree"]);
+        assert!(
+            out.status.success(),
+            "{id}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}

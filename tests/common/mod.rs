@@ -179,7 +179,16 @@ pub fn audit_all(data: &Path, agents_dir: &Path) -> usize {
 
 /// Starts a `skein … worker` command (stderr piped) and returns once it says `ready`;
 /// its later output is drained so that it never blocks on a full pipe.
-pub fn start_worker(mut c: Command, name: &str) -> std::process::Child {
+pub fn start_worker(c: Command, name: &str) -> std::process::Child {
+    start_worker_logged(c, name, None)
+}
+
+/// [`start_worker`], keeping what the worker logs after "ready" in `log` when one is given.
+pub fn start_worker_logged(
+    mut c: Command,
+    name: &str,
+    log: Option<cluster::LogLines>,
+) -> std::process::Child {
     use std::io::BufRead;
     c.stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = c.spawn().expect("the worker starts");
@@ -195,7 +204,13 @@ pub fn start_worker(mut c: Command, name: &str) -> std::process::Child {
             break;
         }
     }
-    std::thread::spawn(move || for _ in err.lines() {});
+    std::thread::spawn(move || {
+        for l in err.lines().map_while(Result::ok) {
+            if let Some(log) = &log {
+                log.lock().unwrap_or_else(|p| p.into_inner()).push(l);
+            }
+        }
+    });
     child
 }
 
