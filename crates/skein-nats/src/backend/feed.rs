@@ -400,7 +400,7 @@ fn job_of(
     tracing::trace!(%session, attempt, "job claimed");
     let (_, acker) = msg.split();
     let since = Arc::new(Mutex::new(Instant::now()));
-    let hold = holds.hold(pool, &session, since.clone(), lease);
+    let hold = holds.hold(pool, &session, since.clone());
     Ok(Some(Job {
         pool: pool.into(),
         handle: format!("{sseq}:{attempt}"),

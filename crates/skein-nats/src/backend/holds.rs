@@ -34,10 +34,11 @@ use skein_ports::ports::JobQueue;
 use super::NatsStore;
 
 /// Every hold of this process, by session.
-#[derive(Default)]
 pub(crate) struct Holds {
     held: Mutex<HashMap<SessionId, Entry>>,
     next: AtomicU64,
+    /// The lease of every delivery this process takes (its pools' ack wait).
+    lease: Duration,
     /// The store a marked hold dropped without its ack pushes through.
     store: OnceLock<Weak<NatsStore>>,
 }
@@ -46,7 +47,6 @@ struct Entry {
     token: u64,
     woken: bool,
     since: Arc<Mutex<Instant>>,
-    lease: Duration,
 }
 
 /// How a hold stands.
@@ -68,6 +68,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Holds {
+    pub(crate) fn new(lease: Duration) -> Self {
+        Holds {
+            held: Mutex::default(),
+            next: AtomicU64::new(0),
+            lease,
+            store: OnceLock::new(),
+        }
+    }
+
     pub(crate) fn set_store(&self, store: Weak<NatsStore>) {
         let _ = self.store.set(store);
     }
@@ -80,7 +89,6 @@ impl Holds {
         pool: &str,
         session: &SessionId,
         since: Arc<Mutex<Instant>>,
-        lease: Duration,
     ) -> Hold {
         let token = self.next.fetch_add(1, Ordering::Relaxed);
         let mut held = lock(&self.held);
@@ -91,7 +99,6 @@ impl Holds {
                 token,
                 woken,
                 since,
-                lease,
             },
         );
         Hold {
@@ -108,7 +115,7 @@ impl Holds {
     pub(crate) fn wake(&self, session: &SessionId) -> bool {
         let mut held = lock(&self.held);
         match held.get_mut(session) {
-            Some(e) if lock(&e.since).elapsed() < e.lease / 2 => {
+            Some(e) if lock(&e.since).elapsed() < self.lease / 2 => {
                 e.woken = true;
                 true
             }
@@ -193,11 +200,11 @@ mod tests {
     /// the push took it.
     #[test]
     fn a_mark_taken_is_one_the_release_finds() {
-        let holds = Arc::new(Holds::default());
+        let holds = Arc::new(Holds::new(Duration::from_secs(60)));
         let s = SessionId::parse("race").unwrap();
         for _ in 0..2_000 {
             let since = Arc::new(Mutex::new(Instant::now()));
-            let hold = holds.hold("p", &s, since, Duration::from_secs(60));
+            let hold = holds.hold("p", &s, since);
             let start = Arc::new(std::sync::Barrier::new(2));
             let pusher = {
                 let (holds, s, start) = (holds.clone(), s.clone(), start.clone());
@@ -219,12 +226,12 @@ mod tests {
     /// older one's release no longer ends it.
     #[test]
     fn a_newer_hold_carries_the_mark_of_the_one_it_replaces() {
-        let holds = Arc::new(Holds::default());
+        let holds = Arc::new(Holds::new(Duration::from_secs(60)));
         let s = SessionId::parse("again").unwrap();
         let since = || Arc::new(Mutex::new(Instant::now()));
-        let old = holds.hold("p", &s, since(), Duration::from_secs(60));
+        let old = holds.hold("p", &s, since());
         assert!(holds.wake(&s));
-        let new = holds.hold("p", &s, since(), Duration::from_secs(60));
+        let new = holds.hold("p", &s, since());
         assert!(!old.release(), "the old hold no longer holds");
         assert!(holds.wake(&s), "the new hold is still there to mark");
         assert!(new.release(), "the mark was carried over");

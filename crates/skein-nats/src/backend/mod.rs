@@ -249,7 +249,7 @@ impl NatsStore {
         let events = s(EVENTS).await?;
         let workspace_stream = s("OBJ_skein_workspace").await?;
         let jobs_stream = s(JOBS).await?;
-        let holds = Arc::new(holds::Holds::default());
+        let holds = Arc::new(holds::Holds::new(lease));
         let store = Arc::new(Self {
             events,
             roots_starts: s(ROOTS).await?,
