@@ -399,7 +399,7 @@ pub fn estimate_usage(req: &ModelRequest, resp: &ModelResponse) -> Usage {
     let calls = |calls: &[skein_core::ToolCall]| -> u64 {
         calls
             .iter()
-            .map(|c| estimate_tokens(&c.name) + estimate_tokens(&c.args.to_string()))
+            .map(|c| estimate_tokens(&c.name) + estimate_json_tokens(&c.args))
             .sum()
     };
     let messages: u64 = req
@@ -465,4 +465,51 @@ pub(crate) fn wire_number(x: f32) -> Value {
 /// Rough token count of a text (4 bytes a token), for providers that report none.
 pub fn estimate_tokens(text: &str) -> u64 {
     (text.len() as u64).div_ceil(4)
+}
+
+/// [`estimate_tokens`] of a JSON value's compact text (as `to_string` writes it), counted
+/// as it is written rather than built: a call's arguments are counted at every turn.
+pub fn estimate_json_tokens(value: &Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Writing into a counter cannot fail, nor can a `Value` fail to serialize.
+    let _ = serde_json::to_writer(&mut n, value);
+    n.0.div_ceil(4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{estimate_json_tokens, estimate_tokens};
+    use serde_json::json;
+
+    #[test]
+    fn json_is_counted_as_its_compact_text_is() {
+        // Usage recorded by the scripted model comes from this count: it must stay what
+        // counting `to_string()` gave, escapes, non-ASCII text and floats included.
+        for v in [
+            json!(null),
+            json!(""),
+            json!("a \"quoted\" line\nand a tab\t and \u{1} and é and 🦀"),
+            json!(0.1),
+            json!(-1.5e300),
+            json!(u64::MAX),
+            json!({"path": ".", "deep": {"list": [1, 2.25, "x", {"k": []}]}, "": true}),
+            json!([[], {}, [[[]]], "x".repeat(1001)]),
+        ] {
+            assert_eq!(
+                estimate_json_tokens(&v),
+                estimate_tokens(&v.to_string()),
+                "{v}"
+            );
+        }
+    }
 }

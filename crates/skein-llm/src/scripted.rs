@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use skein_core::{Message, ModelRequest, ModelResponse, ToolCall, Usage};
 
-use crate::{estimate_tokens, Completion, Error, Provider, Result};
+use crate::{estimate_json_tokens, estimate_tokens, Completion, Error, Provider, Result};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -618,7 +618,7 @@ fn usage(req: &ModelRequest, resp: &ModelResponse) -> Usage {
                 estimate_tokens(content.as_deref().unwrap_or(""))
                     + tool_calls
                         .iter()
-                        .map(|c| estimate_tokens(&c.args.to_string()))
+                        .map(|c| estimate_json_tokens(&c.args))
                         .sum::<u64>()
             }
             Message::Tool { content, .. } => estimate_tokens(content),
@@ -628,7 +628,7 @@ fn usage(req: &ModelRequest, resp: &ModelResponse) -> Usage {
         + resp
             .tool_calls
             .iter()
-            .map(|c| estimate_tokens(&c.args.to_string()))
+            .map(|c| estimate_json_tokens(&c.args))
             .sum::<u64>();
     Usage {
         input_tokens: input,
