@@ -181,9 +181,9 @@ pub struct NatsStore {
     blobs_stream: stream::Stream,
     /// Blobs this process has seen stored (see [`Blobs::put`] here).
     blobs_known: blobs::Known,
-    workspace: object_store::ObjectStore,
+    workspace: Arc<object_store::ObjectStore>,
     /// The stream under `workspace`, whose object descriptions a listing reads.
-    workspace_stream: stream::Stream,
+    workspace_stream: Arc<stream::Stream>,
     /// The names of the workspace's objects, listed once for every listing waiting.
     workspace_names: Arc<workspace::Names>,
     cfg: NatsConfig,
@@ -276,8 +276,8 @@ impl NatsStore {
             blobs: o("skein_blobs").await?,
             blobs_stream: s("OBJ_skein_blobs").await?,
             blobs_known: blobs::Known::default(),
-            workspace: o("skein_workspace").await?,
-            workspace_stream: workspace_stream.clone(),
+            workspace: Arc::new(o("skein_workspace").await?),
+            workspace_stream: Arc::new(workspace_stream.clone()),
             workspace_names: workspace::Names::new(workspace_stream),
             client,
             js,

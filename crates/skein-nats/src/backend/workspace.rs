@@ -72,8 +72,10 @@ impl NatsStore {
 /// A tree's workspace in the object store: objects named `<root>/<path>`, so a file one
 /// worker writes is there for every other.
 pub struct ObjectWorkspace {
-    store: object_store::ObjectStore,
-    meta: stream::Stream,
+    // Shared, not copied: a tree's workspace is made for every tool call, and a handle
+    // carries the stream's whole configuration.
+    store: Arc<object_store::ObjectStore>,
+    meta: Arc<stream::Stream>,
     names: Arc<Names>,
     root: String,
 }
