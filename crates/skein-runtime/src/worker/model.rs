@@ -109,17 +109,19 @@ impl Runtime {
         let (whole, named): (Vec<&String>, Vec<&String>) = tool_names
             .iter()
             .partition(|n| n.ends_with(skein_core::agent::MCP_ALL));
-        let served: Vec<String> = self
-            .tools
-            .names()
-            .into_iter()
-            .filter(|t| {
-                !named.contains(&t)
-                    && whole
-                        .iter()
-                        .any(|w| skein_core::agent::wildcard_covers(w, t))
-            })
-            .collect();
+        let served: Vec<String> = if whole.is_empty() {
+            vec![]
+        } else {
+            self.tools.names()
+        }
+        .into_iter()
+        .filter(|t| {
+            !named.contains(&t)
+                && whole
+                    .iter()
+                    .any(|w| skein_core::agent::wildcard_covers(w, t))
+        })
+        .collect();
         request.tools = named
             .into_iter()
             .chain(served.iter())
@@ -252,7 +254,7 @@ impl Runtime {
             Ok(mut c) => {
                 hide_tokens(&shown, &mut c.response);
                 self.scrubber.response(&mut c.response);
-                self.fix_call_ids(&f.state, &mut c.response);
+                fix_call_ids(&f.state.transcript, f.state.steps, &mut c.response);
                 let ev = ModelCalled {
                     model: request.model.clone(),
                     request_digest: request.digest(),
@@ -420,26 +422,31 @@ impl Runtime {
         }
         shown
     }
+}
 
-    /// Gives every tool call a non-empty id not used before in the session, so events can
-    /// name calls without ambiguity.
-    pub(crate) fn fix_call_ids(&self, state: &SessionState, resp: &mut skein_core::ModelResponse) {
-        let mut used: BTreeSet<String> = state
-            .transcript
-            .iter()
-            .filter_map(|m| match m {
-                skein_core::Message::Assistant { tool_calls, .. } => Some(tool_calls),
-                _ => None,
-            })
-            .flatten()
-            .map(|c| c.id.clone())
-            .collect();
-        for (k, c) in resp.tool_calls.iter_mut().enumerate() {
-            if c.id.is_empty() || used.contains(&c.id) {
-                c.id = format!("t{}_{}", state.steps + 1, k + 1);
-            }
-            used.insert(c.id.clone());
+/// Gives every tool call of `resp` a non-empty id not used before in the session (its
+/// `transcript`, `steps` turns so far), so events can name calls without ambiguity.
+fn fix_call_ids(
+    transcript: &[skein_core::Message],
+    steps: u32,
+    resp: &mut skein_core::ModelResponse,
+) {
+    // The ids of the transcript are borrowed, not copied: this runs at every turn.
+    let earlier: BTreeSet<&str> = transcript
+        .iter()
+        .filter_map(|m| match m {
+            skein_core::Message::Assistant { tool_calls, .. } => Some(tool_calls),
+            _ => None,
+        })
+        .flatten()
+        .map(|c| c.id.as_str())
+        .collect();
+    let mut now: BTreeSet<String> = BTreeSet::new();
+    for (k, c) in resp.tool_calls.iter_mut().enumerate() {
+        if c.id.is_empty() || earlier.contains(c.id.as_str()) || now.contains(&c.id) {
+            c.id = format!("t{}_{}", steps + 1, k + 1);
         }
+        now.insert(c.id.clone());
     }
 }
 
@@ -510,6 +517,40 @@ mod tests {
             content,
             "Plan.\n\n## Available Tools\n\n- `read_file`: Read a file.\n- `get_file_info`: Facts.\n\nUse them."
         );
+    }
+
+    #[test]
+    fn call_ids_that_are_missing_or_taken_are_replaced() {
+        let call = |id: &str| skein_core::ToolCall {
+            id: id.into(),
+            name: "list_dir".into(),
+            args: serde_json::json!({}),
+        };
+        let transcript = vec![
+            skein_core::Message::User {
+                content: "go".into(),
+            },
+            skein_core::Message::Assistant {
+                content: None,
+                tool_calls: vec![call("a"), call("t3_4")],
+            },
+        ];
+        let mut resp = skein_core::ModelResponse {
+            tool_calls: vec![
+                call("a"),
+                call(""),
+                call("b"),
+                call("b"),
+                call("t3_1"),
+                call("t3_4"),
+            ],
+            ..Default::default()
+        };
+        super::fix_call_ids(&transcript, 2, &mut resp);
+        let ids: Vec<&str> = resp.tool_calls.iter().map(|c| c.id.as_str()).collect();
+        // Taken by an earlier turn, empty, or taken earlier in this answer (even by an id
+        // given here): renumbered by turn and place; the rest kept.
+        assert_eq!(ids, ["t3_1", "t3_2", "b", "t3_4", "t3_5", "t3_6"]);
     }
 
     #[tokio::test]
