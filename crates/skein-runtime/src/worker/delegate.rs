@@ -222,10 +222,12 @@ impl Runtime {
         {
             stored?;
         }
+        // Boxed: a wide turn's thousand creations are otherwise moved, each whole, into
+        // the set that polls them.
         let created = join_all(
             creations
                 .into_iter()
-                .map(|(id, _, sub)| async move { self.create_ahead(&id, sub).await }),
+                .map(|(id, _, sub)| Box::pin(async move { self.create_ahead(&id, sub).await })),
         )
         .await;
         // The children's folds are kept: the job that runs a child here reads only what
