@@ -57,6 +57,13 @@ pub struct NatsConfig {
     /// Tree workspaces as directories `<workspace_dir>/<root>` on a volume every worker
     /// mounts (and `shell` can run in), instead of the object store `skein_workspace`.
     pub workspace_dir: Option<PathBuf>,
+    /// Appends to the event log made together go to the server as one atomic batch, which
+    /// nats-server 2.15.1 and later writes with one sync where every write is synced
+    /// (`sync_interval: always`). For servers that sync every write: with the default
+    /// sync a batch costs the server more than the messages it holds. Used where the
+    /// stream allows it (a single replica, servers 2.15.1 and later). Off (the default):
+    /// each append is its own publish.
+    pub group_commit: bool,
 }
 
 impl Default for NatsConfig {
@@ -83,6 +90,7 @@ impl Default for NatsConfig {
             archive_finished: true,
             retention_every: "1h".into(),
             workspace_dir: None,
+            group_commit: false,
         }
     }
 }

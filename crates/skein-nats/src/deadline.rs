@@ -110,6 +110,7 @@ bounded!(EventLog {
 
 bounded!(JobQueue {
     fn push(pool: &str, session: &SessionId) -> Result<()> = "push to SKEIN_JOBS";
+    fn push_new(pool: &str, session: &SessionId) -> Result<()> = "push to SKEIN_JOBS";
     // The wait is the caller's: the deadline comes on top of it.
     fn claim(pool: &str, wait: Duration) -> Result<Option<Job>>
         = format!("claim from consumer pool-{pool} of SKEIN_JOBS"), within |limit| wait + limit;

@@ -44,6 +44,40 @@ mod conformance {
     }
 }
 
+/// The log's and the notices' checks of the suite again, on a store that gathers its
+/// appends and notices into atomic batches (`group_commit`), as it does on servers 2.15.1
+/// and later; on earlier ones the store is asked for it and must not use it.
+mod conformance_grouped {
+    use super::*;
+
+    async fn nats() -> (NatsServer, skein_runtime::ports::Backend) {
+        let server = NatsServer::start();
+        let store = NatsStore::connect(
+            &NatsConfig {
+                group_commit: true,
+                ..cfg(&server.url(), 1)
+            },
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        let version = skein_testnats::nats_server_version();
+        // "nats-server: v2.15.1"
+        let numbers: Vec<u64> = version
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|n| !n.is_empty())
+            .take(3)
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let grouped = numbers.as_slice() >= [2, 15, 1].as_slice();
+        assert_eq!(store.groups_appends(), grouped, "nats-server {version}");
+        assert_eq!(store.groups_notices(), grouped, "nats-server {version}");
+        (server, store.backend())
+    }
+
+    skein_runtime::conformance_tests!(@each nats; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_appends_ahead, log_lists_trees_and_roots, long_reads_are_whole_and_ordered, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, notices_among_others_read_whole_from_every_cursor, notices_in_step_with_wakes);
+}
+
 /// A store on `server` (one replica) with the one-second lease the suite expects.
 async fn store_on(server: &NatsServer) -> std::sync::Arc<NatsStore> {
     NatsStore::connect(&cfg(&server.url(), 1), Duration::from_secs(1))

@@ -168,6 +168,12 @@ impl PartialEq for Lease {
 #[async_trait]
 pub trait JobQueue: Send + Sync {
     async fn push(&self, pool: &str, session: &SessionId) -> Result<()>;
+    /// Pushes the first job of a session that never had one (a child just created), as
+    /// [`JobQueue::push`] does. A backend may send such pushes together, since none of
+    /// them can find a job there already.
+    async fn push_new(&self, pool: &str, session: &SessionId) -> Result<()> {
+        self.push(pool, session).await
+    }
     /// Waits up to `wait` for a job. The job is held for the queue's lease (a parameter of
     /// the backend, set when it is opened) unless heartbeated; after it, the job is
     /// delivered again as the next attempt.

@@ -478,17 +478,31 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     };
     let mut cfg = app.nats_config()?;
     cfg.urls = url.split(',').map(str::to_string).collect();
+    // A server started to sync every write gets the workers' setting for one.
+    if server.is_some() && a.sync.as_deref() == Some("always") {
+        cfg.group_commit = true;
+    }
     let client = async_nats::connect(url.split(',').next().unwrap_or_default())
         .await
         .context("connect")?;
     let version = client.server_info().version.clone();
     let mut results = serde_json::Map::new();
-    results.insert("server".into(), json!({"version": version, "sync": sync}));
+    results.insert(
+        "server".into(),
+        json!({"version": version, "sync": sync, "group_commit": cfg.group_commit}),
+    );
     if !a.json {
         crate::outln!(
             "skein bench — NATS JetStream backend, nats-server {version}, one server on loopback"
         )?;
-        crate::outln!("fsync: {sync}\n")?;
+        crate::outln!(
+            "fsync: {sync}; group commit of the log's appends: {}\n",
+            if cfg.group_commit {
+                "on (nats.group_commit)"
+            } else {
+                "off"
+            }
+        )?;
     }
 
     // Memory of one `skein worker` process: idle, then with 1,000 sessions in flight.

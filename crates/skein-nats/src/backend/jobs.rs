@@ -309,6 +309,24 @@ impl JobQueue for NatsStore {
         Ok(())
     }
 
+    async fn push_new(&self, pool: &str, session: &SessionId) -> Result<()> {
+        let Some(group) = &self.jobs_group else {
+            return self.push(pool, session).await;
+        };
+        let mut h = trace_headers();
+        h.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, "0");
+        let subject = format!("skein.jobs.{pool}.{}", session.as_str());
+        match group.publish(subject, h, Bytes::new()).await {
+            Ok(_) => Ok(()),
+            // A job there after all, or a publish that failed: the plain push, with its
+            // wake marker and its retries, decides.
+            Err(e) => {
+                tracing::debug!(%session, error = %e, "first job not stored in a batch; pushed alone");
+                self.push(pool, session).await
+            }
+        }
+    }
+
     async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>> {
         Feed::claim(&self.feeds, pool, wait).await
     }

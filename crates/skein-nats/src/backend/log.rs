@@ -14,6 +14,7 @@ use skein_ports::{Error, Result};
 use std::future::IntoFuture;
 use std::sync::Arc;
 
+use super::group::Acked;
 use super::read::{read_subject, read_subject_expecting};
 use super::{events_subject, nats_err, NatsStore};
 use crate::frame;
@@ -136,24 +137,29 @@ impl NatsStore {
             expected_sseq.to_string().as_str(),
         );
         h.insert(NATS_MESSAGE_ID, format!("{session}:{first}").as_str());
-        match self
-            .js
-            .publish_with_headers(events_subject(session), h, Bytes::from(payload.clone()))
-            .await
-        {
-            Ok(ack) => Ok(Sent {
-                ack: ack
+        let ack = match &self.events_group {
+            Some(group) => group
+                .publish(events_subject(session), h, Bytes::from(payload.clone()))
+                .boxed(),
+            None => match self
+                .js
+                .publish_with_headers(events_subject(session), h, Bytes::from(payload.clone()))
+                .await
+            {
+                Ok(ack) => ack
                     .into_future()
-                    .map(|r| r.map_err(Arc::new))
-                    .boxed()
-                    .shared(),
-                expected_last,
-                last,
-                last_tag: records.last().map_or(0, |r| tag(&r.hash())),
-                payload,
-            }),
-            Err(e) => Err(self.refused(session, expected_last, &e).await),
-        }
+                    .map(|r| r.map(Acked::from).map_err(Arc::new))
+                    .boxed(),
+                Err(e) => return Err(self.refused(session, expected_last, &e).await),
+            },
+        };
+        Ok(Sent {
+            ack: ack.shared(),
+            expected_last,
+            last,
+            last_tag: records.last().map_or(0, |r| tag(&r.hash())),
+            payload,
+        })
     }
 
     /// Waits for the ack of a message [`Self::send_message`] published: a duplicate is
@@ -279,12 +285,7 @@ impl NatsStore {
 }
 
 /// The ack of a publish, which several may wait for.
-type SharedAck = Shared<
-    BoxFuture<
-        'static,
-        std::result::Result<jetstream::publish::PublishAck, Arc<jetstream::context::PublishError>>,
-    >,
->;
+type SharedAck = Shared<BoxFuture<'static, super::group::Outcome>>;
 
 /// Where a session's log is known to end: its last record's seq, the stream sequence of
 /// its message, and a tag of its hash.

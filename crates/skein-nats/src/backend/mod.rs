@@ -38,6 +38,7 @@ mod cache;
 mod connection;
 mod defs;
 mod feed;
+mod group;
 mod holds;
 mod jobs;
 mod log;
@@ -95,6 +96,35 @@ fn nats_err(what: &str, e: impl Into<skein_ports::error::BoxError>) -> Error {
 }
 
 /// Whether `e`, or an error beneath it, is JetStream refusing a write for want of room.
+/// Whether writes to `stream` (the log, the notices, new sessions' jobs) are gathered into
+/// atomic batches:
+/// `group_commit` is on, the
+/// stream takes atomic batches (its server is 2.12 or later and the flag is set), it has a
+/// single replica, and the server (`version`) is 2.15.1 or later. There a batch is synced
+/// once; on earlier servers each of its messages is synced as it would be alone, after
+/// the batch is staged in files of its own, which costs more than it saves. A replicated
+/// stream's writes go through its replicas' log instead, not measured with batches.
+fn group_commits(stream: &stream::Stream, version: &str, cfg: &NatsConfig) -> bool {
+    let have = &stream.cached_info().config;
+    cfg.group_commit
+        && have.allow_atomic_publish
+        && have.num_replicas <= 1
+        && version_at_least(version, (2, 15, 1))
+}
+
+/// Whether a server's `version` ("2.15.1", "v2.16.0-RC.1") is `least` or later; a version
+/// that cannot be read is not.
+fn version_at_least(version: &str, least: (u64, u64, u64)) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u64>());
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(Ok(a)), Some(Ok(b)), Some(Ok(c))) => (a, b, c) >= least,
+        _ => false,
+    }
+}
+
 pub(crate) fn is_full(e: &(dyn std::error::Error + 'static)) -> bool {
     use async_nats::jetstream::ErrorCode;
     let mut at = Some(e);
@@ -160,7 +190,14 @@ pub struct NatsStore {
     naming: trees::Naming,
     roots_checked: tokio::sync::OnceCell<()>,
     jobs_stream: stream::Stream,
+    /// First jobs of new sessions gathered into atomic batches in the same way.
+    jobs_group: Option<group::Group>,
+    /// Appends to `SKEIN_EVENTS` gathered into atomic batches (`group.rs`), where the
+    /// stream takes them and `group_commit` is on; otherwise each goes alone.
+    events_group: Option<group::Group>,
     notices: stream::Stream,
+    /// Notices gathered into atomic batches in the same way.
+    notices_group: Option<group::Group>,
     /// Every tree's endings (`results.rs`).
     results: stream::Stream,
     cache: kv::Store,
@@ -247,8 +284,16 @@ impl NatsStore {
             async move { js.get_object_store(n).await.map_err(|e| nats_err(n, e)) }
         };
         let events = s(EVENTS).await?;
-        let workspace_stream = s("OBJ_skein_workspace").await?;
+        let version = client.server_info().version;
+        let events_group = group_commits(&events, &version, cfg)
+            .then(|| group::Group::start(client.clone(), js.clone()));
         let jobs_stream = s(JOBS).await?;
+        let jobs_group = group_commits(&jobs_stream, &version, cfg)
+            .then(|| group::Group::start(client.clone(), js.clone()));
+        let notices = s(NOTICES).await?;
+        let notices_group = group_commits(&notices, &version, cfg)
+            .then(|| group::Group::start(client.clone(), js.clone()));
+        let workspace_stream = s("OBJ_skein_workspace").await?;
         let holds = Arc::new(holds::Holds::new(lease));
         let store = Arc::new(Self {
             events,
@@ -263,7 +308,10 @@ impl NatsStore {
             feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease, holds.clone())),
             holds,
             jobs_stream,
-            notices: s(NOTICES).await?,
+            jobs_group,
+            events_group,
+            notices,
+            notices_group,
             results: s(RESULTS).await?,
             cache: k("skein_cache").await?,
             inflight: k("skein_inflight").await?,
@@ -291,6 +339,16 @@ impl NatsStore {
         });
         store.holds.set_store(Arc::downgrade(&store));
         Ok(store)
+    }
+
+    /// Whether appends to the log go in atomic batches (see `group.rs`).
+    pub fn groups_appends(&self) -> bool {
+        self.events_group.is_some()
+    }
+
+    /// Whether notices go in atomic batches.
+    pub fn groups_notices(&self) -> bool {
+        self.notices_group.is_some()
     }
 
     /// The ports, each call bounded by [`crate::deadline::OPERATION_LIMIT`].
@@ -366,5 +424,29 @@ impl NatsStore {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn server_versions_are_compared_by_their_numbers() {
+        use super::version_at_least as at_least;
+        let least = (2, 15, 1);
+        for v in [
+            "2.15.1",
+            "v2.15.1",
+            "2.15.10",
+            "2.16.0-RC.1",
+            "3.0.0",
+            "2.15.1-beta",
+        ] {
+            assert!(at_least(v, least), "{v}");
+        }
+        for v in [
+            "2.15.0", "2.9.10", "v2.14.99", "2.15", "", "unknown", "2.x.1",
+        ] {
+            assert!(!at_least(v, least), "{v}");
+        }
     }
 }

@@ -41,14 +41,25 @@ impl NatsStore {
                 h.insert(END_HEADER, text.as_str());
             }
         }
-        async {
-            self.js
-                .publish_with_headers(subject, h, Bytes::from(child.to_string()))
-                .await?
+        let payload = Bytes::from(child.to_string());
+        match &self.notices_group {
+            Some(group) => {
+                group
+                    .publish(subject, h, payload)
+                    .await
+                    .map_err(|e| nats_err("notice", e))?;
+            }
+            None => {
+                async {
+                    self.js
+                        .publish_with_headers(subject, h, payload)
+                        .await?
+                        .await
+                }
                 .await
+                .map_err(|e| nats_err("notice", e))?;
+            }
         }
-        .await
-        .map_err(|e| nats_err("notice", e))?;
         Ok(())
     }
 

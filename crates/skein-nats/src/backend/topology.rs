@@ -48,6 +48,10 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         allow_direct: true,
         duplicate_window: age(&cfg.duplicate_window),
         max_age: age(&cfg.events_max_age),
+        // Appends may come in atomic batches (`group.rs`). A server before 2.12 does not
+        // know the flag and leaves it out of the stream's configuration, which is how a
+        // writer tells it takes no batches.
+        allow_atomic_publish: true,
         ..Default::default()
     })
     .await?;
@@ -112,6 +116,8 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         num_replicas: r,
         // A job left behind (its session's logs aged out) goes with them.
         max_age: age(&cfg.events_max_age),
+        // The first jobs of a wide turn's children may come in atomic batches (`group.rs`).
+        allow_atomic_publish: true,
         ..Default::default()
     };
     put(jobs.clone()).await?;
@@ -125,6 +131,8 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         allow_direct: true,
         // Wake-ups matter only while their logs exist: they age out with them.
         max_age: age(&cfg.events_max_age),
+        // Notices may come in atomic batches too (`group.rs`).
+        allow_atomic_publish: true,
         ..Default::default()
     })
     .await?;

@@ -326,7 +326,7 @@ impl Runtime {
         let backend = &self.backend;
         let pushed = futures::stream::iter(
             jobs.into_iter()
-                .map(|(pool, child)| async move { backend.jobs.push(&pool, &child).await }),
+                .map(|(pool, child)| async move { backend.jobs.push_new(&pool, &child).await }),
         )
         .buffer_unordered(64)
         .collect::<Vec<Result<()>>>()
