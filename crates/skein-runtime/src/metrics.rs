@@ -24,6 +24,8 @@ pub const QUEUE_DEPTH: &str = "skein_queue_depth";
 pub const INTAKE_ACCEPTED: &str = "skein_intake_accepted_total";
 pub const INTAKE_REJECTED: &str = "skein_intake_rejected_total";
 pub const NATS_RECONNECTS: &str = "skein_nats_reconnects_total";
+/// Written by the NATS backend's group commit (`skein_nats` names it the same).
+pub const NATS_BATCHES: &str = "skein_nats_append_batches_total";
 pub const READY: &str = "skein_ready";
 pub const WAITING_FOR_ROOM: &str = "skein_sessions_waiting_for_room";
 pub const QUOTA_QUEUE: &str = "skein_quota_queue_length";
@@ -111,6 +113,10 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         NATS_RECONNECTS,
         "Times the NATS connection was made again after it was lost.",
+    ),
+    (
+        NATS_BATCHES,
+        "Atomic batches of writes sent by group commit (nats.group_commit), by outcome: committed whole, or published again apart.",
     ),
     (READY, "1 while the worker is ready (see /readyz), else 0."),
     (

@@ -1,6 +1,8 @@
-//! Group commit of appends to `SKEIN_EVENTS`: the appends a process makes while earlier
-//! ones are still out go to the server together, as one atomic batch (`Nats-Batch-Id`,
-//! `Nats-Batch-Sequence`, `Nats-Batch-Commit`; a stream with `allow_atomic`).
+//! Group commit (`nats.group_commit`): the writes a process makes to one stream while
+//! earlier ones are still out go to the server together, as one atomic batch
+//! (`Nats-Batch-Id`, `Nats-Batch-Sequence`, `Nats-Batch-Commit`; a stream with
+//! `allow_atomic`). Used for appends to `SKEIN_EVENTS`, for notices, and for the first
+//! jobs of a wide turn's children.
 //!
 //! Why: with `sync_interval: always` the server writes and syncs each message of a stream
 //! before its ack, one after another, and a wide tree's sessions append at the same
@@ -13,8 +15,10 @@
 //! or not at all. When a batch is not committed as one (one of its appends lost a race,
 //! repeats one already stored, the server does not batch, or its ack did not come), each
 //! of its appends is published again on its own, in order, and gets the outcome it would
-//! have had alone: a message the batch did store comes back as a duplicate of itself,
-//! which the log's writer checks byte for byte as it does after a lost ack.
+//! have had alone. A message the batch did store (its ack lost) is answered as any repeat
+//! is: as a duplicate, which the log's writer checks byte for byte, or, by a server that
+//! checks the expected last sequence first (2.15 does), as a lost race, after which the
+//! writer reads its log again; both as after a lost ack of a single publish.
 
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
@@ -45,7 +49,8 @@ impl From<PublishAck> for Acked {
 pub(crate) type Outcome = std::result::Result<Acked, Arc<PublishError>>;
 
 /// Batches of appends, by `outcome`: `committed` (stored as one), `apart` (published
-/// again one by one).
+/// again one by one). The worker's metrics list describes it
+/// (`skein_runtime::metrics::NATS_BATCHES`).
 pub const BATCHES: &str = "skein_nats_append_batches_total";
 
 /// The most appends in one batch: the server's default limit.
