@@ -390,57 +390,39 @@ fn a_notice_carries_a_childs_end_only_where_nothing_can_follow_it() {
     );
 }
 
-/// A push for a session whose job the pushing worker holds marks the hold there instead of
-/// leaving a wake marker on the server. Here the worker is killed with SIGKILL the moment a
-/// child's push has marked its parent's hold (trees are submitted one after another until
-/// one such push is logged): the mark dies with the process, the parent's delivery comes
-/// back after its lease, and every tree still ends, each child settled once, each log
-/// replaying as recorded.
-#[test]
-fn a_worker_killed_after_a_push_marked_its_hold_loses_no_wake_up() {
-    let sb = fan_out(2);
-    let server = NatsServer::start();
-    let url = server.url();
+/// Kills a worker with SIGKILL at a moment its log names, and checks that nothing is lost.
+/// `start(name, log filter, log)` starts a worker. The first, logging at `filter`, is given
+/// fan-outs of 64 children one after another (ids `prefix-N`) until its log has a line with
+/// `mark` (within 60 s; `never` says what it means when it does not). Then it is killed and
+/// a second is started. Every tree ends with its answer, each child delegated and settled
+/// once, each log replaying as recorded.
+fn killed_at_a_mark(
+    sb: &Sandbox,
+    url: &str,
+    start: impl Fn(&str, &str, Option<common::cluster::LogLines>) -> Child,
+    (filter, mark): (&str, &str),
+    prefix: &str,
+    never: &str,
+) {
     let log = common::cluster::LogLines::default();
-    // Both workers lease jobs for 2 s: the pool's consumer takes the ack wait of the last
-    // worker that opened it.
-    let leasing = |name: &str, filter: &str, log: Option<common::cluster::LogLines>| {
-        let mut c = skein(&sb.config(), &sb.data());
-        c.args(["--nats", &url, "worker", "--concurrency", "64"])
-            .env("SKEIN_TOKEN_SECRET", SECRET)
-            .env("SKEIN__RUNTIME__LEASE", "2s")
-            .env("SKEIN__RUNTIME__WORKER_ID", name)
-            .env("SKEIN_LOG", filter);
-        start_worker_logged(c, name, log)
-    };
-    let mut workers = Workers(vec![leasing(
-        "m1",
-        "warn,skein_nats::backend::jobs=trace",
-        Some(log.clone()),
-    )]);
+    let mut workers = Workers(vec![start("k1", filter, Some(log.clone()))]);
     let n = 64;
     let marked = || {
         log.lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .any(|l| l.contains("push marked the job held here"))
+            .any(|l| l.contains(mark))
     };
     let mut roots = vec![];
     let deadline = Instant::now() + Duration::from_secs(60);
     'trees: while Instant::now() < deadline {
-        let id = format!("marked-{}", roots.len());
+        let id = format!("{prefix}-{}", roots.len());
+        let inputs = format!("{{\"n\": {n}}}");
         let out = cli(
-            &sb,
-            &url,
+            sb,
+            url,
             &[
-                "submit",
-                "--agent",
-                "fanout",
-                "--id",
-                &id,
-                "--inputs",
-                &format!("{{\"n\": {n}}}"),
-                "go",
+                "submit", "--agent", "fanout", "--id", &id, "--inputs", &inputs, "go",
             ],
         );
         assert!(
@@ -457,17 +439,13 @@ fn a_worker_killed_after_a_push_marked_its_hold_loses_no_wake_up() {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    assert!(
-        marked(),
-        "in {} trees no child's push found its parent's job held by its worker",
-        roots.len()
-    );
+    assert!(marked(), "in {} trees {never}", roots.len());
     common::cluster::kill9(&mut workers.0[0]);
-    workers.0.push(leasing("m2", "warn", None));
+    workers.0.push(start("k2", "warn", None));
     for id in &roots {
-        let t = wait_status(&sb, &url, id, "completed");
+        let t = wait_status(sb, url, id, "completed");
         assert_eq!(t["sessions"][0]["answer"], format!("{n} parts done"));
-        let out = cli(&sb, &url, &["events", id, "--json"]);
+        let out = cli(sb, url, &["events", id, "--json"]);
         let mut kinds = std::collections::BTreeMap::<String, usize>::new();
         for l in String::from_utf8_lossy(&out.stdout).lines() {
             let e = serde_json::from_str::<serde_json::Value>(l).unwrap();
@@ -480,13 +458,56 @@ fn a_worker_killed_after_a_push_marked_its_hold_loses_no_wake_up() {
             (Some(&n), Some(&n)),
             "{id}: each child delegated and settled once: {kinds:?}"
         );
-        let out = cli(&sb, &url, &["replay", id, "--verify", "--tree"]);
+        let out = cli(sb, url, &["replay", id, "--verify", "--tree"]);
         assert!(
             out.status.success(),
             "{id}: {}",
             String::from_utf8_lossy(&out.stdout)
         );
     }
+}
+
+/// A worker on `url` (a sandbox's config, 64 sessions at once, a 2 s lease, and the
+/// environment `env`), logging at `filter` into `log` when given.
+fn leasing_worker(
+    sb: &Sandbox,
+    url: &str,
+    env: &[(&str, &str)],
+    (name, filter, log): (&str, &str, Option<common::cluster::LogLines>),
+) -> Child {
+    let mut c = skein(&sb.config(), &sb.data());
+    c.args(["--nats", url, "worker", "--concurrency", "64"])
+        .env("SKEIN_TOKEN_SECRET", SECRET)
+        .env("SKEIN__RUNTIME__LEASE", "2s")
+        .env("SKEIN__RUNTIME__WORKER_ID", name)
+        .env("SKEIN_LOG", filter)
+        .envs(env.iter().copied());
+    start_worker_logged(c, name, log)
+}
+
+/// A push for a session whose job the pushing worker holds marks the hold there instead of
+/// leaving a wake marker on the server. Here the worker is killed with SIGKILL the moment a
+/// child's push has marked its parent's hold (trees are submitted one after another until
+/// one such push is logged): the mark dies with the process, the parent's delivery comes
+/// back after its lease, and every tree still ends, each child settled once, each log
+/// replaying as recorded. Both workers lease jobs for 2 s (the pool's consumer takes the
+/// ack wait of the last worker that opened it).
+#[test]
+fn a_worker_killed_after_a_push_marked_its_hold_loses_no_wake_up() {
+    let sb = fan_out(2);
+    let server = NatsServer::start();
+    let url = server.url();
+    killed_at_a_mark(
+        &sb,
+        &url,
+        |name, filter, log| leasing_worker(&sb, &url, &[], (name, filter, log)),
+        (
+            "warn,skein_nats::backend::jobs=trace",
+            "push marked the job held here",
+        ),
+        "marked",
+        "no child's push found its parent's job held by its worker",
+    );
 }
 
 /// With every write fsynced and `group_commit` on, a worker's appends go in atomic batches.
@@ -499,91 +520,22 @@ fn a_worker_killed_while_its_appends_go_in_batches_loses_no_step() {
     let sb = fan_out(2);
     let server = NatsServer::start_with_sync(Some("always"));
     let url = server.url();
-    let log = common::cluster::LogLines::default();
-    let grouping = |name: &str, filter: &str, log: Option<common::cluster::LogLines>| {
-        let mut c = skein(&sb.config(), &sb.data());
-        c.args(["--nats", &url, "worker", "--concurrency", "64"])
-            .env("SKEIN_TOKEN_SECRET", SECRET)
-            .env("SKEIN__RUNTIME__LEASE", "2s")
-            .env("SKEIN__NATS__GROUP_COMMIT", "true")
-            .env("SKEIN__RUNTIME__WORKER_ID", name)
-            .env("SKEIN_LOG", filter);
-        start_worker_logged(c, name, log)
-    };
-    let mut workers = Workers(vec![grouping(
-        "g1",
-        "warn,skein_nats::backend::group=debug",
-        Some(log.clone()),
-    )]);
-    let n = 64;
-    let committed = || {
-        log.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .any(|l| l.contains("appends committed as one batch"))
-    };
-    let mut roots = vec![];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    'trees: while Instant::now() < deadline {
-        let id = format!("grouped-{}", roots.len());
-        let out = cli(
-            &sb,
-            &url,
-            &[
-                "submit",
-                "--agent",
-                "fanout",
-                "--id",
-                &id,
-                "--inputs",
-                &format!("{{\"n\": {n}}}"),
-                "go",
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        roots.push(id);
-        let next = Instant::now() + Duration::from_secs(1);
-        while Instant::now() < next {
-            if committed() {
-                break 'trees;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-    assert!(
-        committed(),
-        "in {} trees no batch of appends was committed (nats-server {}; group commit needs \
-         2.15.1 or later)",
-        roots.len(),
+    let never = format!(
+        "no batch of appends was committed (nats-server {}; group commit needs 2.15.1 or later)",
         skein_testnats::nats_server_version()
     );
-    common::cluster::kill9(&mut workers.0[0]);
-    workers.0.push(grouping("g2", "warn", None));
-    for id in &roots {
-        let t = wait_status(&sb, &url, id, "completed");
-        assert_eq!(t["sessions"][0]["answer"], format!("{n} parts done"));
-        let out = cli(&sb, &url, &["events", id, "--json"]);
-        let mut kinds = std::collections::BTreeMap::<String, usize>::new();
-        for l in String::from_utf8_lossy(&out.stdout).lines() {
-            let e = serde_json::from_str::<serde_json::Value>(l).unwrap();
-            *kinds
-                .entry(e["kind"].as_str().unwrap_or("?").to_string())
-                .or_default() += 1;
-        }
-        assert_eq!(
-            (kinds.get("Delegated"), kinds.get("ChildSettled")),
-            (Some(&n), Some(&n)),
-            "{id}: each child delegated and settled once: {kinds:?}"
-        );
-        let out = cli(&sb, &url, &["replay", id, "--verify", "--tree"]);
-        assert!(
-            out.status.success(),
-            "{id}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    killed_at_a_mark(
+        &sb,
+        &url,
+        |name, filter, log| {
+            let env = [("SKEIN__NATS__GROUP_COMMIT", "true")];
+            leasing_worker(&sb, &url, &env, (name, filter, log))
+        },
+        (
+            "warn,skein_nats::backend::group=debug",
+            "appends committed as one batch",
+        ),
+        "grouped",
+        &never,
+    );
 }
