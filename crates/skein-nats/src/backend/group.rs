@@ -61,9 +61,10 @@ const MOST_BYTES: usize = 4 << 20;
 /// than a message (a single-replica stream stages each batch in files of its own).
 const FEWEST_BATCHED: usize = 8;
 
-/// Sends out at once from one process (a batch, or appends too few to gather). The server allows 50 per stream by default,
-/// for all its writers together; a batch that finds no room is refused, and its appends
-/// go one by one.
+/// Sends out at once from one group, a process's writes to one stream (a batch, or
+/// appends too few to gather). The server allows 50 batches per stream by default, for
+/// all its writers together; a batch that finds no room is refused, and its appends go
+/// one by one.
 const OUT_AT_ONCE: usize = 4;
 
 struct Append {
