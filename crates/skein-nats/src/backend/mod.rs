@@ -95,15 +95,13 @@ fn nats_err(what: &str, e: impl Into<skein_ports::error::BoxError>) -> Error {
     Error::unavailable(format!("nats: {what}"), e)
 }
 
-/// Whether `e`, or an error beneath it, is JetStream refusing a write for want of room.
 /// Whether writes to `stream` (the log, the notices, new sessions' jobs) are gathered into
-/// atomic batches:
-/// `group_commit` is on, the
-/// stream takes atomic batches (its server is 2.12 or later and the flag is set), it has a
-/// single replica, and the server (`version`) is 2.15.1 or later. There a batch is synced
-/// once; on earlier servers each of its messages is synced as it would be alone, after
-/// the batch is staged in files of its own, which costs more than it saves. A replicated
-/// stream's writes go through its replicas' log instead, not measured with batches.
+/// atomic batches: `group_commit` is on, the stream takes atomic batches (its server is
+/// 2.12 or later and the flag is set), it has a single replica, and the server (`version`)
+/// is 2.15.1 or later. There a batch is synced once; on earlier servers each of its
+/// messages is synced as it would be alone, after the batch is staged in files of its own,
+/// which costs more than it saves. A replicated stream's writes go through its replicas'
+/// log instead, not measured with batches.
 fn group_commits(stream: &stream::Stream, version: &str, cfg: &NatsConfig) -> bool {
     let have = &stream.cached_info().config;
     cfg.group_commit
@@ -125,6 +123,7 @@ fn version_at_least(version: &str, least: (u64, u64, u64)) -> bool {
     }
 }
 
+/// Whether `e`, or an error beneath it, is JetStream refusing a write for want of room.
 pub(crate) fn is_full(e: &(dyn std::error::Error + 'static)) -> bool {
     use async_nats::jetstream::ErrorCode;
     let mut at = Some(e);
@@ -285,14 +284,15 @@ impl NatsStore {
         };
         let events = s(EVENTS).await?;
         let version = client.server_info().version;
-        let events_group = group_commits(&events, &version, cfg)
-            .then(|| group::Group::start(client.clone(), js.clone()));
+        let group_for = |stream: &stream::Stream| {
+            group_commits(stream, &version, cfg)
+                .then(|| group::Group::start(client.clone(), js.clone()))
+        };
+        let events_group = group_for(&events);
         let jobs_stream = s(JOBS).await?;
-        let jobs_group = group_commits(&jobs_stream, &version, cfg)
-            .then(|| group::Group::start(client.clone(), js.clone()));
+        let jobs_group = group_for(&jobs_stream);
         let notices = s(NOTICES).await?;
-        let notices_group = group_commits(&notices, &version, cfg)
-            .then(|| group::Group::start(client.clone(), js.clone()));
+        let notices_group = group_for(&notices);
         let workspace_stream = s("OBJ_skein_workspace").await?;
         let holds = Arc::new(holds::Holds::new(lease));
         let store = Arc::new(Self {
