@@ -952,6 +952,8 @@ async fn the_page_pages_through_the_history(ui: &UiServer) {
     .await;
     let first: Vec<String> = serde_json::from_value(b.js(roots).await).expect("roots");
     assert_eq!(first, hist((9980..10_000).rev()), "the newest page");
+    let pager_text = "document.querySelector('.pager').textContent";
+    assert_eq!(b.js(pager_text).await, "older »", "the first page's pager");
     b.js("document.getElementById('next-page').click()").await;
     b.until(
         "the next page",
@@ -962,6 +964,11 @@ async fn the_page_pages_through_the_history(ui: &UiServer) {
     .await;
     let second: Vec<String> = serde_json::from_value(b.js(roots).await).expect("roots");
     assert_eq!(second, hist((9960..9980).rev()), "the next page");
+    assert_eq!(
+        b.js(pager_text).await,
+        "« newest · older »",
+        "the pager's links"
+    );
     // A filter reads the index too, and starts again from the newest page.
     b.js(
         "(() => { const q = document.querySelector('input[name=q]'); \

@@ -187,8 +187,12 @@ async function sessionsView() {
   const inbox = el("div");
   // The cursors of the pages shown before this one (the first page's is empty).
   const pages = [""];
+  // Reads overlap (the live feed's re-read, a page turned, a filter typed): only the
+  // latest renders, so an older page answered last cannot replace the filtered one.
+  let latest = 0;
   const load = async () => {
     if (S.view !== view) return;
+    const gen = ++latest;
     const q = new URLSearchParams();
     if (f.status.value) q.set("status", f.status.value);
     if (f.agent.value) q.set("agent", f.agent.value);
@@ -199,11 +203,13 @@ async function sessionsView() {
     const cursor = pages[pages.length - 1];
     if (cursor) q.set("cursor", cursor);
     const { rows, next } = await apiPage(`/sessions?${q}`);
+    if (gen !== latest || S.view !== view) return;
     const turn = (e, to) => { e.preventDefault(); to(); load(); };
-    pager.replaceChildren(
+    // `replaceChildren` would print a null as the text "null": the links go in a span.
+    pager.replaceChildren(el("span", {},
       pages.length > 1 ? el("a", { href: "#/", id: "newest-page", onclick: (e) => turn(e, () => pages.splice(1)) }, "« newest") : null,
       pages.length > 1 && next ? " · " : null,
-      next ? el("a", { href: "#/", id: "next-page", onclick: (e) => turn(e, () => pages.push(next)) }, "older »") : null);
+      next ? el("a", { href: "#/", id: "next-page", onclick: (e) => turn(e, () => pages.push(next)) }, "older »") : null));
     list.replaceChildren(rows.length === 0 ? el("p", { class: "muted" }, "No trees match.") :
       el("div", { class: "table" }, el("table", {},
         el("thead", {}, el("tr", {}, ["tree", "agent", "status", "started", "wall", "tokens", "mission"].map((h) => el("th", {}, h)))),
@@ -441,9 +447,12 @@ async function sessionView(id) {
     for (const tr of log.querySelectorAll("tr[data-seq]")) tr.classList.toggle("at", Number(tr.dataset.seq) === at);
   };
   slider.addEventListener("input", () => showState(Number(slider.value)));
+  let latest = 0;
   const load = async () => {
     if (S.view !== view) return;
+    const gen = ++latest;
     const events = await api(`/sessions/${enc(id)}/events`);
+    if (gen !== latest || S.view !== view) return;
     const follow = Number(slider.value) === last;
     const first = events[0].body.data || {};
     last = events[events.length - 1].seq;
