@@ -75,7 +75,7 @@ mod conformance_grouped {
         (server, store.backend())
     }
 
-    skein_runtime::conformance_tests!(@each nats; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_appends_ahead, log_lists_trees_and_roots, long_reads_are_whole_and_ordered, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, notices_among_others_read_whole_from_every_cursor, notices_in_step_with_wakes);
+    skein_runtime::conformance_tests!(@each nats; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_appends_ahead, log_lists_trees_and_roots, long_reads_are_whole_and_ordered, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, notices_among_others_read_whole_from_every_cursor, notices_in_step_with_wakes, jobs_of_ended_sessions_are_acked_and_woken_again);
 }
 
 /// A store on `server` (one replica) with the one-second lease the suite expects.

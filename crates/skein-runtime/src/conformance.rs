@@ -458,6 +458,47 @@ pub async fn jobs_claim_ack_and_coalesce(b: &Backend) -> Result<()> {
     Ok(())
 }
 
+/// The job of an ended session, acked as such, may leave traces that its backend clears
+/// later; a push made at once, while they may still be there, still runs the session
+/// again, and so does a push for an ended session made with `push_ended`.
+pub async fn jobs_of_ended_sessions_are_acked_and_woken_again(b: &Backend) -> Result<()> {
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let s = new_root_id();
+    let claim = |what: &'static str| {
+        let pool = pool.clone();
+        let s = s.clone();
+        async move {
+            let j = b.jobs.claim(&pool, Duration::from_secs(5)).await?;
+            match j {
+                Some(j) if j.session == s => Ok(j),
+                other => Err(Failure::Broken(format!("{what}: claimed {other:?}"))),
+            }
+        }
+    };
+    b.jobs.push(&pool, &s).await?;
+    let j = claim("the first push").await?;
+    b.jobs.ack_ended(&j).await?;
+    // At once: the ended session's job may not be cleared yet.
+    b.jobs.push(&pool, &s).await?;
+    let j = claim("a push right after the ack of an ended session").await?;
+    b.jobs.ack_ended(&j).await?;
+    b.jobs.push_ended(&pool, &s).await?;
+    let j = claim("a push for an ended session").await?;
+    b.jobs.ack_ended(&j).await?;
+    // Nothing is left to run but what an extra wake-up makes (one idle step at most).
+    let mut extra = 0;
+    while let Some(j) = b.jobs.claim(&pool, Duration::from_millis(500)).await? {
+        extra += 1;
+        ensure(extra <= 2, "the ended session keeps being delivered")?;
+        b.jobs.ack_ended(&j).await?;
+    }
+    ensure(
+        b.jobs.depth(&pool).await? == 0,
+        "an ended session's acked job is not counted",
+    )?;
+    Ok(())
+}
+
 pub async fn jobs_redeliver_after_lease_and_retry(b: &Backend) -> Result<()> {
     let pool = format!("conf{}", &new_root_id().as_str()[20..]);
     let s = new_root_id();
@@ -1042,6 +1083,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(log_lists_trees_and_roots);
     check!(log_pages_roots_and_lists_open_ones);
     check!(jobs_claim_ack_and_coalesce);
+    check!(jobs_of_ended_sessions_are_acked_and_woken_again);
     check!(jobs_redeliver_after_lease_and_retry);
     check!(cache_gets_puts_and_expires);
     check!(blobs_are_content_addressed);
@@ -1067,7 +1109,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, log_pages_roots_and_lists_open_ones, jobs_claim_ack_and_coalesce, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, log_pages_roots_and_lists_open_ones, jobs_claim_ack_and_coalesce, jobs_of_ended_sessions_are_acked_and_woken_again, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(

@@ -167,6 +167,13 @@ impl FoldCache {
         lock(&self.states).remove(id);
     }
 
+    /// Whether the session's kept fold shows it ended (false when none is kept).
+    pub(crate) fn ended(&self, id: &SessionId) -> bool {
+        lock(&self.states)
+            .get(id)
+            .is_some_and(|f| f.state.status.is_terminal())
+    }
+
     /// A copy of the session's fold, if one is kept.
     pub(crate) fn kept(&self, id: &SessionId) -> Option<Folded> {
         lock(&self.states).get(id).map(|f| Folded::clone(f))

@@ -491,7 +491,7 @@ impl Runtime {
                     }
                 }
             }
-            Ok(()) => match self.backend.jobs.ack(&job).await {
+            Ok(()) => match self.ack_processed(&job).await {
                 Ok(()) => crate::metrics::job_acked(&job.pool),
                 Err(e) => {
                     // The job comes back; what it appended may not have been stored (a
@@ -647,6 +647,17 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Acks a job processed to its end. A session that ended runs again only to tell its
+    /// parent once more: its job may be cleared after the ack (`JobQueue::ack_ended`).
+    async fn ack_processed(&self, job: &Job) -> crate::Result<()> {
+        if self.sessions.ended(&job.session) {
+            self.backend.jobs.ack_ended(job).await
+        } else {
+            self.backend.jobs.ack(job).await
+        }
+        .map_err(Into::into)
     }
 
     /// Wakes every session of every tree that has not ended. Jobs are wake-ups: a cluster

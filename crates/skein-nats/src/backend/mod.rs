@@ -235,6 +235,8 @@ pub struct NatsStore {
     feeds: Mutex<feed::Feeds>,
     /// The jobs this process holds (see `holds.rs`).
     holds: Arc<holds::Holds>,
+    /// Deletes the jobs of ended sessions after their acks (see `jobs.rs`).
+    clearer: std::sync::OnceLock<jobs::Clearer>,
     /// Lease given to pool consumers (their ack wait).
     lease: Duration,
     /// Whether `workspace_dir` lies on a local disk (looked at on the first tool call): its
@@ -336,8 +338,12 @@ impl NatsStore {
             consumers: tokio::sync::Mutex::new(HashMap::new()),
             lease,
             workspace_local: std::sync::OnceLock::new(),
+            clearer: std::sync::OnceLock::new(),
         });
         store.holds.set_store(Arc::downgrade(&store));
+        let _ = store
+            .clearer
+            .set(jobs::Clearer::start(Arc::downgrade(&store)));
         Ok(store)
     }
 
