@@ -29,12 +29,21 @@ pub async fn run(app: &App, a: &BenchArgs, runs: u32) -> Result<ExitCode> {
     let pool = nats.then(|| format!("reuse{}", &skein_runtime::new_root_id().as_str()[18..]));
     write_agents(tmp.path(), a.latency_ms, false, pool.as_deref())?;
     let config = tmp.path().join("skein.toml");
+    // A server started here to sync every write gets the workers' setting for one, as in
+    // the fan-out runs.
+    let fsynced_here =
+        a.nats_local && app.global.nats.is_none() && a.sync.as_deref() == Some("always");
     std::fs::write(
         &config,
         format!(
             "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n\n[runtime]\nconcurrency = {}\n\n\
-             [limits]\nmax_children_per_turn = 100000\n",
-            n + 16
+             [limits]\nmax_children_per_turn = 100000\n{}",
+            n + 16,
+            if fsynced_here {
+                "\n[nats]\ngroup_commit = true\n"
+            } else {
+                ""
+            }
         ),
     )?;
     let secret = format!("bench-{}", skein_runtime::new_root_id());
@@ -45,15 +54,19 @@ pub async fn run(app: &App, a: &BenchArgs, runs: u32) -> Result<ExitCode> {
     let mut _worker = None;
     let mut version = "embedded (log file + sled)".to_string();
     let url = if nats {
-        let (server, url, _) = match &app.global.nats {
-            Some(u) => (None, u.clone(), String::new()),
+        let (server, url, sync) = match &app.global.nats {
+            Some(u) => (None, u.clone(), "as configured on that server".to_string()),
             None => super::bench_nats::local_server(a.sync.as_deref())?,
         };
         _server = server;
         let client = async_nats::connect(url.split(',').next().unwrap_or_default())
             .await
             .context("connect")?;
-        version = format!("nats-server {}", client.server_info().version);
+        version = format!(
+            "nats-server {} (fsync: {sync}; group commit {})",
+            client.server_info().version,
+            if fsynced_here { "on" } else { "off" }
+        );
         let pool = pool.as_deref().unwrap_or_default();
         _worker = Some(
             super::bench_nats::spawn_worker(
