@@ -657,7 +657,6 @@ impl Runtime {
         } else {
             self.backend.jobs.ack(job).await
         }
-        .map_err(Into::into)
     }
 
     /// Wakes every session of every tree that has not ended. Jobs are wake-ups: a cluster
