@@ -119,7 +119,6 @@ bounded!(JobQueue {
     fn heartbeat(job: &Job) -> Result<()> = "heartbeat on SKEIN_JOBS";
     fn ack(job: &Job) -> Result<()> = "ack on SKEIN_JOBS";
     fn ack_ended(job: &Job) -> Result<()> = "ack on SKEIN_JOBS";
-    fn push_ended(pool: &str, session: &SessionId) -> Result<()> = "push to SKEIN_JOBS";
     fn retry(job: &Job, delay: Duration) -> Result<()> = "nak on SKEIN_JOBS";
     fn depth(pool: &str) -> Result<u64> = "depth of SKEIN_JOBS";
     fn depth_matching(pool: &str, want: &SessionFilter) -> Result<u64> = "depth of SKEIN_JOBS";

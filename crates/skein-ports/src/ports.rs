@@ -181,19 +181,11 @@ pub trait JobQueue: Send + Sync {
     /// Holds a job for a whole lease again, from now (long model calls).
     async fn heartbeat(&self, job: &Job) -> Result<()>;
     async fn ack(&self, job: &Job) -> Result<()>;
-    /// [`JobQueue::ack`] for the job of a session that has ended. Nothing runs an ended
-    /// session again but a wake-up that asks it to tell its parent of its end once more,
-    /// so a backend may clear what is left of the job later, off the path of the work
-    /// still going on, as long as a push for the session meanwhile is not lost.
+    /// [`JobQueue::ack`] for the job of a session that has ended. Nothing waits for such
+    /// a job to go (an ended session runs again only to tell its parent of its end once
+    /// more), so a backend may let the ack wait its turn behind the work still going on.
     async fn ack_ended(&self, job: &Job) -> Result<()> {
         self.ack(job).await
-    }
-    /// [`JobQueue::push`] for a session that has ended, made to have it tell its parent of
-    /// its end again (a sweep after the backend lost state). Whatever an
-    /// [`JobQueue::ack_ended`] left of its last job, in a process that died before clearing
-    /// it, does not hold this push back.
-    async fn push_ended(&self, pool: &str, session: &SessionId) -> Result<()> {
-        self.push(pool, session).await
     }
     /// Gives the job back, to be delivered again after `delay`.
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()>;

@@ -251,103 +251,14 @@ impl NatsStore {
             .as_ref()
             .and_then(|l| l.get::<Held>())
             .is_some_and(|h| h.hold.was_woken());
-        self.wake_after(&job.pool, &job.session, woken_here, acked)
-            .await
-    }
-
-    /// [`Self::wake_after_ack`] for `session`, whose hold was marked or not.
-    async fn wake_after(
-        &self,
-        pool: &str,
-        session: &SessionId,
-        woken_here: bool,
-        acked: bool,
-    ) -> Result<()> {
-        match self.wake.get(session.as_str()).await {
+        match self.wake.get(job.session.as_str()).await {
             Ok(None) if acked && !woken_here => Ok(()),
             Ok(Some(_)) => {
-                let _ = self.wake.delete(session.as_str()).await;
-                self.push(pool, session).await
+                let _ = self.wake.delete(job.session.as_str()).await;
+                self.push(&job.pool, &job.session).await
             }
-            _ => self.push(pool, session).await,
+            _ => self.push(&job.pool, &job.session).await,
         }
-    }
-
-    /// The clearing of an ended session's job (see [`Clearer`]): its message deleted,
-    /// then a push it refused meanwhile made whole. A delete that keeps failing leaves
-    /// the message, as a process that dies first does.
-    async fn clear(&self, c: Clearing) {
-        let mut delay = Duration::from_millis(100);
-        let mut tries = 0;
-        while let Err(e) = self.delete_job_message(c.sseq).await {
-            if tries == 5 {
-                tracing::warn!(session = %c.session, error = %e,
-                    "the job of an ended session was not deleted: it stays until it ages out, \
-                     and only a sweep's wake-up of the session passes it");
-                return;
-            }
-            tries += 1;
-            tracing::debug!(session = %c.session, error = %e, "delete of an ended session's job failed; trying again");
-            tokio::time::sleep(delay).await;
-            delay *= 2;
-        }
-        tracing::trace!(session = %c.session, "job of an ended session cleared");
-        if let Err(e) = self.wake_after(&c.pool, &c.session, c.woken, true).await {
-            tracing::warn!(session = %c.session, error = %e, "wake-up after clearing an ended session's job failed");
-        }
-    }
-
-    /// Deletes every message of the job subject of `session`: what an [`JobQueue::ack_ended`]
-    /// left when its process died before clearing it. A job there that is still pending or
-    /// held is one of an ended session, which the push that follows stands in for.
-    async fn purge_job_subject(&self, pool: &str, session: &SessionId) -> Result<()> {
-        let what = || format!("purge the job of {session} from stream {JOBS}");
-        let answer: Response<serde::de::IgnoredAny> = self
-            .js
-            .request(
-                format!("STREAM.PURGE.{JOBS}"),
-                &serde_json::json!({ "filter": format!("skein.jobs.{pool}.{}", session.as_str()) }),
-            )
-            .await
-            .map_err(|e| nats_err(&what(), e))?;
-        match answer {
-            Response::Ok(_) => Ok(()),
-            Response::Err { error } => Err(nats_err(&what(), error)),
-        }
-    }
-}
-
-/// An acked job of an ended session whose message is still to be deleted.
-pub(crate) struct Clearing {
-    sseq: u64,
-    pool: String,
-    session: SessionId,
-    /// Whether a push here marked its hold before the ack.
-    woken: bool,
-}
-
-/// Deletes the messages of ended sessions' acked jobs, one at a time, behind the work
-/// still going on. With every write fsynced, each delete costs the jobs stream a write of
-/// its own, and a wide tree's children end together: deleted at their acks, a thousand
-/// deletes stood in the stream's queue before the wake-up of the parent they had all
-/// pushed. Nothing waits for these deletes. A push that finds such a job not yet deleted
-/// leaves the session's wake marker, which the clearing reads once the delete is done, as
-/// an ack does.
-pub(crate) struct Clearer {
-    queue: tokio::sync::mpsc::UnboundedSender<Clearing>,
-}
-
-impl Clearer {
-    /// Starts the clearing task of `store`; it ends with the store.
-    pub(crate) fn start(store: std::sync::Weak<NatsStore>) -> Self {
-        let (queue, mut rx) = tokio::sync::mpsc::unbounded_channel::<Clearing>();
-        tokio::spawn(async move {
-            while let Some(c) = rx.recv().await {
-                let Some(store) = store.upgrade() else { return };
-                store.clear(c).await;
-            }
-        });
-        Clearer { queue }
     }
 }
 
@@ -449,36 +360,22 @@ impl JobQueue for NatsStore {
         acked
     }
 
+    /// As `ack`, with the job's delete waiting its turn behind the deletes of the other
+    /// ended sessions' jobs of this process, one at a time. With every write fsynced,
+    /// each delete costs the jobs stream a write of its own, and the children of a wide
+    /// turn end together: deleted all at once, a thousand deletes stood in the stream's
+    /// queue ahead of the pushes that wake their parent. Nothing waits for an ended
+    /// session's job to go (it runs again only to tell its parent once more), so its
+    /// delete can wait; the order of delete, hold, ack and wake marker stays that of an
+    /// ack.
     async fn ack_ended(&self, job: &Job) -> Result<()> {
-        self.make_sure(&job.session).await?;
-        let held = Held::take(job)?;
-        // The hold ends first: a push from here from now on goes to the server, finds the
-        // message and leaves the wake marker, which the clearing reads after the delete.
-        held.hold.release();
-        let acked = held.acker.ack().await.map_err(|e| nats_err("ack", e));
-        tracing::trace!(session = %job.session, ok = acked.is_ok(), "job of an ended session acked");
-        // Queued whatever the ack's outcome: a delivery that comes back finds its message
-        // gone, or runs the ended session's last duties once more and queues it again.
-        let clearing = Clearing {
-            sseq: held.sseq,
-            pool: job.pool.clone(),
-            session: job.session.clone(),
-            woken: held.hold.was_woken(),
+        let acked = {
+            // The semaphore is never closed.
+            let _turn = self.ended_deletes.acquire().await.ok();
+            self.ack_only(job).await?
         };
-        // Without its task (a store being dropped), the clearing is done here.
-        let left = match self.clearer.get() {
-            Some(c) => c.queue.send(clearing).err().map(|e| e.0),
-            None => Some(clearing),
-        };
-        if let Some(c) = left {
-            self.clear(c).await;
-        }
+        self.wake_after_ack(job, acked.is_ok()).await?;
         acked
-    }
-
-    async fn push_ended(&self, pool: &str, session: &SessionId) -> Result<()> {
-        self.purge_job_subject(pool, session).await?;
-        self.push(pool, session).await
     }
 
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
@@ -543,70 +440,40 @@ mod tests {
         store_leasing(server, Duration::from_secs(30)).await
     }
 
-    /// The ended session's job is acked at once and its message deleted after: the
-    /// clearing, not the ack, empties the subject, and a push made from another process
-    /// in between (refused by the message still there) runs the session once the message
-    /// is gone.
+    /// Acks of ended sessions' jobs, made all at once, take their turns at the deletes
+    /// and keep an ack's promises: each job's message is gone, and a session pushed from
+    /// another process while its job was held runs once more.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_ended_sessions_job_is_cleared_after_its_ack_and_a_push_meanwhile_runs_it() {
+    async fn acks_of_ended_sessions_delete_in_turn_and_wake_what_was_pushed() {
         let server = NatsServer::start();
         let (a, b) = (store(&server).await, store(&server).await);
         let pool = "ended";
-        for round in 0..10 {
-            let (s, job) = held_job(&a, pool).await;
-            a.ack_ended(&job).await.unwrap();
-            b.push(pool, &s).await.unwrap();
-            let again = runs_again(&a, pool, &s, "a push right after the ack").await;
-            a.ack_ended(&again).await.unwrap();
-            // At most one extra, idle run, from a wake-up that coalesced with the push.
-            let mut extra = 0;
-            while let Some(j) = a.claim(pool, Duration::from_millis(500)).await.unwrap() {
-                assert_eq!(j.session, s);
-                extra += 1;
-                assert!(extra <= 1, "round {round}: the ended session keeps running");
-                a.ack_ended(&j).await.unwrap();
-            }
-            // Cleared: nothing stays in the subject, and no marker is left behind.
-            let mut left = job_message(&a, pool, &s).await;
-            for _ in 0..100 {
-                if left.is_none() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                left = job_message(&a, pool, &s).await;
-            }
-            assert_eq!(left, None, "round {round}: the ended session's job stays");
-            assert!(
-                a.wake.get(s.as_str()).await.unwrap().is_none(),
-                "round {round}: a marker is left"
-            );
+        let mut held = vec![];
+        for _ in 0..40 {
+            held.push(held_job(&a, pool).await);
         }
-    }
-
-    /// A process that acked an ended session's job and died before clearing it leaves the
-    /// message, which refuses the plain push a sweep would make; `push_ended` passes it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_job_left_by_a_process_that_died_before_clearing_it_is_passed_by_push_ended() {
-        let server = NatsServer::start();
-        let (a, b) = (store(&server).await, store(&server).await);
-        let pool = "leftover";
-        let (s, job) = held_job(&a, pool).await;
-        // The ack without its clearing, as a process killed right after it leaves it.
-        let held = Held::take(&job).unwrap();
-        held.hold.release();
-        held.acker.ack().await.unwrap();
-        assert!(job_message(&a, pool, &s).await.is_some());
-        b.push(pool, &s).await.unwrap();
-        assert!(
-            b.claim(pool, Duration::from_millis(500))
-                .await
-                .unwrap()
-                .is_none(),
-            "a plain push is held back by the job left there"
+        // Every other session is pushed again while held: the push leaves its marker.
+        for (s, _) in held.iter().step_by(2) {
+            b.push(pool, s).await.unwrap();
+        }
+        let acks = held.iter().map(|(_, j)| a.ack_ended(j));
+        for r in futures::future::join_all(acks).await {
+            r.unwrap();
+        }
+        let mut again = std::collections::BTreeSet::new();
+        while let Some(j) = a.claim(pool, Duration::from_millis(500)).await.unwrap() {
+            assert!(again.insert(j.session.clone()), "{} ran twice", j.session);
+            a.ack_ended(&j).await.unwrap();
+        }
+        let pushed: std::collections::BTreeSet<_> =
+            held.iter().step_by(2).map(|(s, _)| s.clone()).collect();
+        assert_eq!(
+            again, pushed,
+            "the sessions pushed while held run once more, only they"
         );
-        b.push_ended(pool, &s).await.unwrap();
-        let again = runs_again(&b, pool, &s, "push_ended passes the job left there").await;
-        b.ack_ended(&again).await.unwrap();
+        for (s, _) in &held {
+            assert_eq!(job_message(&a, pool, s).await, None, "the job of {s} stays");
+        }
     }
 
     /// A holder slow to read the wake marker after its ack, while the session's next job

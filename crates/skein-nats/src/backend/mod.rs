@@ -170,6 +170,10 @@ fn age(s: &str) -> Duration {
 }
 
 /// Everything the backend holds on to.
+/// How many deletes of ended sessions' jobs a process has out at once (see `ack_ended` in
+/// `jobs.rs`).
+const ENDED_DELETES: usize = 4;
+
 pub struct NatsStore {
     pub client: async_nats::Client,
     pub js: Context,
@@ -235,8 +239,9 @@ pub struct NatsStore {
     feeds: Mutex<feed::Feeds>,
     /// The jobs this process holds (see `holds.rs`).
     holds: Arc<holds::Holds>,
-    /// Deletes the jobs of ended sessions after their acks (see `jobs.rs`).
-    clearer: std::sync::OnceLock<jobs::Clearer>,
+    /// The turn of the deletes of ended sessions' jobs, one at a time (see `ack_ended` in
+    /// `jobs.rs`).
+    ended_deletes: tokio::sync::Semaphore,
     /// Lease given to pool consumers (their ack wait).
     lease: Duration,
     /// Whether `workspace_dir` lies on a local disk (looked at on the first tool call): its
@@ -338,12 +343,9 @@ impl NatsStore {
             consumers: tokio::sync::Mutex::new(HashMap::new()),
             lease,
             workspace_local: std::sync::OnceLock::new(),
-            clearer: std::sync::OnceLock::new(),
+            ended_deletes: tokio::sync::Semaphore::new(ENDED_DELETES),
         });
         store.holds.set_store(Arc::downgrade(&store));
-        let _ = store
-            .clearer
-            .set(jobs::Clearer::start(Arc::downgrade(&store)));
         Ok(store)
     }
 
