@@ -649,8 +649,8 @@ impl Runtime {
         }
     }
 
-    /// Acks a job processed to its end. A session that ended runs again only to tell its
-    /// parent once more: its job may be cleared after the ack (`JobQueue::ack_ended`).
+    /// Acks a job processed to its end. Nothing waits for the job of a session that ended
+    /// to go, so its ack may wait its turn (`JobQueue::ack_ended`).
     async fn ack_processed(&self, job: &Job) -> crate::Result<()> {
         if self.sessions.ended(&job.session) {
             self.backend.jobs.ack_ended(job).await

@@ -361,7 +361,7 @@ impl JobQueue for NatsStore {
     }
 
     /// As `ack`, with the job's delete waiting its turn behind the deletes of the other
-    /// ended sessions' jobs of this process, one at a time. With every write fsynced,
+    /// ended sessions' jobs of this process, a few at a time. With every write fsynced,
     /// each delete costs the jobs stream a write of its own, and the children of a wide
     /// turn end together: deleted all at once, a thousand deletes stood in the stream's
     /// queue ahead of the pushes that wake their parent. Nothing waits for an ended
