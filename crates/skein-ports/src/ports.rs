@@ -182,8 +182,9 @@ pub trait JobQueue: Send + Sync {
     async fn heartbeat(&self, job: &Job) -> Result<()>;
     async fn ack(&self, job: &Job) -> Result<()>;
     /// [`JobQueue::ack`] for the job of a session that has ended. Nothing waits for such
-    /// a job to go (an ended session runs again only to tell its parent of its end once
-    /// more), so a backend may let the ack wait its turn behind the work still going on.
+    /// a job to go (a push for it meanwhile, such as a follow-up question to a finished
+    /// chat agent, runs it again after the ack, as for any held job), so a backend may let
+    /// the ack wait its turn behind the work still going on.
     async fn ack_ended(&self, job: &Job) -> Result<()> {
         self.ack(job).await
     }

@@ -365,9 +365,9 @@ impl JobQueue for NatsStore {
     /// each delete costs the jobs stream a write of its own, and the children of a wide
     /// turn end together: deleted all at once, a thousand deletes stood in the stream's
     /// queue ahead of the pushes that wake their parent. Nothing waits for an ended
-    /// session's job to go (it runs again only to tell its parent once more), so its
-    /// delete can wait; the order of delete, hold, ack and wake marker stays that of an
-    /// ack.
+    /// session's job to go (a push meanwhile leaves the wake marker, read after the ack),
+    /// so its delete can wait; the order of delete, hold, ack and wake marker stays that
+    /// of an ack.
     async fn ack_ended(&self, job: &Job) -> Result<()> {
         let acked = {
             // The semaphore is never closed.
