@@ -222,20 +222,18 @@ impl Runtime {
         {
             stored?;
         }
-        // Boxed: a wide turn's thousand creations are otherwise moved, each whole, into
-        // the set that polls them.
-        let created = join_all(
-            creations
-                .into_iter()
-                .map(|(id, _, sub)| Box::pin(async move { self.create_ahead(&id, sub).await })),
-        )
-        .await;
+        let created = self
+            .create_many_ahead(
+                creations
+                    .into_iter()
+                    .map(|(id, _, sub)| (id, sub))
+                    .collect(),
+            )
+            .await?;
         // The children's folds are kept: the job that runs a child here reads only what
         // follows its `Submitted` (one round trip on NATS rather than two).
-        for c in created {
-            if let Some(child) = c? {
-                self.keep_state(child);
-            }
+        for child in created.into_iter().flatten() {
+            self.keep_state(child);
         }
         let delegated = crate::spans::delegated(&parent_events);
         self.append_all(f, parent_events).await?;
