@@ -166,9 +166,13 @@ impl Drop for Hold {
             return;
         };
         let (pool, session) = (self.pool.clone(), self.session.clone());
+        // The push is of the job's trace, as an ack's push is: the task that drops the
+        // hold is the one that ran the job, and the spawned push takes its context along.
+        let traceparent = skein_ports::trace_context::current();
         // Nobody waits for this push to fail, so it keeps trying a while on its own: the
         // session's job may be gone (another holder acked it after this lease ran out).
-        rt.spawn(async move {
+        rt.spawn(skein_ports::trace_context::scoped(async move {
+            skein_ports::trace_context::set(traceparent);
             let mut delay = Duration::from_millis(200);
             loop {
                 match store.push(&pool, &session).await {
@@ -185,7 +189,7 @@ impl Drop for Hold {
                     }
                 }
             }
-        });
+        }));
     }
 }
 

@@ -652,6 +652,66 @@ mod tests {
         .await;
     }
 
+    /// A marked hold dropped after its delivery was acked by another process (its lease ran
+    /// out, and the delivery that came back was run there) publishes the job anew, and the
+    /// job carries the trace context of the task that dropped the hold, as an ack's push
+    /// carries the acking job's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_woken_hold_dropped_after_its_lease_pushes_in_its_jobs_trace() {
+        let server = NatsServer::start();
+        let lease = Duration::from_secs(2);
+        let (a, b) = (
+            store_leasing(&server, lease).await,
+            store_leasing(&server, lease).await,
+        );
+        let pool = "tracedhold";
+        let (s, held) = held_job(&a, pool).await;
+        a.push(pool, &s).await.unwrap();
+        assert!(
+            a.wake.get(s.as_str()).await.unwrap().is_none(),
+            "the push marked the hold"
+        );
+        let back = b
+            .claim(pool, lease * 3)
+            .await
+            .unwrap()
+            .expect("the delivery comes back to the other process after the lease");
+        assert_eq!(back.session, s);
+        b.ack(&back).await.unwrap();
+        assert_eq!(
+            job_message(&a, pool, &s).await,
+            None,
+            "the ack deleted the job"
+        );
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        skein_ports::trace_context::scoped(async {
+            skein_ports::trace_context::set(Some(traceparent.to_string()));
+            drop(held);
+        })
+        .await;
+        let mut pushed = None;
+        for _ in 0..40 {
+            let subject = format!("skein.jobs.{pool}.{}", s.as_str());
+            if let Ok(m) = a
+                .jobs_stream
+                .get_last_raw_message_by_subject(&subject)
+                .await
+            {
+                pushed = Some(m);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let pushed = pushed.expect("the dropped hold published the job again");
+        assert_eq!(
+            pushed.headers.get("traceparent").map(|v| v.as_str()),
+            Some(traceparent),
+            "the job is of the dropping task's trace"
+        );
+        let again = runs_again(&b, pool, &s, "the pushed job runs").await;
+        b.ack(&again).await.unwrap();
+    }
+
     /// A hold past half its lease is not marked: another worker may soon hold its
     /// delivery, so the push goes to the server and leaves the marker there.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
