@@ -11,7 +11,7 @@ use skein_core::{Envelope, Event, Record, SessionId};
 use skein_nats::{NatsConfig, NatsStore, ROOTS, ROOT_OPEN, ROOT_STATE};
 use skein_runtime::new_root_id;
 use skein_runtime::ports::roots::RootFilter;
-use skein_runtime::ports::{Durability, EventLog};
+use skein_runtime::ports::{Cache, CacheEntry, Durability, EventLog};
 use skein_testnats::NatsServer;
 
 async fn store_on(server: &NatsServer) -> std::sync::Arc<NatsStore> {
@@ -301,4 +301,72 @@ async fn a_pipelined_ending_is_indexed_once_its_ack_is_read() {
     let s: skein_runtime::ports::roots::RootSummary =
         serde_json::from_slice(&state.payload).unwrap();
     assert_eq!((s.status.as_str(), s.last_seq), ("cancelled", 2));
+}
+
+/// Appends to a fresh log of `s` a `Submitted` with `mission_hash`, then its end.
+async fn submitted_and_ended(store: &NatsStore, s: &SessionId, at: u64, mission_hash: &str) {
+    let first = Record::decode(
+        Envelope::new(
+            s.clone(),
+            1,
+            at,
+            genesis_hash(s),
+            Event::Submitted(skein_core::event::Submitted {
+                mission_hash: mission_hash.into(),
+                ..skein_core::event::Submitted::for_test("helper")
+            }),
+        )
+        .encode()
+        .unwrap(),
+    )
+    .unwrap();
+    let end = rec(s, 2, at + 1, first.hash(), true);
+    store
+        .append(s, 0, &[first, end], Durability::Now)
+        .await
+        .unwrap();
+}
+
+fn entry(source: &SessionId) -> CacheEntry {
+    CacheEntry {
+        answer: "the answer".into(),
+        usage: Default::default(),
+        source: source.clone(),
+        steps: 1,
+        created: 1_000,
+        expires: None,
+    }
+}
+
+/// A removed tree takes with it the cache entries whose answer came from its sessions,
+/// found by their missions' hashes, and only those: an entry under the same hash that a
+/// run of another tree has put since, and the entries of trees kept, stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_tree_removes_the_cache_entries_it_answered_and_no_other() {
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let old = new_root_id();
+    submitted_and_ended(&store, &old, 1_000, "h-root").await;
+    let (a, b) = (old.child("helper", 1), old.child("helper", 2));
+    submitted_and_ended(&store, &a, 1_100, "h-a").await;
+    submitted_and_ended(&store, &b, 1_200, "h-b").await;
+    let kept = new_root_id();
+    submitted_and_ended(&store, &kept, 2_000, "h-kept").await;
+    store.put("h-root", &entry(&old)).await.unwrap();
+    store.put("h-a", &entry(&a)).await.unwrap();
+    // The same mission run again in the kept tree, whose answer replaced b's.
+    store.put("h-b", &entry(&kept)).await.unwrap();
+    store.put("h-kept", &entry(&kept)).await.unwrap();
+
+    let removed = store.remove_tree(&old).await.unwrap().expect("removed");
+    assert_eq!((removed.sessions, removed.cache_entries), (3, 2));
+    let now = skein_runtime::now_ms();
+    assert_eq!(store.get("h-root", now).await.unwrap(), None);
+    assert_eq!(store.get("h-a", now).await.unwrap(), None);
+    for kept_hash in ["h-b", "h-kept"] {
+        let e = store.get(kept_hash, now).await.unwrap().expect(kept_hash);
+        assert_eq!(e.source, kept, "{kept_hash}");
+    }
+    // Removed once: another worker's removal finds nothing more.
+    assert_eq!(store.remove_tree(&old).await.unwrap(), None);
 }

@@ -166,12 +166,14 @@ async fn gc_on_nats(app: &App, a: GcArgs) -> Result<ExitCode> {
         )?;
     } else {
         crate::outln!(
-            "removed {} trees ({} sessions, {} records, {} bytes, {} workspace objects){}",
+            "removed {} trees ({} sessions, {} records, {} bytes, {} workspace objects, {} \
+             cache entries){}",
             removed.trees,
             removed.sessions,
             removed.records,
             removed.bytes,
             removed.workspace_objects,
+            removed.cache_entries,
             match &archive {
                 Archive::Dir(d) => format!("; archived in {}", d.display()),
                 Archive::Store => "; archived in the object store skein_archive".to_string(),

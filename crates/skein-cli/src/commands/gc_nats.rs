@@ -32,6 +32,7 @@ pub struct Removed {
     pub records: u64,
     pub bytes: u64,
     pub workspace_objects: u64,
+    pub cache_entries: u64,
     pub archived: u64,
 }
 
@@ -106,6 +107,7 @@ pub async fn remove_trees(
             out.records += r.records;
             out.bytes += r.bytes;
             out.workspace_objects += r.workspace_objects;
+            out.cache_entries += r.cache_entries;
         }
     }
     if out.trees > 0 {

@@ -1,7 +1,7 @@
 //! Retention on NATS: finding the finished trees older than an age, from the index of
-//! roots read from its oldest end, and removing one tree: its subjects of `SKEIN_EVENTS`,
-//! its notices, watchers, jobs and ending, its workspace, and last its entries in the
-//! index of roots. Archiving (the audit export of a tree) is the caller's, before the
+//! roots read from its oldest end, and removing one tree: the cache entries whose answer
+//! came from it, its subjects of `SKEIN_EVENTS`, its notices, watchers, jobs and ending,
+//! its workspace, and last its entries in the index of roots. Archiving (the audit export of a tree) is the caller's, before the
 //! removal; an archive may be kept in the object store `skein_archive`.
 //!
 //! A tree is removable when its root and every session of its tree have ended (never a
@@ -9,10 +9,10 @@
 //! the cut-off. A removal stopped half-way leaves a root whose index entry outlives its
 //! log: the next run finds it again (ended, old) and finishes it.
 
-use async_nats::jetstream::{object_store, stream};
+use async_nats::jetstream::{kv, object_store, stream};
 use serde::Serialize;
 use skein_core::SessionId;
-use skein_ports::ports::EventLog;
+use skein_ports::ports::{CacheEntry, EventLog};
 use skein_ports::roots::RootSummary;
 use skein_ports::Result;
 
@@ -32,6 +32,8 @@ pub struct RemovedTree {
     pub bytes: u64,
     /// Objects of its workspace.
     pub workspace_objects: u64,
+    /// Entries of the cache whose answer came from one of its sessions.
+    pub cache_entries: u64,
 }
 
 /// How many starts of `SKEIN_ROOTS` one round of the scan reads at once.
@@ -101,12 +103,21 @@ impl NatsStore {
             sessions: sessions.len() as u64,
             ..Default::default()
         };
+        // A session's cache entry is kept under its mission hash, which its `Submitted`
+        // holds.
+        let mut ran = vec![];
         for s in &sessions {
             for r in self.read(s, 1).await? {
+                if let skein_core::Event::Submitted(sub) = &r.env.body {
+                    ran.push((sub.mission_hash.clone(), s));
+                }
                 removed.records += 1;
                 removed.bytes += r.bytes.len() as u64;
             }
         }
+        // Before the logs: a removal cut short after this finds the logs, and so the
+        // mission hashes, again next time.
+        removed.cache_entries = self.uncache(&ran).await?;
         let purge = |st: &stream::Stream, subject: String| {
             let st = st.clone();
             async move {
@@ -145,6 +156,41 @@ impl NatsStore {
         removed.workspace_objects = self.remove_workspace(root).await?;
         self.unindex(root.as_str()).await?;
         Ok((purged > 0).then_some(removed))
+    }
+
+    /// Deletes the cache entries kept under each mission hash whose answer came from the
+    /// session beside it; returns how many. An entry another run has replaced since (its
+    /// source is another session, or its revision moved on) is left.
+    async fn uncache(&self, ran: &[(String, &SessionId)]) -> Result<u64> {
+        let mut removed = 0;
+        for (hash, session) in ran {
+            if hash.is_empty() {
+                continue;
+            }
+            let Some(e) = self
+                .cache
+                .entry(hash)
+                .await
+                .map_err(|e| nats_err("read a cache entry", e))?
+            else {
+                continue;
+            };
+            if e.operation != kv::Operation::Put {
+                continue;
+            }
+            let from_here =
+                serde_json::from_slice::<CacheEntry>(&e.value).is_ok_and(|c| &c.source == *session);
+            if from_here
+                && self
+                    .cache
+                    .delete_expect_revision(hash, Some(e.revision))
+                    .await
+                    .is_ok()
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// Keeps `bytes` as object `name` of the object store [`ARCHIVE`] (made on first use,
