@@ -167,6 +167,7 @@ pub async fn policy(
                 trees = r.trees,
                 sessions = r.sessions,
                 bytes = r.bytes,
+                cache_entries = r.cache_entries,
                 archived = r.archived,
                 "retention removed finished trees"
             ),
