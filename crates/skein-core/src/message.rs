@@ -101,8 +101,9 @@ pub enum Message {
 pub struct ToolSpec {
     pub name: String,
     pub description: String,
-    /// JSON Schema of the arguments object.
-    pub parameters: Value,
+    /// JSON Schema of the arguments object; shared, since a request's tools are each
+    /// turn's and a schema may be large (an MCP server's).
+    pub parameters: std::sync::Arc<Value>,
 }
 
 /// Facts about the session a provider may use; only the scripted model reads them

@@ -823,6 +823,14 @@ impl Server {
         lock(&self.tools).iter().find(|t| t.name == name).cloned()
     }
 
+    /// The input schema of the listed tool `name`, shared.
+    pub fn tool_schema(&self, name: &str) -> Option<std::sync::Arc<serde_json::Value>> {
+        lock(&self.tools)
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.input_schema.clone())
+    }
+
     pub fn restarts(&self) -> i64 {
         self.restarts.load(Ordering::SeqCst)
     }

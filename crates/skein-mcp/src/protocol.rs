@@ -255,7 +255,8 @@ pub struct ToolDef {
     pub name: String,
     pub title: Option<String>,
     pub description: String,
-    pub input_schema: Value,
+    /// Shared: a worker offers it at every turn that has the tool.
+    pub input_schema: std::sync::Arc<Value>,
     pub output_schema: Option<Value>,
     pub annotations: ToolAnnotations,
 }
@@ -293,7 +294,7 @@ impl ToolDef {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string(),
-            input_schema,
+            input_schema: input_schema.into(),
             output_schema: v.get("outputSchema").filter(|s| s.is_object()).cloned(),
             annotations,
         })

@@ -94,12 +94,6 @@ impl McpTool {
         t.later = true;
         Ok(t)
     }
-
-    fn current(&self) -> ToolDef {
-        self.server
-            .tool(&self.tool)
-            .unwrap_or_else(|| self.listed.clone())
-    }
 }
 
 #[async_trait]
@@ -117,7 +111,14 @@ impl Tool for McpTool {
     }
 
     fn parameters(&self) -> Value {
-        self.current().input_schema
+        Value::clone(&self.schema())
+    }
+
+    /// The schema the server lists now (or as first listed), without copying it.
+    fn schema(&self) -> Arc<Value> {
+        self.server
+            .tool_schema(&self.tool)
+            .unwrap_or_else(|| self.listed.input_schema.clone())
     }
 
     /// Calls of one tool may overlap; the server's `max_concurrency` bounds them.

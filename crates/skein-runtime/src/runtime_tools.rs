@@ -60,7 +60,8 @@ pub fn call_agent_spec(def: &AgentDef) -> ToolSpec {
                 "owns_tasks": {"type": "array", "items": {"type": "string"}}
             },
             "additionalProperties": false
-        }),
+        })
+        .into(),
     }
 }
 
@@ -102,7 +103,8 @@ fn delegate_to_agent_spec(agent: Value) -> ToolSpec {
             },
             "required": ["agent", "task"],
             "additionalProperties": false
-        }),
+        })
+        .into(),
     }
 }
 
@@ -131,7 +133,8 @@ pub fn handoff_to_spec(def: &AgentDef) -> Option<ToolSpec> {
             },
             "required": ["agent"],
             "additionalProperties": false
-        }),
+        })
+        .into(),
     })
 }
 
@@ -155,7 +158,8 @@ pub fn team_broadcast_spec() -> ToolSpec {
             },
             "required": ["message"],
             "additionalProperties": false
-        }),
+        })
+        .into(),
     }
 }
 
@@ -181,7 +185,8 @@ pub fn ask_clarification_spec(children: &[String]) -> ToolSpec {
             },
             "required": ["session_id", "question"],
             "additionalProperties": false
-        }),
+        })
+        .into(),
     }
 }
 
@@ -206,7 +211,7 @@ pub fn ask_user_spec() -> ToolSpec {
                 "proposed_defaults": {"type": "object"}
             },
             "required": ["questions"]
-        }),
+        }).into(),
     }
 }
 
@@ -260,7 +265,7 @@ pub fn update_plan_spec() -> ToolSpec {
             },
             "required": ["ops"],
             "additionalProperties": false
-        }),
+        }).into(),
     }
 }
 
@@ -282,7 +287,7 @@ pub fn propose_patch_spec() -> ToolSpec {
             },
             "required": ["base_version", "ops"],
             "additionalProperties": false
-        }),
+        }).into(),
     }
 }
 

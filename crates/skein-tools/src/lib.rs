@@ -76,6 +76,11 @@ pub trait Tool: Send + Sync {
     /// JSON Schema of the arguments object: what the model sees, and what
     /// [`ToolBox::run`] checks the arguments against before [`Tool::call`].
     fn parameters(&self) -> Value;
+    /// [`Tool::parameters`], shared: what [`ToolBox`] offers a model at every turn. A tool
+    /// that keeps its schema shared gives it without a copy.
+    fn schema(&self) -> Arc<Value> {
+        Arc::new(self.parameters())
+    }
     /// May run at the same time as other tools of the same turn.
     fn parallel(&self) -> bool {
         true
@@ -168,7 +173,7 @@ impl ToolBox {
     /// Adds (or replaces) a tool. A schema using keywords the validator does not know is
     /// logged: those keywords would not be enforced.
     pub fn insert(&mut self, tool: Arc<dyn Tool>) {
-        let parameters = Arc::new(tool.parameters());
+        let parameters = tool.schema();
         if let Err(e) = schema::check_schema(&parameters) {
             tracing::warn!(tool = tool.name(), error = %e, "tool schema is only partly enforced");
         }
@@ -188,7 +193,7 @@ impl ToolBox {
             .iter()
             .filter(|s| !offered || s.offers(name))
             .find_map(|s| s.get(name))?;
-        let parameters = Arc::new(tool.parameters());
+        let parameters = tool.schema();
         Some((tool, parameters))
     }
 
@@ -229,7 +234,7 @@ impl ToolBox {
             .map(|(t, parameters)| ToolSpec {
                 name: t.name().to_string(),
                 description: t.description().to_string(),
-                parameters: Arc::unwrap_or_clone(parameters),
+                parameters,
             })
     }
 

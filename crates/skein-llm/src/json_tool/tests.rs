@@ -299,7 +299,7 @@ fn spec(name: &str) -> ToolSpec {
     ToolSpec {
         name: name.into(),
         description: format!("Does {name}."),
-        parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}).into(),
     }
 }
 

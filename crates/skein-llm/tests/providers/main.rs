@@ -57,7 +57,8 @@ pub fn weather_tool() -> ToolSpec {
                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}
             },
             "required": ["city"]
-        }),
+        })
+        .into(),
     }
 }
 

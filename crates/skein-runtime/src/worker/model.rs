@@ -491,7 +491,7 @@ mod tests {
         let spec = |name: &str, d: &str| skein_core::ToolSpec {
             name: name.into(),
             description: d.into(),
-            parameters: serde_json::json!({}),
+            parameters: serde_json::json!({}).into(),
         };
         let mut req = skein_core::ModelRequest {
             model: "scripted:planner".into(),
