@@ -211,7 +211,8 @@ pub fn ask_user_spec() -> ToolSpec {
                 "proposed_defaults": {"type": "object"}
             },
             "required": ["questions"]
-        }).into(),
+        })
+        .into(),
     }
 }
 
@@ -265,7 +266,8 @@ pub fn update_plan_spec() -> ToolSpec {
             },
             "required": ["ops"],
             "additionalProperties": false
-        }).into(),
+        })
+        .into(),
     }
 }
 
@@ -287,7 +289,8 @@ pub fn propose_patch_spec() -> ToolSpec {
             },
             "required": ["base_version", "ops"],
             "additionalProperties": false
-        }).into(),
+        })
+        .into(),
     }
 }
 

@@ -239,8 +239,8 @@ pub struct NatsStore {
     feeds: Mutex<feed::Feeds>,
     /// The jobs this process holds (see `holds.rs`).
     holds: Arc<holds::Holds>,
-    /// The turns of the deletes of ended sessions' jobs, `ENDED_DELETES` at a time (see `ack_ended` in
-    /// `jobs.rs`).
+    /// The turns of the deletes of ended sessions' jobs, `ENDED_DELETES` at a time (see
+    /// `ack_ended` in `jobs.rs`).
     ended_deletes: tokio::sync::Semaphore,
     /// Lease given to pool consumers (their ack wait).
     lease: Duration,

@@ -1,8 +1,9 @@
 //! Retention on NATS: finding the finished trees older than an age, from the index of
 //! roots read from its oldest end, and removing one tree: the cache entries whose answer
 //! came from it, its subjects of `SKEIN_EVENTS`, its notices, watchers, jobs and ending,
-//! its workspace, and last its entries in the index of roots. Archiving (the audit export of a tree) is the caller's, before the
-//! removal; an archive may be kept in the object store `skein_archive`.
+//! its workspace, and last its entries in the index of roots. Archiving (the audit export
+//! of a tree) is the caller's, before the removal; an archive may be kept in the object
+//! store `skein_archive`.
 //!
 //! A tree is removable when its root and every session of its tree have ended (never a
 //! tree in flight, nor one waiting for a person) and its root's last event is older than
