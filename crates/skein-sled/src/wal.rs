@@ -51,7 +51,10 @@
 //!
 //! **Tears and damage.** Each sync writes, in the mark slot not written last, how far the
 //! sync before it reached; the same `fdatasync` makes it durable. Closing the store moves
-//! the mark to everything synced. So a crash can tear only the frames past the mark: the
+//! the mark to everything synced, without a sync of its own (what it names is durable; a
+//! crash of the machine that loses it leaves the mark before). A new log's header and its
+//! name in the directory are made durable by its first sync, with the first appends.
+//! So a crash can tear only the frames past the mark: the
 //! last group commit and what was not synced. Opening stops at the first frame that is cut
 //! short or whose crc does not match. Past the mark that is a torn tail: if nothing but
 //! zeros follows, it is the reserve, kept as it is; otherwise opening keeps what follows
@@ -66,7 +69,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use skein_core::{Record, SessionId};
@@ -200,6 +203,9 @@ pub(crate) struct Wal {
     synced: AtomicU64,
     /// `fdatasync` calls made.
     syncs: AtomicU64,
+    /// Whether the header was written by this process and the file's directory not yet
+    /// synced: the first sync syncs it too.
+    name_unsynced: AtomicBool,
     /// The error of the first failed `fdatasync` (or write of the mark): set once, for
     /// good.
     failed: OnceLock<Arc<io::Error>>,
@@ -556,7 +562,6 @@ impl Wal {
         path: &Path,
         wrap: Option<&dyn Fn(File) -> Box<dyn LogFile>>,
     ) -> Result<Self> {
-        let existed = path.exists();
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -568,13 +573,7 @@ impl Wal {
             Some(w) => w(file),
             None => Box::new(file),
         };
-        let wal = Self::open_on(path, file)?;
-        if !existed {
-            // The header is synced; now the file's name.
-            let dir = path.parent().unwrap_or(Path::new("."));
-            sync_dir(dir).map_err(|e| io_err("cannot sync the directory of", path, e))?;
-        }
-        Ok(wal)
+        Self::open_on(path, file)
     }
 
     fn open_on(path: &Path, file: Box<dyn LogFile>) -> Result<Self> {
@@ -584,17 +583,18 @@ impl Wal {
         // The checkpoint is used only if the scan went on from where it ends.
         let ck = ck.filter(|c| c.table.end >= ex.base && ex.format >= 1);
         let mut reserved = ex.len;
-        if ex.format == 0 {
+        let new = ex.format == 0;
+        if new {
             // No frame yet: the header page and the first reserve behind it (see
-            // `write_frame`), synced before anything else is written. The sync that makes
-            // the new file durable grows it once, so the first appends' syncs keep its
-            // length, as every later one in the reserve does.
+            // `write_frame`). They, and the file's name in its directory, are made durable
+            // by the first sync, before any append counts as durable: a crash before it
+            // leaves an empty file, or one of zeros, or no file, each opened as a new log.
+            // That sync grows the file once, so the later ones keep its length.
             let mut page = header_page();
             let base = page.len() as u64;
             let first_reserve = reserve_past(base);
             page.resize(first_reserve as usize, 0);
             write_all_at(&*file, &page, 0)
-                .and_then(|()| file.sync_data())
                 .map_err(|e| io_err("cannot write the header of", path, e))?;
             ex.format = FORMAT;
             ex.slots = mark_slots(base - 2 * MARK_FRAME as u64);
@@ -655,6 +655,7 @@ impl Wal {
             }),
             synced: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            name_unsynced: AtomicBool::new(new),
             failed: OnceLock::new(),
             checkpointed: AtomicU64::new(checkpointed),
         })
@@ -827,13 +828,25 @@ impl Wal {
                 .map_err(|e| self.fail(e))?;
         }
         self.file.sync_data().map_err(|e| self.fail(e))?;
+        if self.name_unsynced.load(Ordering::Acquire) {
+            // A new log's name, once its header is durable (the sync just made).
+            let dir = self.path.parent().unwrap_or(Path::new("."));
+            sync_dir(dir).map_err(|e| self.fail(e))?;
+            self.name_unsynced.store(false, Ordering::Release);
+        }
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced.fetch_max(end, Ordering::AcqRel);
         Ok(())
     }
 
-    /// Syncs, and moves the mark up to all that is synced (one more `fdatasync`), so that
-    /// no frame of the closed log is taken for a torn one at the next open.
+    /// Syncs, and moves the mark up to all that is synced, so that no frame of the closed
+    /// log is taken for a torn one at the next open.
+    ///
+    /// The mark is written, not synced: everything it names is durable already, so the
+    /// next open finds it (a process's end keeps the page cache), and a crash of the
+    /// machine that loses it leaves the mark before it, which only takes more of the file
+    /// for a possible tear, as after any crash. Its slot is the one not written last, so
+    /// a write torn by such a crash spoils neither the other slot nor a frame.
     pub(crate) fn close(&self) -> io::Result<()> {
         self.sync()?;
         let mut marks = self.marks.lock().unwrap_or_else(|p| p.into_inner());
@@ -843,9 +856,7 @@ impl Wal {
         }
         if synced > marks.marked {
             self.write_mark(&mut marks, synced)
-                .and_then(|()| self.file.sync_data())
                 .map_err(|e| self.fail(e))?;
-            self.syncs.fetch_add(1, Ordering::Relaxed);
         }
         drop(marks);
         self.checkpoint_if_due();

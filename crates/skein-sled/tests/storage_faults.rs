@@ -675,3 +675,68 @@ async fn both_slots_of_the_mark_damaged_refuse_to_open_rather_than_cut() {
     assert!(e.to_string().contains("mark"), "{e}");
     assert_eq!(std::fs::read(&log).unwrap(), bytes);
 }
+
+#[tokio::test]
+async fn a_new_log_is_made_durable_by_its_first_sync_and_a_close_adds_none() {
+    // Given a fresh data directory on a disk that keeps what each sync covered.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let disk = Arc::new(Disk::default());
+    disk.keep_synced.store(true, Ordering::SeqCst);
+    let a = sid("t-new-a");
+    let ra = records(&a, 1, 3);
+
+    // When the store is opened, then nothing is synced yet: the header waits for the
+    // first appends, and a power loss now leaves an empty file, or one of zeros, each
+    // opened as a new log that takes appends.
+    let store = open_on(&data, &disk);
+    assert_eq!(disk.syncs.load(Ordering::SeqCst), 0, "synced at open");
+    let opened = std::fs::read(data.join("events.log")).unwrap();
+    assert!(!opened.is_empty(), "the header was not written");
+    for image in [vec![], vec![0u8; opened.len()]] {
+        let lost = tempfile::tempdir().unwrap();
+        std::fs::write(lost.path().join("events.log"), &image).unwrap();
+        let s = SledStore::open(lost.path(), &lost.path().join("ws")).unwrap();
+        let log = s.backend().log;
+        assert!(log.read(&a, 1).await.unwrap().is_empty());
+        log.append(&a, 0, &ra[..1], Durability::Now).await.unwrap();
+        assert_eq!(log.read(&a, 1).await.unwrap().len(), 1);
+    }
+
+    // When records are appended durably, then one sync covers the header and them: the
+    // file as that sync left it opens with every record.
+    let log = store.backend().log;
+    log.append(&a, 0, &ra[..2], Durability::Now).await.unwrap();
+    assert_eq!(disk.syncs.load(Ordering::SeqCst), 1);
+    let synced = disk.synced.lock().unwrap().clone();
+    let lost = tempfile::tempdir().unwrap();
+    std::fs::write(lost.path().join("events.log"), &synced).unwrap();
+    let s = SledStore::open(lost.path(), &lost.path().join("ws")).unwrap();
+    assert_eq!(s.backend().log.read(&a, 1).await.unwrap().len(), 2);
+    drop(s);
+
+    // When the store is closed after one more append, then the close syncs that append
+    // and nothing more: its mark is written, not synced.
+    log.append(&a, 2, &ra[2..], Durability::Pipelined)
+        .await
+        .unwrap();
+    drop(log);
+    drop(store);
+    assert_eq!(disk.syncs.load(Ordering::SeqCst), 2, "the close synced its mark");
+
+    // And the mark it wrote reaches the next open: a byte flipped in the last frame is
+    // damage before the mark, refused, not a tear to cut.
+    let file = data.join("events.log");
+    let whole = std::fs::read(&file).unwrap();
+    let end = whole.len() - whole.iter().rev().take_while(|b| **b == 0).count();
+    let mut flipped = whole.clone();
+    flipped[end - 8] ^= 0x01;
+    std::fs::write(&file, &flipped).unwrap();
+    assert!(
+        SledStore::open(&data, &dir.path().join("ws")).is_err(),
+        "damage under the close's mark was opened"
+    );
+    std::fs::write(&file, &whole).unwrap();
+    let store = SledStore::open(&data, &dir.path().join("ws")).unwrap();
+    assert_eq!(store.backend().log.read(&a, 1).await.unwrap().len(), 3);
+}
