@@ -8,6 +8,7 @@ use skein_core::{AgentSet, Limits};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_runtime::inspect::{rows_of_folds, tree_rows};
+use skein_runtime::session::Folded;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
 use skein_tools::{ToolBox, ToolsConfig};
@@ -104,4 +105,11 @@ async fn the_rows_of_the_folds_a_run_kept_are_those_read_back_from_the_logs() {
         serde_json::to_value(&cold).unwrap(),
         serde_json::to_value(&read).unwrap()
     );
+
+    // And the root's fold the run handed back (the one it kept) is its log's, folded
+    // afresh: the same state, to the last record and its hash.
+    let mut whole = Folded::new(id.clone());
+    whole.absorb(&rt.backend.log.read(&id, 1).await.unwrap()).unwrap();
+    assert_eq!(root.last_hash, whole.last_hash);
+    assert_eq!(root.state, whole.state);
 }

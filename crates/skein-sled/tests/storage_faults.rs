@@ -722,7 +722,11 @@ async fn a_new_log_is_made_durable_by_its_first_sync_and_a_close_adds_none() {
         .unwrap();
     drop(log);
     drop(store);
-    assert_eq!(disk.syncs.load(Ordering::SeqCst), 2, "the close synced its mark");
+    assert_eq!(
+        disk.syncs.load(Ordering::SeqCst),
+        2,
+        "the close synced its mark"
+    );
 
     // And the mark it wrote reaches the next open: a byte flipped in the last frame is
     // damage before the mark, refused, not a tear to cut.
