@@ -109,7 +109,9 @@ async fn the_rows_of_the_folds_a_run_kept_are_those_read_back_from_the_logs() {
     // And the root's fold the run handed back (the one it kept) is its log's, folded
     // afresh: the same state, to the last record and its hash.
     let mut whole = Folded::new(id.clone());
-    whole.absorb(&rt.backend.log.read(&id, 1).await.unwrap()).unwrap();
+    whole
+        .absorb(&rt.backend.log.read(&id, 1).await.unwrap())
+        .unwrap();
     assert_eq!(root.last_hash, whole.last_hash);
     assert_eq!(root.state, whole.state);
 }

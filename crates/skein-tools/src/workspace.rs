@@ -147,6 +147,54 @@ fn open_root(root: &Path) -> Result<Dir, ToolError> {
     .map_err(unavailable)
 }
 
+/// The entries of the workspace's root, sorted, as [`Workspace::list`] gives them.
+///
+/// The root is opened once for reading (a listing through [`Dir::entries`] opens it twice
+/// more); no path is resolved, so there is nothing for the capability to confine. A
+/// directory is told by its entry's type; a file's size is a stat of its name relative
+/// to the root that follows no link; a symlink, or an entry whose type the filesystem
+/// does not give, goes through the capability ([`followed`]) and shows what it points to
+/// when that is inside.
+fn root_entries(dir: &Dir) -> io::Result<Vec<DirEntry>> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    let fd = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut listing = rustix::fs::Dir::new(fd)?;
+    let mut out = vec![];
+    while let Some(e) = listing.read() {
+        let e = e?;
+        let raw = e.file_name().to_bytes();
+        if raw == b"." || raw == b".." {
+            continue;
+        }
+        let name = String::from_utf8_lossy(raw).into_owned();
+        let (is_dir, size) = match e.file_type() {
+            FileType::Directory => (true, 0),
+            FileType::RegularFile => {
+                let size =
+                    rustix::fs::statat(listing.fd()?, e.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+                        .map_or(0, |st| u64::try_from(st.st_size).unwrap_or(0));
+                (false, size)
+            }
+            FileType::Symlink | FileType::Unknown => {
+                let md = followed(dir, &name);
+                (
+                    md.as_ref().is_some_and(|m| m.is_dir()),
+                    md.as_ref().filter(|m| m.is_file()).map_or(0, |m| m.len()),
+                )
+            }
+            _ => (false, 0),
+        };
+        out.push(DirEntry { name, is_dir, size });
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// An operation that never runs on the calling task of a quick workspace.
 fn never(_: &Dir, _: &str) -> bool {
     false
@@ -298,11 +346,10 @@ impl Workspace for LocalWorkspace {
             md.map_or(true, |m| m.len() <= QUICK_DIR_BYTES)
         };
         self.with_root(path, small, |dir, rel| {
-            let entries = if rel.is_empty() {
-                dir.entries()?
-            } else {
-                dir.read_dir(rel)?
-            };
+            if rel.is_empty() {
+                return root_entries(dir);
+            }
+            let entries = dir.read_dir(rel)?;
             let mut out = vec![];
             for e in entries {
                 let e = e?;

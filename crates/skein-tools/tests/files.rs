@@ -587,3 +587,49 @@ async fn get_file_info_tells_kind_size_time_and_lines_and_list_directory_is_list
         ok(&tb, &s.ctx, "list_dir", json!({"path": "src"})).await
     );
 }
+
+#[tokio::test]
+async fn the_root_is_listed_as_any_directory_of_the_same_content_is() {
+    // Given the same entries at the root and in a directory `same`: a file, a directory,
+    // a symlink to each that stays inside, a symlink out, a dangling one and a FIFO.
+    let s = Sandbox::new();
+    let ws = LocalWorkspace::new(s.root());
+    let fill = |dir: &std::path::Path| {
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("a.txt"), "hello").unwrap();
+        std::fs::write(dir.join("sub/b.txt"), "inner").unwrap();
+        symlink("a.txt", dir.join("to-file")).unwrap();
+        symlink("sub", dir.join("to-dir")).unwrap();
+        symlink(s.outside().join("secret.txt"), dir.join("out")).unwrap();
+        symlink("missing", dir.join("dangling")).unwrap();
+        rustix::fs::mkfifoat(rustix::fs::CWD, dir.join("pipe"), rustix::fs::Mode::RUSR).unwrap();
+    };
+    fill(&s.root());
+    let same = s.root().join("same");
+    std::fs::create_dir_all(&same).unwrap();
+    fill(&same);
+
+    // When both are listed, then they are listed alike: names sorted, what a symlink
+    // inside points to, sizes of files only; the root shows `same` besides.
+    let mut root = ws.list(".").await.unwrap();
+    let inner = ws.list("same").await.unwrap();
+    let at = root.iter().position(|e| e.name == "same").unwrap();
+    assert!(root.remove(at).is_dir);
+    assert_eq!(root, inner);
+    let shown: Vec<(&str, bool, u64)> = root
+        .iter()
+        .map(|e| (e.name.as_str(), e.is_dir, e.size))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("a.txt", false, 5),
+            ("dangling", false, 0),
+            ("out", false, 0),
+            ("pipe", false, 0),
+            ("sub", true, 0),
+            ("to-dir", true, 0),
+            ("to-file", false, 5),
+        ]
+    );
+}
