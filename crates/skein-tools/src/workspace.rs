@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -108,35 +109,66 @@ impl LocalWorkspace {
         S: FnOnce(&Dir, &str) -> bool,
     {
         let rel = normalize(path)?;
+        let looked = rel.clone();
+        self.dispatch(
+            path,
+            open_root,
+            move |dir: &Dir| small(dir, &looked),
+            move |dir: Dir| op(&dir, &rel),
+        )
+        .await
+    }
+
+    /// Runs `op` on what `open` makes of the root, where [`LocalWorkspace::with_root`]
+    /// says (`small` given what was opened). Maps I/O errors to tool errors that name
+    /// `path`.
+    async fn dispatch<H, T, O, S, F>(
+        &self,
+        path: &str,
+        open: O,
+        small: S,
+        op: F,
+    ) -> Result<T, ToolError>
+    where
+        H: Send + 'static,
+        T: Send + 'static,
+        O: FnOnce(&Path) -> Result<H, ToolError> + Send + 'static,
+        S: FnOnce(&H) -> bool,
+        F: FnOnce(H) -> io::Result<T> + Send + 'static,
+    {
         let shown = path.to_string();
+        let pool_failed = |e: tokio::task::JoinError| ToolError::Failed(format!("`{path}`: {e}"));
         if self.inline || self.quick {
-            let dir = open_root(&self.root)?;
-            if self.inline || small(&dir, &rel) {
-                return op(&dir, &rel).map_err(|e| io_error(&shown, e));
+            let opened = open(&self.root)?;
+            if self.inline || small(&opened) {
+                return op(opened).map_err(|e| io_error(&shown, e));
             }
-            // Too big to run here: the open root goes to the pool.
+            // Too big to run here: what was opened goes to the pool.
             return tokio::task::spawn_blocking(move || {
-                op(&dir, &rel).map_err(|e| io_error(&shown, e))
+                op(opened).map_err(|e| io_error(&shown, e))
             })
             .await
-            .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?;
+            .map_err(pool_failed)?;
         }
         let root = self.root.clone();
         tokio::task::spawn_blocking(move || {
-            let dir = open_root(&root)?;
-            op(&dir, &rel).map_err(|e| io_error(&shown, e))
+            let opened = open(&root)?;
+            op(opened).map_err(|e| io_error(&shown, e))
         })
         .await
-        .map_err(|e| ToolError::Failed(format!("`{path}`: {e}")))?
+        .map_err(pool_failed)?
     }
+}
+
+/// The error for a workspace root that cannot be opened or made.
+fn unavailable(e: io::Error) -> ToolError {
+    ToolError::Failed(format!("the workspace directory is not available: {e}"))
 }
 
 /// Opens a workspace's root directory as a capability, making it on first use: opened
 /// first, since after that it is there (creating it each time was a failed `mkdir` per
 /// tool call).
 fn open_root(root: &Path) -> Result<Dir, ToolError> {
-    let unavailable =
-        |e: io::Error| ToolError::Failed(format!("the workspace directory is not available: {e}"));
     match Dir::open_ambient_dir(root, ambient_authority()) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             std::fs::create_dir_all(root).map_err(unavailable)?;
@@ -147,23 +179,19 @@ fn open_root(root: &Path) -> Result<Dir, ToolError> {
     .map_err(unavailable)
 }
 
-/// The entries of the workspace's root, sorted, as [`Workspace::list`] gives them.
+/// The entries of the workspace's root, sorted, as [`Workspace::list`] gives them, read
+/// from `fd`, the root opened for reading.
 ///
-/// The root is opened once for reading (a listing through [`Dir::entries`] opens it twice
-/// more); no path is resolved, so there is nothing for the capability to confine. A
-/// directory is told by its entry's type; a file's size is a stat of its name relative
-/// to the root that follows no link; a symlink, or an entry whose type the filesystem
-/// does not give, goes through the capability ([`followed`]) and shows what it points to
-/// when that is inside.
-fn root_entries(dir: &Dir) -> io::Result<Vec<DirEntry>> {
-    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
-    let fd = rustix::fs::openat(
-        dir,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+/// The root is opened once (the capability's handle and a listing through
+/// [`Dir::entries`] opened it three times); no path is resolved, so there is nothing for a
+/// capability to confine. A directory is told by its entry's type; a file's size is a stat
+/// of its name relative to the root that follows no link; a symlink, or an entry whose
+/// type the filesystem does not give, goes through a capability on the root (made then)
+/// and shows what it points to when that is inside ([`followed`]).
+fn root_entries(fd: OwnedFd) -> io::Result<Vec<DirEntry>> {
+    use rustix::fs::{AtFlags, FileType};
     let mut listing = rustix::fs::Dir::new(fd)?;
+    let mut capability: Option<Dir> = None;
     let mut out = vec![];
     while let Some(e) = listing.read() {
         let e = e?;
@@ -175,13 +203,19 @@ fn root_entries(dir: &Dir) -> io::Result<Vec<DirEntry>> {
         let (is_dir, size) = match e.file_type() {
             FileType::Directory => (true, 0),
             FileType::RegularFile => {
-                let size =
-                    rustix::fs::statat(listing.fd()?, e.file_name(), AtFlags::SYMLINK_NOFOLLOW)
-                        .map_or(0, |st| u64::try_from(st.st_size).unwrap_or(0));
-                (false, size)
+                let st =
+                    rustix::fs::statat(listing.fd()?, e.file_name(), AtFlags::SYMLINK_NOFOLLOW);
+                (
+                    false,
+                    st.map_or(0, |st| u64::try_from(st.st_size).unwrap_or(0)),
+                )
             }
             FileType::Symlink | FileType::Unknown => {
-                let md = followed(dir, &name);
+                if capability.is_none() {
+                    let own = rustix::io::dup(listing.fd()?)?;
+                    capability = Some(Dir::from_std_file(std::fs::File::from(own)));
+                }
+                let md = capability.as_ref().and_then(|dir| followed(dir, &name));
                 (
                     md.as_ref().is_some_and(|m| m.is_dir()),
                     md.as_ref().filter(|m| m.is_file()).map_or(0, |m| m.len()),
@@ -193,6 +227,27 @@ fn root_entries(dir: &Dir) -> io::Result<Vec<DirEntry>> {
     }
     out.sort();
     Ok(out)
+}
+
+/// Opens a workspace's root directory for reading its entries, making it on first use
+/// (as [`open_root`]).
+fn open_root_for_reading(root: &Path) -> Result<OwnedFd, ToolError> {
+    use rustix::fs::{Mode, OFlags};
+    let open = || {
+        rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    match open() {
+        Err(rustix::io::Errno::NOENT) => {
+            std::fs::create_dir_all(root).map_err(unavailable)?;
+            open()
+        }
+        opened => opened,
+    }
+    .map_err(|e| unavailable(e.into()))
 }
 
 /// An operation that never runs on the calling task of a quick workspace.
@@ -336,19 +391,22 @@ impl Workspace for LocalWorkspace {
 
     async fn list(&self, path: &str) -> Result<Vec<DirEntry>, ToolError> {
         // A directory that cannot be looked at fails on its listing, here as well.
-        let small = |dir: &Dir, rel: &str| {
-            // The root's own size is a stat of the open handle, not a path lookup.
-            let md = if rel.is_empty() {
-                dir.dir_metadata()
-            } else {
-                dir.metadata(rel)
+        let small = |size: io::Result<u64>| size.map_or(true, |n| n <= QUICK_DIR_BYTES);
+        if normalize(path)?.is_empty() {
+            // The root: opened once, for reading; its size is a stat of that handle.
+            let root_small = |fd: &OwnedFd| {
+                small(
+                    rustix::fs::fstat(fd)
+                        .map(|st| u64::try_from(st.st_size).unwrap_or(u64::MAX))
+                        .map_err(io::Error::from),
+                )
             };
-            md.map_or(true, |m| m.len() <= QUICK_DIR_BYTES)
-        };
+            return self
+                .dispatch(path, open_root_for_reading, root_small, root_entries)
+                .await;
+        }
+        let small = |dir: &Dir, rel: &str| small(dir.metadata(rel).map(|m| m.len()));
         self.with_root(path, small, |dir, rel| {
-            if rel.is_empty() {
-                return root_entries(dir);
-            }
             let entries = dir.read_dir(rel)?;
             let mut out = vec![];
             for e in entries {

@@ -632,4 +632,21 @@ async fn the_root_is_listed_as_any_directory_of_the_same_content_is() {
             ("to-file", false, 5),
         ]
     );
+
+    // And a quick workspace (listing on the calling task) lists the root alike.
+    let quick = LocalWorkspace::new(s.root()).quick(true);
+    let mut listed = quick.list("").await.unwrap();
+    listed.retain(|e| e.name != "same");
+    assert_eq!(listed, inner);
+
+    // And a root not made yet is made by its first listing, and is empty.
+    let fresh = s.root().join("same/sub/fresh");
+    for ws in [
+        LocalWorkspace::new(&fresh),
+        LocalWorkspace::new(&fresh).quick(true),
+    ] {
+        assert_eq!(ws.list(".").await.unwrap(), vec![]);
+        assert!(fresh.is_dir());
+        std::fs::remove_dir(&fresh).unwrap();
+    }
 }
