@@ -31,6 +31,9 @@ struct Fleet {
     runtimes: Vec<Arc<Runtime>>,
     /// The first worker's connection, on which results are awaited.
     client: Option<async_nats::Client>,
+    /// Every worker's connection, closed when the fleet stops (a connection left open
+    /// would warn of the lost server once the bench stops the one it started).
+    clients: Vec<async_nats::Client>,
     stops: Vec<watch::Sender<bool>>,
     handles: Vec<tokio::task::JoinHandle<()>>,
     _tmp: tempfile::TempDir,
@@ -65,6 +68,7 @@ impl Fleet {
         let mut fleet = Fleet {
             runtimes: vec![],
             client: None,
+            clients: vec![],
             stops: vec![],
             handles: vec![],
             _tmp: tmp,
@@ -72,6 +76,7 @@ impl Fleet {
         for i in 0..workers {
             let store = NatsStore::connect(cfg, Duration::from_secs(30)).await?;
             fleet.client.get_or_insert_with(|| store.client.clone());
+            fleet.clients.push(store.client.clone());
             let mut models = Registry::new();
             models.insert(
                 "scripted",
@@ -164,6 +169,10 @@ impl Fleet {
         }
         for h in self.handles {
             let _ = h.await;
+        }
+        for c in &self.clients {
+            // The bench goes on without it if the server is already gone.
+            let _ = c.drain().await;
         }
     }
 }
@@ -334,6 +343,7 @@ async fn worker_process_memory(
     )
     .await?;
     drop(worker);
+    let _ = store.client.drain().await;
     Ok(MemoryFigures {
         idle,
         idle_1100,
