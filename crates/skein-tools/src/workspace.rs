@@ -169,14 +169,29 @@ fn unavailable(e: io::Error) -> ToolError {
 /// first, since after that it is there (creating it each time was a failed `mkdir` per
 /// tool call).
 fn open_root(root: &Path) -> Result<Dir, ToolError> {
-    match Dir::open_ambient_dir(root, ambient_authority()) {
+    made_on_first_use(root, || Dir::open_ambient_dir(root, ambient_authority()))
+}
+
+/// What `open` opens of the root `root`, the root made first if `open` finds it missing.
+fn made_on_first_use<H>(root: &Path, open: impl Fn() -> io::Result<H>) -> Result<H, ToolError> {
+    match open() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             std::fs::create_dir_all(root).map_err(unavailable)?;
-            Dir::open_ambient_dir(root, ambient_authority())
+            open()
         }
         opened => opened,
     }
     .map_err(unavailable)
+}
+
+/// A listing's row for `name`, from what it is (or points to, for a symlink): a directory,
+/// or a file with its size; `None` where that cannot be had.
+fn entry(name: String, md: Option<&cap_std::fs::Metadata>) -> DirEntry {
+    DirEntry {
+        name,
+        is_dir: md.is_some_and(|m| m.is_dir()),
+        size: md.filter(|m| m.is_file()).map_or(0, |m| m.len()),
+    }
 }
 
 /// The entries of the workspace's root, sorted, as [`Workspace::list`] gives them, read
@@ -200,15 +215,20 @@ fn root_entries(fd: OwnedFd) -> io::Result<Vec<DirEntry>> {
             continue;
         }
         let name = String::from_utf8_lossy(raw).into_owned();
-        let (is_dir, size) = match e.file_type() {
-            FileType::Directory => (true, 0),
+        out.push(match e.file_type() {
+            FileType::Directory => DirEntry {
+                name,
+                is_dir: true,
+                size: 0,
+            },
             FileType::RegularFile => {
                 let st =
                     rustix::fs::statat(listing.fd()?, e.file_name(), AtFlags::SYMLINK_NOFOLLOW);
-                (
-                    false,
-                    st.map_or(0, |st| u64::try_from(st.st_size).unwrap_or(0)),
-                )
+                DirEntry {
+                    name,
+                    is_dir: false,
+                    size: st.map_or(0, |st| u64::try_from(st.st_size).unwrap_or(0)),
+                }
             }
             FileType::Symlink | FileType::Unknown => {
                 if capability.is_none() {
@@ -216,14 +236,10 @@ fn root_entries(fd: OwnedFd) -> io::Result<Vec<DirEntry>> {
                     capability = Some(Dir::from_std_file(std::fs::File::from(own)));
                 }
                 let md = capability.as_ref().and_then(|dir| followed(dir, &name));
-                (
-                    md.as_ref().is_some_and(|m| m.is_dir()),
-                    md.as_ref().filter(|m| m.is_file()).map_or(0, |m| m.len()),
-                )
+                entry(name, md.as_ref())
             }
-            _ => (false, 0),
-        };
-        out.push(DirEntry { name, is_dir, size });
+            _ => entry(name, None),
+        });
     }
     out.sort();
     Ok(out)
@@ -233,21 +249,10 @@ fn root_entries(fd: OwnedFd) -> io::Result<Vec<DirEntry>> {
 /// (as [`open_root`]).
 fn open_root_for_reading(root: &Path) -> Result<OwnedFd, ToolError> {
     use rustix::fs::{Mode, OFlags};
-    let open = || {
-        rustix::fs::open(
-            root,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-    };
-    match open() {
-        Err(rustix::io::Errno::NOENT) => {
-            std::fs::create_dir_all(root).map_err(unavailable)?;
-            open()
-        }
-        opened => opened,
-    }
-    .map_err(|e| unavailable(e.into()))
+    made_on_first_use(root, || {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        Ok(rustix::fs::open(root, flags, Mode::empty())?)
+    })
 }
 
 /// An operation that never runs on the calling task of a quick workspace.
@@ -391,21 +396,18 @@ impl Workspace for LocalWorkspace {
 
     async fn list(&self, path: &str) -> Result<Vec<DirEntry>, ToolError> {
         // A directory that cannot be looked at fails on its listing, here as well.
-        let small = |size: io::Result<u64>| size.map_or(true, |n| n <= QUICK_DIR_BYTES);
+        let small = |size: Option<u64>| size.is_none_or(|n| n <= QUICK_DIR_BYTES);
         if normalize(path)?.is_empty() {
             // The root: opened once, for reading; its size is a stat of that handle.
             let root_small = |fd: &OwnedFd| {
-                small(
-                    rustix::fs::fstat(fd)
-                        .map(|st| u64::try_from(st.st_size).unwrap_or(u64::MAX))
-                        .map_err(io::Error::from),
-                )
+                let st = rustix::fs::fstat(fd).ok();
+                small(st.map(|st| u64::try_from(st.st_size).unwrap_or(u64::MAX)))
             };
             return self
                 .dispatch(path, open_root_for_reading, root_small, root_entries)
                 .await;
         }
-        let small = |dir: &Dir, rel: &str| small(dir.metadata(rel).map(|m| m.len()));
+        let small = |dir: &Dir, rel: &str| small(dir.metadata(rel).ok().map(|m| m.len()));
         self.with_root(path, small, |dir, rel| {
             let entries = dir.read_dir(rel)?;
             let mut out = vec![];
@@ -419,11 +421,7 @@ impl Workspace for LocalWorkspace {
                 } else {
                     e.metadata().ok()
                 };
-                out.push(DirEntry {
-                    name,
-                    is_dir: md.as_ref().is_some_and(|m| m.is_dir()),
-                    size: md.as_ref().filter(|m| m.is_file()).map_or(0, |m| m.len()),
-                });
+                out.push(entry(name, md.as_ref()));
             }
             out.sort();
             Ok(out)

@@ -29,10 +29,9 @@ use crate::app::{read_agent_files, App};
 
 struct Fleet {
     runtimes: Vec<Arc<Runtime>>,
-    /// The first worker's connection, on which results are awaited.
-    client: Option<async_nats::Client>,
-    /// Every worker's connection, closed when the fleet stops (a connection left open
-    /// would warn of the lost server once the bench stops the one it started).
+    /// Every worker's connection: results are awaited on the first; all are closed when
+    /// the fleet stops (a connection left open would warn of the lost server once the
+    /// bench stops the one it started).
     clients: Vec<async_nats::Client>,
     stops: Vec<watch::Sender<bool>>,
     handles: Vec<tokio::task::JoinHandle<()>>,
@@ -67,7 +66,6 @@ impl Fleet {
         )?);
         let mut fleet = Fleet {
             runtimes: vec![],
-            client: None,
             clients: vec![],
             stops: vec![],
             handles: vec![],
@@ -75,7 +73,6 @@ impl Fleet {
         };
         for i in 0..workers {
             let store = NatsStore::connect(cfg, Duration::from_secs(30)).await?;
-            fleet.client.get_or_insert_with(|| store.client.clone());
             fleet.clients.push(store.client.clone());
             let mut models = Registry::new();
             models.insert(
@@ -159,7 +156,7 @@ impl Fleet {
 
     /// Submits through the first worker, listening first for the tree's result.
     async fn submit(&self, sub: Submission) -> Result<(SessionId, async_nats::Subscriber)> {
-        let client = self.client.as_ref().context("a fleet without workers")?;
+        let client = self.clients.first().context("a fleet without workers")?;
         submit_listening(&self.runtimes[0], client, sub).await
     }
 
