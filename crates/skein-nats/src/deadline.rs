@@ -101,6 +101,9 @@ bounded!(EventLog {
     fn read(session: &SessionId, from_seq: u64) -> Result<Vec<Record>> = "read from SKEIN_EVENTS";
     fn last(session: &SessionId) -> Result<Option<Record>> = "last of SKEIN_EVENTS";
     fn tree(root: &SessionId) -> Result<Vec<SessionId>> = "subjects of SKEIN_EVENTS";
+    // A wide tree's logs are thousands of messages.
+    fn read_tree(root: &SessionId, ids: &[SessionId]) -> Result<Option<Vec<Vec<Record>>>>
+        = "read a tree from SKEIN_EVENTS", within |limit| limit * 4;
     fn roots() -> Result<Vec<SessionId>> = "subjects of SKEIN_EVENTS";
     // The first listing of a process may rebuild a missing index from the whole log.
     fn roots_page(filter: &RootFilter, limit: usize, cursor: Option<&str>) -> Result<RootsPage>

@@ -171,9 +171,19 @@ fn fanout_runtime(
     backend: skein_runtime::ports::Backend,
     dir: &std::path::Path,
 ) -> Arc<skein_runtime::worker::Runtime> {
+    fanout_runtime_of(backend, dir, 3)
+}
+
+/// A runtime on `backend` whose `fanout` agent delegates to `width` `leaf` children.
+fn fanout_runtime_of(
+    backend: skein_runtime::ports::Backend,
+    dir: &std::path::Path,
+    width: usize,
+) -> Arc<skein_runtime::worker::Runtime> {
     std::fs::write(
         dir.join("fanout.yaml"),
-        "turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: 3\n        args: {agent: leaf, mission: \"part {{ i }}\"}\n  - answer: \"{{ results | length }} parts done\"\n",
+        "turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: WIDTH\n        args: {agent: leaf, mission: \"part {{ i }}\"}\n  - answer: \"{{ results | length }} parts done\"\n"
+            .replace("WIDTH", &width.to_string()),
     )
     .unwrap();
     std::fs::write(dir.join("leaf.yaml"), "turns:\n  - answer: done\n").unwrap();
@@ -351,4 +361,281 @@ async fn no_list_is_trusted_while_a_worker_of_an_earlier_release_runs() {
         "p1.a-1\np1"
     );
     assert_eq!(store.tree(&root).await.unwrap(), whole);
+}
+
+/// How many messages `sub` has had since it was last drained.
+async fn drain(sub: &mut (impl futures::Stream + Unpin)) -> usize {
+    let mut n = 0;
+    while let Ok(Some(_)) =
+        tokio::time::timeout(Duration::from_millis(100), futures::StreamExt::next(sub)).await
+    {
+        n += 1;
+    }
+    n
+}
+
+/// Each record's seq and hash.
+fn hashes(records: &[Record]) -> Vec<(u64, String)> {
+    records.iter().map(|r| (r.env.seq, r.hash())).collect()
+}
+
+/// Record `seq` of `s`, chained to `prev`, with a text of `bytes` bytes.
+fn record_after(s: &SessionId, seq: u64, prev: String, bytes: usize) -> Record {
+    let env = Envelope::new(
+        s.clone(),
+        seq,
+        seq,
+        prev,
+        Event::Cancelled(Cancelled {
+            reason: format!("{s} {seq} {}", "x".repeat(bytes)),
+        }),
+    );
+    Record::decode(env.encode().unwrap()).unwrap()
+}
+
+/// A wide tree is read in one pass over its part of the stream, and what that gives is
+/// what reading each log gives: every session's records in order, whichever messages
+/// they came in, with the turns of siblings (and of a tree whose root's name begins with
+/// this root's) interleaved between them; a session named but never written reads as
+/// empty, a subset of the tree reads as that subset, and a reader that has written none
+/// of it (another process) reads the same. A tree of a few sessions is read log by log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_tree_read_in_one_pass_is_its_logs_read_one_by_one() {
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let root = id("wide");
+    let other = id("widex");
+    let mut sessions = vec![root.clone(), other.clone()];
+    // Wide enough to be read in one pass on any server (on one before 2.10, from 256
+    // sessions on).
+    for n in 1..=300 {
+        sessions.push(root.child("leaf", n));
+        if n % 60 == 0 {
+            sessions.push(root.child("leaf", n).child("sub", 1));
+        }
+    }
+    sessions.push(other.child("leaf", 1));
+    // One session of the tree written before its root, as no runtime does.
+    let early = root.child("early", 1);
+    sessions.push(early.clone());
+    // Four rounds of appends, each session's after its own last, every session in each
+    // round (the first: the early one, then the root, then the rest); some appends carry
+    // several records (one message), some a record alone.
+    let mut last: std::collections::HashMap<SessionId, (u64, String)> = sessions
+        .iter()
+        .map(|s| (s.clone(), (0, genesis_hash(s))))
+        .collect();
+    for round in 0..4u64 {
+        let now: Vec<&SessionId> = match round {
+            0 => vec![&early, &root],
+            _ => sessions.iter().collect(),
+        };
+        let later: Vec<&SessionId> = match round {
+            0 => sessions
+                .iter()
+                .filter(|s| **s != early && **s != root)
+                .collect(),
+            _ => vec![],
+        };
+        for group in [now, later] {
+            let appends = group.into_iter().map(|s| {
+                let (seq, prev) = last[s].clone();
+                let count = 1 + (round as usize + s.as_str().len()) % 3;
+                let mut records = vec![];
+                let mut prev = prev;
+                for k in 0..count as u64 {
+                    let r = record_after(s, seq + 1 + k, prev.clone(), 40 * (k as usize + 1));
+                    prev = r.hash();
+                    records.push(r);
+                }
+                (s.clone(), seq, records)
+            });
+            let appends: Vec<_> = appends.collect();
+            let writes = appends.iter().map(|(s, seq, records)| {
+                let store = store.clone();
+                async move {
+                    store
+                        .append(s, *seq, records, Durability::Ahead)
+                        .await
+                        .unwrap();
+                }
+            });
+            futures::future::join_all(writes).await;
+            for (s, seq, records) in appends {
+                let r = records.last().unwrap();
+                last.insert(s, (seq + records.len() as u64, r.hash()));
+            }
+        }
+    }
+    let never = root.child("never", 1);
+    store
+        .js
+        .publish(format!("skein.tree.{root}"), Bytes::from(never.to_string()))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    let ids = store.tree(&root).await.unwrap();
+    assert_eq!(ids.len(), 1 + 300 + 5 + 1 + 1);
+    assert!(ids.contains(&never) && !ids.contains(&other));
+    let reader = store_on(&server).await;
+    // The requests a read makes: consumers made on the log's stream, and gets from it.
+    let watcher = async_nats::connect(server.url()).await.unwrap();
+    let mut made = futures::stream::select(
+        watcher
+            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS")
+            .await
+            .unwrap(),
+        watcher
+            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS.>")
+            .await
+            .unwrap(),
+    );
+    let mut gets = watcher
+        .subscribe("$JS.API.STREAM.MSG.GET.SKEIN_EVENTS")
+        .await
+        .unwrap();
+    watcher.flush().await.unwrap();
+    let messages = {
+        let mut events = store.js.get_stream("SKEIN_EVENTS").await.unwrap();
+        events.info().await.unwrap().state.messages
+    };
+    for st in [&reader, &store] {
+        watcher.flush().await.unwrap();
+        drain(&mut made).await;
+        drain(&mut gets).await;
+        let logs = st
+            .read_tree(&root, &ids)
+            .await
+            .unwrap()
+            .expect("a tree of 308 sessions is read in one pass");
+        watcher.flush().await.unwrap();
+        let (n_made, n_gets) = (drain(&mut made).await, drain(&mut gets).await);
+        // One consumer; gets for the root's first message, the root's log, the early
+        // session and the name never written, where a read of each log takes at least a
+        // get per message (over a thousand here).
+        assert_eq!(n_made, 1, "consumers made for one read");
+        assert!(
+            n_gets <= 16 && messages > 1000,
+            "{n_gets} gets for a tree of {messages} messages"
+        );
+        assert_eq!(logs.len(), ids.len());
+        for (s, log) in ids.iter().zip(&logs) {
+            let one = reader.read(s, 1).await.unwrap();
+            assert_eq!(hashes(log), hashes(&one), "{s}");
+            if *s == never {
+                assert!(log.is_empty());
+            } else {
+                assert_eq!(log.len() as u64, last[s].0, "{s}");
+                assert_eq!(log.last().unwrap().hash(), last[s].1, "{s}");
+            }
+        }
+        // Part of the tree (the root, the sessions of depth 2, and most leaves), in the order
+        // asked.
+        let part: Vec<SessionId> = ids
+            .iter()
+            .rev()
+            .filter(|s| *s == &root || s.depth() == 2)
+            .cloned()
+            .collect();
+        let mut wanted = part.clone();
+        wanted.extend(ids.iter().filter(|s| s.depth() == 1).take(260).cloned());
+        let logs = st.read_tree(&root, &wanted).await.unwrap().unwrap();
+        for (s, log) in wanted.iter().zip(&logs) {
+            assert_eq!(
+                hashes(log),
+                hashes(&reader.read(s, 1).await.unwrap()),
+                "{s}"
+            );
+        }
+        // After the read, this store goes on from where it ended: an append at the
+        // known end is taken, and a read sees it.
+        let s = ids.iter().find(|s| s.depth() == 1).unwrap();
+        let (seq, prev) = last[s].clone();
+        let r = record_after(s, seq + 1, prev, 10);
+        st.append(s, seq, std::slice::from_ref(&r), Durability::Ahead)
+            .await
+            .unwrap();
+        last.insert(s.clone(), (seq + 1, r.hash()));
+        assert_eq!(
+            hashes(&st.read(s, seq + 1).await.unwrap()),
+            hashes(std::slice::from_ref(&r))
+        );
+    }
+    // A tree of a few sessions is read log by log.
+    let few: Vec<SessionId> = ids.iter().take(5).cloned().collect();
+    assert!(store.read_tree(&root, &few).await.unwrap().is_none());
+}
+
+/// A report of a wide tree run by the runtime (its rows and folds, as `skein tree`, the UI
+/// and `replay --tree` read them) is the same whether its logs are read in one pass or one
+/// by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_tree_reports_the_same_read_in_one_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    // Sixteen children: the most one turn may make by default.
+    let rt = fanout_runtime_of(store.backend(), dir.path(), 16);
+    let root = rt
+        .submit(skein_runtime::worker::Submission {
+            agent: "fanout".into(),
+            mission: "parts".into(),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (stop, handles) = rt.spawn_workers(vec!["default".into()], 24);
+    let ended = async {
+        loop {
+            let last = store.last(&root).await.unwrap();
+            if last.is_some_and(|r| matches!(r.env.body, Event::Completed(_))) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), ended)
+        .await
+        .expect("the tree completes");
+    stop.send(true).unwrap();
+    for h in handles {
+        h.await.unwrap();
+    }
+    let ids = store.tree(&root).await.unwrap();
+    assert_eq!(ids.len(), 17);
+    // Read in one pass from 16 sessions on, on a server before 2.10 from 256.
+    let version = store.client.server_info().version;
+    let mut v = version.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    let since_2_10 = (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (2, 10);
+    assert_eq!(
+        store.read_tree(&root, &ids).await.unwrap().is_some(),
+        since_2_10,
+        "nats-server {version}"
+    );
+
+    let read = skein_runtime::inspect::tree_folds(&rt.backend, &root)
+        .await
+        .unwrap();
+    let rows = skein_runtime::inspect::tree_rows(&rt.backend, &root)
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 17);
+    let mut by_one = vec![];
+    for id in &ids {
+        let records = store.read(id, 1).await.unwrap();
+        let f = skein_runtime::inspect::fold_records(id, &records).unwrap();
+        let (got, folded) = read.iter().find(|(_, g)| g.id == *id).unwrap();
+        assert_eq!(hashes(got), hashes(&records), "{id}");
+        assert_eq!(folded.last_hash, f.last_hash, "{id}");
+        by_one.push((records, f));
+    }
+    assert_eq!(
+        serde_json::to_value(&rows).unwrap(),
+        serde_json::to_value(skein_runtime::inspect::rows_of(&by_one)).unwrap()
+    );
+    assert_eq!(rows.len(), 17);
+    assert!(rows.iter().all(|r| r.status == "completed"));
 }

@@ -210,6 +210,34 @@ pub(crate) async fn read_and_fold(
 ) -> Result<Vec<(Vec<Record>, Folded)>> {
     use futures::StreamExt;
     let mut out = Vec::with_capacity(ids.len());
+    let unavailable = |e: tokio::task::JoinError| crate::Error::Unavailable {
+        what: format!("reading a log of the tree of {root}: {e}"),
+        source: None,
+    };
+    // Read together where the backend can (one pass over a wide tree on NATS), then folded.
+    if let Some(logs) = b.log.read_tree(root, &ids).await? {
+        if logs.len() != ids.len() {
+            return Err(crate::Error::Unavailable {
+                what: format!(
+                    "reading the tree of {root}: {} logs for {} sessions",
+                    logs.len(),
+                    ids.len()
+                ),
+                source: None,
+            });
+        }
+        let mut folds = futures::stream::iter(ids.into_iter().zip(logs).map(|(id, records)| {
+            tokio::spawn(async move {
+                let f = fold_records(&id, &records)?;
+                Ok::<_, crate::Error>((records, f))
+            })
+        }))
+        .buffered(READERS);
+        while let Some(fold) = folds.next().await {
+            out.push(fold.map_err(unavailable)??);
+        }
+        return Ok(out);
+    }
     let mut reads = futures::stream::iter(ids.into_iter().map(|id| {
         let log = b.log.clone();
         tokio::spawn(async move {
@@ -220,10 +248,7 @@ pub(crate) async fn read_and_fold(
     }))
     .buffered(READERS);
     while let Some(read) = reads.next().await {
-        out.push(read.map_err(|e| crate::Error::Unavailable {
-            what: format!("reading a log of the tree of {root}: {e}"),
-            source: None,
-        })??);
+        out.push(read.map_err(unavailable)??);
     }
     Ok(out)
 }

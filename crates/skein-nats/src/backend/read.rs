@@ -27,6 +27,7 @@ pub(crate) async fn read_subject(
 
 /// A message read: its stream sequence, payload and headers.
 pub(crate) struct Got {
+    pub(crate) subject: async_nats::Subject,
     pub(crate) seq: u64,
     pub(crate) payload: Bytes,
     pub(crate) headers: Option<HeaderMap>,
@@ -96,6 +97,7 @@ async fn read_expecting(
     let ended = read?;
     let last = match last {
         Ok(m) => Some(Got {
+            subject: m.subject,
             seq: m.sequence,
             payload: m.payload,
             headers: Some(m.headers),
@@ -166,6 +168,13 @@ async fn read_rest(
     Ok(())
 }
 
+/// The stream sequence of the first message of `subject`, if it has one: one get.
+pub(crate) async fn first_seq(st: &stream::Stream, subject: &str) -> Result<Option<u64>> {
+    let mut got = vec![];
+    read_direct(st, subject, 1, Some(1), &mut got).await?;
+    Ok(got.first().map(|g| g.seq))
+}
+
 /// How many stream sequences may lie between the first new message and the last one of a
 /// subject for [`read_subject_expecting`] to read them with one get each, all at once.
 /// Beyond that the gets would mostly find messages of other subjects, and the subject is
@@ -194,6 +203,7 @@ async fn read_direct(
             Ok(m) => {
                 next = m.sequence + 1;
                 out.push(Got {
+                    subject: m.subject,
                     seq: m.sequence,
                     payload: m.payload,
                     headers: Some(m.headers),
@@ -227,7 +237,31 @@ pub(crate) async fn read_through_consumer_to(
     res
 }
 
-/// [`read_through_consumer_to`], with each message's headers.
+/// Appends to `out` every message of `subject` (wildcards allowed) from stream seq `from`
+/// on, as they stand when the read starts, through one short-lived consumer: each with its
+/// subject. One pass over that part of the stream, where a read of each subject it covers
+/// by gets walks, for every message after a subject's first, the messages of other
+/// subjects stored between (a wide tree's children, whose turns interleave). False (and
+/// nothing read) when no consumer could be made in time.
+pub(crate) async fn read_subjects_through_consumer(
+    st: &stream::Stream,
+    subject: &str,
+    from: u64,
+    out: &mut Vec<Got>,
+) -> Result<bool> {
+    read_consumer(
+        st,
+        subject,
+        consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: from,
+        },
+        None,
+        out,
+    )
+    .await
+}
+
+/// [`read_through_consumer_to`], with each message's subject and headers.
 async fn read_consumer(
     st: &stream::Stream,
     subject: &str,
@@ -295,6 +329,7 @@ async fn read_consumer(
                 }
                 let (m, _) = m.split();
                 out.push(Got {
+                    subject: m.subject,
                     seq: sseq,
                     payload: m.payload,
                     headers: m.headers,
