@@ -638,4 +638,16 @@ async fn a_wide_tree_reports_the_same_read_in_one_pass() {
     );
     assert_eq!(rows.len(), 17);
     assert!(rows.iter().all(|r| r.status == "completed"));
+    // The logs as `replay --tree` and `skein watch` read them.
+    let logs = skein_runtime::inspect::tree_logs(&rt.backend, &root, &ids)
+        .await
+        .unwrap();
+    for ((id, log), (records, _)) in ids.iter().zip(&logs).zip(&by_one) {
+        assert_eq!(hashes(log), hashes(records), "{id}");
+    }
+    // Nobody is asked anything in a tree that has ended.
+    assert!(skein_runtime::hitl::inbox(&rt, std::slice::from_ref(&root))
+        .await
+        .unwrap()
+        .is_empty());
 }

@@ -341,11 +341,18 @@ pub async fn inbox(rt: &Runtime, roots: &[SessionId]) -> Result<Vec<InboxItem>> 
     let mut seen = std::collections::HashSet::new();
     for root in roots {
         let mut todo = rt.backend.log.tree(root).await?;
+        // The tree's own logs read together; those of trees it waits on, one by one.
+        let logs = crate::inspect::tree_logs(&rt.backend, root, &todo).await?;
+        let mut read: std::collections::HashMap<SessionId, Vec<skein_core::Record>> =
+            todo.iter().cloned().zip(logs).collect();
         while let Some(id) = todo.pop() {
             if !seen.insert(id.clone()) {
                 continue;
             }
-            let records = rt.backend.log.read(&id, 1).await?;
+            let records = match read.remove(&id) {
+                Some(records) => records,
+                None => rt.backend.log.read(&id, 1).await?,
+            };
             let mut f = Folded::new(id.clone());
             f.absorb(&records)?;
             out.extend(waiting_in(&rt.cfg.token_secret, &f));

@@ -201,6 +201,44 @@ pub async fn tree_folds(b: &Backend, root: &SessionId) -> Result<Vec<(Vec<Record
     Ok(read)
 }
 
+/// The whole logs of `ids` (sessions of the tree of `root`), in that order: read together
+/// where the backend can ([`EventLog::read_tree`](crate::ports::EventLog::read_tree): one
+/// pass over a wide tree on NATS), otherwise one after another.
+pub async fn tree_logs(
+    b: &Backend,
+    root: &SessionId,
+    ids: &[SessionId],
+) -> Result<Vec<Vec<Record>>> {
+    if let Some(logs) = read_together(b, root, ids).await? {
+        return Ok(logs);
+    }
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        out.push(b.log.read(id, 1).await?);
+    }
+    Ok(out)
+}
+
+/// [`EventLog::read_tree`](crate::ports::EventLog::read_tree), checked to give a log for
+/// each session asked.
+async fn read_together(
+    b: &Backend,
+    root: &SessionId,
+    ids: &[SessionId],
+) -> Result<Option<Vec<Vec<Record>>>> {
+    match b.log.read_tree(root, ids).await? {
+        Some(logs) if logs.len() != ids.len() => Err(crate::Error::Unavailable {
+            what: format!(
+                "reading the tree of {root}: {} logs for {} sessions",
+                logs.len(),
+                ids.len()
+            ),
+            source: None,
+        }),
+        read => Ok(read),
+    }
+}
+
 /// The logs of `ids` (sessions of the tree of `root`), each read whole and folded, in
 /// that order, on up to [`READERS`] tasks at once.
 pub(crate) async fn read_and_fold(
@@ -215,17 +253,7 @@ pub(crate) async fn read_and_fold(
         source: None,
     };
     // Read together where the backend can (one pass over a wide tree on NATS), then folded.
-    if let Some(logs) = b.log.read_tree(root, &ids).await? {
-        if logs.len() != ids.len() {
-            return Err(crate::Error::Unavailable {
-                what: format!(
-                    "reading the tree of {root}: {} logs for {} sessions",
-                    logs.len(),
-                    ids.len()
-                ),
-                source: None,
-            });
-        }
+    if let Some(logs) = read_together(b, root, &ids).await? {
         let mut folds = futures::stream::iter(ids.into_iter().zip(logs).map(|(id, records)| {
             tokio::spawn(async move {
                 let f = fold_records(&id, &records)?;

@@ -682,8 +682,8 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
     // the history was read still arrives live.
     let mut ended = false;
     let tree = b.log.tree(&root).await?;
-    for s in &tree {
-        for r in b.log.read(s, 1).await? {
+    for log in skein_runtime::inspect::tree_logs(&b, &root, &tree).await? {
+        for r in log {
             show(&r)?;
             if r.env.session == root {
                 ended = r.env.body.is_terminal();
@@ -724,8 +724,9 @@ pub async fn watch(app: &App, a: WatchArgs) -> Result<ExitCode> {
                     );
                 }
                 started = true;
-                for s in b.log.tree(&root).await? {
-                    for r in b.log.read(&s, 1).await? {
+                let tree = b.log.tree(&root).await?;
+                for log in skein_runtime::inspect::tree_logs(&b, &root, &tree).await? {
+                    for r in log {
                         show(&r)?;
                         if r.env.session == root && r.env.body.is_terminal() {
                             return Ok(ExitCode::SUCCESS);

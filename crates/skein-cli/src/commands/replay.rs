@@ -135,14 +135,15 @@ pub async fn replay(app: &App, a: ReplayArgs) -> Result<ExitCode> {
     }
     let mut all: Vec<Record> = vec![];
     if a.tree {
-        for s in b
+        let ids: Vec<SessionId> = b
             .log
             .tree(&id.root_id())
             .await?
             .into_iter()
             .filter(|s| id.contains(s))
-        {
-            all.extend(b.log.read(&s, 1).await?);
+            .collect();
+        for log in skein_runtime::inspect::tree_logs(&b, &id.root_id(), &ids).await? {
+            all.extend(log);
         }
         all.sort_by(|x, y| {
             (x.env.at, x.env.session.depth(), x.env.seq).cmp(&(
