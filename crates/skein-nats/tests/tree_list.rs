@@ -650,4 +650,40 @@ async fn a_wide_tree_reports_the_same_read_in_one_pass() {
         .await
         .unwrap()
         .is_empty());
+
+    // A resume from another process (no fold kept) loads each session from the one pass:
+    // a read of its tail (one get) rather than of its whole log (two or more).
+    let other = tempfile::tempdir().unwrap();
+    let fresh = fanout_runtime_of(store_on(&server).await.backend(), other.path(), 16);
+    let watcher = async_nats::connect(server.url()).await.unwrap();
+    let mut made = futures::stream::select(
+        watcher
+            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS")
+            .await
+            .unwrap(),
+        watcher
+            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS.>")
+            .await
+            .unwrap(),
+    );
+    let mut gets = watcher
+        .subscribe("$JS.API.STREAM.MSG.GET.SKEIN_EVENTS")
+        .await
+        .unwrap();
+    watcher.flush().await.unwrap();
+    // The finished children are woken (their parent may not have heard of them).
+    assert_eq!(fresh.requeue_tree(&root).await.unwrap(), 16);
+    watcher.flush().await.unwrap();
+    let (n_made, n_gets) = (drain(&mut made).await, drain(&mut gets).await);
+    if since_2_10 {
+        assert_eq!(n_made, 1, "consumers made for a resume");
+        // One for the root's first message, the root's log, and a tail each.
+        assert!(n_gets < 2 * 17, "{n_gets} gets for a resume of 17 sessions");
+    } else {
+        assert_eq!(n_made, 0, "nats-server {version}");
+        assert!(
+            n_gets >= 2 * 17,
+            "{n_gets} gets for a resume of 17 sessions"
+        );
+    }
 }

@@ -37,6 +37,7 @@ pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize>
     // short (the backend unreachable, no room) leaves the session open for its retry,
     // never ended above descendants that still run and spend what its total missed.
     let sessions = rt.backend.subtree(id).await?;
+    rt.keep_tree(&id.root_id(), &sessions).await?;
     for s in sessions.into_iter().rev() {
         let (f, _) = rt.load(&s).await?;
         // A session named in the tree whose first record was never written (see

@@ -221,7 +221,7 @@ pub async fn tree_logs(
 
 /// [`EventLog::read_tree`](crate::ports::EventLog::read_tree), checked to give a log for
 /// each session asked.
-async fn read_together(
+pub(crate) async fn read_together(
     b: &Backend,
     root: &SessionId,
     ids: &[SessionId],

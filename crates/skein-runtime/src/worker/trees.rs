@@ -102,11 +102,38 @@ impl Runtime {
             .collect())
     }
 
+    /// Keeps the folds of those of `ids` (sessions of the tree of `root`) this runtime
+    /// keeps none of, where the backend reads them together (one pass over a wide tree
+    /// on NATS): a walk over a whole tree (a resume, a cancel) then loads each session with
+    /// a read of its log's tail only. Nothing where the backend reads log by log, or where
+    /// the folds would not fit in what this runtime keeps.
+    pub(crate) async fn keep_tree(&self, root: &SessionId, ids: &[SessionId]) -> Result<()> {
+        let cold: Vec<SessionId> = ids
+            .iter()
+            .filter(|id| self.sessions.kept(id).is_none())
+            .cloned()
+            .collect();
+        if cold.len() < 2 || cold.len() > self.cfg.state_cache / 2 {
+            return Ok(());
+        }
+        let Some(logs) = crate::inspect::read_together(&self.backend, root, &cold).await? else {
+            return Ok(());
+        };
+        for (id, records) in cold.iter().zip(logs) {
+            if !records.is_empty() {
+                self.keep_state(crate::inspect::fold_records(id, &records)?);
+            }
+        }
+        Ok(())
+    }
+
     /// Re-enqueues every session of the tree that has not ended (what makes `resume`
     /// work after a crash). Returns how many were enqueued.
     pub async fn requeue_tree(&self, root: &SessionId) -> Result<usize> {
         let mut n = 0;
-        for id in self.backend.log.tree(root).await? {
+        let ids = self.backend.log.tree(root).await?;
+        self.keep_tree(root, &ids).await?;
+        for id in ids {
             let (f, _) = self.load(&id).await?;
             if f.state.last_seq == 0 {
                 // Named in the tree, never written (see `EventLog::tree`).
