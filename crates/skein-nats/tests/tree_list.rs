@@ -414,6 +414,11 @@ async fn a_wide_tree_read_in_one_pass_is_its_logs_read_one_by_one() {
             sessions.push(root.child("leaf", n).child("sub", 1));
         }
     }
+    // A wide subtree.
+    let leaf7 = root.child("leaf", 7);
+    for k in 1..=260 {
+        sessions.push(leaf7.child("sub", k));
+    }
     sessions.push(other.child("leaf", 1));
     // One session of the tree written before its root, as no runtime does.
     let early = root.child("early", 1);
@@ -477,7 +482,7 @@ async fn a_wide_tree_read_in_one_pass_is_its_logs_read_one_by_one() {
         .unwrap();
 
     let ids = store.tree(&root).await.unwrap();
-    assert_eq!(ids.len(), 1 + 300 + 5 + 1 + 1);
+    assert_eq!(ids.len(), 1 + 300 + 5 + 260 + 1 + 1);
     assert!(ids.contains(&never) && !ids.contains(&other));
     let reader = store_on(&server).await;
     // The requests a read makes: consumers made on the log's stream, and gets from it.
@@ -509,7 +514,7 @@ async fn a_wide_tree_read_in_one_pass_is_its_logs_read_one_by_one() {
             .read_tree(&root, &ids)
             .await
             .unwrap()
-            .expect("a tree of 308 sessions is read in one pass");
+            .expect("a tree of 568 sessions is read in one pass");
         watcher.flush().await.unwrap();
         let (n_made, n_gets) = (drain(&mut made).await, drain(&mut gets).await);
         // One consumer; gets for the root's first message, the root's log, the early
@@ -543,6 +548,31 @@ async fn a_wide_tree_read_in_one_pass_is_its_logs_read_one_by_one() {
         wanted.extend(ids.iter().filter(|s| s.depth() == 1).take(260).cloned());
         let logs = st.read_tree(&root, &wanted).await.unwrap().unwrap();
         for (s, log) in wanted.iter().zip(&logs) {
+            assert_eq!(
+                hashes(log),
+                hashes(&reader.read(s, 1).await.unwrap()),
+                "{s}"
+            );
+        }
+        // A subtree is read from its own top: one consumer, on that top's subjects.
+        let sub: Vec<SessionId> = ids.iter().filter(|s| leaf7.contains(s)).cloned().collect();
+        assert_eq!(sub.len(), 261);
+        watcher.flush().await.unwrap();
+        drain(&mut made).await;
+        let logs = st.read_tree(&root, &sub).await.unwrap().unwrap();
+        watcher.flush().await.unwrap();
+        let filters: Vec<String> = std::iter::from_fn(|| {
+            futures::FutureExt::now_or_never(futures::StreamExt::next(&mut made)).flatten()
+        })
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect();
+        assert_eq!(filters.len(), 1, "{filters:?}");
+        assert!(
+            filters[0].contains(&format!("\"skein.events.{leaf7}.>\"")),
+            "{}",
+            filters[0]
+        );
+        for (s, log) in sub.iter().zip(&logs) {
             assert_eq!(
                 hashes(log),
                 hashes(&reader.read(s, 1).await.unwrap()),

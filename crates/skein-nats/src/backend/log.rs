@@ -525,7 +525,8 @@ impl NatsStore {
     /// read as [`EventLog::read`] reads it, and every message of its sessions' subjects
     /// (`skein.events.<root>.>`) from the root's first on (each session of a tree is made
     /// after its root) through one short-lived consumer, as they stand when the read
-    /// starts. A log read by gets takes one per message, and each get of a message after
+    /// starts. Where `ids` are one session and sessions under it (a subtree), that session
+    /// stands for the root, so the read covers the subtree only. A log read by gets takes one per message, and each get of a message after
     /// the subject's first walks the server's block from there to it, past every message of
     /// other sessions between: a child of a wide tree, whose turns interleave with its
     /// siblings', walked about a thousand messages per message, and `skein tree` of a tree
@@ -551,17 +552,24 @@ impl NatsStore {
         for id in ids {
             self.stored(id).await;
         }
-        let root_subject = events_subject(root);
-        let Some(from) = first_seq(&self.events, &root_subject).await? else {
+        // The part of the tree asked for: a subtree (a cancel of one session and what is
+        // under it) is read from its own top, not from the tree's root.
+        let top = ids
+            .iter()
+            .min_by_key(|s| s.depth())
+            .filter(|t| root.contains(t) && ids.iter().all(|s| t.contains(s)))
+            .unwrap_or(root);
+        let top_subject = events_subject(top);
+        let Some(from) = first_seq(&self.events, &top_subject).await? else {
             return Ok(Some(vec![vec![]; ids.len()]));
         };
-        let children = format!("{root_subject}.>");
+        let children = format!("{top_subject}.>");
         let mut got = vec![];
-        let (read, root_log) = futures::join!(
+        let (read, top_log) = futures::join!(
             read_subjects_through_consumer(&self.events, &children, from, &mut got),
             async {
-                match ids.contains(root) {
-                    true => self.read(root, 1).await,
+                match ids.contains(top) {
+                    true => self.read(top, 1).await,
                     false => Ok(vec![]),
                 }
             }
@@ -574,7 +582,7 @@ impl NatsStore {
                 return Ok(None);
             }
         }
-        let root_log = root_log?;
+        let top_log = top_log?;
         let at: std::collections::HashMap<&str, usize> = ids
             .iter()
             .enumerate()
@@ -595,12 +603,12 @@ impl NatsStore {
             logs[i].extend(records);
             ends[i] = Some(g.seq);
         }
-        // The root's log as read by itself; a log that does not begin at its first record
-        // here (written before its root's first, as no runtime writes a tree but an import
+        // The top's log as read by itself; a log that does not begin at its first record
+        // here (written before its top's first, as no runtime writes a tree but an import
         // might) or that is empty (named but never written, as a rule), read by itself.
         for (i, id) in ids.iter().enumerate() {
-            if id == root {
-                logs[i] = root_log.clone();
+            if id == top {
+                logs[i] = top_log.clone();
                 ends[i] = None;
             } else if logs[i].first().is_none_or(|r| r.env.seq != 1) {
                 logs[i] = self.read(id, 1).await?;
