@@ -363,6 +363,34 @@ async fn no_list_is_trusted_while_a_worker_of_an_earlier_release_runs() {
     assert_eq!(store.tree(&root).await.unwrap(), whole);
 }
 
+/// A client that hears the requests made to read the log's stream: consumers made on
+/// it, and gets from it.
+async fn watch_reads(
+    server: &NatsServer,
+) -> (
+    async_nats::Client,
+    impl futures::Stream<Item = async_nats::Message> + Unpin,
+    async_nats::Subscriber,
+) {
+    let watcher = async_nats::connect(server.url()).await.unwrap();
+    let made = futures::stream::select(
+        watcher
+            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS")
+            .await
+            .unwrap(),
+        watcher
+            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS.>")
+            .await
+            .unwrap(),
+    );
+    let gets = watcher
+        .subscribe("$JS.API.STREAM.MSG.GET.SKEIN_EVENTS")
+        .await
+        .unwrap();
+    watcher.flush().await.unwrap();
+    (watcher, made, gets)
+}
+
 /// How many messages `sub` has had since it was last drained.
 async fn drain(sub: &mut (impl futures::Stream + Unpin)) -> usize {
     let mut n = 0;
@@ -486,22 +514,7 @@ async fn a_wide_tree_read_in_one_pass_is_its_logs_read_one_by_one() {
     assert!(ids.contains(&never) && !ids.contains(&other));
     let reader = store_on(&server).await;
     // The requests a read makes: consumers made on the log's stream, and gets from it.
-    let watcher = async_nats::connect(server.url()).await.unwrap();
-    let mut made = futures::stream::select(
-        watcher
-            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS")
-            .await
-            .unwrap(),
-        watcher
-            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS.>")
-            .await
-            .unwrap(),
-    );
-    let mut gets = watcher
-        .subscribe("$JS.API.STREAM.MSG.GET.SKEIN_EVENTS")
-        .await
-        .unwrap();
-    watcher.flush().await.unwrap();
+    let (watcher, mut made, mut gets) = watch_reads(&server).await;
     let messages = {
         let mut events = store.js.get_stream("SKEIN_EVENTS").await.unwrap();
         events.info().await.unwrap().state.messages
@@ -685,22 +698,7 @@ async fn a_wide_tree_reports_the_same_read_in_one_pass() {
     // a read of its tail (one get) rather than of its whole log (two or more).
     let other = tempfile::tempdir().unwrap();
     let fresh = fanout_runtime_of(store_on(&server).await.backend(), other.path(), 16);
-    let watcher = async_nats::connect(server.url()).await.unwrap();
-    let mut made = futures::stream::select(
-        watcher
-            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS")
-            .await
-            .unwrap(),
-        watcher
-            .subscribe("$JS.API.CONSUMER.CREATE.SKEIN_EVENTS.>")
-            .await
-            .unwrap(),
-    );
-    let mut gets = watcher
-        .subscribe("$JS.API.STREAM.MSG.GET.SKEIN_EVENTS")
-        .await
-        .unwrap();
-    watcher.flush().await.unwrap();
+    let (watcher, mut made, mut gets) = watch_reads(&server).await;
     // The finished children are woken (their parent may not have heard of them).
     assert_eq!(fresh.requeue_tree(&root).await.unwrap(), 16);
     watcher.flush().await.unwrap();
