@@ -62,6 +62,15 @@ impl EventLog for Watched {
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
         self.inner.tree(root).await
     }
+
+    // Every read goes through `read`, where it is watched.
+    async fn read_tree(
+        &self,
+        _root: &SessionId,
+        _ids: &[SessionId],
+    ) -> Result<Option<Vec<Vec<Record>>>> {
+        Ok(None)
+    }
     async fn roots(&self) -> Result<Vec<SessionId>> {
         self.inner.roots().await
     }

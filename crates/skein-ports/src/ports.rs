@@ -66,16 +66,13 @@ pub trait EventLog: Send + Sync {
     /// The whole logs of `ids` (sessions of the tree of `root`, as [`EventLog::tree`]
     /// names them), in that order, each as [`EventLog::read`] from seq 1 would give it, read
     /// together where that costs less than a read of each (on NATS, one pass over the
-    /// tree's part of the stream). `None`: this backend has no such read (the default), and
-    /// the caller reads each log.
+    /// tree's part of the stream). `None`: this backend has no such read for these
+    /// sessions, and the caller reads each log.
     async fn read_tree(
         &self,
         root: &SessionId,
         ids: &[SessionId],
-    ) -> Result<Option<Vec<Vec<Record>>>> {
-        let _ = (root, ids);
-        Ok(None)
-    }
+    ) -> Result<Option<Vec<Vec<Record>>>>;
 
     /// Every root session, sorted.
     async fn roots(&self) -> Result<Vec<SessionId>>;

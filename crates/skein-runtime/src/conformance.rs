@@ -333,6 +333,73 @@ fn record_at(session: &SessionId, seq: u64, at: u64, prev: String, ends: bool) -
 
 /// Pages of roots follow their start order across pages and filters, and the open roots
 /// follow each root's last record, including a root that ended after it was submitted.
+/// A tree read together ([`EventLog::read_tree`](crate::ports::EventLog::read_tree)), by a
+/// backend that does, gives each session's log as a read of it from seq 1 does: for the
+/// whole tree, for a part of it in another order, and for a subtree; a session named but
+/// never written reads as empty. Wide enough (300 sessions) for any backend's one pass.
+pub async fn log_reads_a_tree_together(b: &Backend) -> Result<()> {
+    let root = new_root_id();
+    let mut ids = vec![root.clone()];
+    let a = root.child("lead", 1);
+    ids.push(a.clone());
+    for n in 1..=150 {
+        ids.push(root.child("part", n));
+        ids.push(a.child("sub", n));
+    }
+    // Written in rounds, so that the sessions' records interleave.
+    let mut heads: Vec<(u64, String)> = ids.iter().map(|s| (0, genesis_hash(s))).collect();
+    for round in 0..3u64 {
+        for (s, (seq, prev)) in ids.iter().zip(heads.iter_mut()) {
+            if round > 0 && s.as_str().len() % 2 == 0 {
+                continue;
+            }
+            let r = record(s, *seq + 1, prev.clone(), &format!("{s} {round}"))?;
+            b.log
+                .append(s, *seq, std::slice::from_ref(&r), Durability::Now)
+                .await?;
+            *seq += 1;
+            *prev = r.hash();
+        }
+    }
+    let never = root.child("never", 1);
+    ids.push(never.clone());
+    ids.sort();
+    let whole = b.log.read_tree(&root, &ids).await?;
+    if let Some(logs) = &whole {
+        let at = ids.iter().position(|s| *s == never).unwrap_or(0);
+        ensure(
+            logs.get(at).is_some_and(|l| l.is_empty()),
+            "a session never written reads as empty",
+        )?;
+    }
+    read_as_alone(b, &ids, whole).await?;
+    let part: Vec<SessionId> = ids.iter().rev().step_by(2).cloned().collect();
+    read_as_alone(b, &part, b.log.read_tree(&root, &part).await?).await?;
+    let sub: Vec<SessionId> = ids.iter().filter(|s| a.contains(s)).cloned().collect();
+    read_as_alone(b, &sub, b.log.read_tree(&root, &sub).await?).await?;
+    Ok(())
+}
+
+/// Whether `got`, logs read together for `asked` (if the backend read them so), are each
+/// what a read of that log alone gives.
+async fn read_as_alone(
+    b: &Backend,
+    asked: &[SessionId],
+    got: Option<Vec<Vec<Record>>>,
+) -> Result<()> {
+    let Some(logs) = got else { return Ok(()) };
+    ensure(logs.len() == asked.len(), "a log for each session asked")?;
+    let hashes = |v: &[Record]| v.iter().map(|r| r.hash()).collect::<Vec<_>>();
+    for (s, log) in asked.iter().zip(&logs) {
+        let one = b.log.read(s, 1).await?;
+        ensure(
+            hashes(log) == hashes(&one),
+            format!("{s}: read together, not as read alone"),
+        )?;
+    }
+    Ok(())
+}
+
 pub async fn log_pages_roots_and_lists_open_ones(b: &Backend) -> Result<()> {
     // Start times of their own (far from the other checks'), one second apart.
     let salt = new_root_id()
@@ -1079,6 +1146,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(log_appends_batches);
     check!(log_pipelines_appends);
     check!(log_lists_trees_and_roots);
+    check!(log_reads_a_tree_together);
     check!(log_pages_roots_and_lists_open_ones);
     check!(jobs_claim_ack_and_coalesce);
     check!(jobs_of_ended_sessions_are_acked_and_woken_again);
@@ -1107,7 +1175,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, log_pages_roots_and_lists_open_ones, jobs_claim_ack_and_coalesce, jobs_of_ended_sessions_are_acked_and_woken_again, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, log_reads_a_tree_together, log_pages_roots_and_lists_open_ones, jobs_claim_ack_and_coalesce, jobs_of_ended_sessions_are_acked_and_woken_again, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(

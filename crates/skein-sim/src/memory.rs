@@ -422,6 +422,15 @@ impl EventLog for MemStore {
             .and_then(|l| l.last().cloned()))
     }
 
+    /// None: the simulation's store reads each log (its faults are per call).
+    async fn read_tree(
+        &self,
+        _root: &SessionId,
+        _ids: &[SessionId],
+    ) -> Result<Option<Vec<Vec<Record>>>> {
+        Ok(None)
+    }
+
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
         self.reach("tree")?;
         Ok(self

@@ -628,6 +628,18 @@ impl EventLog for OlderReader {
         self.inner.tree(root).await
     }
 
+    async fn read_tree(
+        &self,
+        root: &SessionId,
+        ids: &[SessionId],
+    ) -> Result<Option<Vec<Vec<Record>>>> {
+        let logs = self.inner.read_tree(root, ids).await?;
+        for log in logs.iter().flatten() {
+            self.readable(log)?;
+        }
+        Ok(logs)
+    }
+
     async fn roots(&self) -> Result<Vec<SessionId>> {
         self.inner.roots().await
     }

@@ -80,6 +80,15 @@ impl EventLog for SledStore {
         self.wal.last(session)
     }
 
+    /// None: a log here is read from its index in one file, as cheap one by one.
+    async fn read_tree(
+        &self,
+        _root: &SessionId,
+        _ids: &[SessionId],
+    ) -> Result<Option<Vec<Vec<Record>>>> {
+        Ok(None)
+    }
+
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
         let mut out = vec![];
         for id in self.wal.sessions_from(root.as_str())? {
