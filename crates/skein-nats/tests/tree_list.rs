@@ -246,13 +246,7 @@ async fn a_session_named_but_never_written_is_passed_over_by_report_resume_and_c
     rt.process(&job).await.unwrap();
     rt.backend.jobs.ack(&job).await.unwrap();
     let gone = SessionId::parse(&format!("{root}.leaf-99")).unwrap();
-    store
-        .js
-        .publish(format!("skein.tree.{root}"), Bytes::from(gone.to_string()))
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    name_only(&store, &root, &gone).await;
     let listed = store.tree(&root).await.unwrap();
     assert_eq!(
         listed.len(),
@@ -361,6 +355,18 @@ async fn no_list_is_trusted_while_a_worker_of_an_earlier_release_runs() {
         "p1.a-1\np1"
     );
     assert_eq!(store.tree(&root).await.unwrap(), whole);
+}
+
+/// Names `id` in the list of the tree of `root` and writes nothing to its log (as a
+/// writer that stopped between the two leaves it).
+async fn name_only(store: &NatsStore, root: &SessionId, id: &SessionId) {
+    store
+        .js
+        .publish(format!("skein.tree.{root}"), Bytes::from(id.to_string()))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
 }
 
 /// A client that hears the requests made to read the log's stream: consumers made on
@@ -501,13 +507,7 @@ async fn a_wide_tree_read_in_one_pass_is_its_logs_read_one_by_one() {
         }
     }
     let never = root.child("never", 1);
-    store
-        .js
-        .publish(format!("skein.tree.{root}"), Bytes::from(never.to_string()))
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    name_only(&store, &root, &never).await;
 
     let ids = store.tree(&root).await.unwrap();
     assert_eq!(ids.len(), 1 + 300 + 5 + 260 + 1 + 1);
