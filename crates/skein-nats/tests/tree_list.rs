@@ -166,6 +166,18 @@ async fn a_tree_is_listed_the_same_from_its_list_from_the_log_and_after_damage()
     assert!(list_messages(&js, &id("t9")).await.is_empty());
 }
 
+/// A tree of the `fanout` agent submitted to `rt`.
+async fn submit_fanout(rt: &skein_runtime::worker::Runtime) -> SessionId {
+    rt.submit(skein_runtime::worker::Submission {
+        agent: "fanout".into(),
+        mission: "parts".into(),
+        no_cache: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
 /// A runtime on `backend` whose `fanout` agent delegates to three `leaf` children.
 fn fanout_runtime(
     backend: skein_runtime::ports::Backend,
@@ -225,15 +237,7 @@ async fn a_session_named_but_never_written_is_passed_over_by_report_resume_and_c
     let server = NatsServer::start();
     let store = store_on(&server).await;
     let rt = fanout_runtime(store.backend(), dir.path());
-    let root = rt
-        .submit(skein_runtime::worker::Submission {
-            agent: "fanout".into(),
-            mission: "parts".into(),
-            no_cache: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let root = submit_fanout(&rt).await;
     // The root's first turn: three children created and recorded, none run.
     let job = rt
         .backend
@@ -621,15 +625,7 @@ async fn a_wide_tree_reports_the_same_read_in_one_pass() {
     let store = store_on(&server).await;
     // Sixteen children: the most one turn may make by default.
     let rt = fanout_runtime_of(store.backend(), dir.path(), 16);
-    let root = rt
-        .submit(skein_runtime::worker::Submission {
-            agent: "fanout".into(),
-            mission: "parts".into(),
-            no_cache: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let root = submit_fanout(&rt).await;
     let (stop, handles) = rt.spawn_workers(vec!["default".into()], 24);
     let ended = async {
         loop {
