@@ -526,15 +526,19 @@ impl NatsStore {
     /// (`skein.events.<root>.>`) from the root's first on (each session of a tree is made
     /// after its root) through one short-lived consumer, as they stand when the read
     /// starts. Where `ids` are one session and sessions under it (a subtree), that session
-    /// stands for the root, so the read covers the subtree only. A log read by gets takes one per message, and each get of a message after
-    /// the subject's first walks the server's block from there to it, past every message of
+    /// stands for the root, so the read covers the subtree only.
+    ///
+    /// A log read by gets takes one per message, and each get of a message after the
+    /// subject's first walks the server's block from there to it, past every message of
     /// other sessions between: a child of a wide tree, whose turns interleave with its
     /// siblings', walked about a thousand messages per message, and `skein tree` of a tree
     /// of 1,024 children took a second of the server's CPU. (One consumer with both the
     /// root's subject and the wildcard as filters costs the server ten times what the
-    /// wildcard alone does, on 2.15.1.) A log that does not begin at its first record in
-    /// that pass, or is empty, is read by itself. `None` (read each log) for a small tree
-    /// (see [`ONE_PASS_LEAST`]), or when no consumer can be made or its delivery fails.
+    /// wildcard alone does, on 2.15.1.)
+    ///
+    /// A log that does not begin at its first record in that pass, or is empty, is read by
+    /// itself. `None` (read each log) for a small tree (see [`ONE_PASS_LEAST`]), for a top
+    /// with no message, or when no consumer can be made or its delivery fails.
     pub(crate) async fn read_tree_logs(
         &self,
         root: &SessionId,
@@ -561,7 +565,7 @@ impl NatsStore {
             .unwrap_or(root);
         let top_subject = events_subject(top);
         let Some(from) = first_seq(&self.events, &top_subject).await? else {
-            return Ok(Some(vec![vec![]; ids.len()]));
+            return Ok(None);
         };
         let children = format!("{top_subject}.>");
         let mut got = vec![];
