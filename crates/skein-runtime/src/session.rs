@@ -178,6 +178,11 @@ impl FoldCache {
     pub(crate) fn kept(&self, id: &SessionId) -> Option<Folded> {
         lock(&self.states).get(id).map(|f| Folded::clone(f))
     }
+
+    /// Whether a fold of `id` is kept.
+    pub(crate) fn keeps(&self, id: &SessionId) -> bool {
+        lock(&self.states).contains_key(id)
+    }
 }
 
 impl Runtime {

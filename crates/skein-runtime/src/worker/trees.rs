@@ -110,7 +110,7 @@ impl Runtime {
     pub(crate) async fn keep_tree(&self, root: &SessionId, ids: &[SessionId]) -> Result<()> {
         let cold: Vec<SessionId> = ids
             .iter()
-            .filter(|id| self.sessions.kept(id).is_none())
+            .filter(|id| !self.sessions.keeps(id))
             .cloned()
             .collect();
         if cold.len() < 2 || cold.len() > self.cfg.state_cache / 2 {
