@@ -418,10 +418,15 @@ async fn whole_process_fanout(n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     Ok((whole, inside))
 }
 
-/// Two fields of `/proc/self/stat` (numbered as in proc(5)) summed, as ms of CPU (clock
-/// ticks, 10 ms on Linux); `None` where they cannot be read.
-fn stat_cpu_ms(first: usize) -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+/// Two fields of `/proc/<pid>/stat` (numbered as in proc(5); this process's where `pid`
+/// is `None`) summed, as ms of CPU (clock ticks, 10 ms on Linux); `None` where they cannot
+/// be read.
+fn stat_cpu_ms(pid: Option<u32>, first: usize) -> Option<f64> {
+    let path = pid.map_or_else(
+        || "/proc/self/stat".to_string(),
+        |p| format!("/proc/{p}/stat"),
+    );
+    let stat = std::fs::read_to_string(path).ok()?;
     // The fields after the command name (which may hold spaces) start at field 3.
     let rest = stat.rsplit_once(')')?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -429,14 +434,27 @@ fn stat_cpu_ms(first: usize) -> Option<f64> {
     Some((at(first)? + at(first + 1)?) as f64 * 10.0)
 }
 
-/// The CPU time (user + system) of this process so far, ms.
-fn own_cpu_ms() -> Option<f64> {
-    stat_cpu_ms(14)
+/// The CPU time (user + system, every thread) of this process so far, ms, from the
+/// process's CPU clock (nanoseconds, where `/proc`'s ticks are 10 ms: a fan-out of 8 takes
+/// about two of them).
+pub(crate) fn own_cpu_ms() -> Option<f64> {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Some(t.tv_sec as f64 * 1000.0 + t.tv_nsec as f64 / 1_000_000.0)
+}
+
+/// The CPU time (user + system) of process `pid` so far, ms (in 10 ms ticks).
+pub(crate) fn pid_cpu_ms(pid: u32) -> Option<f64> {
+    stat_cpu_ms(Some(pid), 14)
 }
 
 /// The CPU time (user + system) of this process's waited-for children so far, ms.
 fn children_cpu_ms() -> Option<f64> {
-    stat_cpu_ms(16)
+    stat_cpu_ms(None, 16)
+}
+
+/// The machine's cores as the bench counts them (at least one).
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Runs the fan-out of `n` at zero latency as a whole `skein run` process, `runs` times,
@@ -624,12 +642,7 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         return super::bench_nats::run(app, &a).await;
     }
     let mut results = serde_json::Map::new();
-    let machine = format!(
-        "{} cores",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    );
+    let machine = format!("{} cores", cores());
     if !a.json {
         crate::outln!("skein bench — embedded backend (log file + sled), {machine}\n")?;
     }
@@ -707,20 +720,22 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
             a.fold_events as f64 / (verify_ms / 1000.0)
         )?;
         crate::outln!(
-            "fan-out, {} ms model latency, ideal = 7 × {} ms = {} ms; median of {} runs (each on a fresh store); the mean recorded time of that run's model calls (whole ms, rounded down):",
+            "fan-out, {} ms model latency, ideal = 7 × {} ms = {} ms; median of {} runs (each on a fresh store); the mean recorded time of that run's model calls (whole ms, rounded down); the CPU this process used while it ran (every thread), and that per model turn:",
             a.latency_ms,
             a.latency_ms,
             7 * a.latency_ms,
             a.fanout_runs
         )?;
         crate::outln!(
-            "  {:>6} {:>10} {:>10} {:>8} {:>9} {:>14}",
+            "  {:>6} {:>10} {:>10} {:>8} {:>9} {:>14} {:>8} {:>11}",
             "N",
             "wall ms",
             "ideal ms",
             "ratio",
             "sessions",
-            "model call ms"
+            "model call ms",
+            "CPU ms",
+            "µs per turn"
         )?;
     }
     let ideal = 7.0 * a.latency_ms as f64;
@@ -737,19 +752,26 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         runs.sort_by(|x, y| x.wall_ms.total_cmp(&y.wall_ms));
         let runs_ms: Vec<f64> = runs.iter().map(|r| r.wall_ms).collect();
         let r = &runs[runs.len() / 2];
+        let per_turn = r
+            .cpu_ms
+            .map(|c| c * 1000.0 / f64::from(r.model_turns.max(1)));
         if !a.json {
             crate::outln!(
-                "  {:>6} {:>10.0} {:>10.0} {:>8.3} {:>9} {:>14.1}",
+                "  {:>6} {:>10.0} {:>10.0} {:>8.3} {:>9} {:>14.1} {:>8} {:>11}",
                 n,
                 r.wall_ms,
                 ideal,
                 r.wall_ms / ideal,
                 r.sessions,
-                r.model_ms
+                r.model_ms,
+                r.cpu_ms.map_or("-".to_string(), |c| format!("{c:.0}")),
+                per_turn.map_or("-".to_string(), |c| format!("{c:.0}"))
             )?;
         }
         fan.push(json!({"n": n, "wall_ms": r.wall_ms, "ideal_ms": ideal,
                         "ratio": r.wall_ms / ideal, "model_call_ms": r.model_ms,
+                        "cpu_ms": r.cpu_ms, "model_turns": r.model_turns,
+                        "cpu_us_per_model_turn": per_turn,
                         "runs_ms": runs_ms}));
     }
     results.insert("fanout".into(), json!(fan));

@@ -131,6 +131,26 @@ impl Fleet {
         Ok((id, started.elapsed().as_secs_f64() * 1000.0))
     }
 
+    /// As [`Fleet::fanout_with`] (no cache), with the CPU this process (its workers, and
+    /// the bench's wait for the result) and the server `spid` used while the tree ran.
+    async fn fanout_measured(
+        &self,
+        n: usize,
+        tag: &str,
+        spid: Option<u32>,
+        on_poll: impl FnMut(),
+    ) -> Result<Measured> {
+        let server = || spid.and_then(super::bench::pid_cpu_ms);
+        let (own0, server0) = (super::bench::own_cpu_ms(), server());
+        let (root, wall) = self.fanout_with(n, true, tag, on_poll).await?;
+        Ok(Measured {
+            root,
+            wall,
+            own_cpu: own0.zip(super::bench::own_cpu_ms()).map(|(a, b)| b - a),
+            server_cpu: server0.zip(server()).map(|(a, b)| b - a),
+        })
+    }
+
     /// Runs one relay of delegations in a row; returns (root, wall ms).
     async fn relay(&self) -> Result<(SessionId, f64)> {
         let started = Instant::now();
@@ -176,6 +196,16 @@ impl Fleet {
 
 /// Starts a `skein worker` process on `pool` (its submission intake on when `intake`) and
 /// waits until it is ready.
+/// One fan-out tree: its root, its wall time and the CPU spent while it ran, ms.
+struct Measured {
+    root: SessionId,
+    wall: f64,
+    /// This process's: the workers', and the bench's wait for the result.
+    own_cpu: Option<f64>,
+    /// The server's, when the bench started it.
+    server_cpu: Option<f64>,
+}
+
 pub(crate) async fn spawn_worker(
     config: &std::path::Path,
     dir: &std::path::Path,
@@ -605,13 +635,14 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     let ideal = 7.0 * a.latency_ms as f64;
     if !a.json {
         crate::outln!(
-            "\nfan-out, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms; median of {} trees (the first of each row on fresh workers, in a first round over the rows, the others one after another on fresh workers again); peak resident memory of nats-server and of the bench process (its workers) during the first; the mean recorded time of the median tree's model calls (whole ms, rounded down):",
+            "\nfan-out, {} ms model latency, ideal = 7 × {} ms = {ideal:.0} ms; median of {} trees (the first of each row on fresh workers, in a first round over the rows, the others one after another on fresh workers again); peak resident memory of nats-server and of the bench process (its workers) during the first; the mean recorded time of the median tree's model calls (whole ms, rounded down); the CPU the bench process (its workers) and the server used while the median tree ran, that per model turn, and both spread over this machine's {} cores (the least wall time that CPU allows):",
             a.latency_ms,
             a.latency_ms,
-            a.fanout_runs
+            a.fanout_runs,
+            super::bench::cores()
         )?;
         crate::outln!(
-            "  {:>6} {:>8} {:>10} {:>10} {:>8} {:>11} {:>10} {:>14}",
+            "  {:>6} {:>8} {:>10} {:>10} {:>8} {:>11} {:>10} {:>14} {:>13} {:>14} {:>12} {:>12}",
             "N",
             "workers",
             "wall ms",
@@ -619,7 +650,11 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
             "ratio",
             "server MiB",
             "bench MiB",
-            "model call ms"
+            "model call ms",
+            "bench CPU ms",
+            "server CPU ms",
+            "µs per turn",
+            "CPU / cores"
         )?;
     }
     let spid = server_pid(&server);
@@ -638,7 +673,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         let fleet = Fleet::start(app, &cfg, workers, n / workers + 16, a.latency_ms).await?;
         let (mut server_peak, mut own_peak) = (0, 0);
         let tree = fleet
-            .fanout_with(n, true, " (0)", || {
+            .fanout_measured(n, " (0)", spid, || {
                 server_peak = server_peak.max(spid.map_or(0, rss_kib));
                 own_peak = own_peak.max(rss_kib(std::process::id()));
             })
@@ -652,34 +687,50 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         for k in 1..a.fanout_runs {
             trees.push(
                 fleet
-                    .fanout_with(n, true, &format!(" ({k})"), || {})
+                    .fanout_measured(n, &format!(" ({k})"), spid, || {})
                     .await?,
             );
         }
-        trees.sort_by(|x, y| x.1.total_cmp(&y.1));
-        let runs_ms: Vec<f64> = trees.iter().map(|t| t.1).collect();
-        let (root, wall) = trees.swap_remove(trees.len() / 2);
-        let model_ms = super::bench::model_ms(&*fleet.runtimes[0].backend.log, &root).await?;
+        trees.sort_by(|x, y| x.wall.total_cmp(&y.wall));
+        let runs_ms: Vec<f64> = trees.iter().map(|t| t.wall).collect();
+        let t = trees.swap_remove(trees.len() / 2);
+        let backend = &fleet.runtimes[0].backend;
+        let model_ms = super::bench::model_ms(&*backend.log, &t.root).await?;
+        let turns = skein_runtime::inspect::summarize(
+            &skein_runtime::inspect::tree_rows(backend, &t.root).await?,
+        )
+        .steps;
         fleet.stop().await;
         let server_mib = spid.map(|_| server_peak as f64 / 1024.0);
         let own_mib = own_peak as f64 / 1024.0;
+        let cpu = t.own_cpu.map(|c| c + t.server_cpu.unwrap_or(0.0));
+        let per_turn = cpu.map(|c| c * 1000.0 / f64::from(turns.max(1)));
+        let floor = cpu.map(|c| c / super::bench::cores() as f64);
+        let shown = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
         if !a.json {
             crate::outln!(
-                "  {:>6} {:>8} {:>10.0} {:>10.0} {:>8.3} {:>11} {:>10.1} {:>14.1}",
+                "  {:>6} {:>8} {:>10.0} {:>10.0} {:>8.3} {:>11} {:>10.1} {:>14.1} {:>13} {:>14} {:>12} {:>12}",
                 n,
                 workers,
-                wall,
+                t.wall,
                 ideal,
-                wall / ideal,
+                t.wall / ideal,
                 server_mib.map_or("-".to_string(), |m| format!("{m:.1}")),
                 own_mib,
-                model_ms
+                model_ms,
+                shown(t.own_cpu),
+                shown(t.server_cpu),
+                shown(per_turn),
+                shown(floor)
             )?;
         }
         fan.push(
-            json!({"n": n, "workers": workers, "wall_ms": wall, "ideal_ms": ideal,
-                        "ratio": wall / ideal, "server_peak_mib": server_mib,
+            json!({"n": n, "workers": workers, "wall_ms": t.wall, "ideal_ms": ideal,
+                        "ratio": t.wall / ideal, "server_peak_mib": server_mib,
                         "bench_process_peak_mib": own_mib, "model_call_ms": model_ms,
+                        "bench_process_cpu_ms": t.own_cpu, "server_cpu_ms": t.server_cpu,
+                        "model_turns": turns, "cpu_us_per_model_turn": per_turn,
+                        "cpu_over_cores_ms": floor,
                         "runs_ms": runs_ms}),
         );
     }
