@@ -237,6 +237,37 @@ pub(crate) async fn read_through_consumer_to(
     res
 }
 
+/// The messages of `subject` (wildcards allowed) from stream seq `from` to `to`, by the
+/// stream leader's gets, one round trip each: for a block too small to be worth a
+/// consumer, or when no consumer could be made.
+pub(crate) async fn read_by_gets(
+    st: &stream::Stream,
+    subject: &str,
+    from: u64,
+    to: u64,
+) -> Result<Vec<(u64, Bytes)>> {
+    let mut out = vec![];
+    let mut next = from;
+    while next <= to {
+        match st
+            .raw_message_builder()
+            .sequence(next)
+            .next_by_subject(subject)
+            .send()
+            .await
+        {
+            Ok(m) if m.sequence <= to => {
+                next = m.sequence + 1;
+                out.push((m.sequence, m.payload));
+            }
+            Ok(_) => break,
+            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => break,
+            Err(e) => return Err(nats_err("read", e)),
+        }
+    }
+    Ok(out)
+}
+
 /// Appends to `out` every message of `subject` (wildcards allowed) from stream seq `from`
 /// on, as they stand when the read starts, through one short-lived consumer: each with its
 /// subject. One pass over that part of the stream, where a read of each subject it covers
@@ -361,4 +392,74 @@ async fn read_consumer(
         let _ = st.delete_consumer(&name).await;
     });
     res
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use async_nats::jetstream;
+    use skein_testnats::NatsServer;
+
+    /// The gets that stand in for a consumer read a block's messages of the filter, from
+    /// its first sequence to its last, whichever other subjects lie between and after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_block_read_by_gets_is_the_filters_messages_within_it() {
+        let server = NatsServer::start();
+        let js = jetstream::new(async_nats::connect(server.url()).await.unwrap());
+        let st = js
+            .create_stream(stream::Config {
+                name: "BLOCKS".into(),
+                subjects: vec!["blk.>".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // Sequences 1..=30: every third is another subject's.
+        for i in 1..=30u64 {
+            let subject = if i % 3 == 0 {
+                "blk.other.x".to_string()
+            } else {
+                format!("blk.mine.{i}")
+            };
+            js.publish(subject, Bytes::from(i.to_string()))
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        let mine = |from: u64, to: u64| -> Vec<(u64, Bytes)> {
+            (from..=to)
+                .filter(|i| i % 3 != 0)
+                .map(|i| (i, Bytes::from(i.to_string())))
+                .collect()
+        };
+        assert_eq!(
+            read_by_gets(&st, "blk.mine.*", 4, 20).await.unwrap(),
+            mine(4, 20)
+        );
+        // A block that begins and ends on another subject's sequence.
+        assert_eq!(
+            read_by_gets(&st, "blk.mine.*", 3, 9).await.unwrap(),
+            mine(3, 9)
+        );
+        // Past the stream's end, and a block holding none of the filter's messages.
+        assert_eq!(
+            read_by_gets(&st, "blk.mine.*", 28, 40).await.unwrap(),
+            mine(28, 30)
+        );
+        assert!(read_by_gets(&st, "blk.mine.*", 31, 40)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            read_by_gets(&st, "blk.other.x", 1, 10).await.unwrap(),
+            vec![
+                (3, Bytes::from("3")),
+                (6, Bytes::from("6")),
+                (9, Bytes::from("9"))
+            ]
+        );
+    }
 }

@@ -59,6 +59,9 @@ const MAX_BLOCK: u64 = 65_536;
 /// The most sequences one consumer reads: a larger block is read by several at once.
 const CONSUMER_PART: u64 = 16_384;
 const DIRECT_BLOCK: u64 = 64;
+/// A range read through a consumer that cannot have one is read by gets up to this many
+/// sequences (a page's first block is 32 or more).
+const GETS_INSTEAD: u64 = 256;
 /// The statuses of an ended root.
 const FINISHED: [&str; 3] = ["completed", "failed", "cancelled"];
 /// How far apart the clocks of the processes that end roots may be.
@@ -105,19 +108,33 @@ pub(crate) async fn read_range(
     let parts = (lower..=upper)
         .step_by(CONSUMER_PART as usize)
         .map(|from| async move {
-            let mut msgs = vec![];
             let to = (from + CONSUMER_PART - 1).min(upper);
-            let made = super::read::read_through_consumer_to(
-                st,
-                subject,
-                consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-                Some(to),
-                &mut msgs,
-            )
-            .await?;
-            Ok::<_, Error>(made.then_some(msgs))
+            // No consumer in time: a cluster electing, or on a server before 2.10 one
+            // placed on a node that is down. A small piece is read by the leader's gets
+            // at once; a larger one asks for a consumer once more.
+            let tries = if to - from < GETS_INSTEAD { 1 } else { 2 };
+            for _ in 0..tries {
+                let mut msgs = vec![];
+                let made = super::read::read_through_consumer_to(
+                    st,
+                    subject,
+                    consumer::DeliverPolicy::ByStartSequence {
+                        start_sequence: from,
+                    },
+                    Some(to),
+                    &mut msgs,
+                )
+                .await?;
+                if made {
+                    return Ok::<_, Error>(Some(msgs));
+                }
+            }
+            if to - from < GETS_INSTEAD {
+                return Ok(Some(
+                    super::read::read_by_gets(st, subject, from, to).await?,
+                ));
+            }
+            Ok(None)
         });
     let got = futures::future::try_join_all(parts).await?;
     Ok(got
@@ -545,15 +562,23 @@ impl NatsStore {
         Ok(lo)
     }
 
-    /// The first start at or after sequence `seq`, as its sequence and summary.
+    /// The first start at or after sequence `seq`, as its sequence and summary. Read from
+    /// the stream's leader: a direct get may be answered by a replica that is behind, and a
+    /// start it has not yet would end a time range's search too early (a page missing the
+    /// roots just submitted, seen with a node of three down on nats-server 2.9.10).
     async fn start_from(&self, seq: u64) -> Result<Option<(u64, Option<RootSummary>)>> {
         match self
             .roots_starts
-            .direct_get_next_for_subject("skein.roots.*", Some(seq))
+            .raw_message_builder()
+            .sequence(seq)
+            .next_by_subject("skein.roots.*")
+            .send()
             .await
         {
             Ok(m) => Ok(Some((m.sequence, decode(&m.payload)))),
-            Err(e) if matches!(e.kind(), stream::DirectGetErrorKind::NotFound) => Ok(None),
+            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
+                Ok(None)
+            }
             Err(e) => Err(nats_err("read the index of roots", e)),
         }
     }
