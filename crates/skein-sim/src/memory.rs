@@ -422,29 +422,13 @@ impl EventLog for MemStore {
             .and_then(|l| l.last().cloned()))
     }
 
-    /// The logs of two sessions or more read together, as the NATS store reads a wide
-    /// tree, so that the simulation's worlds take the callers' one-pass paths (a cancel's
-    /// and a sweep's kept folds, the readers of a whole tree) under its faults; one
-    /// session is read log by log (`None`), so both paths are taken. Like NATS, the logs
-    /// are not one snapshot: each is read as it stands at its turn, and other tasks may
-    /// append between two of them. A fault fails the whole read.
+    /// None: the simulation's store reads each log (its faults are per call).
     async fn read_tree(
         &self,
         _root: &SessionId,
-        ids: &[SessionId],
+        _ids: &[SessionId],
     ) -> Result<Option<Vec<Vec<Record>>>> {
-        self.reach("read_tree")?;
-        if ids.len() < 2 {
-            return Ok(None);
-        }
-        let mut logs = Vec::with_capacity(ids.len());
-        for (i, id) in ids.iter().enumerate() {
-            if i > 0 {
-                tokio::task::yield_now().await;
-            }
-            logs.push(self.lock().logs.get(id).cloned().unwrap_or_default());
-        }
-        Ok(Some(logs))
+        Ok(None)
     }
 
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
