@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::{consumer, stream};
 use async_nats::HeaderMap;
 use bytes::Bytes;
@@ -193,30 +194,40 @@ async fn read_direct(
     let mut next = from;
     let mut n = 0;
     while limit.is_none_or(|l| n < l) {
-        match st
-            .raw_message_builder()
-            .sequence(next)
-            .next_by_subject(subject)
-            .send()
-            .await
-        {
-            Ok(m) => {
-                next = m.sequence + 1;
-                out.push(Got {
-                    subject: m.subject,
-                    seq: m.sequence,
-                    payload: m.payload,
-                    headers: Some(m.headers),
-                });
-                n += 1;
-            }
-            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
-                return Ok(true)
-            }
-            Err(e) => return Err(nats_err("read", e)),
-        }
+        let Some(m) = next_of(st, subject, next).await? else {
+            return Ok(true);
+        };
+        next = m.sequence + 1;
+        out.push(Got {
+            subject: m.subject,
+            seq: m.sequence,
+            payload: m.payload,
+            headers: Some(m.headers),
+        });
+        n += 1;
     }
     Ok(false)
+}
+
+/// The first message of `subject` (wildcards allowed) at stream seq `seq` or after, from
+/// the stream's leader (`STREAM.MSG.GET`, never a direct get, which any replica may
+/// answer from behind); none when there is none.
+pub(crate) async fn next_of(
+    st: &stream::Stream,
+    subject: &str,
+    seq: u64,
+) -> Result<Option<StreamMessage>> {
+    match st
+        .raw_message_builder()
+        .sequence(seq)
+        .next_by_subject(subject)
+        .send()
+        .await
+    {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => Ok(None),
+        Err(e) => Err(nats_err("read", e)),
+    }
 }
 
 /// Appends to `out` the messages of `subject` (wildcards allowed) that `deliver` picks, as
@@ -249,20 +260,12 @@ pub(crate) async fn read_by_gets(
     let mut out = vec![];
     let mut next = from;
     while next <= to {
-        match st
-            .raw_message_builder()
-            .sequence(next)
-            .next_by_subject(subject)
-            .send()
-            .await
-        {
-            Ok(m) if m.sequence <= to => {
+        match next_of(st, subject, next).await? {
+            Some(m) if m.sequence <= to => {
                 next = m.sequence + 1;
                 out.push((m.sequence, m.payload));
             }
-            Ok(_) => break,
-            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => break,
-            Err(e) => return Err(nats_err("read", e)),
+            _ => break,
         }
     }
     Ok(out)

@@ -567,20 +567,8 @@ impl NatsStore {
     /// start it has not yet would end a time range's search too early (a page missing the
     /// roots just submitted, seen with a node of three down on nats-server 2.9.10).
     async fn start_from(&self, seq: u64) -> Result<Option<(u64, Option<RootSummary>)>> {
-        match self
-            .roots_starts
-            .raw_message_builder()
-            .sequence(seq)
-            .next_by_subject("skein.roots.*")
-            .send()
-            .await
-        {
-            Ok(m) => Ok(Some((m.sequence, decode(&m.payload)))),
-            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
-                Ok(None)
-            }
-            Err(e) => Err(nats_err("read the index of roots", e)),
-        }
+        let m = super::read::next_of(&self.roots_starts, "skein.roots.*", seq).await?;
+        Ok(m.map(|m| (m.sequence, decode(&m.payload))))
     }
 
     /// The starts of `SKEIN_ROOTS` in `lower..=upper`: as sequence, root and summary.
