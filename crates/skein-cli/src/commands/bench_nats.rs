@@ -194,8 +194,6 @@ impl Fleet {
     }
 }
 
-/// Starts a `skein worker` process on `pool` (its submission intake on when `intake`) and
-/// waits until it is ready.
 /// One fan-out tree: its root, its wall time and the CPU spent while it ran, ms.
 struct Measured {
     root: SessionId,
@@ -206,6 +204,8 @@ struct Measured {
     server_cpu: Option<f64>,
 }
 
+/// Starts a `skein worker` process on `pool` (its submission intake on when `intake`) and
+/// waits until it is ready.
 pub(crate) async fn spawn_worker(
     config: &std::path::Path,
     dir: &std::path::Path,

@@ -112,8 +112,8 @@ pub(crate) async fn read_range(
             // No consumer in time: a cluster electing, or on a server before 2.10 one
             // placed on a node that is down. A small piece is read by the leader's gets
             // at once; a larger one asks for a consumer once more.
-            let tries = if to - from < GETS_INSTEAD { 1 } else { 2 };
-            for _ in 0..tries {
+            let small = to - from < GETS_INSTEAD;
+            for _ in 0..if small { 1 } else { 2 } {
                 let mut msgs = vec![];
                 let made = super::read::read_through_consumer_to(
                     st,
@@ -129,7 +129,7 @@ pub(crate) async fn read_range(
                     return Ok::<_, Error>(Some(msgs));
                 }
             }
-            if to - from < GETS_INSTEAD {
+            if small {
                 return Ok(Some(
                     super::read::read_by_gets(st, subject, from, to).await?,
                 ));
