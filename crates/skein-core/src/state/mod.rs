@@ -553,6 +553,9 @@ impl SessionState {
             })
             .filter(|c| own.is_some_and(|p| p.contains(&c.child) && *p != c.child))
             .map(|c| c.child.clone())
+            // A child asked again is named by two calls: it is cancelled once.
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect()
     }
 

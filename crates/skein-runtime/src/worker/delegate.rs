@@ -128,11 +128,20 @@ impl Runtime {
                 .allowed_tools()
                 .contains(skein_core::RuntimeTool::AskUser.as_str());
             if caching && !asks && !adopt {
-                if let Some(running) = self
+                let running = self
                     .single_flight(&hash, &d.child)
                     .await?
-                    .filter(|r| !r.contains(&f.id))
-                {
+                    .filter(|r| !r.contains(&f.id));
+                // Nor is another run shared by a call whose own child an earlier attempt
+                // of this step created (its log is written, a resume may have run it, and
+                // it may have ended and left the mission's claim to another tree): that
+                // child is this call's run, or it would run unrecorded and its usage
+                // would count in no total. Read only when another run holds the claim.
+                let running = match running {
+                    Some(_) if self.backend.log.last(&d.child).await?.is_some() => None,
+                    other => other,
+                };
+                if let Some(running) = running {
                     // An identical mission is running: wait for it instead of a new run.
                     // Watch before recording, so its end cannot slip past unheard.
                     let my_pool = parent_sub.pool();

@@ -1,7 +1,7 @@
 //! `Wait`: the children of a turn that have ended (or paused on a question) are recorded
 //! as `ChildSettled`, from the notices or, on a cold load, from the children's logs.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use futures::future::join_all;
 use futures::StreamExt;
@@ -554,7 +554,10 @@ impl Runtime {
             let (f, _) = self.load(id).await?;
             let mut total = f.state.usage_total();
             let steps = f.state.steps;
-            let unsettled: Vec<(SessionId, Usage)> = f
+            // Each child once: one that asked a question and was answered (or asked a
+            // follow-up) is named by two calls, and what it spent since it was last counted
+            // is spent once.
+            let unsettled: BTreeMap<SessionId, Usage> = f
                 .state
                 .children
                 .values()

@@ -1,0 +1,269 @@
+//! Where a delegation meets a crash, a shared run and a question (features: cache's single
+//! flight, resume after a crash, ask_user answered by the parent's model, cancel, usage).
+//!
+//! - A step that delegated writes its children before its own record of them. After a
+//!   crash between the two, the step runs again: each call must take the child its earlier
+//!   attempt created, even when another tree now holds the mission's single-flight claim.
+//!   Sharing that run instead left the first child running unrecorded: the mission was
+//!   paid for twice, and the child's tokens counted in no total (a generated world of the
+//!   simulation found it, seed 6333 of `--generated`).
+//! - A child that asked a question its parent's model answered is named by two of the
+//!   parent's calls (the one that started it, the one that answered it). A parent ended
+//!   before it settled the child counted what the child spent since its question twice
+//!   (seed 1484 of `--versions --swarm`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use skein_core::event::{DelegationKind, Outcome};
+use skein_core::message::Usage;
+use skein_core::{AgentSet, Event, SessionId};
+use skein_llm::scripted::ScriptedProvider;
+use skein_llm::Registry;
+use skein_runtime::ports::Durability;
+use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_sled::SledStore;
+use skein_tools::ToolBox;
+
+/// Agents named as given, each with the given lines of front matter and its script
+/// written to `dir` for the scripted model.
+fn agents_in(dir: &std::path::Path, agents: &[(&str, &str, &str)]) -> Arc<AgentSet> {
+    let files: Vec<(String, String)> = agents
+        .iter()
+        .map(|(name, front, script)| {
+            std::fs::write(dir.join(format!("{name}.yaml")), script).unwrap();
+            (
+                format!("{name}.md"),
+                format!("---\nname: {name}\nmodel: scripted:{name}\n{front}---\nYou are {name}.\n"),
+            )
+        })
+        .collect();
+    Arc::new(AgentSet::load(&files, &[]).unwrap())
+}
+
+/// A runtime on a sled store of its own under `dir` (named `name`).
+fn runtime(dir: &std::path::Path, name: &str, agents: Arc<AgentSet>) -> Arc<Runtime> {
+    let store = SledStore::open(
+        &dir.join(format!("{name}-data")),
+        &dir.join(format!("{name}-ws")),
+    )
+    .unwrap();
+    let mut models = Registry::new();
+    models.insert("scripted", Arc::new(ScriptedProvider::new(dir)));
+    Runtime::new(
+        store.backend(),
+        agents,
+        models,
+        ToolBox::new(),
+        RuntimeConfig::default(),
+    )
+}
+
+/// What the model calls recorded in `ids`' logs spent.
+async fn spent_by(rt: &Runtime, ids: &[&SessionId]) -> Usage {
+    let mut total = Usage::default();
+    for id in ids {
+        for r in rt.backend.log.read(id, 1).await.unwrap() {
+            if let Event::ModelCalled(m) = &r.env.body {
+                total.add(&m.usage);
+            }
+        }
+    }
+    total
+}
+
+/// The children `id`'s log delegated to, in order, with how.
+async fn delegations(rt: &Runtime, id: &SessionId) -> Vec<(SessionId, DelegationKind)> {
+    rt.backend
+        .log
+        .read(id, 1)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r.env.body {
+            Event::Delegated(d) => Some((d.child, d.kind)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_step_run_again_after_a_crash_takes_its_own_child_over_another_tree_s_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = agents_in(
+        dir.path(),
+        &[
+            (
+                "boss",
+                "agents: [helper]\n",
+                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: helper, mission: \"the same job\"}\n  - answer: \"boss: {{ results[0].result }}\"\n",
+            ),
+            ("helper", "", "turns:\n  - answer: helped\n"),
+        ],
+    );
+    // The first life: the boss's first step writes its child, then its record of it.
+    let first = runtime(dir.path(), "first", agents.clone());
+    let root = first
+        .submit(Submission {
+            agent: "boss".into(),
+            mission: "m".into(),
+            id: Some("tree".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let job = first
+        .backend
+        .jobs
+        .claim("default", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("the boss's job");
+    assert_eq!(job.session, root);
+    first.process(&job).await.unwrap();
+    let made = delegations(&first, &root).await;
+    assert_eq!(made.len(), 1, "{made:?}");
+    let child = made[0].0.clone();
+    // What a crash between the two appends leaves: the child's log, and the boss's log
+    // without its record of the child.
+    let boss_log: Vec<_> = first
+        .backend
+        .log
+        .read(&root, 1)
+        .await
+        .unwrap()
+        .into_iter()
+        .take_while(|r| !matches!(r.env.body, Event::Delegated(_)))
+        .collect();
+    let child_log = first.backend.log.read(&child, 1).await.unwrap();
+    let hash = match &child_log[0].env.body {
+        Event::Submitted(s) => s.mission_hash.clone(),
+        other => panic!("the child's first record is {}", other.kind()),
+    };
+    let second = runtime(dir.path(), "second", agents);
+    for (id, records) in [(&root, &boss_log), (&child, &child_log)] {
+        second
+            .backend
+            .log
+            .append(id, 0, records, Durability::Now)
+            .await
+            .unwrap();
+    }
+    // Meanwhile another tree started a run of the same mission and holds its claim.
+    let other = SessionId::parse("other.helper-1").unwrap();
+    assert_eq!(
+        second
+            .backend
+            .cache
+            .claim_inflight(&hash, &other)
+            .await
+            .unwrap(),
+        None
+    );
+    // The restart wakes the tree (as `skein resume` does) and runs it.
+    second.requeue_tree(&root).await.unwrap();
+    second.run_tree(&root, 2).await.unwrap();
+    assert_eq!(
+        delegations(&second, &root).await,
+        vec![(child.clone(), DelegationKind::Started)],
+        "the call did not take its own child"
+    );
+    let last = second.backend.log.last(&root).await.unwrap().unwrap();
+    match &last.env.body {
+        Event::Completed(c) => {
+            assert_eq!(c.answer, "boss: helped");
+            // Every token spent in the tree is in its total: the child's too.
+            assert_eq!(c.usage_total, spent_by(&second, &[&root, &child]).await);
+        }
+        other => panic!("the tree did not complete: {}", other.kind()),
+    }
+}
+
+#[tokio::test]
+async fn a_session_ended_before_it_settled_a_child_it_answered_counts_the_child_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = agents_in(
+        dir.path(),
+        &[
+            (
+                "top",
+                "agents: [mid]\n",
+                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: mid, mission: \"part\"}\n  - answer: \"top done\"\n",
+            ),
+            (
+                "mid",
+                "agents: [asker]\n",
+                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: asker, mission: \"job\"}\n  - when: \"results | selectattr('need_user_input', 'defined') | list | length > 0\"\n    tool_calls:\n      - tool: call_agent\n        args:\n          resume_token: \"{{ (results | selectattr('need_user_input', 'defined') | first).resume_token }}\"\n          answers: {k: \"this way\"}\n  - answer: \"mid done\"\n",
+            ),
+            (
+                "asker",
+                "tools: [ask_user]\n",
+                "turns:\n  - tool_calls:\n      - tool: ask_user\n        args:\n          questions: [{key: k, question: \"Which way?\"}]\n  - answer: \"asker went {{ results[0].answers.k }}, a long answer to spend tokens on\"\n",
+            ),
+        ],
+    );
+    let rt = runtime(dir.path(), "data", agents);
+    let root = rt
+        .submit(Submission {
+            agent: "top".into(),
+            mission: "m".into(),
+            id: Some("tree".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let jobs = &rt.backend.jobs;
+    let ended = |r: Option<skein_core::Record>| r.is_some_and(|r| r.env.body.is_terminal());
+    // Run the tree job by job until `mid` answered the asker's question and the asker
+    // answered, then cancel `mid` before it settles the asker.
+    let (mid, asker) = loop {
+        let job = jobs
+            .claim("default", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .expect("a job while the tree runs");
+        let kids = delegations(&rt, &root).await;
+        if let Some((mid, _)) = kids.first() {
+            let theirs = delegations(&rt, mid).await;
+            let answered = theirs.iter().any(|(_, k)| *k == DelegationKind::Resumed);
+            if let Some((asker, _)) = theirs.first() {
+                if job.session == *mid
+                    && answered
+                    && ended(rt.backend.log.last(asker).await.unwrap())
+                {
+                    jobs.ack(&job).await.unwrap();
+                    break (mid.clone(), asker.clone());
+                }
+            }
+        }
+        rt.process(&job).await.unwrap();
+        jobs.ack(&job).await.unwrap();
+    };
+    skein_runtime::control::cancel(&rt, &mid, "cancelled by an operator")
+        .await
+        .unwrap();
+    let end = rt.run_tree(&root, 2).await.unwrap();
+    assert!(end.state.status.is_terminal(), "{:?}", end.state.status);
+    let settled = rt
+        .backend
+        .log
+        .read(&root, 1)
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|r| match r.env.body {
+            Event::ChildSettled(c) if c.child == mid => Some(c.outcome),
+            _ => None,
+        });
+    match settled {
+        Some(Outcome::Failed { usage, .. }) => {
+            // What `mid` and the asker spent (the asker's answer after its question too),
+            // each token once.
+            let spent = spent_by(&rt, &[&mid, &asker]).await;
+            assert!(spent.output_tokens > 0);
+            assert_eq!(usage, spent);
+        }
+        other => panic!("`mid` was not settled as cancelled: {other:?}"),
+    }
+}
