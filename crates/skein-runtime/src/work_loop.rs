@@ -238,6 +238,13 @@ impl Loops {
     }
 }
 
+/// How long a worker stands aside from a pool after it handed back, for want of
+/// something, the delivery numbered `attempt`: past the job's next due time by half a
+/// [`LACKING_DELAY`], and by up to three eighths more as the delivery's number goes.
+fn aside_after(attempt: u32) -> Duration {
+    LACKING_DELAY + LACKING_DELAY / 2 + LACKING_DELAY * (attempt % 4) / 8
+}
+
 /// Registers a held job for as long as it lives.
 struct Held<'a>(&'a Loops, String);
 
@@ -327,14 +334,20 @@ impl Runtime {
                         health.ok(pool);
                         crate::metrics::job_claimed(pool, job.attempt);
                         got = true;
+                        let attempt = job.attempt;
                         // Boxed: a job's future is some 30 KB, and a loop that held it
                         // inline would carry that much while it waits for a job.
                         if Box::pin(self.handle(job)).await {
                             // Handed back for want of something: every slot of this
                             // worker stands aside from the pool until the job is due
                             // again and past, so that a worker that has what it needs
-                            // takes it rather than another slot of this one.
-                            self.stand_aside(pool, LACKING_DELAY + LACKING_DELAY / 2);
+                            // takes it rather than another slot of this one. How long
+                            // varies with the delivery: with two such jobs handed back
+                            // in turn, a fixed time had this worker's slots return at
+                            // the very instant the other job fell due, first in line
+                            // every time, and the worker that had what both need never
+                            // got either.
+                            self.stand_aside(pool, aside_after(attempt));
                         }
                     }
                     Ok(None) => health.ok(pool),
@@ -354,7 +367,8 @@ impl Runtime {
         }
     }
 
-    /// Every slot of this worker stands aside from `pool` for `how_long` from now.
+    /// Every slot of this worker stands aside from `pool` for `how_long` from now (see
+    /// [`aside_after`]).
     fn stand_aside(&self, pool: &str, how_long: Duration) {
         let until = Instant::now() + how_long;
         let mut a = self.loops.aside.lock().unwrap_or_else(|p| p.into_inner());
