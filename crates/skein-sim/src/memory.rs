@@ -72,6 +72,9 @@ pub struct MemStore {
     /// Claimers woken at once take turns in a shifting order (see
     /// [`MemStore::shuffle_claims`]); 0: in the timer's order.
     shuffle: AtomicU64,
+    /// How many times the process restarted on the disk ([`MemStore::reopen`]): a late
+    /// notice posted in an earlier life is not delivered.
+    life: AtomicU64,
 }
 
 impl MemStore {
@@ -97,6 +100,7 @@ impl MemStore {
             me: me.clone(),
             disk,
             shuffle: AtomicU64::new(0),
+            life: AtomicU64::new(0),
         })
     }
 
@@ -158,12 +162,18 @@ impl MemStore {
     }
 
     /// The process restarts on the disk: what it kept of the log, opened again (see
-    /// [`Disk::reopen`]).
+    /// [`Disk::reopen`]). The notices are lost with the process, as the embedded store's
+    /// are (they live in its memory), and so are those still on their way: a notice may
+    /// carry an end the disk did not keep (a cancel's record written, its sync failed),
+    /// which no parent may settle from. Jobs, claims and watchers stay: they carry no
+    /// record, and a parent heals from its children's logs when it is loaded cold.
     pub fn reopen(&self) {
         if let Some(disk) = &self.disk {
             let mut g = self.lock();
             disk.reopen(&mut g.logs);
             g.refused.clear();
+            g.notices.clear();
+            self.life.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -422,13 +432,29 @@ impl EventLog for MemStore {
             .and_then(|l| l.last().cloned()))
     }
 
-    /// None: the simulation's store reads each log (its faults are per call).
+    /// The logs of two sessions or more read together, as the NATS store reads a wide
+    /// tree, so that the simulation's worlds take the callers' one-pass paths (a cancel's
+    /// and a sweep's kept folds, the readers of a whole tree) under its faults; one
+    /// session is read log by log (`None`), so both paths are taken. Like NATS, the logs
+    /// are not one snapshot: each is read as it stands at its turn, and other tasks may
+    /// append between two of them. A fault fails the whole read.
     async fn read_tree(
         &self,
         _root: &SessionId,
-        _ids: &[SessionId],
+        ids: &[SessionId],
     ) -> Result<Option<Vec<Vec<Record>>>> {
-        Ok(None)
+        self.reach("read_tree")?;
+        if ids.len() < 2 {
+            return Ok(None);
+        }
+        let mut logs = Vec::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            if i > 0 {
+                tokio::task::yield_now().await;
+            }
+            logs.push(self.lock().logs.get(id).cloned().unwrap_or_default());
+        }
+        Ok(Some(logs))
     }
 
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
@@ -646,9 +672,13 @@ impl MemStore {
             if let Some(late) = self.faults.notice_delay() {
                 let (me, parent, child, end) =
                     (self.me.clone(), parent.clone(), child.clone(), end.clone());
+                let life = self.life.load(Ordering::Relaxed);
                 tokio::spawn(async move {
                     tokio::time::sleep(late).await;
                     let Some(me) = me.upgrade() else { return };
+                    if me.life.load(Ordering::Relaxed) != life {
+                        return;
+                    }
                     let pos = me.id();
                     me.lock()
                         .notices

@@ -255,6 +255,11 @@ const GENERATED_REGRESSIONS: &[(u64, &str)] = &[
         "a timed-out session's cancel, cut short after the session's own record, let a \
          child under it run on and spend what the session's total never counted",
     ),
+    (
+        6333,
+        "a step retried after a restart shared another tree's run of a mission whose \
+         child it had created, which ran unrecorded: paid twice, counted in no total",
+    ),
 ];
 
 /// The same, found with swarm faults.
@@ -275,6 +280,13 @@ const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[
          a model limited to one call at a time stopped for ten minutes",
     ),
     (2382, "the same, under a limit of two"),
+    (
+        704,
+        "a parent settled its child as cancelled from a notice that outlived a restart, \
+         carrying a cancel the disk had not kept; the child ran on, its tokens in no total \
+         (the simulation's fault: its notices now die with the process, as the embedded \
+         store's do)",
+    ),
 ];
 
 #[test]
@@ -334,9 +346,15 @@ fn a_generated_set_is_the_same_every_time_and_loads_from_its_files() {
 /// step could run (117); a job handed back by one slot of a worker that lacked the newer
 /// format and claimed again by its other slots, thousands of times, while the worker that
 /// read it never got it (3774); a timeout that cancelled a session in the middle of a step
-/// that delegated, whose unrecorded grandchild's model calls reached no total (1199).
+/// that delegated, whose unrecorded grandchild's model calls reached no total (1199); a
+/// step retried after its crash that shared another tree's run of a mission whose child it
+/// had created (1218); a session cancelled by its timeout before it settled a child its
+/// model had answered, which counted what the child spent since its question twice (1484);
+/// two jobs a worker lacked the provider for, handed back by it 0.25 s apart, whose slots
+/// came back from standing aside at the instant the other job fell due and claimed it
+/// first, for ever (941).
 const VERSIONS_REGRESSIONS: &[u64] = &[
-    17, 38, 74, 117, 140, 933, 1011, 1199, 1294, 1470, 1496, 3774,
+    17, 38, 74, 117, 140, 933, 941, 1011, 1199, 1218, 1294, 1470, 1484, 1496, 3774,
 ];
 
 #[test]
