@@ -45,6 +45,19 @@ pub fn agents(defs: &[(&str, &str)]) -> AgentSet {
     AgentSet::load(&files, &[]).expect("the kit's agents load")
 }
 
+/// Agents from `(name, front matter lines, script)`, as [`agents`], each one's script
+/// for the scripted model written to `dir` as `<name>.yaml`.
+pub fn scripted_agents(dir: &std::path::Path, defs: &[(&str, &str, &str)]) -> AgentSet {
+    for (name, _, script) in defs {
+        std::fs::write(dir.join(format!("{name}.yaml")), script).expect("the script is written");
+    }
+    let fronts: Vec<(&str, &str)> = defs
+        .iter()
+        .map(|(name, front, _)| (*name, *front))
+        .collect();
+    agents(&fronts)
+}
+
 /// Given a session of `agent` (one of `agents`), under the default limits.
 pub fn given(agents: AgentSet, agent: &str) -> Given {
     assert!(agents.get(agent).is_some(), "no agent `{agent}` in the set");

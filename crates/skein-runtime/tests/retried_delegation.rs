@@ -26,20 +26,10 @@ use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
 use skein_tools::ToolBox;
 
-/// Agents named as given, each with the given lines of front matter and its script
-/// written to `dir` for the scripted model.
+/// Agents named as given, each with the given lines of front matter and its script written
+/// to `dir` for the scripted model.
 fn agents_in(dir: &std::path::Path, agents: &[(&str, &str, &str)]) -> Arc<AgentSet> {
-    let files: Vec<(String, String)> = agents
-        .iter()
-        .map(|(name, front, script)| {
-            std::fs::write(dir.join(format!("{name}.yaml")), script).unwrap();
-            (
-                format!("{name}.md"),
-                format!("---\nname: {name}\nmodel: scripted:{name}\n{front}---\nYou are {name}.\n"),
-            )
-        })
-        .collect();
-    Arc::new(AgentSet::load(&files, &[]).unwrap())
+    Arc::new(skein_core::testing::scripted_agents(dir, agents))
 }
 
 /// A runtime on a sled store of its own under `dir` (named `name`).
@@ -58,6 +48,18 @@ fn runtime(dir: &std::path::Path, name: &str, agents: Arc<AgentSet>) -> Arc<Runt
         ToolBox::new(),
         RuntimeConfig::default(),
     )
+}
+
+/// Submits a tree `tree` of `agent`.
+async fn submit(rt: &Runtime, agent: &str) -> SessionId {
+    rt.submit(Submission {
+        agent: agent.into(),
+        mission: "m".into(),
+        id: Some("tree".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
 }
 
 /// What the model calls recorded in `ids`' logs spent.
@@ -104,15 +106,7 @@ async fn a_step_run_again_after_a_crash_takes_its_own_child_over_another_tree_s_
     );
     // The first life: the boss's first step writes its child, then its record of it.
     let first = runtime(dir.path(), "first", agents.clone());
-    let root = first
-        .submit(Submission {
-            agent: "boss".into(),
-            mission: "m".into(),
-            id: Some("tree".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let root = submit(&first, "boss").await;
     let job = first
         .backend
         .jobs
@@ -204,15 +198,7 @@ async fn a_session_ended_before_it_settled_a_child_it_answered_counts_the_child_
         ],
     );
     let rt = runtime(dir.path(), "data", agents);
-    let root = rt
-        .submit(Submission {
-            agent: "top".into(),
-            mission: "m".into(),
-            id: Some("tree".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let root = submit(&rt, "top").await;
     let jobs = &rt.backend.jobs;
     let ended = |r: Option<skein_core::Record>| r.is_some_and(|r| r.env.body.is_terminal());
     // Run the tree job by job until `mid` answered the asker's question and the asker

@@ -155,17 +155,7 @@ fn a_shared_run_whose_caller_ended_before_creating_it_fails_the_call() {
 /// Agents named as given, each with the given lines of front matter and its script written
 /// to `dir` for the scripted model.
 fn agents_in(dir: &std::path::Path, agents: &[(&str, &str, &str)]) -> Arc<AgentSet> {
-    let files: Vec<(String, String)> = agents
-        .iter()
-        .map(|(name, front, script)| {
-            std::fs::write(dir.join(format!("{name}.yaml")), script).unwrap();
-            (
-                format!("{name}.md"),
-                format!("---\nname: {name}\nmodel: scripted:{name}\n{front}---\nYou are {name}.\n"),
-            )
-        })
-        .collect();
-    Arc::new(AgentSet::load(&files, &[]).unwrap())
+    Arc::new(skein_core::testing::scripted_agents(dir, agents))
 }
 
 /// A runtime on `backend`, its scripted model reading the scripts in `dir` on tokio's
