@@ -42,6 +42,7 @@ pub async fn check(run: &Run) -> Verdict {
                 .push(format!("{root}: submitted but has no log")),
         }
     }
+    announced_once(run, &mut v);
     if let Some(q) = &run.quota {
         crate::quota::check(q, &mut v);
     }
@@ -307,6 +308,62 @@ pub async fn check(run: &Run) -> Verdict {
     }
     let _: Option<SessionId> = None;
     v
+}
+
+/// Each tree's result is announced once, whatever its tree met: the root's ending is
+/// announced, as its log ends (seq, status, answer, error, total), and no other ending
+/// was (none the log does not end with, such as an ending a restart's disk lost).
+fn announced_once(run: &Run, v: &mut Verdict) {
+    let results = run.store.results();
+    for root in &run.roots {
+        let Some(end) = run.logs.get(root).and_then(|l| l.last()) else {
+            continue;
+        };
+        if !end.env.body.is_terminal() {
+            continue;
+        }
+        let announced = results.get(root).map(Vec::as_slice).unwrap_or_default();
+        let mut f = skein_runtime::session::Folded::new(root.clone());
+        if let Err(e) = f.absorb(&run.logs[root]) {
+            v.violations
+                .push(format!("{root}: the log does not fold: {e}"));
+            continue;
+        }
+        let expected = (
+            end.env.seq,
+            f.state.status,
+            f.state.ending.answer.clone(),
+            f.state.ending.error.clone(),
+            f.state.usage_total(),
+        );
+        match announced {
+            [] => v.violations.push(format!(
+                "{root}: ended ({} at seq {}) and was never announced",
+                end.env.body.kind(),
+                end.env.seq
+            )),
+            [one] => {
+                let got = (
+                    one.seq,
+                    one.status,
+                    one.answer.clone(),
+                    one.error.clone(),
+                    one.usage,
+                );
+                if got != expected {
+                    v.violations.push(format!(
+                        "{root}: announced {got:?}, but its log ends {expected:?}"
+                    ));
+                }
+            }
+            many => v.violations.push(format!(
+                "{root}: announced {} endings (at seqs {:?}); its log ends once, at seq {}",
+                many.len(),
+                many.iter().map(|r| r.seq).collect::<Vec<_>>(),
+                end.env.seq
+            )),
+        }
+    }
 }
 
 /// Cache soundness: each hit of `run` answers what a fresh run of that child answers

@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skein_core::{Record, SessionId};
 use skein_runtime::ports::{
-    Backend, Blobs, Cache, CacheEntry, Capabilities, Durability, EventLog, Job, JobQueue,
-    NoticeRead, Notices, SessionFilter, WaitingForRoom, Workspaces,
+    Announcer, Backend, Blobs, Cache, CacheEntry, Capabilities, Durability, EventLog, Job,
+    JobQueue, NoticeRead, Notices, RootResult, SessionFilter, WaitingForRoom, Workspaces,
 };
 use skein_runtime::{Error, Result};
 use skein_tools::{LocalWorkspace, Workspace};
@@ -50,6 +50,9 @@ struct Inner {
     /// carries it (as NATS notices do).
     notices: HashMap<SessionId, Vec<NoticeRead>>,
     watchers: HashMap<SessionId, Vec<(SessionId, String)>>,
+    /// Each root's endings as announced, in the order stored (as `SKEIN_RESULTS` keeps
+    /// them: an ending already stored, or an earlier one, is dropped).
+    results: BTreeMap<SessionId, Vec<RootResult>>,
     /// Sessions whose last pipelined append was refused, and the seq its writer expects
     /// to follow on from: their writer has not heard yet.
     refused: HashMap<SessionId, u64>,
@@ -121,7 +124,7 @@ impl MemStore {
             blobs: self.clone(),
             notices: self.clone(),
             workspaces: self.clone(),
-            announcer: None,
+            announcer: Some(self.clone()),
             quota: None,
             capabilities: Capabilities {
                 notices_in_step_with_wakes: false,
@@ -166,13 +169,25 @@ impl MemStore {
     /// are (they live in its memory), and so are those still on their way: a notice may
     /// carry an end the disk did not keep (a cancel's record written, its sync failed),
     /// which no parent may settle from. Jobs, claims and watchers stay: they carry no
-    /// record, and a parent heals from its children's logs when it is loaded cold.
+    /// record, and a parent heals from its children's logs when it is loaded cold. The
+    /// announced endings are kept with the log, as if on the same disk: one whose record
+    /// the disk did not keep goes with it (a worker read that record before its sync
+    /// failed; the embedded store has no announcer, and on NATS the log and the results
+    /// live on the same servers).
     pub fn reopen(&self) {
         if let Some(disk) = &self.disk {
             let mut g = self.lock();
             disk.reopen(&mut g.logs);
             g.refused.clear();
             g.notices.clear();
+            let Inner { logs, results, .. } = &mut *g;
+            for (root, stored) in results.iter_mut() {
+                let log = logs.get(root);
+                stored.retain(|r| {
+                    log.and_then(|l| l.get((r.seq as usize).saturating_sub(1)))
+                        .is_some_and(|rec| rec.env.seq == r.seq && rec.env.body.is_terminal())
+                });
+            }
             self.life.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -205,6 +220,24 @@ impl MemStore {
     /// Every log, for the invariants: session → records.
     pub fn logs(&self) -> BTreeMap<SessionId, Vec<Record>> {
         self.lock().logs.clone()
+    }
+
+    /// Every root's endings as announced, in the order stored.
+    pub fn results(&self) -> BTreeMap<SessionId, Vec<RootResult>> {
+        self.lock().results.clone()
+    }
+
+    /// Whether the ending `root`'s log ends with has been announced.
+    pub fn announced(&self, root: &SessionId) -> bool {
+        let g = self.lock();
+        let Some(end) = g.logs.get(root).and_then(|l| l.last()) else {
+            return false;
+        };
+        end.env.body.is_terminal()
+            && g.results
+                .get(root)
+                .and_then(|r| r.last())
+                .is_some_and(|r| r.seq == end.env.seq)
     }
 
     /// Appends `records` if the log ends at `expected_last`; on a disk, waits for a sync
@@ -754,5 +787,32 @@ impl Notices for MemStore {
 impl Workspaces for MemStore {
     fn for_tree(&self, root: &SessionId) -> Arc<dyn Workspace> {
         Arc::new(LocalWorkspace::new(self.workspaces.join(root.as_str())).inline())
+    }
+}
+
+/// The announcer of `SKEIN_RESULTS` as the NATS store keeps it: each ending of a root
+/// (named by the root and the seq of the record that ended it) stored once, an ending
+/// announced again or an earlier one dropped. It lies outside the disk: a restart keeps
+/// what was announced.
+#[async_trait]
+impl Announcer for MemStore {
+    async fn root_finished(&self, notice: &RootResult) -> Result<()> {
+        self.reach("announce")?;
+        let root = SessionId::parse(&notice.session)?;
+        let mut g = self.lock();
+        let stored = g.results.entry(root).or_default();
+        if stored.last().is_none_or(|last| last.seq < notice.seq) {
+            stored.push(notice.clone());
+        }
+        Ok(())
+    }
+
+    async fn last_announced(&self, root: &SessionId) -> Result<Option<RootResult>> {
+        self.reach("last announced")?;
+        Ok(self
+            .lock()
+            .results
+            .get(root)
+            .and_then(|r| r.last().cloned()))
     }
 }

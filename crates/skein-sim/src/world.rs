@@ -620,7 +620,9 @@ pub async fn run_mixed(
     };
     let drained = tokio::time::Instant::now();
     let drain_limit = crate::quota::drain_limit(quota.as_deref(), setup.drain_limit);
-    while !roots_ended(&store, &roots) && drained.elapsed() < drain_limit {
+    // Every tree ends, and its ending is announced (the worker that ended the root
+    // announces it in the same job; a job that failed at it runs again).
+    while !roots_announced(&store, &roots) && drained.elapsed() < drain_limit {
         let open: Vec<SessionId> = roots.iter().filter(|r| !store.ended(r)).cloned().collect();
         person.answer_all(&runtimes[reader(&runtimes)], &open).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -663,6 +665,10 @@ pub async fn run_mixed(
 
 fn roots_ended(store: &MemStore, roots: &[SessionId]) -> bool {
     roots.iter().all(|r| store.ended(r))
+}
+
+fn roots_announced(store: &MemStore, roots: &[SessionId]) -> bool {
+    roots.iter().all(|r| store.announced(r))
 }
 
 /// A person at the inbox: answers questions and decides approvals whenever the seed says,

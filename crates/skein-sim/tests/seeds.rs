@@ -287,6 +287,12 @@ const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[
          (the simulation's fault: its notices now die with the process, as the embedded \
          store's do)",
     ),
+    (
+        1363,
+        "a root's cancel, read by a worker before its sync failed, was announced, and the \
+         root's later ending too (the simulation's fault: its announcements now stay with \
+         the log across a restart)",
+    ),
 ];
 
 #[test]
