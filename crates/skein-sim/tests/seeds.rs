@@ -122,6 +122,13 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
          it without being asked",
     ),
     (
+        12768,
+        true,
+        "two holders of a parent's job (a lease ran out) answered its paused child with the \
+         same call: the second found the token spent and recorded a refusal, so the child \
+         ran on unrecorded and its tokens reached no total",
+    ),
+    (
         33997,
         true,
         "two children ended close together, one notice late: their wake-ups coalesced into \

@@ -364,14 +364,8 @@ impl Runtime {
         let by = format!("{}#{}", f.id, d.call);
         // A crash after the answers were recorded but before `Delegated`: finish the job.
         let (cf, _) = self.load(&d.child).await?;
-        let ours = !cf.state.pauses.used_tokens.is_empty()
-            && self
-                .backend
-                .log
-                .read(&d.child, 1)
-                .await?
-                .iter()
-                .any(|r| matches!(&r.env.body, Event::InputProvided(p) if p.by.as_deref() == Some(by.as_str())));
+        let ours =
+            !cf.state.pauses.used_tokens.is_empty() && self.answered_by(&d.child, &by).await?;
         let mission_hash = cf
             .state
             .submitted
@@ -380,73 +374,15 @@ impl Runtime {
             .unwrap_or_default();
         self.keep_state(cf);
         if !ours {
-            // The model's token was recorded as its reference: only one this session was
-            // given stands for a token.
-            let token = if resume
-                .token
-                .trim()
-                .starts_with(skein_core::token::REF_PREFIX)
-            {
-                let r = resume.token.trim();
-                match f
-                    .state
-                    .pauses
-                    .resume_refs
-                    .contains(r)
-                    .then(|| skein_core::token::from_reference(&self.cfg.token_secret.0, r))
-                    .flatten()
-                {
-                    Some(t) => t,
-                    None => return Ok(refuse("it is not a token this session was given".into())),
+            if let Some(refused) = self.answer_paused_child(f, d, resume, &by).await? {
+                // Another run of this very step (two holders of this session's job, after
+                // a lease ran out) may have answered the child between this run's look
+                // and its answer: that answer is this call's, and the token is spent on
+                // it. Taken as refused, the child would run on unrecorded, what it spent
+                // in no total.
+                if !self.answered_by(&d.child, &by).await? {
+                    return Ok(refused);
                 }
-            } else {
-                resume.token.clone()
-            };
-            let (claims, cf) =
-                match crate::hitl::check_token(self, &token, skein_core::token::TokenKind::Input)
-                    .await
-                {
-                    Ok(x) => x,
-                    Err(Error::Refused { reason: why, .. }) => return Ok(refuse(why)),
-                    Err(e) => return Err(e),
-                };
-            if claims.session != d.child {
-                self.keep_state(cf);
-                return Ok(refuse(format!(
-                    "it belongs to session {}",
-                    claims.session.display()
-                )));
-            }
-            let questions = cf
-                .state
-                .pauses
-                .pending_inputs
-                .iter()
-                .find(|p| p.token_id == claims.nonce)
-                .map(|p| p.questions.clone())
-                .unwrap_or_default();
-            if let Err(Error::Refused { reason: why, .. }) =
-                crate::hitl::check_answers(&questions, &resume.answers)
-            {
-                self.keep_state(cf);
-                return Ok(refuse(why));
-            }
-            let nonce = claims.nonce.clone();
-            let body = Event::InputProvided(InputProvided {
-                answers: resume.answers.clone(),
-                token_id: nonce.clone(),
-                by: Some(by),
-            });
-            let valid = |g: &Folded| {
-                g.state
-                    .pauses
-                    .pending_inputs
-                    .iter()
-                    .any(|p| p.token_id == nonce)
-            };
-            match self.append_from_outside(cf, body, valid).await? {
-                Outside::Appended(cf) => self.keep_state(cf),
-                Outside::Moot(m) => return Ok(refuse(m.to_string())),
             }
         }
         Ok(Event::Delegated(Delegated {
@@ -459,6 +395,107 @@ impl Runtime {
             owns_tasks: vec![],
             max_steps: None,
         }))
+    }
+
+    /// Answers the question `d.child` paused on with `resume`'s answers, recorded as given
+    /// `by` this call; the refusal the model is shown when the token or the answers do not
+    /// stand, none when the answers are recorded.
+    async fn answer_paused_child(
+        &self,
+        f: &Folded,
+        d: &Delegation,
+        resume: &skein_core::decide::Resume,
+        by: &str,
+    ) -> Result<Option<Event>> {
+        let refuse = |why: String| {
+            Event::tool_error(
+                d.call.clone(),
+                format!("call_agent: resume_token refused: {why}"),
+            )
+        };
+        // The model's token was recorded as its reference: only one this session was
+        // given stands for a token.
+        let token = if resume
+            .token
+            .trim()
+            .starts_with(skein_core::token::REF_PREFIX)
+        {
+            let r = resume.token.trim();
+            match f
+                .state
+                .pauses
+                .resume_refs
+                .contains(r)
+                .then(|| skein_core::token::from_reference(&self.cfg.token_secret.0, r))
+                .flatten()
+            {
+                Some(t) => t,
+                None => {
+                    return Ok(Some(refuse(
+                        "it is not a token this session was given".into(),
+                    )))
+                }
+            }
+        } else {
+            resume.token.clone()
+        };
+        let (claims, cf) =
+            match crate::hitl::check_token(self, &token, skein_core::token::TokenKind::Input).await
+            {
+                Ok(x) => x,
+                Err(Error::Refused { reason: why, .. }) => return Ok(Some(refuse(why))),
+                Err(e) => return Err(e),
+            };
+        if claims.session != d.child {
+            self.keep_state(cf);
+            return Ok(Some(refuse(format!(
+                "it belongs to session {}",
+                claims.session.display()
+            ))));
+        }
+        let questions = cf
+            .state
+            .pauses
+            .pending_inputs
+            .iter()
+            .find(|p| p.token_id == claims.nonce)
+            .map(|p| p.questions.clone())
+            .unwrap_or_default();
+        if let Err(Error::Refused { reason: why, .. }) =
+            crate::hitl::check_answers(&questions, &resume.answers)
+        {
+            self.keep_state(cf);
+            return Ok(Some(refuse(why)));
+        }
+        let nonce = claims.nonce.clone();
+        let body = Event::InputProvided(InputProvided {
+            answers: resume.answers.clone(),
+            token_id: nonce.clone(),
+            by: Some(by.to_string()),
+        });
+        let valid = |g: &Folded| {
+            g.state
+                .pauses
+                .pending_inputs
+                .iter()
+                .any(|p| p.token_id == nonce)
+        };
+        match self.append_from_outside(cf, body, valid).await? {
+            Outside::Appended(cf) => self.keep_state(cf),
+            Outside::Moot(m) => return Ok(Some(refuse(m.to_string()))),
+        }
+        Ok(None)
+    }
+
+    /// Whether `child`'s log holds answers given `by` a call (`<session>#<call>`).
+    async fn answered_by(&self, child: &SessionId, by: &str) -> Result<bool> {
+        Ok(self
+            .backend
+            .log
+            .read(child, 1)
+            .await?
+            .iter()
+            .any(|r| matches!(&r.env.body, Event::InputProvided(p) if p.by.as_deref() == Some(by))))
     }
 
     /// Puts follow-up questions to finished `chat: true` children: each child's log
