@@ -11,6 +11,10 @@
 //!   parent's calls (the one that started it, the one that answered it). A parent ended
 //!   before it settled the child counted what the child spent since its question twice
 //!   (seed 1484 of `--versions --swarm`).
+//! - Two holders of a parent's job (a lease ran out) run the same step, which answers the
+//!   child's question: the second finds the child answered and moved on. That answer was
+//!   its own call's; recorded as a refusal instead, the child ran on unrecorded and its
+//!   tokens reached no total (swarm seed 12768).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -21,7 +25,8 @@ use skein_core::message::Usage;
 use skein_core::{AgentSet, Event, SessionId};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
-use skein_runtime::ports::Durability;
+use skein_runtime::ports::roots::{RootFilter, RootsPage};
+use skein_runtime::ports::{Durability, EventLog};
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
 use skein_tools::ToolBox;
@@ -251,5 +256,158 @@ async fn a_session_ended_before_it_settled_a_child_it_answered_counts_the_child_
             assert_eq!(usage, spent);
         }
         other => panic!("`mid` was not settled as cancelled: {other:?}"),
+    }
+}
+
+/// The store's log, except that the first append to `session` finds there, first, what
+/// another holder of the same step wrote: `theirs`, appended just before.
+struct Beaten {
+    inner: Arc<dyn EventLog>,
+    session: SessionId,
+    theirs: std::sync::Mutex<Option<(u64, Vec<skein_core::Record>)>>,
+}
+
+#[async_trait::async_trait]
+impl EventLog for Beaten {
+    async fn append(
+        &self,
+        session: &SessionId,
+        expected_last: u64,
+        records: &[skein_core::Record],
+        durability: Durability,
+    ) -> skein_runtime::Result<()> {
+        if *session == self.session {
+            let theirs = self.theirs.lock().unwrap().take();
+            if let Some((after, theirs)) = theirs {
+                self.inner
+                    .append(session, after, &theirs, Durability::Now)
+                    .await?;
+            }
+        }
+        self.inner
+            .append(session, expected_last, records, durability)
+            .await
+    }
+    async fn read(
+        &self,
+        session: &SessionId,
+        from_seq: u64,
+    ) -> skein_runtime::Result<Vec<skein_core::Record>> {
+        self.inner.read(session, from_seq).await
+    }
+    async fn last(&self, session: &SessionId) -> skein_runtime::Result<Option<skein_core::Record>> {
+        self.inner.last(session).await
+    }
+    async fn tree(&self, root: &SessionId) -> skein_runtime::Result<Vec<SessionId>> {
+        self.inner.tree(root).await
+    }
+    async fn read_tree(
+        &self,
+        root: &SessionId,
+        ids: &[SessionId],
+    ) -> skein_runtime::Result<Option<Vec<Vec<skein_core::Record>>>> {
+        self.inner.read_tree(root, ids).await
+    }
+    async fn roots(&self) -> skein_runtime::Result<Vec<SessionId>> {
+        self.inner.roots().await
+    }
+    async fn roots_page(
+        &self,
+        filter: &RootFilter,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> skein_runtime::Result<RootsPage> {
+        self.inner.roots_page(filter, limit, cursor).await
+    }
+    async fn open_roots(&self) -> skein_runtime::Result<Vec<SessionId>> {
+        self.inner.open_roots().await
+    }
+}
+
+#[tokio::test]
+async fn a_step_that_finds_its_own_answer_given_by_another_run_of_it_resumes_the_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = agents_in(
+        dir.path(),
+        &[
+            (
+                "clerk",
+                "agents: [asker]\n",
+                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: asker, mission: \"set up\"}\n  - when: \"results | selectattr('need_user_input', 'defined') | list | length > 0\"\n    tool_calls:\n      - tool: call_agent\n        args:\n          resume_token: \"{{ (results | selectattr('need_user_input', 'defined') | first).resume_token }}\"\n          answers: {k: \"v78\"}\n  - answer: \"clerk: {{ results[0].result }}\"\n",
+            ),
+            (
+                "asker",
+                "tools: [ask_user]\n",
+                "turns:\n  - tool_calls:\n      - tool: ask_user\n        args:\n          questions: [{key: k, question: \"Which version?\"}]\n  - answer: \"asker used {{ results[0].answers.k }}\"\n",
+            ),
+        ],
+    );
+    // The step as one holder ran it, to its end.
+    let first = runtime(dir.path(), "first", agents.clone());
+    let root = submit(&first, "clerk").await;
+    first.run_tree(&root, 2).await.unwrap();
+    let asker = delegations(&first, &root).await[0].0.clone();
+    let clerk_log = first.backend.log.read(&root, 1).await.unwrap();
+    let asker_log = first.backend.log.read(&asker, 1).await.unwrap();
+    let resumed = clerk_log
+        .iter()
+        .position(
+            |r| matches!(&r.env.body, Event::Delegated(d) if d.kind == DelegationKind::Resumed),
+        )
+        .expect("the clerk resumed the asker");
+    let answered = asker_log
+        .iter()
+        .position(|r| matches!(r.env.body, Event::InputProvided(_)))
+        .expect("the asker was answered");
+    // The other holder: the clerk's step is to run again (its log stops before its record
+    // of the resume), and the asker is paused; the first append to the asker finds the
+    // other run's answers there, and the asker's answer after them.
+    let store = SledStore::open(
+        &dir.path().join("second-data"),
+        &dir.path().join("second-ws"),
+    )
+    .unwrap();
+    let mut backend = store.backend();
+    backend.log = Arc::new(Beaten {
+        inner: backend.log.clone(),
+        session: asker.clone(),
+        theirs: std::sync::Mutex::new(Some((answered as u64, asker_log[answered..].to_vec()))),
+    });
+    let mut models = Registry::new();
+    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
+    let second = Runtime::new(
+        backend,
+        agents,
+        models,
+        ToolBox::new(),
+        RuntimeConfig::default(),
+    );
+    for (id, records) in [
+        (&root, &clerk_log[..resumed]),
+        (&asker, &asker_log[..answered]),
+    ] {
+        EventLog::append(&*store, id, 0, records, Durability::Now)
+            .await
+            .unwrap();
+    }
+    second.requeue_tree(&root).await.unwrap();
+    second.run_tree(&root, 2).await.unwrap();
+    let kinds: Vec<DelegationKind> = delegations(&second, &root)
+        .await
+        .into_iter()
+        .map(|(_, k)| k)
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![DelegationKind::Started, DelegationKind::Resumed],
+        "the call did not take the answer given by its other run as its own"
+    );
+    let last = second.backend.log.last(&root).await.unwrap().unwrap();
+    match &last.env.body {
+        Event::Completed(c) => {
+            assert_eq!(c.answer, "clerk: asker used v78");
+            assert_eq!(c.usage_total, spent_by(&second, &[&root, &asker]).await);
+        }
+        other => panic!("the tree did not complete: {}", other.kind()),
     }
 }
