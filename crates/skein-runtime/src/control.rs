@@ -29,7 +29,9 @@ pub async fn status(rt: &Runtime, id: &SessionId) -> Result<Value> {
 
 /// Cancels every unfinished session of the tree under `id` (`id` itself included), the
 /// deepest first: each gets a `Cancelled` event and a job, so that its worker tells its
-/// parent. Returns how many were cancelled; sessions that had ended are left as they are.
+/// parent (or announces the tree's end). Returns how many were cancelled; sessions that
+/// had ended are left as they are, but one cancelled already gets its job again (a cancel
+/// tried again after a failure may find its own earlier work).
 pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize> {
     let mut n = 0;
     // The deepest first (the subtree is sorted, so every session comes after its
@@ -43,7 +45,15 @@ pub async fn cancel(rt: &Runtime, id: &SessionId, reason: &str) -> Result<usize>
         // A session named in the tree whose first record was never written (see
         // `EventLog::tree`) has nothing to cancel.
         if f.state.last_seq == 0 || f.state.status.is_terminal() {
+            // One cancelled already may be an earlier try's, whose wake-up that try never
+            // sent (the backend failed right after the append): without its job nobody
+            // tells its parent, or announces the tree's end. Woken again; a job of an
+            // ended session does only that.
+            let woken = (f.state.status == skein_core::Status::Cancelled).then(|| f.state.pool());
             rt.keep_state(f);
+            if let Some(pool) = woken {
+                crate::worker::wake(&*rt.backend.jobs, &pool, &s).await?;
+            }
             continue;
         }
         let body = Event::Cancelled(Cancelled {

@@ -129,6 +129,12 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
          ran on unrecorded and its tokens reached no total",
     ),
     (
+        17701,
+        true,
+        "a cancel tried again after its wake-up failed found the root cancelled and passed \
+         it by: nobody ran its job, and the tree's end was never announced",
+    ),
+    (
         33997,
         true,
         "two children ended close together, one notice late: their wake-ups coalesced into \
