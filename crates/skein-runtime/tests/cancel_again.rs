@@ -22,12 +22,7 @@ async fn a_cancel_tried_again_wakes_the_session_its_first_try_ended() {
     let (_dir, rt, id) = common::solo(RuntimeConfig::default()).await;
     let jobs = &rt.backend.jobs;
     // The submission's job, taken away unrun.
-    let j = jobs
-        .claim("default", Duration::from_secs(1))
-        .await
-        .unwrap()
-        .expect("the submission's job");
-    jobs.ack(&j).await.unwrap();
+    common::take_job_unrun(&rt).await;
     // What the first try left when the backend failed right after its append: the session
     // cancelled, no job.
     let (f, _) = rt.load(&id).await.unwrap();

@@ -14,12 +14,7 @@ async fn a_lost_job_is_found_again_by_the_sweep_and_the_tree_completes() {
     let (_dir, rt, id) = common::solo(RuntimeConfig::default()).await;
     let jobs = &rt.backend.jobs;
     // The job is lost: taken and acked without being processed.
-    let j = jobs
-        .claim("default", Duration::from_secs(1))
-        .await
-        .unwrap()
-        .unwrap();
-    jobs.ack(&j).await.unwrap();
+    common::take_job_unrun(&rt).await;
     assert!(jobs
         .claim("default", Duration::from_millis(100))
         .await

@@ -44,3 +44,15 @@ pub async fn solo(cfg: RuntimeConfig) -> (tempfile::TempDir, Arc<Runtime>, Sessi
         .unwrap();
     (dir, rt, id)
 }
+
+/// Takes the next job of the default pool (one must come within a second) and acks it
+/// unrun, as a job lost to the backend, or run elsewhere, would leave the queue.
+pub async fn take_job_unrun(rt: &Runtime) {
+    let jobs = &rt.backend.jobs;
+    let j = jobs
+        .claim("default", std::time::Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("a job within a second");
+    jobs.ack(&j).await.unwrap();
+}
