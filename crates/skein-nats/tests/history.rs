@@ -370,3 +370,43 @@ async fn removing_a_tree_removes_the_cache_entries_it_answered_and_no_other() {
     // Removed once: another worker's removal finds nothing more.
     assert_eq!(store.remove_tree(&old).await.unwrap(), None);
 }
+
+/// A tree with a run that a call of another tree shares is kept while that other session
+/// has not ended: removed, the sharer would find no log where the run was and fail its
+/// call. A watcher inside the tree, or one that has ended, keeps nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_whose_run_an_open_session_of_another_tree_shares_is_kept() {
+    let server = NatsServer::start();
+    let store = store_on(&server).await;
+    let now = skein_runtime::now_ms();
+    let old = new_root_id();
+    append(&store, &old, 1_000, &[true]).await;
+    let run = old.child("helper", 1);
+    append(&store, &run, 1_100, &[false, true]).await;
+    // A sibling of the run shared it (inside the tree), and so does another tree's
+    // session, which has not ended.
+    let sibling = old.child("helper", 2);
+    append(&store, &sibling, 1_200, &[true]).await;
+    skein_runtime::ports::Notices::watch(&*store, &run, &sibling, "default")
+        .await
+        .unwrap();
+    let sharer = new_root_id();
+    let sharer_log = append(&store, &sharer, 2_000, &[false]).await;
+    skein_runtime::ports::Notices::watch(&*store, &run, &sharer, "default")
+        .await
+        .unwrap();
+    let before = now - 60_000;
+    assert!(
+        store.removable_trees(before).await.unwrap().is_empty(),
+        "a tree whose run an open session of another tree shares is removable"
+    );
+    // The sharer ends: the tree may go.
+    let end = rec(&sharer, 2, 2_001, sharer_log[0].hash(), true);
+    store
+        .append(&sharer, 1, std::slice::from_ref(&end), Durability::Now)
+        .await
+        .unwrap();
+    let found = store.removable_trees(before).await.unwrap();
+    let ids: Vec<&str> = found.iter().map(|s| s.root.as_str()).collect();
+    assert_eq!(ids, vec![old.as_str(), sharer.as_str()]);
+}

@@ -336,6 +336,33 @@ pub trait Notices: Send + Sync {
     async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>>;
 }
 
+/// A session outside the tree of `root` that watches `session` and has not ended, if one
+/// does: a call of another tree that shares `session`'s run (single flight) and has not
+/// yet settled it from `session`'s log. Retention keeps a tree while one of its sessions
+/// has such a watcher, however old the tree: removed, the sharer would find no log where
+/// the run was and fail its call, though the run completed. A watcher inside the tree
+/// ended with it; one with no log waits for nothing.
+pub async fn open_watcher_outside(
+    log: &dyn EventLog,
+    notices: &dyn Notices,
+    root: &SessionId,
+    session: &SessionId,
+) -> Result<Option<SessionId>> {
+    for (watcher, _) in notices.watchers(session).await? {
+        if root.contains(&watcher) {
+            continue;
+        }
+        if log
+            .last(&watcher)
+            .await?
+            .is_some_and(|r| !r.env.body.is_terminal())
+        {
+            return Ok(Some(watcher));
+        }
+    }
+    Ok(None)
+}
+
 /// Where a finished root is announced (`skein.results.ROOT` on NATS). The worker calls
 /// it every time it finds a root ended (a job run again calls it again), so an
 /// implementation announces each ending, named by the root and [`RootResult::seq`], once.

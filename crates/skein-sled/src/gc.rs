@@ -3,7 +3,8 @@
 //!
 //! A tree may be removed when its root has ended (completed, failed or cancelled) and so
 //! has every session of the tree: never a tree still in flight, nor one that waits for a
-//! person's answer or approval. Removing writes `events.log` anew without the trees'
+//! person's answer or approval, nor one with a run that a session of another tree still
+//! shares (it watches the run and has not ended). Removing writes `events.log` anew without the trees'
 //! records (see [`crate::wal`]'s `compact`), and first takes out of the sled database
 //! what names them: the trees' entries in the index of roots, cache entries whose answer
 //! came from them, watchers and jobs of their sessions. Blobs stay (another tree may name
@@ -14,7 +15,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use skein_core::SessionId;
-use skein_ports::ports::CacheEntry;
+use skein_ports::ports::{open_watcher_outside, CacheEntry};
 use skein_ports::roots::RootSummary;
 use skein_ports::{Error, Result};
 
@@ -91,9 +92,12 @@ impl SledStore {
     }
 
     /// The trees that may be removed as older than `before` (ms since the epoch): the
-    /// root's last event is before it, and the root and every session of its tree have
-    /// ended. Oldest first.
+    /// root's last event is before it, the root and every session of its tree have ended,
+    /// and no session of another tree that has not ended watches one of its sessions (a
+    /// shared run not yet settled, [`open_watcher_outside`]). Oldest first.
     pub async fn removable_trees(&self, before: u64) -> Result<Vec<RootSummary>> {
+        // The watchers are in the sled database, which a process opens on first use.
+        self.sled.open()?;
         let mut out = vec![];
         for s in self.roots.finished_before(&self.wal, before)? {
             let root = SessionId::parse(&s.root)?;
@@ -107,6 +111,9 @@ impl SledStore {
                     .wal
                     .last(&id)?
                     .is_some_and(|r| r.env.body.is_terminal())
+                    || open_watcher_outside(self, self, &root, &id)
+                        .await?
+                        .is_some()
                 {
                     ended = false;
                     break;

@@ -6,14 +6,15 @@
 //! store `skein_archive`.
 //!
 //! A tree is removable when its root and every session of its tree have ended (never a
-//! tree in flight, nor one waiting for a person) and its root's last event is older than
-//! the cut-off. A removal stopped half-way leaves a root whose index entry outlives its
+//! tree in flight, nor one waiting for a person), no session of another tree that has not
+//! ended watches one of its sessions (a run shared and not yet settled), and its root's
+//! last event is older than the cut-off. A removal stopped half-way leaves a root whose index entry outlives its
 //! log: the next run finds it again (ended, old) and finishes it.
 
 use async_nats::jetstream::{kv, object_store, stream};
 use serde::Serialize;
 use skein_core::SessionId;
-use skein_ports::ports::{CacheEntry, EventLog};
+use skein_ports::ports::{open_watcher_outside, CacheEntry, EventLog};
 use skein_ports::roots::RootSummary;
 use skein_ports::Result;
 
@@ -82,13 +83,13 @@ impl NatsStore {
 
     /// Whether every session of the tree has ended (a session named in the tree's list
     /// but never written has nothing to end).
+    /// Whether every session of the tree has ended, and none is watched by a session of
+    /// another tree that has not ([`open_watcher_outside`]: a shared run not yet settled).
     async fn tree_ended(&self, root: &SessionId) -> Result<bool> {
         for s in self.tree(root).await? {
-            if self
-                .last(&s)
-                .await?
-                .is_some_and(|r| !r.env.body.is_terminal())
-            {
+            let (last, watcher) =
+                futures::join!(self.last(&s), open_watcher_outside(self, self, root, &s));
+            if last?.is_some_and(|r| !r.env.body.is_terminal()) || watcher?.is_some() {
                 return Ok(false);
             }
         }
