@@ -380,6 +380,11 @@ impl Step {
                 rs.iter().any(|r| r.resumed && r.call == t.call)
             }
             (Step::Wait, Event::ChildSettled(_)) => true,
+            // A call whose shared run was cancelled by its starter delegates again
+            // ([`SessionState::delegations_again`]): the new run is started, shared or
+            // answered from the cache while the turn waits.
+            (Step::Wait, Event::Delegated(d)) => d.kind != DelegationKind::Resumed,
+            (Step::Wait, Event::CacheHit(h)) => !h.call.is_empty(),
             (Step::EditPlan(e), Event::PatchApplied(p)) => {
                 p.call.as_deref() == Some(e.call.as_str()) && e.verdict == Ok(p.version)
             }
@@ -460,6 +465,36 @@ pub fn mission_message(mission: &str, context: Option<&str>, inputs: &Value) -> 
     }
     m
 }
+impl SessionState {
+    /// The delegations `calls` would make now if they had not delegated yet: for calls
+    /// whose shared run (single flight: a run another session started) ended cancelled
+    /// before it answered. That cancel was its starter's (its tree cancelled, or its parent
+    /// ended without it), not these calls', so they run the mission anew rather than fail
+    /// with it. Each a new child, numbered after every delegation made so far (decided
+    /// together, so no two share a number). Empty when the calls would not start children
+    /// now (refused, say, for the budget left): they settle with the cancel as any child
+    /// does.
+    pub fn delegations_again(
+        &self,
+        def: &AgentDef,
+        limits: &Limits,
+        catalog: &dyn Catalog,
+        calls: &[String],
+    ) -> Vec<Delegation> {
+        let mut again = self.clone();
+        for call in calls {
+            again.set_slot(call, crate::state::SlotState::Pending);
+        }
+        match again.next(def, limits, catalog) {
+            Step::Delegate(ds) => ds
+                .into_iter()
+                .filter(|d| calls.contains(&d.call) && d.resume.is_none())
+                .collect(),
+            _ => vec![],
+        }
+    }
+}
+
 impl SessionState {
     /// Decides the next step. `def` must be the definition recorded at submission.
     pub fn next(&self, def: &AgentDef, limits: &Limits, catalog: &dyn Catalog) -> Step {

@@ -53,7 +53,7 @@ impl SessionState {
 
     /// Puts the first slot of `call` in `state` (and counts it there); none if the call
     /// is not in the turn.
-    fn set_slot(&mut self, call: &str, state: SlotState) {
+    pub(crate) fn set_slot(&mut self, call: &str, state: SlotState) {
         let Some(i) = self.slot_pos(call) else {
             return;
         };

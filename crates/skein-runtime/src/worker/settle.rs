@@ -282,10 +282,47 @@ impl Runtime {
         let mut unstarted = false;
         // Result patches of this batch merge one after the other.
         let mut plan = f.state.planning.plan.clone();
+        // Calls whose shared run was cancelled by its starter delegate again, decided
+        // together (see `SessionState::delegations_again`).
+        let cancelled_shared: Vec<String> = candidates
+            .iter()
+            .zip(lasts.iter())
+            .filter(|(child, last)| {
+                shared_runs.contains(*child)
+                    && last
+                        .as_ref()
+                        .is_some_and(|r| matches!(r.env.body, Event::Cancelled(_)))
+            })
+            .filter_map(|(child, _)| outstanding.get(child))
+            .flatten()
+            .cloned()
+            .collect();
+        let again = if cancelled_shared.is_empty() {
+            vec![]
+        } else {
+            let version = self.version_known(&f.state);
+            f.state
+                .delegations_again(def, &version.limits, &*version.agents, &cancelled_shared)
+        };
         for (child, last) in candidates.iter().zip(lasts.iter()) {
             let Some(calls) = outstanding.get(child) else {
                 continue;
             };
+            let calls = if again.is_empty() {
+                std::borrow::Cow::Borrowed(calls)
+            } else {
+                std::borrow::Cow::Owned(
+                    calls
+                        .iter()
+                        .filter(|c| !again.iter().any(|d| d.call == **c))
+                        .cloned()
+                        .collect(),
+                )
+            };
+            let calls: &Vec<String> = &calls;
+            if calls.is_empty() {
+                continue;
+            }
             match last {
                 Some(rec) => match match outcome_of(&rec.env.body) {
                     // A cancelled child (a team's member at the team's end, a timeout)
@@ -403,6 +440,12 @@ impl Runtime {
             Written::Durable
         };
         self.commit_as(f, staged, how).await?;
+        if !again.is_empty() {
+            tracing::info!(session = %f.id, calls = again.len(),
+                "a shared run was cancelled by its starter: its calls delegate again");
+            // Boxed: seldom taken, and a delegation's future would make every job's larger.
+            Box::pin(self.delegate(f, def, again)).await?;
+        }
         Ok(Look {
             settled: n,
             partial: unstarted
