@@ -613,6 +613,7 @@ mod tests {
             shared: false,
             steps: 0,
             max_steps,
+            number: 1,
         }
     }
 

@@ -227,8 +227,9 @@ async fn a_call_sharing_a_run_whose_tree_is_cancelled_gets_the_answer_all_the_sa
         ),
         other => panic!("the second tree did not complete: {}", other.kind()),
     }
-    // The call delegated again, to a run of its own, whose tokens are the tree's.
-    let own = SessionId::parse("second.helper-2").unwrap();
+    // The call delegated again, to a run of its own: the child its own delegation was
+    // numbered for, which sharing left uncreated. Its tokens are the tree's.
+    let own = SessionId::parse("second.helper-1").unwrap();
     assert_eq!(
         delegations(&rt, &second).await,
         vec![

@@ -306,6 +306,13 @@ const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[
          root's later ending too (the simulation's fault: its announcements now stay with \
          the log across a restart)",
     ),
+    (
+        3718,
+        "two calls whose shared runs another tree had cancelled delegated again, each \
+         numbered by the calls decided together: a step run again after its first try had \
+         created one call's child numbered it for the other call, which took it as its own \
+         (each call now takes the number its own delegation left uncreated)",
+    ),
 ];
 
 #[test]

@@ -470,10 +470,11 @@ impl SessionState {
     /// whose shared run (single flight: a run another session started) ended cancelled
     /// before it answered. That cancel was its starter's (its tree cancelled, or its parent
     /// ended without it), not these calls', so they run the mission anew rather than fail
-    /// with it. Each a new child, numbered after every delegation made so far (decided
-    /// together, so no two share a number). Empty when the calls would not start children
-    /// now (refused, say, for the budget left): they settle with the cancel as any child
-    /// does.
+    /// with it. Each names the child its call's own delegation was numbered for, which the
+    /// shared run left uncreated: the same whichever calls are decided together and
+    /// however often a step is run again after a crash, and no other call's. Empty when
+    /// the calls would not start children now (refused, say, for the budget left): they
+    /// settle with the cancel as any child does.
     pub fn delegations_again(
         &self,
         def: &AgentDef,
@@ -481,6 +482,9 @@ impl SessionState {
         catalog: &dyn Catalog,
         calls: &[String],
     ) -> Vec<Delegation> {
+        let Some(id) = &self.id else {
+            return vec![];
+        };
         let mut again = self.clone();
         for call in calls {
             again.set_slot(call, crate::state::SlotState::Pending);
@@ -489,6 +493,11 @@ impl SessionState {
             Step::Delegate(ds) => ds
                 .into_iter()
                 .filter(|d| calls.contains(&d.call) && d.resume.is_none())
+                .filter_map(|mut d| {
+                    let number = self.children.get(&d.call)?.number;
+                    d.child = id.child(&d.agent, number);
+                    Some(d)
+                })
                 .collect(),
             _ => vec![],
         }

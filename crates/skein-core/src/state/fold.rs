@@ -219,6 +219,7 @@ impl SessionState {
                         shared: d.kind == DelegationKind::Shared,
                         steps,
                         max_steps: d.max_steps,
+                        number: self.accounting.delegations,
                     },
                 );
             }
@@ -273,6 +274,7 @@ impl SessionState {
                         shared: false,
                         steps: h.steps,
                         max_steps: None,
+                        number: self.accounting.delegations,
                     },
                 );
                 self.finish_slot(&h.call, output, error);

@@ -158,6 +158,12 @@ pub struct ChildInfo {
     pub steps: u32,
     /// For a follow-up question: the model turns the child may make in all.
     pub max_steps: Option<u32>,
+    /// The delegation's number among the session's (its `Delegated`, counted as
+    /// `accounting.delegations` counts them): the number decided for its child's id. A
+    /// shared run or a cache hit created no child of that number, which stays the call's
+    /// own ([`SessionState::delegations_again`]).
+    #[serde(skip)]
+    pub number: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

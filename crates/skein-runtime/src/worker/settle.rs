@@ -297,13 +297,30 @@ impl Runtime {
             .flatten()
             .cloned()
             .collect();
-        let again = if cancelled_shared.is_empty() {
+        let mut again = if cancelled_shared.is_empty() {
             vec![]
         } else {
             let version = self.version_known(&f.state);
             f.state
                 .delegations_again(def, &version.limits, &*version.agents, &cancelled_shared)
         };
+        // A child of that id written already is an earlier attempt's for the same call (a
+        // crash came before its record), taken as the call's own below; one of another
+        // call would be no run of this call's, and the call settles with the cancel.
+        for d in std::mem::take(&mut again) {
+            let first = self.backend.log.read(&d.child, 1).await?;
+            let ours = match first.first().map(|r| &r.env.body) {
+                None => true,
+                Some(Event::Submitted(s)) => s
+                    .parent
+                    .as_ref()
+                    .is_some_and(|p| p.session == f.id && p.call == d.call),
+                Some(_) => false,
+            };
+            if ours {
+                again.push(d);
+            }
+        }
         for (child, last) in candidates.iter().zip(lasts.iter()) {
             let Some(calls) = outstanding.get(child) else {
                 continue;
