@@ -17,6 +17,8 @@
 //!   tokens reached no total (swarm seed 12768).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,21 +82,6 @@ async fn spent_by(rt: &Runtime, ids: &[&SessionId]) -> Usage {
     total
 }
 
-/// The children `id`'s log delegated to, in order, with how.
-async fn delegations(rt: &Runtime, id: &SessionId) -> Vec<(SessionId, DelegationKind)> {
-    rt.backend
-        .log
-        .read(id, 1)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r.env.body {
-            Event::Delegated(d) => Some((d.child, d.kind)),
-            _ => None,
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_step_run_again_after_a_crash_takes_its_own_child_over_another_tree_s_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -121,7 +108,7 @@ async fn a_step_run_again_after_a_crash_takes_its_own_child_over_another_tree_s_
         .expect("the boss's job");
     assert_eq!(job.session, root);
     first.process(&job).await.unwrap();
-    let made = delegations(&first, &root).await;
+    let made = common::delegations(&first, &root).await;
     assert_eq!(made.len(), 1, "{made:?}");
     let child = made[0].0.clone();
     // What a crash between the two appends leaves: the child's log, and the boss's log
@@ -164,7 +151,7 @@ async fn a_step_run_again_after_a_crash_takes_its_own_child_over_another_tree_s_
     second.requeue_tree(&root).await.unwrap();
     second.run_tree(&root, 2).await.unwrap();
     assert_eq!(
-        delegations(&second, &root).await,
+        common::delegations(&second, &root).await,
         vec![(child.clone(), DelegationKind::Started)],
         "the call did not take its own child"
     );
@@ -214,9 +201,9 @@ async fn a_session_ended_before_it_settled_a_child_it_answered_counts_the_child_
             .await
             .unwrap()
             .expect("a job while the tree runs");
-        let kids = delegations(&rt, &root).await;
+        let kids = common::delegations(&rt, &root).await;
         if let Some((mid, _)) = kids.first() {
-            let theirs = delegations(&rt, mid).await;
+            let theirs = common::delegations(&rt, mid).await;
             let answered = theirs.iter().any(|(_, k)| *k == DelegationKind::Resumed);
             if let Some((asker, _)) = theirs.first() {
                 if job.session == *mid
@@ -346,7 +333,7 @@ async fn a_step_that_finds_its_own_answer_given_by_another_run_of_it_resumes_the
     let first = runtime(dir.path(), "first", agents.clone());
     let root = submit(&first, "clerk").await;
     first.run_tree(&root, 2).await.unwrap();
-    let asker = delegations(&first, &root).await[0].0.clone();
+    let asker = common::delegations(&first, &root).await[0].0.clone();
     let clerk_log = first.backend.log.read(&root, 1).await.unwrap();
     let asker_log = first.backend.log.read(&asker, 1).await.unwrap();
     let resumed = clerk_log
@@ -392,7 +379,7 @@ async fn a_step_that_finds_its_own_answer_given_by_another_run_of_it_resumes_the
     }
     second.requeue_tree(&root).await.unwrap();
     second.run_tree(&root, 2).await.unwrap();
-    let kinds: Vec<DelegationKind> = delegations(&second, &root)
+    let kinds: Vec<DelegationKind> = common::delegations(&second, &root)
         .await
         .into_iter()
         .map(|(_, k)| k)

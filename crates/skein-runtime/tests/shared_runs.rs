@@ -14,9 +14,12 @@
 //!   rather than fail with another tree's cancel.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::delegations;
 use skein_core::event::DelegationKind;
 use skein_core::{AgentSet, Event, SessionId};
 use skein_llm::scripted::ScriptedProvider;
@@ -62,63 +65,119 @@ async fn run(rt: &Runtime, job: &Job) {
     rt.backend.jobs.ack(job).await.unwrap();
 }
 
-/// What `id`'s log says it delegated to, with how.
-async fn delegations(rt: &Runtime, id: &SessionId) -> Vec<(SessionId, DelegationKind)> {
-    rt.backend
-        .log
-        .read(id, 1)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r.env.body {
-            Event::Delegated(d) => Some((d.child, d.kind)),
-            _ => None,
-        })
-        .collect()
+/// One `call_agent` call of a scripted turn: `helper` on "the same job".
+const SAME_JOB: &str =
+    "      - tool: call_agent\n        args: {agent: helper, mission: \"the same job\"}\n";
+
+/// Two trees on one store: `first`, a `boss`, has started its helper, whose job is claimed
+/// and not run; `second`, of the agent asked for, has run its first step, which shared
+/// that run.
+struct Sharing {
+    dir: tempfile::TempDir,
+    store: Arc<SledStore>,
+    rt: Arc<Runtime>,
+    agents: Arc<AgentSet>,
+    first: SessionId,
+    second: SessionId,
+    helper: SessionId,
+    helpers_job: Job,
 }
 
-#[tokio::test]
-async fn a_tree_whose_run_another_tree_still_shares_is_not_removed() {
+async fn sharing(second_agent: &str) -> Sharing {
     let dir = tempfile::tempdir().unwrap();
+    let boss = format!(
+        "turns:\n  - tool_calls:\n{SAME_JOB}  - answer: \"boss: {{{{ results[0].result }}}}\"\n"
+    );
+    let twice = format!(
+        "turns:\n  - tool_calls:\n{SAME_JOB}{SAME_JOB}  - answer: \"{{{{ results[0].result }}}} and {{{{ results[1].result }}}}\"\n"
+    );
     let agents = Arc::new(skein_core::testing::scripted_agents(
         dir.path(),
         &[
-            (
-                "boss",
-                "agents: [helper]\n",
-                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: helper, mission: \"the same job\"}\n  - answer: \"boss: {{ results[0].result }}\"\n",
-            ),
+            ("boss", "agents: [helper]\n", &boss),
+            ("twice", "agents: [helper]\n", &twice),
             ("helper", "", "turns:\n  - answer: helped\n"),
         ],
     ));
     let (store, rt) = runtime(dir.path(), agents.clone());
-    let submit = |id: &'static str| {
-        let rt = rt.clone();
-        async move {
-            rt.submit(Submission {
-                agent: "boss".into(),
-                mission: "m".into(),
-                id: Some(id.into()),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-        }
+    let submit = |agent: &str, id: &str| {
+        rt.submit(Submission {
+            agent: agent.into(),
+            mission: "m".into(),
+            id: Some(id.into()),
+            ..Default::default()
+        })
     };
-    // Tree `first` starts its helper; tree `second` asks for the same mission while that
-    // run is in flight, and shares it.
-    let first = submit("first").await;
+    let first = submit("boss", "first").await.unwrap();
     run_job_of(&rt, &first).await;
     let helper = SessionId::parse("first.helper-1").unwrap();
     let helpers_job = claim(&rt).await.expect("the helper's job");
     assert_eq!(helpers_job.session, helper);
-    let second = submit("second").await;
+    let second = submit(second_agent, "second").await.unwrap();
     run_job_of(&rt, &second).await;
-    assert_eq!(
-        delegations(&rt, &second).await,
-        vec![(helper.clone(), DelegationKind::Shared)],
-        "the second tree did not share the first's run"
+    let shared = delegations(&rt, &second).await;
+    assert!(
+        !shared.is_empty()
+            && shared
+                .iter()
+                .all(|d| *d == (helper.clone(), DelegationKind::Shared)),
+        "the second tree did not share the first's run: {shared:?}"
     );
+    Sharing {
+        dir,
+        store,
+        rt,
+        agents,
+        first,
+        second,
+        helper,
+        helpers_job,
+    }
+}
+
+impl Sharing {
+    /// Cancels the first tree with its helper still to run, then runs the second tree to
+    /// its end; the second's last record.
+    async fn cancel_first_and_finish_second(&self) -> skein_core::Record {
+        let rt = &self.rt;
+        skein_runtime::control::cancel(rt, &self.first, "cancelled by an operator")
+            .await
+            .unwrap();
+        rt.backend.jobs.ack(&self.helpers_job).await.unwrap();
+        rt.requeue_tree(&self.second).await.unwrap();
+        rt.run_tree(&self.second, 2).await.unwrap();
+        rt.backend.log.last(&self.second).await.unwrap().unwrap()
+    }
+
+    /// Replays the second tree: every decision holds.
+    async fn second_replays(&self) {
+        let verdicts = skein_runtime::replay::verify_tree(
+            &self.rt.backend,
+            &self.second,
+            &self.agents,
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        assert!(verdicts.len() >= 2, "{verdicts:?}");
+        for v in verdicts {
+            assert!(v.ok, "{}: {:?} at {:?}", v.session, v.problem, v.seq);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_tree_whose_run_another_tree_still_shares_is_not_removed() {
+    let Sharing {
+        dir,
+        store,
+        rt,
+        agents,
+        first,
+        second,
+        helpers_job,
+        ..
+    } = sharing("boss").await;
     // The helper ends, and so does the first tree; the second tree's step that would
     // settle the shared run has not run yet.
     run(&rt, &helpers_job).await;
@@ -139,20 +198,24 @@ async fn a_tree_whose_run_another_tree_still_shares_is_not_removed() {
     // Every record is older than a cut-off in the future: only the sharer keeps the first
     // tree from being removable.
     let later = skein_runtime::now_ms() + 60_000;
-    let removable: Vec<String> = store
-        .removable_trees(later)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|s| s.root)
-        .collect();
-    assert!(
-        removable.is_empty(),
-        "a tree whose run the open second tree shares is removable: {removable:?}"
+    let removable = |store: Arc<SledStore>| async move {
+        let mut roots: Vec<String> = store
+            .removable_trees(later)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.root)
+            .collect();
+        roots.sort();
+        roots
+    };
+    assert_eq!(
+        removable(store.clone()).await,
+        Vec::<String>::new(),
+        "a tree whose run the open second tree shares is removable"
     );
 
-    // The second tree settles the shared run and ends; the first is removable then, and
-    // both trees are once the second has ended.
+    // The second tree settles the shared run and ends; both trees are removable then.
     drop(rt);
     drop(store);
     let (store, rt) = runtime(dir.path(), agents);
@@ -163,160 +226,53 @@ async fn a_tree_whose_run_another_tree_still_shares_is_not_removed() {
         Event::Completed(c) => assert_eq!(c.answer, "boss: helped"),
         other => panic!("the second tree did not complete: {}", other.kind()),
     }
-    let mut removable: Vec<String> = store
-        .removable_trees(later)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|s| s.root)
-        .collect();
-    removable.sort();
-    assert_eq!(removable, vec!["first".to_string(), "second".to_string()]);
+    assert_eq!(removable(store).await, vec!["first", "second"]);
 }
 
 #[tokio::test]
 async fn a_call_sharing_a_run_whose_tree_is_cancelled_gets_the_answer_all_the_same() {
-    let dir = tempfile::tempdir().unwrap();
-    let agents = Arc::new(skein_core::testing::scripted_agents(
-        dir.path(),
-        &[
-            (
-                "boss",
-                "agents: [helper]\n",
-                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: helper, mission: \"the same job\"}\n  - answer: \"boss: {{ results[0].result }}\"\n",
-            ),
-            ("helper", "", "turns:\n  - answer: helped\n"),
-        ],
-    ));
-    let (_store, rt) = runtime(dir.path(), agents.clone());
-    let submit = |id: &'static str| {
-        let rt = rt.clone();
-        async move {
-            rt.submit(Submission {
-                agent: "boss".into(),
-                mission: "m".into(),
-                id: Some(id.into()),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-        }
+    let s = sharing("boss").await;
+    let last = s.cancel_first_and_finish_second().await;
+    let Event::Completed(c) = &last.env.body else {
+        panic!("the second tree did not complete: {}", last.env.body.kind())
     };
-    let first = submit("first").await;
-    run_job_of(&rt, &first).await;
-    let helper = SessionId::parse("first.helper-1").unwrap();
-    let helpers_job = claim(&rt).await.expect("the helper's job");
-    let second = submit("second").await;
-    run_job_of(&rt, &second).await;
     assert_eq!(
-        delegations(&rt, &second).await,
-        vec![(helper.clone(), DelegationKind::Shared)]
+        c.answer, "boss: helped",
+        "another tree's cancel reached the second tree's call"
     );
-    // The first tree is cancelled with its run of the mission still to go.
-    skein_runtime::control::cancel(&rt, &first, "cancelled by an operator")
-        .await
-        .unwrap();
-    rt.backend.jobs.ack(&helpers_job).await.unwrap();
-    rt.requeue_tree(&second).await.unwrap();
-    rt.run_tree(&second, 2).await.unwrap();
-    let last = rt.backend.log.last(&second).await.unwrap().unwrap();
-    match &last.env.body {
-        Event::Completed(c) => assert_eq!(
-            c.answer, "boss: helped",
-            "another tree's cancel reached the second tree's call"
-        ),
-        other => panic!("the second tree did not complete: {}", other.kind()),
-    }
     // The call delegated again, to a run of its own: the child its own delegation was
     // numbered for, which sharing left uncreated. Its tokens are the tree's.
     let own = SessionId::parse("second.helper-1").unwrap();
     assert_eq!(
-        delegations(&rt, &second).await,
+        delegations(&s.rt, &s.second).await,
         vec![
-            (helper.clone(), DelegationKind::Shared),
+            (s.helper.clone(), DelegationKind::Shared),
             (own.clone(), DelegationKind::Started)
         ]
     );
-    let Event::Completed(c) = &last.env.body else {
-        unreachable!()
-    };
     let mut spent = skein_core::message::Usage::default();
-    for id in [&second, &own] {
-        for r in rt.backend.log.read(id, 1).await.unwrap() {
+    for id in [&s.second, &own] {
+        for r in s.rt.backend.log.read(id, 1).await.unwrap() {
             if let Event::ModelCalled(m) = &r.env.body {
                 spent.add(&m.usage);
             }
         }
     }
     assert_eq!(c.usage_total, spent);
-    // Replayed, every decision of the tree holds, the second delegation included.
-    let verdicts =
-        skein_runtime::replay::verify_tree(&rt.backend, &second, &agents, &Default::default())
-            .await
-            .unwrap();
-    assert_eq!(verdicts.len(), 2);
-    for v in verdicts {
-        assert!(v.ok, "{}: {:?} at {:?}", v.session, v.problem, v.seq);
-    }
+    s.second_replays().await;
 }
 
 #[tokio::test]
 async fn two_calls_sharing_a_cancelled_run_each_delegate_again_to_a_child_of_their_own() {
-    let dir = tempfile::tempdir().unwrap();
-    let twice = "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: helper, mission: \"the same job\"}\n      - tool: call_agent\n        args: {agent: helper, mission: \"the same job\"}\n  - answer: \"{{ results[0].result }} and {{ results[1].result }}\"\n";
-    let agents = Arc::new(skein_core::testing::scripted_agents(
-        dir.path(),
-        &[
-            (
-                "boss",
-                "agents: [helper]\n",
-                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: helper, mission: \"the same job\"}\n  - answer: \"boss: {{ results[0].result }}\"\n",
-            ),
-            ("twice", "agents: [helper]\n", twice),
-            ("helper", "", "turns:\n  - answer: helped\n"),
-        ],
-    ));
-    let (_store, rt) = runtime(dir.path(), agents.clone());
-    let submit = |agent: &'static str, id: &'static str| {
-        let rt = rt.clone();
-        async move {
-            rt.submit(Submission {
-                agent: agent.into(),
-                mission: "m".into(),
-                id: Some(id.into()),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-        }
-    };
-    let first = submit("boss", "first").await;
-    run_job_of(&rt, &first).await;
-    let helper = SessionId::parse("first.helper-1").unwrap();
-    let helpers_job = claim(&rt).await.expect("the helper's job");
-    let second = submit("twice", "second").await;
-    run_job_of(&rt, &second).await;
-    assert_eq!(
-        delegations(&rt, &second).await,
-        vec![
-            (helper.clone(), DelegationKind::Shared),
-            (helper.clone(), DelegationKind::Shared)
-        ]
-    );
-    skein_runtime::control::cancel(&rt, &first, "cancelled by an operator")
-        .await
-        .unwrap();
-    rt.backend.jobs.ack(&helpers_job).await.unwrap();
-    rt.requeue_tree(&second).await.unwrap();
-    rt.run_tree(&second, 2).await.unwrap();
-    let last = rt.backend.log.last(&second).await.unwrap().unwrap();
+    let s = sharing("twice").await;
+    let last = s.cancel_first_and_finish_second().await;
     match &last.env.body {
         Event::Completed(c) => assert_eq!(c.answer, "helped and helped"),
         other => panic!("the second tree did not complete: {}", other.kind()),
     }
     // The two calls delegated again together: one started a run, the other started one
     // too or shared it; no two `Started` name one child.
-    let again: Vec<_> = delegations(&rt, &second)
+    let again: Vec<_> = delegations(&s.rt, &s.second)
         .await
         .into_iter()
         .skip(2)
@@ -330,11 +286,5 @@ async fn two_calls_sharing_a_cancelled_run_each_delegate_again_to_a_child_of_the
     let mut distinct = started.clone();
     distinct.dedup();
     assert!(!started.is_empty() && started == distinct, "{again:?}");
-    let verdicts =
-        skein_runtime::replay::verify_tree(&rt.backend, &second, &agents, &Default::default())
-            .await
-            .unwrap();
-    for v in verdicts {
-        assert!(v.ok, "{}: {:?} at {:?}", v.session, v.problem, v.seq);
-    }
+    s.second_replays().await;
 }

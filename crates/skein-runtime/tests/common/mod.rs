@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use skein_core::{AgentSet, SessionId};
+use skein_core::event::DelegationKind;
+use skein_core::{AgentSet, Event, SessionId};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
@@ -55,4 +56,19 @@ pub async fn take_job_unrun(rt: &Runtime) {
         .unwrap()
         .expect("a job within a second");
     jobs.ack(&j).await.unwrap();
+}
+
+/// The children `id`'s log delegated to, in order, with how.
+pub async fn delegations(rt: &Runtime, id: &SessionId) -> Vec<(SessionId, DelegationKind)> {
+    rt.backend
+        .log
+        .read(id, 1)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r.env.body {
+            Event::Delegated(d) => Some((d.child, d.kind)),
+            _ => None,
+        })
+        .collect()
 }
