@@ -216,6 +216,105 @@ turns:
     );
 }
 
+/// Two trees share one run (single flight), and the tree that started it is cancelled
+/// before it answers: the run is cancelled with it, and the other tree's call runs the
+/// mission itself rather than fail with another tree's cancel.
+#[test]
+fn a_call_sharing_a_run_whose_tree_is_cancelled_runs_the_mission_itself() {
+    let sb = Sandbox::new();
+    sb.agent(
+        "boss",
+        "agents: [worker]\n",
+        r#"
+turns:
+  - tool_calls:
+      - tool: call_agent
+        args: {agent: worker, mission: "the long job"}
+  - answer: "boss: {{ results[0].result }}"
+"#,
+    )
+    .agent(
+        "worker",
+        "",
+        "latency_ms: 3000\nturns:\n  - answer: \"answer to {{ mission }}\"\n",
+    );
+    let server = NatsServer::start();
+    let url = server.url();
+    let _w = Workers(vec![worker(&sb, &url, "s1"), worker(&sb, &url, "s2")]);
+    let submit = |id: &str| {
+        let out = cli(&sb, &url, &["submit", "--agent", "boss", "--id", id, "go"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // The first tree's run is under way (its model call takes 3 s) when the second asks
+    // for the same mission.
+    submit("sh-first");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&sb, &url, "sh-first")["sessions"]
+        .as_array()
+        .map_or(0, Vec::len)
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the first tree's run never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    submit("sh-second");
+    let shared = |id: &str| {
+        let out = cli(&sb, &url, &["events", id, "--json"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|e| {
+                e["body"]["type"] == "Delegated"
+                    && e["body"]["data"]["child"] == "sh-first.worker-1"
+            })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !shared("sh-second") {
+        assert!(
+            Instant::now() < deadline,
+            "the second tree never shared the run"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = cli(
+        &sb,
+        &url,
+        &["cancel", "sh-first", "--reason", "changed my mind"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_status(&sb, &url, "sh-first", "cancelled");
+    let t = wait_status(&sb, &url, "sh-second", "completed");
+    assert_eq!(
+        t["sessions"][0]["answer"], "boss: answer to the long job",
+        "another tree's cancel reached the second tree's call: {t}"
+    );
+    // Its own run of the mission, in its own tree.
+    let ids: Vec<&str> = t["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["session"].as_str())
+        .collect();
+    assert!(ids.contains(&"sh-second/worker-1"), "{t}");
+    let out = cli(&sb, &url, &["replay", "sh-second", "--verify", "--tree"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 #[test]
 fn a_file_a_child_writes_on_one_worker_is_read_by_its_parent_on_another() {
     share_a_file(None);
