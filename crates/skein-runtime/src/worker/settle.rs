@@ -282,8 +282,10 @@ impl Runtime {
         let mut unstarted = false;
         // Result patches of this batch merge one after the other.
         let mut plan = f.state.planning.plan.clone();
-        // Calls whose shared run was cancelled by its starter delegate again, decided
-        // together (see `SessionState::delegations_again`).
+        // Calls whose shared run was cancelled by its starter delegate again (below, once
+        // the other settlements are folded in). Only the calls that shared the run: a call
+        // whose own child it is (another call of this session shares it) settles with its
+        // child's cancel, which was its own.
         let cancelled_shared: Vec<String> = candidates
             .iter()
             .zip(lasts.iter())
@@ -293,53 +295,23 @@ impl Runtime {
                         .as_ref()
                         .is_some_and(|r| matches!(r.env.body, Event::Cancelled(_)))
             })
-            .filter_map(|(child, _)| outstanding.get(child))
-            .flatten()
+            .filter_map(|(child, _)| Some((child, outstanding.get(child)?)))
+            .flat_map(|(child, calls)| {
+                calls.iter().filter(|call| {
+                    f.state
+                        .children
+                        .get(*call)
+                        .is_some_and(|c| c.shared && c.child == *child)
+                })
+            })
             .cloned()
             .collect();
-        let mut again = if cancelled_shared.is_empty() {
-            vec![]
-        } else {
-            let version = self.version_known(&f.state);
-            f.state
-                .delegations_again(def, &version.limits, &*version.agents, &cancelled_shared)
-        };
-        // A child of that id written already is an earlier attempt's for the same call (a
-        // crash came before its record), taken as the call's own below; one of another
-        // call would be no run of this call's, and the call settles with the cancel.
-        for d in std::mem::take(&mut again) {
-            let first = self.backend.log.read(&d.child, 1).await?;
-            let ours = match first.first().map(|r| &r.env.body) {
-                None => true,
-                Some(Event::Submitted(s)) => s
-                    .parent
-                    .as_ref()
-                    .is_some_and(|p| p.session == f.id && p.call == d.call),
-                Some(_) => false,
-            };
-            if ours {
-                again.push(d);
-            }
-        }
+        // Their settlements, made only if they do not delegate again.
+        let mut deferred: Vec<ChildSettled> = vec![];
         for (child, last) in candidates.iter().zip(lasts.iter()) {
             let Some(calls) = outstanding.get(child) else {
                 continue;
             };
-            let calls = if again.is_empty() {
-                std::borrow::Cow::Borrowed(calls)
-            } else {
-                std::borrow::Cow::Owned(
-                    calls
-                        .iter()
-                        .filter(|c| !again.iter().any(|d| d.call == **c))
-                        .cloned()
-                        .collect(),
-                )
-            };
-            let calls: &Vec<String> = &calls;
-            if calls.is_empty() {
-                continue;
-            }
             match last {
                 Some(rec) => match match outcome_of(&rec.env.body) {
                     // A cancelled child (a team's member at the team's end, a timeout)
@@ -367,11 +339,16 @@ impl Runtime {
                     Some(mut outcome) => {
                         self.result_patch(f, child, &mut outcome, &mut plan, &mut events);
                         for call in calls {
-                            events.push(Event::ChildSettled(ChildSettled {
+                            let settled = ChildSettled {
                                 call: call.clone(),
                                 child: child.clone(),
                                 outcome: outcome.clone(),
-                            }));
+                            };
+                            if cancelled_shared.contains(call) {
+                                deferred.push(settled);
+                            } else {
+                                events.push(Event::ChildSettled(settled));
+                            }
                         }
                     }
                     None if whole && !pushed.contains(child) => repush.push(child.clone()),
@@ -424,10 +401,20 @@ impl Runtime {
         for p in pushes {
             p?;
         }
-        let n = events.len();
+        let mut n = events.len();
         let mut staged = Staged::default();
         for e in events {
             self.stage(f, e, &mut staged)?;
+        }
+        // The calls whose shared run was cancelled delegate again, decided on the fold
+        // with this look's settlements in it (what they spent is no longer free); a call
+        // refused now settles with the cancel.
+        let again = self.delegations_again(f, def, &cancelled_shared).await?;
+        for settled in deferred {
+            if !again.iter().any(|d| d.call == settled.call) {
+                self.stage(f, Event::ChildSettled(settled), &mut staged)?;
+                n += 1;
+            }
         }
         // When the turn is settled and the model is called next, nothing acts on these
         // records before that call's own, whose append makes sure of them first (see
@@ -468,6 +455,42 @@ impl Runtime {
             partial: unstarted
                 || (!*every && !self.backend.capabilities().notices_in_step_with_wakes),
         })
+    }
+
+    /// The delegations `calls` make again, their shared run cancelled by its starter
+    /// (`SessionState::delegations_again`). A child of the id one names, written already,
+    /// is an earlier attempt's for the same call (a crash came before its record), which
+    /// the delegation takes as the call's own; one written for another call would be no
+    /// run of this call's, and the call settles with the cancel instead.
+    async fn delegations_again(
+        &self,
+        f: &Folded,
+        def: &AgentDef,
+        calls: &[String],
+    ) -> Result<Vec<skein_core::decide::Delegation>> {
+        if calls.is_empty() {
+            return Ok(vec![]);
+        }
+        let version = self.version_known(&f.state);
+        let mut out = vec![];
+        for d in f
+            .state
+            .delegations_again(def, &version.limits, &*version.agents, calls)
+        {
+            let first = self.backend.log.read(&d.child, 1).await?;
+            let ours = match first.first().map(|r| &r.env.body) {
+                None => true,
+                Some(Event::Submitted(s)) => s
+                    .parent
+                    .as_ref()
+                    .is_some_and(|p| p.session == f.id && p.call == d.call),
+                Some(_) => false,
+            };
+            if ours {
+                out.push(d);
+            }
+        }
+        Ok(out)
     }
 
     /// Why a shared run that has no log will never have one, if its caller (the session
