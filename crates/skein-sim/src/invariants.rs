@@ -231,6 +231,11 @@ pub async fn check(run: &Run) -> Verdict {
                 Event::Delegated(d) => {
                     delegated.insert(d.call.clone(), d.child.clone());
                 }
+                // A call whose shared run was cancelled by its starter delegates again,
+                // and may be answered from the cache then: the hit is its answer.
+                Event::CacheHit(h) if !h.call.is_empty() => {
+                    delegated.remove(&h.call);
+                }
                 Event::ChildSettled(c) => {
                     // A child paused on a question is settled for this call as paused;
                     // its parent resumes it under a call of its own.

@@ -321,6 +321,12 @@ const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[
     ),
     (6900, "as 2922, with swarm faults"),
     (8370, "as 2922, with swarm faults, in another world"),
+    (
+        6881,
+        "a call whose shared run was cancelled delegated again and was answered from the \
+         cache (the simulation's check took the call's first delegation for unanswered; a \
+         cache hit for the call now answers it)",
+    ),
 ];
 
 #[test]
