@@ -4,12 +4,12 @@
 //! A tree may be removed when its root has ended (completed, failed or cancelled) and so
 //! has every session of the tree: never a tree still in flight, nor one that waits for a
 //! person's answer or approval, nor one with a run that a session of another tree still
-//! shares (it watches the run and has not ended). Removing writes `events.log` anew without the trees'
-//! records (see [`crate::wal`]'s `compact`), and first takes out of the sled database
-//! what names them: the trees' entries in the index of roots, cache entries whose answer
-//! came from them, watchers and jobs of their sessions. Blobs stay (another tree may name
-//! the same one). Last it adds what it removed to the store's totals ([`RemovedTotals`],
-//! tree `retention`), which `skein ui` serves at `/metrics`.
+//! shares (it watches the run and has not ended). Removing writes `events.log` anew
+//! without the trees' records (see [`crate::wal`]'s `compact`), and first takes out of the
+//! sled database what names them: the trees' entries in the index of roots, cache entries
+//! whose answer came from them, watchers and jobs of their sessions. Blobs stay (another
+//! tree may name the same one). Last it adds what it removed to the store's totals
+//! ([`RemovedTotals`], tree `retention`), which `skein ui` serves at `/metrics`.
 
 use std::collections::HashSet;
 use std::path::Path;

@@ -465,6 +465,7 @@ pub fn mission_message(mission: &str, context: Option<&str>, inputs: &Value) -> 
     }
     m
 }
+
 impl SessionState {
     /// The delegations `calls` would make now if they had not delegated yet: for calls
     /// whose shared run (single flight: a run another session started) ended cancelled

@@ -8,8 +8,8 @@
 //! A tree is removable when its root and every session of its tree have ended (never a
 //! tree in flight, nor one waiting for a person), no session of another tree that has not
 //! ended watches one of its sessions (a run shared and not yet settled), and its root's
-//! last event is older than the cut-off. A removal stopped half-way leaves a root whose index entry outlives its
-//! log: the next run finds it again (ended, old) and finishes it.
+//! last event is older than the cut-off. A removal stopped half-way leaves a root whose
+//! index entry outlives its log: the next run finds it again (ended, old) and finishes it.
 
 use async_nats::jetstream::{kv, object_store, stream};
 use serde::Serialize;
@@ -82,9 +82,8 @@ impl NatsStore {
     }
 
     /// Whether every session of the tree has ended (a session named in the tree's list
-    /// but never written has nothing to end).
-    /// Whether every session of the tree has ended, and none is watched by a session of
-    /// another tree that has not ([`open_watcher_outside`]: a shared run not yet settled).
+    /// but never written has nothing to end), and none is watched by a session of another
+    /// tree that has not ([`open_watcher_outside`]: a shared run not yet settled).
     async fn tree_ended(&self, root: &SessionId) -> Result<bool> {
         for s in self.tree(root).await? {
             let (last, watcher) =
