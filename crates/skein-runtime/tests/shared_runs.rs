@@ -12,6 +12,7 @@
 //!   parent ending without it) before the run answers, and the run is cancelled with it.
 //!   That cancel is not the sharer's: its call delegates again, to a run of its own,
 //!   rather than fail with another tree's cancel.
+//!   A handoff or a route that shares a run meets the same cancel the same way.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -84,6 +85,12 @@ struct Sharing {
 }
 
 async fn sharing(second_agent: &str) -> Sharing {
+    sharing_of("boss", second_agent).await
+}
+
+/// [`sharing`] with the first tree's agent given too: a handoff or a route shares a run
+/// only with another chain's step at its depth.
+async fn sharing_of(first_agent: &str, second_agent: &str) -> Sharing {
     let dir = tempfile::tempdir().unwrap();
     let boss = format!(
         "turns:\n  - tool_calls:\n{SAME_JOB}  - answer: \"boss: {{{{ results[0].result }}}}\"\n"
@@ -97,6 +104,12 @@ async fn sharing(second_agent: &str) -> Sharing {
             ("boss", "agents: [helper]\n", &boss),
             ("twice", "agents: [helper]\n", &twice),
             ("helper", "", "turns:\n  - answer: helped\n"),
+            ("drafter", "handoff: helper\n", "turns:\n  - answer: drafted\n"),
+            (
+                "desk",
+                "router: {destinations: [helper]}\n",
+                "turns:\n  - tool_calls:\n      - tool: handoff_to\n        args: {agent: helper}\n",
+            ),
         ],
     ));
     let (store, rt) = runtime(dir.path(), agents.clone());
@@ -108,7 +121,7 @@ async fn sharing(second_agent: &str) -> Sharing {
             ..Default::default()
         })
     };
-    let first = submit("boss", "first").await.unwrap();
+    let first = submit(first_agent, "first").await.unwrap();
     run_job_of(&rt, &first).await;
     let helper = SessionId::parse("first.helper-1").unwrap();
     let helpers_job = claim(&rt).await.expect("the helper's job");
@@ -287,4 +300,35 @@ async fn two_calls_sharing_a_cancelled_run_each_delegate_again_to_a_child_of_the
     distinct.dedup();
     assert!(!started.is_empty() && started == distinct, "{again:?}");
     s.second_replays().await;
+}
+
+/// A handoff and a router's `handoff_to` start their next agent at the depth of the
+/// chain's first, so they share a run with another chain's step of the same request, and
+/// that run's cancel is not theirs either: each hands on to a run of its own, and the
+/// chain ends with that run's answer.
+#[tokio::test]
+async fn a_handoff_or_a_route_sharing_a_cancelled_run_hands_on_to_a_run_of_its_own() {
+    for agent in ["drafter", "desk"] {
+        let s = sharing_of(agent, agent).await;
+        let last = s.cancel_first_and_finish_second().await;
+        match &last.env.body {
+            Event::Completed(c) => assert_eq!(c.answer, "helped", "{agent}"),
+            other => panic!(
+                "{agent}: the second tree did not complete: {}",
+                other.kind()
+            ),
+        }
+        assert_eq!(
+            delegations(&s.rt, &s.second).await,
+            vec![
+                (s.helper.clone(), DelegationKind::Shared),
+                (
+                    SessionId::parse("second.helper-1").unwrap(),
+                    DelegationKind::Started
+                )
+            ],
+            "{agent}"
+        );
+        s.second_replays().await;
+    }
 }
