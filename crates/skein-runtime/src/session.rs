@@ -49,6 +49,12 @@ pub struct Folded {
     /// Records were folded in ([`Runtime::stage`]) that the log does not hold yet: set
     /// until their [`Runtime::commit`] succeeds. Such a fold is never cached.
     ahead: bool,
+    /// The last commit was pipelined ([`Written::Pipelined`]), and the session's next
+    /// append has not made sure of it yet: the log may not hold those records (another
+    /// writer's append, a cancel from outside say, can take their place). Such a fold is
+    /// not cached either: another load in this process would take its records for the
+    /// log's and read only past them.
+    unsure: bool,
     /// What a row of the tree's report needs from the records beyond the state
     /// ([`crate::inspect::SessionRow`]), gathered as they are folded.
     pub(crate) seen: crate::inspect::Seen,
@@ -66,6 +72,7 @@ impl Folded {
             ends: None,
             end: None,
             ahead: false,
+            unsure: false,
             seen: Default::default(),
         }
     }
@@ -321,6 +328,7 @@ impl Runtime {
     /// log's again, and the listeners of each record are told.
     fn committed(&self, f: &mut Folded, staged: Staged, how: Written) {
         f.ahead = false;
+        f.unsure = how == Written::Pipelined;
         f.end = staged
             .records
             .last()
@@ -432,8 +440,9 @@ impl Runtime {
 
     /// Gives a fold back to the cache (after `load`).
     pub fn keep_state(&self, mut f: Folded) {
-        if f.ahead {
-            // Folded records its log does not hold: the next load reads the log afresh.
+        if f.ahead || f.unsure {
+            // Folded records its log does not hold, or may not: the next load reads the
+            // log afresh.
             tracing::debug!(session = %f.id, "a fold ahead of its log is not kept");
             return;
         }

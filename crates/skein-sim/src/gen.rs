@@ -137,11 +137,17 @@ const ANSWER: &str = "{{ agent }} on {{ mission }}: {{ all_results | length }} r
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
     pub open: bool,
+    /// An operator cancels sessions inside the trees too, not only whole trees
+    /// (`world::Setup::inner_cancels`).
+    pub inner_cancels: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { open: true }
+        Self {
+            open: true,
+            inner_cancels: false,
+        }
     }
 }
 

@@ -63,7 +63,10 @@ pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: b
     let scenario = gen::generate(seed, opts);
     let rt = paused_runtime();
     rt.block_on(async {
-        let setup = world::Setup::generated(swarm, disk);
+        let setup = world::Setup {
+            inner_cancels: opts.inner_cancels,
+            ..world::Setup::generated(swarm, disk)
+        };
         let run = match world::run_scenario(seed, setup, &scenario).await {
             Ok(run) => run,
             Err(e) => {
@@ -92,6 +95,7 @@ pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: b
                 time_limit: world::GENERATED_TIME_LIMIT,
                 drain_limit: world::GENERATED_DRAIN_LIMIT,
                 disk: false,
+                inner_cancels: false,
             };
             if let Ok(reference) = world::run_scenario(seed, fresh, &scenario).await {
                 let (c, u) = invariants::cache_sound(&run, &reference, &mut verdict);

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: skein-sim [--generated [--known-shapes-only] | --versions] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
+        "usage: skein-sim [--generated [--known-shapes-only] [--inner-cancels] | --versions] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
     );
     ExitCode::from(2)
 }
@@ -39,6 +39,7 @@ fn main() -> ExitCode {
             // Every shape is drawn unless told otherwise (`--open-bugs`, which asked for
             // them before their bugs were fixed, is still accepted).
             open: !args.iter().any(|a| a == "--known-shapes-only"),
+            inner_cancels: args.iter().any(|a| a == "--inner-cancels"),
         };
         let dump = args
             .iter()

@@ -159,6 +159,9 @@ pub const SETTLE: Duration = Duration::from_secs(30);
 /// Virtual time after it, with no fault and every item of the inbox answered, for the
 /// trees still open to end.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(10 * 60);
+/// The chance, per scheduler tick, that an operator cancels an open session inside a tree
+/// (with `Setup::inner_cancels`).
+pub const INNER_CANCEL: f64 = 0.03;
 /// A generated world's time limit: its slowest script takes seconds a turn.
 pub const GENERATED_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
 /// A generated world's drain: a minute of answering everything.
@@ -304,6 +307,10 @@ pub struct Setup {
     pub drain_limit: Duration,
     /// The log lies on a disk that fails, fills and rots (`disk.rs`); not in a calm run.
     pub disk: bool,
+    /// An operator also cancels sessions inside trees (`skein cancel` of a child: its
+    /// subtree ends, its parent goes on), drawn from a stream of their own; not in a calm
+    /// run.
+    pub inner_cancels: bool,
 }
 
 impl Setup {
@@ -317,6 +324,7 @@ impl Setup {
             time_limit: GENERATED_TIME_LIMIT,
             drain_limit: GENERATED_DRAIN_LIMIT,
             disk,
+            inner_cancels: false,
         }
     }
 }
@@ -346,6 +354,7 @@ pub async fn run(seed: u64, swarm: bool, disk: bool) -> Run {
         time_limit: TIME_LIMIT,
         drain_limit: DRAIN_LIMIT,
         disk,
+        inner_cancels: false,
     };
     run_scenario(seed, setup, &fixed())
         .await
@@ -378,6 +387,9 @@ pub async fn run_mixed(
         Rates::DEFAULT
     };
     let faults = Arc::new(Faults::new(rates, rng));
+    // Cancels inside trees come from a stream of their own, so that the other faults of a
+    // seed fall as they do without them (until the first such cancel changes the world).
+    let mut inner = (setup.inner_cancels && !setup.calm).then(|| Rng::new(seed ^ 0x1ce_ca9c));
     let clock = Arc::new(crate::faults::SimClock::new(seed));
     let dir = tempfile::tempdir().expect("a scratch directory");
     for a in &scenario.agents {
@@ -568,6 +580,33 @@ pub async fn run_mixed(
                     }
                 }
                 cancelled.push(r);
+            }
+        }
+        if let Some(rng) = inner.as_mut().filter(|_| faults.on()) {
+            if rng.chance(INNER_CANCEL) {
+                let open: Vec<SessionId> = store
+                    .logs()
+                    .into_iter()
+                    .filter(|(id, log)| {
+                        !id.is_root() && log.last().is_some_and(|r| !r.env.body.is_terminal())
+                    })
+                    .map(|(id, _)| id)
+                    .collect();
+                if !open.is_empty() {
+                    let s = open[rng.below(open.len() as u64) as usize].clone();
+                    let rt = &runtimes[rng.below(runtimes.len() as u64) as usize];
+                    for _ in 0..20 {
+                        match skein_runtime::control::cancel(rt, &s, "cancelled by an operator")
+                            .await
+                        {
+                            Err(e) if e.is_retryable() => {
+                                tokio::time::sleep(Duration::from_millis(100)).await
+                            }
+                            _ => break,
+                        }
+                    }
+                    cancelled.push(s);
+                }
             }
         }
         if faults.person() {

@@ -329,6 +329,39 @@ const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[
     ),
 ];
 
+/// Generated worlds whose operator also cancels sessions inside the trees
+/// (`--inner-cancels`) that found a bug: seed, swarm faults, the bug.
+const INNER_CANCEL_REGRESSIONS: &[(u64, bool, &str)] = &[
+    (
+        1421,
+        false,
+        "a job ended after pipelining a turn's records (its model call held back by the \
+         quota) and kept its fold; the append was refused, a cancel took its place in the \
+         log, and the parent's settlement read the child's usage from the kept fold: 31 \
+         tokens never spent in its total (a fold whose pipelined records are not made \
+         sure of is no longer kept)",
+    ),
+    (2924, false, "as 1421, in another world"),
+    (7039, true, "as 1421, with swarm faults"),
+];
+
+#[test]
+fn the_generated_worlds_with_cancels_inside_trees_that_found_bugs_keep_every_invariant() {
+    let opts = skein_sim::gen::Options {
+        inner_cancels: true,
+        ..Default::default()
+    };
+    for (seed, swarm, bug) in INNER_CANCEL_REGRESSIONS {
+        let g = skein_sim::simulate_generated(*seed, *swarm, opts);
+        assert_eq!(g.refused, None, "seed {seed}: the loader refused the set");
+        assert!(
+            g.verdict.violations.is_empty(),
+            "seed {seed} ({bug}): {:?}",
+            g.verdict.violations
+        );
+    }
+}
+
 #[test]
 fn the_generated_worlds_that_found_bugs_keep_every_invariant() {
     let plain = GENERATED_REGRESSIONS.iter().map(|r| (r, false));
