@@ -820,6 +820,7 @@ fn history_tree(k: usize) -> (skein_core::SessionId, Vec<skein_core::Record>) {
             answer: format!("answer {k}"),
             usage_total: Default::default(),
             steps: 1,
+            partial: false,
         }),
     ];
     for (i, body) in bodies.into_iter().enumerate() {

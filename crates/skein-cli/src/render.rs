@@ -309,6 +309,7 @@ mod tests {
                 answer: "ok\x1b]0;pwned\x07\u{202e}".into(),
                 usage_total: Usage::default(),
                 steps: 1,
+                partial: false,
             }),
             Event::Failed(Failed {
                 error: "bad\x1b[2K".into(),

@@ -80,6 +80,7 @@ impl Event {
             answer: answer.into(),
             usage_total,
             steps,
+            partial: false,
         })
     }
 

@@ -391,6 +391,7 @@ pub fn child_completed(call: &str, child: &SessionId, answer: &str) -> Event {
             patch: None,
             usage: Usage::default(),
             steps: 1,
+            partial: false,
         },
     })
 }

@@ -206,6 +206,7 @@ fn calls_past_the_per_turn_limit_are_refused_and_never_run_and_the_log_replays()
         answer,
         usage_total: Usage::default(),
         steps: 2,
+        partial: false,
     }));
 
     // Replay re-derives every decision, the refusals included.

@@ -365,6 +365,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                         patch: None,
                         usage,
                         steps: 3,
+                        partial: false,
                     }
                 };
                 push(
@@ -383,6 +384,7 @@ fn simulate(seed: u64) -> (Vec<Envelope>, AgentSet, Limits) {
                         answer,
                         usage_total: state.usage_total(),
                         steps: state.steps,
+                        partial: false,
                     }),
                     &mut log,
                     &mut state,

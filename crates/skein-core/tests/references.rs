@@ -129,6 +129,7 @@ fn a_failed_childs_result_names_its_error_type_and_every_result_its_agent_and_de
         patch: None,
         usage: Usage::default(),
         steps: 2,
+        partial: false,
     };
     let (out, is_error) = call_agent_result(&child, &done, false, by);
     let v: Value = serde_json::from_str(&out).unwrap();

@@ -693,6 +693,7 @@ fn the_answer_to_a_follow_up_carries_its_clarification_id_and_the_turns_left() {
                 patch: None,
                 usage: Default::default(),
                 steps: 2,
+                partial: false,
             },
         }),
     ]);

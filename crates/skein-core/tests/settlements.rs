@@ -110,6 +110,7 @@ fn completed(call: &str, answer: &str, u: Usage) -> Event {
             patch: None,
             usage: u,
             steps: 1,
+            partial: false,
         },
     })
 }

@@ -173,11 +173,21 @@ impl MemStore {
     /// announced endings are kept with the log, as if on the same disk: one whose record
     /// the disk did not keep goes with it (a worker read that record before its sync
     /// failed; the embedded store has no announcer, and on NATS the log and the results
-    /// live on the same servers).
+    /// live on the same servers). So are cache entries made from a record the disk did
+    /// not keep (a worker read its source's end before that sync failed): the embedded
+    /// store takes out the entries no flush covered once a sync of its log fails.
     pub fn reopen(&self) {
         if let Some(disk) = &self.disk {
             let mut g = self.lock();
             disk.reopen(&mut g.logs);
+            let Inner { logs, cache, .. } = &mut *g;
+            cache.retain(|_, e| {
+                logs.get(&e.source).is_some_and(|l| {
+                    l.iter().any(|r| {
+                        matches!(&r.env.body, skein_core::Event::Completed(c) if c.answer == e.answer)
+                    })
+                })
+            });
             g.refused.clear();
             g.notices.clear();
             let Inner { logs, results, .. } = &mut *g;

@@ -24,11 +24,29 @@ pub(crate) struct Soft {
     notices: HashMap<SessionId, BTreeMap<u64, SessionId>>,
     /// The last notice position given out (positions rise across all parents).
     position: u64,
+    /// Cache entries written into the database whose flush has not come back yet, with
+    /// how many puts of each wait: taken out again should the store stop first
+    /// ([`SledStore::forget_unflushed_cache`]).
+    unflushed: HashMap<String, u32>,
 }
 
 impl SledStore {
     fn soft(&self) -> MutexGuard<'_, Soft> {
         self.soft.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Once a sync of the log has failed, takes out the cache entries no flush covered.
+    /// An entry is made from its source's last record, which a reader may see before its
+    /// sync; that sync failed or never came, so the record may be gone when the store is
+    /// opened again, and an entry made from it would answer from a run the log does not
+    /// show. sled flushes what it holds when it is dropped, so they are removed first.
+    pub(crate) fn forget_unflushed_cache(&self) {
+        let keys: Vec<String> = self.soft().unflushed.drain().map(|(k, _)| k).collect();
+        if let (Some(db), false) = (self.sled.get(), keys.is_empty()) {
+            for k in keys {
+                let _ = db.cache.remove(k.as_bytes());
+            }
+        }
     }
 }
 
@@ -49,12 +67,23 @@ impl Cache for SledStore {
     }
 
     async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()> {
-        self.sled
-            .open()?
-            .cache
-            .insert(hash.as_bytes(), encode(entry)?)
+        let bytes = encode(entry)?;
+        let db = self.sled.open()?;
+        *self.soft().unflushed.entry(hash.to_string()).or_default() += 1;
+        db.cache
+            .insert(hash.as_bytes(), bytes)
             .map_err(backend_err)?;
-        self.wal_flusher.durable_db().await
+        // Flushed after the log is synced, in the same group commit: an entry is durable
+        // only with the records it was made from. On a failure it stays unflushed.
+        self.wal_flusher.durable_db().await?;
+        let mut soft = self.soft();
+        if let Some(n) = soft.unflushed.get_mut(hash) {
+            *n -= 1;
+            if *n == 0 {
+                soft.unflushed.remove(hash);
+            }
+        }
+        Ok(())
     }
 
     async fn claim_inflight(&self, hash: &str, session: &SessionId) -> Result<Option<SessionId>> {

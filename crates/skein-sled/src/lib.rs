@@ -499,6 +499,9 @@ impl SledStore {
 
 impl Drop for SledStore {
     fn drop(&mut self) {
+        if self.wal_flusher.failure().is_some() {
+            self.forget_unflushed_cache();
+        }
         self.wal_flusher.stop.store(true, Ordering::SeqCst);
         self.wal_flusher.kick.notify_one();
         let _ = self.wal.close();

@@ -1663,6 +1663,7 @@ mod tests {
                 answer: format!("answer {seq}"),
                 usage_total: Default::default(),
                 steps: 1,
+                partial: false,
             }),
         );
         let bytes = env.encode().unwrap();

@@ -28,6 +28,7 @@ async fn write(store: &SledStore, from: usize, n: usize, pad: usize) {
                 answer: "x".repeat(pad),
                 usage_total: Default::default(),
                 steps: 1,
+                partial: false,
             }),
         );
         let bytes = env.encode().unwrap();
@@ -116,6 +117,7 @@ fn next(id: &SessionId, seq: u64, prev: String) -> Record {
             answer: format!("more {seq}"),
             usage_total: Default::default(),
             steps: 1,
+            partial: false,
         }),
     );
     let bytes = env.encode().unwrap();

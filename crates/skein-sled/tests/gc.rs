@@ -46,6 +46,7 @@ fn completed() -> Event {
         answer: "done".into(),
         usage_total: Default::default(),
         steps: 1,
+        partial: false,
     })
 }
 

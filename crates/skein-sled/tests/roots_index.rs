@@ -72,6 +72,7 @@ fn complete(id: &SessionId, seq: u64, prev: String) -> Record {
             answer: "done".into(),
             usage_total: Default::default(),
             steps: 1,
+            partial: false,
         }),
     )
 }
@@ -313,6 +314,7 @@ async fn roots_written_past_the_index_and_into_a_checkpoint_are_found_from_the_l
                 answer: "x".repeat(400 << 10),
                 usage_total: Default::default(),
                 steps: 1,
+                partial: false,
             }),
         );
         store.append(&id, 1, &[big], Durability::Now).await.unwrap();

@@ -744,3 +744,53 @@ async fn a_new_log_is_made_durable_by_its_first_sync_and_a_close_adds_none() {
     let store = SledStore::open(&data, &dir.path().join("ws")).unwrap();
     assert_eq!(store.backend().log.read(&a, 1).await.unwrap().len(), 3);
 }
+
+/// A cache entry is made from a session's last record, which a reader may see before its
+/// sync: should that sync fail, the record is not kept, and neither may the entry be
+/// (its answer would come from a run the log does not show). The database is not
+/// flushed past a failed sync of the log; sled flushes itself when dropped, so the
+/// entries whose flush never came are taken out first.
+#[tokio::test]
+async fn a_cache_entry_whose_flush_a_failed_log_sync_stopped_is_not_kept() {
+    // Given a store whose sound writes are durable: an entry put before the disk fails.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let disk = Arc::new(Disk::default());
+    let entry = |answer: &str| skein_runtime::ports::CacheEntry {
+        answer: answer.into(),
+        usage: Default::default(),
+        source: sid("t-cache.helper-1"),
+        steps: 1,
+        created: 1,
+        expires: None,
+    };
+    let store = open_on(&data, &disk);
+    let cache = store.backend().cache;
+    cache.put("kept", &entry("durable")).await.unwrap();
+
+    // When a record is written, not synced yet (its session's end, read by the worker
+    // that makes the entry), and the sync that would cover it and the entry fails.
+    let s = sid("t-cache");
+    let log = store.backend().log;
+    log.append(&s, 0, &records(&s, 1, 1), Durability::Ahead)
+        .await
+        .unwrap();
+    disk.fail_sync.store(true, Ordering::SeqCst);
+    let e = cache
+        .put("lost", &entry("made from a record the disk lost"))
+        .await
+        .expect_err("acknowledged without a sync");
+    assert!(e.report().to_string().contains("Input/output error"), "{e}");
+    drop((cache, log));
+    drop(store);
+
+    // Then a new process finds the durable entry and not the other (whether the record
+    // is kept is the disk's to say: this one kept the written page).
+    disk.fail_sync.store(false, Ordering::SeqCst);
+    let store = SledStore::open(&data, &dir.path().join("ws")).unwrap();
+    let cache = store.backend().cache;
+    let kept = cache.get("kept", 2).await.unwrap().map(|e| e.answer);
+    assert_eq!(kept.as_deref(), Some("durable"));
+    let lost = cache.get("lost", 2).await.unwrap().map(|e| e.answer);
+    assert_eq!(lost, None, "an entry no flush covered was kept");
+}

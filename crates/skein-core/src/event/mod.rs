@@ -369,6 +369,9 @@ pub enum Outcome {
         usage: Usage,
         #[serde(default)]
         steps: u32,
+        /// The answer was made without some child's answer (`Completed::partial`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        partial: bool,
     },
     Failed {
         error: String,
@@ -491,6 +494,12 @@ pub struct Completed {
     /// Model turns this session made.
     #[serde(default)]
     pub steps: u32,
+    /// The answer was made without some child's answer: a child under it failed or was
+    /// cancelled (by a person, a timeout, another tree's cancel it could not redo), here or
+    /// further down. A fresh run might have had it, so such an answer is never cached.
+    /// Absent (false) in older logs, and left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -242,6 +242,7 @@ impl SessionState {
                     patch: None,
                     usage: Usage::default(),
                     steps: h.steps,
+                    partial: false,
                 };
                 let agent = self
                     .slot_mut(&h.call)
@@ -294,6 +295,9 @@ impl SessionState {
                     .and_then(|i| delegated(&self.turn[i]))
                     .or_else(|| self.turn.iter().find_map(delegated));
                 let Some(shared) = slot else { return };
+                if self.goes_on_without(&c.call, &c.outcome) {
+                    self.accounting.partial = true;
+                }
                 match &c.outcome {
                     // A shared run was paid for by whoever started it: what it cost is
                     // what this call saved.

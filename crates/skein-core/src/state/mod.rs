@@ -261,6 +261,10 @@ pub struct Accounting {
     /// again (after a follow-up question) reports its whole usage, of which only what is
     /// new is added.
     pub child_usage: BTreeMap<SessionId, Usage>,
+    /// The answer goes on without some child's answer: a child failed or was cancelled
+    /// (members a team's end cut off aside), or answered with a partial answer itself
+    /// (`Completed::partial`). Such an answer is not cached.
+    pub partial: bool,
 }
 
 /// Where a session waits for answers: its own questions and approvals, the tokens used,
@@ -453,6 +457,40 @@ impl SessionState {
             s.apply(e);
         }
         s
+    }
+
+    /// The record that ends this session with `answer`: its usage and steps, and whether
+    /// the answer was made without some child's answer ([`Accounting::partial`]).
+    pub fn completion(&self, answer: impl Into<String>) -> Event {
+        Event::Completed(crate::event::Completed {
+            answer: answer.into(),
+            usage_total: self.usage_total(),
+            steps: self.steps,
+            partial: self.accounting.partial,
+        })
+    }
+
+    /// Whether settling `call` with `outcome` leaves this session going on without a
+    /// child's answer: the child failed or was cancelled, or its answer is partial itself.
+    /// A team's members still running when its supervisor answered are cancelled then
+    /// (their work was not waited for): their ends take nothing from the answer.
+    pub(crate) fn goes_on_without(&self, call: &str, outcome: &crate::event::Outcome) -> bool {
+        use crate::event::Outcome;
+        match outcome {
+            Outcome::Completed { partial, .. } => *partial,
+            Outcome::NeedsInput { .. } => false,
+            Outcome::Failed { .. } => {
+                let team_over = self.pattern.kind == Some(PatternKind::Team)
+                    && self.turn.iter().any(|s| {
+                        s.call.name == SUPERVISOR && matches!(s.state, SlotState::Done { .. })
+                    });
+                let member = self
+                    .turn
+                    .iter()
+                    .any(|s| s.call.id == call && s.call.name == MEMBER);
+                !(team_over && member)
+            }
+        }
     }
 
     /// Usage of this session and everything it started.

@@ -81,6 +81,7 @@ pub fn call_agent_result(
             usage,
             steps,
             patch,
+            ..
         } => {
             let mut v = json!({
                 "success": true,

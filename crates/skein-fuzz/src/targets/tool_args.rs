@@ -197,6 +197,7 @@ fn base_log(def: &AgentDef, root: &SessionId) -> Vec<Envelope> {
                 patch: None,
                 usage: Default::default(),
                 steps: 1,
+                partial: false,
             },
         }),
         Event::ChildSettled(ChildSettled {

@@ -379,7 +379,7 @@ impl Runtime {
                 Step::Broadcast(bs) => Box::pin(self.broadcast(f, bs)).await?,
                 Step::ProposePatch(ps) => Box::pin(self.propose(f, ps)).await?,
                 Step::Complete { answer } => {
-                    let body = Event::completed(answer, f.state.usage_total(), f.state.steps);
+                    let body = f.state.completion(answer);
                     self.append(f, body).await?
                 }
                 Step::Fail { error } => {

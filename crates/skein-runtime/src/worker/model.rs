@@ -357,11 +357,9 @@ impl Runtime {
         let reads = |r: &ToolRun| !r.resumed && self.is_read(def, &r.tool);
         let version = self.version_known(st);
         match st.next(def, &version.limits, &*version.agents) {
-            Step::Complete { answer } if answers => Some(Then::End(Box::new(Event::completed(
-                answer,
-                st.usage_total(),
-                st.steps,
-            )))),
+            Step::Complete { answer } if answers => {
+                Some(Then::End(Box::new(st.completion(answer))))
+            }
             Step::Fail { error } if answers => Some(Then::End(Box::new(Event::failed(
                 error,
                 st.usage_total(),

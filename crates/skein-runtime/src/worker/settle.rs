@@ -21,6 +21,7 @@ pub(crate) fn outcome_of(terminal: &Event) -> Option<Outcome> {
             patch: None,
             usage: c.usage_total,
             steps: c.steps,
+            partial: c.partial,
         }),
         Event::Failed(f) => Some(Outcome::Failed {
             error: f.error.clone(),

@@ -16,11 +16,14 @@ impl Runtime {
         };
         // Only the answer to the mission that was hashed is cached: never one to a
         // follow-up question (`chat: true`), nor one that used answers it was given (a
-        // person's, or its parent's on resuming it), which a fresh run would not have.
+        // person's, or its parent's on resuming it), nor one made without some child's
+        // answer (a child failed or was cancelled, here or further down), which a fresh
+        // run would not have, or might.
         if f.state.status == Status::Completed
             && !sub.no_cache
             && f.state.follow_ups == 0
             && f.state.pauses.answers_received == 0
+            && !f.state.accounting.partial
         {
             let def = self.def_for(&f.state).await?;
             if self.agents_of(&f.state).await?.caching(&def).cached {
