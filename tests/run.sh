@@ -265,6 +265,8 @@ stage "real model" bash tests/real_model/run.sh
 #    (patterns, questions and approvals at any depth, caching on and off, shared
 #    missions), under the plain faults; liveness through the inbox, and every cache hit
 #    compared with a fresh run;
+#  - 3,000 more generated worlds (1,500 plain, 1,500 swarm) whose operator also cancels
+#    sessions inside the trees (`--inner-cancels`): a subtree ends, its parent goes on;
 #  - 2,000 worlds of definition versions and workers that differ (1,000 plain, 1,000 swarm):
 #    versions pushed and rolled back while trees run, workers that lack an agent, a
 #    provider, a tool or the newer record format; each session on its tree's pinned
@@ -315,10 +317,10 @@ lanes_wait() {
 }
 simulate_and_fuzz() {
   local sim="${CARGO_TARGET_DIR:-target}/release/skein-sim"
-  lane "simulation: 10,000 plain seeds, generated worlds 1-3,000" \
-    bash -c "'$sim' --seeds 10000 && '$sim' --generated --seeds 3000"
-  lane "simulation: 5,000 swarm seeds, generated worlds 3,001-10,000" \
-    bash -c "'$sim' --seeds 5000 --from 10001 --swarm && '$sim' --generated --seeds 7000 --from 3001"
+  lane "simulation: 10,000 plain seeds, generated worlds 1-3,000, 1,500 with cancels inside trees" \
+    bash -c "'$sim' --seeds 10000 && '$sim' --generated --seeds 3000 && '$sim' --generated --inner-cancels --seeds 1500"
+  lane "simulation: 5,000 swarm seeds, generated worlds 3,001-10,000, 1,500 swarm with cancels inside trees" \
+    bash -c "'$sim' --seeds 5000 --from 10001 --swarm && '$sim' --generated --seeds 7000 --from 3001 && '$sim' --generated --inner-cancels --swarm --seeds 1500 --from 3001"
   lane "fuzzing: 12 targets x 12 s, guided by coverage; then 2,000 versions worlds" \
     bash -c "bash tests/fuzz_coverage.sh --coverage --seconds 12 && '$sim' --versions --seeds 1000 && '$sim' --versions --seeds 1000 --from 1001 --swarm"
   lanes_wait
