@@ -143,6 +143,12 @@ fn a_team_member_cut_off_by_the_supervisors_answer_takes_nothing_from_it() {
         ),
     ]);
     assert!(!ended.state().accounting.partial);
+    // One that ended as it was cut off, with a partial answer of its own, neither.
+    let raced = team().events([
+        child_completed("supervisor.3", &chief, "the team's answer"),
+        partial_completion(&analyst, "member.1"),
+    ]);
+    assert!(!raced.state().accounting.partial);
     // A member that failed while the team still worked is missing from the answer.
     let short = team().events([
         child_failed("member.1", &analyst, "the model failed"),

@@ -473,23 +473,25 @@ impl SessionState {
     /// Whether settling `call` with `outcome` leaves this session going on without a
     /// child's answer: the child failed or was cancelled, or its answer is partial itself.
     /// A team's members still running when its supervisor answered are cancelled then
-    /// (their work was not waited for): their ends take nothing from the answer.
+    /// (their work was not waited for): their ends, whatever they are, take nothing from
+    /// the answer.
     pub(crate) fn goes_on_without(&self, call: &str, outcome: &crate::event::Outcome) -> bool {
         use crate::event::Outcome;
+        let team_over = self.pattern.kind == Some(PatternKind::Team)
+            && self
+                .turn
+                .iter()
+                .any(|s| s.call.name == SUPERVISOR && matches!(s.state, SlotState::Done { .. }));
+        let cut_off = team_over
+            && self
+                .turn
+                .iter()
+                .any(|s| s.call.id == call && s.call.name == MEMBER);
         match outcome {
+            _ if cut_off => false,
             Outcome::Completed { partial, .. } => *partial,
             Outcome::NeedsInput { .. } => false,
-            Outcome::Failed { .. } => {
-                let team_over = self.pattern.kind == Some(PatternKind::Team)
-                    && self.turn.iter().any(|s| {
-                        s.call.name == SUPERVISOR && matches!(s.state, SlotState::Done { .. })
-                    });
-                let member = self
-                    .turn
-                    .iter()
-                    .any(|s| s.call.id == call && s.call.name == MEMBER);
-                !(team_over && member)
-            }
+            Outcome::Failed { .. } => true,
         }
     }
 
