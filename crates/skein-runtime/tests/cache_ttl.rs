@@ -2,14 +2,10 @@
 //! duration grammar accepts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+mod common;
 
 use skein_core::{AgentSet, Status};
-use skein_llm::scripted::ScriptedProvider;
-use skein_llm::Registry;
-use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
-use skein_sled::SledStore;
-use skein_tools::ToolBox;
+use skein_runtime::worker::{RuntimeConfig, Submission};
 
 #[tokio::test]
 async fn an_agent_with_ttl_1h30m_keeps_its_answer_for_5400_seconds() {
@@ -23,16 +19,7 @@ async fn an_agent_with_ttl_1h30m_keeps_its_answer_for_5400_seconds() {
         &[],
     )
     .unwrap();
-    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
-    let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
-    let rt = Runtime::new(
-        store.backend(),
-        Arc::new(agents),
-        models,
-        ToolBox::new(),
-        RuntimeConfig::default(),
-    );
+    let (_store, rt) = common::scripted_runtime(dir.path(), agents, RuntimeConfig::default());
     let id = rt
         .submit(Submission {
             agent: "solo".into(),

@@ -16,11 +16,8 @@ use std::time::Duration;
 use common::delegations;
 use skein_core::event::DelegationKind;
 use skein_core::{Event, SessionId};
-use skein_llm::scripted::ScriptedProvider;
-use skein_llm::Registry;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
-use skein_tools::ToolBox;
 
 /// One `call_agent` turn to `agent` on "the job", then an answer with its result.
 fn asks(agent: &str, me: &str) -> String {
@@ -50,16 +47,7 @@ fn world() -> World {
             ("helper", "", "turns:\n  - answer: helped\n"),
         ],
     );
-    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
-    let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
-    let rt = Runtime::new(
-        store.backend(),
-        Arc::new(agents),
-        models,
-        ToolBox::new(),
-        RuntimeConfig::default(),
-    );
+    let (store, rt) = common::scripted_runtime(dir.path(), agents, RuntimeConfig::default());
     World {
         _dir: dir,
         _store: store,

@@ -23,25 +23,12 @@ use std::time::Duration;
 use common::delegations;
 use skein_core::event::DelegationKind;
 use skein_core::{AgentSet, Event, SessionId};
-use skein_llm::scripted::ScriptedProvider;
-use skein_llm::Registry;
 use skein_runtime::ports::Job;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
-use skein_tools::ToolBox;
 
 fn runtime(dir: &std::path::Path, agents: Arc<AgentSet>) -> (Arc<SledStore>, Arc<Runtime>) {
-    let store = SledStore::open(&dir.join("data"), &dir.join("ws")).unwrap();
-    let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(dir)));
-    let rt = Runtime::new(
-        store.backend(),
-        agents,
-        models,
-        ToolBox::new(),
-        RuntimeConfig::default(),
-    );
-    (store, rt)
+    common::scripted_runtime(dir, agents, RuntimeConfig::default())
 }
 
 /// The next job of the default pool, if one comes within half a second.

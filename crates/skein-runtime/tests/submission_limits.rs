@@ -3,17 +3,13 @@
 //! its size and the limit, and creates nothing. So is a priority out of its range.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+mod common;
 
 use serde_json::json;
 use skein_core::limits::{MAX_CONTEXT_BYTES, MAX_INPUTS_BYTES, MAX_MISSION_BYTES};
 use skein_core::AgentSet;
-use skein_llm::scripted::ScriptedProvider;
-use skein_llm::Registry;
-use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_runtime::worker::{RuntimeConfig, Submission};
 use skein_runtime::Error;
-use skein_sled::SledStore;
-use skein_tools::ToolBox;
 
 #[tokio::test]
 async fn oversized_parts_of_a_submission_are_refused_and_nothing_is_created() {
@@ -27,16 +23,7 @@ async fn oversized_parts_of_a_submission_are_refused_and_nothing_is_created() {
         &[],
     )
     .unwrap();
-    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
-    let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
-    let rt = Runtime::new(
-        store.backend(),
-        Arc::new(agents),
-        models,
-        ToolBox::new(),
-        RuntimeConfig::default(),
-    );
+    let (_store, rt) = common::scripted_runtime(dir.path(), agents, RuntimeConfig::default());
     let sub = |mission: String, context: Option<String>, inputs: serde_json::Value| Submission {
         agent: "plain".into(),
         mission,

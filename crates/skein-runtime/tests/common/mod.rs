@@ -12,6 +12,21 @@ use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
 use skein_tools::ToolBox;
 
+/// A runtime of `agents` on a real sled store in `dir` (`data/`, and the workspaces in
+/// `ws/`), with the scripted model reading its scripts from `dir`. Keep the store (and the
+/// directory) alive as long as the runtime.
+pub fn scripted_runtime(
+    dir: &std::path::Path,
+    agents: impl Into<Arc<AgentSet>>,
+    cfg: RuntimeConfig,
+) -> (Arc<SledStore>, Arc<Runtime>) {
+    let store = SledStore::open(&dir.join("data"), &dir.join("ws")).unwrap();
+    let mut models = Registry::new();
+    models.insert("scripted", Arc::new(ScriptedProvider::new(dir)));
+    let rt = Runtime::new(store.backend(), agents.into(), models, ToolBox::new(), cfg);
+    (store, rt)
+}
+
 /// A runtime with the `solo` agent and `cfg`, and one submitted mission of it. Keep the
 /// directory alive as long as the runtime.
 pub async fn solo(cfg: RuntimeConfig) -> (tempfile::TempDir, Arc<Runtime>, SessionId) {
@@ -25,16 +40,7 @@ pub async fn solo(cfg: RuntimeConfig) -> (tempfile::TempDir, Arc<Runtime>, Sessi
         &[],
     )
     .unwrap();
-    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
-    let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
-    let rt = Runtime::new(
-        store.backend(),
-        Arc::new(agents),
-        models,
-        ToolBox::new(),
-        cfg,
-    );
+    let (_store, rt) = scripted_runtime(dir.path(), agents, cfg);
     let id = rt
         .submit(Submission {
             agent: "solo".into(),
