@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: skein-sim [--generated [--known-shapes-only] [--inner-cancels] | --versions] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
+        "usage: skein-sim [--generated [--known-shapes-only] | --versions] [--inner-cancels] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
     );
     ExitCode::from(2)
 }
@@ -28,9 +28,12 @@ fn main() -> ExitCode {
             .position(|a| a == "--trace")
             .and_then(|i| args.get(i + 1))
             .cloned();
+        let inner = args.iter().any(|a| a == "--inner-cancels");
         return match (value("--seed"), value("--seeds")) {
-            (Some(seed), _) => versions_many(seed, 1, swarm, disk, Some(trace)),
-            (None, Some(n)) => versions_many(value("--from").unwrap_or(1), n, swarm, disk, None),
+            (Some(seed), _) => versions_many(seed, 1, (swarm, disk, inner), Some(trace)),
+            (None, Some(n)) => {
+                versions_many(value("--from").unwrap_or(1), n, (swarm, disk, inner), None)
+            }
             _ => usage(),
         };
     }
@@ -509,8 +512,7 @@ fn print_records(run: &skein_sim::world::Run) {
 fn versions_many(
     from: u64,
     n: u64,
-    swarm: bool,
-    disk: bool,
+    (swarm, disk, inner): (bool, bool, bool),
     show: Option<Option<String>>,
 ) -> ExitCode {
     let started = Instant::now();
@@ -519,7 +521,7 @@ fn versions_many(
     let mut asked = std::collections::BTreeMap::<String, u64>::new();
     let mut lacks = std::collections::BTreeMap::<String, u64>::new();
     for seed in from..from + n {
-        let Some((run, v)) = skein_sim::simulate_versions(seed, swarm, disk) else {
+        let Some((run, v)) = skein_sim::simulate_versions_with(seed, swarm, disk, inner) else {
             refused += 1;
             continue;
         };
