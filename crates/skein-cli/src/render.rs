@@ -116,7 +116,11 @@ pub fn tree_table(rows: &[SessionRow]) -> String {
             "{:<44} {:<13} {:<15} {:>5} {:>5} {:>15} {:>9} {:>5} {:>9} {:>9}",
             cut(&name, 44),
             cut(&r.agent, 13),
-            r.status,
+            if r.partial {
+                format!("{}*", r.status)
+            } else {
+                r.status.clone()
+            },
             r.steps,
             r.tool_calls,
             tokens(&r.usage),
@@ -127,6 +131,9 @@ pub fn tree_table(rows: &[SessionRow]) -> String {
         );
         out.push_str(&safe_line(&line));
         out.push('\n');
+    }
+    if rows.iter().any(|r| r.partial) {
+        out.push_str("* a partial answer: made without some child's answer (not cached)\n");
     }
     out
 }
@@ -278,6 +285,25 @@ pub fn event_line(r: &Record, t0: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partial_answer_is_marked_in_the_tree_and_explained_once() {
+        use skein_core::{SessionId, SessionState, Status};
+        let id = SessionId::root("t").unwrap();
+        let mut st = SessionState::default();
+        st.status = Status::Completed;
+        let whole = skein_runtime::inspect::row(&id, &[], &st);
+        st.accounting.partial = true;
+        let partial = skein_runtime::inspect::row(&id, &[], &st);
+        let table = tree_table(std::slice::from_ref(&whole));
+        assert!(
+            !table.contains("completed*") && !table.contains("partial"),
+            "{table}"
+        );
+        let table = tree_table(&[partial.clone(), partial]);
+        assert_eq!(table.matches("completed*").count(), 2, "{table}");
+        assert_eq!(table.matches("* a partial answer").count(), 1, "{table}");
+    }
 
     #[test]
     fn safe_escapes_every_control_but_newline_and_tab() {

@@ -45,6 +45,10 @@ pub struct SessionRow {
     /// none: the worker's own files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defs: Option<String>,
+    /// It completed with a partial answer: made without some child's answer (a child
+    /// under it failed or was cancelled), so not cached.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
 }
 
 /// A delegation (or a root) answered from the cache.
@@ -157,6 +161,7 @@ fn row_seen(id: &SessionId, seen: &Seen, state: &SessionState) -> SessionRow {
             .map(|(name, _)| name.to_string()),
         hits,
         defs: sub.and_then(|s| s.defs.clone()),
+        partial: state.status == skein_core::Status::Completed && state.accounting.partial,
     }
 }
 

@@ -146,6 +146,13 @@ async fn an_answer_made_without_a_cancelled_childs_answer_is_not_cached_at_any_d
         Event::Completed(c) => assert!(c.partial, "mid's answer: {}", c.answer),
         other => panic!("mid did not complete: {}", other.kind()),
     }
+    // `skein tree` shows which answers are partial: the two that went on without the
+    // helper's, and not the helper's own end (a cancel).
+    let rows = skein_runtime::inspect::tree_rows(&w.rt.backend, &first)
+        .await
+        .unwrap();
+    let shown: Vec<(&str, bool)> = rows.iter().map(|r| (r.agent.as_str(), r.partial)).collect();
+    assert_eq!(shown, vec![("top", true), ("mid", true), ("helper", false)]);
     assert_eq!(
         w.seconds_mid().await,
         vec!["started"],
