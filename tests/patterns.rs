@@ -275,12 +275,22 @@ fn embedded_advisors_run_first_and_a_failing_one_leaves_a_report() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     run_embedded(&ADVISORS, &data);
-    // The same request again is answered from the cache before any advisor runs.
+    // The manager went on without flaky's advice: its answer is partial, and is not
+    // cached. The same request again asks flaky anew (it fails again: its script has
+    // no case for it), legal and risk answering from the cache.
     let mut c = skein(&config(), &data);
     c.args(["run", "--agent", "manager", "--json", ADVISORS.mission]);
     let out = json_of(&run_ok(c));
     assert_eq!(out["answer"], ADVISORS.answer, "{out}");
-    assert_eq!(out["summary"]["cache_hits"], 1, "{out}");
+    assert_eq!(out["summary"]["cache_hits"], 2, "{out}");
+    let tree = out["tree"].as_array().expect("the tree's rows");
+    let row = |agent: &str| {
+        tree.iter()
+            .find(|r| r["agent"] == agent)
+            .unwrap_or_else(|| panic!("no {agent} in {out}"))
+    };
+    assert_eq!(row("manager")["partial"], true, "{out}");
+    assert_eq!(row("flaky")["status"], "failed", "{out}");
     let mut c = skein(&config(), &data);
     c.args([
         "replay",
