@@ -570,15 +570,7 @@ pub async fn run_mixed(
             if !open.is_empty() {
                 let r = open[faults.draw(open.len() as u64) as usize].clone();
                 let rt = &runtimes[faults.draw(runtimes.len() as u64) as usize];
-                // An operator's cancel, retried while the backend is unreachable.
-                for _ in 0..20 {
-                    match skein_runtime::control::cancel(rt, &r, "cancelled by an operator").await {
-                        Err(e) if e.is_retryable() => {
-                            tokio::time::sleep(Duration::from_millis(100)).await
-                        }
-                        _ => break,
-                    }
-                }
+                operator_cancel(rt, &r).await;
                 cancelled.push(r);
             }
         }
@@ -595,16 +587,7 @@ pub async fn run_mixed(
                 if !open.is_empty() {
                     let s = open[rng.below(open.len() as u64) as usize].clone();
                     let rt = &runtimes[rng.below(runtimes.len() as u64) as usize];
-                    for _ in 0..20 {
-                        match skein_runtime::control::cancel(rt, &s, "cancelled by an operator")
-                            .await
-                        {
-                            Err(e) if e.is_retryable() => {
-                                tokio::time::sleep(Duration::from_millis(100)).await
-                            }
-                            _ => break,
-                        }
-                    }
+                    operator_cancel(rt, &s).await;
                     cancelled.push(s);
                 }
             }
@@ -700,6 +683,17 @@ pub async fn run_mixed(
         mix,
         _dir: dir,
     })
+}
+
+/// An operator's `skein cancel` of `id` (a tree, or a session inside one), tried again
+/// while the backend is unreachable.
+async fn operator_cancel(rt: &Runtime, id: &SessionId) {
+    for _ in 0..20 {
+        match skein_runtime::control::cancel(rt, id, "cancelled by an operator").await {
+            Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
+            _ => break,
+        }
+    }
 }
 
 fn roots_ended(store: &MemStore, roots: &[SessionId]) -> bool {
