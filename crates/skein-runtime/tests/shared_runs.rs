@@ -319,3 +319,49 @@ async fn a_handoff_or_a_route_sharing_a_cancelled_run_hands_on_to_a_run_of_its_o
         s.second_replays().await;
     }
 }
+
+/// A call whose shared run was cancelled by its starter delegates again, and the cache
+/// may answer it at once (a run of the same mission elsewhere ended meanwhile). No
+/// child's end will wake the session then: the look that redid the call goes on itself.
+#[tokio::test]
+async fn a_call_redone_from_the_cache_goes_on_at_once() {
+    let s = sharing("boss").await;
+    let hash =
+        s.rt.backend
+            .log
+            .read(&s.second, 1)
+            .await
+            .unwrap()
+            .into_iter()
+            .find_map(|r| match r.env.body {
+                Event::Delegated(d) => Some(d.mission_hash),
+                _ => None,
+            })
+            .expect("the shared call's delegation");
+    let entry = skein_runtime::ports::CacheEntry {
+        answer: "helped elsewhere".into(),
+        usage: Default::default(),
+        source: SessionId::parse("elsewhere.helper-1").unwrap(),
+        steps: 1,
+        created: skein_runtime::now_ms(),
+        expires: None,
+    };
+    s.rt.backend.cache.put(&hash, &entry).await.unwrap();
+    let last = tokio::time::timeout(Duration::from_secs(30), s.cancel_first_and_finish_second())
+        .await
+        .expect("the second tree's run ended");
+    match &last.env.body {
+        Event::Completed(c) => assert_eq!(c.answer, "boss: helped elsewhere"),
+        other => panic!("the second tree stopped at {}", other.kind()),
+    }
+    // The tree is its root alone (the cache answered), and replay verifies it.
+    let verdicts = skein_runtime::replay::verify_tree(
+        &s.rt.backend,
+        &s.second,
+        &s.agents,
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    assert!(verdicts.len() == 1 && verdicts[0].ok, "{verdicts:?}");
+}

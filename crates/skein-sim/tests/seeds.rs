@@ -359,6 +359,13 @@ const INNER_CANCEL_REGRESSIONS: &[(u64, bool, &str)] = &[
          out the entries no flush covered once a sync of its log fails; the simulation's \
          store, those whose source's answer the disk did not keep)",
     ),
+    (
+        21706,
+        true,
+        "a call whose shared run an operator cancelled delegated again and was answered \
+         from the cache at once; the look counted nothing settled and the session waited \
+         for a child's end that would never come (a redone call now counts as moved on)",
+    ),
 ];
 
 #[test]

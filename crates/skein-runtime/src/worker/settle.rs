@@ -445,6 +445,7 @@ impl Runtime {
             Written::Durable
         };
         self.commit_as(f, staged, how).await?;
+        let redone = again.len();
         if !again.is_empty() {
             tracing::info!(session = %f.id, calls = again.len(),
                 "a shared run was cancelled by its starter: its calls delegate again");
@@ -452,7 +453,9 @@ impl Runtime {
             Box::pin(self.delegate(f, def, again)).await?;
         }
         Ok(Look {
-            settled: n,
+            // A call delegated again counts as moved on: the cache may have answered it
+            // at once, and then no child's end will wake this session to go on.
+            settled: n + redone,
             partial: unstarted
                 || (!*every && !self.backend.capabilities().notices_in_step_with_wakes),
         })
