@@ -15,6 +15,12 @@
 //!   child's question: the second finds the child answered and moved on. That answer was
 //!   its own call's; recorded as a refusal instead, the child ran on unrecorded and its
 //!   tokens reached no total (swarm seed 12768).
+//! - A step that puts a follow-up to a `chat: true` child writes the question into the
+//!   child's log before its own record of it. The child may answer (a sweep wakes it) and
+//!   its asker be cancelled before that record is written: the child's first answer was
+//!   counted when it was settled, the follow-up's never. A cancelled session rolled up
+//!   only the children it had not settled, and the follow-up's tokens reached no total
+//!   (swarm seed 4145 of `--generated --inner-cancels`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -395,6 +401,108 @@ async fn a_step_that_finds_its_own_answer_given_by_another_run_of_it_resumes_the
             assert_eq!(c.answer, "clerk: asker used v78");
             assert_eq!(c.usage_total, spent_by(&second, &[&root, &asker]).await);
         }
+        other => panic!("the tree did not complete: {}", other.kind()),
+    }
+}
+
+#[tokio::test]
+async fn a_follow_up_answered_after_its_asker_stopped_short_of_recording_it_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = agents_in(
+        dir.path(),
+        &[
+            (
+                "top",
+                "agents: [mid]\n",
+                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: mid, mission: \"the load\"}\n  - answer: \"top: {{ results[0].result }}\"\n",
+            ),
+            (
+                "mid",
+                "agents: [expert]\ntools: [ask_clarification]\n",
+                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: expert, mission: \"estimate the load\"}\n  - tool_calls:\n      - tool: ask_clarification\n        args: {session_id: \"{{ results[0].session_id }}\", question: \"and the error bars?\"}\n  - answer: \"{{ results[0].result }}\"\n",
+            ),
+            (
+                "expert",
+                "chat: true\n",
+                "turns:\n  - answer: \"the load is 42\"\n  - answer: \"plus or minus 3, after a long and careful look\"\n",
+            ),
+        ],
+    );
+    // The whole run, to take from it what a step stopped in the middle leaves.
+    let first = runtime(dir.path(), "first", agents.clone());
+    let root = submit(&first, "top").await;
+    first.run_tree(&root, 2).await.unwrap();
+    let mid = root.child("mid", 1);
+    let expert = mid.child("expert", 1);
+    let upto = |log: Vec<skein_core::Record>, last: &dyn Fn(&Event) -> bool| {
+        let n = log
+            .iter()
+            .position(|r| last(&r.env.body))
+            .expect("the record to stop at");
+        log[..=n].to_vec()
+    };
+    let top_log = upto(first.backend.log.read(&root, 1).await.unwrap(), &|e| {
+        matches!(e, Event::Delegated(_))
+    });
+    // `mid` took its turn that asks the follow-up, and stopped before its record of it.
+    let mid_log = first.backend.log.read(&mid, 1).await.unwrap();
+    let resumed = mid_log
+        .iter()
+        .position(
+            |r| matches!(&r.env.body, Event::Delegated(d) if d.kind == DelegationKind::Resumed),
+        )
+        .expect("mid put the follow-up");
+    let mid_log = mid_log[..resumed].to_vec();
+    assert!(
+        mid_log
+            .iter()
+            .any(|r| matches!(r.env.body, Event::ChildSettled(_))),
+        "mid had settled the expert's first answer"
+    );
+    let expert_log = upto(first.backend.log.read(&expert, 1).await.unwrap(), &|e| {
+        matches!(e, Event::ClarificationRequested(_))
+    });
+    let second = runtime(dir.path(), "second", agents);
+    for (id, records) in [(&root, &top_log), (&mid, &mid_log), (&expert, &expert_log)] {
+        second
+            .backend
+            .log
+            .append(id, 0, records, Durability::Now)
+            .await
+            .unwrap();
+    }
+    // The expert answers the follow-up; then an operator cancels `mid`, which never
+    // recorded it.
+    second.backend.jobs.push("default", &expert).await.unwrap();
+    let job = second
+        .backend
+        .jobs
+        .claim("default", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("the expert's job");
+    assert_eq!(job.session, expert);
+    second.process(&job).await.unwrap();
+    second.backend.jobs.ack(&job).await.unwrap();
+    let last = |id: SessionId| {
+        let rt = second.clone();
+        async move { rt.backend.log.last(&id).await.unwrap().unwrap().env.body }
+    };
+    assert!(
+        matches!(last(expert.clone()).await, Event::Completed(_)),
+        "the expert did not answer the follow-up"
+    );
+    skein_runtime::control::cancel(&second, &mid, "cancelled by an operator")
+        .await
+        .unwrap();
+    second.requeue_tree(&root).await.unwrap();
+    second.run_tree(&root, 2).await.unwrap();
+    match last(root.clone()).await {
+        Event::Completed(c) => assert_eq!(
+            c.usage_total,
+            spent_by(&second, &[&root, &mid, &expert]).await,
+            "the tree's total is not what its sessions spent"
+        ),
         other => panic!("the tree did not complete: {}", other.kind()),
     }
 }

@@ -366,6 +366,15 @@ const INNER_CANCEL_REGRESSIONS: &[(u64, bool, &str)] = &[
          from the cache at once; the look counted nothing settled and the session waited \
          for a child's end that would never come (a redone call now counts as moved on)",
     ),
+    (
+        4145,
+        true,
+        "a session asked its `chat: true` child a follow-up after settling its first \
+         answer, then an operator cancelled the session: the 53 tokens the child spent on \
+         the follow-up reached no total, since only children not yet settled were rolled \
+         up (every child the session started itself now rolls up what it spent since it \
+         was last counted)",
+    ),
 ];
 
 #[test]

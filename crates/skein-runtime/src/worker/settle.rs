@@ -7,7 +7,7 @@ use futures::future::join_all;
 use futures::StreamExt;
 use skein_core::event::{ChildSettled, Outcome};
 use skein_core::message::Usage;
-use skein_core::state::{usage_since, ChildOutcome, PatternKind, SlotState};
+use skein_core::state::{usage_since, PatternKind, SlotState};
 use skein_core::{AgentDef, Event, SessionId, Status, Step};
 
 use crate::runtime::{Runtime, DEFAULT_POOL};
@@ -627,8 +627,9 @@ struct Seen {
 
 impl Runtime {
     /// What `id` spent with everything it started, and its model turns: its own total,
-    /// plus what each child it never settled (still running, or paused) spent beyond what
-    /// `id` had already counted of it, and all that the children it started but never
+    /// plus what each child it started itself spent beyond what `id` had already counted
+    /// of it (a child still running or paused; or one settled and then asked a follow-up
+    /// whose answer `id` never settled), and all that the children it started but never
     /// recorded spent. A session cancelled while children run (a timeout cancels its
     /// whole subtree) settles none of them, and one cancelled in the middle of a step
     /// that delegated (the children's logs are written before the parent's record of
@@ -648,13 +649,7 @@ impl Runtime {
                 .state
                 .children
                 .values()
-                .filter(|c| {
-                    !c.cached
-                        && !c.shared
-                        && matches!(c.outcome, None | Some(ChildOutcome::NeedsInput))
-                        && id.contains(&c.child)
-                        && c.child != *id
-                })
+                .filter(|c| !c.cached && !c.shared && id.contains(&c.child) && c.child != *id)
                 .map(|c| {
                     let counted = f.state.accounting.child_usage.get(&c.child);
                     (c.child.clone(), counted.copied().unwrap_or_default())
