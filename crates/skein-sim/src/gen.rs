@@ -140,6 +140,9 @@ pub struct Options {
     /// An operator cancels sessions inside the trees too, not only whole trees
     /// (`world::Setup::inner_cancels`).
     pub inner_cancels: bool,
+    /// The person at the inbox also answers, now and then, an item it listed earlier,
+    /// whose session may have ended since (`world::Setup::stale_tokens`).
+    pub stale_tokens: bool,
 }
 
 impl Default for Options {
@@ -147,6 +150,7 @@ impl Default for Options {
         Self {
             open: true,
             inner_cancels: false,
+            stale_tokens: false,
         }
     }
 }

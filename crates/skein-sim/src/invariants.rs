@@ -302,6 +302,8 @@ pub async fn check(run: &Run) -> Verdict {
             }
         }
     }
+    v.violations
+        .extend(run.person.taken_after_end.iter().cloned());
     if run.person.reused_accepted > 0 {
         v.violations.push(format!(
             "a used token was accepted again {} time(s)",

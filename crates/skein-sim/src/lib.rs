@@ -65,6 +65,7 @@ pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: b
     rt.block_on(async {
         let setup = world::Setup {
             inner_cancels: opts.inner_cancels,
+            stale_tokens: opts.stale_tokens,
             ..world::Setup::generated(swarm, disk)
         };
         let run = match world::run_scenario(seed, setup, &scenario).await {
@@ -96,6 +97,7 @@ pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: b
                 drain_limit: world::GENERATED_DRAIN_LIMIT,
                 disk: false,
                 inner_cancels: false,
+                stale_tokens: false,
             };
             if let Ok(reference) = world::run_scenario(seed, fresh, &scenario).await {
                 let (c, u) = invariants::cache_sound(&run, &reference, &mut verdict);

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: skein-sim [--generated [--known-shapes-only] | --versions] [--inner-cancels] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
+        "usage: skein-sim [--generated [--known-shapes-only] [--stale-tokens] | --versions] [--inner-cancels] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
     );
     ExitCode::from(2)
 }
@@ -43,6 +43,7 @@ fn main() -> ExitCode {
             // them before their bugs were fixed, is still accepted).
             open: !args.iter().any(|a| a == "--known-shapes-only"),
             inner_cancels: args.iter().any(|a| a == "--inner-cancels"),
+            stale_tokens: args.iter().any(|a| a == "--stale-tokens"),
         };
         let dump = args
             .iter()
@@ -218,11 +219,21 @@ fn main() -> ExitCode {
 
 fn flags(swarm: bool, opts: skein_sim::gen::Options, disk: bool) -> String {
     format!(
-        "--generated{}{}{}",
+        "--generated{}{}{}{}{}",
         if opts.open {
             ""
         } else {
             " --known-shapes-only"
+        },
+        if opts.inner_cancels {
+            " --inner-cancels"
+        } else {
+            ""
+        },
+        if opts.stale_tokens {
+            " --stale-tokens"
+        } else {
+            ""
         },
         if swarm { " --swarm" } else { "" },
         if disk { "" } else { " --no-disk-faults" }
@@ -423,6 +434,7 @@ fn generated_many(
     let (mut bad, mut refused, mut agents, mut trees, mut checked, mut unmatched) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut kinds = std::collections::BTreeMap::new();
+    let mut stale = (0u32, 0u32, 0u32);
     for seed in from..from + n {
         let g = skein_sim::simulate_generated_on(seed, swarm, opts, disk);
         if let Some(run) = &g.run {
@@ -432,6 +444,11 @@ fn generated_many(
         trees += g.scenario.trees.len() as u64;
         checked += g.hits_checked;
         unmatched += g.hits_unmatched;
+        if let Some(run) = &g.run {
+            stale.0 += run.person.stale_tries;
+            stale.1 += run.person.stale_ended;
+            stale.2 += run.person.stale_taken;
+        }
         if let Some(why) = &g.refused {
             refused += 1;
             println!(
@@ -465,6 +482,14 @@ fn generated_many(
         n as f64 / secs.max(1e-9)
     );
     println!("cache hits compared with a fresh run {checked} (not comparable {unmatched})");
+    if opts.stale_tokens {
+        println!(
+            "items of an earlier look at the inbox answered {} ({} of them after their \
+             session ended), taken {} (each taken while its session still waited on it, \
+             unless a violation says otherwise)",
+            stale.0, stale.1, stale.2
+        );
+    }
     disk_sum.print(disk);
     println!(
         "known seeds (crates/skein-sim/known-seeds.txt) in this range that failed: {known_failed}"

@@ -162,6 +162,10 @@ pub const DRAIN_LIMIT: Duration = Duration::from_secs(10 * 60);
 /// The chance, per scheduler tick, that an operator cancels an open session inside a tree
 /// (with `Setup::inner_cancels`).
 pub const INNER_CANCEL: f64 = 0.03;
+
+/// The chance that a person's turn at the inbox answers an item of an earlier listing
+/// (with `Setup::stale_tokens`).
+pub const STALE_ANSWER: f64 = 0.25;
 /// A generated world's time limit: its slowest script takes seconds a turn.
 pub const GENERATED_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
 /// A generated world's drain: a minute of answering everything.
@@ -311,6 +315,11 @@ pub struct Setup {
     /// subtree ends, its parent goes on), drawn from a stream of their own; not in a calm
     /// run.
     pub inner_cancels: bool,
+    /// The person also answers, now and then, an item of an earlier look at the inbox
+    /// (drawn from a stream of their own): its session may since have ended (cancelled,
+    /// timed out, cut off by its team's end), and then the answer must be refused. Not in
+    /// a calm run.
+    pub stale_tokens: bool,
 }
 
 impl Setup {
@@ -325,6 +334,7 @@ impl Setup {
             drain_limit: GENERATED_DRAIN_LIMIT,
             disk,
             inner_cancels: false,
+            stale_tokens: false,
         }
     }
 }
@@ -355,6 +365,7 @@ pub async fn run(seed: u64, swarm: bool, disk: bool) -> Run {
         drain_limit: DRAIN_LIMIT,
         disk,
         inner_cancels: false,
+        stale_tokens: false,
     };
     run_scenario(seed, setup, &fixed())
         .await
@@ -551,7 +562,10 @@ pub async fn run_mixed(
     }
     let mut crashes = vec![];
     let mut cancelled = vec![];
-    let mut person = Person::default();
+    let mut person = Person {
+        stale: (setup.stale_tokens && !setup.calm).then(|| Rng::new(seed ^ 0x57a1_e70c)),
+        ..Person::default()
+    };
     loop {
         tokio::time::sleep(Duration::from_millis(50 + faults.draw(400))).await;
         restart_if_stopped!();
@@ -594,7 +608,7 @@ pub async fn run_mixed(
         }
         if faults.person() {
             let rt = runtimes[faults.draw(runtimes.len() as u64) as usize].clone();
-            person.act(&rt, &roots, &faults).await;
+            person.act(&rt, &store, &roots, &faults).await;
         }
         if faults.crash() {
             let k = faults.draw(workers.len() as u64) as usize;
@@ -706,7 +720,9 @@ fn roots_announced(store: &MemStore, roots: &[SessionId]) -> bool {
 
 /// A person at the inbox: answers questions and decides approvals whenever the seed says,
 /// sends a used token again now and then (it must be refused), and retries what failed
-/// because the backend was unreachable on a later turn, as anyone would.
+/// because the backend was unreachable on a later turn, as anyone would. With a stream
+/// of its own (`Setup::stale_tokens`) it also answers, now and then, an item it listed
+/// earlier and may have left on the screen while its session ended.
 #[derive(Debug, Default)]
 pub struct Person {
     pub answers: u32,
@@ -716,6 +732,33 @@ pub struct Person {
     used: Vec<(String, bool)>,
     pub reused_accepted: u32,
     pub reuse_tries: u32,
+    /// Draws for answering earlier listings, and the items of those listings (at most
+    /// [`KEPT_ITEMS`], the newest).
+    pub stale: Option<Rng>,
+    kept: Vec<skein_runtime::hitl::InboxItem>,
+    /// Items of an earlier listing answered, and how many of those answers were taken.
+    /// Taken is right while the item's session still waits on it; the logs' invariants
+    /// find one taken after its session ended (no record follows an end).
+    pub stale_tries: u32,
+    pub stale_taken: u32,
+    /// Of those tries, the ones at a session that had already ended.
+    pub stale_ended: u32,
+    /// Answers taken for a session that had ended before they were sent: each one a bug.
+    pub taken_after_end: Vec<String>,
+}
+
+/// How many listed items the person keeps on the screen.
+const KEPT_ITEMS: usize = 32;
+
+/// Answers to every question of `item`, each `value`.
+fn answers_to(item: &skein_runtime::hitl::InboxItem, value: &str) -> serde_json::Value {
+    let mut answers = serde_json::Map::new();
+    for q in &item.questions {
+        if let Some(k) = q.get("key").and_then(|k| k.as_str()) {
+            answers.insert(k.into(), value.into());
+        }
+    }
+    answers.into()
 }
 
 impl Person {
@@ -726,13 +769,8 @@ impl Person {
         };
         for item in items {
             let ok = if item.kind == skein_runtime::hitl::InboxKind::Question {
-                let mut answers = serde_json::Map::new();
-                for q in &item.questions {
-                    if let Some(k) = q.get("key").and_then(|k| k.as_str()) {
-                        answers.insert(k.into(), "the last word".into());
-                    }
-                }
-                skein_runtime::hitl::answer(rt, &item.token, answers.into(), None)
+                let answers = answers_to(&item, "the last word");
+                skein_runtime::hitl::answer(rt, &item.token, answers, None)
                     .await
                     .is_ok()
             } else {
@@ -750,7 +788,50 @@ impl Person {
         }
     }
 
-    async fn act(&mut self, rt: &Arc<Runtime>, roots: &[SessionId], faults: &Faults) {
+    async fn act(
+        &mut self,
+        rt: &Arc<Runtime>,
+        store: &MemStore,
+        roots: &[SessionId],
+        faults: &Faults,
+    ) {
+        if let Some(rng) = self.stale.as_mut() {
+            if !self.kept.is_empty() && rng.chance(STALE_ANSWER) {
+                let item = self.kept[rng.below(self.kept.len() as u64) as usize].clone();
+                self.stale_tries += 1;
+                let ended = SessionId::parse(&item.session).is_ok_and(|s| store.ended(&s));
+                if ended {
+                    self.stale_ended += 1;
+                }
+                let taken = if item.kind == skein_runtime::hitl::InboxKind::Question {
+                    let answers = answers_to(&item, "from an old screen");
+                    skein_runtime::hitl::answer(rt, &item.token, answers, None).await
+                } else {
+                    skein_runtime::hitl::decide_approval(
+                        rt,
+                        &item.token,
+                        rng.chance(0.5),
+                        None,
+                        None,
+                    )
+                    .await
+                };
+                if taken.is_ok() {
+                    self.stale_taken += 1;
+                    if ended {
+                        self.taken_after_end.push(format!(
+                            "{}: a person's {:?} was taken after the session had ended",
+                            item.session, item.kind
+                        ));
+                    }
+                    self.used.push((
+                        item.token.clone(),
+                        item.kind == skein_runtime::hitl::InboxKind::Question,
+                    ));
+                }
+                return;
+            }
+        }
         if !self.used.is_empty() && faults.draw(5) == 0 {
             let (token, question) = self.used[faults.draw(self.used.len() as u64) as usize].clone();
             self.reuse_tries += 1;
@@ -776,8 +857,18 @@ impl Person {
         if items.is_empty() {
             return;
         }
+        if self.stale.is_some() {
+            for item in &items {
+                if !self.kept.iter().any(|k| k.token == item.token) {
+                    self.kept.push(item.clone());
+                }
+            }
+            let over = self.kept.len().saturating_sub(KEPT_ITEMS);
+            self.kept.drain(..over);
+        }
         let item = &items[faults.draw(items.len() as u64) as usize];
         let done = if item.kind == skein_runtime::hitl::InboxKind::Question {
+            // One draw per question, as the seeds' worlds were made with.
             let mut answers = serde_json::Map::new();
             for q in &item.questions {
                 if let Some(k) = q.get("key").and_then(|k| k.as_str()) {

@@ -394,6 +394,38 @@ fn the_generated_worlds_with_cancels_inside_trees_that_found_bugs_keep_every_inv
     }
 }
 
+/// A person who answers items of an earlier look at the inbox: some of their sessions have
+/// ended since (cancelled from inside the tree, timed out), and none of those answers may
+/// be taken. The worlds must try such answers, or the test tests nothing.
+#[test]
+fn answers_from_an_old_look_at_the_inbox_are_refused_once_their_session_ended() {
+    let opts = skein_sim::gen::Options {
+        inner_cancels: true,
+        stale_tokens: true,
+        ..Default::default()
+    };
+    let (mut tried_after_end, mut taken) = (0, 0);
+    for seed in 1..=30 {
+        let g = skein_sim::simulate_generated(seed, seed % 2 == 0, opts);
+        assert!(
+            g.verdict.violations.is_empty(),
+            "seed {seed}: {:?}",
+            g.verdict.violations
+        );
+        let person = &g.run.expect("the world ran").person;
+        tried_after_end += person.stale_ended;
+        taken += person.stale_taken;
+    }
+    assert!(
+        tried_after_end > 0,
+        "no answer was sent to a session that had ended"
+    );
+    assert!(
+        taken > 0,
+        "no answer from an old look was taken while its session waited"
+    );
+}
+
 #[test]
 fn the_generated_worlds_that_found_bugs_keep_every_invariant() {
     let plain = GENERATED_REGRESSIONS.iter().map(|r| (r, false));
