@@ -75,6 +75,26 @@ async fn submit(rt: &Runtime, agent: &str) -> SessionId {
     .unwrap()
 }
 
+/// Writes each log whole into `log`, as the logs a first life of a process left.
+async fn write_logs(log: &dyn EventLog, logs: &[(&SessionId, &[skein_core::Record])]) {
+    for (id, records) in logs {
+        log.append(id, 0, records, Durability::Now).await.unwrap();
+    }
+}
+
+/// A tree of `agent` run to its end on a store of its own under `dir` (`first`): what a
+/// test takes the logs a step stopped in the middle leaves from.
+async fn run_whole(
+    dir: &std::path::Path,
+    agents: Arc<AgentSet>,
+    agent: &str,
+) -> (Arc<Runtime>, SessionId) {
+    let first = runtime(dir, "first", agents);
+    let root = submit(&first, agent).await;
+    first.run_tree(&root, 2).await.unwrap();
+    (first, root)
+}
+
 /// What the model calls recorded in `ids`' logs spent.
 async fn spent_by(rt: &Runtime, ids: &[&SessionId]) -> Usage {
     let mut total = Usage::default();
@@ -134,14 +154,11 @@ async fn a_step_run_again_after_a_crash_takes_its_own_child_over_another_tree_s_
         other => panic!("the child's first record is {}", other.kind()),
     };
     let second = runtime(dir.path(), "second", agents);
-    for (id, records) in [(&root, &boss_log), (&child, &child_log)] {
-        second
-            .backend
-            .log
-            .append(id, 0, records, Durability::Now)
-            .await
-            .unwrap();
-    }
+    write_logs(
+        &*second.backend.log,
+        &[(&root, &boss_log), (&child, &child_log)],
+    )
+    .await;
     // Meanwhile another tree started a run of the same mission and holds its claim.
     let other = SessionId::parse("other.helper-1").unwrap();
     assert_eq!(
@@ -336,9 +353,7 @@ async fn a_step_that_finds_its_own_answer_given_by_another_run_of_it_resumes_the
         ],
     );
     // The step as one holder ran it, to its end.
-    let first = runtime(dir.path(), "first", agents.clone());
-    let root = submit(&first, "clerk").await;
-    first.run_tree(&root, 2).await.unwrap();
+    let (first, root) = run_whole(dir.path(), agents.clone(), "clerk").await;
     let asker = common::delegations(&first, &root).await[0].0.clone();
     let clerk_log = first.backend.log.read(&root, 1).await.unwrap();
     let asker_log = first.backend.log.read(&asker, 1).await.unwrap();
@@ -375,14 +390,14 @@ async fn a_step_that_finds_its_own_answer_given_by_another_run_of_it_resumes_the
         ToolBox::new(),
         RuntimeConfig::default(),
     );
-    for (id, records) in [
-        (&root, &clerk_log[..resumed]),
-        (&asker, &asker_log[..answered]),
-    ] {
-        EventLog::append(&*store, id, 0, records, Durability::Now)
-            .await
-            .unwrap();
-    }
+    write_logs(
+        &*store,
+        &[
+            (&root, &clerk_log[..resumed]),
+            (&asker, &asker_log[..answered]),
+        ],
+    )
+    .await;
     second.requeue_tree(&root).await.unwrap();
     second.run_tree(&root, 2).await.unwrap();
     let kinds: Vec<DelegationKind> = common::delegations(&second, &root)
@@ -429,9 +444,7 @@ async fn a_follow_up_answered_after_its_asker_stopped_short_of_recording_it_is_c
         ],
     );
     // The whole run, to take from it what a step stopped in the middle leaves.
-    let first = runtime(dir.path(), "first", agents.clone());
-    let root = submit(&first, "top").await;
-    first.run_tree(&root, 2).await.unwrap();
+    let (first, root) = run_whole(dir.path(), agents.clone(), "top").await;
     let mid = root.child("mid", 1);
     let expert = mid.child("expert", 1);
     let upto = |log: Vec<skein_core::Record>, last: &dyn Fn(&Event) -> bool| {
@@ -463,14 +476,11 @@ async fn a_follow_up_answered_after_its_asker_stopped_short_of_recording_it_is_c
         matches!(e, Event::ClarificationRequested(_))
     });
     let second = runtime(dir.path(), "second", agents);
-    for (id, records) in [(&root, &top_log), (&mid, &mid_log), (&expert, &expert_log)] {
-        second
-            .backend
-            .log
-            .append(id, 0, records, Durability::Now)
-            .await
-            .unwrap();
-    }
+    write_logs(
+        &*second.backend.log,
+        &[(&root, &top_log), (&mid, &mid_log), (&expert, &expert_log)],
+    )
+    .await;
     // The expert answers the follow-up; then an operator cancels `mid`, which never
     // recorded it.
     second.backend.jobs.push("default", &expert).await.unwrap();
