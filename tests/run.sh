@@ -268,9 +268,10 @@ stage "real model" bash tests/real_model/run.sh
 #  - 3,000 more generated worlds (1,500 plain, 1,500 swarm) whose operator also cancels
 #    sessions inside the trees (`--inner-cancels`): a subtree ends, its parent goes on;
 #  - 2,000 more of those (1,000 plain, 1,000 swarm) whose person also answers items of an
-#    earlier look at the inbox (`--stale-tokens`), whose sessions may have ended since:
-#    each such answer must be refused. They run after the versions worlds, in the
-#    fuzzer's lane;
+#    earlier look at the inbox (`--stale-tokens`), whose sessions may have ended since
+#    (each such answer must be refused), and whose cached agents keep answers for a
+#    second, their trees submitted over a few seconds (`--short-ttl`: entries expire
+#    while trees run). They run after the versions worlds, in the fuzzer's lane;
 #  - 2,000 worlds of definition versions and workers that differ (1,000 plain, 1,000 swarm):
 #    versions pushed and rolled back while trees run, workers that lack an agent, a
 #    provider, a tool or the newer record format; each session on its tree's pinned
@@ -325,8 +326,8 @@ simulate_and_fuzz() {
     bash -c "'$sim' --seeds 10000 && '$sim' --generated --seeds 3000 && '$sim' --generated --inner-cancels --seeds 1500"
   lane "simulation: 5,000 swarm seeds, generated worlds 3,001-10,000, 1,500 swarm with cancels inside trees" \
     bash -c "'$sim' --seeds 5000 --from 10001 --swarm && '$sim' --generated --seeds 7000 --from 3001 && '$sim' --generated --inner-cancels --swarm --seeds 1500 --from 3001"
-  lane "fuzzing: 12 targets x 12 s, guided by coverage; then 2,000 versions worlds, 2,000 with answers from an old look at the inbox" \
-    bash -c "bash tests/fuzz_coverage.sh --coverage --seconds 12 && '$sim' --versions --seeds 1000 && '$sim' --versions --seeds 1000 --from 1001 --swarm && '$sim' --generated --inner-cancels --stale-tokens --seeds 1000 && '$sim' --generated --inner-cancels --stale-tokens --swarm --seeds 1000 --from 5001"
+  lane "fuzzing: 12 targets x 12 s, guided by coverage; then 2,000 versions worlds, 2,000 with stale answers and expiring cache entries" \
+    bash -c "bash tests/fuzz_coverage.sh --coverage --seconds 12 && '$sim' --versions --seeds 1000 && '$sim' --versions --seeds 1000 --from 1001 --swarm && '$sim' --generated --inner-cancels --stale-tokens --short-ttl --seeds 1000 && '$sim' --generated --inner-cancels --stale-tokens --short-ttl --swarm --seeds 1000 --from 5001"
   lanes_wait
 }
 stage "simulation and fuzzing, side by side" simulate_and_fuzz

@@ -143,7 +143,15 @@ pub struct Options {
     /// The person at the inbox also answers, now and then, an item it listed earlier,
     /// whose session may have ended since (`world::Setup::stale_tokens`).
     pub stale_tokens: bool,
+    /// Cached agents keep their answers for [`SHORT_TTL`] rather than an hour, and the
+    /// trees are submitted over a few seconds (`world::Setup::spread`), so that entries
+    /// expire while trees run: under a shared run, between a cancel and its redo, between
+    /// a question and its answer.
+    pub short_ttl: bool,
 }
+
+/// The cache's time to live with [`Options::short_ttl`].
+pub const SHORT_TTL: &str = "1s";
 
 impl Default for Options {
     fn default() -> Self {
@@ -151,6 +159,7 @@ impl Default for Options {
             open: true,
             inner_cancels: false,
             stale_tokens: false,
+            short_ttl: false,
         }
     }
 }
@@ -193,10 +202,19 @@ impl Gen {
         format!("{kind}{}", self.n)
     }
 
+    /// How long a cached agent's answers are kept.
+    fn ttl(&self) -> &'static str {
+        if self.opts.short_ttl {
+            SHORT_TTL
+        } else {
+            "1h"
+        }
+    }
+
     fn cache_line(&mut self) -> (String, Option<bool>) {
         match self.rng.below(3) {
             0 => ("cache: false\n".into(), Some(false)),
-            1 => ("cache: {ttl: 1h}\n".into(), Some(true)),
+            1 => (format!("cache: {{ttl: {}}}\n", self.ttl()), Some(true)),
             _ => (String::new(), None),
         }
     }
@@ -628,9 +646,9 @@ impl Gen {
                 front: format!(
                     "recursive: true\nagents: [{other}, {leaf_name}]\n{}",
                     if same {
-                        "cache: {ttl: 1h}\n"
+                        format!("cache: {{ttl: {}}}\n", self.ttl())
                     } else {
-                        "cache: false\n"
+                        "cache: false\n".into()
                     }
                 ),
                 script,

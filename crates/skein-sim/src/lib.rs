@@ -66,6 +66,7 @@ pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: b
         let setup = world::Setup {
             inner_cancels: opts.inner_cancels,
             stale_tokens: opts.stale_tokens,
+            spread: opts.short_ttl,
             ..world::Setup::generated(swarm, disk)
         };
         let run = match world::run_scenario(seed, setup, &scenario).await {
@@ -98,6 +99,7 @@ pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: b
                 disk: false,
                 inner_cancels: false,
                 stale_tokens: false,
+                spread: false,
             };
             if let Ok(reference) = world::run_scenario(seed, fresh, &scenario).await {
                 let (c, u) = invariants::cache_sound(&run, &reference, &mut verdict);

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: skein-sim [--generated [--known-shapes-only] [--stale-tokens] | --versions] [--inner-cancels] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
+        "usage: skein-sim [--generated [--known-shapes-only] [--stale-tokens] [--short-ttl] | --versions] [--inner-cancels] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
     );
     ExitCode::from(2)
 }
@@ -44,6 +44,7 @@ fn main() -> ExitCode {
             open: !args.iter().any(|a| a == "--known-shapes-only"),
             inner_cancels: args.iter().any(|a| a == "--inner-cancels"),
             stale_tokens: args.iter().any(|a| a == "--stale-tokens"),
+            short_ttl: args.iter().any(|a| a == "--short-ttl"),
         };
         let dump = args
             .iter()
@@ -219,7 +220,7 @@ fn main() -> ExitCode {
 
 fn flags(swarm: bool, opts: skein_sim::gen::Options, disk: bool) -> String {
     format!(
-        "--generated{}{}{}{}{}",
+        "--generated{}{}{}{}{}{}",
         if opts.open {
             ""
         } else {
@@ -235,6 +236,7 @@ fn flags(swarm: bool, opts: skein_sim::gen::Options, disk: bool) -> String {
         } else {
             ""
         },
+        if opts.short_ttl { " --short-ttl" } else { "" },
         if swarm { " --swarm" } else { "" },
         if disk { "" } else { " --no-disk-faults" }
     )
@@ -435,6 +437,7 @@ fn generated_many(
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut kinds = std::collections::BTreeMap::new();
     let mut stale = (0u32, 0u32, 0u32);
+    let mut expired = 0u64;
     for seed in from..from + n {
         let g = skein_sim::simulate_generated_on(seed, swarm, opts, disk);
         if let Some(run) = &g.run {
@@ -445,6 +448,7 @@ fn generated_many(
         checked += g.hits_checked;
         unmatched += g.hits_unmatched;
         if let Some(run) = &g.run {
+            expired += run.store.expired_reads();
             stale.0 += run.person.stale_tries;
             stale.1 += run.person.stale_ended;
             stale.2 += run.person.stale_taken;
@@ -481,7 +485,10 @@ fn generated_many(
         secs,
         n as f64 / secs.max(1e-9)
     );
-    println!("cache hits compared with a fresh run {checked} (not comparable {unmatched})");
+    println!(
+        "cache hits compared with a fresh run {checked} (not comparable {unmatched}); reads \
+         of an expired entry {expired}"
+    );
     if opts.stale_tokens {
         println!(
             "items of an earlier look at the inbox answered {} ({} of them after their \

@@ -56,6 +56,8 @@ struct Inner {
     /// Sessions whose last pipelined append was refused, and the seq its writer expects
     /// to follow on from: their writer has not heard yet.
     refused: HashMap<SessionId, u64>,
+    /// Cache reads that found an entry past its time to live (and so missed).
+    expired_reads: u64,
 }
 
 /// The in-memory store. Time is `tokio::time`'s, which a paused runtime advances only
@@ -203,6 +205,11 @@ impl MemStore {
     }
 
     /// Whether the session's log ends with a terminal event.
+    /// How many cache reads found an entry past its time to live.
+    pub fn expired_reads(&self) -> u64 {
+        self.lock().expired_reads
+    }
+
     pub fn ended(&self, session: &SessionId) -> bool {
         self.lock()
             .logs
@@ -649,12 +656,13 @@ impl JobQueue for MemStore {
 impl Cache for MemStore {
     async fn get(&self, hash: &str, now: u64) -> Result<Option<CacheEntry>> {
         self.reach("cache get")?;
-        Ok(self
-            .lock()
-            .cache
-            .get(hash)
-            .filter(|e| e.expires.is_none_or(|x| x > now))
-            .cloned())
+        let mut g = self.lock();
+        let found = g.cache.get(hash).cloned();
+        let live = found.filter(|e| e.expires.is_none_or(|x| x > now));
+        if live.is_none() && g.cache.contains_key(hash) {
+            g.expired_reads += 1;
+        }
+        Ok(live)
     }
 
     async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()> {

@@ -320,6 +320,10 @@ pub struct Setup {
     /// timed out, cut off by its team's end), and then the answer must be refused. Not in
     /// a calm run.
     pub stale_tokens: bool,
+    /// The trees are submitted over a few virtual seconds (each after a pause drawn from
+    /// a stream of its own) rather than all at once, so that a later tree meets the cache
+    /// entries of an earlier one old, or expired.
+    pub spread: bool,
 }
 
 impl Setup {
@@ -335,6 +339,7 @@ impl Setup {
             disk,
             inner_cancels: false,
             stale_tokens: false,
+            spread: false,
         }
     }
 }
@@ -366,6 +371,7 @@ pub async fn run(seed: u64, swarm: bool, disk: bool) -> Run {
         disk,
         inner_cancels: false,
         stale_tokens: false,
+        spread: false,
     };
     run_scenario(seed, setup, &fixed())
         .await
@@ -534,7 +540,12 @@ pub async fn run_mixed(
     }
     // Submitters retry while the backend is unreachable, as a client would.
     let mut roots = vec![];
+    let mut spread = (setup.spread && !setup.calm).then(|| Rng::new(seed ^ 0x5bead));
     for (i, tree) in scenario.trees.iter().enumerate() {
+        if let Some(rng) = spread.as_mut().filter(|_| i > 0) {
+            tokio::time::sleep(Duration::from_millis(rng.below(4000))).await;
+            restart_if_stopped!();
+        }
         let sub = Submission {
             agent: tree.agent.clone(),
             mission: tree.mission.clone(),

@@ -394,27 +394,30 @@ fn the_generated_worlds_with_cancels_inside_trees_that_found_bugs_keep_every_inv
     }
 }
 
-/// A person who answers items of an earlier look at the inbox: some of their sessions have
-/// ended since (cancelled from inside the tree, timed out), and none of those answers may
-/// be taken. The worlds must try such answers, or the test tests nothing.
+/// The widest space: cancels inside trees, a person who answers items of an earlier look
+/// at the inbox (some of whose sessions have ended since: none of those answers may be
+/// taken), and cache entries that expire while trees run. The worlds must meet each, or
+/// the test tests nothing.
 #[test]
-fn answers_from_an_old_look_at_the_inbox_are_refused_once_their_session_ended() {
+fn worlds_with_stale_answers_and_expiring_cache_entries_keep_every_invariant() {
     let opts = skein_sim::gen::Options {
         inner_cancels: true,
         stale_tokens: true,
+        short_ttl: true,
         ..Default::default()
     };
-    let (mut tried_after_end, mut taken) = (0, 0);
-    for seed in 1..=30 {
+    let (mut tried_after_end, mut taken, mut expired) = (0, 0, 0);
+    for seed in 1..=20 {
         let g = skein_sim::simulate_generated(seed, seed % 2 == 0, opts);
         assert!(
             g.verdict.violations.is_empty(),
             "seed {seed}: {:?}",
             g.verdict.violations
         );
-        let person = &g.run.expect("the world ran").person;
-        tried_after_end += person.stale_ended;
-        taken += person.stale_taken;
+        let run = g.run.expect("the world ran");
+        tried_after_end += run.person.stale_ended;
+        taken += run.person.stale_taken;
+        expired += run.store.expired_reads();
     }
     assert!(
         tried_after_end > 0,
@@ -424,6 +427,7 @@ fn answers_from_an_old_look_at_the_inbox_are_refused_once_their_session_ended() 
         taken > 0,
         "no answer from an old look was taken while its session waited"
     );
+    assert!(expired > 0, "no cache read found an expired entry");
 }
 
 #[test]
