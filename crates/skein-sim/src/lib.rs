@@ -124,25 +124,34 @@ pub fn simulate_generated_on(seed: u64, swarm: bool, opts: gen::Options, disk: b
 /// release are modelled by what their log reads refuse). None when the loader refuses
 /// the generated set (nothing runs).
 pub fn simulate_versions(seed: u64, swarm: bool, disk: bool) -> Option<(world::Run, Verdict)> {
-    simulate_versions_with(seed, swarm, disk, false)
+    simulate_versions_with(seed, swarm, disk, gen::Options::default())
 }
 
-/// [`simulate_versions`], with an operator who also cancels sessions inside the trees
-/// (`inner_cancels`) or without.
+/// [`simulate_versions`], with the switches of `opts` that widen the space (cancels
+/// inside trees, stale answers, a short time to live); its `open` is not read (the
+/// versions' worlds draw every shape).
 pub fn simulate_versions_with(
     seed: u64,
     swarm: bool,
     disk: bool,
-    inner_cancels: bool,
+    opts: gen::Options,
 ) -> Option<(world::Run, Verdict)> {
     skein_core::event::act_as_next_format();
-    let generated = gen::generate(seed, gen::Options::default());
+    let generated = gen::generate(
+        seed,
+        gen::Options {
+            short_ttl: opts.short_ttl,
+            ..gen::Options::default()
+        },
+    );
     skein_core::AgentSet::load(&generated.files(), &generated.extra_tools).ok()?;
     let (scenario, mix) = versions::Mix::draw(seed, &generated);
     let rt = paused_runtime();
     rt.block_on(async {
         let setup = world::Setup {
-            inner_cancels,
+            inner_cancels: opts.inner_cancels,
+            stale_tokens: opts.stale_tokens,
+            spread: opts.short_ttl,
             ..world::Setup::generated(swarm, disk)
         };
         let run = world::run_mixed(seed, setup, &scenario, Some(std::sync::Arc::new(mix)))

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: skein-sim [--generated [--known-shapes-only] [--stale-tokens] [--short-ttl] | --versions] [--inner-cancels] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
+        "usage: skein-sim [--generated [--known-shapes-only] | --versions] [--inner-cancels] [--stale-tokens] [--short-ttl] (--seeds N [--from S] | --seed S [--dump DIR] [--trace SESSION]) [--swarm] [--no-disk-faults]"
     );
     ExitCode::from(2)
 }
@@ -22,30 +22,29 @@ fn main() -> ExitCode {
         let i = args.iter().position(|a| a == flag)?;
         args.get(i + 1)?.parse().ok()
     };
+    let opts = skein_sim::gen::Options {
+        // Every shape is drawn unless told otherwise (`--open-bugs`, which asked for
+        // them before their bugs were fixed, is still accepted).
+        open: !args.iter().any(|a| a == "--known-shapes-only"),
+        inner_cancels: args.iter().any(|a| a == "--inner-cancels"),
+        stale_tokens: args.iter().any(|a| a == "--stale-tokens"),
+        short_ttl: args.iter().any(|a| a == "--short-ttl"),
+    };
     if args.iter().any(|a| a == "--versions") {
         let trace = args
             .iter()
             .position(|a| a == "--trace")
             .and_then(|i| args.get(i + 1))
             .cloned();
-        let inner = args.iter().any(|a| a == "--inner-cancels");
         return match (value("--seed"), value("--seeds")) {
-            (Some(seed), _) => versions_many(seed, 1, (swarm, disk, inner), Some(trace)),
+            (Some(seed), _) => versions_many(seed, 1, (swarm, disk, opts), Some(trace)),
             (None, Some(n)) => {
-                versions_many(value("--from").unwrap_or(1), n, (swarm, disk, inner), None)
+                versions_many(value("--from").unwrap_or(1), n, (swarm, disk, opts), None)
             }
             _ => usage(),
         };
     }
     if args.iter().any(|a| a == "--generated") {
-        let opts = skein_sim::gen::Options {
-            // Every shape is drawn unless told otherwise (`--open-bugs`, which asked for
-            // them before their bugs were fixed, is still accepted).
-            open: !args.iter().any(|a| a == "--known-shapes-only"),
-            inner_cancels: args.iter().any(|a| a == "--inner-cancels"),
-            stale_tokens: args.iter().any(|a| a == "--stale-tokens"),
-            short_ttl: args.iter().any(|a| a == "--short-ttl"),
-        };
         let dump = args
             .iter()
             .position(|a| a == "--dump")
@@ -544,7 +543,7 @@ fn print_records(run: &skein_sim::world::Run) {
 fn versions_many(
     from: u64,
     n: u64,
-    (swarm, disk, inner): (bool, bool, bool),
+    (swarm, disk, opts): (bool, bool, skein_sim::gen::Options),
     show: Option<Option<String>>,
 ) -> ExitCode {
     let started = Instant::now();
@@ -553,7 +552,7 @@ fn versions_many(
     let mut asked = std::collections::BTreeMap::<String, u64>::new();
     let mut lacks = std::collections::BTreeMap::<String, u64>::new();
     for seed in from..from + n {
-        let Some((run, v)) = skein_sim::simulate_versions_with(seed, swarm, disk, inner) else {
+        let Some((run, v)) = skein_sim::simulate_versions_with(seed, swarm, disk, opts) else {
             refused += 1;
             continue;
         };
