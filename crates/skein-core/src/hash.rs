@@ -40,6 +40,12 @@ pub struct RunShape {
     /// Digest of the request a pattern passes on, if it is a pattern's child.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request: Option<String>,
+    /// Digest of the definitions of every agent the run may start, directly or through
+    /// the sessions it starts ([`RunShape::reach_digest`]): a cached answer made with a
+    /// sub-agent's earlier definition is not the answer its new one gives. None for an
+    /// agent that starts nobody (whose keys are as they were before this part existed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reach: Option<String>,
 }
 
 impl RunShape {
@@ -47,6 +53,24 @@ impl RunShape {
     pub fn limits_digest(limits: &Limits) -> String {
         let v = serde_json::to_value(limits).unwrap_or(Value::Null);
         blake3::hash(canonical_json(&v).as_bytes()).to_hex()[..16].to_string()
+    }
+
+    /// The digest of the definitions of `reachable` (each agent's name and the digest of
+    /// its definition's text, or `-` for one the set lacks) as [`RunShape::reach`] holds
+    /// it; none when nothing is reachable.
+    pub fn reach_digest<'a>(
+        reachable: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+    ) -> Option<String> {
+        let mut h = blake3::Hasher::new();
+        let mut any = false;
+        for (name, digest) in reachable {
+            any = true;
+            for field in [name, digest.unwrap_or("-")] {
+                h.update(&(field.len() as u64).to_le_bytes());
+                h.update(field.as_bytes());
+            }
+        }
+        any.then(|| h.finalize().to_hex()[..16].to_string())
     }
 
     /// The digest of a pattern's request as [`RunShape::request`] holds it.
@@ -269,6 +293,7 @@ mod tests {
             limits: RunShape::limits_digest(&Limits::default()),
             on_path: vec![],
             request: None,
+            reach: None,
         };
         let key = |s: &RunShape| {
             mission_hash(&MissionKey {
@@ -328,6 +353,21 @@ mod tests {
             ..shape.clone()
         };
         assert_ne!(h, key(&request));
+        let reach = RunShape {
+            reach: RunShape::reach_digest([("helper", Some("d1"))]),
+            ..shape.clone()
+        };
+        assert_ne!(h, key(&reach));
+        let changed = RunShape {
+            reach: RunShape::reach_digest([("helper", Some("d2"))]),
+            ..shape.clone()
+        };
+        assert_ne!(
+            key(&reach),
+            key(&changed),
+            "a sub-agent's new definition makes a new key"
+        );
+        assert_eq!(RunShape::reach_digest([]), None);
         assert_eq!(h, key(&shape.clone()), "the same shape, the same key");
     }
 }

@@ -144,8 +144,14 @@ pub struct Runtime {
 /// agent may start is kept per version and agent.
 #[derive(Default)]
 pub(crate) struct ShapeMemo {
-    pub(crate) reachable:
-        Mutex<std::collections::HashMap<String, Arc<std::collections::BTreeSet<String>>>>,
+    pub(crate) reachable: Mutex<std::collections::HashMap<String, Arc<Reach>>>,
+}
+
+/// What an agent of a version may start, directly or through the sessions it starts, and
+/// the digest of their definitions ([`skein_core::hash::RunShape::reach`]).
+pub(crate) struct Reach {
+    pub(crate) agents: std::collections::BTreeSet<String>,
+    pub(crate) digest: Option<String>,
 }
 
 /// A broadcast channel made when it is first subscribed to. Nothing is sent while nobody

@@ -299,18 +299,25 @@ impl Runtime {
             tools.retain(|t| only.contains(t));
         }
         tools.extend(extra.iter().map(|t| t.to_string()));
-        let reachable = {
+        let reach = {
             let mut memo = crate::runtime::lock(&self.shape_memo.reachable);
             let key = format!("{}/{agent}", version.digest.as_deref().unwrap_or_default());
             memo.entry(key)
-                .or_insert_with(|| Arc::new(version.agents.reachable(agent)))
+                .or_insert_with(|| {
+                    let agents = version.agents.reachable(agent);
+                    let digest =
+                        RunShape::reach_digest(agents.iter().map(|a| {
+                            (a.as_str(), version.agents.get(a).map(|d| d.digest.as_str()))
+                        }));
+                    Arc::new(crate::runtime::Reach { agents, digest })
+                })
                 .clone()
         };
         let on_path: std::collections::BTreeSet<String> = ancestry
             .iter()
             .map(String::as_str)
             .chain(std::iter::once(agent))
-            .filter(|a| reachable.contains(*a))
+            .filter(|a| reach.agents.contains(*a))
             .filter(|a| !version.agents.get(a).is_some_and(|x| x.front.recursive))
             .map(str::to_string)
             .collect();
@@ -321,6 +328,7 @@ impl Runtime {
             limits: version.limits_digest.clone(),
             on_path: on_path.into_iter().collect(),
             request: request.map(RunShape::request_digest),
+            reach: reach.digest.clone(),
         }
     }
 
