@@ -187,6 +187,22 @@ pub async fn check(run: &Run) -> Verdict {
                     h.call, h.source
                 ));
             }
+            // Made with the definitions this call runs on: the agent's own and those of
+            // every agent it may start (where versions of the definitions differ).
+            if let (Some(m), Some(Event::Submitted(src))) = (
+                &run.mix,
+                source.and_then(|l| l.first()).map(|r| &r.env.body),
+            ) {
+                let mine = m.agents_of(sub.defs.as_deref(), &run.agents);
+                let theirs = m.agents_of(src.defs.as_deref(), &run.agents);
+                if let Some(other) = defined_otherwise(&mine, &theirs, &src.agent) {
+                    bad(format!(
+                        "cache hit for {} answers from {}, whose run had another definition \
+                         of {other}",
+                        h.call, h.source
+                    ));
+                }
+            }
             if !same_mission || !answered {
                 bad(format!(
                     "cache hit for {} does not answer what {} answered for that mission",
@@ -426,6 +442,21 @@ pub fn cache_sound(run: &Run, reference: &Run, v: &mut Verdict) -> (u64, u64) {
         }
     }
     (checked, unmatched)
+}
+
+/// The first agent of `agent` and those it may start whose definition differs between the
+/// two sets (or that one of them lacks).
+fn defined_otherwise(
+    a: &skein_core::AgentSet,
+    b: &skein_core::AgentSet,
+    agent: &str,
+) -> Option<String> {
+    let mut names = a.reachable(agent);
+    names.extend(b.reachable(agent));
+    names.insert(agent.to_string());
+    names
+        .into_iter()
+        .find(|n| a.get(n).map(|d| d.digest.as_str()) != b.get(n).map(|d| d.digest.as_str()))
 }
 
 /// The answer a session gave to its mission: its first end, if that was a completion (a
