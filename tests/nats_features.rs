@@ -481,6 +481,34 @@ fn a_notice_carries_a_childs_end_only_where_nothing_can_follow_it() {
     };
     assert_eq!(of("plain"), vec![true], "{notices:?}");
     assert_eq!(of("expert"), vec![false, false], "{notices:?}");
+    // The same judgement acks the children's last jobs: the one that ended for good is
+    // acked and its message left in `SKEIN_JOBS` (no delete); the `chat: true` one, which
+    // was asked again after its first end, has its job deleted each time, or the push of
+    // the follow-up would have been refused for good.
+    let jobs_left = || {
+        rt.block_on(async {
+            let client = async_nats::connect(url.as_str()).await.unwrap();
+            let js = async_nats::jetstream::new(client);
+            let stream = js.get_stream("SKEIN_JOBS").await.unwrap();
+            let mut subjects = stream.info_with_subjects("skein.jobs.>").await.unwrap();
+            let mut out = vec![];
+            while let Some(s) = futures::StreamExt::next(&mut subjects).await {
+                out.push(s.unwrap().0);
+            }
+            out
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let left = loop {
+        let left = jobs_left();
+        // The expert's last delete may still be on its way when the root's answer is.
+        if !left.iter().any(|s| s.contains("expert")) || std::time::Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(left.iter().any(|s| s.contains("plain")), "{left:?}");
+    assert!(!left.iter().any(|s| s.contains("expert")), "{left:?}");
     let out = cli(&sb, &url, &["replay", "ends-nats", "--verify", "--tree"]);
     assert!(
         out.status.success(),

@@ -114,6 +114,7 @@ bounded!(EventLog {
 bounded!(JobQueue {
     fn push(pool: &str, session: &SessionId) -> Result<()> = "push to SKEIN_JOBS";
     fn push_new(pool: &str, session: &SessionId) -> Result<()> = "push to SKEIN_JOBS";
+    fn push_ended(pool: &str, session: &SessionId) -> Result<()> = "push to SKEIN_JOBS";
     // The wait is the caller's: the deadline comes on top of it.
     fn claim(pool: &str, wait: Duration) -> Result<Option<Job>>
         = format!("claim from consumer pool-{pool} of SKEIN_JOBS"), within |limit| wait + limit;
@@ -122,6 +123,7 @@ bounded!(JobQueue {
     fn heartbeat(job: &Job) -> Result<()> = "heartbeat on SKEIN_JOBS";
     fn ack(job: &Job) -> Result<()> = "ack on SKEIN_JOBS";
     fn ack_ended(job: &Job) -> Result<()> = "ack on SKEIN_JOBS";
+    fn ack_final(job: &Job) -> Result<()> = "ack on SKEIN_JOBS";
     fn retry(job: &Job, delay: Duration) -> Result<()> = "nak on SKEIN_JOBS";
     fn depth(pool: &str) -> Result<u64> = "depth of SKEIN_JOBS";
     fn depth_matching(pool: &str, want: &SessionFilter) -> Result<u64> = "depth of SKEIN_JOBS";

@@ -11,7 +11,7 @@ use skein_core::{Envelope, Event, Record, SessionId};
 use skein_nats::{NatsConfig, NatsStore, ROOTS, ROOT_OPEN, ROOT_STATE};
 use skein_runtime::new_root_id;
 use skein_runtime::ports::roots::RootFilter;
-use skein_runtime::ports::{Cache, CacheEntry, Durability, EventLog};
+use skein_runtime::ports::{Cache, CacheEntry, Durability, EventLog, JobQueue};
 use skein_testnats::NatsServer;
 
 async fn store_on(server: &NatsServer) -> std::sync::Arc<NatsStore> {
@@ -219,8 +219,38 @@ async fn retention_takes_only_old_finished_trees_and_removes_them_whole() {
     let ids: Vec<&str> = found.iter().map(|s| s.root.as_str()).collect();
     assert_eq!(ids, vec![old.as_str()]);
 
+    // The child's job, acked as ended for good, stays in its stream, and a push it
+    // refused left a wake marker: the removal takes both.
+    store.push("default", &child).await.unwrap();
+    let job = store
+        .claim("default", Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("the child's job");
+    assert_eq!(job.session, child);
+    store.ack_final(&job).await.unwrap();
+    store.push("default", &child).await.unwrap();
+    let jobs = store.js.get_stream("SKEIN_JOBS").await.unwrap();
+    let wake = store.js.get_key_value("skein_wake").await.unwrap();
+    let job_subject = format!("skein.jobs.default.{}", child.as_str());
+    assert!(jobs
+        .get_last_raw_message_by_subject(&job_subject)
+        .await
+        .is_ok());
+    assert!(wake.get(child.as_str()).await.unwrap().is_some());
+
     let removed = store.remove_tree(&old).await.unwrap().expect("removed");
     assert_eq!((removed.sessions, removed.records), (2, 3));
+    assert!(
+        jobs.get_last_raw_message_by_subject(&job_subject)
+            .await
+            .is_err(),
+        "the job left by the child's last ack outlived its tree"
+    );
+    assert!(
+        wake.get(child.as_str()).await.unwrap().is_none(),
+        "a wake marker outlived its tree"
+    );
     assert!(removed.bytes > 0);
     assert!(store.read(&old, 1).await.unwrap().is_empty());
     assert!(store.read(&child, 1).await.unwrap().is_empty());

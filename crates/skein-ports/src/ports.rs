@@ -185,6 +185,13 @@ pub trait JobQueue: Send + Sync {
     async fn push_new(&self, pool: &str, session: &SessionId) -> Result<()> {
         self.push(pool, session).await
     }
+    /// Wakes a session that has ended, so that a job of it tells its parent and watchers
+    /// of its end again (a sweep after trouble, which cannot know whether they heard): as
+    /// [`JobQueue::push`], but not dropped where the session's last job was acked as
+    /// ended for good ([`JobQueue::ack_final`]).
+    async fn push_ended(&self, pool: &str, session: &SessionId) -> Result<()> {
+        self.push(pool, session).await
+    }
     /// Waits up to `wait` for a job. The job is held for the queue's lease (a parameter of
     /// the backend, set when it is opened) unless heartbeated; after it, the job is
     /// delivered again as the next attempt.
@@ -198,6 +205,15 @@ pub trait JobQueue: Send + Sync {
     /// the ack wait its turn behind the work still going on.
     async fn ack_ended(&self, job: &Job) -> Result<()> {
         self.ack(job).await
+    }
+    /// [`JobQueue::ack_ended`] for the job of a session that has ended for good: its end
+    /// is durable in its log and nothing can follow it (it failed or was cancelled, or it
+    /// completed and its agent takes no follow-up questions), so no later run of it could
+    /// do anything its ending job has not done. A backend may leave such a job's trace in
+    /// place rather than remove it: a push for the session afterwards may then be dropped,
+    /// which for such a session loses nothing.
+    async fn ack_final(&self, job: &Job) -> Result<()> {
+        self.ack_ended(job).await
     }
     /// Gives the job back, to be delivered again after `delay`.
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()>;

@@ -564,6 +564,42 @@ pub async fn jobs_of_ended_sessions_are_acked_and_woken_again(b: &Backend) -> Re
     Ok(())
 }
 
+/// A job acked as its session's last (`ack_final`) is not delivered again, nor counted;
+/// a backend may drop the session's later pushes, but the push of an ended session that a
+/// sweep makes (`push_ended`) always runs it once more.
+pub async fn jobs_of_sessions_ended_for_good_run_again_only_when_swept(b: &Backend) -> Result<()> {
+    let pool = format!("conf{}", &new_root_id().as_str()[20..]);
+    let s = new_root_id();
+    let claimed = |what: &'static str, j: Option<crate::ports::Job>| match j {
+        Some(j) if j.session == s => Ok(j),
+        other => Err(Failure::Broken(format!("{what}: claimed {other:?}"))),
+    };
+    b.jobs.push(&pool, &s).await?;
+    let j = claimed(
+        "the first push",
+        b.jobs.claim(&pool, Duration::from_secs(5)).await?,
+    )?;
+    b.jobs.ack_final(&j).await?;
+    ensure(
+        b.jobs.depth(&pool).await? == 0,
+        "a job acked as its session's last is not counted",
+    )?;
+    b.jobs.push_ended(&pool, &s).await?;
+    let j = claimed(
+        "a sweep's push after the last ack",
+        b.jobs.claim(&pool, Duration::from_secs(5)).await?,
+    )?;
+    b.jobs.ack_final(&j).await?;
+    ensure(
+        b.jobs
+            .claim(&pool, Duration::from_millis(300))
+            .await?
+            .is_none(),
+        "a job acked as its session's last is not delivered again",
+    )?;
+    Ok(())
+}
+
 pub async fn jobs_redeliver_after_lease_and_retry(b: &Backend) -> Result<()> {
     let pool = format!("conf{}", &new_root_id().as_str()[20..]);
     let s = new_root_id();
@@ -1150,6 +1186,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
     check!(log_pages_roots_and_lists_open_ones);
     check!(jobs_claim_ack_and_coalesce);
     check!(jobs_of_ended_sessions_are_acked_and_woken_again);
+    check!(jobs_of_sessions_ended_for_good_run_again_only_when_swept);
     check!(jobs_redeliver_after_lease_and_retry);
     check!(cache_gets_puts_and_expires);
     check!(blobs_are_content_addressed);
@@ -1175,7 +1212,7 @@ pub async fn run_all(b: &Backend) -> Result<()> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($setup:path) => {
-        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, log_reads_a_tree_together, log_pages_roots_and_lists_open_ones, jobs_claim_ack_and_coalesce, jobs_of_ended_sessions_are_acked_and_woken_again, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
+        $crate::conformance_tests!(@each $setup; log_appends_and_reads, log_refuses_a_stale_append, log_appends_batches, log_pipelines_appends, log_lists_trees_and_roots, log_reads_a_tree_together, log_pages_roots_and_lists_open_ones, jobs_claim_ack_and_coalesce, jobs_of_ended_sessions_are_acked_and_woken_again, jobs_of_sessions_ended_for_good_run_again_only_when_swept, jobs_redeliver_after_lease_and_retry, cache_gets_puts_and_expires, blobs_are_content_addressed, notices_read_after_a_cursor, a_notice_is_read_by_the_claimer_of_its_wake, long_reads_are_whole_and_ordered, notices_among_others_read_whole_from_every_cursor, inflight_is_single_flight, watchers_are_listed, log_appends_ahead, jobs_are_counted, jobs_claim_matching, notices_in_step_with_wakes, workspaces_are_per_tree, announcer_announces_each_ending_once, jobs_refuse_what_they_do_not_hold);
     };
     (@each $setup:path; $($check:ident),*) => {
         $(

@@ -159,6 +159,15 @@ pub(crate) struct Staged {
     marks: Vec<(skein_core::Status, u32)>,
 }
 
+/// How a session ended, for the ack of its job ([`FoldCache::ending`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Nothing can follow its end.
+    ForGood,
+    /// A follow-up question may reopen it.
+    MayReopen,
+}
+
 /// The folds and agent definitions a runtime keeps in memory between jobs.
 #[derive(Default)]
 pub(crate) struct FoldCache {
@@ -166,6 +175,10 @@ pub(crate) struct FoldCache {
     /// the map's growth and every insert and removal would otherwise copy.
     states: Mutex<HashMap<SessionId, Box<Folded>>>,
     defs: Mutex<HashMap<String, Arc<AgentDef>>>,
+    /// Sessions whose end a job of this process has told of (its parent, watchers and
+    /// announcement, `on_terminal`), with the seq their log ended at then; taken by the
+    /// job's ack ([`FoldCache::ending`]).
+    told: Mutex<HashMap<SessionId, u64>>,
 }
 
 impl FoldCache {
@@ -174,11 +187,48 @@ impl FoldCache {
         lock(&self.states).remove(id);
     }
 
-    /// Whether the session's kept fold shows it ended (false when none is kept).
-    pub(crate) fn ended(&self, id: &SessionId) -> bool {
-        lock(&self.states)
-            .get(id)
-            .is_some_and(|f| f.state.status.is_terminal())
+    /// Records that a job of this process told of the session's end, its log at `seq`.
+    pub(crate) fn told(&self, id: &SessionId, seq: u64) {
+        lock(&self.told).insert(id.clone(), seq);
+    }
+
+    /// How the session's kept fold shows it ended, for the ack of the job that ran it;
+    /// none when it has not, or no fold is kept. A kept fold is the log's own (one ahead
+    /// of its log, or unsure of it, is not kept), so its end is durable. For good only
+    /// when the job told of that very end: a fold kept by a record written from outside
+    /// in this process (a cancel) shows an end no job has told of yet, and the push that
+    /// came with it must not be dropped. Nor is a team's seat's, whose end may have to be
+    /// told again. Only a follow-up question reopens an ended session, and only a
+    /// completed one of a `chat: true` agent (its own definition says, where this process
+    /// has it; where not, it may).
+    pub(crate) fn ending(&self, id: &SessionId) -> Option<Ending> {
+        let told = lock(&self.told).remove(id);
+        let (digest, completed) = {
+            let states = lock(&self.states);
+            let state = &states.get(id)?.state;
+            if !state.status.is_terminal() {
+                return None;
+            }
+            // A seat of a team tells its peers of its end, but only those started by
+            // then: a peer its team's delegation creates later (that step tried again)
+            // hears of it when the retried delegation pushes it again.
+            let seated = state.submitted.as_ref().is_some_and(|s| s.team.is_some());
+            if told != Some(state.last_seq) || seated {
+                return Some(Ending::MayReopen);
+            }
+            (
+                state.submitted.as_ref().map(|s| s.def_digest.clone()),
+                state.status == skein_core::Status::Completed,
+            )
+        };
+        if !completed {
+            return Some(Ending::ForGood);
+        }
+        let chat = digest.and_then(|d| lock(&self.defs).get(&d).map(|d| d.front.chat));
+        Some(match chat {
+            Some(false) => Ending::ForGood,
+            _ => Ending::MayReopen,
+        })
     }
 
     /// A copy of the session's fold, if one is kept.

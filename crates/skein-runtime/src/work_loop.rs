@@ -665,11 +665,13 @@ impl Runtime {
 
     /// Acks a job processed to its end. Nothing waits for the job of a session that ended
     /// to go, so its ack may wait its turn (`JobQueue::ack_ended`).
+    /// A session ended for good is acked as such (`JobQueue::ack_final`): nothing can
+    /// follow its end, so no later run of it has anything to do.
     async fn ack_processed(&self, job: &Job) -> crate::Result<()> {
-        if self.sessions.ended(&job.session) {
-            self.backend.jobs.ack_ended(job).await
-        } else {
-            self.backend.jobs.ack(job).await
+        match self.sessions.ending(&job.session) {
+            Some(crate::session::Ending::ForGood) => self.backend.jobs.ack_final(job).await,
+            Some(crate::session::Ending::MayReopen) => self.backend.jobs.ack_ended(job).await,
+            None => self.backend.jobs.ack(job).await,
         }
     }
 

@@ -437,6 +437,7 @@ fn generated_many(
     let mut kinds = std::collections::BTreeMap::new();
     let mut stale = (0u32, 0u32, 0u32);
     let mut expired = 0u64;
+    let mut dropped = 0u64;
     for seed in from..from + n {
         let g = skein_sim::simulate_generated_on(seed, swarm, opts, disk);
         if let Some(run) = &g.run {
@@ -448,6 +449,7 @@ fn generated_many(
         unmatched += g.hits_unmatched;
         if let Some(run) = &g.run {
             expired += run.store.expired_reads();
+            dropped += run.store.dropped_pushes();
             stale.0 += run.person.stale_tries;
             stale.1 += run.person.stale_ended;
             stale.2 += run.person.stale_taken;
@@ -486,7 +488,7 @@ fn generated_many(
     );
     println!(
         "cache hits compared with a fresh run {checked} (not comparable {unmatched}); reads \
-         of an expired entry {expired}"
+         of an expired entry {expired}; pushes dropped for sessions ended for good {dropped}"
     );
     if opts.stale_tokens {
         println!(

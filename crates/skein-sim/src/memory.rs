@@ -4,7 +4,7 @@
 //! sees a conflict), pipelined appends refused (the writer hears it at its next append
 //! or job ack), a backend that is unreachable, notices lost or posted twice.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -58,6 +58,11 @@ struct Inner {
     refused: HashMap<SessionId, u64>,
     /// Cache reads that found an entry past its time to live (and so missed).
     expired_reads: u64,
+    /// Sessions whose job was acked as ended for good (`ack_final`): as on NATS, where
+    /// that job's message stays, every later push for them is dropped.
+    finished_jobs: HashSet<SessionId>,
+    /// Pushes dropped so.
+    dropped_pushes: u64,
 }
 
 /// The in-memory store. Time is `tokio::time`'s, which a paused runtime advances only
@@ -192,6 +197,21 @@ impl MemStore {
             });
             g.refused.clear();
             g.notices.clear();
+            // A session whose end the disk did not keep is open again, and takes pushes:
+            // its job's message left in place stood for that end. (The embedded store,
+            // whose disk this is, leaves none; on NATS an end acked with every write
+            // fsynced is kept, and one lost with the page cache is the loss of acked
+            // writes the server's default sync accepts, docs/nats.md.)
+            let Inner {
+                logs,
+                finished_jobs,
+                ..
+            } = &mut *g;
+            finished_jobs.retain(|s| {
+                logs.get(s)
+                    .and_then(|l| l.last())
+                    .is_some_and(|r| r.env.body.is_terminal())
+            });
             let Inner { logs, results, .. } = &mut *g;
             for (root, stored) in results.iter_mut() {
                 let log = logs.get(root);
@@ -204,12 +224,17 @@ impl MemStore {
         }
     }
 
-    /// Whether the session's log ends with a terminal event.
     /// How many cache reads found an entry past its time to live.
     pub fn expired_reads(&self) -> u64 {
         self.lock().expired_reads
     }
 
+    /// How many pushes were dropped for sessions whose job was acked as ended for good.
+    pub fn dropped_pushes(&self) -> u64 {
+        self.lock().dropped_pushes
+    }
+
+    /// Whether the session's log ends with a terminal event.
     pub fn ended(&self, session: &SessionId) -> bool {
         self.lock()
             .logs
@@ -400,6 +425,24 @@ impl MemStore {
         }
     }
 
+    /// A job whose pipelined append was refused is not acked: its lease runs out.
+    fn refused_append(&self, job: &Job) -> Result<()> {
+        let refused = self.lock().refused.remove(&job.session);
+        if let Some(expected) = refused {
+            let actual = self
+                .lock()
+                .logs
+                .get(&job.session)
+                .map_or(0, |l| l.len() as u64);
+            return Err(Error::Conflict {
+                session: job.session.to_string(),
+                expected,
+                actual,
+            });
+        }
+        Ok(())
+    }
+
     fn update_held(&self, job: &Job, f: impl Fn(&mut JobRec) -> bool) -> Result<()> {
         let not_held = || {
             Error::NotFound(format!(
@@ -536,6 +579,10 @@ impl JobQueue for MemStore {
         self.reach("push")?;
         {
             let mut g = self.lock();
+            if g.finished_jobs.contains(session) {
+                g.dropped_pushes += 1;
+                return Ok(());
+            }
             let jobs = g.jobs.entry(pool.to_string()).or_default();
             match jobs.get_mut(session) {
                 Some(r) if r.held_until.is_some() => r.dirty = true,
@@ -556,6 +603,12 @@ impl JobQueue for MemStore {
         }
         self.job_ready.notify_waiters();
         Ok(())
+    }
+
+    async fn push_ended(&self, pool: &str, session: &SessionId) -> Result<()> {
+        self.reach("push")?;
+        self.lock().finished_jobs.remove(session);
+        self.push(pool, session).await
     }
 
     async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>> {
@@ -585,20 +638,7 @@ impl JobQueue for MemStore {
 
     async fn ack(&self, job: &Job) -> Result<()> {
         self.reach("ack")?;
-        // A job whose pipelined append was refused is not acked: its lease runs out.
-        let refused = self.lock().refused.remove(&job.session);
-        if let Some(expected) = refused {
-            let actual = self
-                .lock()
-                .logs
-                .get(&job.session)
-                .map_or(0, |l| l.len() as u64);
-            return Err(Error::Conflict {
-                session: job.session.to_string(),
-                expected,
-                actual,
-            });
-        }
+        self.refused_append(job)?;
         self.update_held(job, |r| {
             if !r.dirty {
                 return false;
@@ -612,6 +652,17 @@ impl JobQueue for MemStore {
             };
             true
         })
+    }
+
+    /// As on NATS: the job goes, a push that came while it was held is dropped with it,
+    /// and so is every later push for the session (see [`MemStore::reopen`] for a disk
+    /// that loses the end).
+    async fn ack_final(&self, job: &Job) -> Result<()> {
+        self.reach("ack")?;
+        self.refused_append(job)?;
+        self.update_held(job, |_| false)?;
+        self.lock().finished_jobs.insert(job.session.clone());
+        Ok(())
     }
 
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {

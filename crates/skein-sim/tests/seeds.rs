@@ -183,8 +183,12 @@ fn generated_worlds_keep_every_invariant() {
     let mut compared = 0;
     // Worlds under a declared quota, and the calls their limiter held back.
     let (mut limited, mut held) = (0, 0);
+    // Pushes for sessions whose last job was acked as ended for good, which the store
+    // drops as NATS does (the message left refuses them).
+    let mut dropped = 0;
     for seed in 1..=30 {
         let g = skein_sim::simulate_generated(seed, false, Default::default());
+        dropped += g.run.as_ref().map_or(0, |r| r.store.dropped_pushes());
         if let Some(q) = g.run.as_ref().and_then(|r| r.quota.as_ref()) {
             limited += 1;
             held += q.waits.load(std::sync::atomic::Ordering::Relaxed);
@@ -219,6 +223,7 @@ fn generated_worlds_keep_every_invariant() {
     }
     assert!(compared > 0, "no cache hit was compared with a fresh run");
     assert!(limited > 0 && held > 0, "no world's quota held a call back");
+    assert!(dropped > 0, "no push met a session ended for good");
 }
 
 /// Generated worlds that found a bug, with the bug (every shape drawn, plain faults).

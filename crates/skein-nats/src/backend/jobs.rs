@@ -14,6 +14,9 @@
 //! found a newer job held by another worker sets it again for that worker: a bare publish
 //! there would leave the newer holder, whose run may have begun before the push it was
 //! refused for, to ack without waking the session.)
+//!
+//! The job of a session ended for good (`ack_final`) is acked and left: its message keeps
+//! refusing the session's pushes, which for such a session wake nothing that could act.
 
 use std::time::Duration;
 
@@ -327,6 +330,25 @@ impl JobQueue for NatsStore {
         }
     }
 
+    /// The session's job subject is purged first: a job acked as ended for good left its
+    /// message there, which would refuse the push. A job of it still held loses its
+    /// message too; its holder's delete then finds nothing, and its ack and this job's
+    /// run both only tell of the end, which is idempotent. The wake marker that pushes
+    /// refused by the message left behind is cleared with it: for an ended session it
+    /// stands for nothing but one more such run.
+    async fn push_ended(&self, pool: &str, session: &SessionId) -> Result<()> {
+        self.jobs_stream
+            .purge()
+            .filter(format!("skein.jobs.{pool}.{}", session.as_str()))
+            .await
+            .map_err(|e| nats_err("purge a finished job", e))?;
+        self.wake
+            .delete(session.as_str())
+            .await
+            .map_err(|e| nats_err("wake marker", e))?;
+        self.push(pool, session).await
+    }
+
     async fn claim(&self, pool: &str, wait: Duration) -> Result<Option<Job>> {
         Feed::claim(&self.feeds, pool, wait).await
     }
@@ -375,6 +397,22 @@ impl JobQueue for NatsStore {
             self.ack_only(job).await?
         };
         self.wake_after_ack(job, acked.is_ok()).await?;
+        acked
+    }
+
+    /// The job of a session ended for good is acked and its message left in the stream:
+    /// no delete (a JetStream API request, and with every write fsynced a write of its
+    /// own) and no read of the wake marker. The message is acked, so it is never
+    /// delivered again; while it stands, a push for the session is refused and leaves the
+    /// marker, which nobody reads: nothing runs, which for such a session is all a run
+    /// would do. It goes when its tree is removed (retention purges the tree's jobs) or
+    /// ages out with the logs (`events_max_age`).
+    async fn ack_final(&self, job: &Job) -> Result<()> {
+        self.make_sure(&job.session).await?;
+        let held = Held::take(job)?;
+        held.hold.release();
+        let acked = held.acker.ack().await.map_err(|e| nats_err("ack", e));
+        tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked, its message left");
         acked
     }
 
@@ -553,6 +591,46 @@ mod tests {
                 .is_none(),
             "one wake-up for the five pushes"
         );
+    }
+
+    /// A job acked as ended for good keeps its message, acked: it is not delivered again,
+    /// and a push for its session (from this process or another) runs nothing. The push
+    /// of an ended session that a sweep makes clears the message and runs it once more;
+    /// a plain ack's job goes, as before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_acked_for_good_stays_and_only_a_push_of_an_ended_session_runs_it_again() {
+        let server = NatsServer::start();
+        let (a, b) = (store(&server).await, store(&server).await);
+        let pool = "final";
+        let (s, held) = held_job(&a, pool).await;
+        let sseq = job_message(&a, pool, &s).await.expect("the job's message");
+        // A push while held, from another process: with `ack` it would run the session
+        // once more; this ack drops it.
+        b.push(pool, &s).await.unwrap();
+        a.ack_final(&held).await.unwrap();
+        assert_eq!(
+            job_message(&a, pool, &s).await,
+            Some(sseq),
+            "the job's message stays"
+        );
+        a.push(pool, &s).await.unwrap();
+        b.push(pool, &s).await.unwrap();
+        assert!(
+            a.claim(pool, Duration::from_millis(800))
+                .await
+                .unwrap()
+                .is_none(),
+            "a session acked for good ran again"
+        );
+        assert_eq!(a.depth(pool).await.unwrap(), 0);
+        b.push_ended(pool, &s).await.unwrap();
+        let again = runs_again(&a, pool, &s, "a sweep's push of the ended session").await;
+        assert_ne!(job_message(&a, pool, &s).await, Some(sseq));
+        a.ack(&again).await.unwrap();
+        assert_eq!(job_message(&a, pool, &s).await, None, "a plain ack deletes");
+        // And a session whose job was acked plainly takes pushes as ever.
+        a.push(pool, &s).await.unwrap();
+        runs_again(&a, pool, &s, "a push after a plain ack").await;
     }
 
     async fn store_leasing(server: &NatsServer, lease: Duration) -> std::sync::Arc<NatsStore> {

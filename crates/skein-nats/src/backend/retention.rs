@@ -144,11 +144,19 @@ impl NatsStore {
         ] {
             purge(&self.notices, subject).await?;
         }
+        // The jobs of sessions ended for good stay until here (`ack_final`), and so do
+        // the wake markers that pushes refused by them left.
         for subject in [
             format!("skein.jobs.*.{root}"),
             format!("skein.jobs.*.{root}.>"),
         ] {
             purge(&self.jobs_stream, subject).await?;
+        }
+        for subject in [
+            format!("{}{root}", self.wake.prefix),
+            format!("{}{root}.>", self.wake.prefix),
+        ] {
+            purge(&self.wake.stream, subject).await?;
         }
         purge(&self.results, format!("skein.ended.{root}")).await?;
         // After the logs: a list left by a removal cut short names sessions without

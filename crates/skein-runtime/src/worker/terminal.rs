@@ -111,6 +111,8 @@ impl Runtime {
                 }
             }
         }
+        // What this job's ack may go by: the end it has told of, and where the log stood.
+        self.sessions.told(&f.id, f.state.last_seq);
         Ok(())
     }
 

@@ -141,14 +141,18 @@ impl Runtime {
             }
             let pool = f.state.pool();
             let terminal = f.state.status.is_terminal();
-            // A finished child whose parent may not have heard of it is woken too.
-            if !terminal
-                || f.state
-                    .submitted
-                    .as_ref()
-                    .is_some_and(|s| s.parent.is_some())
-            {
+            if !terminal {
                 self.backend.jobs.push(&pool, &id).await?;
+                n += 1;
+            } else if f
+                .state
+                .submitted
+                .as_ref()
+                .is_some_and(|s| s.parent.is_some())
+            {
+                // A finished child whose parent may not have heard of it is woken too,
+                // though its last job was acked as ended for good.
+                self.backend.jobs.push_ended(&pool, &id).await?;
                 n += 1;
             }
             self.keep_state(f);
