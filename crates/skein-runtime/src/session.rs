@@ -714,4 +714,98 @@ mod tests {
         );
         assert_eq!(ends.get(&c).map(Record::hash), Some(from_log.hash()));
     }
+
+    /// The ack of a session's job goes by how its kept fold ended: for good only where the
+    /// job told of that very end, nothing can follow it, and the session holds no seat in
+    /// a team; a `chat: true` agent's completed session, or one whose definition this
+    /// process does not have, may be asked again.
+    #[test]
+    fn a_session_ends_for_good_only_where_its_job_told_of_that_end_and_nothing_follows() {
+        let cache = FoldCache::default();
+        let agents = skein_core::testing::agents(&[("plain", ""), ("talker", "chat: true\n")]);
+        for name in ["plain", "talker"] {
+            let def = agents.get(name).unwrap().clone();
+            lock(&cache.defs).insert(def.digest.clone(), Arc::new(def));
+        }
+        let digest = |name: &str| agents.get(name).unwrap().digest.clone();
+        let keep = |agent: &str, seated: bool, end: Event| {
+            let id = crate::new_root_id().child(agent, 1);
+            let mut sub = skein_core::event::Submitted::for_test(agent);
+            sub.def_digest = digest(agent);
+            if seated {
+                sub.team = Some(Box::new(skein_core::event::TeamSeat {
+                    host: id.parent().unwrap(),
+                    role: skein_core::event::TeamRole::Member,
+                    peers: vec![],
+                    members: 1,
+                }));
+            }
+            let envs: Vec<Envelope> = [Event::Submitted(sub), end]
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| Envelope::new(id.clone(), i as u64 + 1, 1, String::new(), e))
+                .collect();
+            let mut f = Folded::new(id.clone());
+            f.state = SessionState::fold(&envs);
+            lock(&cache.states).insert(id.clone(), Box::new(f));
+            id
+        };
+        let completed = || {
+            Event::Completed(skein_core::event::Completed {
+                answer: "done".into(),
+                usage_total: Default::default(),
+                steps: 1,
+                partial: false,
+            })
+        };
+        let cancelled = || {
+            Event::Cancelled(Cancelled {
+                reason: "stop".into(),
+            })
+        };
+
+        let plain = keep("plain", false, completed());
+        // Kept with its end, but no job told of it (a cancel made in this process while
+        // the session's job ran): that job's ack must not drop the push that came with it.
+        assert_eq!(cache.ending(&plain), Some(Ending::MayReopen));
+        cache.told(&plain, 2);
+        assert_eq!(cache.ending(&plain), Some(Ending::ForGood));
+        // Taken by that ack: the next one goes by what its own job tells.
+        assert_eq!(cache.ending(&plain), Some(Ending::MayReopen));
+        // Told of at another seq (an end since replaced): not this end.
+        cache.told(&plain, 1);
+        assert_eq!(cache.ending(&plain), Some(Ending::MayReopen));
+
+        let talker = keep("talker", false, completed());
+        cache.told(&talker, 2);
+        assert_eq!(
+            cache.ending(&talker),
+            Some(Ending::MayReopen),
+            "a chat agent"
+        );
+        let stopped = keep("talker", false, cancelled());
+        cache.told(&stopped, 2);
+        assert_eq!(
+            cache.ending(&stopped),
+            Some(Ending::ForGood),
+            "a cancelled session is never asked again"
+        );
+        let member = keep("plain", true, completed());
+        cache.told(&member, 2);
+        assert_eq!(
+            cache.ending(&member),
+            Some(Ending::MayReopen),
+            "a team's seat"
+        );
+
+        let unknown = keep("plain", false, completed());
+        lock(&cache.defs).clear();
+        cache.told(&unknown, 2);
+        assert_eq!(
+            cache.ending(&unknown),
+            Some(Ending::MayReopen),
+            "no definition"
+        );
+        assert_eq!(cache.ending(&crate::new_root_id()), None, "no fold kept");
+    }
 }
