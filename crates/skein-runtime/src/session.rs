@@ -164,8 +164,9 @@ pub(crate) struct Staged {
 pub(crate) enum Ending {
     /// Nothing can follow its end.
     ForGood,
-    /// A follow-up question may reopen it.
-    MayReopen,
+    /// A later run of it may have work to do: a follow-up question may reopen it, a team
+    /// peer may still have to hear of its end, or no job has told of this end yet.
+    MayRunAgain,
 }
 
 /// The folds and agent definitions a runtime keeps in memory between jobs.
@@ -214,7 +215,7 @@ impl FoldCache {
             // hears of it when the retried delegation pushes it again.
             let seated = state.submitted.as_ref().is_some_and(|s| s.team.is_some());
             if told != Some(state.last_seq) || seated {
-                return Some(Ending::MayReopen);
+                return Some(Ending::MayRunAgain);
             }
             (
                 state.submitted.as_ref().map(|s| s.def_digest.clone()),
@@ -227,7 +228,7 @@ impl FoldCache {
         let chat = digest.and_then(|d| lock(&self.defs).get(&d).map(|d| d.front.chat));
         Some(match chat {
             Some(false) => Ending::ForGood,
-            _ => Ending::MayReopen,
+            _ => Ending::MayRunAgain,
         })
     }
 
@@ -767,20 +768,20 @@ mod tests {
         let plain = keep("plain", false, completed());
         // Kept with its end, but no job told of it (a cancel made in this process while
         // the session's job ran): that job's ack must not drop the push that came with it.
-        assert_eq!(cache.ending(&plain), Some(Ending::MayReopen));
+        assert_eq!(cache.ending(&plain), Some(Ending::MayRunAgain));
         cache.told(&plain, 2);
         assert_eq!(cache.ending(&plain), Some(Ending::ForGood));
         // Taken by that ack: the next one goes by what its own job tells.
-        assert_eq!(cache.ending(&plain), Some(Ending::MayReopen));
+        assert_eq!(cache.ending(&plain), Some(Ending::MayRunAgain));
         // Told of at another seq (an end since replaced): not this end.
         cache.told(&plain, 1);
-        assert_eq!(cache.ending(&plain), Some(Ending::MayReopen));
+        assert_eq!(cache.ending(&plain), Some(Ending::MayRunAgain));
 
         let talker = keep("talker", false, completed());
         cache.told(&talker, 2);
         assert_eq!(
             cache.ending(&talker),
-            Some(Ending::MayReopen),
+            Some(Ending::MayRunAgain),
             "a chat agent"
         );
         let stopped = keep("talker", false, cancelled());
@@ -794,7 +795,7 @@ mod tests {
         cache.told(&member, 2);
         assert_eq!(
             cache.ending(&member),
-            Some(Ending::MayReopen),
+            Some(Ending::MayRunAgain),
             "a team's seat"
         );
 
@@ -803,7 +804,7 @@ mod tests {
         cache.told(&unknown, 2);
         assert_eq!(
             cache.ending(&unknown),
-            Some(Ending::MayReopen),
+            Some(Ending::MayRunAgain),
             "no definition"
         );
         assert_eq!(cache.ending(&crate::new_root_id()), None, "no fold kept");

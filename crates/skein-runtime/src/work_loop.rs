@@ -670,7 +670,7 @@ impl Runtime {
     async fn ack_processed(&self, job: &Job) -> crate::Result<()> {
         match self.sessions.ending(&job.session) {
             Some(crate::session::Ending::ForGood) => self.backend.jobs.ack_final(job).await,
-            Some(crate::session::Ending::MayReopen) => self.backend.jobs.ack_ended(job).await,
+            Some(crate::session::Ending::MayRunAgain) => self.backend.jobs.ack_ended(job).await,
             None => self.backend.jobs.ack(job).await,
         }
     }

@@ -212,10 +212,11 @@ impl NatsStore {
         }
     }
 
-    /// A job's ack without its wake-up: its message deleted, then its delivery acked.
-    /// The outer error comes before the ack is sent (the job stays held or was not held
-    /// here); the inner one is the ack's own outcome.
-    async fn ack_only(&self, job: &Job) -> Result<Result<()>> {
+    /// A job's ack without its wake-up: its message deleted (unless `left`, for a session
+    /// ended for good), then its delivery acked. The outer error comes before the ack is
+    /// sent (the job stays held or was not held here); the inner one is the ack's own
+    /// outcome.
+    async fn ack_only(&self, job: &Job, left: bool) -> Result<Result<()>> {
         // What the job appended is stored before the job is done; if it was not, the
         // job is not acked and its delivery comes back.
         self.make_sure(&job.session).await?;
@@ -225,7 +226,12 @@ impl NatsStore {
         // The job's message is deleted through the stream (every replica applies the
         // delete in the same order as the publishes it gates), then acked. A holder that
         // dies in between leaves an acked delivery of a deleted message: nothing to redo.
-        let acked = match self.delete_job_message(held.sseq).await {
+        let deleted = if left {
+            Ok(())
+        } else {
+            self.delete_job_message(held.sseq).await
+        };
+        let acked = match deleted {
             Err(e) => {
                 // Held again: the delivery runs out and comes back.
                 held.done.store(false, Ordering::SeqCst);
@@ -238,7 +244,7 @@ impl NatsStore {
                 held.acker.ack().await.map_err(|e| nats_err("ack", e))
             }
         };
-        tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked");
+        tracing::trace!(session = %job.session, ok = acked.is_ok(), left, "job acked");
         Ok(acked)
     }
 
@@ -386,7 +392,7 @@ impl JobQueue for NatsStore {
     }
 
     async fn ack(&self, job: &Job) -> Result<()> {
-        let acked = self.ack_only(job).await?;
+        let acked = self.ack_only(job, false).await?;
         self.wake_after_ack(job, acked.is_ok()).await?;
         acked
     }
@@ -403,7 +409,7 @@ impl JobQueue for NatsStore {
         let acked = {
             // The semaphore is never closed.
             let _turn = self.ended_deletes.acquire().await.ok();
-            self.ack_only(job).await?
+            self.ack_only(job, false).await?
         };
         self.wake_after_ack(job, acked.is_ok()).await?;
         acked
@@ -417,12 +423,7 @@ impl JobQueue for NatsStore {
     /// would do. It goes when its tree is removed (retention purges the tree's jobs) or
     /// ages out with the logs (`events_max_age`).
     async fn ack_final(&self, job: &Job) -> Result<()> {
-        self.make_sure(&job.session).await?;
-        let held = Held::take(job)?;
-        held.hold.release();
-        let acked = held.acker.ack().await.map_err(|e| nats_err("ack", e));
-        tracing::trace!(session = %job.session, ok = acked.is_ok(), "job acked, its message left");
-        acked
+        self.ack_only(job, true).await?
     }
 
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()> {
@@ -538,7 +539,7 @@ mod tests {
         a.push(pool, &s).await.unwrap();
         let first = a.claim(pool, wait).await.unwrap().expect("the first job");
         // The first holder acks; its look at the marker comes later.
-        a.ack_only(&first).await.unwrap().unwrap();
+        a.ack_only(&first, false).await.unwrap().unwrap();
         // A second job lands and another worker starts running it.
         b.push(pool, &s).await.unwrap();
         let second = b.claim(pool, wait).await.unwrap().expect("the second job");
