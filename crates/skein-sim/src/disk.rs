@@ -13,7 +13,8 @@
 //!   only reopening the store goes on. The simulation then restarts the process: every
 //!   worker is killed, the disk keeps a prefix of the frames that holds every synced one
 //!   (the page cache may or may not have written the rest), the store reopens, and the
-//!   open trees are woken, as `skein resume` does;
+//!   open trees are woken, as `skein resume` does. The open makes every frame it kept
+//!   durable (it writes again and syncs what lies past the mark) before the log reads one;
 //! - a write that fails (EIO after a short write) fails its append only: nothing of it
 //!   counts, and the next frame is written over what it left;
 //! - a full disk (ENOSPC) fails appends with [`Error::Full`] until room returns, a
@@ -466,7 +467,10 @@ impl Disk {
                 logs.remove(&f.session);
             }
         }
-        st.synced = st.synced.min(keep);
+        // The open writes again and syncs every frame it kept past the mark before the
+        // log reads one (a failed sync may have left their pages clean and unwritten), so
+        // each is durable from here on, as if synced.
+        st.synced = keep;
         st.mark = st.mark.min(st.synced);
         st.stopped = None;
         st.life += 1;

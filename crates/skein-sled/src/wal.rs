@@ -60,6 +60,9 @@
 //! zeros follows, it is the reserve, kept as it is; otherwise opening keeps what follows
 //! in `events.log.torn-<offset>` (synced, and its directory entry too) and then cuts the
 //! log there, so that no frame written before the crash can turn up behind a later one.
+//! What an open keeps past the mark it writes again and syncs before the log reads any of
+//! it (`rewrite_unmarked`): a failed `fdatasync` may have left those pages marked clean
+//! and never written, and no later sync would write them.
 //! Before the mark it is damage a crash cannot explain (a bad disk, a stray write), and
 //! opening refuses, naming the offset: `skein store verify` says what is damaged and
 //! `skein store repair` sets it aside. A frame whose crc matches but whose kind this
@@ -198,8 +201,10 @@ pub(crate) struct Wal {
     slots: [u64; 2],
     /// Held across a sync (so syncs and mark writes are in order).
     marks: Mutex<Marks>,
-    /// How much of the file an `fdatasync` has covered in this process (0 until the
-    /// first: what was in the file at open may not have reached the disk yet).
+    /// How much of the file is known to be on the disk: all of it at open in format 2
+    /// (see [`rewrite_unmarked`]), then what an `fdatasync` has covered. In format 1 (no
+    /// mark) 0 until the first sync: what was in the file at open may not have reached the
+    /// disk yet.
     synced: AtomicU64,
     /// `fdatasync` calls made.
     syncs: AtomicU64,
@@ -617,6 +622,16 @@ impl Wal {
             }
         }
         let good_end = ex.good_end;
+        let mut syncs = 0;
+        let synced = if new || ex.format < 2 {
+            0
+        } else if good_end > ex.mark {
+            rewrite_unmarked(&*file, path, ex.base, ex.mark, good_end)?;
+            syncs = 1;
+            good_end
+        } else {
+            good_end
+        };
         let mut checkpointed = ck.as_ref().map_or(0, |c| c.table.end);
         let (table, sessions, blobs) = match ck {
             Some(c) => match index_frames(path, ex.frames, Some(&c.table), c.blobs)? {
@@ -653,8 +668,8 @@ impl Wal {
                 generation: ex.generation,
                 marked: ex.mark,
             }),
-            synced: AtomicU64::new(0),
-            syncs: AtomicU64::new(0),
+            synced: AtomicU64::new(synced),
+            syncs: AtomicU64::new(syncs),
             name_unsynced: AtomicBool::new(new),
             failed: OnceLock::new(),
             checkpointed: AtomicU64::new(checkpointed),
@@ -1622,6 +1637,42 @@ pub(crate) fn copy_aside(
 }
 
 /// Copies the bytes past the last whole frame aside and cuts the log there.
+/// Writes again, and syncs, the bytes an open found past the mark (`mark..end`) and the
+/// header page before `base`, so that everything the opened log holds is on the disk
+/// before the log reads or acknowledges any of it.
+///
+/// The frames past the mark were written but are not known to be durable: a process that
+/// died left its last group commit and its appends ahead there, and one whose
+/// `fdatasync` failed left what that sync was to cover. After a failed `fdatasync`, Linux
+/// may have marked the dirty pages clean without writing them: they read back until the
+/// page cache drops them, no later `fdatasync` writes them, and a power loss, or only the
+/// cache's eviction, takes them. A log that read them would then answer from records that
+/// can vanish (a submission found present and taken as made, then gone), and a sync for a
+/// frame appended behind them would leave a hole before it, which the next open cuts with
+/// the acknowledged frame. Writing the bytes makes their pages dirty again, so this sync
+/// writes them; bytes the cache had already dropped read back as the disk holds them, and
+/// the scan before this one has cut them as a torn tail. The header page is written too: a
+/// new log whose first sync failed has it only in the cache. A clean close leaves nothing
+/// past the mark, so this costs an open only after a crash or a failed sync.
+fn rewrite_unmarked(file: &dyn LogFile, path: &Path, base: u64, mark: u64, end: u64) -> Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let mut buf = Vec::new();
+    for (from, to) in [(0, base), (mark.max(base), end)] {
+        let mut at = from;
+        while at < to {
+            let n = (to - at).min(CHUNK) as usize;
+            buf.resize(n, 0);
+            read_exact_at(file, &mut buf, at).map_err(|e| io_err("cannot read", path, e))?;
+            write_all_at(file, &buf, at).map_err(|e| io_err("cannot write", path, e))?;
+            at += n as u64;
+        }
+    }
+    file.sync_data()
+        .map_err(|e| io_err("cannot sync what a crash left in", path, e))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    sync_dir(dir).map_err(|e| io_err("cannot sync the directory of", path, e))
+}
+
 fn keep_torn_tail(
     file: &dyn LogFile,
     path: &Path,
@@ -1724,11 +1775,19 @@ mod tests {
         w.sync().unwrap();
         assert_eq!(w.syncs(), 2);
         drop(w);
-        // Reopened: what the file holds is synced once more before it counts as durable.
+        // Reopened without a close: the open writes again and syncs what lies past the
+        // mark, once, and a sync then has nothing to do.
         let w = Wal::open(&path, None).unwrap();
-        w.sync().unwrap();
+        assert_eq!(w.syncs(), 1);
         w.sync().unwrap();
         assert_eq!(w.syncs(), 1);
+        assert_eq!(w.read(&id, 1).unwrap().len(), 2);
+        w.close().unwrap();
+        drop(w);
+        // Reopened after a close: nothing lies past the mark, and the open makes no sync.
+        let w = Wal::open(&path, None).unwrap();
+        w.sync().unwrap();
+        assert_eq!(w.syncs(), 0);
         assert_eq!(w.read(&id, 1).unwrap().len(), 2);
     }
 }

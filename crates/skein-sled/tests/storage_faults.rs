@@ -35,6 +35,13 @@ struct Disk {
     /// power loss right after it would keep.
     keep_synced: AtomicBool,
     synced: std::sync::Mutex<Vec<u8>>,
+    /// With `page_cache`, the disk as Linux's page cache writes it: `on_disk` holds what
+    /// reached it, `dirty` the ranges written since; a sync writes the dirty ranges, and a
+    /// failed one marks them clean without writing them (as Linux may: they read back
+    /// from the cache, and no later sync writes them).
+    page_cache: AtomicBool,
+    dirty: std::sync::Mutex<Vec<(u64, u64)>>,
+    on_disk: std::sync::Mutex<Vec<u8>>,
 }
 
 struct Faulty {
@@ -64,15 +71,36 @@ impl LogFile for Faulty {
         if short > 0 {
             n = n.min(short);
         }
-        LogFile::write_at(&self.file, &buf[..n], offset)
+        let n = LogFile::write_at(&self.file, &buf[..n], offset)?;
+        if self.disk.page_cache.load(Ordering::SeqCst) {
+            let mut dirty = self.disk.dirty.lock().unwrap();
+            dirty.push((offset, offset + n as u64));
+        }
+        Ok(n)
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let page_cache = self.disk.page_cache.load(Ordering::SeqCst);
         if self.disk.fail_sync.load(Ordering::SeqCst) {
+            if page_cache {
+                self.disk.dirty.lock().unwrap().clear();
+            }
             return Err(io::Error::from_raw_os_error(5));
         }
         self.disk.syncs.fetch_add(1, Ordering::SeqCst);
         LogFile::sync_data(&self.file)?;
+        if page_cache {
+            let len = LogFile::len(&self.file)?;
+            let mut on_disk = self.disk.on_disk.lock().unwrap();
+            on_disk.resize(len as usize, 0);
+            for (from, to) in self.disk.dirty.lock().unwrap().drain(..) {
+                let to = to.min(len);
+                if from < to {
+                    let range = &mut on_disk[from as usize..to as usize];
+                    std::os::unix::fs::FileExt::read_exact_at(&self.file, range, from)?;
+                }
+            }
+        }
         if self.disk.keep_synced.load(Ordering::SeqCst) {
             let len = LogFile::len(&self.file)? as usize;
             let mut now = vec![0u8; len];
@@ -189,6 +217,55 @@ async fn a_failed_fdatasync_fails_every_waiting_and_later_append_and_is_never_re
     log.append(&a, last, std::slice::from_ref(&more[0]), Durability::Now)
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn what_a_failed_fdatasync_left_unwritten_is_made_durable_by_the_next_open() {
+    // Given a log on a disk whose page cache drops what a failed fdatasync was to write
+    // (marks it clean, unwritten), with one record acknowledged, and a record of a second
+    // session written when the sync failed.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let disk = Arc::new(Disk::default());
+    disk.page_cache.store(true, Ordering::SeqCst);
+    let (a, b, c) = (sid("t-dirty-a"), sid("t-dirty-b"), sid("t-dirty-c"));
+    let (ra, rb, rc) = (records(&a, 1, 1), records(&b, 1, 1), records(&c, 1, 1));
+    let store = open_on(&data, &disk);
+    let log = store.backend().log;
+    log.append(&a, 0, &ra, Durability::Now).await.unwrap();
+    disk.fail_sync.store(true, Ordering::SeqCst);
+    log.append(&b, 0, &rb, Durability::Now)
+        .await
+        .expect_err("acknowledged without a sync");
+    drop(log);
+    drop(store);
+    disk.fail_sync.store(false, Ordering::SeqCst);
+
+    // When the store is opened again: it reads the unacknowledged record from the cache,
+    // as a resubmission finding its own submission does, and acknowledges a new one.
+    let store = open_on(&data, &disk);
+    let log = store.backend().log;
+    assert_eq!(
+        log.read(&b, 1).await.unwrap().len(),
+        1,
+        "the cache holds it"
+    );
+    log.append(&c, 0, &rc, Durability::Now).await.unwrap();
+    drop(log);
+    drop(store);
+
+    // Then what reached the disk holds every record the open found and the one
+    // acknowledged after it: the open wrote them again before the log read them.
+    let lost = dir.path().join("after-power-loss");
+    std::fs::create_dir_all(&lost).unwrap();
+    std::fs::write(lost.join("events.log"), &*disk.on_disk.lock().unwrap()).unwrap();
+    let store = SledStore::open(&lost, &dir.path().join("ws")).unwrap();
+    let log = store.backend().log;
+    for (id, want) in [(&a, &ra), (&b, &rb), (&c, &rc)] {
+        let read = log.read(id, 1).await.unwrap();
+        assert_eq!(read.len(), 1, "{id} is not on the disk");
+        assert_eq!(read[0].bytes, want[0].bytes, "{id}");
+    }
 }
 
 #[tokio::test]
