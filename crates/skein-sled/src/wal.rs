@@ -622,15 +622,14 @@ impl Wal {
             }
         }
         let good_end = ex.good_end;
-        let mut syncs = 0;
-        let synced = if new || ex.format < 2 {
-            0
+        // (how far the file is known durable, the syncs that took)
+        let (synced, syncs) = if new || ex.format < 2 {
+            (0, 0)
         } else if good_end > ex.mark {
             rewrite_unmarked(&*file, path, ex.base, ex.mark, good_end)?;
-            syncs = 1;
-            good_end
+            (good_end, 1)
         } else {
-            good_end
+            (good_end, 0)
         };
         let mut checkpointed = ck.as_ref().map_or(0, |c| c.table.end);
         let (table, sessions, blobs) = match ck {
@@ -1636,7 +1635,6 @@ pub(crate) fn copy_aside(
     write().map_err(|e| io_err("cannot write", aside, e))
 }
 
-/// Copies the bytes past the last whole frame aside and cuts the log there.
 /// Writes again, and syncs, the bytes an open found past the mark (`mark..end`) and the
 /// header page before `base`, so that everything the opened log holds is on the disk
 /// before the log reads or acknowledges any of it.
@@ -1673,6 +1671,7 @@ fn rewrite_unmarked(file: &dyn LogFile, path: &Path, base: u64, mark: u64, end: 
     sync_dir(dir).map_err(|e| io_err("cannot sync the directory of", path, e))
 }
 
+/// Copies the bytes past the last whole frame aside and cuts the log there.
 fn keep_torn_tail(
     file: &dyn LogFile,
     path: &Path,
