@@ -199,41 +199,29 @@ pub fn parse_script(origin: &str, text: &str) -> Result<Script> {
 }
 
 /// The tool results of a conversation as templates see them: every one (`all_results`),
-/// and those of the last assistant turn (`results`). A result that is JSON (an object or
-/// an array) is seen as that value, any other as its text.
-fn tool_results(req: &ModelRequest, turn: usize) -> (Vec<Value>, Vec<Value>) {
-    let mut all = vec![];
-    let mut last_turn = vec![];
+/// or only those of the last assistant turn (`results`). A result that is JSON (an object
+/// or an array) is seen as that value, any other as its text.
+fn tool_results(req: &ModelRequest, turn: usize, every: bool) -> Vec<Value> {
+    let mut out = vec![];
     let mut seen_assistant = 0;
     for m in &req.messages {
         match m {
-            Message::Assistant { .. } => {
-                seen_assistant += 1;
-                last_turn.clear();
-            }
-            Message::Tool { content, .. } => {
+            Message::Assistant { .. } => seen_assistant += 1,
+            Message::Tool { content, .. } if every || seen_assistant == turn => {
                 let v = serde_json::from_str::<Value>(content)
                     .ok()
                     .filter(|v| v.is_object() || v.is_array())
                     .unwrap_or_else(|| Value::String(content.clone()));
-                all.push(v.clone());
-                if seen_assistant == turn {
-                    last_turn.push(v);
-                }
+                out.push(v);
             }
             _ => {}
         }
     }
-    (all, last_turn)
+    out
 }
 
 /// The variable `name` of the template context, if there is one by that name.
-fn variable(
-    req: &ModelRequest,
-    turn: usize,
-    results: &OnceCell<(Vec<Value>, Vec<Value>)>,
-    name: &str,
-) -> Option<Value> {
+fn variable(req: &ModelRequest, turn: usize, name: &str) -> Option<Value> {
     // The request as the model first read it: the mission with whatever the runtime put
     // around it (the advisors' notes, a handoff's blocks, handed plan tasks); every later
     // user message: teammates' broadcasts, follow-up questions.
@@ -253,8 +241,8 @@ fn variable(
         "agent" => Value::from(req.meta.agent.as_str()),
         "session" => Value::from(req.meta.session.as_str()),
         "turn" => Value::from(turn),
-        "results" => Value::Array(results.get_or_init(|| tool_results(req, turn)).1.clone()),
-        "all_results" => Value::Array(results.get_or_init(|| tool_results(req, turn)).0.clone()),
+        "results" => Value::Array(tool_results(req, turn, false)),
+        "all_results" => Value::Array(tool_results(req, turn, true)),
         _ => return None,
     })
 }
@@ -266,7 +254,6 @@ fn variable(
 struct Ctx<'a> {
     req: &'a ModelRequest,
     turn: usize,
-    results: OnceCell<(Vec<Value>, Vec<Value>)>,
     /// Variables worked out so far, as the template engine holds them.
     known: RefCell<BTreeMap<String, Option<minijinja::Value>>>,
 }
@@ -276,7 +263,6 @@ impl<'a> Ctx<'a> {
         Self {
             req,
             turn,
-            results: OnceCell::new(),
             known: RefCell::new(BTreeMap::new()),
         }
     }
@@ -290,8 +276,7 @@ impl<'a> Ctx<'a> {
                 continue;
             }
             let v = known.entry(name.clone()).or_insert_with(|| {
-                variable(self.req, self.turn, &self.results, name)
-                    .map(|v| minijinja::Value::from_serialize(&v))
+                variable(self.req, self.turn, name).map(|v| minijinja::Value::from_serialize(&v))
             });
             if let Some(v) = v {
                 vars.insert(name.clone(), v.clone());

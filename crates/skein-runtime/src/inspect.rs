@@ -184,8 +184,8 @@ pub fn rows_of(read: &[(Vec<Record>, Folded)]) -> Vec<SessionRow> {
 }
 
 /// The rows of folds, parents before children, siblings in id order.
-pub fn rows_of_folds(folds: &[Folded]) -> Vec<SessionRow> {
-    let mut out: Vec<SessionRow> = folds.iter().map(row_of).collect();
+pub fn rows_of_folds<F: std::borrow::Borrow<Folded>>(folds: &[F]) -> Vec<SessionRow> {
+    let mut out: Vec<SessionRow> = folds.iter().map(|f| row_of(f.borrow())).collect();
     out.sort_by_key(|r| natural_key(&r.session));
     out
 }

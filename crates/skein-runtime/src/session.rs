@@ -172,9 +172,12 @@ pub(crate) enum Ending {
 /// The folds and agent definitions a runtime keeps in memory between jobs.
 #[derive(Default)]
 pub(crate) struct FoldCache {
-    /// Boxed: a fold is some 1.5 KB, and a wide fan-out keeps a thousand of them, which
-    /// the map's growth and every insert and removal would otherwise copy.
-    states: Mutex<HashMap<SessionId, Box<Folded>>>,
+    /// Behind a pointer: a fold is some 1.5 KB, and a wide fan-out keeps a thousand of
+    /// them, which the map's growth and every insert and removal would otherwise copy.
+    /// Shared, so that a reader of a finished tree ([`Runtime::tree_folds_held`]) holds
+    /// the folds without copying each one's conversation; a load takes its fold back
+    /// whole, copying it only if such a reader still holds it.
+    states: Mutex<HashMap<SessionId, Arc<Folded>>>,
     defs: Mutex<HashMap<String, Arc<AgentDef>>>,
     /// Sessions whose end a job of this process has told of (its parent, watchers and
     /// announcement, `on_terminal`), with the seq their log ended at then; taken by the
@@ -232,9 +235,9 @@ impl FoldCache {
         })
     }
 
-    /// A copy of the session's fold, if one is kept.
-    pub(crate) fn kept(&self, id: &SessionId) -> Option<Folded> {
-        lock(&self.states).get(id).map(|f| Folded::clone(f))
+    /// The session's fold, if one is kept (shared with the cache, not copied).
+    pub(crate) fn kept(&self, id: &SessionId) -> Option<Arc<Folded>> {
+        lock(&self.states).get(id).cloned()
     }
 
     /// Whether a fold of `id` is kept.
@@ -436,7 +439,7 @@ impl Runtime {
     pub async fn load(&self, id: &SessionId) -> Result<(Folded, bool)> {
         let cached = lock(&self.sessions.states).remove(id);
         let cold = cached.is_none();
-        let mut f = cached.map_or_else(|| Folded::new(id.clone()), |f| *f);
+        let mut f = cached.map_or_else(|| Folded::new(id.clone()), Arc::unwrap_or_clone);
         let new = self.backend.log.read(id, f.state.last_seq + 1).await?;
         f.absorb(&new)?;
         Ok((f, cold))
@@ -514,7 +517,7 @@ impl Runtime {
                 states.remove(&v);
             }
         }
-        states.insert(f.id.clone(), Box::new(f));
+        states.insert(f.id.clone(), Arc::new(f));
     }
 
     /// The definition a session was submitted with.
@@ -748,7 +751,7 @@ mod tests {
                 .collect();
             let mut f = Folded::new(id.clone());
             f.state = SessionState::fold(&envs);
-            lock(&cache.states).insert(id.clone(), Box::new(f));
+            lock(&cache.states).insert(id.clone(), Arc::new(f));
             id
         };
         let completed = || {

@@ -115,3 +115,44 @@ async fn the_rows_of_the_folds_a_run_kept_are_those_read_back_from_the_logs() {
     assert_eq!(root.last_hash, whole.last_hash);
     assert_eq!(root.state, whole.state);
 }
+
+#[tokio::test]
+async fn a_kept_fold_behind_its_log_is_read_forward_for_the_rows_and_left_as_it_was_kept() {
+    // Given a tree submitted in one runtime, which keeps the root's fold as submitted, and
+    // cancelled by another on the same store: the first runtime's fold lacks that record.
+    let dir = tempfile::tempdir().unwrap();
+    let (store, rt) = runtime(dir.path());
+    let id = rt
+        .submit(Submission {
+            agent: "lead".into(),
+            mission: "stopped early".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (f, _) = rt.load(&id).await.unwrap();
+    assert_eq!(f.state.status, skein_core::Status::Running);
+    rt.keep_state(f);
+    let other = on(&store, rt.agents.as_ref().clone(), dir.path());
+    assert_eq!(
+        skein_runtime::control::cancel(&other, &id, "not needed")
+            .await
+            .unwrap(),
+        1
+    );
+
+    // When the first runtime makes the tree's rows from the folds it holds.
+    let held = rt.tree_folds_held(&id).await.unwrap();
+
+    // Then they show the cancel, as the logs read back do.
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].state.status, skein_core::Status::Cancelled);
+    assert_eq!(
+        serde_json::to_value(rows_of_folds(&held)).unwrap(),
+        serde_json::to_value(tree_rows(&rt.backend, &id).await.unwrap()).unwrap()
+    );
+    // And a later load of the session in that runtime reads the same state.
+    let (loaded, _) = rt.load(&id).await.unwrap();
+    assert_eq!(loaded.state, held[0].state);
+    assert_eq!(loaded.last_hash, held[0].last_hash);
+}

@@ -68,13 +68,21 @@ impl Runtime {
     /// with whatever its log holds past that, or, where none is kept, its whole log read
     /// and folded ([`crate::inspect::tree_folds`]). At the end of a run, which folded every
     /// record of the tree as it wrote it, this reads no record again.
-    pub async fn tree_folds_held(&self, root: &SessionId) -> Result<Vec<Folded>> {
+    /// A kept fold is shared with the cache rather than copied (a wide tree's report would
+    /// otherwise copy a thousand conversations), unless its log holds records past it.
+    pub async fn tree_folds_held(&self, root: &SessionId) -> Result<Vec<Arc<Folded>>> {
         let ids = self.backend.log.tree(root).await?;
-        let mut out: Vec<Option<Folded>> = Vec::with_capacity(ids.len());
+        let mut out: Vec<Option<Arc<Folded>>> = Vec::with_capacity(ids.len());
         let mut missing = vec![];
         for (i, id) in ids.iter().enumerate() {
             match self.sessions.kept(id) {
-                Some(f) => out.push(Some(self.read_past(f).await?)),
+                Some(mut f) => {
+                    let new = self.backend.log.read(id, f.state.last_seq + 1).await?;
+                    if !new.is_empty() {
+                        Arc::make_mut(&mut f).absorb(&new)?;
+                    }
+                    out.push(Some(f));
+                }
                 None => {
                     missing.push((i, id.clone()));
                     out.push(None);
@@ -90,7 +98,7 @@ impl Runtime {
             )
             .await?;
             for (i, (_, f)) in at.into_iter().zip(read) {
-                out[i] = Some(f);
+                out[i] = Some(Arc::new(f));
             }
         }
         // A session named in the tree whose first record was never written is passed
@@ -233,7 +241,7 @@ impl Runtime {
         // The root's fold as the run left it, where it is kept: a wide root's log is
         // thousands of records, and reading and folding all of it again cost a tree of
         // 1,024 children some 8 ms after its end.
-        let kept = self.sessions.kept(root);
+        let kept = self.sessions.kept(root).map(Arc::unwrap_or_clone);
         self.read_past(kept.unwrap_or_else(|| Folded::new(root.clone())))
             .await
     }
