@@ -452,6 +452,43 @@ fn children_cpu_ms() -> Option<f64> {
     stat_cpu_ms(None, 16)
 }
 
+/// How long this machine's disk takes to make an append durable, in µs: (median, tenth
+/// percentile, ninetieth) of [`SYNC_PROBES`] appends of 600 bytes to a file in the
+/// temporary directory (where the runs keep their stores), each followed by
+/// `fdatasync`. Most of a short tree's wall time on the embedded store is such syncs, and
+/// the same disk's sync time moves by a factor of two or more between hours, so the bench
+/// prints it beside the figures it explains.
+pub(crate) async fn sync_probe() -> Result<(f64, f64, f64)> {
+    tokio::task::spawn_blocking(|| -> Result<(f64, f64, f64)> {
+        use std::io::Write;
+        let dir = tempfile::tempdir()?;
+        let mut f = std::fs::File::create(dir.path().join("probe"))?;
+        let record = [0x5a_u8; 600];
+        let mut took = Vec::with_capacity(SYNC_PROBES);
+        for _ in 0..SYNC_PROBES {
+            f.write_all(&record)?;
+            let t = Instant::now();
+            f.sync_data()?;
+            took.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        took.sort_by(f64::total_cmp);
+        let at = |q: usize| took[(SYNC_PROBES - 1) * q / 100];
+        Ok((at(50), at(10), at(90)))
+    })
+    .await
+    .context("the disk's sync probe")?
+}
+
+/// Appends the disk's sync probe times.
+const SYNC_PROBES: usize = 100;
+
+/// The line that tells the probe's figures.
+pub(crate) fn sync_line((median, p10, p90): (f64, f64, f64)) -> String {
+    format!(
+        "disk of the temporary directory: an fdatasync after a 600-byte append takes {median:.0} µs (median of {SYNC_PROBES}; {p10:.0}–{p90:.0} µs from the tenth percentile to the ninetieth)"
+    )
+}
+
 /// The machine's cores as the bench counts them (at least one).
 pub(crate) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -643,8 +680,14 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     }
     let mut results = serde_json::Map::new();
     let machine = format!("{} cores", cores());
+    let disk = sync_probe().await?;
+    results.insert(
+        "disk_sync_us".into(),
+        json!({"median": disk.0, "p10": disk.1, "p90": disk.2}),
+    );
     if !a.json {
-        crate::outln!("skein bench — embedded backend (log file + sled), {machine}\n")?;
+        crate::outln!("skein bench — embedded backend (log file + sled), {machine}")?;
+        crate::outln!("{}\n", sync_line(disk))?;
     }
 
     let tp = run_fanout(app, 0, a.throughput_children)
@@ -836,4 +879,20 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
         crate::outln!("{}", serde_json::to_string_pretty(&results)?)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The probe times real syncs of a real file, and its three figures come in order.
+    #[tokio::test]
+    async fn the_disk_probe_gives_its_percentiles_in_order() {
+        let (median, p10, p90) = super::sync_probe().await.unwrap();
+        assert!(p10 > 0.0, "{p10}");
+        assert!(p10 <= median && median <= p90, "{p10} {median} {p90}");
+        let line = super::sync_line((median, p10, p90));
+        assert!(
+            line.contains(&format!("{median:.0} µs (median of 100")),
+            "{line}"
+        );
+    }
 }

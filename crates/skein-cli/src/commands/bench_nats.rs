@@ -528,18 +528,35 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         "server".into(),
         json!({"version": version, "sync": sync, "group_commit": cfg.group_commit}),
     );
+    // The disk of a server started here (its store is in the temporary directory); a
+    // server elsewhere has a disk this machine cannot time.
+    let disk = if server.is_some() {
+        Some(super::bench::sync_probe().await?)
+    } else {
+        None
+    };
+    if let Some(d) = disk {
+        results.insert(
+            "disk_sync_us".into(),
+            json!({"median": d.0, "p10": d.1, "p90": d.2}),
+        );
+    }
     if !a.json {
         crate::outln!(
             "skein bench — NATS JetStream backend, nats-server {version}, one server on loopback"
         )?;
         crate::outln!(
-            "fsync: {sync}; group commit of the log's appends: {}\n",
+            "fsync: {sync}; group commit of the log's appends: {}",
             if cfg.group_commit {
                 "on (nats.group_commit)"
             } else {
                 "off"
             }
         )?;
+        if let Some(d) = disk {
+            crate::outln!("{}", super::bench::sync_line(d))?;
+        }
+        crate::outln!()?;
     }
 
     // Memory of one `skein worker` process: idle, then with 1,000 sessions in flight.
