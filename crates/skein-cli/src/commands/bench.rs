@@ -482,6 +482,11 @@ pub(crate) async fn sync_probe() -> Result<(f64, f64, f64)> {
 /// Appends the disk's sync probe times.
 const SYNC_PROBES: usize = 100;
 
+/// The probe's figures as `--json` gives them (`disk_sync_us`).
+pub(crate) fn sync_json((median, p10, p90): (f64, f64, f64)) -> serde_json::Value {
+    json!({"median": median, "p10": p10, "p90": p90})
+}
+
 /// The line that tells the probe's figures.
 pub(crate) fn sync_line((median, p10, p90): (f64, f64, f64)) -> String {
     format!(
@@ -681,10 +686,7 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     let mut results = serde_json::Map::new();
     let machine = format!("{} cores", cores());
     let disk = sync_probe().await?;
-    results.insert(
-        "disk_sync_us".into(),
-        json!({"median": disk.0, "p10": disk.1, "p90": disk.2}),
-    );
+    results.insert("disk_sync_us".into(), sync_json(disk));
     if !a.json {
         crate::outln!("skein bench — embedded backend (log file + sled), {machine}")?;
         crate::outln!("{}\n", sync_line(disk))?;

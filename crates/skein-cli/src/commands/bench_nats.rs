@@ -536,10 +536,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         None
     };
     if let Some(d) = disk {
-        results.insert(
-            "disk_sync_us".into(),
-            json!({"median": d.0, "p10": d.1, "p90": d.2}),
-        );
+        results.insert("disk_sync_us".into(), super::bench::sync_json(d));
     }
     if !a.json {
         crate::outln!(

@@ -68,6 +68,7 @@ impl Runtime {
     /// with whatever its log holds past that, or, where none is kept, its whole log read
     /// and folded ([`crate::inspect::tree_folds`]). At the end of a run, which folded every
     /// record of the tree as it wrote it, this reads no record again.
+    ///
     /// A kept fold is shared with the cache rather than copied (a wide tree's report would
     /// otherwise copy a thousand conversations), unless its log holds records past it.
     pub async fn tree_folds_held(&self, root: &SessionId) -> Result<Vec<Arc<Folded>>> {
