@@ -212,8 +212,15 @@ later_log="$(mktemp)"
     nice -n 19 bash tests/fuzz_coverage.sh --list
 ) >"$later_log" 2>&1 &
 later_pid=$!
-stage "tests (nats-server $CURRENT_NATS)" env NATS_SERVER="$current_nats" \
-  cargo test --workspace --all-targets --locked
+# The test binaries run two at a time (tests/suites.py, longest first): most suites wait
+# on the servers and processes they start, and `cargo test` would run one binary after
+# another with a core idle. Each suite's output comes whole when it ends.
+suites() {
+  cargo test --workspace --all-targets --locked --no-run --message-format=json \
+    | python3 tests/suites.py --lanes 2 "$@"
+}
+tests_current() { NATS_SERVER="$current_nats" suites --at-least 100; }
+stage "tests (nats-server $CURRENT_NATS)" tests_current
 # The suites whose outcome can differ by server version, again on the system's (older)
 # server: the test binaries built above, run again (a second `cargo test` of a few packages
 # would resolve other features and build the whole tree a second time). What differs by
@@ -222,29 +229,11 @@ stage "tests (nats-server $CURRENT_NATS)" env NATS_SERVER="$current_nats" \
 # it (its backend and conformance tests, on one server and on a 3-node cluster), and
 # recovery after a server restart or a node's loss (nats_e2e, nats_node_loss). The suites
 # above the streams (skein.api, auth, streamed text, the patterns) run on the current
-# server only.
+# server only. The node-loss suite draws a new schedule each run: one repetition of it (of
+# two) on this server.
 nats_again() {
-  local nats_suites dir exe
-  nats_suites="$(cargo test --workspace --all-targets --locked --no-run --message-format=json \
-    | python3 -c '
-import json, os, sys
-wanted = {"nats_e2e", "nats_node_loss"}
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
-        continue
-    t = m["target"]
-    if "/crates/skein-nats/" in t["src_path"] or (t["kind"] == ["test"] and t["name"] in wanted
-                                             and os.path.dirname(m["manifest_path"]) == os.getcwd()):
-        print(os.path.dirname(m["manifest_path"]) + "\t" + m["executable"])
-')"
-  [ "$(printf '%s\n' "$nats_suites" | grep -c .)" -ge 5 ] || { echo "error: the NATS suites were not found among the built tests" >&2; return 1; }
-  while IFS=$'\t' read -r dir exe; do
-    echo "again on $("$system_nats" --version): $(basename "$exe")" >&2
-    # The node-loss suite draws a new schedule each run: one repetition of it (of two)
-    # on this server.
-    (cd "$dir" && NATS_SERVER="$system_nats" SKEIN_NODE_LOSS_REPS=1 "$exe")
-  done <<<"$nats_suites"
+  NATS_SERVER="$system_nats" SKEIN_NODE_LOSS_REPS=1 \
+    suites --crate skein-nats --suite nats_e2e --suite nats_node_loss --at-least 5
 }
 stage "NATS suites that differ by version, on $("$system_nats" --version | awk '{print $2}')" nats_again
 # The deployment files against their schemas (k8s manifests, compose file).
@@ -258,28 +247,31 @@ stage "real model" bash tests/real_model/run.sh
 
 # The deterministic simulation: the real runtime on in-memory ports with a virtual clock,
 # every invariant checked after each seed. See the README's "Simulation" section.
-#  - 10,000 plain seeds of the fixed world: crashes, lost acks, outages, lost and doubled
+#  - 6,500 plain seeds of the fixed world: crashes, lost acks, outages, lost and doubled
 #    notices and failing models;
-#  - 5,000 swarm seeds (fault rates drawn per seed);
-#  - 10,000 generated worlds: an agent set, its scripts and trees drawn from each seed
+#  - 3,500 swarm seeds (fault rates drawn per seed);
+#  - 6,000 generated worlds: an agent set, its scripts and trees drawn from each seed
 #    (patterns, questions and approvals at any depth, caching on and off, shared
 #    missions), under the plain faults; liveness through the inbox, and every cache hit
 #    compared with a fresh run;
-#  - 3,000 more generated worlds (1,500 plain, 1,500 swarm) whose operator also cancels
+#  - 2,000 more generated worlds (1,000 plain, 1,000 swarm) whose operator also cancels
 #    sessions inside the trees (`--inner-cancels`): a subtree ends, its parent goes on;
-#  - 2,000 more of those (1,000 plain, 1,000 swarm) whose person also answers items of an
+#  - 1,000 more of those (500 plain, 500 swarm) whose person also answers items of an
 #    earlier look at the inbox (`--stale-tokens`), whose sessions may have ended since
 #    (each such answer must be refused), and whose cached agents keep answers for a
 #    second, their trees submitted over a few seconds (`--short-ttl`: entries expire
 #    while trees run). They run after the versions worlds, in the fuzzer's lane;
-#  - 2,000 worlds of definition versions and workers that differ (1,000 plain, 1,000 swarm):
+#  - 1,000 worlds of definition versions and workers that differ (500 plain, 500 swarm):
 #    versions pushed and rolled back while trees run, workers that lack an agent, a
 #    provider, a tool or the newer record format; each session on its tree's pinned
 #    version, nothing failed for what one worker lacked, every tree ends. They run after
 #    the fuzzer, in its lane.
 # Each simulation process runs its seeds on one thread, and so does the fuzzer: the seeds
 # run in two lanes, one per core, beside the fuzzer (below), and each lane's output is
-# shown whole when it ends.
+# shown whole when it ends. The counts keep the three lanes about equal (about 250 s each
+# on two cores) and the whole run well inside its budget; `skein-sim` runs any number more
+# (the counts were 32,000 worlds in all, a stage of about 400 s, before the suites ran in
+# lanes).
 
 # Every fuzz target for a bounded time on the committed corpus, guided by the coverage
 # counters of its own build (tests/fuzz_coverage.sh); a crash fails the run and its input
@@ -322,12 +314,12 @@ lanes_wait() {
 }
 simulate_and_fuzz() {
   local sim="${CARGO_TARGET_DIR:-target}/release/skein-sim"
-  lane "simulation: 10,000 plain seeds, generated worlds 1-3,000, 1,500 with cancels inside trees" \
-    bash -c "'$sim' --seeds 10000 && '$sim' --generated --seeds 3000 && '$sim' --generated --inner-cancels --seeds 1500"
-  lane "simulation: 5,000 swarm seeds, generated worlds 3,001-10,000, 1,500 swarm with cancels inside trees" \
-    bash -c "'$sim' --seeds 5000 --from 10001 --swarm && '$sim' --generated --seeds 7000 --from 3001 && '$sim' --generated --inner-cancels --swarm --seeds 1500 --from 3001"
-  lane "fuzzing: 12 targets x 12 s, guided by coverage; then 2,000 versions worlds, 2,000 with stale answers and expiring cache entries" \
-    bash -c "bash tests/fuzz_coverage.sh --coverage --seconds 12 && '$sim' --versions --seeds 1000 && '$sim' --versions --seeds 1000 --from 1001 --swarm && '$sim' --generated --inner-cancels --stale-tokens --short-ttl --seeds 1000 && '$sim' --generated --inner-cancels --stale-tokens --short-ttl --swarm --seeds 1000 --from 5001"
+  lane "simulation: 6,500 plain seeds, generated worlds 1-2,500, 1,000 with cancels inside trees" \
+    bash -c "'$sim' --seeds 6500 && '$sim' --generated --seeds 2500 && '$sim' --generated --inner-cancels --seeds 1000"
+  lane "simulation: 3,500 swarm seeds, generated worlds 2,501-6,000, 1,000 swarm with cancels inside trees" \
+    bash -c "'$sim' --seeds 3500 --from 10001 --swarm && '$sim' --generated --seeds 3500 --from 2501 && '$sim' --generated --inner-cancels --swarm --seeds 1000 --from 3001"
+  lane "fuzzing: 12 targets x 12 s, guided by coverage; then 1,000 versions worlds, 1,000 with stale answers and expiring cache entries" \
+    bash -c "bash tests/fuzz_coverage.sh --coverage --seconds 12 && '$sim' --versions --seeds 500 && '$sim' --versions --seeds 500 --from 1001 --swarm && '$sim' --generated --inner-cancels --stale-tokens --short-ttl --seeds 500 && '$sim' --generated --inner-cancels --stale-tokens --short-ttl --swarm --seeds 500 --from 5001"
   lanes_wait
 }
 stage "simulation and fuzzing, side by side" simulate_and_fuzz
