@@ -33,7 +33,7 @@ KNOWN_SECONDS = {
     "skein/patterns": 18,
     "skein-quota-server/quota": 17,
     "skein/nats_refusals": 14,
-    "skein-runtime/versions": 10,
+    "skein-sim/versions": 11,
     "skein-fuzz/runner": 10,
     "skein-nats/filters": 9,
     "skein/embedded": 9,
@@ -55,8 +55,7 @@ def suites(lines, crates, names):
         pkg_dir = os.path.dirname(m["manifest_path"])
         in_crates = os.path.basename(os.path.dirname(pkg_dir)) == "crates"
         package = os.path.basename(pkg_dir) if in_crates else "skein"
-        kind = "unittests" if t["kind"] != ["test"] else t["name"]
-        name = f"{package}/{kind}" if kind != "unittests" else f"{package}/{t['name']} (unit)"
+        name = f"{package}/{t['name']}" + ("" if t["kind"] == ["test"] else " (unit)")
         wanted = not crates and not names
         wanted |= any(pkg_dir.endswith("/" + c) for c in crates)
         wanted |= t["kind"] == ["test"] and t["name"] in names
