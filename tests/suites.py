@@ -46,6 +46,8 @@ KNOWN_SECONDS = {
 def suites(lines, crates, names):
     found = []
     for line in lines:
+        if not line.strip():
+            continue
         m = json.loads(line)
         if m.get("reason") != "compiler-artifact" or not m.get("executable"):
             continue
