@@ -98,6 +98,14 @@ impl Runtime {
         // still under way then is abandoned (as a crash would leave it) and the session
         // times out.
         let left = Duration::from_millis(deadline.at.saturating_sub(self.cfg.clock.now_ms()));
+        // Past it, the session is not driven at all. A drive that has nothing to wait for
+        // (a session waiting for a person, or for children) finishes at its first poll,
+        // before the timer is looked at: it would leave the session waiting, woken again
+        // at its deadline, that is at once, for as long as it waits.
+        if left.is_zero() {
+            drop(f);
+            return Box::pin(self.time_out(job, &deadline.reason)).await;
+        }
         match tokio::time::timeout(left, self.drive(&mut f, cold, job)).await {
             Ok(Ok(())) => {
                 if !f.state.status.is_terminal() {
