@@ -25,12 +25,12 @@ import time
 KNOWN_SECONDS = {
     "skein-nats/backend": 50,
     "skein/nats_node_loss": 78,
-    "skein-sim/seeds": 62,
     "skein/nats_e2e": 36,
     "skein/nats_definitions": 30,
     "skein/ops": 24,
     "skein/ui_browser": 19,
     "skein/patterns": 18,
+    "skein-sim/seeds": 18,
     "skein-quota-server/quota": 17,
     "skein/nats_refusals": 14,
     "skein-sim/versions": 11,

@@ -162,9 +162,11 @@ fn main() -> ExitCode {
     let (mut late, mut slow, mut beats, mut cancels) = (0, 0, 0, 0);
     let (mut answers, mut decisions, mut reuses) = (0, 0, 0);
     let mut disk_sum = DiskSum::default();
+    let mut most = MostClaims::default();
     for seed in from..from + n {
         let (run, v) = skein_sim::simulate_on(seed, swarm, disk);
         disk_sum.add(&run);
+        most.add(seed, &v);
         let f = &run.faults;
         crashes += run.crashes.len() as u64;
         conflicts += f.conflicts.load(Ordering::Relaxed);
@@ -198,6 +200,7 @@ fn main() -> ExitCode {
         secs,
         n as f64 / secs.max(1e-9)
     );
+    most.print();
     println!(
         "faults: {crashes} worker kills, {conflicts} append conflicts, {unreachable} \
          unreachable calls, {lost} notices lost, {twice} posted twice, {late} late, {model} \
@@ -239,6 +242,32 @@ fn flags(swarm: bool, opts: skein_sim::gen::Options, disk: bool) -> String {
         if swarm { " --swarm" } else { "" },
         if disk { "" } else { " --no-disk-faults" }
     )
+}
+
+/// The most claims of one session's job in one run, over many seeds: how many, in which
+/// seed, of which session.
+#[derive(Default)]
+struct MostClaims(Option<(u64, u64, String)>);
+
+impl MostClaims {
+    fn add(&mut self, seed: u64, v: &skein_sim::invariants::Verdict) {
+        if let Some((id, n)) = &v.most_claimed {
+            if self.0.as_ref().is_none_or(|(m, _, _)| n > m) {
+                self.0 = Some((*n, seed, id.to_string()));
+            }
+        }
+    }
+
+    fn print(&self) {
+        if let Some((n, seed, id)) = &self.0 {
+            println!(
+                "most claims of one session's job in a run: {n} (seed {seed}, {id}; a run may \
+                 make {} and one per {} virtual ms)",
+                skein_sim::invariants::CLAIMS_BASE,
+                skein_sim::invariants::CLAIMS_EVERY_MS
+            );
+        }
+    }
 }
 
 /// What the disk's faults did over many seeds.
@@ -438,6 +467,7 @@ fn generated_many(
     let mut stale = (0u32, 0u32, 0u32);
     let mut expired = 0u64;
     let mut dropped = 0u64;
+    let mut most = MostClaims::default();
     for seed in from..from + n {
         let g = skein_sim::simulate_generated_on(seed, swarm, opts, disk);
         if let Some(run) = &g.run {
@@ -462,6 +492,7 @@ fn generated_many(
             );
             continue;
         }
+        most.add(seed, &g.verdict);
         for (k, c) in &g.verdict.kinds {
             *kinds.entry(k.clone()).or_insert(0u64) += c;
         }
@@ -490,6 +521,7 @@ fn generated_many(
         "cache hits compared with a fresh run {checked} (not comparable {unmatched}); reads \
          of an expired entry {expired}; pushes dropped for sessions ended for good {dropped}"
     );
+    most.print();
     if opts.stale_tokens {
         println!(
             "items of an earlier look at the inbox answered {} ({} of them after their \
@@ -553,12 +585,14 @@ fn versions_many(
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut asked = std::collections::BTreeMap::<String, u64>::new();
     let mut lacks = std::collections::BTreeMap::<String, u64>::new();
+    let mut most = MostClaims::default();
     for seed in from..from + n {
         let Some((run, v)) = skein_sim::simulate_versions_with(seed, swarm, disk, opts) else {
             refused += 1;
             continue;
         };
         let Some(mix) = &run.mix else { continue };
+        most.add(seed, &v);
         trees += run.roots.len() as u64;
         newer_refused += mix.newer_refused.load(Ordering::Relaxed);
         newer_written += mix.newer_written.load(Ordering::Relaxed);
@@ -645,6 +679,7 @@ fn versions_many(
     println!(
         "records of the newer format written {newer_written}; reads an earlier release refused {newer_refused}"
     );
+    most.print();
     if bad > 0 {
         ExitCode::FAILURE
     } else {

@@ -63,6 +63,8 @@ struct Inner {
     finished_jobs: HashSet<SessionId>,
     /// Pushes dropped so.
     dropped_pushes: u64,
+    /// How many times each session's job was claimed, over the whole run.
+    claims: HashMap<SessionId, u64>,
 }
 
 /// The in-memory store. Time is `tokio::time`'s, which a paused runtime advances only
@@ -234,6 +236,15 @@ impl MemStore {
         self.lock().dropped_pushes
     }
 
+    /// The session whose job was claimed most often, and how often.
+    pub fn most_claimed(&self) -> Option<(SessionId, u64)> {
+        let g = self.lock();
+        g.claims
+            .iter()
+            .max_by_key(|(s, n)| (**n, std::cmp::Reverse((*s).clone())))
+            .map(|(s, n)| (s.clone(), *n))
+    }
+
     /// Whether the session's log ends with a terminal event.
     pub fn ended(&self, session: &SessionId) -> bool {
         self.lock()
@@ -383,10 +394,12 @@ impl MemStore {
         rec.not_before = 0;
         rec.attempt += 1;
         rec.token = token;
+        let attempt = rec.attempt;
+        *g.claims.entry(session.clone()).or_default() += 1;
         Ok(Job {
             pool: pool.to_string(),
             session,
-            attempt: rec.attempt,
+            attempt,
             handle: token.to_string(),
             lease: None,
         })

@@ -491,7 +491,9 @@ fn a_generated_set_is_the_same_every_time_and_loads_from_its_files() {
 /// (1496); a tree answered just before the faults stopped, checked before its next
 /// step could run (117); a job handed back by one slot of a worker that lacked the newer
 /// format and claimed again by its other slots, thousands of times, while the worker that
-/// read it never got it (3774); a timeout that cancelled a session in the middle of a step
+/// read it never got it (3774; later also sessions waiting past their `limits.timeout`,
+/// woken every few milliseconds without end, which the bound on claims now catches); a
+/// timeout that cancelled a session in the middle of a step
 /// that delegated, whose unrecorded grandchild's model calls reached no total (1199); a
 /// step retried after its crash that shared another tree's run of a mission whose child it
 /// had created (1218); a session cancelled by its timeout before it settled a child its
