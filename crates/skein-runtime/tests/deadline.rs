@@ -1,8 +1,9 @@
-//! A session that waits (for a person, here) when its `limits.timeout` runs out ends
-//! then, timed out, at the first wake-up after its deadline: it is not driven again, and
-//! its job does not come back. (A drive of a waiting session that did not have to wait for
-//! anything used to finish before its deadline's timer was ever looked at, and the
-//! session was woken again every few milliseconds for as long as it waited.)
+//! A session that waits when its `limits.timeout` runs out (for a person, or for a child
+//! that waits for one) ends then, timed out, at the first wake-up after its deadline: it
+//! is not driven again, and its job does not come back. (A drive of a waiting session
+//! that did not have to wait for anything used to finish before its deadline's timer was
+//! ever looked at, and the session was woken again every few milliseconds for as long as
+//! it waited.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use skein_core::{AgentSet, Event, Status};
+use skein_core::{AgentSet, Event, SessionId, Status};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
@@ -41,27 +42,29 @@ impl Tool for Launch {
     }
 }
 
-#[tokio::test]
-async fn a_waiting_session_past_its_timeout_ends_at_its_next_wake_and_is_not_woken_again() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("pilot.yaml"),
-        "turns:\n  - tool_calls:\n      - tool: launch\n        args: {}\n  - answer: \"{{ results[0] }}\"\n",
-    )
-    .unwrap();
-    let agents = AgentSet::load(
-        &[(
-            "pilot.md".into(),
-            "---\nname: pilot\nmodel: scripted:pilot\ntools: [launch]\n\
-             limits: {timeout: 1500ms}\n---\nLaunch.\n"
-                .into(),
-        )],
-        &["launch".to_string()],
-    )
-    .unwrap();
-    let store = SledStore::open(&dir.path().join("data"), &dir.path().join("ws")).unwrap();
+/// What `pilot` runs: one `launch`, which waits for approval, then an answer.
+const PILOT: &str =
+    "turns:\n  - tool_calls:\n      - tool: launch\n        args: {}\n  - answer: \"{{ results[0] }}\"\n";
+
+/// A runtime on a real sled store in `dir` with `agents` (name, front matter past the
+/// name and model, script), the `launch` tool, and one tree of `root` submitted.
+async fn submitted(
+    dir: &std::path::Path,
+    agents: &[(&str, &str, &str)],
+    root: &str,
+) -> (Arc<SledStore>, Arc<Runtime>, SessionId, Arc<AtomicUsize>) {
+    let mut files = vec![];
+    for (name, front, script) in agents {
+        std::fs::write(dir.join(format!("{name}.yaml")), script).unwrap();
+        files.push((
+            format!("{name}.md"),
+            format!("---\nname: {name}\nmodel: scripted:{name}\n{front}---\nDo it.\n"),
+        ));
+    }
+    let agents = AgentSet::load(&files, &["launch".to_string()]).unwrap();
+    let store = SledStore::open(&dir.join("data"), &dir.join("ws")).unwrap();
     let mut models = Registry::new();
-    models.insert("scripted", Arc::new(ScriptedProvider::new(dir.path())));
+    models.insert("scripted", Arc::new(ScriptedProvider::new(dir)));
     let launches = Arc::new(AtomicUsize::new(0));
     let mut tools = ToolBox::new();
     tools.insert(Arc::new(Launch(launches.clone())));
@@ -74,13 +77,19 @@ async fn a_waiting_session_past_its_timeout_ends_at_its_next_wake_and_is_not_wok
     );
     let id = rt
         .submit(Submission {
-            agent: "pilot".into(),
+            agent: root.into(),
             mission: "go".into(),
             ..Default::default()
         })
         .await
         .unwrap();
-    // Every job until the pilot waits for its approval (a tenth of a second with no job).
+    (store, rt, id, launches)
+}
+
+/// Works every job until the tree waits (a tenth of a second with no job), then each
+/// wake-up as it comes until two seconds pass without one: returns how many came then.
+/// More than `most` fails at once.
+async fn wake_ups_after_the_tree_waits(rt: &Runtime, most: usize) -> usize {
     while let Some(job) = rt
         .backend
         .jobs
@@ -91,15 +100,6 @@ async fn a_waiting_session_past_its_timeout_ends_at_its_next_wake_and_is_not_wok
         rt.process(&job).await.unwrap();
         rt.backend.jobs.ack(&job).await.unwrap();
     }
-    let (f, _) = rt.load(&id).await.unwrap();
-    assert_eq!(
-        f.state.status,
-        Status::AwaitingApproval,
-        "{:?}",
-        f.state.status
-    );
-    // Then each wake-up as it comes: the one its deadline's timer pushes, and any after
-    // it, until two seconds pass without one.
     let mut wakes = 0;
     while let Some(job) = rt
         .backend
@@ -112,22 +112,80 @@ async fn a_waiting_session_past_its_timeout_ends_at_its_next_wake_and_is_not_wok
         rt.process(&job).await.unwrap();
         rt.backend.jobs.ack(&job).await.unwrap();
         assert!(
-            wakes <= 2,
-            "the session is woken again and again past its deadline"
+            wakes <= most,
+            "sessions are woken again and again past the deadline"
         );
     }
-    let (f, _) = rt.load(&id).await.unwrap();
-    assert_eq!(f.state.status, Status::Cancelled, "{:?}", f.state.status);
-    let records = rt.backend.log.read(&id, 1).await.unwrap();
+    wakes
+}
+
+/// The session's status and the reason of its cancel (it must end cancelled).
+async fn cancelled_why(rt: &Runtime, id: &SessionId) -> String {
+    let (f, _) = rt.load(id).await.unwrap();
+    assert_eq!(
+        f.state.status,
+        Status::Cancelled,
+        "{id}: {:?}",
+        f.state.status
+    );
+    let records = rt.backend.log.read(id, 1).await.unwrap();
     match &records.last().unwrap().env.body {
-        Event::Cancelled(c) => assert!(
-            c.reason.contains("ran past its limits.timeout of 1500ms"),
-            "{}",
-            c.reason
-        ),
-        other => panic!("expected the timeout's cancel, got {}", other.kind()),
+        Event::Cancelled(c) => c.reason.clone(),
+        other => panic!("{id}: expected a cancel last, got {}", other.kind()),
     }
+}
+
+#[tokio::test]
+async fn a_waiting_session_past_its_timeout_ends_at_its_next_wake_and_is_not_woken_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, rt, id, launches) = submitted(
+        dir.path(),
+        &[(
+            "pilot",
+            "tools: [launch]\nlimits: {timeout: 1500ms}\n",
+            PILOT,
+        )],
+        "pilot",
+    )
+    .await;
+    let wakes = wake_ups_after_the_tree_waits(&rt, 2).await;
+    let why = cancelled_why(&rt, &id).await;
+    assert!(
+        why.contains("ran past its limits.timeout of 1500ms"),
+        "{why}"
+    );
     // The timer's wake-up ends it; the cancel pushes one more, which finds it ended.
     assert_eq!(wakes, 2, "one wake-up past the deadline ends it");
+    assert_eq!(launches.load(Ordering::SeqCst), 0, "nothing ran unapproved");
+}
+
+#[tokio::test]
+async fn a_parent_waiting_for_its_child_past_its_timeout_ends_with_its_subtree() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, rt, id, launches) = submitted(
+        dir.path(),
+        &[
+            (
+                "boss",
+                "agents: [pilot]\nlimits: {timeout: 1500ms}\n",
+                "turns:\n  - tool_calls:\n      - tool: call_agent\n        args: {agent: pilot, mission: \"launch it\"}\n  - answer: \"{{ results[0].result }}\"\n",
+            ),
+            ("pilot", "tools: [launch]\n", PILOT),
+        ],
+        "boss",
+    )
+    .await;
+    let wakes = wake_ups_after_the_tree_waits(&rt, 4).await;
+    let why = cancelled_why(&rt, &id).await;
+    assert!(
+        why.contains("`boss` ran past its limits.timeout of 1500ms"),
+        "{why}"
+    );
+    let child = SessionId::parse(&format!("{id}.pilot-1")).unwrap();
+    let why = cancelled_why(&rt, &child).await;
+    assert!(why.contains("timed out"), "{why}");
+    // The boss's timer; the cancel's wake-up of each session; the child's end, which
+    // wakes its parent. Each finds what it wakes ended but the first.
+    assert_eq!(wakes, 4, "wake-ups past the deadline");
     assert_eq!(launches.load(Ordering::SeqCst), 0, "nothing ran unapproved");
 }
