@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use serde_json::{json, Value};
+use common::Launch;
+use serde_json::json;
 use skein_core::token::{open, sign, TokenKind};
 use skein_core::{AgentSet, Event, Limits, SessionId};
 use skein_llm::scripted::ScriptedProvider;
@@ -16,30 +16,9 @@ use skein_runtime::hitl;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_runtime::TokenRefusal;
 use skein_sled::SledStore;
-use skein_tools::{Tool, ToolBox, ToolContext};
+use skein_tools::ToolBox;
 
-/// A tool with a side effect worth a person's look: it counts its launches.
-struct Launch(Arc<AtomicUsize>);
-
-#[async_trait]
-impl Tool for Launch {
-    fn name(&self) -> &str {
-        "launch"
-    }
-    fn description(&self) -> &str {
-        "Launches the thing."
-    }
-    fn parameters(&self) -> Value {
-        json!({"type": "object", "properties": {}, "additionalProperties": false})
-    }
-    fn requires_approval(&self) -> bool {
-        true
-    }
-    async fn call(&self, _ctx: &ToolContext, _args: Value) -> skein_tools::Result<String> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok("launched".into())
-    }
-}
+mod common;
 
 /// A runtime whose `pilot` has run until it waits for approval of its `launch`.
 async fn paused_pilot() -> (tempfile::TempDir, Arc<Runtime>, SessionId, Arc<AtomicUsize>) {

@@ -10,37 +10,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use serde_json::{json, Value};
+use common::Launch;
 use skein_core::{AgentSet, Event, SessionId, Status};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
-use skein_tools::{Tool, ToolBox, ToolContext};
+use skein_tools::ToolBox;
 
-/// A tool that asks a person first; it counts its runs.
-struct Launch(Arc<AtomicUsize>);
-
-#[async_trait]
-impl Tool for Launch {
-    fn name(&self) -> &str {
-        "launch"
-    }
-    fn description(&self) -> &str {
-        "Launches the thing."
-    }
-    fn parameters(&self) -> Value {
-        json!({"type": "object", "properties": {}, "additionalProperties": false})
-    }
-    fn requires_approval(&self) -> bool {
-        true
-    }
-    async fn call(&self, _ctx: &ToolContext, _args: Value) -> skein_tools::Result<String> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok("launched".into())
-    }
-}
+mod common;
 
 /// What `pilot` runs: one `launch`, which waits for approval, then an answer.
 const PILOT: &str =

@@ -2,7 +2,11 @@
 //! store, with the scripted model.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
 
 use skein_core::event::DelegationKind;
 use skein_core::{AgentSet, Event, SessionId};
@@ -10,7 +14,7 @@ use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
 use skein_sled::SledStore;
-use skein_tools::ToolBox;
+use skein_tools::{Tool, ToolBox, ToolContext};
 
 /// A runtime of `agents` on a real sled store in `dir` (`data/`, and the workspaces in
 /// `ws/`), with the scripted model reading its scripts from `dir`. Keep the store (and the
@@ -77,4 +81,28 @@ pub async fn delegations(rt: &Runtime, id: &SessionId) -> Vec<(SessionId, Delega
             _ => None,
         })
         .collect()
+}
+
+/// A tool with a side effect worth a person's look (it asks for approval first): it
+/// counts its launches.
+pub struct Launch(pub Arc<AtomicUsize>);
+
+#[async_trait]
+impl Tool for Launch {
+    fn name(&self) -> &str {
+        "launch"
+    }
+    fn description(&self) -> &str {
+        "Launches the thing."
+    }
+    fn parameters(&self) -> Value {
+        json!({"type": "object", "properties": {}, "additionalProperties": false})
+    }
+    fn requires_approval(&self) -> bool {
+        true
+    }
+    async fn call(&self, _ctx: &ToolContext, _args: Value) -> skein_tools::Result<String> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok("launched".into())
+    }
 }
