@@ -3,7 +3,7 @@
 //! is not driven again, and its job does not come back. (A drive of a waiting session
 //! that did not have to wait for anything used to finish before its deadline's timer was
 //! ever looked at, and the session was woken again every few milliseconds for as long as
-//! it waited.)
+//! it waited.) The person's approval that comes after the timeout is refused.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +14,9 @@ use common::Launch;
 use skein_core::{AgentSet, Event, SessionId, Status};
 use skein_llm::scripted::ScriptedProvider;
 use skein_llm::Registry;
+use skein_runtime::hitl;
 use skein_runtime::worker::{Runtime, RuntimeConfig, Submission};
+use skein_runtime::TokenRefusal;
 use skein_sled::SledStore;
 use skein_tools::ToolBox;
 
@@ -64,10 +66,8 @@ async fn submitted(
     (store, rt, id, launches)
 }
 
-/// Works every job until the tree waits (a tenth of a second with no job), then each
-/// wake-up as it comes until two seconds pass without one: returns how many came then.
-/// More than `most` fails at once.
-async fn wake_ups_after_the_tree_waits(rt: &Runtime, most: usize) -> usize {
+/// Works every job until the tree waits (a tenth of a second with no job).
+async fn until_the_tree_waits(rt: &Runtime) {
     while let Some(job) = rt
         .backend
         .jobs
@@ -78,6 +78,11 @@ async fn wake_ups_after_the_tree_waits(rt: &Runtime, most: usize) -> usize {
         rt.process(&job).await.unwrap();
         rt.backend.jobs.ack(&job).await.unwrap();
     }
+}
+
+/// Works each wake-up as it comes until two seconds pass without one: returns how many
+/// came. More than `most` fails at once.
+async fn wake_ups(rt: &Runtime, most: usize) -> usize {
     let mut wakes = 0;
     while let Some(job) = rt
         .backend
@@ -126,7 +131,11 @@ async fn a_waiting_session_past_its_timeout_ends_at_its_next_wake_and_is_not_wok
         "pilot",
     )
     .await;
-    let wakes = wake_ups_after_the_tree_waits(&rt, 2).await;
+    until_the_tree_waits(&rt).await;
+    // The person's item, taken while the pilot waits.
+    let items = hitl::inbox(&rt, std::slice::from_ref(&id)).await.unwrap();
+    assert_eq!(items.len(), 1, "one approval waits");
+    let wakes = wake_ups(&rt, 2).await;
     let why = cancelled_why(&rt, &id).await;
     assert!(
         why.contains("ran past its limits.timeout of 1500ms"),
@@ -134,6 +143,13 @@ async fn a_waiting_session_past_its_timeout_ends_at_its_next_wake_and_is_not_wok
     );
     // The timer's wake-up ends it; the cancel pushes one more, which finds it ended.
     assert_eq!(wakes, 2, "one wake-up past the deadline ends it");
+    // The approval comes too late: refused, as the session has ended, and nothing runs.
+    let e = hitl::decide_approval(&rt, &items[0].token, true, None, None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.token_refusal(), Some(TokenRefusal::Ended), "{e}");
+    let next = rt.backend.jobs.claim("default", Duration::from_millis(200));
+    assert!(next.await.unwrap().is_none(), "the refusal woke nothing");
     assert_eq!(launches.load(Ordering::SeqCst), 0, "nothing ran unapproved");
 }
 
@@ -153,7 +169,8 @@ async fn a_parent_waiting_for_its_child_past_its_timeout_ends_with_its_subtree()
         "boss",
     )
     .await;
-    let wakes = wake_ups_after_the_tree_waits(&rt, 4).await;
+    until_the_tree_waits(&rt).await;
+    let wakes = wake_ups(&rt, 4).await;
     let why = cancelled_why(&rt, &id).await;
     assert!(
         why.contains("`boss` ran past its limits.timeout of 1500ms"),
