@@ -241,7 +241,7 @@ impl MemStore {
         let g = self.lock();
         g.claims
             .iter()
-            .max_by_key(|(s, n)| (**n, std::cmp::Reverse((*s).clone())))
+            .max_by(|(s, n), (t, m)| n.cmp(m).then_with(|| t.cmp(s)))
             .map(|(s, n)| (s.clone(), *n))
     }
 
