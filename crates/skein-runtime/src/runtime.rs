@@ -36,6 +36,10 @@ pub struct RuntimeConfig {
     pub cache_ttl: Option<Duration>,
     /// Folded states kept in memory.
     pub state_cache: usize,
+    /// The first batch of a wide turn's delegations, each next batch twice as large, up
+    /// to 128: the children of a batch start while the next one is made. 0: a turn's
+    /// delegations are recorded in one batch.
+    pub delegation_batch: usize,
     /// Signs resume tokens.
     pub token_secret: crate::secret::Secret,
     /// The wall clock and the draws of chance (a simulation's are virtual and seeded).
@@ -52,6 +56,7 @@ impl Default for RuntimeConfig {
             blob_threshold: 64 * 1024,
             cache_ttl: Some(Duration::from_secs(24 * 3600)),
             state_cache: 10_000,
+            delegation_batch: 0,
             token_secret: crate::secret::Secret(crate::secret::new_token_id().into_bytes()),
             clock: std::sync::Arc::new(crate::clock::SystemClock),
         }

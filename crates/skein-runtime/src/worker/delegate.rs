@@ -15,6 +15,20 @@ use crate::runtime::Runtime;
 use crate::session::{Folded, Outside};
 use crate::{Error, Result};
 
+/// The largest batch of one turn's delegations when they are batched (see
+/// [`Runtime::delegate`]).
+const MAX_DELEGATION_BATCH: usize = 128;
+
+/// What every batch of one turn's delegations shares.
+struct TurnOfDelegations {
+    parent_sub: Submitted,
+    version: Arc<crate::defs::Version>,
+    /// A wide turn delegates mostly to a few agents: each definition is copied once.
+    named: std::collections::HashMap<String, Arc<AgentDef>>,
+    /// Digests of the definitions whose text this turn has stored.
+    stored: std::collections::HashSet<String>,
+}
+
 impl Runtime {
     pub(crate) async fn delegate(
         &self,
@@ -22,17 +36,57 @@ impl Runtime {
         def: &AgentDef,
         ds: Vec<Delegation>,
     ) -> Result<()> {
-        let started = std::time::SystemTime::now();
         let Some(parent_sub) = f.state.submitted.clone() else {
             return Err(Error::NotFound(format!("{} has no Submitted event", f.id)));
         };
         // Children run on their tree's version, whatever is current now.
         let version = self.version_of(&f.state).await?;
+        let mut turn = TurnOfDelegations {
+            parent_sub,
+            version,
+            named: Default::default(),
+            stored: Default::default(),
+        };
+        // A wide turn is delegated in batches that grow: each batch's children start
+        // while the next batch is made, so a thousand children do not all wait for the
+        // last one to be created. A batch is recorded as a whole turn was: its children,
+        // then the parent's record of them, then their jobs. A crash between batches
+        // leaves the parent with some calls recorded and the rest still to do, which the
+        // next attempt of the step delegates (as after a crash within a record on a store
+        // that writes a batch in parts).
+        let mut size = match self.cfg.delegation_batch {
+            0 => usize::MAX,
+            n => n,
+        };
+        let mut ds = ds.into_iter();
+        loop {
+            let batch: Vec<Delegation> = ds.by_ref().take(size).collect();
+            if batch.is_empty() {
+                return Ok(());
+            }
+            size = size.saturating_mul(2).min(MAX_DELEGATION_BATCH.max(size));
+            self.delegate_batch(f, def, &mut turn, batch).await?;
+        }
+    }
+
+    /// One batch of a turn's delegations (see [`Runtime::delegate`]).
+    async fn delegate_batch(
+        &self,
+        f: &mut Folded,
+        def: &AgentDef,
+        turn: &mut TurnOfDelegations,
+        ds: Vec<Delegation>,
+    ) -> Result<()> {
+        let started = std::time::SystemTime::now();
+        let TurnOfDelegations {
+            parent_sub,
+            version,
+            named,
+            stored,
+        } = turn;
         let mut parent_events = Vec::with_capacity(ds.len());
         let mut creations = vec![];
         let mut jobs = vec![];
-        // A wide turn delegates mostly to a few agents: each definition is copied once.
-        let mut named: std::collections::HashMap<String, Arc<AgentDef>> = Default::default();
         for d in ds {
             if let Some(resume) = &d.resume {
                 parent_events.push(self.resume_child(f, &d, resume).await?);
@@ -62,7 +116,7 @@ impl Runtime {
                 },
             };
             let def_digest = child_def.digest.clone();
-            let shape = self.run_shape(&version, &child_def, &d);
+            let shape = self.run_shape(version, &child_def, &d);
             let key = MissionKey {
                 def_digest: &def_digest,
                 model: &child_def.front.model,
@@ -219,18 +273,19 @@ impl Runtime {
         // one), before any child that names it exists.
         let mut defs: Vec<&AgentDef> = vec![];
         for (_, def, _) in &creations {
-            if !defs.iter().any(|d| d.digest == def.digest) {
+            if !stored.contains(&def.digest) && !defs.iter().any(|d| d.digest == def.digest) {
                 defs.push(def);
             }
         }
-        for stored in join_all(
+        for put in join_all(
             defs.iter()
                 .map(|d| self.backend.blobs.put(d.text.as_bytes())),
         )
         .await
         {
-            stored?;
+            put?;
         }
+        stored.extend(defs.iter().map(|d| d.digest.clone()));
         let created = self
             .create_many_ahead(
                 creations
