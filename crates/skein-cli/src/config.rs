@@ -10,6 +10,11 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 use skein_core::Limits;
 
+/// The first batch of a wide turn's delegations on the embedded store: there a batch
+/// costs one `fdatasync`, and its children run on the cores the rest of the turn leaves
+/// idle (`docs/perf.md`).
+pub const EMBEDDED_DELEGATION_BATCH: usize = 16;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RuntimeSection {
@@ -23,6 +28,11 @@ pub struct RuntimeSection {
     pub blob_threshold: usize,
     /// Folded session states a worker keeps in memory.
     pub state_cache: usize,
+    /// The first batch of a wide turn's delegations (each next one twice as large, up to
+    /// 128), so the first children start while the rest are made; 0 records a turn's
+    /// delegations in one batch. Default: [`EMBEDDED_DELEGATION_BATCH`] on the embedded
+    /// store, 0 on NATS.
+    pub delegation_batch: Option<usize>,
     /// Name recorded in the log for this worker (default: host-pid).
     pub worker_id: Option<String>,
     /// Pools a worker takes jobs from (default: every pool the agents name).
@@ -37,6 +47,7 @@ impl Default for RuntimeSection {
             max_deliver: 5,
             blob_threshold: 64 * 1024,
             state_cache: 10_000,
+            delegation_batch: None,
             worker_id: None,
             pools: vec![],
         }

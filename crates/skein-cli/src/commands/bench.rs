@@ -163,6 +163,12 @@ fn embedded(app: &App, latency: u64) -> Result<(tempfile::TempDir, Arc<SledStore
             max_children_per_turn: 100_000,
             ..Limits::default()
         },
+        // As `skein run` on the embedded store batches a wide turn's delegations.
+        delegation_batch: app
+            .cfg
+            .runtime
+            .delegation_batch
+            .unwrap_or(crate::config::EMBEDDED_DELEGATION_BATCH),
         ..RuntimeConfig::default()
     };
     let rt = Runtime::new(store.backend(), agents, models, app.tools()?, cfg);
@@ -284,6 +290,12 @@ async fn cache_hit_bench(app: &App, n: usize) -> Result<(f64, f64)> {
             max_children_per_turn: 100_000,
             ..Limits::default()
         },
+        // As `skein run` on the embedded store batches a wide turn's delegations.
+        delegation_batch: app
+            .cfg
+            .runtime
+            .delegation_batch
+            .unwrap_or(crate::config::EMBEDDED_DELEGATION_BATCH),
         ..RuntimeConfig::default()
     };
     let rt = Runtime::new(backend.clone(), agents, models, app.tools()?, cfg);

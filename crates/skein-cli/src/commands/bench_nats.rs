@@ -85,6 +85,8 @@ impl Fleet {
                     max_children_per_turn: 100_000,
                     ..Limits::default()
                 },
+                // As a `skein worker` batches a wide turn's delegations (off unless set).
+                delegation_batch: app.cfg.runtime.delegation_batch.unwrap_or(0),
                 ..RuntimeConfig::default()
             };
             let rt = Runtime::new(store.backend(), agents.clone(), models, app.tools()?, rc);
