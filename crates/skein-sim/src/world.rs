@@ -465,6 +465,9 @@ pub async fn run_mixed(
             // One secret for the cluster, as its workers share one: a token from one
             // worker's inbox is checked by another.
             token_secret: skein_runtime::secret::Secret(b"simulated cluster".to_vec()),
+            // Half the worlds record a turn's delegations one batch after another (the
+            // first of one call), so that crashes and faults fall between the batches.
+            delegation_batch: if seed % 2 == 1 { 1 } else { 0 },
             ..RuntimeConfig::default()
         };
         // The person approves or denies writes; nothing else waits for approval.
