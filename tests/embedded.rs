@@ -444,3 +444,120 @@ fn sessions_page_through_a_cursor_and_gc_archives_then_removes_finished_trees() 
     c.args(["sessions", "--json"]);
     assert_eq!(json_of(&run_ok(c)), serde_json::json!([]));
 }
+
+/// Writes a wide tree's agents into `dir` with a config naming them: `wide` delegates
+/// `inputs.n` calls in one turn to `leaf`, which lists its workspace once and answers; a
+/// turn's delegations are recorded in batches from one call up.
+fn wide_tree_config(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir.join("agents")).unwrap();
+    std::fs::create_dir_all(dir.join("scripts")).unwrap();
+    std::fs::write(
+        dir.join("agents/wide.md"),
+        "---\nname: wide\nmodel: scripted:wide\nagents: [leaf]\ncache: false\n\
+         limits: {max_children_per_turn: 1000, max_tool_calls_per_turn: 1000}\n---\nFan out.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("agents/leaf.md"),
+        "---\nname: leaf\nmodel: scripted:leaf\ntools: [list_dir]\ncache: false\n---\nLook.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("scripts/wide.yaml"),
+        "turns:\n  - tool_calls:\n      - tool: call_agent\n        repeat: \"{{ inputs.n }}\"\n        \
+         args: {agent: leaf, mission: \"part {{ i }}\"}\n  - answer: \"{{ results | length }} parts done\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("scripts/leaf.yaml"),
+        "turns:\n  - tool_calls:\n      - tool: list_dir\n        args: {path: \".\"}\n  \
+         - answer: \"done with {{ mission }}\"\n",
+    )
+    .unwrap();
+    let config = dir.join("skein.toml");
+    std::fs::write(
+        &config,
+        "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n\n[runtime]\ndelegation_batch = 1\n\n\
+         [limits]\nmax_children_per_turn = 1000\nmax_tool_calls_per_turn = 1000\n",
+    )
+    .unwrap();
+    config
+}
+
+/// A wide turn's delegations are recorded in batches (`[runtime] delegation_batch`), the
+/// children of each starting while the next is made. A kill -9 that falls between two
+/// batches leaves the parent with some of its calls recorded: the resumed run delegates
+/// the rest, each call once, every child runs once, and every log replays exactly.
+#[test]
+fn kill9_between_the_batches_of_a_wide_turn_then_resume() {
+    const N: usize = 300;
+    let mut landed_within = vec![];
+    // Where the kill falls depends on timing: up to three runs, until one falls within
+    // the turn; every run is checked whole after its resume.
+    for attempt in 0..3 {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = wide_tree_config(tmp.path());
+        let data = tmp.path().join("data");
+        let mut c = skein(&config, &data);
+        c.args(["run", "--agent", "wide", "--no-cache", "--inputs"])
+            .arg(format!("{{\"n\": {N}}}"))
+            .arg(format!("wide turn {attempt}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let mut root = None;
+        for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+            let line = line.unwrap();
+            if let Some(id) = line.strip_prefix("root ") {
+                root = Some(id.trim().to_string());
+            }
+            // The first child's first record: its batch is written.
+            if line.contains("leaf-1 ") {
+                break;
+            }
+        }
+        signal(&child, "-9");
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "the run finished before the kill");
+        let root = SessionId::parse(&root.expect("the run printed its root id")).unwrap();
+
+        let count = |data: &std::path::Path, kind: &str| -> usize {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                let store = skein_sled::SledStore::open(data, &data.join("workspaces")).unwrap();
+                let b = store.backend();
+                b.log
+                    .read(&root, 1)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .filter(|r| r.env.body.kind() == kind)
+                    .count()
+            })
+        };
+        let before = count(&data, "Delegated");
+
+        let mut c = skein(&config, &data);
+        c.args(["resume", root.as_str(), "--json"]);
+        let out = json_of(&run_ok(c));
+        assert_eq!(out["status"], "completed", "{out}");
+        assert_eq!(out["answer"], format!("{N} parts done"), "{out}");
+        assert_eq!(
+            count(&data, "Delegated"),
+            N,
+            "each call delegated once (the kill fell after {before})"
+        );
+        assert_eq!(count(&data, "ChildSettled"), N);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let sessions = rt.block_on(audit_tree(&data, &root, &tmp.path().join("agents")));
+        assert_eq!(sessions, N + 1, "one child per call, none twice");
+        if before > 0 && before < N {
+            landed_within.push(before);
+            break;
+        }
+    }
+    assert!(
+        !landed_within.is_empty(),
+        "no kill fell between two batches of the turn in three runs"
+    );
+}
