@@ -258,11 +258,7 @@ impl App {
             blob_threshold: r.blob_threshold,
             cache_ttl: (ttl > Duration::ZERO).then_some(ttl),
             state_cache: r.state_cache,
-            delegation_batch: r.delegation_batch.unwrap_or(if self.global.nats.is_some() {
-                0
-            } else {
-                crate::config::EMBEDDED_DELEGATION_BATCH
-            }),
+            delegation_batch: r.delegation_batch_on(self.global.nats.is_some()),
             ..RuntimeConfig::default()
         };
         if let Some(w) = &r.worker_id {

@@ -39,6 +39,14 @@ pub struct RuntimeSection {
     pub pools: Vec<String>,
 }
 
+impl RuntimeSection {
+    /// `delegation_batch` as set, else its default for the backend.
+    pub fn delegation_batch_on(&self, nats: bool) -> usize {
+        self.delegation_batch
+            .unwrap_or(if nats { 0 } else { EMBEDDED_DELEGATION_BATCH })
+    }
+}
+
 impl Default for RuntimeSection {
     fn default() -> Self {
         Self {

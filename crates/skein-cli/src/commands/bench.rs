@@ -164,11 +164,7 @@ fn embedded(app: &App, latency: u64) -> Result<(tempfile::TempDir, Arc<SledStore
             ..Limits::default()
         },
         // As `skein run` on the embedded store batches a wide turn's delegations.
-        delegation_batch: app
-            .cfg
-            .runtime
-            .delegation_batch
-            .unwrap_or(crate::config::EMBEDDED_DELEGATION_BATCH),
+        delegation_batch: app.cfg.runtime.delegation_batch_on(false),
         ..RuntimeConfig::default()
     };
     let rt = Runtime::new(store.backend(), agents, models, app.tools()?, cfg);
@@ -291,11 +287,7 @@ async fn cache_hit_bench(app: &App, n: usize) -> Result<(f64, f64)> {
             ..Limits::default()
         },
         // As `skein run` on the embedded store batches a wide turn's delegations.
-        delegation_batch: app
-            .cfg
-            .runtime
-            .delegation_batch
-            .unwrap_or(crate::config::EMBEDDED_DELEGATION_BATCH),
+        delegation_batch: app.cfg.runtime.delegation_batch_on(false),
         ..RuntimeConfig::default()
     };
     let rt = Runtime::new(backend.clone(), agents, models, app.tools()?, cfg);

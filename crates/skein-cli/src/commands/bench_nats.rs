@@ -86,7 +86,7 @@ impl Fleet {
                     ..Limits::default()
                 },
                 // As a `skein worker` batches a wide turn's delegations (off unless set).
-                delegation_batch: app.cfg.runtime.delegation_batch.unwrap_or(0),
+                delegation_batch: app.cfg.runtime.delegation_batch_on(true),
                 ..RuntimeConfig::default()
             };
             let rt = Runtime::new(store.backend(), agents.clone(), models, app.tools()?, rc);

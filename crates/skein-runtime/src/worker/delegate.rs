@@ -64,7 +64,9 @@ impl Runtime {
             if batch.is_empty() {
                 return Ok(());
             }
-            size = size.saturating_mul(2).min(MAX_DELEGATION_BATCH.max(size));
+            if size < MAX_DELEGATION_BATCH {
+                size = (size * 2).min(MAX_DELEGATION_BATCH);
+            }
             self.delegate_batch(f, def, &mut turn, batch).await?;
         }
     }
