@@ -217,7 +217,9 @@ pub trait JobQueue: Send + Sync {
     }
     /// Gives the job back, to be delivered again after `delay`.
     async fn retry(&self, job: &Job, delay: Duration) -> Result<()>;
-    /// Jobs waiting or held in a pool.
+    /// Jobs waiting or held in a pool: a gauge, which may count a push or an ack a
+    /// moment after it returned (on NATS the consumer's pending count follows the
+    /// stream as the server signals it).
     async fn depth(&self, pool: &str) -> Result<u64>;
 
     /// As [`JobQueue::claim`], but only a job whose session `want` accepts; every other

@@ -904,29 +904,42 @@ pub async fn log_appends_ahead(b: &Backend) -> Result<()> {
 pub async fn jobs_are_counted(b: &Backend) -> Result<()> {
     let pool = format!("conf{}", &new_root_id().as_str()[20..]);
     let other = format!("{pool}x");
-    ensure(b.jobs.depth(&pool).await? == 0, "a new pool is empty")?;
+    depth_comes_to(b, &pool, 0, "a new pool is empty").await?;
     let (s, t) = (new_root_id(), new_root_id());
     b.jobs.push(&pool, &s).await?;
     b.jobs.push(&pool, &t).await?;
     b.jobs.push(&other, &t).await?;
-    let depth = b.jobs.depth(&pool).await?;
-    ensure(depth == 2, format!("two sessions pushed, depth {depth}"))?;
+    depth_comes_to(b, &pool, 2, "two sessions pushed").await?;
     let j = b
         .jobs
         .claim(&pool, Duration::from_secs(3))
         .await?
         .ok_or_else(|| Failure::Broken("no job claimed".into()))?;
-    let depth = b.jobs.depth(&pool).await?;
-    ensure(
-        depth == 2,
-        format!("a held job still counts, depth {depth}"),
-    )?;
+    depth_comes_to(b, &pool, 2, "a held job still counts").await?;
     b.jobs.ack(&j).await?;
-    let depth = b.jobs.depth(&pool).await?;
-    ensure(depth == 1, format!("one acked, depth {depth}"))?;
-    let depth = b.jobs.depth(&other).await?;
-    ensure(depth == 1, format!("the other pool's depth {depth}"))?;
+    depth_comes_to(b, &pool, 1, "one acked").await?;
+    depth_comes_to(b, &other, 1, "the other pool").await?;
     Ok(())
+}
+
+/// A pool's depth is a gauge, and a backend may count a push or an ack a moment after
+/// it returns (a NATS consumer's pending count follows the stream as the server signals
+/// it, not within the publish's ack). So the depth must come to `want` within five
+/// seconds, and stay there once it has.
+async fn depth_comes_to(b: &Backend, pool: &str, want: u64, what: &str) -> Result<()> {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut depth = b.jobs.depth(pool).await?;
+    while depth != want && tokio::time::Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        depth = b.jobs.depth(pool).await?;
+    }
+    ensure(depth == want, format!("{what}: depth {depth}, not {want}"))?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let later = b.jobs.depth(pool).await?;
+    ensure(
+        later == want,
+        format!("{what}: depth came to {want}, then went to {later}"),
+    )
 }
 
 /// Where claimed ([`Capabilities::claim_matching`](crate::ports::Capabilities)), a
