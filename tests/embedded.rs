@@ -561,3 +561,112 @@ fn kill9_between_the_batches_of_a_wide_turn_then_resume() {
         "no kill fell between two batches of the turn in three runs"
     );
 }
+
+/// A team of `members` hands and a lead that answers only once every hand has left the
+/// team (its last word heard); delegations are configured in batches from one call up,
+/// which a team's turn must not follow.
+fn large_team_config(dir: &std::path::Path, members: usize) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir.join("agents")).unwrap();
+    std::fs::create_dir_all(dir.join("scripts")).unwrap();
+    let hands = vec!["hand"; members].join(", ");
+    std::fs::write(
+        dir.join("agents/crew.md"),
+        format!(
+            "---\nname: crew\nmodel: scripted:crew\nteam: {{members: [{hands}], supervisor: lead, \
+             supervisor_max_turns: {}}}\nlimits: {{max_children_per_turn: {}, max_tool_calls_per_turn: {}}}\n\
+             ---\nA crew.\n",
+            members + 5,
+            members + 1,
+            members + 1
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("scripts/crew.yaml"),
+        "turns:\n  - answer: unused\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("agents/hand.md"),
+        "---\nname: hand\nmodel: scripted:hand\n---\nA hand.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("scripts/hand.yaml"),
+        "turns:\n  - answer: \"hand done\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("agents/lead.md"),
+        "---\nname: lead\nmodel: scripted:lead\n---\nThe lead.\n",
+    )
+    .unwrap();
+    let heard = "user_messages | select('endingwith', 'hand done') | list | length";
+    let turn = format!(
+        "  - choose:\n      - when: \"({heard}) >= {members}\"\n        answer: \"heard from {{{{ {heard} }}}} hands\"\n      \
+         - tool_calls:\n          - tool: team_broadcast\n            args: {{message: \"heard {{{{ {heard} }}}} so far\"}}\n"
+    );
+    std::fs::write(
+        dir.join("scripts/lead.yaml"),
+        format!("turns:\n{}", turn.repeat(members + 5)),
+    )
+    .unwrap();
+    let config = dir.join("skein.toml");
+    std::fs::write(
+        &config,
+        "agents_dir = \"agents\"\nscripts_dir = \"scripts\"\n\n[runtime]\ndelegation_batch = 1\n",
+    )
+    .unwrap();
+    config
+}
+
+/// A team's participants must all exist before any starts: a hand that ended before the
+/// lead's log was made would never be heard to leave, and the lead would wait for it for
+/// ever. With delegations in batches from one call, a kill -9 as the first hand's record
+/// shows, then a resume, used to leave such a lead waiting in most runs (the resumed run
+/// ran the first hands before it made the rest). Now the team's turn is one batch: every
+/// run ends with the lead having heard all sixty, and every log replays exactly.
+#[test]
+fn kill9_while_a_large_team_is_delegated_then_resume_hears_every_member() {
+    const MEMBERS: usize = 60;
+    for attempt in 0..3 {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = large_team_config(tmp.path(), MEMBERS);
+        let data = tmp.path().join("data");
+        let mut c = skein(&config, &data);
+        c.args(["run", "--agent", "crew", &format!("the job {attempt}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let mut root = None;
+        for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+            let line = line.unwrap();
+            if let Some(id) = line.strip_prefix("root ") {
+                root = Some(id.trim().to_string());
+            }
+            if line.contains("hand-") {
+                break;
+            }
+        }
+        signal(&child, "-9");
+        child.wait().unwrap();
+        let root = SessionId::parse(&root.expect("the run printed its root id")).unwrap();
+
+        let mut c = skein(&config, &data);
+        c.args(["resume", root.as_str(), "--json"]);
+        let out = json_of(&run_ok(c));
+        assert_eq!(out["status"], "completed", "run {attempt}: {out}");
+        assert_eq!(
+            out["answer"],
+            format!("heard from {MEMBERS} hands"),
+            "run {attempt}: {out}"
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let sessions = rt.block_on(audit_tree(&data, &root, &tmp.path().join("agents")));
+        assert_eq!(
+            sessions,
+            MEMBERS + 2,
+            "run {attempt}: the host, its hands, the lead"
+        );
+    }
+}

@@ -38,7 +38,8 @@ pub struct RuntimeConfig {
     pub state_cache: usize,
     /// The first batch of a wide turn's delegations, each next batch twice as large, up
     /// to 128: the children of a batch start while the next one is made. 0: a turn's
-    /// delegations are recorded in one batch.
+    /// delegations are recorded in one batch, as a team's always are (its participants
+    /// must all exist before any of them starts).
     pub delegation_batch: usize,
     /// Signs resume tokens.
     pub token_secret: crate::secret::Secret,

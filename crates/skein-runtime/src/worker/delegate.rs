@@ -54,7 +54,16 @@ impl Runtime {
         // leaves the parent with some calls recorded and the rest still to do, which the
         // next attempt of the step delegates (as after a crash within a record on a store
         // that writes a batch in parts).
+        //
+        // A team's turn is never batched: its participants talk to each other, and a
+        // broadcast or a member's last word is delivered only to the peers whose logs
+        // exist. A member that ended before its supervisor was created would never be
+        // counted as gone, and the supervisor would wait for it for ever. So every seat
+        // is created, and the team's calls recorded, before any participant's job is
+        // pushed.
+        let team = ds.iter().any(|d| d.team.is_some());
         let mut size = match self.cfg.delegation_batch {
+            _ if team => usize::MAX,
             0 => usize::MAX,
             n => n,
         };
