@@ -593,9 +593,19 @@ impl Gen {
             names.push(mname);
         }
         let sup = format!("{name}s");
-        let script = format!(
-            "turns:\n  - choose:\n      - when: \"(user_messages | length) >= {members}\"\n        answer: \"decided\"\n      - tool_calls:\n          - tool: team_broadcast\n            args: {{message: \"go on\"}}\n  - answer: \"decided\"\n  - answer: \"decided\"\n  - answer: \"decided\"\n  - answer: \"decided\"\n"
+        // The supervisor decides once every member has left the team (its last word, an
+        // exit or a failure, heard) and otherwise tells the team to go on: a member whose
+        // end never reached it leaves the team waiting, which the liveness check sees. It
+        // takes a turn for each message at most (a broadcast and a last word per member).
+        let heard = |kind: &str| {
+            format!("((user_messages | join(' ') | split('` ({kind}') | list | length) - 1)")
+        };
+        let turn = format!(
+            "  - choose:\n      - when: \"{} + {} >= {members}\"\n        answer: \"decided\"\n      - tool_calls:\n          - tool: team_broadcast\n            args: {{message: \"go on\"}}\n",
+            heard("exit"),
+            heard("failure")
         );
+        let script = format!("turns:\n{}", turn.repeat(2 * members + 3));
         self.agents.push(Agent {
             name: sup.clone(),
             front: String::new(),
