@@ -61,6 +61,10 @@ pub struct Rates {
     pub cancel: f64,
     /// A person looks at the inbox and acts on one item, per scheduler tick.
     pub person: f64,
+    /// A job push takes a while (up to 40 virtual ms, a round trip to a busy server), so
+    /// a step that pushes jobs can be killed, or overtaken by the jobs it pushed, midway:
+    /// between two batches of a turn's delegations, for one.
+    pub slow_push: f64,
 }
 
 impl Rates {
@@ -77,6 +81,7 @@ impl Rates {
         heartbeat_lost: 0.0,
         cancel: 0.0,
         person: 1.0,
+        slow_push: 0.0,
     };
 
     /// The rates of a plain run: every fault possible, none frequent.
@@ -92,11 +97,20 @@ impl Rates {
         heartbeat_lost: 0.1,
         cancel: 0.002,
         person: 0.3,
+        slow_push: 0.05,
     };
 
     /// Swarm testing: each seed draws its own rates, some faults off entirely and others
     /// far more frequent, so that rare combinations get their turn.
     pub fn swarm(rng: &mut Rng) -> Rates {
+        // Drawn from a stream of its own, so that the other rates of a seed are the ones
+        // it drew before slow pushes were simulated.
+        let mut own = Rng(rng.0 ^ 0x736c_6f77_7075_7368);
+        let slow_push = if own.chance(0.3) {
+            0.0
+        } else {
+            0.3 * (own.below(1000) as f64 / 1000.0)
+        };
         let mut pick = |max: f64| {
             if rng.chance(0.3) {
                 0.0
@@ -117,6 +131,7 @@ impl Rates {
             cancel: pick(0.01),
             // Never no one: a question nobody answers is a pause, not a run that ends.
             person: 0.02 + pick(0.9),
+            slow_push,
         }
     }
 }
@@ -127,6 +142,8 @@ pub struct Faults {
     rng: Mutex<Rng>,
     /// The draws of [`Faults::pipelined_refused`].
     refusals: Mutex<Rng>,
+    /// The draws of [`Faults::push_delay`].
+    pushes: Mutex<Rng>,
     pub conflicts: AtomicU64,
     pub unreachable: AtomicU64,
     pub notices_lost: AtomicU64,
@@ -136,6 +153,7 @@ pub struct Faults {
     pub slow_calls: AtomicU64,
     pub heartbeats_lost: AtomicU64,
     pub cancels: AtomicU64,
+    pub slow_pushes: AtomicU64,
     /// Off while the invariants are checked: the checks read the store too.
     on: std::sync::atomic::AtomicBool,
 }
@@ -145,10 +163,12 @@ impl Faults {
         // Its own stream, so that the other faults of a seed fall where they did before
         // pipelined appends were drawn.
         let refusals = Rng(rng.0 ^ 0x7069_7065_6c69_6e65);
+        let pushes = Rng(rng.0 ^ 0x7075_7368_6573_6c6f);
         Faults {
             rates,
             rng: Mutex::new(rng),
             refusals: Mutex::new(refusals),
+            pushes: Mutex::new(pushes),
             conflicts: AtomicU64::new(0),
             unreachable: AtomicU64::new(0),
             notices_lost: AtomicU64::new(0),
@@ -158,6 +178,7 @@ impl Faults {
             slow_calls: AtomicU64::new(0),
             heartbeats_lost: AtomicU64::new(0),
             cancels: AtomicU64::new(0),
+            slow_pushes: AtomicU64::new(0),
             on: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -212,6 +233,19 @@ impl Faults {
         } else {
             1
         }
+    }
+
+    /// How long a job push takes, if this one is slow; drawn from a stream of its own.
+    pub fn push_delay(&self) -> Option<std::time::Duration> {
+        if !self.roll_on(&self.pushes, self.rates.slow_push, &self.slow_pushes) {
+            return None;
+        }
+        let ms = 1 + self
+            .pushes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .below(40);
+        Some(std::time::Duration::from_millis(ms))
     }
 
     /// How late a notice arrives, if it does not arrive at once.

@@ -590,6 +590,9 @@ impl EventLog for MemStore {
 impl JobQueue for MemStore {
     async fn push(&self, pool: &str, session: &SessionId) -> Result<()> {
         self.reach("push")?;
+        if let Some(d) = self.faults.push_delay() {
+            tokio::time::sleep(d).await;
+        }
         {
             let mut g = self.lock();
             if g.finished_jobs.contains(session) {

@@ -23,6 +23,7 @@ async fn memory() -> (tempfile::TempDir, Backend) {
         heartbeat_lost: 0.0,
         cancel: 0.0,
         person: 0.0,
+        slow_push: 0.0,
     };
     let faults = Arc::new(Faults::new(none, Rng::new(1)));
     let store = MemStore::new(Duration::from_secs(1), faults, dir.path().join("ws"));

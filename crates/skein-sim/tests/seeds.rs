@@ -332,6 +332,12 @@ const GENERATED_SWARM_REGRESSIONS: &[(u64, &str)] = &[
          cache (the simulation's check took the call's first delegation for unanswered; a \
          cache hit for the call now answers it)",
     ),
+    (
+        3395,
+        "a team's turn delegated in batches: a slow job push let a member of the first \
+         batch end before its supervisor existed, and the supervisor waited for ever for \
+         the member it never heard leave (a team's turn is now one batch)",
+    ),
 ];
 
 /// Generated worlds whose operator also cancels sessions inside the trees
