@@ -484,6 +484,31 @@ fn wide_tree_config(dir: &std::path::Path) -> std::path::PathBuf {
     config
 }
 
+/// Starts `run` (a `skein run` command) with its progress piped, kills it with SIGKILL at
+/// the first progress line holding `marker`, and returns the root id it printed and how
+/// it exited.
+fn kill9_at_progress(
+    mut run: std::process::Command,
+    marker: &str,
+) -> (SessionId, std::process::ExitStatus) {
+    run.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = run.spawn().unwrap();
+    let mut root = None;
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(id) = line.strip_prefix("root ") {
+            root = Some(id.trim().to_string());
+        }
+        if line.contains(marker) {
+            break;
+        }
+    }
+    signal(&child, "-9");
+    let status = child.wait().unwrap();
+    let root = SessionId::parse(&root.expect("the run printed its root id")).unwrap();
+    (root, status)
+}
+
 /// A wide turn's delegations are recorded in batches (`[runtime] delegation_batch`), the
 /// children of each starting while the next is made. A kill -9 that falls between two
 /// batches leaves the parent with some of its calls recorded: the resumed run delegates
@@ -501,25 +526,10 @@ fn kill9_between_the_batches_of_a_wide_turn_then_resume() {
         let mut c = skein(&config, &data);
         c.args(["run", "--agent", "wide", "--no-cache", "--inputs"])
             .arg(format!("{{\"n\": {N}}}"))
-            .arg(format!("wide turn {attempt}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let mut root = None;
-        for line in BufReader::new(child.stderr.take().unwrap()).lines() {
-            let line = line.unwrap();
-            if let Some(id) = line.strip_prefix("root ") {
-                root = Some(id.trim().to_string());
-            }
-            // The first child's first record: its batch is written.
-            if line.contains("leaf-1 ") {
-                break;
-            }
-        }
-        signal(&child, "-9");
-        let status = child.wait().unwrap();
+            .arg(format!("wide turn {attempt}"));
+        // The first child's first record: its batch is written.
+        let (root, status) = kill9_at_progress(c, "leaf-1 ");
         assert!(!status.success(), "the run finished before the kill");
-        let root = SessionId::parse(&root.expect("the run printed its root id")).unwrap();
 
         let count = |data: &std::path::Path, kind: &str| -> usize {
             let rt = tokio::runtime::Runtime::new().unwrap();
@@ -634,23 +644,8 @@ fn kill9_while_a_large_team_is_delegated_then_resume_hears_every_member() {
         let config = large_team_config(tmp.path(), MEMBERS);
         let data = tmp.path().join("data");
         let mut c = skein(&config, &data);
-        c.args(["run", "--agent", "crew", &format!("the job {attempt}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let mut root = None;
-        for line in BufReader::new(child.stderr.take().unwrap()).lines() {
-            let line = line.unwrap();
-            if let Some(id) = line.strip_prefix("root ") {
-                root = Some(id.trim().to_string());
-            }
-            if line.contains("hand-") {
-                break;
-            }
-        }
-        signal(&child, "-9");
-        child.wait().unwrap();
-        let root = SessionId::parse(&root.expect("the run printed its root id")).unwrap();
+        c.args(["run", "--agent", "crew", &format!("the job {attempt}")]);
+        let (root, _) = kill9_at_progress(c, "hand-");
 
         let mut c = skein(&config, &data);
         c.args(["resume", root.as_str(), "--json"]);
