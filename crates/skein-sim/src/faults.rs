@@ -100,24 +100,22 @@ impl Rates {
         slow_push: 0.05,
     };
 
+    /// One swarm rate: off in three seeds of ten, else anywhere up to `max`.
+    fn swarm_rate(rng: &mut Rng, max: f64) -> f64 {
+        if rng.chance(0.3) {
+            0.0
+        } else {
+            max * (rng.below(1000) as f64 / 1000.0)
+        }
+    }
+
     /// Swarm testing: each seed draws its own rates, some faults off entirely and others
     /// far more frequent, so that rare combinations get their turn.
     pub fn swarm(rng: &mut Rng) -> Rates {
         // Drawn from a stream of its own, so that the other rates of a seed are the ones
         // it drew before slow pushes were simulated.
-        let mut own = Rng(rng.0 ^ 0x736c_6f77_7075_7368);
-        let slow_push = if own.chance(0.3) {
-            0.0
-        } else {
-            0.3 * (own.below(1000) as f64 / 1000.0)
-        };
-        let mut pick = |max: f64| {
-            if rng.chance(0.3) {
-                0.0
-            } else {
-                max * (rng.below(1000) as f64 / 1000.0)
-            }
-        };
+        let slow_push = Self::swarm_rate(&mut Rng(rng.0 ^ 0x736c_6f77_7075_7368), 0.3);
+        let mut pick = |max: f64| Self::swarm_rate(rng, max);
         Rates {
             conflict: pick(0.2),
             unreachable: pick(0.05),

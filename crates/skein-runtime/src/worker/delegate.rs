@@ -63,9 +63,8 @@ impl Runtime {
         // pushed.
         let team = ds.iter().any(|d| d.team.is_some());
         let mut size = match self.cfg.delegation_batch {
-            _ if team => usize::MAX,
-            0 => usize::MAX,
-            n => n,
+            n if n > 0 && !team => n,
+            _ => usize::MAX,
         };
         let mut ds = ds.into_iter();
         loop {
