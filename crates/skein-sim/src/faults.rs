@@ -65,6 +65,11 @@ pub struct Rates {
     /// a step that pushes jobs can be killed, or overtaken by the jobs it pushed, midway:
     /// between two batches of a turn's delegations, for one.
     pub slow_push: f64,
+    /// An append (durable at once, or written ahead) takes a while, up to 40 virtual ms
+    /// split around the write: the records may land before the writer hears so, and a
+    /// kill between a step's append and what it does next (push a job, post a notice,
+    /// ack) can strike there.
+    pub slow_append: f64,
 }
 
 impl Rates {
@@ -82,6 +87,7 @@ impl Rates {
         cancel: 0.0,
         person: 1.0,
         slow_push: 0.0,
+        slow_append: 0.0,
     };
 
     /// The rates of a plain run: every fault possible, none frequent.
@@ -98,6 +104,7 @@ impl Rates {
         cancel: 0.002,
         person: 0.3,
         slow_push: 0.05,
+        slow_append: 0.05,
     };
 
     /// One swarm rate: off in three seeds of ten, else anywhere up to `max`.
@@ -115,6 +122,7 @@ impl Rates {
         // Drawn from a stream of its own, so that the other rates of a seed are the ones
         // it drew before slow pushes were simulated.
         let slow_push = Self::swarm_rate(&mut Rng(rng.0 ^ 0x736c_6f77_7075_7368), 0.3);
+        let slow_append = Self::swarm_rate(&mut Rng(rng.0 ^ 0x736c_6f77_6170_7064), 0.3);
         let mut pick = |max: f64| Self::swarm_rate(rng, max);
         Rates {
             conflict: pick(0.2),
@@ -130,6 +138,7 @@ impl Rates {
             // Never no one: a question nobody answers is a pause, not a run that ends.
             person: 0.02 + pick(0.9),
             slow_push,
+            slow_append,
         }
     }
 }
@@ -142,6 +151,8 @@ pub struct Faults {
     refusals: Mutex<Rng>,
     /// The draws of [`Faults::push_delay`].
     pushes: Mutex<Rng>,
+    /// The draws of [`Faults::append_delay`].
+    appends: Mutex<Rng>,
     pub conflicts: AtomicU64,
     pub unreachable: AtomicU64,
     pub notices_lost: AtomicU64,
@@ -152,6 +163,7 @@ pub struct Faults {
     pub heartbeats_lost: AtomicU64,
     pub cancels: AtomicU64,
     pub slow_pushes: AtomicU64,
+    pub slow_appends: AtomicU64,
     /// Off while the invariants are checked: the checks read the store too.
     on: std::sync::atomic::AtomicBool,
 }
@@ -162,11 +174,13 @@ impl Faults {
         // pipelined appends were drawn.
         let refusals = Rng(rng.0 ^ 0x7069_7065_6c69_6e65);
         let pushes = Rng(rng.0 ^ 0x7075_7368_6573_6c6f);
+        let appends = Rng(rng.0 ^ 0x6170_7065_6e64_736c);
         Faults {
             rates,
             rng: Mutex::new(rng),
             refusals: Mutex::new(refusals),
             pushes: Mutex::new(pushes),
+            appends: Mutex::new(appends),
             conflicts: AtomicU64::new(0),
             unreachable: AtomicU64::new(0),
             notices_lost: AtomicU64::new(0),
@@ -177,6 +191,7 @@ impl Faults {
             heartbeats_lost: AtomicU64::new(0),
             cancels: AtomicU64::new(0),
             slow_pushes: AtomicU64::new(0),
+            slow_appends: AtomicU64::new(0),
             on: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -235,15 +250,27 @@ impl Faults {
 
     /// How long a job push takes, if this one is slow; drawn from a stream of its own.
     pub fn push_delay(&self) -> Option<std::time::Duration> {
-        if !self.roll_on(&self.pushes, self.rates.slow_push, &self.slow_pushes) {
+        self.roll_on(&self.pushes, self.rates.slow_push, &self.slow_pushes)
+            .then(|| std::time::Duration::from_millis(1 + Self::draw_on(&self.pushes, 40)))
+    }
+
+    /// How long an append takes, if this one is slow: the wait before its write lands
+    /// and the wait after, before the writer hears of it (a request's way there and its
+    /// ack's way back), together 1 to 40 ms; drawn from a stream of its own.
+    pub fn append_delay(&self) -> Option<(std::time::Duration, std::time::Duration)> {
+        if !self.roll_on(&self.appends, self.rates.slow_append, &self.slow_appends) {
             return None;
         }
-        let ms = 1 + self
-            .pushes
-            .lock()
+        let total = 1 + Self::draw_on(&self.appends, 40);
+        let before = Self::draw_on(&self.appends, total + 1);
+        let ms = std::time::Duration::from_millis;
+        Some((ms(before), ms(total - before)))
+    }
+
+    fn draw_on(rng: &Mutex<Rng>, n: u64) -> u64 {
+        rng.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .below(40);
-        Some(std::time::Duration::from_millis(ms))
+            .below(n)
     }
 
     /// How late a notice arrives, if it does not arrive at once.

@@ -303,6 +303,10 @@ impl MemStore {
         wait: bool,
     ) -> Result<()> {
         self.reach("append")?;
+        let slow = self.faults.append_delay().filter(|_| !records.is_empty());
+        if let Some((before, _)) = slow {
+            tokio::time::sleep(before).await;
+        }
         let disk = self.disk.as_ref().filter(|_| !records.is_empty());
         if let Some(d) = disk {
             d.before_write()?;
@@ -352,6 +356,9 @@ impl MemStore {
             if let (true, None, Some(last)) = (wait, lost, records.last()) {
                 d.acked(*t, session, last);
             }
+        }
+        if let Some((_, after)) = slow {
+            tokio::time::sleep(after).await;
         }
         match written.1 {
             Some(lost) => Err(lost),

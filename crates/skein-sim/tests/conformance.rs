@@ -12,18 +12,8 @@ use skein_sim::memory::MemStore;
 async fn memory() -> (tempfile::TempDir, Backend) {
     let dir = tempfile::tempdir().unwrap();
     let none = Rates {
-        conflict: 0.0,
-        unreachable: 0.0,
-        notice_lost: 0.0,
-        notice_twice: 0.0,
-        model_fails: 0.0,
-        crash: 0.0,
-        notice_late: 0.0,
-        slow: 0.0,
-        heartbeat_lost: 0.0,
-        cancel: 0.0,
         person: 0.0,
-        slow_push: 0.0,
+        ..Rates::NONE
     };
     let faults = Arc::new(Faults::new(none, Rng::new(1)));
     let store = MemStore::new(Duration::from_secs(1), faults, dir.path().join("ws"));

@@ -34,11 +34,15 @@ impl DiskStruck {
 
 #[test]
 fn a_batch_of_seeds_keeps_every_invariant() {
+    use std::sync::atomic::Ordering::Relaxed;
     let mut disk = DiskStruck::default();
+    let (mut slow_pushes, mut slow_appends) = (0, 0);
     for seed in 1..=40 {
         for swarm in [false, true] {
             let (run, v) = skein_sim::simulate(seed, swarm);
             disk.add(&run);
+            slow_pushes += run.faults.slow_pushes.load(Relaxed);
+            slow_appends += run.faults.slow_appends.load(Relaxed);
             assert!(
                 v.violations.is_empty(),
                 "seed {seed} (swarm {swarm}): {:?}",
@@ -63,6 +67,11 @@ fn a_batch_of_seeds_keeps_every_invariant() {
     // Not vacuous either for the disk: syncs failed and the process restarted, dropping
     // records never acknowledged; writes failed; the disk filled; damage was refused.
     assert!(disk.every_fault(), "{disk:?}");
+    // And the store's own slowness struck: pushes and appends that took virtual time.
+    assert!(
+        slow_pushes > 0 && slow_appends > 0,
+        "slow pushes {slow_pushes}, slow appends {slow_appends}"
+    );
 }
 
 /// Seeds whose disk did much in one run, as this version schedules them: failed syncs
