@@ -886,16 +886,21 @@ impl Server {
         args: Value,
         listener: Option<ProgressListener>,
     ) -> Result<CallResult, McpError> {
+        // `timeout` is the call's, the wait for a free slot included; starting again a
+        // server that died is not part of it (a cold start of a Python server can take
+        // seconds on a busy machine) and has `startup_timeout` of its own.
         let limit = self.cfg.timeout;
-        tokio::time::timeout(limit, async {
-            let _permit = self
-                .permits
-                .acquire()
-                .await
-                .map_err(|_| McpError::Gone("the server is closed".into()))?;
-            let c = self.connection().await?;
-            c.call_tool_heard(tool, args, listener).await
-        })
+        let asked = tokio::time::Instant::now();
+        let _permit = tokio::time::timeout(limit, self.permits.acquire())
+            .await
+            .map_err(|_| McpError::Timeout(limit))?
+            .map_err(|_| McpError::Gone("the server is closed".into()))?;
+        let waited = asked.elapsed();
+        let c = self.connection().await?;
+        tokio::time::timeout(
+            limit.saturating_sub(waited),
+            c.call_tool_heard(tool, args, listener),
+        )
         .await
         .map_err(|_| McpError::Timeout(limit))?
     }

@@ -135,9 +135,10 @@ impl Tool for McpTool {
         self.approval
     }
 
-    /// A little more than the server's own limit, which cancels the call first.
+    /// A little more than the server's own limits (a start again, if it died, then the
+    /// call), which cancel the call first.
     fn timeout(&self) -> Duration {
-        self.server.cfg.timeout + Duration::from_secs(5)
+        self.server.cfg.startup_timeout + self.server.cfg.timeout + Duration::from_secs(5)
     }
 
     async fn call(&self, ctx: &ToolContext, args: Value) -> Result<String> {

@@ -248,6 +248,11 @@ async fn a_fastmcp_server_over_stdio_is_started_again_when_it_dies() {
     let script = common::write_fastmcp(dir.path());
     let mut cfg = stdio(py.to_str().unwrap(), &[script.to_str().unwrap(), "stdio"]);
     cfg.timeout = Duration::from_secs(2);
+    let slow_start = dir.path().join("slow-start");
+    cfg.env.insert(
+        "SKEIN_TEST_SLOW_START".into(),
+        slow_start.display().to_string(),
+    );
     let (mcp, tb) = start(vec![("py", cfg)]).await;
     assert!(!tb.requires_approval("py__add"), "marked read-only");
     assert!(tb.requires_approval("py__slow"), "no annotations: approval");
@@ -326,6 +331,9 @@ async fn a_fastmcp_server_over_stdio_is_started_again_when_it_dies() {
         .trim()
         .parse()
         .expect("the text alone: the structured copy is not repeated");
+    // Started again, it takes longer to come up than a call may take: the start has its
+    // own limit (`startup_timeout`), and the call its whole `timeout` after it.
+    std::fs::write(&slow_start, "").unwrap();
     std::process::Command::new("kill")
         .args(["-9", &pid.to_string()])
         .status()

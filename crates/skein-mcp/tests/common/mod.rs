@@ -96,9 +96,14 @@ pub fn python() -> PathBuf {
 /// A FastMCP server written for the tests: `python server.py stdio` or
 /// `python server.py http PORT`.
 pub const FASTMCP_SERVER: &str = r#"
-import sys, time
+import os, sys, time
 from mcp.server.fastmcp import Context, FastMCP
 from pydantic import BaseModel
+
+# A start made slow on purpose: while the file named here exists, the server takes three
+# seconds more to come up.
+if os.path.exists(os.environ.get("SKEIN_TEST_SLOW_START", "/nonexistent")):
+    time.sleep(3)
 
 mode = sys.argv[1]
 port = int(sys.argv[2]) if len(sys.argv) > 2 else 8000
