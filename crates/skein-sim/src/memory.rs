@@ -303,7 +303,10 @@ impl MemStore {
         wait: bool,
     ) -> Result<()> {
         self.reach("append")?;
-        let slow = self.faults.append_delay().filter(|_| !records.is_empty());
+        // Drawn (and counted) only for an append that writes something.
+        let slow = (!records.is_empty())
+            .then(|| self.faults.append_delay())
+            .flatten();
         if let Some((before, _)) = slow {
             tokio::time::sleep(before).await;
         }
