@@ -27,8 +27,9 @@
 //! root's first record, so a root with records always has one. A summary that is not
 //! final is checked against the log's last record when it is listed (one get); one
 //! behind the log is made again from the root's log and written. An open mark whose root
-//! has ended (a writer that stopped between its append and the index write) is put
-//! right by the listing of open roots. The streams made for a new store (an empty log)
+//! has ended (a writer that stopped between its append and the index write, or an
+//! ending whose index write was cut short while the index's streams had no leader) is
+//! put right by the listing of open roots. The streams made for a new store (an empty log)
 //! are marked built at once. When `skein.rootindex` is missing (a store from before the
 //! index, or streams deleted), the first listing rebuilds the index from the roots of
 //! `SKEIN_EVENTS`.
@@ -66,6 +67,12 @@ const GETS_INSTEAD: u64 = 256;
 const FINISHED: [&str; 3] = ["completed", "failed", "cancelled"];
 /// How far apart the clocks of the processes that end roots may be.
 const CLOCK_MARGIN_MS: u64 = 60_000;
+/// How long an append that ends a root waits for the index to say so. An update cut
+/// short is put right by the next listing (the open mark goes only after the ended
+/// state is written, and a mark is checked against its log), so the ending (its job's
+/// ack, its announced result) does not wait out an election of the index's streams'
+/// leaders, where a read and a write each wait out a request's timeout.
+const ENDING_INDEX_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn start_subject(root: &str) -> String {
     format!("skein.roots.{root}")
@@ -225,21 +232,26 @@ impl NatsStore {
             self.pack_if_full(Source::States, seq);
             Ok(())
         };
-        let open = async {
-            if s.is_finished() && !marked {
-                Ok(())
-            } else if s.is_finished() {
-                self.root_open
-                    .purge()
-                    .filter(open_subject(&s.root))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| nats_err("unmark an open root", e))
-            } else {
-                self.publish_acked(open_subject(&s.root), Bytes::new())
-                    .await
-                    .map(|_| ())
+        if s.is_finished() {
+            // The ended state first, then the mark: a root whose state write failed (or
+            // was cut short) keeps its mark, which the listing of open roots puts right;
+            // without either, a listing of ended roots would miss it.
+            state.await?;
+            if !marked {
+                return Ok(());
             }
+            return self
+                .root_open
+                .purge()
+                .filter(open_subject(&s.root))
+                .await
+                .map(|_| ())
+                .map_err(|e| nats_err("unmark an open root", e));
+        }
+        let open = async {
+            self.publish_acked(open_subject(&s.root), Bytes::new())
+                .await
+                .map(|_| ())
         };
         let (a, b) = futures::join!(state, open);
         a.and(b)
@@ -266,15 +278,28 @@ impl NatsStore {
     }
 
     /// Updates the index after records of a root were appended and acknowledged, if they
-    /// change whether it is open: an ending, or a question that reopens it. A failure is
-    /// only logged (the append stands; a listing puts the index right).
+    /// change whether it is open: an ending (waited for at most [`ENDING_INDEX_WAIT`]), or
+    /// a question that reopens it. A failure is only logged (the append stands; a listing
+    /// puts the index right).
     pub(crate) async fn index_after(
         &self,
         root: &SessionId,
         expected_last: u64,
         records: &[Record],
     ) {
-        if let Err(e) = self.index_after_inner(root, expected_last, records).await {
+        let update = self.index_after_inner(root, expected_last, records);
+        let updated = if records.last().is_some_and(|r| r.env.body.is_terminal()) {
+            tokio::time::timeout(ENDING_INDEX_WAIT, update)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::unavailable_because(format!(
+                        "the index's streams did not answer within {ENDING_INDEX_WAIT:?}"
+                    )))
+                })
+        } else {
+            update.await
+        };
+        if let Err(e) = updated {
             tracing::warn!(%root, error = %e.report(), "the index of roots lags the log; a listing will put it right");
         }
     }
