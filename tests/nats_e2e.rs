@@ -78,6 +78,53 @@ async fn leader_of(urls: &str, stream: &str) -> Option<String> {
     info.cluster.as_ref().and_then(|c| c.leader.clone())
 }
 
+/// `skein submit` right after the node leading `SKEIN_MISSIONS` is killed with SIGKILL.
+/// Until new leaders are elected (about ten seconds here) the remaining servers answer
+/// but their JetStream does not: the command waits for it rather than failing at its
+/// connect limit, prints the id, and the tree completes once. (A plain `nats pub` in
+/// that window is dropped by the server: docs/nats.md.)
+#[test]
+fn a_submit_while_the_missions_stream_elects_a_leader_is_taken_once() {
+    let _serial = serial();
+    let mut cluster = Cluster::start();
+    let urls = cluster.urls();
+    let _workers = Workers(vec![worker(&urls, "m1", 3)]);
+    let rt = rt();
+    let victim = rt
+        .block_on(leader_of(&urls, "SKEIN_MISSIONS"))
+        .and_then(|l| cluster.index_of(&l))
+        .expect("SKEIN_MISSIONS has a leader");
+    let id = format!("m{}", tag());
+    let tally = ResultTally::subscribe(&[cluster.url((victim + 1) % 3)]);
+    cluster.kill9(victim);
+    let data = tempfile::tempdir().expect("a data directory");
+    let out = skein(&demo_config(), data.path())
+        .args([
+            "--nats",
+            &urls,
+            "submit",
+            "--agent",
+            "orchestrator",
+            "--id",
+            &id,
+        ])
+        .arg("Brief on leader elections")
+        .env("SKEIN_TOKEN_SECRET", SECRET)
+        .output()
+        .expect("skein submit runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), id);
+    let root = SessionId::root(&id).expect("a root id");
+    rt.block_on(wait_all(
+        &urls,
+        3,
+        std::slice::from_ref(&root),
+        Duration::from_secs(120),
+    ));
+    tally.assert_each_exactly_once(std::slice::from_ref(&root), Duration::from_secs(60));
+}
+
 /// The acceptance of "a tree's result is announced once": a 3-node cluster, a worker
 /// killed with SIGKILL, then the node leading `SKEIN_RESULTS` (or another one, should
 /// that be the subscriber's), then a second worker, each worker replaced as it dies.

@@ -309,9 +309,32 @@ impl App {
         let lease = self.runtime_config_base()?.lease;
         let cfg = self.nats_config()?;
         let first = check_credentials(&cfg).await?;
-        match tokio::time::timeout(CONNECT_LIMIT, skein_nats::NatsStore::connect(&cfg, lease)).await
-        {
+        let connect = skein_nats::NatsStore::connect(&cfg, lease);
+        tokio::pin!(connect);
+        match tokio::time::timeout(CONNECT_LIMIT, &mut connect).await {
             Ok(r) => r.with_context(|| format!("cannot reach NATS at {}", cfg.shown_urls())),
+            // A server answered, its JetStream not yet: after a node's loss the streams
+            // it led elect new leaders, which takes seconds, and a command given then
+            // should wait for them rather than fail.
+            Err(_) if first.is_none() => {
+                crate::errln!(
+                    "NATS at {} answers but its JetStream does not yet (leaders being \
+                     elected after a node's loss?): waiting up to {}s more",
+                    cfg.shown_urls(),
+                    ELECTION_LIMIT.as_secs()
+                );
+                match tokio::time::timeout(ELECTION_LIMIT, connect).await {
+                    Ok(r) => {
+                        r.with_context(|| format!("cannot reach NATS at {}", cfg.shown_urls()))
+                    }
+                    Err(_) => anyhow::bail!(
+                        "NATS at {} answers but its JetStream did not within {}s; check the \
+                         cluster's health (`nats server report jetstream`)",
+                        cfg.shown_urls(),
+                        (CONNECT_LIMIT + ELECTION_LIMIT).as_secs()
+                    ),
+                }
+            }
             Err(_) => anyhow::bail!(
                 "cannot reach NATS at {}: no connection within {}s ({}); check that the \
                  server runs and that --nats / SKEIN_NATS_URL names it",
@@ -359,6 +382,8 @@ impl App {
 
 /// How long a command other than `skein worker` tries to reach NATS.
 pub const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+/// How much longer it waits where a server answered but its JetStream did not (yet).
+pub const ELECTION_LIMIT: Duration = Duration::from_secs(30);
 
 /// One connection attempt with the configured credentials. The store's own connection
 /// retries forever (a worker may start before its server), so a server that refuses the
