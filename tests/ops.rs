@@ -670,6 +670,44 @@ fn read_commands_give_up_on_an_unreachable_server() {
     );
 }
 
+/// A server that runs without JetStream: a command says so, with the flag that enables
+/// it, at its connect limit (not after the longer wait given to a cluster whose JetStream
+/// is electing leaders).
+#[test]
+fn a_command_against_a_server_without_jetstream_says_so() {
+    let port = free_port();
+    let mut server = Command::new(skein_testnats::nats_server_bin())
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nats-server starts");
+    let up = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            up.elapsed() < Duration::from_secs(30),
+            "nats-server did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Command::new(bin())
+        .args(["--nats", &format!("nats://127.0.0.1:{port}"), "sessions"])
+        .env("SKEIN_LOG", "warn")
+        .env("SKEIN_TOKEN_SECRET", SECRET)
+        .stdin(Stdio::null())
+        .output()
+        .expect("skein runs");
+    let _ = server.kill();
+    let _ = server.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("runs without JetStream: start it with -js") && err.contains("within 10s"),
+        "{err}"
+    );
+    assert!(!err.contains("waiting up to"), "{err}");
+}
+
 /// `SKEIN_LOG_FORMAT=json`: every diagnostic line is one JSON object; text diagnostics
 /// written to a pipe carry no colour codes.
 #[test]

@@ -388,15 +388,21 @@ pub const ELECTION_LIMIT: Duration = Duration::from_secs(30);
 /// One connection attempt with the configured credentials. The store's own connection
 /// retries forever (a worker may start before its server), so a server that refuses the
 /// credentials would leave a command waiting; this turns that into an error naming what
-/// to pass. Any other failure is returned as text and left to the store's connection,
-/// which retries.
+/// to pass. Any other failure, or a server without JetStream, is returned as text (and a
+/// command then gives up at [`CONNECT_LIMIT`]); the store's connection retries.
 async fn check_credentials(c: &skein_nats::NatsConfig) -> Result<Option<String>> {
     use async_nats::ConnectErrorKind;
     let (opts, urls, given) = skein_nats::backend::connect_options(c).await?;
     match opts.connect(urls).await {
         Ok(client) => {
+            // A server without JetStream says so when it connects: its commands would
+            // wait for nothing, so they take the shorter limit.
+            let jetstream = client.server_info().jetstream;
             let _ = client.drain().await;
-            Ok(None)
+            Ok((!jetstream).then(|| {
+                "the server runs without JetStream: start it with -js (or a jetstream block)"
+                    .to_string()
+            }))
         }
         Err(e)
             if matches!(
