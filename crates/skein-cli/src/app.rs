@@ -309,10 +309,14 @@ impl App {
         let lease = self.runtime_config_base()?.lease;
         let cfg = self.nats_config()?;
         let first = check_credentials(&cfg).await?;
-        let connect = skein_nats::NatsStore::connect(&cfg, lease);
+        let connect = async {
+            skein_nats::NatsStore::connect(&cfg, lease)
+                .await
+                .with_context(|| format!("cannot reach NATS at {}", cfg.shown_urls()))
+        };
         tokio::pin!(connect);
         match tokio::time::timeout(CONNECT_LIMIT, &mut connect).await {
-            Ok(r) => r.with_context(|| format!("cannot reach NATS at {}", cfg.shown_urls())),
+            Ok(r) => r,
             // A server answered, its JetStream not yet: after a node's loss the streams
             // it led elect new leaders, which takes seconds, and a command given then
             // should wait for them rather than fail.
@@ -324,9 +328,7 @@ impl App {
                     ELECTION_LIMIT.as_secs()
                 );
                 match tokio::time::timeout(ELECTION_LIMIT, connect).await {
-                    Ok(r) => {
-                        r.with_context(|| format!("cannot reach NATS at {}", cfg.shown_urls()))
-                    }
+                    Ok(r) => r,
                     Err(_) => anyhow::bail!(
                         "NATS at {} answers but its JetStream did not within {}s; check the \
                          cluster's health (`nats server report jetstream`)",
