@@ -70,6 +70,11 @@ pub struct Rates {
     /// kill between a step's append and what it does next (push a job, post a notice,
     /// ack) can strike there.
     pub slow_append: f64,
+    /// A read (a log, its last record, a tree's logs, a parent's notices, a target's
+    /// watchers, a cache entry, a root's announced ending) takes a while, up to 40 virtual
+    /// ms split around the moment it is served: what it returns may be older, by then,
+    /// than what others have written since, as a reply on its way back is.
+    pub slow_read: f64,
 }
 
 impl Rates {
@@ -88,6 +93,7 @@ impl Rates {
         person: 1.0,
         slow_push: 0.0,
         slow_append: 0.0,
+        slow_read: 0.0,
     };
 
     /// The rates of a plain run: every fault possible, none frequent.
@@ -105,6 +111,8 @@ impl Rates {
         person: 0.3,
         slow_push: 0.05,
         slow_append: 0.05,
+        // Reads are about four times as many as appends: about as many slow ones.
+        slow_read: 0.015,
     };
 
     /// One swarm rate: off in three seeds of ten, else anywhere up to `max`.
@@ -123,6 +131,7 @@ impl Rates {
         // it drew before slow pushes were simulated.
         let slow_push = Self::swarm_rate(&mut Rng(rng.0 ^ 0x736c_6f77_7075_7368), 0.3);
         let slow_append = Self::swarm_rate(&mut Rng(rng.0 ^ 0x736c_6f77_6170_7064), 0.3);
+        let slow_read = Self::swarm_rate(&mut Rng(rng.0 ^ 0x736c_6f77_7265_6164), 0.1);
         let mut pick = |max: f64| Self::swarm_rate(rng, max);
         Rates {
             conflict: pick(0.2),
@@ -139,6 +148,7 @@ impl Rates {
             person: 0.02 + pick(0.9),
             slow_push,
             slow_append,
+            slow_read,
         }
     }
 }
@@ -153,6 +163,8 @@ pub struct Faults {
     pushes: Mutex<Rng>,
     /// The draws of [`Faults::append_delay`].
     appends: Mutex<Rng>,
+    /// The draws of [`Faults::read_delay`].
+    reads: Mutex<Rng>,
     pub conflicts: AtomicU64,
     pub unreachable: AtomicU64,
     pub notices_lost: AtomicU64,
@@ -164,6 +176,7 @@ pub struct Faults {
     pub cancels: AtomicU64,
     pub slow_pushes: AtomicU64,
     pub slow_appends: AtomicU64,
+    pub slow_reads: AtomicU64,
     /// Off while the invariants are checked: the checks read the store too.
     on: std::sync::atomic::AtomicBool,
 }
@@ -175,12 +188,14 @@ impl Faults {
         let refusals = Rng(rng.0 ^ 0x7069_7065_6c69_6e65);
         let pushes = Rng(rng.0 ^ 0x7075_7368_6573_6c6f);
         let appends = Rng(rng.0 ^ 0x6170_7065_6e64_736c);
+        let reads = Rng(rng.0 ^ 0x7265_6164_736c_6f77);
         Faults {
             rates,
             rng: Mutex::new(rng),
             refusals: Mutex::new(refusals),
             pushes: Mutex::new(pushes),
             appends: Mutex::new(appends),
+            reads: Mutex::new(reads),
             conflicts: AtomicU64::new(0),
             unreachable: AtomicU64::new(0),
             notices_lost: AtomicU64::new(0),
@@ -192,6 +207,7 @@ impl Faults {
             cancels: AtomicU64::new(0),
             slow_pushes: AtomicU64::new(0),
             slow_appends: AtomicU64::new(0),
+            slow_reads: AtomicU64::new(0),
             on: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -258,11 +274,28 @@ impl Faults {
     /// and the wait after, before the writer hears of it (a request's way there and its
     /// ack's way back), together 1 to 40 ms; drawn from a stream of its own.
     pub fn append_delay(&self) -> Option<(std::time::Duration, std::time::Duration)> {
-        if !self.roll_on(&self.appends, self.rates.slow_append, &self.slow_appends) {
+        self.split_delay(&self.appends, self.rates.slow_append, &self.slow_appends)
+    }
+
+    /// How long a read takes, if this one is slow: the wait before it is served and the
+    /// wait after, before the reader has its answer, together 1 to 40 ms; drawn from a
+    /// stream of its own.
+    pub fn read_delay(&self) -> Option<(std::time::Duration, std::time::Duration)> {
+        self.split_delay(&self.reads, self.rates.slow_read, &self.slow_reads)
+    }
+
+    /// With chance `p`, 1 to 40 ms split in two at random, drawn from `rng`.
+    fn split_delay(
+        &self,
+        rng: &Mutex<Rng>,
+        p: f64,
+        count: &AtomicU64,
+    ) -> Option<(std::time::Duration, std::time::Duration)> {
+        if !self.roll_on(rng, p, count) {
             return None;
         }
-        let total = 1 + Self::draw_on(&self.appends, 40);
-        let before = Self::draw_on(&self.appends, total + 1);
+        let total = 1 + Self::draw_on(rng, 40);
+        let before = Self::draw_on(rng, total + 1);
         let ms = std::time::Duration::from_millis;
         Some((ms(before), ms(total - before)))
     }

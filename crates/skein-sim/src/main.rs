@@ -68,7 +68,8 @@ fn main() -> ExitCode {
         println!(
             "schedule: worker kills at {:?} virtual ms; trees cancelled {:?}; {} conflicts, \
              {} unreachable calls, {} notices lost, {} posted twice, {} late, {} model \
-             failures, {} slow calls, {} slow job pushes, {} slow appends, {} heartbeats lost; \
+             failures, {} slow calls, {} slow job pushes, {} slow appends, {} slow reads, {} \
+             heartbeats lost; \
              {} virtual ms",
             run.crashes,
             run.cancelled,
@@ -81,6 +82,7 @@ fn main() -> ExitCode {
             f.slow_calls.load(Ordering::Relaxed),
             f.slow_pushes.load(Ordering::Relaxed),
             f.slow_appends.load(Ordering::Relaxed),
+            f.slow_reads.load(Ordering::Relaxed),
             f.heartbeats_lost.load(Ordering::Relaxed),
             run.virtual_ms
         );
@@ -163,6 +165,7 @@ fn main() -> ExitCode {
     let (mut crashes, mut conflicts, mut unreachable, mut lost, mut twice, mut model) =
         (0, 0, 0, 0, 0, 0);
     let (mut late, mut slow, mut beats, mut cancels, mut pushes, mut appends) = (0, 0, 0, 0, 0, 0);
+    let mut reads = 0;
     let (mut answers, mut decisions, mut reuses) = (0, 0, 0);
     let mut disk_sum = DiskSum::default();
     let mut most = MostClaims::default();
@@ -182,6 +185,7 @@ fn main() -> ExitCode {
         beats += f.heartbeats_lost.load(Ordering::Relaxed);
         pushes += f.slow_pushes.load(Ordering::Relaxed);
         appends += f.slow_appends.load(Ordering::Relaxed);
+        reads += f.slow_reads.load(Ordering::Relaxed);
         cancels += run.cancelled.len() as u64;
         answers += run.person.answers;
         decisions += run.person.approvals + run.person.denials;
@@ -210,7 +214,7 @@ fn main() -> ExitCode {
         "faults: {crashes} worker kills, {conflicts} append conflicts, {unreachable} \
          unreachable calls, {lost} notices lost, {twice} posted twice, {late} late, {model} \
          model failures, {slow} slow model calls, {pushes} slow job pushes, {appends} slow appends, \
-         {beats} heartbeats lost, {cancels} trees cancelled"
+         {reads} slow reads, {beats} heartbeats lost, {cancels} trees cancelled"
     );
     println!(
         "person: {answers} answers, {decisions} approvals decided, {reuses} used tokens sent \

@@ -2,7 +2,9 @@
 //! the sled and JetStream backends (the conformance suite runs against it), plus faults
 //! a seed chooses: appends whose acknowledgement is lost (the write is made, the writer
 //! sees a conflict), pipelined appends refused (the writer hears it at its next append
-//! or job ack), a backend that is unreachable, notices lost or posted twice.
+//! or job ack), a backend that is unreachable, notices lost or posted twice, job pushes,
+//! appends and reads that take virtual time (a slow read's answer may be older than what
+//! was written while it came back).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -166,6 +168,22 @@ impl MemStore {
             )));
         }
         Ok(())
+    }
+
+    /// A read served by `serve`, late when the seed makes it slow: it waits before it is
+    /// served and again before its answer arrives, so that what it returns may be older
+    /// than what others have written meanwhile, as a reply on its way back from a server
+    /// is.
+    async fn served<T>(&self, serve: impl FnOnce(&mut Inner) -> T) -> T {
+        let slow = self.faults.read_delay();
+        if let Some((before, _)) = slow {
+            tokio::time::sleep(before).await;
+        }
+        let answer = serve(&mut self.lock());
+        if let Some((_, after)) = slow {
+            tokio::time::sleep(after).await;
+        }
+        answer
     }
 
     /// The disk under the log, if it has one.
@@ -527,25 +545,26 @@ impl EventLog for MemStore {
 
     async fn read(&self, session: &SessionId, from_seq: u64) -> Result<Vec<Record>> {
         self.reach("read")?;
-        let g = self.lock();
-        Ok(g.logs
-            .get(session)
-            .map(|l| {
-                l.iter()
-                    .skip(from_seq.max(1) as usize - 1)
-                    .cloned()
-                    .collect()
+        Ok(self
+            .served(|g| {
+                g.logs
+                    .get(session)
+                    .map(|l| {
+                        l.iter()
+                            .skip(from_seq.max(1) as usize - 1)
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default()
             })
-            .unwrap_or_default())
+            .await)
     }
 
     async fn last(&self, session: &SessionId) -> Result<Option<Record>> {
         self.reach("last")?;
         Ok(self
-            .lock()
-            .logs
-            .get(session)
-            .and_then(|l| l.last().cloned()))
+            .served(|g| g.logs.get(session).and_then(|l| l.last().cloned()))
+            .await)
     }
 
     /// The logs of two sessions or more read together, as the NATS store reads a wide
@@ -568,7 +587,10 @@ impl EventLog for MemStore {
             if i > 0 {
                 tokio::task::yield_now().await;
             }
-            logs.push(self.lock().logs.get(id).cloned().unwrap_or_default());
+            logs.push(
+                self.served(|g| g.logs.get(id).cloned().unwrap_or_default())
+                    .await,
+            );
         }
         Ok(Some(logs))
     }
@@ -576,12 +598,14 @@ impl EventLog for MemStore {
     async fn tree(&self, root: &SessionId) -> Result<Vec<SessionId>> {
         self.reach("tree")?;
         Ok(self
-            .lock()
-            .logs
-            .keys()
-            .filter(|s| root.contains(s))
-            .cloned()
-            .collect())
+            .served(|g| {
+                g.logs
+                    .keys()
+                    .filter(|s| root.contains(s))
+                    .cloned()
+                    .collect()
+            })
+            .await)
     }
 
     async fn roots(&self) -> Result<Vec<SessionId>> {
@@ -733,13 +757,16 @@ impl JobQueue for MemStore {
 impl Cache for MemStore {
     async fn get(&self, hash: &str, now: u64) -> Result<Option<CacheEntry>> {
         self.reach("cache get")?;
-        let mut g = self.lock();
-        let found = g.cache.get(hash).cloned();
-        let live = found.filter(|e| e.expires.is_none_or(|x| x > now));
-        if live.is_none() && g.cache.contains_key(hash) {
-            g.expired_reads += 1;
-        }
-        Ok(live)
+        Ok(self
+            .served(|g| {
+                let found = g.cache.get(hash).cloned();
+                let live = found.filter(|e| e.expires.is_none_or(|x| x > now));
+                if live.is_none() && g.cache.contains_key(hash) {
+                    g.expired_reads += 1;
+                }
+                live
+            })
+            .await)
     }
 
     async fn put(&self, hash: &str, entry: &CacheEntry) -> Result<()> {
@@ -851,11 +878,13 @@ impl Notices for MemStore {
     async fn read_ends(&self, parent: &SessionId, after: u64) -> Result<Vec<NoticeRead>> {
         self.reach("notices")?;
         Ok(self
-            .lock()
-            .notices
-            .get(parent)
-            .map(|v| v.iter().filter(|(p, _, _)| *p > after).cloned().collect())
-            .unwrap_or_default())
+            .served(|g| {
+                g.notices
+                    .get(parent)
+                    .map(|v| v.iter().filter(|(p, _, _)| *p > after).cloned().collect())
+                    .unwrap_or_default()
+            })
+            .await)
     }
 
     async fn watch(&self, target: &SessionId, watcher: &SessionId, pool: &str) -> Result<()> {
@@ -871,11 +900,8 @@ impl Notices for MemStore {
     async fn watchers(&self, target: &SessionId) -> Result<Vec<(SessionId, String)>> {
         self.reach("watchers")?;
         Ok(self
-            .lock()
-            .watchers
-            .get(target)
-            .cloned()
-            .unwrap_or_default())
+            .served(|g| g.watchers.get(target).cloned().unwrap_or_default())
+            .await)
     }
 }
 
@@ -905,9 +931,7 @@ impl Announcer for MemStore {
     async fn last_announced(&self, root: &SessionId) -> Result<Option<RootResult>> {
         self.reach("last announced")?;
         Ok(self
-            .lock()
-            .results
-            .get(root)
-            .and_then(|r| r.last().cloned()))
+            .served(|g| g.results.get(root).and_then(|r| r.last().cloned()))
+            .await)
     }
 }

@@ -36,13 +36,14 @@ impl DiskStruck {
 fn a_batch_of_seeds_keeps_every_invariant() {
     use std::sync::atomic::Ordering::Relaxed;
     let mut disk = DiskStruck::default();
-    let (mut slow_pushes, mut slow_appends) = (0, 0);
+    let (mut slow_pushes, mut slow_appends, mut slow_reads) = (0, 0, 0);
     for seed in 1..=40 {
         for swarm in [false, true] {
             let (run, v) = skein_sim::simulate(seed, swarm);
             disk.add(&run);
             slow_pushes += run.faults.slow_pushes.load(Relaxed);
             slow_appends += run.faults.slow_appends.load(Relaxed);
+            slow_reads += run.faults.slow_reads.load(Relaxed);
             assert!(
                 v.violations.is_empty(),
                 "seed {seed} (swarm {swarm}): {:?}",
@@ -67,10 +68,11 @@ fn a_batch_of_seeds_keeps_every_invariant() {
     // Not vacuous either for the disk: syncs failed and the process restarted, dropping
     // records never acknowledged; writes failed; the disk filled; damage was refused.
     assert!(disk.every_fault(), "{disk:?}");
-    // And the store's own slowness struck: pushes and appends that took virtual time.
+    // And the store's own slowness struck: pushes, appends and reads that took virtual
+    // time.
     assert!(
-        slow_pushes > 0 && slow_appends > 0,
-        "slow pushes {slow_pushes}, slow appends {slow_appends}"
+        slow_pushes > 0 && slow_appends > 0 && slow_reads > 0,
+        "slow pushes {slow_pushes}, slow appends {slow_appends}, slow reads {slow_reads}"
     );
 }
 
