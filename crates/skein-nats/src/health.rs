@@ -66,15 +66,16 @@ pub async fn check(store: &NatsStore) -> Result<(), String> {
         State::Disconnected => return Err("not connected to NATS".into()),
         State::Pending => return Err("still connecting to NATS".into()),
     }
-    let infos = futures::future::join_all(STREAMS.iter().map(|name| async move {
-        match tokio::time::timeout(CHECK_LIMIT, store.js.get_stream(*name)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("stream {name}: {e}")),
-            Err(_) => Err(format!("stream {name}: no answer within {CHECK_LIMIT:?}")),
-        }
-    }))
-    .await;
-    let missing: Vec<String> = infos.into_iter().filter_map(Result::err).collect();
+    let infos = store.streams_within(&STREAMS, CHECK_LIMIT).await;
+    let missing: Vec<String> = STREAMS
+        .iter()
+        .zip(infos)
+        .filter_map(|(name, info)| match info {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!("stream {name}: {e}")),
+            Err(_) => Some(format!("stream {name}: no answer within {CHECK_LIMIT:?}")),
+        })
+        .collect();
     // Requests sent just as the server went away time out before the client notices the
     // lost connection: the lost connection is the reason to give.
     if !missing.is_empty() && store.client.connection_state() != State::Connected {

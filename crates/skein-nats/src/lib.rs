@@ -12,5 +12,7 @@ pub mod deadline;
 pub mod frame;
 pub mod health;
 
-pub use backend::{ensure_topology, NatsStore, ROOTS, ROOT_BLOCKS, ROOT_OPEN, ROOT_STATE};
+pub use backend::{
+    ensure_topology, NatsStore, Topology, ROOTS, ROOT_BLOCKS, ROOT_OPEN, ROOT_STATE,
+};
 pub use config::{NatsConfig, StorageType};

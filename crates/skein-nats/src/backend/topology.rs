@@ -1,10 +1,11 @@
 //! The streams and buckets, created when missing; existing ones are left alone, but for
 //! one upgrade: a job stream of an earlier version is brought to the current settings.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{stream, Context};
-use skein_ports::Result;
+use async_nats::jetstream::{kv, stream, Context};
+use skein_ports::{Error, Result};
 
 use super::results::RESULTS;
 use super::{age, nats_err, storage};
@@ -23,23 +24,12 @@ pub const ROOT_OPEN: &str = "SKEIN_ROOT_OPEN";
 /// Packed blocks of `SKEIN_ROOTS` and `SKEIN_ROOT_STATE` (`root_blocks.rs`).
 pub const ROOT_BLOCKS: &str = "SKEIN_ROOT_BLOCKS";
 
-/// Creates every missing stream and bucket; existing ones are left alone. Idempotent.
-pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
+/// The configuration of every stream and bucket skein uses, in the order they are made.
+fn wanted(cfg: &NatsConfig) -> Vec<stream::Config> {
     let st = storage(cfg);
     let r = cfg.replicas.max(1);
-    let put = |c: stream::Config| async move {
-        match js.get_stream(&c.name).await {
-            // Existing streams are left as they are: an operator may have tuned them, and
-            // a read-only command must never rescale a cluster's streams.
-            Ok(_) => Ok(()),
-            Err(_) => js
-                .create_stream(c.clone())
-                .await
-                .map(|_| ())
-                .map_err(|e| nats_err(&c.name, e)),
-        }
-    };
-    put(stream::Config {
+    let mut streams = Vec::new();
+    streams.push(stream::Config {
         name: EVENTS.into(),
         subjects: vec!["skein.events.>".into()],
         retention: stream::RetentionPolicy::Limits,
@@ -53,12 +43,10 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         // writer tells it takes no batches.
         allow_atomic_publish: true,
         ..Default::default()
-    })
-    .await?;
+    });
     // The index of roots (see `roots.rs`): one start message per root, in the order
     // roots were submitted, and the latest summary and open mark of each. Derived from
     // `SKEIN_EVENTS`, aging out with it.
-    let fresh_index = js.get_stream(ROOT_OPEN).await.is_err();
     for (name, subjects) in [
         (ROOTS, vec!["skein.roots.*".to_string()]),
         (ROOT_STATE, vec!["skein.rootstate.*".to_string()]),
@@ -74,7 +62,7 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         // Made again from the two above when missing (an older store's included).
         (ROOT_BLOCKS, vec!["skein.rootblock.>".to_string()]),
     ] {
-        put(stream::Config {
+        streams.push(stream::Config {
             name: name.into(),
             subjects,
             retention: stream::RetentionPolicy::Limits,
@@ -84,15 +72,11 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
             allow_direct: true,
             max_age: age(&cfg.events_max_age),
             ..Default::default()
-        })
-        .await?;
-    }
-    if fresh_index {
-        super::roots::mark_built_if_empty(js).await?;
+        });
     }
     // Each tree's list of sessions (`trees.rs`): read by its one subject, so a tree is
     // listed at the same cost whatever the history. Derived from `SKEIN_EVENTS`.
-    put(stream::Config {
+    streams.push(stream::Config {
         name: super::TREES.into(),
         subjects: vec!["skein.tree.*".into(), super::trees::SINCE_SUBJECT.into()],
         allow_rollup: true,
@@ -102,8 +86,7 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         allow_direct: true,
         max_age: age(&cfg.events_max_age),
         ..Default::default()
-    })
-    .await?;
+    });
     // Limits retention, not a work queue: on a work queue each replica deletes an acked
     // job through the consumer, in its own order, so replicas judge the conditional
     // publish of the next job differently (servers before 2.11 then reset the stream for
@@ -120,9 +103,8 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         allow_atomic_publish: true,
         ..Default::default()
     };
-    put(jobs.clone()).await?;
-    upgrade_jobs_stream(js, jobs).await;
-    put(stream::Config {
+    streams.push(jobs);
+    streams.push(stream::Config {
         name: NOTICES.into(),
         subjects: vec!["skein.notices.>".into(), "skein.watch.>".into()],
         retention: stream::RetentionPolicy::Limits,
@@ -134,9 +116,8 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         // Notices may come in atomic batches too (`group.rs`).
         allow_atomic_publish: true,
         ..Default::default()
-    })
-    .await?;
-    put(stream::Config {
+    });
+    streams.push(stream::Config {
         name: MISSIONS.into(),
         subjects: vec!["skein.missions.submit".into()],
         retention: stream::RetentionPolicy::WorkQueue,
@@ -144,13 +125,12 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         num_replicas: r,
         duplicate_window: age(&cfg.duplicate_window),
         ..Default::default()
-    })
-    .await?;
+    });
     // Each ending of a tree, stored once and republished by the stream's leader on
     // `skein.results.<root>` (see `results.rs`); kept as long as the logs. The duplicate
     // window drops a retried announcement; past it, the announcement's expected last
     // subject sequence does.
-    put(stream::Config {
+    streams.push(stream::Config {
         name: RESULTS.into(),
         subjects: vec!["skein.ended.*".into()],
         retention: stream::RetentionPolicy::Limits,
@@ -165,8 +145,7 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
             headers_only: false,
         }),
         ..Default::default()
-    })
-    .await?;
+    });
     for (bucket, max_age) in [
         ("skein_cache", age(&cfg.cache_max_age)),
         ("skein_inflight", age(&cfg.inflight_max_age)),
@@ -186,7 +165,7 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
         } else {
             Duration::from_secs(120)
         };
-        put(stream::Config {
+        streams.push(stream::Config {
             name: format!("KV_{bucket}"),
             subjects: vec![format!("$KV.{bucket}.>")],
             max_messages_per_subject: 1,
@@ -202,13 +181,12 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
             discard: stream::DiscardPolicy::New,
             duplicate_window: dup,
             ..Default::default()
-        })
-        .await?;
+        });
     }
     // Object stores as the client would make them, but without direct reads: reads go to
     // the stream leader, so a lagging replica can never answer "absent".
     for bucket in ["skein_blobs", "skein_workspace"] {
-        put(stream::Config {
+        streams.push(stream::Config {
             name: format!("OBJ_{bucket}"),
             subjects: vec![format!("$O.{bucket}.C.>"), format!("$O.{bucket}.M.>")],
             storage: st,
@@ -217,10 +195,85 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
             allow_rollup: true,
             allow_direct: false,
             ..Default::default()
-        })
-        .await?;
+        });
     }
-    Ok(())
+    streams
+}
+
+/// Every stream skein uses, by name, as found or made by [`ensure_topology`], each holding
+/// the info read then.
+pub struct Topology {
+    streams: HashMap<String, stream::Stream>,
+}
+
+impl Topology {
+    /// The stream `name`, holding its info.
+    pub fn stream(&self, name: &str) -> Result<stream::Stream> {
+        self.streams
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::unavailable_because(format!("nats: no stream {name}")))
+    }
+
+    /// The KV bucket `bucket`, opened as the client opens one (its stream `KV_<bucket>`,
+    /// keys under `$KV.<bucket>.`) without asking for the stream's info again. skein's
+    /// buckets are made by [`ensure_topology`], never as mirrors, and its JetStream context
+    /// has the default API prefix.
+    pub fn kv(&self, bucket: &str) -> Result<kv::Store> {
+        let stream_name = format!("KV_{bucket}");
+        let stream = self.stream(&stream_name)?;
+        if stream.cached_info().config.max_messages_per_subject < 1 {
+            return Err(Error::unavailable_because(format!(
+                "nats: stream {stream_name} is not a KV bucket (it keeps more than one \
+                 message per key)"
+            )));
+        }
+        Ok(kv::Store {
+            name: bucket.to_string(),
+            prefix: format!("$KV.{bucket}."),
+            stream_name,
+            stream,
+            put_prefix: None,
+            use_jetstream_prefix: false,
+        })
+    }
+}
+
+/// Creates every missing stream and bucket; existing ones are left alone. Idempotent.
+///
+/// Every stream's info is asked for at once, so that a command's start waits about one
+/// round trip for them rather than one per stream (there are seventeen).
+pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<Topology> {
+    let wanted = wanted(cfg);
+    let jobs = wanted.iter().find(|c| c.name == JOBS).cloned();
+    let found =
+        futures::future::join_all(wanted.iter().map(|c| js.get_stream(c.name.as_str()))).await;
+    let mut fresh_index = false;
+    let mut streams = HashMap::with_capacity(wanted.len());
+    for (c, found) in wanted.into_iter().zip(found) {
+        let s = match found {
+            // Existing streams are left as they are: an operator may have tuned them, and
+            // a read-only command must never rescale a cluster's streams.
+            Ok(s) => s,
+            Err(_) => {
+                fresh_index |= c.name == ROOT_OPEN;
+                js.create_stream(c.clone())
+                    .await
+                    .map_err(|e| nats_err(&c.name, e))?
+            }
+        };
+        streams.insert(c.name.clone(), s);
+    }
+    // The index of roots was just made: marked built when there is nothing to build it
+    // from (see `roots.rs`).
+    if fresh_index {
+        super::roots::mark_built_if_empty(js).await?;
+    }
+    let mut topology = Topology { streams };
+    if let Some(jobs) = jobs {
+        upgrade_jobs_stream(js, &mut topology, jobs).await;
+    }
+    Ok(topology)
 }
 
 /// Earlier versions made `SKEIN_JOBS` refuse a second message per subject in the stream
@@ -229,14 +282,11 @@ pub async fn ensure_topology(js: &Context, cfg: &NatsConfig) -> Result<()> {
 /// subject exceeded", retried for ever), and the stream stops answering. The limit now
 /// travels on each job's publish instead (see [`NatsStore::publish_job`]); a stream made
 /// the old way is brought to the new settings here, once.
-async fn upgrade_jobs_stream(js: &Context, want: stream::Config) {
-    let Ok(mut s) = js.get_stream(JOBS).await else {
+async fn upgrade_jobs_stream(js: &Context, topology: &mut Topology, want: stream::Config) {
+    let Some(s) = topology.streams.get(JOBS) else {
         return;
     };
-    let Ok(info) = s.info().await else {
-        return;
-    };
-    let have = &info.config;
+    let have = &s.cached_info().config;
     if !have.discard_new_per_subject && have.max_messages_per_subject <= 0 {
         return;
     }
@@ -253,11 +303,17 @@ async fn upgrade_jobs_stream(js: &Context, want: stream::Config) {
         ..want
     };
     match js.update_stream(cfg).await {
-        Ok(_) => tracing::info!(
-            stream = JOBS,
-            "job stream updated: one job per session is now enforced on publish, not by a \
-             per-subject limit (which replicas of servers before 2.11 cannot catch up on)"
-        ),
+        Ok(_) => {
+            tracing::info!(
+                stream = JOBS,
+                "job stream updated: one job per session is now enforced on publish, not by \
+                 a per-subject limit (which replicas of servers before 2.11 cannot catch up on)"
+            );
+            // The handle's info is read again for its new settings; kept as found if not.
+            if let Ok(s) = js.get_stream(JOBS).await {
+                topology.streams.insert(JOBS.to_string(), s);
+            }
+        }
         Err(e) => tracing::warn!(stream = JOBS, error = %e,
             "job stream keeps its per-subject limit; a replica of a server before 2.11 may \
              fail to catch up on it after a restart"),
