@@ -12,6 +12,7 @@ use common::ui::UiServer;
 use common::*;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
+use skein_testnats::free_port;
 
 const INSTALL: &str = "the browser suite needs Chromium and its driver: install them with \
     `apt-get install chromium chromium-driver` (tests/run.sh does this when run as root), \
@@ -38,13 +39,6 @@ fn find_program(var: &str, candidates: &[&str]) -> PathBuf {
         }
     }
     panic!("{} not found on PATH; {INSTALL}", candidates.join(" or "));
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// chromedriver and a headless Chromium session on it; both end when dropped.

@@ -208,7 +208,7 @@ async fn wait_for_port(port: u16) {
 #[tokio::test]
 async fn the_everything_server_over_streamable_http() {
     let bin = common::npm_bin();
-    let port = common::free_port();
+    let port = skein_testnats::free_port();
     let _server = common::Reaper(
         std::process::Command::new(bin.join("mcp-server-everything"))
             .arg("streamableHttp")
@@ -357,7 +357,7 @@ async fn a_fastmcp_server_over_streamable_http_and_one_that_will_not_start() {
     let py = common::python();
     let dir = tempfile::tempdir().unwrap();
     let script = common::write_fastmcp(dir.path());
-    let port = common::free_port();
+    let port = skein_testnats::free_port();
     let _server = common::Reaper(
         std::process::Command::new(&py)
             .arg(&script)

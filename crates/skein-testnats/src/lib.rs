@@ -45,15 +45,26 @@ pub fn nats_server_version() -> String {
 }
 
 /// A free TCP port on 127.0.0.1.
+///
+/// Taken at random below the kernel's ephemeral range where it can: a port from that range
+/// (what a bind to port 0 returns) may be taken, between the check and the server's bind
+/// or while a node is down for a restart, by any process's outgoing connection; a port
+/// below it only by another listener.
 pub fn free_port() -> u16 {
     // The kernel may hand the same free port to two binds made one after the other (the
     // first listener is gone by then): never give out a port twice in this process, so a
     // node's client, monitoring and route ports, and those of its peers, all differ.
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-    for _ in 0..1000 {
-        let l =
-            TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("cannot bind a port: {e}"));
+    let below = ephemeral_low().filter(|low| *low > LOWEST_PORT + 1000);
+    for tried in 0u32..1000 {
+        let port = match below {
+            Some(low) => LOWEST_PORT + (random(tried) % u64::from(low - LOWEST_PORT)) as u16,
+            None => 0,
+        };
+        let Ok(l) = TcpListener::bind(("127.0.0.1", port)) else {
+            continue;
+        };
         let port = l
             .local_addr()
             .map(|a| a.port())
@@ -63,7 +74,32 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
-    panic!("no port that was not given out before")
+    panic!("no free port that was not given out before")
+}
+
+/// The lowest port `free_port` gives out below the ephemeral range: clear of the usual
+/// fixed service ports (NATS's own 4222, 6222 and 8222 among them).
+const LOWEST_PORT: u16 = 20_000;
+
+/// The first port of the kernel's ephemeral range, where the system says.
+fn ephemeral_low() -> Option<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
+}
+
+/// A number that differs between calls and between processes.
+fn random(salt: u32) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(salt);
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.finish()
 }
 
 fn healthy(http_port: u16, path: &str) -> bool {
@@ -167,36 +203,59 @@ impl Node {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
-        panic!(
-            "nats-server {} not ready within {within:?}; its log:\n{log}",
-            self.name
-        );
+        panic!("{}", self.not_ready(within));
     }
 
     /// Like `wait_ready`, but notices a server that exited instead: `Err` with its log.
     fn try_ready(&mut self, path: &str, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
-        let log = |dir: &Path| std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
         while Instant::now() < deadline {
             if healthy(self.http_port, path) {
                 return Ok(());
             }
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                self.child = None;
-                return Err(format!(
-                    "nats-server {} exited ({status}) before it was ready; its log:\n{}",
-                    self.name,
-                    log(&self.dir)
-                ));
-            }
+            self.exited()?;
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(format!(
+        Err(self.not_ready(within))
+    }
+
+    /// What a server that did not become ready in time is reported with.
+    fn not_ready(&self, within: Duration) -> String {
+        format!(
             "nats-server {} not ready within {within:?}; its log:\n{}",
             self.name,
-            log(&self.dir)
-        ))
+            self.log()
+        )
+    }
+
+    /// `Err` with the log if the server has exited.
+    fn exited(&mut self) -> Result<(), String> {
+        if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+            self.child = None;
+            return Err(format!(
+                "nats-server {} exited ({status}) before it was ready; its log:\n{}",
+                self.name,
+                self.log()
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the server has written to its log so far (over all its starts).
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// After a start that found a port taken: stops the server, drops what it wrote to the
+    /// log (so the next start's log is its own) and takes other ports.
+    fn move_ports(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(self.dir.join("server.log"));
+        self.port = free_port();
+        self.http_port = free_port();
+        if self.cluster_port.is_some() {
+            self.cluster_port = Some(free_port());
+        }
     }
 
     fn kill(&mut self) {
@@ -209,6 +268,32 @@ impl Node {
     fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
+}
+
+/// Waits until every node of a starting cluster reports healthy JetStream, or one of them
+/// exits (`Err` with its log: a node waits for its peers, so one that is gone would only
+/// be seen as the others' time running out).
+fn all_ready(nodes: &mut [Node], within: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    let mut ready = vec![false; nodes.len()];
+    while Instant::now() < deadline {
+        for (n, ok) in nodes.iter_mut().zip(ready.iter_mut()) {
+            if !*ok {
+                n.exited()?;
+                *ok = healthy(n.http_port, "/healthz");
+            }
+        }
+        if ready.iter().all(|ok| *ok) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let late = nodes
+        .iter()
+        .zip(&ready)
+        .find(|(_, ok)| !**ok)
+        .map(|(n, _)| n);
+    Err(late.map_or_else(String::new, |n| n.not_ready(within)))
 }
 
 /// Credentials a server started by [`NatsServer::start_with_auth`] requires.
@@ -293,11 +378,7 @@ impl NatsServer {
             node.spawn();
             match node.try_ready(READY, Duration::from_secs(60)) {
                 Ok(()) => break,
-                Err(e) if attempt < 3 && e.contains("address already in use") => {
-                    node.kill();
-                    node.port = free_port();
-                    node.http_port = free_port();
-                }
+                Err(e) if attempt < 3 && e.contains("address already in use") => node.move_ports(),
                 Err(e) => {
                     node.kill();
                     panic!("{e}");
@@ -360,14 +441,28 @@ impl Cluster {
         let mut nodes: Vec<Node> = (1..=3)
             .map(|i| Node::new(&format!("n{i}"), root.path(), true))
             .collect();
-        let routes: Vec<u16> = nodes.iter().filter_map(|n| n.cluster_port).collect();
-        for n in &mut nodes {
-            n.write_config(&routes, None, "");
-            n.spawn();
+        // As for a single server: a node that finds one of its ports taken exits, and then
+        // the whole cluster starts again on other ports (the routes name them all).
+        for attempt in 1.. {
+            let routes: Vec<u16> = nodes.iter().filter_map(|n| n.cluster_port).collect();
+            for n in &mut nodes {
+                n.write_config(&routes, None, "");
+                n.spawn();
+            }
+            match all_ready(&mut nodes, Duration::from_secs(30)) {
+                Ok(()) => break,
+                Err(e) if attempt < 3 && e.contains("address already in use") => {
+                    nodes.iter_mut().for_each(Node::move_ports);
+                }
+                Err(e) => {
+                    for n in &mut nodes {
+                        n.kill();
+                    }
+                    panic!("{e}");
+                }
+            }
         }
-        let c = Self { nodes, _root: root };
-        c.wait_ready();
-        c
+        Self { nodes, _root: root }
     }
 
     /// Waits until every running node reports healthy JetStream (a meta leader exists).
@@ -421,7 +516,7 @@ impl Cluster {
 
     /// The server log of node `i` so far.
     pub fn log(&self, i: usize) -> String {
-        std::fs::read_to_string(self.nodes[i].dir.join("server.log")).unwrap_or_default()
+        self.nodes[i].log()
     }
 }
 
@@ -456,6 +551,50 @@ mod tests {
             TcpStream::connect(("127.0.0.1", port)).is_err(),
             "killed on drop"
         );
+    }
+
+    #[test]
+    fn ports_given_out_differ_and_stay_below_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..64).map(|_| free_port()).collect();
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            ports.len(),
+            "a port given out twice: {ports:?}"
+        );
+        let low = ephemeral_low().expect("this system names its ephemeral port range");
+        assert!(low > LOWEST_PORT + 1000, "ephemeral range starts at {low}");
+        for p in ports {
+            assert!(
+                (LOWEST_PORT..low).contains(&p),
+                "{p} is not in {LOWEST_PORT}..{low}"
+            );
+            // Free when given out: a listener can take it.
+            assert!(TcpListener::bind(("127.0.0.1", p)).is_ok(), "{p} is taken");
+        }
+    }
+
+    #[test]
+    fn a_starting_cluster_node_whose_port_is_taken_is_seen_to_exit() {
+        let root = tempfile::tempdir().unwrap();
+        let mut nodes: Vec<Node> = (1..=3)
+            .map(|i| Node::new(&format!("n{i}"), root.path(), true))
+            .collect();
+        // Another process's listener on the second node's monitoring port.
+        let _squatter = TcpListener::bind(("127.0.0.1", nodes[1].http_port)).unwrap();
+        let routes: Vec<u16> = nodes.iter().filter_map(|n| n.cluster_port).collect();
+        for n in &mut nodes {
+            n.write_config(&routes, None, "");
+            n.spawn();
+        }
+        let e = all_ready(&mut nodes, Duration::from_secs(60)).unwrap_err();
+        for n in &mut nodes {
+            n.kill();
+        }
+        assert!(e.contains("nats-server n2 exited"), "{e}");
+        assert!(e.contains("address already in use"), "{e}");
     }
 
     fn info_line(url: &str) -> String {

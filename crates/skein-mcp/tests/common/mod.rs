@@ -192,15 +192,6 @@ pub fn write_fastmcp(dir: &Path) -> PathBuf {
     p
 }
 
-/// A free port on loopback.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Kills a child and waits for it when dropped.
 pub struct Reaper(pub std::process::Child);
 
