@@ -104,12 +104,19 @@ impl World {
     }
 
     /// The root's status once the tree has ended or waits for a person (NATS: polled).
+    /// A tree waits for a person once something in it asks and its root has taken that
+    /// in: a child's question is in the inbox the moment the child records it, while its
+    /// root still runs until it reads the child's notice.
     pub fn settle(&self, id: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let status = self.status(id);
             let ended = matches!(status.as_str(), "completed" | "failed" | "cancelled");
-            if ended || !self.inbox(id).is_empty() {
+            let paused = matches!(
+                status.as_str(),
+                "waiting" | "awaiting_input" | "awaiting_approval"
+            );
+            if ended || (paused && !self.inbox(id).is_empty()) {
                 return status;
             }
             assert!(
