@@ -445,6 +445,79 @@ async fn a_pool_consumer_takes_the_lease_of_the_worker_that_opens_it() {
     }
 }
 
+/// Opening a store on a server that has skein's streams asks for each stream's info once
+/// (the object stores' twice: the client's handle of one reads its stream again), not once
+/// to see that it exists and again for its handle; a command's start waits for these.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_store_asks_each_streams_info_once() {
+    use futures::StreamExt;
+    let server = NatsServer::start();
+    let made = store_on(&server).await;
+    let monitor = async_nats::connect(server.url()).await.unwrap();
+    let mut infos = monitor.subscribe("$JS.API.STREAM.INFO.>").await.unwrap();
+    monitor.flush().await.unwrap();
+    let opened = store_on(&server).await;
+    // A request of the monitor's own marks the end of the store's: the server delivers
+    // a connection's messages in the order it read them.
+    monitor
+        .publish("$JS.API.STREAM.INFO.END", "".into())
+        .await
+        .unwrap();
+    monitor.flush().await.unwrap();
+    let mut asked = std::collections::BTreeMap::<String, usize>::new();
+    while let Some(m) = tokio::time::timeout(Duration::from_secs(10), infos.next())
+        .await
+        .expect("the end mark")
+    {
+        let stream = m
+            .subject
+            .trim_start_matches("$JS.API.STREAM.INFO.")
+            .to_string();
+        if stream == "END" {
+            break;
+        }
+        *asked.entry(stream).or_default() += 1;
+    }
+    let mut want: std::collections::BTreeMap<String, usize> = [
+        "SKEIN_EVENTS",
+        "SKEIN_ROOTS",
+        "SKEIN_ROOT_STATE",
+        "SKEIN_ROOT_OPEN",
+        "SKEIN_ROOT_BLOCKS",
+        "SKEIN_TREES",
+        "SKEIN_JOBS",
+        "SKEIN_NOTICES",
+        "SKEIN_MISSIONS",
+        "SKEIN_RESULTS",
+        "KV_skein_cache",
+        "KV_skein_inflight",
+        "KV_skein_wake",
+        "KV_skein_defs",
+        "KV_skein_workers",
+    ]
+    .into_iter()
+    .map(|s| (s.to_string(), 1))
+    .collect();
+    want.insert("OBJ_skein_blobs".into(), 2);
+    want.insert("OBJ_skein_workspace".into(), 2);
+    assert_eq!(asked, want);
+    // The handles made without a second request work: a stream's and a KV bucket's.
+    let (made, opened) = (made.backend(), opened.backend());
+    let id = skein_core::SessionId::root("opened").unwrap();
+    opened
+        .log
+        .append(&id, 0, &[rec(&id, 1, genesis_hash(&id))], Durability::Now)
+        .await
+        .unwrap();
+    assert_eq!(made.log.read(&id, 1).await.unwrap().len(), 1);
+    assert_eq!(opened.cache.claim_inflight("h", &id).await.unwrap(), None);
+    let other = skein_core::SessionId::root("other").unwrap();
+    assert_eq!(
+        made.cache.claim_inflight("h", &other).await.unwrap(),
+        Some(id)
+    );
+}
+
 /// A job stream made the way earlier versions made it (a per-subject limit that refuses
 /// new messages, which replicas of servers before 2.10 cannot catch up on) is brought to
 /// the new settings when a store connects, and a session still has one job at a time.
@@ -1124,4 +1197,56 @@ async fn a_renewed_permit_keeps_its_place_and_a_released_one_frees_it() {
     let before = quota_bucket(&a).await;
     a.renew(&other, &free).await.unwrap();
     assert_eq!(quota_bucket(&a).await, before);
+}
+
+/// A publish to a stream that does not answer yet (as one electing a leader answers "no
+/// responders") is sent again until the stream takes it, once; and given up, with the
+/// client's reason, when the stream never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patient_publish_waits_for_a_stream_that_answers_late() {
+    use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+    use skein_nats::backend::publish_patiently;
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = jetstream::new(client);
+
+    let never = publish_patiently(
+        &js,
+        "nowhere.x",
+        Default::default(),
+        "lost".into(),
+        Duration::from_millis(800),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(never.kind(), PublishErrorKind::StreamNotFound, "{never}");
+
+    let sending = tokio::spawn({
+        let js = js.clone();
+        async move {
+            publish_patiently(
+                &js,
+                "late.x",
+                Default::default(),
+                "kept".into(),
+                Duration::from_secs(30),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!sending.is_finished(), "taken before any stream was there");
+    let mut late = js
+        .create_stream(stream::Config {
+            name: "LATE".into(),
+            subjects: vec!["late.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ack = sending.await.unwrap().unwrap();
+    assert_eq!((ack.stream.as_str(), ack.sequence), ("LATE", 1));
+    assert_eq!(late.info().await.unwrap().state.messages, 1);
+    let stored = late.get_raw_message(1).await.unwrap();
+    assert_eq!(stored.payload.as_ref(), b"kept");
 }

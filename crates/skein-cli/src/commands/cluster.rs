@@ -443,16 +443,28 @@ pub async fn submit(app: &App, a: SubmitArgs) -> Result<ExitCode> {
         );
         headers.insert("traceparent", tp.as_str());
     }
-    let ack = store
-        .js
-        .publish_with_headers(
-            "skein.missions.submit",
-            headers,
-            Bytes::from(payload.to_string()),
-        )
-        .await?
-        .await
-        .context("the missions stream did not take the submission")?;
+    // A stream electing a leader answers no publish for a moment: the submission is sent
+    // again meanwhile, for as long as a command waits for an election at its connect.
+    let publish = skein_nats::backend::publish_patiently(
+        &store.js,
+        "skein.missions.submit",
+        headers,
+        Bytes::from(payload.to_string()),
+        crate::app::ELECTION_LIMIT,
+    );
+    tokio::pin!(publish);
+    let ack = tokio::select! {
+        sent = &mut publish => sent,
+        _ = tokio::time::sleep(Duration::from_secs(2)) => {
+            crate::errln!(
+                "the missions stream has not taken submission {id} yet (a leader being \
+                 elected?): trying for up to {}s",
+                crate::app::ELECTION_LIMIT.as_secs()
+            );
+            publish.await
+        }
+    }
+    .context("the missions stream did not take the submission")?;
     // The intake's verdict on this very message (named by its place in the stream).
     let verdict = tokio::time::timeout(a.verdict_timeout, async {
         while let Some(m) = verdicts.next().await {

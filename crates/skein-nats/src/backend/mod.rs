@@ -2,7 +2,7 @@
 //!
 //! | file | what |
 //! | --- | --- |
-//! | `topology.rs` | streams and buckets, created once (`ensure_topology`) |
+//! | `topology.rs` | streams and buckets, created once (`ensure_topology`), and their handles with the info read at open (`Topology`) |
 //! | `connection.rs` | connect options: credentials, TLS, reconnects |
 //! | `read.rs` | reading one subject of a stream (leader gets, streamed through a consumer when long) |
 //! | `log.rs` | EventLog |
@@ -70,7 +70,8 @@ pub use defs::{Current, Move, VersionInfo, DEFS_BUCKET};
 pub use results::{ended_subject, results_subject, StoredResult, ENDED_SEQ, RESULTS};
 pub use retention::{RemovedTree, ARCHIVE};
 pub use topology::{
-    ensure_topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_BLOCKS, ROOT_OPEN, ROOT_STATE,
+    ensure_topology, Topology, EVENTS, JOBS, MISSIONS, NOTICES, ROOTS, ROOT_BLOCKS, ROOT_OPEN,
+    ROOT_STATE,
 };
 pub use trees::TREES;
 pub use workers::{WorkerInfo, WORKERS_BUCKET, WORKER_TTL_SECS};
@@ -143,6 +144,45 @@ pub(crate) fn is_full(e: &(dyn std::error::Error + 'static)) -> bool {
         at = e.source();
     }
     false
+}
+
+/// Publishes to a stream and waits for its ack, trying again for up to `patience` while no
+/// stream answers (a stream electing a leader answers "no responders", which the client
+/// reports as no stream for the subject) or the ack does not come. For a message whose
+/// repeat is harmless only: a publish whose ack was lost may be stored twice. A submission
+/// is such a message, as its intake takes the same submission again as a no-op.
+pub async fn publish_patiently(
+    js: &Context,
+    subject: &str,
+    headers: HeaderMap,
+    payload: bytes::Bytes,
+    patience: Duration,
+) -> std::result::Result<jetstream::publish::PublishAck, jetstream::context::PublishError> {
+    use jetstream::context::PublishErrorKind;
+    let until = tokio::time::Instant::now() + patience;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let sent = match js
+            .publish_with_headers(subject.to_string(), headers.clone(), payload.clone())
+            .await
+        {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    PublishErrorKind::StreamNotFound | PublishErrorKind::TimedOut
+                ) && tokio::time::Instant::now() + pause < until =>
+            {
+                tracing::debug!(subject, error = %e, "no stream took the message yet; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            sent => return sent,
+        }
+    }
 }
 
 /// Headers carrying the current trace context (the session being advanced), if any.
@@ -276,40 +316,37 @@ impl NatsStore {
         cfg: &NatsConfig,
         lease: Duration,
     ) -> Result<Arc<Self>> {
-        ensure_topology(&js, cfg).await?;
-        let s = |n: &'static str| {
-            let js = js.clone();
-            async move { js.get_stream(n).await.map_err(|e| nats_err(n, e)) }
-        };
-        let k = |n: &'static str| {
-            let js = js.clone();
-            async move { js.get_key_value(n).await.map_err(|e| nats_err(n, e)) }
-        };
+        let topology = ensure_topology(&js, cfg).await?;
+        let s = |n: &str| topology.stream(n);
+        let k = |n: &str| topology.kv(n);
+        // The object stores' handles ask for their streams' info once more (the client
+        // makes them only so), both at once.
         let o = |n: &'static str| {
             let js = js.clone();
             async move { js.get_object_store(n).await.map_err(|e| nats_err(n, e)) }
         };
-        let events = s(EVENTS).await?;
+        let (blobs, workspace) = tokio::try_join!(o("skein_blobs"), o("skein_workspace"))?;
+        let events = s(EVENTS)?;
         let version = client.server_info().version;
         let group_for = |stream: &stream::Stream| {
             group_commits(stream, &version, cfg)
                 .then(|| group::Group::start(client.clone(), js.clone()))
         };
         let events_group = group_for(&events);
-        let jobs_stream = s(JOBS).await?;
+        let jobs_stream = s(JOBS)?;
         let jobs_group = group_for(&jobs_stream);
-        let notices = s(NOTICES).await?;
+        let notices = s(NOTICES)?;
         let notices_group = group_for(&notices);
-        let workspace_stream = s("OBJ_skein_workspace").await?;
+        let workspace_stream = s("OBJ_skein_workspace")?;
         let holds = Arc::new(holds::Holds::new(lease));
         let store = Arc::new(Self {
             events,
-            roots_starts: s(ROOTS).await?,
-            root_state: s(ROOT_STATE).await?,
-            root_open: s(ROOT_OPEN).await?,
-            root_blocks: s(ROOT_BLOCKS).await?,
+            roots_starts: s(ROOTS)?,
+            root_state: s(ROOT_STATE)?,
+            root_open: s(ROOT_OPEN)?,
+            root_blocks: s(ROOT_BLOCKS)?,
             block_roots: std::sync::atomic::AtomicU64::new(root_blocks::BLOCK_ROOTS),
-            trees: s(TREES).await?,
+            trees: s(TREES)?,
             naming: trees::Naming::default(),
             roots_checked: tokio::sync::OnceCell::new(),
             feeds: Mutex::new(feed::Feeds::new(jobs_stream.clone(), lease, holds.clone())),
@@ -319,19 +356,19 @@ impl NatsStore {
             events_group,
             notices,
             notices_group,
-            results: s(RESULTS).await?,
-            cache: k("skein_cache").await?,
-            inflight: k("skein_inflight").await?,
-            wake: k("skein_wake").await?,
-            defs: k(defs::DEFS_BUCKET).await?,
-            workers: k(workers::WORKERS_BUCKET).await?,
+            results: s(RESULTS)?,
+            cache: k("skein_cache")?,
+            inflight: k("skein_inflight")?,
+            wake: k("skein_wake")?,
+            defs: k(defs::DEFS_BUCKET)?,
+            workers: k(workers::WORKERS_BUCKET)?,
             waiting: tokio::sync::OnceCell::new(),
             quota: tokio::sync::OnceCell::new(),
             quota_turns: Mutex::default(),
-            blobs: o("skein_blobs").await?,
-            blobs_stream: s("OBJ_skein_blobs").await?,
+            blobs,
+            blobs_stream: s("OBJ_skein_blobs")?,
             blobs_known: blobs::Known::default(),
-            workspace: Arc::new(o("skein_workspace").await?),
+            workspace: Arc::new(workspace),
             workspace_stream: Arc::new(workspace_stream.clone()),
             workspace_names: workspace::Names::new(workspace_stream),
             client,
@@ -387,19 +424,37 @@ impl NatsStore {
         &self.cfg
     }
 
+    /// The handles of `names`, each holding its info, asked for all at once so that the
+    /// whole takes `limit` at most however many streams have no leader; an `Err(Elapsed)`
+    /// for a stream that did not answer within it.
+    pub(crate) async fn streams_within(
+        &self,
+        names: &[&str],
+        limit: Duration,
+    ) -> Vec<
+        std::result::Result<
+            std::result::Result<stream::Stream, jetstream::context::GetStreamError>,
+            tokio::time::error::Elapsed,
+        >,
+    > {
+        futures::future::join_all(
+            names
+                .iter()
+                .map(|name| tokio::time::timeout(limit, self.js.get_stream(*name))),
+        )
+        .await
+    }
+
     /// Replicas of skein's streams that are not current with their leader, as
     /// `(stream, replica, why)`; a stream whose info cannot be had is reported with replica
     /// `-`. Empty on a single server.
     pub async fn lagging_replicas(&self) -> Vec<(String, String, String)> {
+        let streams = [EVENTS, JOBS, NOTICES, MISSIONS, RESULTS];
+        let infos = self.streams_within(&streams, Duration::from_secs(10)).await;
         let mut out = vec![];
-        for name in [EVENTS, JOBS, NOTICES, MISSIONS, RESULTS] {
-            let info = tokio::time::timeout(Duration::from_secs(10), async {
-                let mut st = self.js.get_stream(name).await?;
-                Ok::<_, async_nats::Error>(st.info().await?.clone())
-            })
-            .await;
+        for (name, info) in streams.into_iter().zip(infos) {
             let info = match info {
-                Ok(Ok(i)) => i,
+                Ok(Ok(st)) => st.cached_info().clone(),
                 Ok(Err(e)) => {
                     out.push((name.to_string(), "-".into(), format!("no stream info: {e}")));
                     continue;
