@@ -8,23 +8,19 @@ use async_nats::jetstream::{object_store, stream};
 use async_trait::async_trait;
 use skein_ports::ports::Blobs;
 use skein_ports::{Error, Result};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
+use super::read::read_subject;
 use super::{nats_err, NatsStore};
 
 impl NatsStore {
-    /// Publishes a job unless its session has one, pending or held: `Ok(false)` then.
-    /// The publish carries `Nats-Expected-Last-Subject-Sequence: 0`, which the stream
-    /// leader accepts only while the subject holds no message (an acked job is deleted
-    /// from the work queue). A publish whose ack was lost may have landed: it is sent
-    /// again, and the retry is refused as "a job exists" if the first one landed, so
-    /// retrying never makes two jobs.
-    /// Reads a blob of at most one chunk (every definition and most outputs) with two
-    /// requests to the leader of its stream: its metadata, then its chunk. No consumer is
-    /// made, so the read works while a recovering cluster places consumers slowly.
-    /// `Ok(None)`: the blob has several chunks (read it by consumer); `Ok(Some(None))`: no
-    /// such blob. What is read must hash to the blob's name.
-    pub(crate) async fn blob_by_gets(&self, hash: &str) -> Result<Option<Option<Vec<u8>>>> {
+    /// Reads a blob without the object store's reader: its description by a direct get
+    /// from the leader of its stream, then its chunks as any subject is read (one direct
+    /// get for the one chunk of every definition and most outputs; a consumer deleted
+    /// after the read for a long blob). No consumer is left behind, and the read works
+    /// while a recovering cluster places consumers slowly. `Ok(None)`: no such blob. What
+    /// is read must hash to the blob's name.
+    pub(crate) async fn blob_by_gets(&self, hash: &str) -> Result<Option<Vec<u8>>> {
         use base64::Engine;
         let bucket = "skein_blobs";
         let name = base64::engine::general_purpose::URL_SAFE.encode(hash);
@@ -35,34 +31,42 @@ impl NatsStore {
         {
             Ok(m) => m,
             Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
-                return Ok(Some(None))
+                return Ok(None)
             }
             Err(e) => return Err(nats_err("blob metadata", e)),
         };
         let info: object_store::ObjectInfo = serde_json::from_slice(&meta.payload)
             .map_err(|e| Error::corrupt(format!("blob {hash}: metadata"), e))?;
         if info.deleted {
-            return Ok(Some(None));
-        }
-        if info.chunks > 1 {
             return Ok(None);
         }
-        let data = if info.chunks == 0 {
-            vec![]
-        } else {
-            self.blobs_stream
-                .get_last_raw_message_by_subject(&format!("$O.{bucket}.C.{}", info.nuid))
+        let chunks = format!("$O.{bucket}.C.{}", info.nuid);
+        let data = match info.chunks {
+            0 => vec![],
+            1 => self
+                .blobs_stream
+                .get_last_raw_message_by_subject(&chunks)
                 .await
                 .map_err(|e| nats_err("blob chunk", e))?
                 .payload
-                .to_vec()
+                .to_vec(),
+            _ => {
+                let mut out = Vec::with_capacity(info.size);
+                for (_, chunk) in read_subject(&self.blobs_stream, &chunks, 0).await? {
+                    out.extend_from_slice(&chunk);
+                }
+                out
+            }
         };
         if blake3::hash(&data).to_hex().as_str() != hash {
             return Err(Error::corrupt_because(format!(
-                "blob {hash}: its content hashes to another name"
+                "blob {hash}: its content ({} bytes of {} in {} chunks) hashes to another name",
+                data.len(),
+                info.size,
+                info.chunks
             )));
         }
-        Ok(Some(Some(data)))
+        Ok(Some(data))
     }
 }
 
@@ -128,32 +132,13 @@ impl Blobs for NatsStore {
     }
 
     async fn get(&self, hash: &str) -> Result<Option<Vec<u8>>> {
-        match self.blob_by_gets(hash).await {
-            Ok(Some(found)) => return Ok(found),
-            Ok(None) => {}
-            Err(e) => {
-                tracing::debug!(hash, error = %e, "blob read by gets failed; reading by consumer")
-            }
-        }
-        // Reading an object runs a consumer over its chunks; while a cluster recovers
-        // from a lost node that can time out, so try a few times.
+        // While a cluster recovers from a lost node a read can find no leader or time out:
+        // try a few times.
         let mut tries = 0;
         loop {
-            let attempt = async {
-                let mut obj = match self.blobs.get(hash).await {
-                    Ok(o) => o,
-                    Err(e) if matches!(e.kind(), object_store::GetErrorKind::NotFound) => {
-                        return Ok(None)
-                    }
-                    Err(e) => return Err(nats_err("blob get", e)),
-                };
-                let mut out = vec![];
-                obj.read_to_end(&mut out)
-                    .await
-                    .map_err(|e| nats_err("blob read", e))?;
-                Ok(Some(out))
-            };
-            let res = match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+            let res = match tokio::time::timeout(Duration::from_secs(10), self.blob_by_gets(hash))
+                .await
+            {
                 Ok(r) => r,
                 Err(_) => Err(Error::unavailable_because(
                     "nats: blob read: no progress for 10 s",
@@ -168,5 +153,81 @@ impl Blobs for NatsStore {
                 other => return other,
             }
         }
+    }
+}
+
+/// Reads `r` (an object of the archive store) to its end; what was read before an error
+/// goes with it, and the caller reads the object again from its start.
+///
+/// Not `read_to_end`: that wants a read which fails to have put nothing in the buffer, and
+/// tokio checks so in debug builds with a panic. The object store's reader breaks it: the
+/// read that takes in an object's last chunk puts the chunk in the buffer and then, in the
+/// same call, can fail (the whole object's digest wrong, or the message's info unreadable).
+/// A blob read that way on a cluster with a node down once panicked there; blobs are now
+/// read by [`NatsStore::blob_by_gets`], without that reader.
+pub(crate) async fn read_whole<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 128 * 1024];
+    loop {
+        match r.read(&mut chunk).await? {
+            0 => return Ok(out),
+            n => out.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::ReadBuf;
+
+    use super::read_whole;
+
+    /// Gives its bytes a few at a time, then, if told to, fails in the very read that
+    /// gives the last of them, as the object store's reader does on a wrong digest.
+    struct Pieces {
+        left: Vec<u8>,
+        fail_at_the_end: bool,
+    }
+
+    impl tokio::io::AsyncRead for Pieces {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let n = self.left.len().min(3).min(buf.remaining());
+            let piece: Vec<u8> = self.left.drain(..n).collect();
+            buf.put_slice(&piece);
+            if self.left.is_empty() && self.fail_at_the_end && n > 0 {
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "wrong digest",
+                )));
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_whole_read_gathers_every_piece() {
+        let mut r = Pieces {
+            left: b"eleven byte".to_vec(),
+            fail_at_the_end: false,
+        };
+        assert_eq!(read_whole(&mut r).await.unwrap(), b"eleven byte");
+    }
+
+    #[tokio::test]
+    async fn a_read_that_fails_after_filling_the_buffer_is_an_error_not_a_panic() {
+        let mut r = Pieces {
+            left: b"eleven byte".to_vec(),
+            fail_at_the_end: true,
+        };
+        let err = read_whole(&mut r).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(err.to_string(), "wrong digest");
     }
 }

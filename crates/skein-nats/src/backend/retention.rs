@@ -242,8 +242,7 @@ impl NatsStore {
             Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(nats_err("read an archive", e)),
         };
-        let mut out = vec![];
-        tokio::io::AsyncReadExt::read_to_end(&mut obj, &mut out)
+        let out = super::blobs::read_whole(&mut obj)
             .await
             .map_err(|e| nats_err("read an archive", e))?;
         Ok(Some(out))
