@@ -136,6 +136,7 @@ struct TreeRun {
     /// The CPU this process used while the tree ran (every worker thread), ms.
     cpu_ms: Option<f64>,
     model_ms: f64,
+    phases: Phases,
     sessions: usize,
     model_turns: u32,
     tool_calls: u32,
@@ -238,6 +239,7 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
         wall_ms,
         cpu_ms,
         model_ms: model_ms(&*backend.log, &id).await?,
+        phases: phases(&*backend.log, &id).await?,
         sessions: s.sessions,
         model_turns: s.steps,
         tool_calls: s.tool_calls,
@@ -262,6 +264,116 @@ pub(crate) async fn model_ms(
         }
     }
     Ok(if n == 0 { 0.0 } else { sum as f64 / n as f64 })
+}
+
+/// Where a fan-out tree's wall time went, read from its records' stamps (whole ms, each
+/// stamped by the process that wrote it; on NATS the workers share this machine's clock).
+/// A model call begins its `latency_ms` before its `ModelCalled` is stamped.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Phases {
+    /// The root's submission → its last delegation recorded: its first turn.
+    pub root_turn: u64,
+    /// Of that turn, its model call.
+    pub root_model: u64,
+    /// The last delegation recorded → the last child's first model call begun: the
+    /// children made, their jobs pushed and claimed.
+    pub spread: u64,
+    /// A child's first model call begun → its completion: the median child's and the
+    /// longest.
+    pub child_median: u64,
+    pub child_longest: u64,
+    /// The last child's completion → the root's completion: its notices read and folded,
+    /// and its last turn.
+    pub gather: u64,
+    /// Of that, the root's last model call.
+    pub gather_model: u64,
+}
+
+impl Phases {
+    pub(crate) fn json(&self) -> serde_json::Value {
+        json!({"root_turn_ms": self.root_turn, "root_model_ms": self.root_model,
+               "spread_ms": self.spread, "child_median_ms": self.child_median,
+               "child_longest_ms": self.child_longest, "gather_ms": self.gather,
+               "gather_model_ms": self.gather_model})
+    }
+
+    /// One line, for under a table of fan-out rows.
+    pub(crate) fn line(&self, latency_ms: u64) -> String {
+        format!(
+            "root's first turn {} ms (model {}); delegations recorded → the last child's first \
+             model call {} ms; a child, first model call → completed: median {} ms, longest {} \
+             (its model calls alone 5 × {latency_ms} = {}); the last child completed → the \
+             root completed {} ms (model {})",
+            self.root_turn,
+            self.root_model,
+            self.spread,
+            self.child_median,
+            self.child_longest,
+            5 * latency_ms,
+            self.gather,
+            self.gather_model
+        )
+    }
+}
+
+/// The [`Phases`] of the fan-out tree of `root`.
+pub(crate) async fn phases(
+    log: &dyn skein_runtime::ports::EventLog,
+    root: &SessionId,
+) -> Result<Phases> {
+    let mut p = Phases::default();
+    let (mut last_delegated, mut root_done, mut submitted) = (0, 0, None);
+    let mut root_models = vec![];
+    let mut lives = vec![];
+    let (mut last_start, mut last_done) = (0, 0);
+    for sid in log.tree(root).await? {
+        let records = log.read(&sid, 1).await?;
+        if sid == *root {
+            for r in &records {
+                match &r.env.body {
+                    Event::Submitted(_) => submitted = submitted.or(Some(r.env.at)),
+                    Event::Delegated(_) => last_delegated = last_delegated.max(r.env.at),
+                    Event::ModelCalled(m) => root_models.push((r.env.at, m.latency_ms)),
+                    Event::Completed(_) => root_done = r.env.at,
+                    _ => {}
+                }
+            }
+            continue;
+        }
+        let start = records.iter().find_map(|r| match &r.env.body {
+            Event::ModelCalled(m) => Some(r.env.at.saturating_sub(m.latency_ms)),
+            _ => None,
+        });
+        let done = records.iter().find_map(|r| match &r.env.body {
+            Event::Completed(_) => Some(r.env.at),
+            _ => None,
+        });
+        if let (Some(start), Some(done)) = (start, done) {
+            last_start = last_start.max(start);
+            last_done = last_done.max(done);
+            lives.push(done.saturating_sub(start));
+        }
+    }
+    anyhow::ensure!(
+        !lives.is_empty() && root_done > 0,
+        "tree {root}: no completed children, or the root did not complete"
+    );
+    lives.sort_unstable();
+    p.root_turn = last_delegated.saturating_sub(submitted.unwrap_or(last_delegated));
+    p.root_model = root_models
+        .iter()
+        .find(|(at, _)| *at <= last_delegated)
+        .map_or(0, |m| m.1);
+    p.spread = last_start.saturating_sub(last_delegated);
+    p.child_median = lives[lives.len() / 2];
+    p.child_longest = lives[lives.len() - 1];
+    p.gather = root_done.saturating_sub(last_done);
+    p.gather_model = root_models
+        .iter()
+        .rev()
+        .find(|(at, _)| *at > last_done)
+        .map_or(0, |m| m.1);
+    Ok(p)
 }
 
 /// Delegation → settled latency of cache hits: a tree of `n` delegations runs once to
@@ -789,6 +901,7 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     }
     let ideal = 7.0 * a.latency_ms as f64;
     let mut fan = vec![];
+    let mut phase_lines = vec![];
     for &n in &a.fanout {
         let mut runs = vec![];
         for _ in 0..a.fanout_runs {
@@ -821,9 +934,17 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
                         "ratio": r.wall_ms / ideal, "model_call_ms": r.model_ms,
                         "cpu_ms": r.cpu_ms, "model_turns": r.model_turns,
                         "cpu_us_per_model_turn": per_turn,
+                        "phases": r.phases.json(),
                         "runs_ms": runs_ms}));
+        phase_lines.push(format!("  N = {n}: {}", r.phases.line(a.latency_ms)));
     }
     results.insert("fanout".into(), json!(fan));
+    if !a.json {
+        crate::outln!("  where the median tree's time went, from its records' stamps:")?;
+        for l in &phase_lines {
+            crate::outln!("{l}")?;
+        }
+    }
     let sizes = skein_runtime::work_loop::job_future_sizes();
     let job_future = sizes.iter().find(|(n, _)| *n == "handle").map(|(_, s)| *s);
     results.insert("job_future_bytes".into(), json!(job_future));

@@ -685,6 +685,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     // tree's records, so a peak taken after more trees would hold theirs too. Then the
     // rest of each row's trees, for the median of the wall times.
     let mut first = vec![];
+    let mut phase_lines = vec![];
     for &(n, workers) in &rows {
         let fleet = Fleet::start(app, &cfg, workers, n / workers + 16, a.latency_ms).await?;
         let (mut server_peak, mut own_peak) = (0, 0);
@@ -712,6 +713,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         let t = trees.swap_remove(trees.len() / 2);
         let backend = &fleet.runtimes[0].backend;
         let model_ms = super::bench::model_ms(&*backend.log, &t.root).await?;
+        let phases = super::bench::phases(&*backend.log, &t.root).await?;
         let turns = skein_runtime::inspect::summarize(
             &skein_runtime::inspect::tree_rows(backend, &t.root).await?,
         )
@@ -747,10 +749,21 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
                         "bench_process_cpu_ms": t.own_cpu, "server_cpu_ms": t.server_cpu,
                         "model_turns": turns, "cpu_us_per_model_turn": per_turn,
                         "cpu_over_cores_ms": floor,
+                        "phases": phases.json(),
                         "runs_ms": runs_ms}),
         );
+        phase_lines.push(format!(
+            "  N = {n}, {workers} worker(s): {}",
+            phases.line(a.latency_ms)
+        ));
     }
     results.insert("fanout".into(), json!(fan));
+    if !a.json {
+        crate::outln!("  where the median tree's time went, from its records' stamps:")?;
+        for l in &phase_lines {
+            crate::outln!("{l}")?;
+        }
+    }
 
     // Cache hits: the same 200 delegations twice; the second time every one is a hit.
     let fleet = Fleet::start_with(app, &cfg, 1, 64, 0, true).await?;
