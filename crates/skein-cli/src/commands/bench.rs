@@ -226,6 +226,7 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     }
     let rows = tree_rows(&backend, &id).await?;
     let s = summarize(&rows);
+    let (model_ms, phases) = tree_times(&*backend.log, &id).await?;
     let mut events = 0;
     for sid in backend.log.tree(&id).await? {
         events += backend
@@ -238,8 +239,8 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     Ok(TreeRun {
         wall_ms,
         cpu_ms,
-        model_ms: model_ms(&*backend.log, &id).await?,
-        phases: phases(&*backend.log, &id).await?,
+        model_ms,
+        phases,
         sessions: s.sessions,
         model_turns: s.steps,
         tool_calls: s.tool_calls,
@@ -248,28 +249,10 @@ async fn run_fanout(app: &App, latency: u64, n: usize) -> Result<TreeRun> {
     })
 }
 
-/// The mean time of the model calls recorded in the tree of `root` (their
-/// `ModelCalled.latency_ms`), ms.
-pub(crate) async fn model_ms(
-    log: &dyn skein_runtime::ports::EventLog,
-    root: &SessionId,
-) -> Result<f64> {
-    let (mut sum, mut n) = (0u64, 0u64);
-    for sid in log.tree(root).await? {
-        for r in log.read(&sid, 1).await? {
-            if let Event::ModelCalled(m) = &r.env.body {
-                sum += m.latency_ms;
-                n += 1;
-            }
-        }
-    }
-    Ok(if n == 0 { 0.0 } else { sum as f64 / n as f64 })
-}
-
 /// Where a fan-out tree's wall time went, read from its records' stamps (whole ms, each
 /// stamped by the process that wrote it; on NATS the workers share this machine's clock).
 /// A model call begins its `latency_ms` before its `ModelCalled` is stamped.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Phases {
     /// The root's submission → its last delegation recorded: its first turn.
     pub root_turn: u64,
@@ -316,18 +299,34 @@ impl Phases {
     }
 }
 
-/// The [`Phases`] of the fan-out tree of `root`.
-pub(crate) async fn phases(
+/// Prints the lines of [`Phases::line`] under a table of fan-out rows.
+pub(crate) fn print_phases(lines: &[String]) -> Result<()> {
+    crate::outln!("  where the median tree's time went, from its records' stamps:")?;
+    for l in lines {
+        crate::outln!("{l}")?;
+    }
+    Ok(())
+}
+
+/// One read of the fan-out tree of `root`: the mean time of its model calls (their
+/// `ModelCalled.latency_ms`, ms) and its [`Phases`].
+pub(crate) async fn tree_times(
     log: &dyn skein_runtime::ports::EventLog,
     root: &SessionId,
-) -> Result<Phases> {
-    let mut p = Phases::default();
+) -> Result<(f64, Phases)> {
+    let (mut model_sum, mut model_calls) = (0u64, 0u64);
     let (mut last_delegated, mut root_done, mut submitted) = (0, 0, None);
     let mut root_models = vec![];
     let mut lives = vec![];
     let (mut last_start, mut last_done) = (0, 0);
     for sid in log.tree(root).await? {
         let records = log.read(&sid, 1).await?;
+        for r in &records {
+            if let Event::ModelCalled(m) = &r.env.body {
+                model_sum += m.latency_ms;
+                model_calls += 1;
+            }
+        }
         if sid == *root {
             for r in &records {
                 match &r.env.body {
@@ -359,21 +358,23 @@ pub(crate) async fn phases(
         "tree {root}: no completed children, or the root did not complete"
     );
     lives.sort_unstable();
-    p.root_turn = last_delegated.saturating_sub(submitted.unwrap_or(last_delegated));
-    p.root_model = root_models
-        .iter()
-        .find(|(at, _)| *at <= last_delegated)
-        .map_or(0, |m| m.1);
-    p.spread = last_start.saturating_sub(last_delegated);
-    p.child_median = lives[lives.len() / 2];
-    p.child_longest = lives[lives.len() - 1];
-    p.gather = root_done.saturating_sub(last_done);
-    p.gather_model = root_models
-        .iter()
-        .rev()
-        .find(|(at, _)| *at > last_done)
-        .map_or(0, |m| m.1);
-    Ok(p)
+    let phases = Phases {
+        root_turn: last_delegated.saturating_sub(submitted.unwrap_or(last_delegated)),
+        root_model: root_models
+            .iter()
+            .find(|(at, _)| *at <= last_delegated)
+            .map_or(0, |m| m.1),
+        spread: last_start.saturating_sub(last_delegated),
+        child_median: lives[lives.len() / 2],
+        child_longest: lives[lives.len() - 1],
+        gather: root_done.saturating_sub(last_done),
+        gather_model: root_models
+            .iter()
+            .rev()
+            .find(|(at, _)| *at > last_done)
+            .map_or(0, |m| m.1),
+    };
+    Ok((model_sum as f64 / model_calls.max(1) as f64, phases))
 }
 
 /// Delegation → settled latency of cache hits: a tree of `n` delegations runs once to
@@ -940,10 +941,7 @@ pub async fn run(app: &App, a: BenchArgs) -> Result<ExitCode> {
     }
     results.insert("fanout".into(), json!(fan));
     if !a.json {
-        crate::outln!("  where the median tree's time went, from its records' stamps:")?;
-        for l in &phase_lines {
-            crate::outln!("{l}")?;
-        }
+        print_phases(&phase_lines)?;
     }
     let sizes = skein_runtime::work_loop::job_future_sizes();
     let job_future = sizes.iter().find(|(n, _)| *n == "handle").map(|(_, s)| *s);

@@ -712,8 +712,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
         let runs_ms: Vec<f64> = trees.iter().map(|t| t.wall).collect();
         let t = trees.swap_remove(trees.len() / 2);
         let backend = &fleet.runtimes[0].backend;
-        let model_ms = super::bench::model_ms(&*backend.log, &t.root).await?;
-        let phases = super::bench::phases(&*backend.log, &t.root).await?;
+        let (model_ms, phases) = super::bench::tree_times(&*backend.log, &t.root).await?;
         let turns = skein_runtime::inspect::summarize(
             &skein_runtime::inspect::tree_rows(backend, &t.root).await?,
         )
@@ -759,10 +758,7 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
     }
     results.insert("fanout".into(), json!(fan));
     if !a.json {
-        crate::outln!("  where the median tree's time went, from its records' stamps:")?;
-        for l in &phase_lines {
-            crate::outln!("{l}")?;
-        }
+        super::bench::print_phases(&phase_lines)?;
     }
 
     // Cache hits: the same 200 delegations twice; the second time every one is a hit.

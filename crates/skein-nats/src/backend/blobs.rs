@@ -20,7 +20,7 @@ impl NatsStore {
     /// after the read for a long blob). No consumer is left behind, and the read works
     /// while a recovering cluster places consumers slowly. `Ok(None)`: no such blob. What
     /// is read must hash to the blob's name.
-    pub(crate) async fn blob_by_gets(&self, hash: &str) -> Result<Option<Vec<u8>>> {
+    async fn read_blob(&self, hash: &str) -> Result<Option<Vec<u8>>> {
         use base64::Engine;
         let bucket = "skein_blobs";
         let name = base64::engine::general_purpose::URL_SAFE.encode(hash);
@@ -136,14 +136,13 @@ impl Blobs for NatsStore {
         // try a few times.
         let mut tries = 0;
         loop {
-            let res = match tokio::time::timeout(Duration::from_secs(10), self.blob_by_gets(hash))
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(Error::unavailable_because(
-                    "nats: blob read: no progress for 10 s",
-                )),
-            };
+            let res =
+                match tokio::time::timeout(Duration::from_secs(10), self.read_blob(hash)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::unavailable_because(
+                        "nats: blob read: no progress for 10 s",
+                    )),
+                };
             match res {
                 Err(e) if tries < 5 => {
                     tries += 1;
@@ -164,7 +163,7 @@ impl Blobs for NatsStore {
 /// read that takes in an object's last chunk puts the chunk in the buffer and then, in the
 /// same call, can fail (the whole object's digest wrong, or the message's info unreadable).
 /// A blob read that way on a cluster with a node down once panicked there; blobs are now
-/// read by [`NatsStore::blob_by_gets`], without that reader.
+/// read by [`NatsStore::read_blob`], without that reader.
 pub(crate) async fn read_whole<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut chunk = vec![0u8; 128 * 1024];
