@@ -144,12 +144,28 @@ impl Fleet {
     ) -> Result<Measured> {
         let server = || spid.and_then(super::bench::pid_cpu_ms);
         let (own0, server0) = (super::bench::own_cpu_ms(), server());
+        let traffic0 = self.traffic();
         let (root, wall) = self.fanout_with(n, true, tag, on_poll).await?;
         Ok(Measured {
             root,
             wall,
             own_cpu: own0.zip(super::bench::own_cpu_ms()).map(|(a, b)| b - a),
             server_cpu: server0.zip(server()).map(|(a, b)| b - a),
+            traffic: self.traffic().since(&traffic0),
+        })
+    }
+
+    /// What the workers' connections have sent and received so far, all together.
+    fn traffic(&self) -> Traffic {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.clients.iter().fold(Traffic::default(), |t, c| {
+            let s = c.statistics();
+            Traffic {
+                out_messages: t.out_messages + s.out_messages.load(Relaxed),
+                in_messages: t.in_messages + s.in_messages.load(Relaxed),
+                out_bytes: t.out_bytes + s.out_bytes.load(Relaxed),
+                in_bytes: t.in_bytes + s.in_bytes.load(Relaxed),
+            }
         })
     }
 
@@ -204,6 +220,48 @@ struct Measured {
     own_cpu: Option<f64>,
     /// The server's, when the bench started it.
     server_cpu: Option<f64>,
+    /// What the workers' connections sent and received meanwhile.
+    traffic: Traffic,
+}
+
+/// Messages and bytes of NATS connections, as the client counts them: every publish,
+/// request and reply, job delivery and ack, with their headers.
+#[derive(Clone, Copy, Debug, Default)]
+struct Traffic {
+    out_messages: u64,
+    in_messages: u64,
+    out_bytes: u64,
+    in_bytes: u64,
+}
+
+impl Traffic {
+    fn since(&self, before: &Traffic) -> Traffic {
+        Traffic {
+            out_messages: self.out_messages.saturating_sub(before.out_messages),
+            in_messages: self.in_messages.saturating_sub(before.in_messages),
+            out_bytes: self.out_bytes.saturating_sub(before.out_bytes),
+            in_bytes: self.in_bytes.saturating_sub(before.in_bytes),
+        }
+    }
+
+    /// Per model turn of a tree of `turns`, for the JSON report.
+    fn per_turn_json(&self, turns: u32) -> serde_json::Value {
+        let per = |v: u64| v as f64 / f64::from(turns.max(1));
+        json!({"out_messages": per(self.out_messages), "in_messages": per(self.in_messages),
+               "out_bytes": per(self.out_bytes), "in_bytes": per(self.in_bytes)})
+    }
+
+    /// The line under a fan-out row.
+    fn line(&self, turns: u32) -> String {
+        let per = |v: u64| v as f64 / f64::from(turns.max(1));
+        format!(
+            "the workers' NATS traffic per model turn: {:.2} messages out ({:.0} bytes), {:.2} in ({:.0} bytes)",
+            per(self.out_messages),
+            per(self.out_bytes),
+            per(self.in_messages),
+            per(self.in_bytes)
+        )
+    }
 }
 
 /// Starts a `skein worker` process on `pool` (its submission intake on when `intake`) and
@@ -749,12 +807,14 @@ pub async fn run(app: &App, a: &BenchArgs) -> Result<ExitCode> {
                         "model_turns": turns, "cpu_us_per_model_turn": per_turn,
                         "cpu_over_cores_ms": floor,
                         "phases": phases.json(),
+                        "nats_traffic_per_model_turn": t.traffic.per_turn_json(turns),
                         "runs_ms": runs_ms}),
         );
         phase_lines.push(format!(
             "  N = {n}, {workers} worker(s): {}",
             phases.line(a.latency_ms)
         ));
+        phase_lines.push(format!("    {}", t.traffic.line(turns)));
     }
     results.insert("fanout".into(), json!(fan));
     if !a.json {
