@@ -286,13 +286,35 @@ async fn the_object_store_workspace_round_trips_and_refuses_escapes() {
     assert_eq!(ws.usage("notes/a.txt").await.unwrap().total, 5 + 1_300_000);
 }
 
+/// The requests of workspace listings heard on `requests` (a subscription to the
+/// stream API) until none comes for 300 ms: the questions whether a description was
+/// written since the last listing, and the listings of names (each page of names a
+/// request of its own: a few names make one).
+async fn listing_requests(requests: &mut async_nats::Subscriber) -> (usize, usize) {
+    use futures::StreamExt;
+    let (mut asked, mut listed) = (0, 0);
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), requests.next()).await
+    {
+        // A listing names the subjects it wants; the object store's own requests do not.
+        if m.subject.as_str() == "$JS.API.STREAM.INFO.OBJ_skein_workspace"
+            && String::from_utf8_lossy(&m.payload).contains("subjects_filter")
+        {
+            listed += 1;
+        } else if m.subject.as_str() == "$JS.API.STREAM.MSG.GET.OBJ_skein_workspace"
+            && String::from_utf8_lossy(&m.payload).contains("skein_workspace.M.>")
+        {
+            asked += 1;
+        }
+    }
+    (asked, listed)
+}
+
 /// Listings that run at once share their requests to the server, and each still sees every
 /// write acknowledged before it began: in four trees, writers on one worker's store list
 /// through another's right after each write, while that one lists all the time, and find
 /// every file they wrote; then 64 listings at once cost a few requests, not 64.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listings_at_once_share_requests_and_see_every_write_before_them() {
-    use futures::StreamExt;
     let server = NatsServer::start();
     let one = store_on(&server).await;
     let two = store_on(&server).await;
@@ -331,11 +353,10 @@ async fn listings_at_once_share_requests_and_see_every_write_before_them() {
     }
     busy.store(false, std::sync::atomic::Ordering::Relaxed);
     spin.await.unwrap();
+    // The requests a listing makes: the question whether any description was written
+    // since the last listing (the last description message), and the listing of names.
     let client = async_nats::connect(server.url()).await.unwrap();
-    let mut requests = client
-        .subscribe("$JS.API.STREAM.INFO.OBJ_skein_workspace")
-        .await
-        .unwrap();
+    let mut requests = client.subscribe("$JS.API.STREAM.>").await.unwrap();
     client.flush().await.unwrap();
     let ws = one.backend().workspaces.for_tree(&roots[0]);
     let listings = (0..64).map(|_| {
@@ -345,14 +366,41 @@ async fn listings_at_once_share_requests_and_see_every_write_before_them() {
     for listed in futures::future::join_all(listings).await {
         assert_eq!(listed.unwrap().len(), 16, "each tree has its 16 files");
     }
-    let mut n = 0;
-    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), requests.next()).await
-    {
-        n += 1;
-    }
+    let (asked, listed) = listing_requests(&mut requests).await;
     assert!(
-        (1..=4).contains(&n),
-        "64 listings at once sent {n} requests"
+        (1..=4).contains(&asked),
+        "64 listings at once asked {asked} times"
+    );
+    // Nothing was written since the last listing: the names are not listed again.
+    assert_eq!(
+        listed, 0,
+        "64 listings after no write listed the names {listed} times"
+    );
+
+    // A write and a delete through the other store: the next listing lists the names
+    // again, and shows both.
+    two.backend()
+        .workspaces
+        .for_tree(&roots[0])
+        .write("new.txt", b"y")
+        .await
+        .unwrap();
+    let names = ws.list(".").await.unwrap();
+    assert!(names.iter().any(|e| e.name == "new.txt"), "{names:?}");
+    let objects = two.js.get_object_store("skein_workspace").await.unwrap();
+    objects
+        .delete(format!("{}/f0.txt", roots[0]).as_str())
+        .await
+        .unwrap();
+    let names = ws.list(".").await.unwrap();
+    assert!(!names.iter().any(|e| e.name == "f0.txt"), "{names:?}");
+    assert_eq!(names.len(), 16, "{names:?}");
+    // `one` listed its names again after each of the two writes; the writing store's own
+    // check of the workspace's cap before its write lists too.
+    let (_, listed) = listing_requests(&mut requests).await;
+    assert!(
+        listed >= 2,
+        "listings after writes listed the names {listed} times"
     );
 
     // Listings that come and go, so that the task sending the requests keeps stopping and

@@ -81,15 +81,25 @@ pub struct ObjectWorkspace {
 }
 
 /// The names of every object of the store, all trees together, for one process: read by
-/// one stream-info request at a time, which the listings of every tree share. A caller is
-/// answered by a request sent after it asked, so it sees every write acknowledged before
-/// that (the request goes to the stream's leader); callers that ask while a request is
-/// under way are answered together by the next one. A wide tree's sessions list the
-/// workspace at the same moments (their turns run in step), and each asked the server on
-/// its own, one request waiting behind another.
+/// one request at a time, which the listings of every tree share. A caller is answered by
+/// a request sent after it asked, so it sees every write acknowledged before that (the
+/// request goes to the stream's leader); callers that ask while a request is under way are
+/// answered together by the next one. A wide tree's sessions list the workspace at the
+/// same moments (their turns run in step), and each asked the server on its own, one
+/// request waiting behind another.
+///
+/// The request asks for the last description message of the whole store, a small answer.
+/// The names are listed again (a stream-info request naming every description subject,
+/// which the server answers with the stream's whole description) only when that message
+/// is newer than the one seen before the last listing: every write or delete of an object
+/// writes a description, whose stream sequence is higher than any before it. A name whose
+/// object went since (purged with its tree) is still listed, and its description, read
+/// next, says it is gone.
 pub(crate) struct Names {
     meta: stream::Stream,
     queue: Mutex<Queue>,
+    /// The last listing, and the sequence of the last description message read before it.
+    listed: Mutex<Option<(u64, Arc<Vec<String>>)>>,
 }
 
 type Answer = std::result::Result<Arc<Vec<String>>, String>;
@@ -106,6 +116,7 @@ impl Names {
         Arc::new(Self {
             meta,
             queue: Mutex::new(Queue::default()),
+            listed: Mutex::new(None),
         })
     }
 
@@ -158,19 +169,48 @@ impl Names {
             };
             let answer = tokio::time::timeout(crate::deadline::OPERATION_LIMIT, self.list())
                 .await
-                .unwrap_or_else(|_| Err("the object store did not answer in time".into()))
-                .map(Arc::new);
+                .unwrap_or_else(|_| Err("the object store did not answer in time".into()));
             for tx in batch {
                 let _ = tx.send(answer.clone());
             }
         }
     }
 
+    /// Every object's name: the last listing when no description was written since the
+    /// message it was read after, else a new listing.
+    async fn list(&self) -> Answer {
+        let last = match self
+            .meta
+            .get_last_raw_message_by_subject(&format!("$O.{WORKSPACE}.M.>"))
+            .await
+        {
+            Ok(m) => m.sequence,
+            // No description at all: no object.
+            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
+                return Ok(Arc::new(vec![]))
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let listed = self
+            .listed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some((seen, names)) = listed {
+            if last <= seen {
+                return Ok(names);
+            }
+        }
+        let names = Arc::new(self.list_subjects().await?);
+        *self.listed.lock().unwrap_or_else(|p| p.into_inner()) = Some((last, names.clone()));
+        Ok(names)
+    }
+
     /// One stream-info request naming every description subject. The object store keeps
     /// one description per object on a subject of its own, named by the object's encoded
     /// name, so a tree's objects cannot be picked by a subject filter; the stream's subject
     /// index names them all (the server answers from memory, reading no message).
-    async fn list(&self) -> std::result::Result<Vec<String>, String> {
+    async fn list_subjects(&self) -> std::result::Result<Vec<String>, String> {
         let meta = format!("$O.{WORKSPACE}.M.");
         let mut subjects = self
             .meta
