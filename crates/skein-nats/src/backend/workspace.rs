@@ -90,17 +90,23 @@ pub struct ObjectWorkspace {
 ///
 /// The request asks for the last description message of the whole store, a small answer.
 /// The names are listed again (a stream-info request naming every description subject,
-/// which the server answers with the stream's whole description) only when that message
-/// is newer than the one seen before the last listing: every write or delete of an object
-/// writes a description, whose stream sequence is higher than any before it. A name whose
-/// object went since (purged with its tree) is still listed, and its description, read
-/// next, says it is gone.
+/// which the server answers with the stream's whole description) unless that message is
+/// the very one seen before the last listing, by its stream sequence and its time: every
+/// write or delete of an object writes a description, whose sequence is higher than any
+/// before it, so the same last message means no name was added since. A name whose object
+/// went since (purged with its tree) is still listed, and its description, read next,
+/// says it is gone. Any other last message (a newer one, or an older one after a purge or
+/// a bucket made again) lists the names again.
 pub(crate) struct Names {
     meta: stream::Stream,
     queue: Mutex<Queue>,
-    /// The last listing, and the sequence of the last description message read before it.
-    listed: Mutex<Option<(u64, Arc<Vec<String>>)>>,
+    /// The last listing, and the last description message (sequence and time) read
+    /// before it.
+    listed: Mutex<Option<(LastDescription, Arc<Vec<String>>)>>,
 }
+
+/// A description message, by its stream sequence and the time it was stored.
+type LastDescription = (u64, async_nats::datetime::DateTime);
 
 type Answer = std::result::Result<Arc<Vec<String>>, String>;
 
@@ -176,15 +182,15 @@ impl Names {
         }
     }
 
-    /// Every object's name: the last listing when no description was written since the
-    /// message it was read after, else a new listing.
+    /// Every object's name: the last listing when the last description message is still
+    /// the one it was read after, else a new listing.
     async fn list(&self) -> Answer {
         let last = match self
             .meta
             .get_last_raw_message_by_subject(&format!("$O.{WORKSPACE}.M.>"))
             .await
         {
-            Ok(m) => m.sequence,
+            Ok(m) => (m.sequence, m.time),
             // No description at all: no object.
             Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
                 return Ok(Arc::new(vec![]))
@@ -197,7 +203,7 @@ impl Names {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some((seen, names)) = listed {
-            if last <= seen {
+            if last == seen {
                 return Ok(names);
             }
         }
