@@ -420,6 +420,40 @@ async fn listings_at_once_share_requests_and_see_every_write_before_them() {
     }
 }
 
+/// A workspace bucket deleted and made again (its stream sequences start over) under a
+/// worker that listed it: the worker's next listing lists the names afresh, rather than
+/// answer with the names of the old bucket, whose last description had a higher sequence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_bucket_made_again_is_listed_afresh() {
+    let server = NatsServer::start();
+    let one = store_on(&server).await;
+    let root = skein_runtime::new_root_id();
+    let ws = one.backend().workspaces.for_tree(&root);
+    for i in 0..4 {
+        ws.write(&format!("old{i}.txt"), b"x").await.unwrap();
+    }
+    assert_eq!(ws.list(".").await.unwrap().len(), 4);
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    let config = js
+        .get_stream("OBJ_skein_workspace")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    js.delete_stream("OBJ_skein_workspace").await.unwrap();
+    js.create_stream(config).await.unwrap();
+    ws.write("new.txt", b"y").await.unwrap();
+    let names: Vec<String> = ws
+        .list(".")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, vec!["new.txt".to_string()]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_object_store_workspace_is_capped_as_a_whole() {
     use skein_tools::{FilesConfig, ToolBox, ToolContext, ToolError, ToolsConfig};
